@@ -1,0 +1,31 @@
+"""Failure kinds of a pipeline run and their exit codes (documented in docs/pipeline.md).
+
+Schedulers branch on these: a held lock (another run is working) is not the same as bad
+input data, and neither is a crashed training job.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1             # an unexpected error (a bug): see the log
+    USAGE = 2              # bad flags, config file or threshold spec
+    LOCKED = 3             # another run holds the workdir's lock
+    INPUT_DATA = 4         # missing/empty day files, reject rate over its limit
+    PREPROCESS = 5         # the Spark job failed
+    CONVERT = 6            # parquet → binary conversion or threshold raise failed
+    DATASET_INVALID = 7    # the binary dataset did not verify
+    TRAIN = 8              # training failed
+    EVAL = 9               # evaluation failed
+    INTERRUPTED = 130      # SIGINT / SIGTERM
+
+
+class PipelineError(Exception):
+    """A failure with a known kind: its message is meant for the user, without a traceback."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILED):
+        super().__init__(message)
+        self.code = code

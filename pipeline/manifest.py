@@ -1,0 +1,96 @@
+"""Stage manifests: what a stage consumed, how it was configured, what it produced, and when.
+
+A stage is done when its completion marker holds the same key as the one computed now from its
+inputs and config, and its outputs still have the fingerprint the manifest recorded. Markers are
+written last (after the outputs and the manifest), by rename, so a run killed at any point
+leaves either a finished stage or one that will be redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.fingerprint import stable_hash
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class StageRecord:
+    """What one stage did in one run; becomes the stage's manifest."""
+
+    stage: str
+    key: str
+    inputs: dict[str, Any]
+    action: str = "pending"         # ran | skipped | derived
+    engine: str = ""                # spark | converters | rethreshold | horovod | python | -
+    summary: dict[str, Any] = field(default_factory=dict)
+    outputs_fingerprint: str = ""
+    started: float = 0.0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "key": self.key, "inputs": self.inputs, "action": self.action,
+                "engine": self.engine, "summary": self.summary,
+                "outputs_fingerprint": self.outputs_fingerprint,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
+                "seconds": round(self.seconds, 3)}
+
+
+class ManifestStore:
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def manifest_path(self, stage: str) -> Path:
+        return self.directory / f"{stage}.json"
+
+    def marker_path(self, stage: str) -> Path:
+        return self.directory / f"{stage}.done"
+
+    @staticmethod
+    def key_of(inputs: dict[str, Any]) -> str:
+        return stable_hash(inputs)
+
+    def load(self, stage: str) -> dict[str, Any] | None:
+        return read_json(self.manifest_path(stage))
+
+    def is_done(self, stage: str, key: str, outputs_fingerprint: str) -> bool:
+        marker = read_json(self.marker_path(stage))
+        manifest = self.load(stage)
+        return bool(marker and manifest and marker.get("key") == key
+                     and manifest.get("key") == key
+                     and manifest.get("outputs_fingerprint") == outputs_fingerprint)
+
+    def invalidate(self, stage: str) -> None:
+        self.marker_path(stage).unlink(missing_ok=True)
+
+    def complete(self, record: StageRecord) -> None:
+        write_json_atomic(self.manifest_path(record.stage), record.as_dict())
+        write_json_atomic(self.marker_path(record.stage), {"key": record.key})
+
+    def append_history(self, entry: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / "history.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True, default=str) + "\n")

@@ -1,0 +1,83 @@
+"""Running a wing as a child process, its output kept in a stage log.
+
+Each wing runs in its own process group so that an interrupted pipeline takes the whole tree
+down with it (a Spark JVM or a horovodrun with its ranks), and so that the JVM's or TensorFlow's
+memory is returned between stages. The child's last stdout line is its JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass
+class ChildResult:
+    returncode: int
+    summary: dict[str, Any] | None
+    tail: list[str]
+
+
+def _last_json_line(lines: list[str]) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+_current: subprocess.Popen | None = None
+
+
+def terminate_current_child() -> None:
+    """Stop the running child's whole process group (called from signal handlers)."""
+    child = _current
+    if child is not None and child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> ChildResult:
+    """Run ``argv``, append its combined output to ``log_path``, return code + JSON summary."""
+    global _current
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("running: %s", " ".join(argv))
+    tail: deque[str] = deque(maxlen=200)
+    with open(log_path, "a", encoding="utf-8") as sink:
+        sink.write(f"\n$ {' '.join(argv)}\n")
+        sink.flush()
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, **(env or {})}, cwd=cwd,
+                                 start_new_session=True, bufsize=1, errors="replace")
+        _current = child
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                sink.write(line)
+                tail.append(line.rstrip("\n"))
+            child.wait()
+        finally:
+            if child.poll() is None:
+                terminate_current_child()
+            _current = None
+    lines = list(tail)
+    return ChildResult(child.returncode, _last_json_line(lines), lines[-25:])
