@@ -1,0 +1,129 @@
+"""Command line of the pipeline (``./run_pipeline.sh`` and ``python -m pipeline``).
+
+    run_pipeline.sh [run] [--input RAW_DIR] [--workdir DIR] [--frequency-threshold SPEC] [--np N]
+                    [--hosts H] [--spark-master URL] [--gpu] [--max-steps N]
+                    [--stages generate,preprocess,convert,train,eval] [--config YAML] [--force]
+    run_pipeline.sh plan --workdir DIR [--thresholds 1,2,5,15] [--embedding-dim 128]
+    run_pipeline.sh show-config [--config YAML]      # the full effective configuration
+
+Flag and stage names are an interface: schedulers call them. Flags override the YAML file,
+which overrides the defaults in pipeline/config.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from pipeline.config import STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
+from pipeline.errors import ExitCode, PipelineError
+from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+
+DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
+
+
+def _run_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file with any of the settings (see show-config)")
+    parser.add_argument("--input", help="directory of raw day files day_0..day_N[.gz]; "
+                                        "without it the generate stage makes synthetic data")
+    parser.add_argument("--workdir", help=f"where every output goes ({DEFAULT_WORKDIR_NOTE})")
+    parser.add_argument("--frequency-threshold", help="e.g. 15 or 15,C3:3,C20:40")
+    parser.add_argument("--np", type=int, help="trainer ranks (horovodrun when > 1)")
+    parser.add_argument("--hosts", help="horovodrun hosts, e.g. node1:4,node2:4")
+    parser.add_argument("--spark-master", help="Spark master URL (default local[2])")
+    parser.add_argument("--gpu", action="store_true", default=None,
+                        help="RAPIDS accelerator profile for Spark")
+    parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
+    parser.add_argument("--stages", help=f"comma-separated subset of {','.join(STAGES)}")
+    parser.add_argument("--force", action="store_true", default=None,
+                        help="redo the requested stages even if up to date")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run_pipeline.sh", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    _run_parser(sub.add_parser("run", help="run stages (the default command)"))
+    plan = sub.add_parser("plan", help="table sizes and embedding memory per threshold")
+    plan.add_argument("--workdir", default="workdir")
+    plan.add_argument("--thresholds", default="1,2,3,5,10,15,25,50")
+    plan.add_argument("--embedding-dim", type=int, default=128)
+    plan.add_argument("--json", action="store_true")
+    show = sub.add_parser("show-config", help="print the effective configuration as YAML")
+    show.add_argument("--config")
+    return parser
+
+
+def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineConfig:
+    if args.input is not None:
+        config.input = args.input
+    if args.workdir is not None:
+        config.workdir = args.workdir
+    if args.frequency_threshold is not None:
+        config.preprocess.frequency_threshold = args.frequency_threshold
+    if args.np is not None:
+        config.launch.np = args.np
+    if args.hosts is not None:
+        config.launch.hosts = args.hosts
+    if args.spark_master is not None:
+        config.spark.master = args.spark_master
+    if args.gpu:
+        config.spark.gpu = True
+    if args.max_steps is not None:
+        config.train.max_steps = args.max_steps
+    if args.stages is not None:
+        config.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    if args.force:
+        config.force = True
+    return config
+
+
+def validate(config: PipelineConfig) -> None:
+    unknown = [s for s in config.stages if s not in STAGES]
+    if unknown:
+        raise PipelineError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}",
+                            ExitCode.USAGE)
+    if config.launch.np < 1:
+        raise PipelineError("--np must be at least 1", ExitCode.USAGE)
+    parse_threshold_spec(config.preprocess.frequency_threshold)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from converters.cli import main as converters_main
+    from pipeline.layout import WorkdirLayout
+
+    argv = ["plan", "--counts", str(WorkdirLayout.at(args.workdir).counts),
+            "--thresholds", args.thresholds, "--embedding-dim", str(args.embedding_dim)]
+    return converters_main(argv + (["--json"] if args.json else []))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-"):
+        argv = ["run", *argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plan":
+            return _plan(args)
+        config = load_config(args.config)
+        if args.command == "show-config":
+            print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+            return 0
+        config = apply_flags(config, args)
+        validate(config)
+        from pipeline.runner import run_pipeline
+
+        return run_pipeline(config)
+    except (ConfigError, ThresholdSpecError, FileNotFoundError) as exc:
+        print(f"run_pipeline: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    except PipelineError as exc:
+        print(f"run_pipeline: {exc}", file=sys.stderr)
+        return int(exc.code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

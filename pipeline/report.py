@@ -1,0 +1,157 @@
+"""The run report: a Markdown page with PNG plots, written next to the outputs.
+
+It reads only what the stages left behind (manifests, data-quality report, training metrics,
+eval results), so it can be regenerated for any workdir with ``python -m pipeline.report DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import STAGES
+from pipeline.layout import WorkdirLayout
+from pipeline.manifest import read_json
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _auc_points(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in metrics:
+        for key, value in row.items():
+            if "auc" in key and isinstance(value, (int, float)) and "step" in row:
+                series.setdefault(key, []).append((row["step"], float(value)))
+    return series
+
+
+def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
+    losses = [(r["step"], r["loss"]) for r in metrics if "loss" in r and "step" in r
+              and isinstance(r["loss"], (int, float))]
+    aucs = _auc_points(metrics)
+    if not losses and not aucs:
+        return False
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    if losses:
+        left.plot(*zip(*losses), lw=1)
+    left.set(title="training loss", xlabel="step", ylabel="log loss")
+    for name, points in sorted(aucs.items()):
+        right.plot(*zip(*points), marker="o", label=name)
+    right.set(title="ROC AUC", xlabel="step", ylabel="AUC")
+    if aucs:
+        right.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _stage_seconds(layout: WorkdirLayout) -> dict[str, float]:
+    seconds = {}
+    for stage in STAGES:
+        manifest = read_json(layout.manifests / f"{stage}.json")
+        if manifest:
+            seconds[stage] = float(manifest.get("seconds", 0.0))
+    return seconds
+
+
+def _plot_stage_times(seconds: dict[str, float], out: Path) -> bool:
+    if not seconds:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.barh(list(seconds), list(seconds.values()), color="tab:blue")
+    ax.invert_yaxis()
+    ax.set(title="time per stage (last run that did the work)", xlabel="seconds")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _quality_totals(quality: dict[str, Any]) -> dict[str, Any]:
+    totals = quality.get("totals", quality)
+    return {k: v for k, v in totals.items() if isinstance(v, (int, float, dict))}
+
+
+def _plot_quality(quality: dict[str, Any], out: Path) -> bool:
+    totals = _quality_totals(quality)
+    bars = {k: v for k, v in totals.items() if isinstance(v, (int, float)) and k != "reject_rate"}
+    rejected = totals.get("rejected_by_reason") or totals.get("rejects_by_reason") or {}
+    bars.update({f"rejected: {k}": v for k, v in rejected.items() if isinstance(v, (int, float))})
+    if not bars:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
+    ax.barh(list(bars), list(bars.values()), color="tab:orange")
+    ax.invert_yaxis()
+    ax.set_xscale("symlog")
+    ax.set(title="data quality (rows)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _stage_table(layout: WorkdirLayout) -> list[str]:
+    lines = ["| stage | action | engine | seconds |", "|---|---|---|---|"]
+    for stage in STAGES:
+        manifest = read_json(layout.manifests / f"{stage}.json")
+        if manifest:
+            lines.append(f"| {stage} | {manifest.get('action')} | {manifest.get('engine')} | "
+                         f"{manifest.get('seconds')} |")
+    return lines
+
+
+def write_report(layout: WorkdirLayout) -> Path:
+    layout.report.mkdir(parents=True, exist_ok=True)
+    summary = read_json(layout.root / "summary.json") or {}
+    quality = read_json(layout.data_quality) or {}
+    metrics = _read_metrics(layout.logs / "metrics.jsonl")
+    lines = ["# Pipeline run report", "", f"Workdir: `{layout.root}`", "",
+             f"Status: **{summary.get('status', 'unknown')}** — threshold "
+             f"`{summary.get('threshold')}`, test AUC {summary.get('test_auc')}, "
+             f"validation AUC {summary.get('validation_auc')}", "", "## Stages", ""]
+    lines += _stage_table(layout)
+    if _plot_stage_times(_stage_seconds(layout), layout.report / "stage_times.png"):
+        lines += ["", "![time per stage](stage_times.png)"]
+    lines += ["", "## Data", "", f"Rows per split: `{summary.get('rows')}`", "",
+              f"Table sizes: `{summary.get('table_sizes')}`"]
+    if quality:
+        lines += ["", "Data quality totals: `" + json.dumps(_quality_totals(quality)) + "`"]
+        if _plot_quality(quality, layout.report / "data_quality.png"):
+            lines += ["", "![data quality](data_quality.png)"]
+    lines += ["", "## Training", ""]
+    if _plot_training(metrics, layout.report / "training.png"):
+        lines += ["![loss and AUC](training.png)"]
+    else:
+        lines += ["No training metrics yet."]
+    path = layout.report / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    print(write_report(WorkdirLayout.at(sys.argv[1] if len(sys.argv) > 1 else "workdir")))

@@ -1,0 +1,288 @@
+"""The five stages: what each depends on, whether it is up to date, and how it runs.
+
+Each stage declares its *inputs* (fingerprints of what it reads plus the settings that change
+its output — never settings like the Spark master or worker counts, which do not) and a
+fingerprint of its outputs. The runner skips a stage whose inputs and outputs match its last
+manifest, and reruns it otherwise. The threshold gets special care: raising it never needs Spark
+(ids are ordered by count, so a higher threshold is a prefix of the ids), so the preprocess stage
+is satisfied by parquet made at any threshold the requested one is at least, and the convert
+stage derives the dataset from the existing binary one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.config import PipelineConfig, config_to_dict
+from pipeline.errors import ExitCode, PipelineError
+from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprint
+from pipeline.layout import WorkdirLayout
+from pipeline.manifest import ManifestStore, read_json, write_json_atomic
+from pipeline.processes import run_child
+from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass
+class StageContext:
+    config: PipelineConfig
+    layout: WorkdirLayout
+    manifests: ManifestStore
+    config_path: Path  # the effective config, written as YAML for the child processes
+
+    @property
+    def raw_dir(self) -> Path:
+        return Path(self.config.input).resolve() if self.config.input else self.layout.raw
+
+    @property
+    def threshold(self) -> ThresholdSpec:
+        return parse_threshold_spec(self.config.preprocess.frequency_threshold)
+
+    def stage_log(self, stage: str) -> Path:
+        return self.layout.logs / f"{stage}.log"
+
+
+@dataclass
+class Outcome:
+    """What a stage's run function reports back to the runner."""
+
+    action: str            # ran | derived | skipped
+    engine: str
+    summary: dict[str, Any]
+
+
+@dataclass
+class Stage:
+    name: str
+    inputs: Callable[[StageContext], dict[str, Any]]
+    outputs_fingerprint: Callable[[StageContext], str]
+    run: Callable[[StageContext], Outcome]
+    # Extra condition under which existing outputs already satisfy the request even though the
+    # recorded key differs (the threshold raise). Returns an Outcome to record, or None.
+    satisfied_without_rerun: Callable[[StageContext], Outcome | None] | None = None
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
+    tail = "\n    ".join(result.tail[-12:])
+    return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "
+                         f"{ctx.stage_log(stage)}:\n    {tail}", code)
+
+
+# ---------------------------------------------------------------- generate
+def _generate_inputs(ctx: StageContext) -> dict[str, Any]:
+    return {"generator": config_to_dict(ctx.config.generator)}
+
+
+def _generate_run(ctx: StageContext) -> Outcome:
+    from pipeline.synthetic import generate  # light: numpy + pyarrow only
+
+    if ctx.layout.raw.exists():
+        shutil.rmtree(ctx.layout.raw)
+    meta = generate(ctx.layout.raw, ctx.config.generator)
+    return Outcome("ran", "python", {"rows": meta.get("rows"), "days": ctx.config.generator.days,
+                                     "bayes_auc": meta.get("bayes_auc")})
+
+
+# ---------------------------------------------------------------- preprocess
+def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
+    meta = read_json(ctx.layout.parquet / "preprocess.json")
+    if not meta or not (ctx.layout.parquet / "_SUCCESS").exists():
+        return None
+    return parse_threshold_spec(meta["threshold_spec"])
+
+
+def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
+    p = ctx.config.preprocess
+    return {"raw": tree_fingerprint(ctx.raw_dir, ignore=("generator_meta.json",)),
+            "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
+            "output_files": p.output_files, "threshold": str(ctx.threshold)}
+
+
+def _preprocess_outputs(ctx: StageContext) -> str:
+    return stable_hash([file_content_hash(ctx.layout.parquet / "preprocess.json"),
+                        tree_fingerprint(ctx.layout.parquet)])
+
+
+def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
+    """Parquet made from the same raw data at a lower threshold serves a raised one."""
+    previous = ctx.manifests.load("preprocess")
+    made_at = _parquet_spec(ctx)
+    if not previous or made_at is None:
+        return None
+    wanted = _preprocess_inputs(ctx)
+    same_data = all(previous["inputs"].get(k) == v for k, v in wanted.items() if k != "threshold")
+    fresh = previous.get("outputs_fingerprint") == _preprocess_outputs(ctx)
+    if same_data and fresh and ctx.threshold.is_at_least(made_at):
+        return Outcome("skipped", "-", {**previous.get("summary", {}),
+                                        "reason": f"parquet at threshold {made_at} serves "
+                                                  f"{ctx.threshold} (raise done without Spark)"})
+    return None
+
+
+def _spark_argv(ctx: StageContext) -> list[str]:
+    s = ctx.config.spark
+    argv = [_python(), "-m", "spark_jobs", "--input", str(ctx.raw_dir),
+            "--workdir", str(ctx.layout.root), "--frequency-threshold", str(ctx.threshold),
+            "--config", str(ctx.config_path), "--master", s.master]
+    if s.conf_file:
+        argv += ["--conf-file", s.conf_file]
+    for key, value in sorted(s.conf.items()):
+        argv += ["--conf", f"{key}={value}"]
+    if s.gpu:
+        argv.append("--gpu")
+    return argv
+
+
+# Exit codes of `python -m spark_jobs` (spark_jobs/cli.py) that mean bad input rather than a crash.
+SPARK_INPUT_ERROR_CODES = (3, 4)
+
+
+def _preprocess_run(ctx: StageContext) -> Outcome:
+    result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"))
+    if result.returncode != 0:
+        code = (ExitCode.INPUT_DATA if result.returncode in SPARK_INPUT_ERROR_CODES
+                else ExitCode.PREPROCESS)
+        raise _child_failed("preprocess", result, code, ctx)
+    return Outcome("ran", "spark", result.summary or {})
+
+
+# ---------------------------------------------------------------- convert
+def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
+    return {"parquet": _preprocess_outputs(ctx), "threshold": str(ctx.threshold)}
+
+
+def _convert_outputs(ctx: StageContext) -> str:
+    return stable_hash([file_content_hash(ctx.layout.binary / "dataset.json"),
+                        tree_fingerprint(ctx.layout.binary)])
+
+
+def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
+    meta = read_json(ctx.layout.binary / "dataset.json")
+    if not meta or not (ctx.layout.binary / "_SUCCESS").exists():
+        return None
+    return parse_threshold_spec(meta["threshold_spec"])
+
+
+def _swap_in(new_dir: Path, final_dir: Path) -> None:
+    """Replace ``final_dir`` by ``new_dir``; a crash in between leaves no _SUCCESS at final_dir."""
+    old = final_dir.with_name(final_dir.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final_dir.exists():
+        final_dir.rename(old)
+    new_dir.rename(final_dir)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _convert_run(ctx: StageContext) -> Outcome:
+    from converters.convert import convert_parquet
+    from converters.rethreshold import rethreshold
+
+    wanted = ctx.threshold
+    previous = ctx.manifests.load("convert")
+    have = _binary_spec(ctx)
+    same_parquet = bool(previous) and previous["inputs"].get("parquet") == _convert_inputs(ctx)["parquet"]
+    derived = ctx.layout.root / "binary.derived"
+    if derived.exists():
+        shutil.rmtree(derived)
+    try:
+        if same_parquet and have is not None and wanted.is_at_least(have):
+            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+            _swap_in(derived, ctx.layout.binary)
+            return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+        made_at = _parquet_spec(ctx)
+        summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
+        if made_at is not None and wanted != made_at:
+            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+            _swap_in(derived, ctx.layout.binary)
+            return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
+        return Outcome("ran", "converters", summary)
+    except PipelineError:
+        raise
+    except Exception as exc:  # the converters raise typed errors with readable messages
+        raise PipelineError(f"convert failed: {exc}", ExitCode.CONVERT) from exc
+
+
+# ---------------------------------------------------------------- train / eval
+def _launch_prefix(ctx: StageContext) -> list[str]:
+    launch = ctx.config.launch
+    if launch.np <= 1 and not launch.hosts:
+        return []
+    hosts = launch.hosts or f"localhost:{launch.np}"
+    horovodrun = str(Path(_python()).with_name("horovodrun"))
+    return [horovodrun, "-np", str(launch.np), "-H", hosts, "--gloo"]
+
+
+def _trainer_argv(ctx: StageContext, mode: str) -> list[str]:
+    argv = _launch_prefix(ctx) + [_python(), "-m", "trainer", "--mode", mode,
+                                  "--dataset", str(ctx.layout.binary),
+                                  "--workdir", str(ctx.layout.root),
+                                  "--config", str(ctx.config_path)]
+    if ctx.config.train.max_steps is not None:
+        argv += ["--max-steps", str(ctx.config.train.max_steps)]
+    return argv
+
+
+def _train_inputs(ctx: StageContext) -> dict[str, Any]:
+    return {"dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+            "binary": tree_fingerprint(ctx.layout.binary),
+            "train": config_to_dict(ctx.config.train), "np": ctx.config.launch.np}
+
+
+def _train_outputs(ctx: StageContext) -> str:
+    return tree_fingerprint(ctx.layout.checkpoints)
+
+
+def _train_run(ctx: StageContext) -> Outcome:
+    started = read_json(ctx.layout.manifests / "train.started")
+    key = ManifestStore.key_of(_train_inputs(ctx))
+    # Checkpoints of a different configuration must not be resumed; those of an interrupted
+    # run with the same configuration are, mid-epoch.
+    if ctx.layout.checkpoints.exists() and (not started or started.get("key") != key):
+        shutil.rmtree(ctx.layout.checkpoints)
+    write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
+    result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
+    if result.returncode != 0:
+        raise _child_failed("train", result, ExitCode.TRAIN, ctx)
+    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    return Outcome("ran", engine, result.summary or {})
+
+
+def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
+    return {"checkpoints": _train_outputs(ctx),
+            "dataset": file_content_hash(ctx.layout.binary / "dataset.json")}
+
+
+def _eval_outputs(ctx: StageContext) -> str:
+    return file_content_hash(ctx.layout.root / "eval.json")
+
+
+def _eval_run(ctx: StageContext) -> Outcome:
+    result = run_child(_trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
+    if result.returncode != 0 or result.summary is None:
+        raise _child_failed("eval", result, ExitCode.EVAL, ctx)
+    write_json_atomic(ctx.layout.root / "eval.json", result.summary)
+    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    return Outcome("ran", engine, result.summary)
+
+
+STAGE_TABLE: dict[str, Stage] = {
+    "generate": Stage("generate", _generate_inputs, lambda ctx: tree_fingerprint(ctx.layout.raw),
+                      _generate_run),
+    "preprocess": Stage("preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run,
+                        _preprocess_satisfied),
+    "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run),
+    "train": Stage("train", _train_inputs, _train_outputs, _train_run),
+    "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
+}
