@@ -18,17 +18,28 @@ STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval")
 
 @dataclass
 class GeneratorConfig:
-    """Synthetic Criteo-format data (the embedded default input and the benchmark input)."""
+    """Synthetic Criteo-format data (the embedded default input and the benchmark input).
+
+    The output bytes depend on every field here except ``workers``.
+    """
 
     days: int = 4
     rows_per_day: int = 50_000
     seed: int = 20240601
-    # Per-column cardinalities are the Criteo Terabyte ones multiplied by this factor
-    # (clamped to at least the small columns' true sizes and to a sane ceiling).
-    cardinality_scale: float = 0.0005
+    # Per-column vocabularies are the Criteo Terabyte ones multiplied by this factor, but
+    # never below min(true size, cardinality_floor): C6 (3 values) stays 3, C2 (39060) becomes
+    # the floor, C20 (293M) becomes ~585k at 0.002 (largest tables of ~10^5 observed values at
+    # 4 x 2M rows, as the real ones are largest at 4.4 billion rows).
+    cardinality_scale: float = 0.002
+    cardinality_floor: int = 1000
     zipf_exponent: float = 1.1
     click_rate: float = 0.03
+    # Multiplies every planted effect (0 = labels independent of the features).
+    signal_strength: float = 1.0
     gzip: bool = False
+    gzip_level: int = 6
+    # Rows per independently seeded block; part of the output's identity, like the seed.
+    chunk_rows: int = 65_536
     workers: int = 2
 
 
@@ -44,6 +55,20 @@ class SparkConfig:
     conf_file: str | None = None
     gpu: bool = False
     local_dir: str | None = None
+    # spark.sql.shuffle.partitions; 0 = automatic (a few per core in local mode, Spark's own
+    # default on a cluster). Adaptive execution coalesces small shuffle partitions either way.
+    shuffle_partitions: int = 0
+    # Spark's log level: ERROR keeps the CLI output to our own progress lines.
+    log_level: str = "ERROR"
+    # --gpu (RAPIDS accelerator): the plugin jar path is read from this environment variable.
+    gpu_jar_env: str = "SPARK_RAPIDS_PLUGIN_JAR"
+    # GPU discovery script (Spark's examples/src/main/scripts/getGpusResources.sh); None = the
+    # one under $SPARK_HOME when it exists.
+    gpu_discovery_script: str | None = None
+    gpu_per_executor: int = 1
+    gpu_tasks_per_gpu: int = 4
+    gpu_concurrent_tasks: int = 2
+    gpu_pinned_pool_size: str = "2g"
 
 
 @dataclass
@@ -55,39 +80,81 @@ class PreprocessConfig:
     max_reject_rate: float = 0.01
     # Output parquet files per split; 0 means 'as many as Spark chooses'.
     output_files: int = 0
+    # Dictionaries with at most this many kept values are broadcast to the transform; larger
+    # (skewed, Terabyte-sized) ones are joined with a shuffle and never collected to the driver.
+    broadcast_max_values: int = 2_000_000
+    # parquet compression of the splits (snappy, zstd, none).
+    compression: str = "snappy"
 
 
 @dataclass
 class ConvertConfig:
     """Parquet → split binary dataset, and the no-Spark threshold raise."""
 
+    # Threads that decode parquet / transform columns (pyarrow and numpy release the GIL).
     workers: int = 2
+    # Rows per record batch (convert) and per chunk (rethreshold, verify): bounds memory.
     batch_rows: int = 131_072
+    # tqdm bar, shown only when stderr is a terminal.
     progress: bool = True
+    # Replace an existing complete output (one with _SUCCESS; the swap is atomic and the old
+    # dataset stays until the new one is complete); False refuses instead.
+    overwrite: bool = True
+    # fsync every file and directory before the final rename (durability over speed).
+    fsync: bool = True
+    # rethreshold: hard-link files that do not change (labels, numericals, tables that keep
+    # their size) instead of copying them; falls back to a copy across filesystems.
+    link_unchanged: bool = True
+    # Check the finished dataset with the full scan (ids, labels, finiteness) before _SUCCESS.
+    verify_full: bool = False
 
 
 @dataclass
 class TrainConfig:
-    """The DLRM and its training loop."""
+    """The DLRM and its training loop (trainer/, documented in docs/trainer.md)."""
 
-    preset: str = "small"  # "default" = the seed's dimensions; "small" suits a 2-core CPU
+    # "default" = the seed's dimensions (embedding 128, bottom 512-256-128, top
+    # 1024-1024-512-256-1); "small" (16, 64-32-16, 128-64-1) suits a 2-core CPU. The three
+    # settings below override the preset one by one.
+    preset: str = "small"
     embedding_dim: int | None = None
     bottom_mlp: list[int] | None = None
     top_mlp: list[int] | None = None
+    # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
     batch_size: int = 4096
+    eval_batch_size: int | None = None  # None = batch_size
     epochs: int = 1
-    max_steps: int | None = None
-    optimizer: str = "sgd"
+    max_steps: int | None = None  # total steps of the run, counted from step 0
+    optimizer: str = "sgd"  # "sgd" or "adam"
     learning_rate: float = 0.5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-7
+    # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 100
     decay_start_step: int | None = None
     decay_steps: int | None = None
+    decay_power: float = 2.0
     evals_per_epoch: int = 1
-    amp: bool = False
-    xla: bool = False
-    bottom_mlp_data_parallel: bool = True
+    amp: bool = False  # bfloat16 on CPU, float16 + loss scaling on GPU
+    xla: bool = False  # jit_compile the dense part (bottom MLP, interaction, top MLP, loss)
+    bottom_mlp_data_parallel: bool = True  # False: the bottom MLP lives on rank 0 only
+    # A table whose float32 size exceeds this is split column-wise over all ranks.
+    column_split_threshold_mb: float = 4096.0
+    force_column_split: list[str] = field(default_factory=list)  # e.g. ["C3"] (tests)
     seed: int = 12345
-    checkpoint_every: int = 0
+    shuffle_batches: bool = True  # batch order within an epoch = permutation(seed, epoch)
+    checkpoint_every: int = 0  # steps; 0 = only at the end of the run
+    keep_checkpoints: int = 2
+    resume: bool = True  # continue from the latest checkpoint in the workdir
+    # Read the dataset at a higher threshold than it was written at (ids above k' -> 0);
+    # needs the counts histogram (DIR/counts, or counts_dir).
+    frequency_threshold: str | None = None
+    counts_dir: str | None = None
+    log_every: int = 20  # steps between metrics lines (and global-loss allreduces)
+    prefetch_batches: int = 4
+    inference_steps: int = 50
+    intra_op_threads: int = 0  # 0 = cores / ranks on this host
 
 
 @dataclass
@@ -95,7 +162,7 @@ class LaunchConfig:
     """How the trainer is started: one process, or horovodrun over ranks and hosts."""
 
     np: int = 2
-    hosts: str | None = None
+    hosts: str | None = None  # horovodrun -H, e.g. "host1:2,host2:2"; None = localhost:np
 
 
 @dataclass

@@ -1,0 +1,152 @@
+"""Benchmark of converters: rows/s and MB/s of convert and of rethreshold.
+
+Without ``--workdir`` it writes its own spark_jobs-shaped input with pyarrow (snappy parquet,
+several files and row groups per split, Criteo-like table sizes from 4 to millions so every
+id dtype occurs, Zipf-distributed ids, a count histogram consistent with the ids), then times
+
+* convert: parquet → split binary dataset (``converters.convert.convert_parquet``);
+* verify: full scan of the result;
+* rethreshold: the dataset at a higher threshold from the binary one + the histogram.
+
+Usage::
+
+    .venv/bin/python bench/bench_converters.py --rows 1000000 4000000
+    .venv/bin/python bench/bench_converters.py --workdir DIR --rethreshold 15
+
+The seed's converter needed 4.3 s per 1M rows on this machine type, writing the data twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from converters.convert import convert_parquet
+from converters.rethreshold import rethreshold
+from converters.verify import verify_dataset
+from pipeline.config import ConvertConfig
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+
+# Criteo Terabyte unique values per column (docs: criteo_terabyte_facts.md), capped so the
+# benchmark input stays laptop-sized while keeping int32 tables.
+TERABYTE_UNIQUES = [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956,
+                    405282, 10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510,
+                    590152, 12973, 108, 36]
+CAP = 5_000_000
+
+
+def _ids(rng: np.random.Generator, kept: int, n: int) -> np.ndarray:
+    """Ids 0..kept with a Zipf-like popularity (low ids most frequent, as assigned by count)."""
+    ranks = rng.zipf(1.15, n)
+    return np.where(ranks > kept, 0, ranks).astype(np.int32)
+
+
+def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int = 4,
+                         seed: int = 0) -> Path:
+    """A workdir with parquet/{train,test,validation} and counts/histogram.parquet."""
+    rng = np.random.default_rng(seed)
+    kept = [min(u, CAP) for u in TERABYTE_UNIQUES]
+    parquet = root / "parquet"
+    split_rows = {"train": rows * 8 // 10, "test": rows // 10}
+    split_rows["validation"] = rows - split_rows["train"] - split_rows["test"]
+    for split in SPLITS:
+        (parquet / split).mkdir(parents=True, exist_ok=True)
+        bounds = np.linspace(0, split_rows[split], files + 1).astype(int)
+        for f in range(files):
+            n = int(bounds[f + 1] - bounds[f])
+            columns = {"label": pa.array((rng.random(n) < 0.03).astype(np.int32))}
+            for name in INT_COLUMNS:
+                columns[name] = pa.array(np.log(rng.integers(0, 5000, n) + 3).astype(np.float32))
+            for name, k in zip(CAT_COLUMNS, kept):
+                columns[name] = pa.array(_ids(rng, k, n))
+            pq.write_table(pa.table(columns), parquet / split / f"part-{f:05d}.snappy.parquet",
+                           row_group_size=max(1, n // 3), compression="snappy")
+    (parquet / "model_size.json").write_text(json.dumps({c: k + 1 for c, k in zip(CAT_COLUMNS, kept)}))
+    (parquet / "preprocess.json").write_text(json.dumps({"threshold_spec": str(threshold)}))
+    (parquet / "_SUCCESS").write_text("")
+    _write_histogram(root / "counts", kept, threshold, rng)
+    return root
+
+
+def _write_histogram(counts: Path, kept: list[int], threshold: int,
+                     rng: np.random.Generator) -> None:
+    """Counts consistent with the ids: value of id i has a count that falls with i, >= T."""
+    counts.mkdir(parents=True, exist_ok=True)
+    column, count, num_values = [], [], []
+    for name, k in zip(CAT_COLUMNS, kept):
+        per_id = np.maximum(threshold, (1e6 / np.arange(1, k + 1) ** 1.1).astype(np.int64))
+        values, how_many = np.unique(per_id, return_counts=True)
+        column += [name] * len(values)
+        count += values.tolist()
+        num_values += how_many.tolist()
+        column.append(name)  # values below the base threshold exist too
+        count.append(1)
+        num_values.append(int(rng.integers(1, 1000)))
+    pq.write_table(pa.table({"column": column, "count": pa.array(count, pa.int64()),
+                             "num_values": pa.array(num_values, pa.int64())}),
+                   counts / "histogram.parquet")
+
+
+def _bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
+    parquet, binary = workdir / "parquet", workdir / "bench_binary"
+    shutil.rmtree(binary, ignore_errors=True)
+    summary = convert_parquet(parquet, binary, config)
+    rows = sum(summary["rows"].values())
+    out_mb = summary["bytes_written"] / 1e6
+    result = {"rows": rows, "parquet_MB": round(_bytes(parquet) / 1e6, 1),
+              "convert_s": summary["seconds"], "convert_rows_per_s": round(rows / summary["seconds"]),
+              "convert_s_per_1M_rows": round(summary["seconds"] / rows * 1e6, 3),
+              "convert_out_MB_per_s": round(out_mb / summary["seconds"], 1),
+              "binary_MB": round(out_mb, 1)}
+    start = time.perf_counter()
+    verify_dataset(binary, full=True, workers=config.workers)
+    seconds = time.perf_counter() - start
+    result.update(verify_s=round(seconds, 3), verify_MB_per_s=round(out_mb / seconds, 1))
+    for link in (True, False):
+        target = workdir / "bench_rethreshold"
+        shutil.rmtree(target, ignore_errors=True)
+        cfg = ConvertConfig(**{**config.__dict__, "link_unchanged": link})
+        re = rethreshold(binary, workdir / "counts", new_threshold, target, cfg)
+        tag = "rethreshold" if link else "rethreshold_copy"
+        result.update({f"{tag}_s": re["seconds"],
+                       f"{tag}_rows_per_s": round(rows / re["seconds"]),
+                       f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1)})
+        shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(binary, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 4_000_000])
+    parser.add_argument("--workdir", help="benchmark an existing workdir (parquet/ + counts/)")
+    parser.add_argument("--rethreshold", default="15", help="threshold spec to derive")
+    parser.add_argument("--workers", type=int, default=ConvertConfig().workers)
+    parser.add_argument("--batch-rows", type=int, default=ConvertConfig().batch_rows)
+    parser.add_argument("--no-fsync", action="store_true")
+    args = parser.parse_args()
+    config = ConvertConfig(workers=args.workers, batch_rows=args.batch_rows, progress=False,
+                           fsync=not args.no_fsync)
+    if args.workdir:
+        print(json.dumps(bench(Path(args.workdir), args.rethreshold, config)))
+        return
+    for rows in args.rows:
+        with tempfile.TemporaryDirectory(prefix="bench_converters_") as tmp:
+            make_parquet_workdir(Path(tmp), rows)
+            print(json.dumps(bench(Path(tmp), args.rethreshold, config)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""``python -m converters {convert,verify,rethreshold,plan}``.
+
+Exit codes: 0 success; 1 a bad dataset, parquet, counts or spec (the message says what);
+2 wrong usage; 3 a threshold below the dataset's base (needs a Spark rerun).
+With ``--json`` the last stdout line is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any
+
+from converters.format import DatasetError
+from pipeline.config import ConvertConfig, load_config
+from pipeline.layout import WorkdirLayout
+from pipeline.thresholds import ThresholdSpecError
+
+EXIT_BAD_INPUT = 1
+EXIT_USAGE = 2
+EXIT_LOWER_THRESHOLD = 3
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not make a command."""
+
+
+def _add_convert_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="pipeline YAML; its 'convert' section is used")
+    parser.add_argument("--workers", type=int, help="threads (default: config, 2)")
+    parser.add_argument("--batch-rows", type=int, help="rows per record batch / chunk")
+    parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, less safe)")
+    parser.add_argument("--keep-existing", action="store_true",
+                        help="refuse to replace a complete output instead of swapping it")
+    parser.add_argument("--full-verify", action="store_true",
+                        help="scan every value of the result before marking it complete")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _convert_config(args: argparse.Namespace) -> ConvertConfig:
+    config = load_config(args.config).convert
+    changes: dict[str, Any] = {}
+    if args.workers is not None:
+        changes["workers"] = args.workers
+    if args.batch_rows is not None:
+        changes["batch_rows"] = args.batch_rows
+    if args.no_progress:
+        changes["progress"] = False
+    if args.no_fsync:
+        changes["fsync"] = False
+    if args.keep_existing:
+        changes["overwrite"] = False
+    if args.full_verify:
+        changes["verify_full"] = True
+    return dataclasses.replace(config, **changes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m converters", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="parquet -> split binary dataset")
+    convert.add_argument("--workdir", help="reads WORKDIR/parquet, writes WORKDIR/binary")
+    convert.add_argument("--parquet", help="parquet directory (instead of --workdir)")
+    convert.add_argument("--output", help="binary dataset directory (instead of --workdir)")
+    convert.add_argument("--threshold-spec", help="override preprocess.json's threshold_spec")
+    _add_convert_options(convert)
+
+    verify = commands.add_parser("verify", help="check a split binary dataset")
+    verify.add_argument("dataset", help="the dataset directory (e.g. DIR/binary)")
+    verify.add_argument("--quick", action="store_true", help="metadata and file sizes only")
+    verify.add_argument("--workers", type=int, default=ConvertConfig().workers)
+    verify.add_argument("--json", action="store_true")
+
+    re = commands.add_parser("rethreshold", help="derive a higher-threshold dataset, no Spark")
+    re.add_argument("--source", required=True, help="existing binary dataset (e.g. DIR/binary)")
+    re.add_argument("--counts", required=True, help="DIR/counts (holds histogram.parquet)")
+    re.add_argument("--frequency-threshold", required=True, help="new spec, e.g. '15,C3:3'")
+    re.add_argument("--output", required=True, help="where the new dataset goes")
+    _add_convert_options(re)
+
+    plan = commands.add_parser("plan", help="table sizes and memory per threshold, from counts")
+    plan.add_argument("--counts", required=True, help="DIR/counts or its histogram.parquet")
+    plan.add_argument("--thresholds", default="", help="global thresholds, e.g. 1,2,5,15")
+    plan.add_argument("--spec", action="append", default=[],
+                      help="a full spec with overrides, e.g. '15,C3:3' (repeatable)")
+    plan.add_argument("--embedding-dim", type=int, default=128)
+    plan.add_argument("--dtype-bytes", type=int, default=4, help="bytes per embedding weight")
+    plan.add_argument("--json", action="store_true")
+    return parser
+
+
+def _print_summary(summary: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, default=str))
+    else:
+        print(json.dumps(summary, indent=2, default=str))
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from converters.convert import convert_parquet
+
+    if args.workdir:
+        layout = WorkdirLayout.at(args.workdir)
+        parquet, output = args.parquet or layout.parquet, args.output or layout.binary
+    elif args.parquet and args.output:
+        parquet, output = args.parquet, args.output
+    else:
+        raise UsageError(" give --workdir DIR, or both --parquet and --output")
+    summary = convert_parquet(parquet, output, _convert_config(args), args.threshold_spec)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from converters.verify import verify_dataset
+
+    info = verify_dataset(args.dataset, full=not args.quick, workers=args.workers)
+    summary = {"dataset": str(info.path), "ok": True, "mode": "quick" if args.quick else "full",
+               **info.to_json()}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        rows = ", ".join(f"{s} {n:,}" for s, n in info.splits.items())
+        print(f"{info.path}: OK ({summary['mode']} check; rows: {rows}; "
+              f"threshold {info.threshold_spec})")
+    return 0
+
+
+def _run_rethreshold(args: argparse.Namespace) -> int:
+    from converters.rethreshold import rethreshold
+
+    summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output,
+                          _convert_config(args))
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from converters.planner import format_plan, plan
+
+    specs = [t.strip() for t in args.thresholds.split(",") if t.strip()] + list(args.spec)
+    if not specs:
+        raise UsageError(" give --thresholds 1,2,5,15 and/or --spec SPEC")
+    rows = plan(args.counts, specs, args.embedding_dim, args.dtype_bytes)
+    print(json.dumps(rows) if args.json else format_plan(rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    run = {"convert": _run_convert, "verify": _run_verify,
+           "rethreshold": _run_rethreshold, "plan": _run_plan}[args.command]
+    from converters.rethreshold import LowerThresholdError
+
+    try:
+        return run(args)
+    except LowerThresholdError as exc:
+        print(f"converters {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LOWER_THRESHOLD
+    except (DatasetError, ThresholdSpecError) as exc:
+        print(f"converters {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except UsageError as exc:
+        print(f"converters {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Parquet from spark_jobs → the split binary dataset, in one streaming pass.
+
+Each split's parquet files are read in name order, row groups in order, as record batches of
+``ConvertConfig.batch_rows`` rows, so row order is preserved exactly and memory stays at a few
+batches whatever the dataset size. While the main thread decodes the next batch (pyarrow,
+multi-threaded, GIL released), a thread pool narrows the current one column by column and
+appends it to the 28 output files (numpy casts and file writes release the GIL too): both
+cores work, and every byte is written once. Every id is checked against its table size before
+it is narrowed, so a bad id is an error, never a silently wrapped value. The output is atomic
+(see converters.atomic).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from converters.atomic import atomic_directory, is_complete
+from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, MODEL_SIZE_JSON,
+                               NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
+                               cat_dtype, cat_file, describe, model_size_list, read_json,
+                               write_json)
+from converters.progress import progress_bar
+from converters.verify import verify_dataset
+from pipeline.config import ConvertConfig
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, SPLITS
+from pipeline.thresholds import parse_threshold_spec
+
+log = logging.getLogger(__name__)
+
+PREPROCESS_JSON = "preprocess.json"
+SOURCE_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
+
+
+def parquet_files(split_dir: Path) -> list[Path]:
+    """Data files of one split in row order: ``*.parquet`` sorted by name (no hidden/_ files)."""
+    if not split_dir.is_dir():
+        raise DatasetError(f"{split_dir} is missing: the parquet has no such split")
+    return sorted((p for p in split_dir.iterdir()
+                   if p.is_file() and p.suffix == ".parquet" and p.name[0] not in "._"),
+                  key=lambda p: p.name)
+
+
+def _footer(path: Path) -> bytes:
+    """The parquet footer (metadata: schema, row groups, offsets, statistics) of one file."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        if size < 12:
+            raise DatasetError(f"{path} is not a parquet file ({size} bytes)")
+        fh.seek(size - 8)
+        tail = fh.read(8)
+        if tail[4:] != b"PAR1":
+            raise DatasetError(f"{path} is not a parquet file (no PAR1 trailer)")
+        length = int.from_bytes(tail[:4], "little")
+        fh.seek(size - 8 - length)
+        return fh.read(length)
+
+
+def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
+    """Hash of preprocess.json plus each file's name, size and footer: changes with the data,
+    not with a copy or a touch, and costs a few reads per file."""
+    digest = xxhash.xxh3_128()
+    preprocess = parquet_dir / PREPROCESS_JSON
+    digest.update(preprocess.read_bytes() if preprocess.exists() else b"")
+    for split in SPLITS:
+        for path in files[split]:
+            digest.update(f"{split}/{path.name}:{path.stat().st_size}\n".encode())
+            digest.update(_footer(path))
+    return "xxh3_128:" + digest.hexdigest()
+
+
+def _check_schema(path: Path, schema: pa.Schema) -> None:
+    missing = [c for c in SOURCE_COLUMNS if c not in schema.names]
+    if missing:
+        raise DatasetError(f"{path}: missing columns {missing}")
+    for name in SOURCE_COLUMNS:
+        kind = schema.field(name).type
+        ok = pa.types.is_floating(kind) if name in INT_COLUMNS else pa.types.is_integer(kind)
+        if not ok:
+            raise DatasetError(f"{path}: column {name} has type {kind}; "
+                               f"expected {'float' if name in INT_COLUMNS else 'integer'}")
+
+
+def _values(batch: pa.RecordBatch, index: int, where: str) -> np.ndarray:
+    column = batch.column(index)
+    if column.null_count:
+        raise DatasetError(f"{where}: column {batch.schema.names[index]} has "
+                           f"{column.null_count} null(s); spark_jobs writes 0 for missing")
+    return column.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class _Output:
+    """One output file and how a batch becomes its bytes."""
+
+    name: str
+    handle: BinaryIO
+
+    def encode(self, batch: pa.RecordBatch, where: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _LabelOutput(_Output):
+    def encode(self, batch, where):
+        labels = _values(batch, 0, where)
+        if labels.size and (labels.min() < 0 or labels.max() > 1):
+            raise DatasetError(f"{where}: label outside {{0, 1}} (min {labels.min()}, "
+                               f"max {labels.max()})")
+        return labels.astype(LABEL_DTYPE)
+
+
+class _NumericalOutput(_Output):
+    def encode(self, batch, where):
+        out = np.empty((batch.num_rows, NUM_NUMERICAL), dtype=NUMERICAL_DTYPE)
+        for j in range(NUM_NUMERICAL):
+            out[:, j] = _values(batch, 1 + j, where)
+        if not np.isfinite(out).all():
+            raise DatasetError(f"{where}: a numerical value is NaN/inf or beyond float16 range")
+        return out
+
+
+@dataclass
+class _CatOutput(_Output):
+    index: int = 0
+    table_size: int = 1
+
+    def encode(self, batch, where):
+        ids = _values(batch, 1 + NUM_NUMERICAL + self.index, where)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.table_size):
+            raise DatasetError(f"{where}: column {CAT_COLUMNS[self.index]} has id "
+                               f"{ids.min() if ids.min() < 0 else ids.max()} outside its "
+                               f"table of size {self.table_size}")
+        return ids.astype(cat_dtype(self.table_size), copy=False)
+
+
+def _write_group(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
+    for output in outputs:
+        output.handle.write(memoryview(output.encode(batch, where)).cast("B"))
+
+
+def _balanced_groups(outputs: list[_Output], workers: int) -> list[list[_Output]]:
+    """Split the outputs into ``workers`` groups of similar cost (numerical = 13 columns)."""
+    groups: list[list[_Output]] = [[] for _ in range(workers)]
+    cost = [0] * workers
+    for output in sorted(outputs, key=lambda o: -(NUM_NUMERICAL if o.name == NUMERICAL_FILE else 1)):
+        k = cost.index(min(cost))
+        groups[k].append(output)
+        cost[k] += NUM_NUMERICAL if output.name == NUMERICAL_FILE else 1
+    return [g for g in groups if g]
+
+
+def _batches(files: list[Path], batch_rows: int, use_threads: bool
+             ) -> Iterator[tuple[pa.RecordBatch, str]]:
+    for path in files:
+        reader = pq.ParquetFile(path)
+        _check_schema(path, reader.schema_arrow)
+        for batch in reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
+                                         use_threads=use_threads):
+            yield batch, str(path)
+
+
+def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
+                   config: ConvertConfig, pool: ThreadPoolExecutor, bar: Any) -> int:
+    out_dir.mkdir()
+    handles = [open(out_dir / name, "wb") for name in
+               [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
+    try:
+        outputs: list[_Output] = [_LabelOutput(LABEL_FILE, handles[0]),
+                                  _NumericalOutput(NUMERICAL_FILE, handles[1])]
+        outputs += [_CatOutput(cat_file(i), handles[2 + i], i, size)
+                    for i, size in enumerate(table_sizes)]
+        groups = _balanced_groups(outputs, max(1, config.workers))
+        rows = 0
+        pending: list[Future] = []
+        for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
+            for future in pending:  # files are appended in batch order
+                future.result()
+            pending = [pool.submit(_write_group, g, batch, where) for g in groups]
+            rows += batch.num_rows
+            bar.update(batch.num_rows)
+        for future in pending:
+            future.result()
+        return rows
+    finally:
+        for handle in handles:
+            handle.close()
+
+
+def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
+    if given is not None:
+        return str(parse_threshold_spec(given))
+    preprocess = parquet_dir / PREPROCESS_JSON
+    if preprocess.exists():
+        spec = read_json(preprocess).get("threshold_spec")
+        return None if spec is None else str(parse_threshold_spec(spec))
+    return None
+
+
+def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
+                    config: ConvertConfig | None = None,
+                    threshold_spec: str | None = None) -> dict[str, Any]:
+    """Convert ``parquet_dir`` (spark_jobs output) into the dataset at ``binary_dir``.
+
+    Returns a summary: rows per split, bytes written, seconds, rows/s, fingerprint.
+    ``threshold_spec`` overrides the one read from ``preprocess.json``.
+    """
+    config = config or ConvertConfig()
+    parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)
+    if not is_complete(parquet_dir):
+        raise DatasetError(f"{parquet_dir} has no _SUCCESS: the parquet is incomplete "
+                           "(rerun spark_jobs)")
+    table_sizes = model_size_list(read_json(parquet_dir / MODEL_SIZE_JSON),
+                                  parquet_dir / MODEL_SIZE_JSON)
+    for size in table_sizes:
+        cat_dtype(size)  # refuses tables that do not fit int32
+    spec = _threshold_spec(parquet_dir, threshold_spec)
+    files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
+    expected = {split: sum(pq.ParquetFile(p).metadata.num_rows for p in files[split])
+                for split in SPLITS}
+    fingerprint = source_fingerprint(parquet_dir, files)
+    start = time.perf_counter()
+    rows: dict[str, int] = {}
+    with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp, \
+            ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
+            progress_bar(sum(expected.values()), "convert", config.progress) as bar:
+        for split in SPLITS:
+            rows[split] = _convert_split(files[split], tmp / split, table_sizes, config, pool, bar)
+            if rows[split] != expected[split]:
+                raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
+                                   f"{expected[split]}")
+        info = describe(tmp, rows, table_sizes, spec, fingerprint,
+                        {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())}})
+        write_json(tmp / MODEL_SIZE_JSON, info.model_size)
+        write_json(tmp / DATASET_JSON, info.to_json())
+        verify_dataset(tmp, full=config.verify_full, require_success=False)
+    seconds = time.perf_counter() - start
+    total_rows = sum(rows.values())
+    nbytes = sum(info.nbytes(s) for s in SPLITS)
+    summary = {"output": str(binary_dir), "rows": rows, "table_sizes": info.model_size,
+               "cat_dtypes": list(info.cat_dtypes), "threshold_spec": spec,
+               "source_fingerprint": fingerprint, "bytes_written": nbytes,
+               "seconds": round(seconds, 3),
+               "rows_per_second": round(total_rows / seconds) if seconds else None}
+    log.info("converted %d rows in %.2f s into %s", total_rows, seconds, binary_dir)
+    return summary
+

@@ -1,0 +1,84 @@
+"""Table sizes for any threshold, from ``DIR/counts/histogram.parquet`` alone.
+
+The histogram says, per column, how many distinct values have exactly each total count, so
+the number of values kept at threshold T is ``k(T) = sum(num_values where count >= max(1, T))``
+and the table size is ``k(T) + 1`` (id 0 = rare or missing). The planner, rethreshold and the
+trainer (to size its embeddings before reading data) all use this one module; it imports only
+pyarrow and numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from converters.format import DatasetError
+from pipeline.schema import CAT_COLUMNS
+from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+
+HISTOGRAM_FILE = "histogram.parquet"
+
+
+@dataclass(frozen=True)
+class CountHistogram:
+    """Per column: distinct total counts ascending, and how many values have at least each."""
+
+    counts: dict[str, np.ndarray]
+    kept_at_least: dict[str, np.ndarray]  # kept_at_least[c][i] = values with count >= counts[c][i]
+
+    def values_kept(self, column: str, threshold: int) -> int:
+        """How many values of ``column`` get an id >= 1 at ``threshold`` (0 and 1 keep all)."""
+        counts = self.counts.get(column)
+        if counts is None or len(counts) == 0:
+            return 0
+        first = int(np.searchsorted(counts, max(1, int(threshold)), side="left"))
+        return int(self.kept_at_least[column][first]) if first < len(counts) else 0
+
+    def table_sizes(self, spec: str | int | ThresholdSpec) -> dict[str, int]:
+        """Table size (values kept + 1) of every column under a threshold spec."""
+        spec = parse_threshold_spec(spec)
+        return {c: self.values_kept(c, spec.effective(c)) + 1 for c in CAT_COLUMNS}
+
+
+def histogram_path(counts_dir: str | Path) -> Path:
+    path = Path(counts_dir)
+    return path if path.suffix == ".parquet" else path / HISTOGRAM_FILE
+
+
+def read_histogram(counts_dir: str | Path) -> CountHistogram:
+    """Load the histogram (a directory of counts or the parquet file itself)."""
+    path = histogram_path(counts_dir)
+    if not path.exists():
+        raise DatasetError(f"{path} is missing: run spark_jobs first (it writes the counts)")
+    table = pq.read_table(path)
+    needed = {"column", "count", "num_values"}
+    if not needed <= set(table.column_names):
+        raise DatasetError(f"{path}: columns {sorted(needed)} expected, found {table.column_names}")
+    columns = np.asarray(table.column("column").to_pylist(), dtype=object)
+    count = table.column("count").to_numpy().astype(np.int64)
+    num_values = table.column("num_values").to_numpy().astype(np.int64)
+    unknown = sorted(set(columns.tolist()) - set(CAT_COLUMNS))
+    if unknown:
+        raise DatasetError(f"{path}: unknown column names {unknown[:5]}")
+    if len(count) and (count.min() < 1 or num_values.min() < 0):
+        raise DatasetError(f"{path}: counts must be >= 1 and num_values >= 0")
+    counts, kept = {}, {}
+    for column in CAT_COLUMNS:
+        mine = columns == column
+        order = np.argsort(count[mine], kind="stable")
+        col_counts, col_values = count[mine][order], num_values[mine][order]
+        if len(col_counts) != len(np.unique(col_counts)):
+            raise DatasetError(f"{path}: column {column} lists a count twice")
+        counts[column] = col_counts
+        # Suffix sums: values with count >= col_counts[i].
+        kept[column] = np.cumsum(col_values[::-1])[::-1]
+    return CountHistogram(counts, kept)
+
+
+def embedding_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int,
+                    dtype_bytes: int = 4) -> int:
+    sizes = table_sizes.values() if isinstance(table_sizes, dict) else table_sizes
+    return int(sum(sizes)) * int(embedding_dim) * int(dtype_bytes)

@@ -1,0 +1,167 @@
+"""The split binary dataset format (docs/architecture.md), named once for writer and readers.
+
+``DIR/binary/<split>/label.bin`` (uint8), ``numerical.bin`` (float16, 13 per row, row-major),
+``cat_<i>.bin`` (narrowest signed integer holding table i), plus ``model_size.json``,
+``dataset.json`` and ``_SUCCESS`` at the top. Everything that knows a file name, a dtype or a
+key of ``dataset.json`` lives here, so convert, rethreshold, verify and the trainer agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
+
+FORMAT_VERSION = 1
+LABEL_FILE = "label.bin"
+NUMERICAL_FILE = "numerical.bin"
+DATASET_JSON = "dataset.json"
+MODEL_SIZE_JSON = "model_size.json"
+SUCCESS = "_SUCCESS"
+LABEL_DTYPE = np.dtype("<u1")
+NUMERICAL_DTYPE = np.dtype("<f2")
+NUM_NUMERICAL = NUM_INTEGER
+MAX_TABLE_SIZE = 2**31  # ids must fit int32
+
+
+class DatasetError(ValueError):
+    """A binary dataset (or its source) that breaks the format; the message says where."""
+
+
+def cat_file(index: int) -> str:
+    """File of categorical column C<index+1>."""
+    return f"cat_{index}.bin"
+
+
+def all_files() -> list[str]:
+    return [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(NUM_CATEGORICAL)]
+
+
+def cat_dtype(table_size: int) -> np.dtype:
+    """Narrowest little-endian signed integer holding ids 0..table_size-1."""
+    if table_size < 1:
+        raise DatasetError(f"table size {table_size} is below 1 (id 0 always exists)")
+    if table_size <= 2**7:
+        return np.dtype("<i1")
+    if table_size <= 2**15:
+        return np.dtype("<i2")
+    if table_size <= MAX_TABLE_SIZE:
+        return np.dtype("<i4")
+    raise DatasetError(f"table size {table_size} does not fit int32 ids")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return np.dtype(dtype).name  # 'int8', 'int16', 'int32', 'uint8', 'float16'
+
+
+def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
+    """(dtype, values per row) of one file of the dataset."""
+    if name == LABEL_FILE:
+        return LABEL_DTYPE, 1
+    if name == NUMERICAL_FILE:
+        return NUMERICAL_DTYPE, NUM_NUMERICAL
+    index = int(name[len("cat_"):-len(".bin")])
+    return np.dtype(info.cat_dtypes[index]).newbyteorder("<"), 1
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What ``dataset.json`` says about a dataset, plus where it is."""
+
+    path: Path
+    splits: dict[str, int]
+    table_sizes: tuple[int, ...]
+    cat_dtypes: tuple[str, ...]
+    threshold_spec: str | None
+    source_fingerprint: str
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def model_size(self) -> dict[str, int]:
+        return dict(zip(CAT_COLUMNS, self.table_sizes))
+
+    def file(self, split: str, name: str) -> Path:
+        return self.path / split / name
+
+    def nbytes(self, split: str) -> int:
+        return sum(self.splits[split] * dt.itemsize * width
+                   for dt, width in (row_width(n, self) for n in all_files()))
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "format_version": FORMAT_VERSION,
+            "splits": {s: int(self.splits[s]) for s in SPLITS},
+            "table_sizes": [int(t) for t in self.table_sizes],
+            "cat_dtypes": list(self.cat_dtypes),
+            "label_dtype": dtype_name(LABEL_DTYPE),
+            "numerical_dtype": dtype_name(NUMERICAL_DTYPE),
+            "num_numerical": NUM_NUMERICAL,
+            "threshold_spec": self.threshold_spec,
+            "source_fingerprint": self.source_fingerprint,
+        }
+        data.update(self.extra)
+        return data
+
+
+def describe(path: Path, splits: dict[str, int], table_sizes: list[int],
+             threshold_spec: str | None, source_fingerprint: str,
+             extra: dict[str, Any] | None = None) -> DatasetInfo:
+    """Build the description of a dataset; dtypes follow from the table sizes."""
+    return DatasetInfo(Path(path), dict(splits), tuple(int(t) for t in table_sizes),
+                       tuple(dtype_name(cat_dtype(t)) for t in table_sizes),
+                       threshold_spec, source_fingerprint, dict(extra or {}))
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """One top-level key per line (lists stay on one line): readable and diff-friendly."""
+    lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()]
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"{path} is missing") from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path} is not valid JSON: {exc}") from None
+
+
+def model_size_list(model_size: Any, where: Path) -> list[int]:
+    """Table sizes C1..C26 from a ``model_size.json`` mapping, with a clear error if off."""
+    if not isinstance(model_size, dict):
+        raise DatasetError(f"{where}: expected a mapping C1..C26 -> table size")
+    missing = [c for c in CAT_COLUMNS if c not in model_size]
+    unknown = sorted(set(model_size) - set(CAT_COLUMNS))
+    if missing or unknown:
+        raise DatasetError(f"{where}: missing columns {missing} / unknown keys {unknown}")
+    sizes = []
+    for column in CAT_COLUMNS:
+        value = model_size[column]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DatasetError(f"{where}: {column} has table size {value!r}; expected an int >= 1")
+        sizes.append(value)
+    return sizes
+
+
+def read_info(path: str | Path) -> DatasetInfo:
+    """Parse ``dataset.json`` (no checks against the files; see converters.verify)."""
+    path = Path(path)
+    data = read_json(path / DATASET_JSON)
+    known = {"format_version", "splits", "table_sizes", "cat_dtypes", "label_dtype",
+             "numerical_dtype", "num_numerical", "threshold_spec", "source_fingerprint"}
+    missing = sorted(known - set(data)) if isinstance(data, dict) else sorted(known)
+    if missing:
+        raise DatasetError(f"{path / DATASET_JSON}: missing keys {missing}")
+    splits = data["splits"]
+    if not isinstance(splits, dict) or sorted(splits) != sorted(SPLITS):
+        raise DatasetError(f"{path / DATASET_JSON}: 'splits' must map {list(SPLITS)} to row counts")
+    return DatasetInfo(path, {s: splits[s] for s in SPLITS}, tuple(data["table_sizes"]),
+                       tuple(data["cat_dtypes"]), data["threshold_spec"],
+                       data["source_fingerprint"],
+                       {k: v for k, v in data.items() if k not in known})

@@ -1,0 +1,53 @@
+"""Threshold planner: table sizes and embedding memory for candidate thresholds, from counts.
+
+Answers "what does threshold T cost?" before any Spark or training run, from the tiny
+``DIR/counts/histogram.parquet``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from converters.counts import embedding_bytes, read_histogram
+from converters.format import cat_dtype, dtype_name
+from pipeline.schema import CAT_COLUMNS
+from pipeline.thresholds import parse_threshold_spec
+
+
+def plan(counts_dir: str | Path, specs: list[str], embedding_dim: int = 128,
+         dtype_bytes: int = 4) -> list[dict[str, Any]]:
+    """Per spec: canonical spec, table sizes, id dtypes, total rows and embedding bytes."""
+    histogram = read_histogram(counts_dir)
+    rows = []
+    for text in specs:
+        spec = parse_threshold_spec(text)
+        sizes = histogram.table_sizes(spec)
+        rows.append({"threshold_spec": str(spec), "table_sizes": sizes,
+                     "cat_dtypes": {c: dtype_name(cat_dtype(s)) for c, s in sizes.items()},
+                     "total_rows": sum(sizes.values()),
+                     "embedding_dim": embedding_dim, "dtype_bytes": dtype_bytes,
+                     "embedding_bytes": embedding_bytes(sizes, embedding_dim, dtype_bytes)})
+    return rows
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_plan(rows: list[dict[str, Any]]) -> str:
+    """A table: one line per column, one column per threshold, totals at the bottom."""
+    header = ["column"] + [f"T={r['threshold_spec']}" for r in rows]
+    lines = [[c] + [f"{r['table_sizes'][c]:,}" for r in rows] for c in CAT_COLUMNS]
+    lines.append(["total rows"] + [f"{r['total_rows']:,}" for r in rows])
+    if rows:
+        lines.append([f"memory (dim {rows[0]['embedding_dim']}, {rows[0]['dtype_bytes']} B)"]
+                     + [human_bytes(r["embedding_bytes"]) for r in rows])
+    widths = [max(len(line[i]) for line in [header] + lines) for i in range(len(header))]
+    fmt = lambda line: "  ".join(  # noqa: E731
+        cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines])

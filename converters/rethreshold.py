@@ -1,0 +1,150 @@
+"""A dataset at a higher frequency threshold, from the binary one and the counts: no Spark.
+
+Ids are assigned by descending count, so the values kept at T′ ≥ T are exactly ids 1..k′ of
+each table, with k′ read off the count histogram. Deriving the T′ dataset is therefore a clamp
+(id > k′ → 0) and, where a table shrinks below a dtype boundary, a narrower dtype. Files that
+do not change (labels, numericals, tables whose size stays) are hard-linked (or copied across
+filesystems); the rest are streamed in memory-mapped chunks over a thread pool. A lower
+threshold would need values the dataset no longer has: that is refused (rerun spark_jobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.atomic import atomic_directory
+from converters.counts import read_histogram
+from converters.format import (DATASET_JSON, LABEL_FILE, MODEL_SIZE_JSON, NUMERICAL_FILE,
+                               DatasetError, cat_dtype, cat_file, describe, write_json)
+from converters.progress import progress_bar
+from converters.verify import verify_dataset
+from pipeline.config import ConvertConfig
+from pipeline.schema import CAT_COLUMNS, SPLITS
+from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+
+log = logging.getLogger(__name__)
+
+
+class LowerThresholdError(DatasetError):
+    """The requested threshold keeps values the source dataset has already merged into id 0."""
+
+
+def _base_spec(info_spec: str | None, source: Path) -> ThresholdSpec:
+    if info_spec is None:
+        raise DatasetError(f"{source / DATASET_JSON} records no threshold_spec, so it is unknown "
+                           "which values it kept; reconvert it from parquet with a known spec")
+    return parse_threshold_spec(info_spec)
+
+
+def new_table_sizes(counts_dir: str | Path, base: ThresholdSpec, new: ThresholdSpec,
+                    source_sizes: tuple[int, ...]) -> list[int]:
+    """Table sizes at ``new``; checks the counts agree with the source's sizes at ``base``."""
+    if not new.is_at_least(base):
+        lower = [f"{c}: {new.effective(c)} < {base.effective(c)}" for c in CAT_COLUMNS
+                 if new.effective(c) < base.effective(c)]
+        raise LowerThresholdError(
+            f"threshold {new} is below the dataset's base threshold {base} for "
+            f"{', '.join(lower[:6])}{' …' if len(lower) > 6 else ''}: the rarer values were "
+            "already merged into id 0, so this needs a Spark rerun "
+            f"(python -m spark_jobs ... --frequency-threshold '{new}')")
+    histogram = read_histogram(counts_dir)
+    base_sizes = histogram.table_sizes(base)
+    mismatched = [f"{c}: counts say {base_sizes[c]}, dataset has {s}"
+                  for c, s in zip(CAT_COLUMNS, source_sizes) if base_sizes[c] != s]
+    if mismatched:
+        raise DatasetError(f"the counts in {counts_dir} do not belong to this dataset (table "
+                           f"sizes at its threshold {base} differ: {'; '.join(mismatched[:4])})")
+    return [histogram.table_sizes(new)[c] for c in CAT_COLUMNS]
+
+
+def _link_or_copy(source: Path, target: Path, link: bool) -> None:
+    if link:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, target)
+
+
+def _clamp_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
+                chunk_rows: int) -> None:
+    """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size."""
+    new_dtype = cat_dtype(new_size)
+    ids = np.memmap(source, dtype=old_dtype, mode="r") if source.stat().st_size else \
+        np.empty(0, old_dtype)
+    with open(target, "wb") as out:
+        for start in range(0, len(ids), chunk_rows):
+            chunk = ids[start:start + chunk_rows]
+            dropped = chunk >= new_size
+            narrowed = chunk.astype(new_dtype)  # dropped ids may wrap here; zeroed next
+            narrowed[dropped] = 0
+            out.write(memoryview(narrowed).cast("B"))
+
+
+def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
+                spec: str | int | ThresholdSpec, output_dir: str | Path,
+                config: ConvertConfig | None = None) -> dict[str, Any]:
+    """Write the dataset at threshold ``spec`` derived from ``source_binary_dir``.
+
+    Returns a summary: rows, table sizes before/after, bytes written, seconds.
+    """
+    config = config or ConvertConfig()
+    source, output = Path(source_binary_dir), Path(output_dir)
+    if source.absolute() == output.absolute():
+        raise DatasetError("rethreshold cannot write over its own source; choose another output")
+    info = verify_dataset(source, full=False)
+    base = _base_spec(info.threshold_spec, source)
+    new = parse_threshold_spec(spec)
+    sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
+    start = time.perf_counter()
+    jobs = []
+    with atomic_directory(output, overwrite=config.overwrite, fsync=config.fsync) as tmp:
+        for split in SPLITS:
+            (tmp / split).mkdir()
+            for name in (LABEL_FILE, NUMERICAL_FILE):
+                _link_or_copy(info.file(split, name), tmp / split / name, config.link_unchanged)
+            for i, (old_size, new_size) in enumerate(zip(info.table_sizes, sizes)):
+                name = cat_file(i)
+                if new_size == old_size:
+                    _link_or_copy(info.file(split, name), tmp / split / name,
+                                  config.link_unchanged)
+                else:
+                    jobs.append((info.file(split, name), tmp / split / name,
+                                 np.dtype(info.cat_dtypes[i]), new_size))
+        with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
+                progress_bar(len(jobs), "rethreshold", config.progress) as bar:
+            futures = [pool.submit(_clamp_file, *job, config.batch_rows * 8) for job in jobs]
+            for future in futures:
+                future.result()
+                bar.update(1)
+        written = sum(job[1].stat().st_size for job in jobs)
+        extra = {"source": {"kind": "binary", "path": str(source.absolute()),
+                            "threshold_spec": info.threshold_spec,
+                            "source_fingerprint": info.source_fingerprint},
+                 "counts": str(Path(counts_dir).absolute())}
+        result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)
+        write_json(tmp / MODEL_SIZE_JSON, result.model_size)
+        write_json(tmp / DATASET_JSON, result.to_json())
+        verify_dataset(tmp, full=config.verify_full, require_success=False)
+    seconds = time.perf_counter() - start
+    rows = sum(info.splits.values())
+    summary = {"output": str(output), "rows": dict(info.splits), "threshold_spec": str(new),
+               "base_threshold_spec": str(base),
+               "table_sizes_before": info.model_size, "table_sizes": result.model_size,
+               "cat_dtypes": list(result.cat_dtypes),
+               "columns_rewritten": sorted({CAT_COLUMNS[int(j[0].name[4:-4])] for j in jobs},
+                                           key=CAT_COLUMNS.index),
+               "bytes_written": written,
+               "seconds": round(seconds, 3),
+               "rows_per_second": round(rows / seconds) if seconds else None}
+    log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, rows, seconds)
+    return summary

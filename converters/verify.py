@@ -1,0 +1,146 @@
+"""Check a split binary dataset before anyone trusts it (the trainer calls this at start).
+
+Quick mode reads only metadata: ``_SUCCESS``, ``dataset.json`` against the format and against
+``model_size.json``, and every file's size against rows × dtype. The full scan also reads every
+value, in memory-mapped chunks spread over a thread pool (numpy reductions release the GIL):
+labels in {0, 1}, numericals finite, every id in [0, table size). All problems found are
+reported together in one :class:`DatasetError`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from converters.format import (DATASET_JSON, FORMAT_VERSION, LABEL_DTYPE, LABEL_FILE,
+                               MODEL_SIZE_JSON, NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE,
+                               SUCCESS, DatasetError, DatasetInfo, all_files, cat_dtype,
+                               dtype_name, model_size_list, read_info, read_json, row_width)
+from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, SPLITS
+
+__all__ = ["DatasetError", "DatasetInfo", "verify_dataset"]
+
+CHUNK_ELEMENTS = 8 * 1024 * 1024
+MAX_PROBLEMS = 20
+
+
+def _description_problems(info: DatasetInfo, model_size: dict) -> list[str]:
+    problems = []
+    data = read_json(info.path / DATASET_JSON)
+    if data.get("format_version") != FORMAT_VERSION:
+        problems.append(f"format_version is {data.get('format_version')!r}, "
+                        f"this reader knows {FORMAT_VERSION}")
+    for key, want in (("label_dtype", dtype_name(LABEL_DTYPE)),
+                      ("numerical_dtype", dtype_name(NUMERICAL_DTYPE)),
+                      ("num_numerical", NUM_NUMERICAL)):
+        if data.get(key) != want:
+            problems.append(f"{key} is {data.get(key)!r}, expected {want!r}")
+    for split, rows in info.splits.items():
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            problems.append(f"splits.{split} is {rows!r}, expected a row count")
+    if len(info.table_sizes) != NUM_CATEGORICAL or len(info.cat_dtypes) != NUM_CATEGORICAL:
+        problems.append(f"table_sizes / cat_dtypes must list {NUM_CATEGORICAL} entries")
+        return problems
+    for i, (size, name) in enumerate(zip(info.table_sizes, info.cat_dtypes)):
+        try:
+            want = dtype_name(cat_dtype(size))
+        except (DatasetError, TypeError) as exc:
+            problems.append(f"table_sizes[{i}] ({CAT_COLUMNS[i]}): {exc}")
+            continue
+        if name != want:
+            problems.append(f"cat_dtypes[{i}] ({CAT_COLUMNS[i]}) is {name!r} but a table of "
+                            f"{size} needs {want!r}")
+    try:
+        sizes = model_size_list(model_size, info.path / MODEL_SIZE_JSON)
+        if sizes != list(info.table_sizes):
+            diff = [f"{c}: {a} vs {b}" for c, a, b in zip(CAT_COLUMNS, sizes, info.table_sizes)
+                    if a != b]
+            problems.append(f"model_size.json disagrees with dataset.json table_sizes "
+                            f"({', '.join(diff[:5])})")
+    except DatasetError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def _size_problems(info: DatasetInfo) -> list[str]:
+    problems = []
+    for split in SPLITS:
+        for name in all_files():
+            path = info.file(split, name)
+            dtype, width = row_width(name, info)
+            want = info.splits[split] * dtype.itemsize * width
+            if not path.is_file():
+                problems.append(f"{split}/{name} is missing")
+            elif path.stat().st_size != want:
+                problems.append(f"{split}/{name} has {path.stat().st_size} bytes; "
+                                f"{info.splits[split]} rows of {width} × {dtype.name} "
+                                f"need {want}")
+    return problems
+
+
+def _scan_file(path: Path, dtype: np.dtype, width: int, name: str, info: DatasetInfo
+               ) -> str | None:
+    """First problem in one file's values, or None."""
+    data = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.empty(0, dtype)
+    step = max(width, CHUNK_ELEMENTS // width * width)
+    for start in range(0, len(data), step):
+        chunk = data[start:start + step]
+        row = start // width
+        if name == LABEL_FILE:
+            if chunk.max() > 1:
+                bad = int(np.argmax(chunk > 1))
+                return f"label {int(chunk[bad])} at row {row + bad} (labels are 0 or 1)"
+        elif name == NUMERICAL_FILE:
+            finite = np.isfinite(chunk)
+            if not finite.all():
+                bad = int(np.argmin(finite))
+                return f"non-finite value {chunk[bad]} at row {row + bad // width}"
+        else:
+            index = int(name[len("cat_"):-len(".bin")])
+            size = info.table_sizes[index]
+            low, high = chunk.min(), chunk.max()
+            if low < 0 or high >= size:
+                bad = int(np.argmax((chunk < 0) | (chunk >= size)))
+                return (f"id {int(chunk[bad])} at row {row + bad} outside [0, {size}) "
+                        f"({CAT_COLUMNS[index]})")
+    return None
+
+
+def _value_problems(info: DatasetInfo, workers: int) -> list[str]:
+    jobs = []
+    for split in SPLITS:
+        if info.splits[split] == 0:
+            continue
+        for name in all_files():
+            dtype, width = row_width(name, info)
+            jobs.append((split, name, info.file(split, name), dtype, width))
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="verify") as pool:
+        results = pool.map(lambda j: (j[0], j[1], _scan_file(j[2], j[3], j[4], j[1], info)), jobs)
+        return [f"{split}/{name}: {problem}" for split, name, problem in results if problem]
+
+
+def verify_dataset(path: str | Path, full: bool = True, workers: int = 2,
+                   require_success: bool = True) -> DatasetInfo:
+    """Return the dataset's description if it is sound; raise DatasetError listing problems.
+
+    ``full=False`` checks metadata and file sizes only (milliseconds, any size).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise DatasetError(f"{path} is not a directory")
+    if require_success and not (path / SUCCESS).is_file():
+        raise DatasetError(f"{path} has no {SUCCESS}: the dataset is incomplete (a conversion "
+                           "was interrupted or is still running); convert it again")
+    info = read_info(path)
+    problems = _description_problems(info, read_json(path / MODEL_SIZE_JSON))
+    if not problems:
+        problems = _size_problems(info)
+    if not problems and full:
+        problems = _value_problems(info, workers)
+    if problems:
+        shown = problems[:MAX_PROBLEMS]
+        more = f"\n  … and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        raise DatasetError(f"dataset {path} is not valid:\n  " + "\n  ".join(shown) + more)
+    return info
