@@ -41,6 +41,21 @@ def _last_json_line(lines: list[str]) -> dict[str, Any] | None:
 _current: subprocess.Popen | None = None
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the pipeline process dies.
+
+    A pipeline killed with SIGKILL cannot stop its children itself; without this, an orphaned
+    Spark job or trainer would keep writing into the workdir after the lock is released.
+    (The Spark JVM exits by itself when its Python driver goes: it watches its stdin.)
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def terminate_current_child() -> None:
     """Stop the running child's whole process group (called from signal handlers)."""
     child = _current
@@ -67,7 +82,8 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
         sink.flush()
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  env={**os.environ, **(env or {})}, cwd=cwd,
-                                 start_new_session=True, bufsize=1, errors="replace")
+                                 start_new_session=True, bufsize=1, errors="replace",
+                                 preexec_fn=_die_with_parent)
         _current = child
         try:
             assert child.stdout is not None

@@ -1,0 +1,208 @@
+"""The pipeline end to end, for real: generator, local Spark, converters, horovodrun with 2 ranks.
+
+One module-scoped end-to-end run feeds several checks (the lock, the rerun that skips, the
+threshold raise without Spark); the kill-and-restart test compares against an uninterrupted
+run made from the same raw files.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ExitCode
+
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
+
+SMALL_CONFIG = """
+generator:
+  days: 3
+  rows_per_day: 6000
+  seed: 4242
+spark:
+  driver_memory: 2g
+preprocess:
+  frequency_threshold: "2"
+convert:
+  batch_rows: 512
+train:
+  preset: small
+  batch_size: 512
+  warmup_steps: 5
+  learning_rate: 0.2
+launch:
+  np: 2
+"""
+
+
+def pipeline_cmd(workdir: Path, config: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--config", str(config),
+            *args]
+
+
+def run(workdir: Path, config: Path, *args: str, timeout: int = 900):
+    proc = subprocess.run(pipeline_cmd(workdir, config, *args), capture_output=True, text=True,
+                          timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    return proc, summary
+
+
+def manifest(workdir: Path, stage: str) -> dict:
+    return json.loads((workdir / "manifests" / f"{stage}.json").read_text())
+
+
+def same_tree(left: Path, right: Path, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Relative paths whose bytes differ (or exist on one side only) between two trees."""
+    def files(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                and not any(part in ignore for part in p.relative_to(root).parts)}
+
+    names_left, names_right = files(left), files(right)
+    differ = sorted(names_left ^ names_right)
+    for name in sorted(names_left & names_right):
+        if not filecmp.cmp(left / name, right / name, shallow=False):
+            differ.append(name)
+    return differ
+
+
+def parquet_rows(split_dir: Path) -> list[tuple]:
+    import pyarrow.parquet as pq
+
+    files = sorted(split_dir.glob("*.parquet"))
+    table = pq.read_table(files) if files else None
+    return [] if table is None else list(zip(*[table.column(i).to_pylist()
+                                                for i in range(table.num_columns)]))
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "pipeline.yaml"
+    path.write_text(SMALL_CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory, config_file):
+    """A full default-stage run with --np 2, and a second run started while it holds the lock."""
+    workdir = tmp_path_factory.mktemp("e2e")
+    first = subprocess.Popen(pipeline_cmd(workdir, config_file, "--np", "2", "--max-steps", "30"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    lock = workdir / ".pipeline.lock"
+    while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+        time.sleep(0.2)
+    second, _ = run(workdir, config_file, "--stages", "generate")
+    out, err = first.communicate(timeout=900)
+    assert first.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    return workdir, summary, second
+
+
+def test_end_to_end_with_two_ranks(e2e):
+    workdir, summary, _ = e2e
+    assert summary["status"] == "ok"
+    assert set(summary["stages"]) == {"generate", "preprocess", "convert", "train", "eval"}
+    assert all(s["action"] == "ran" for s in summary["stages"].values())
+    assert summary["stages"]["train"]["engine"] == "horovod"
+    rows = summary["rows"]
+    quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
+    rows_in = quality["totals"]["rows_read"]
+    assert rows_in == 3 * 6000
+    assert rows["train"] + rows["test"] + rows["validation"] == rows_in - quality["totals"]["rows_rejected"]
+    assert abs(rows["test"] - rows["validation"]) <= 1
+    assert len(summary["table_sizes"]) == 26 and min(summary["table_sizes"]) >= 2
+    assert 0.0 <= summary["test_auc"] <= 1.0 and 0.0 <= summary["validation_auc"] <= 1.0
+    for path in ("parquet/model_size.json", "binary/model_size.json", "binary/_SUCCESS",
+                 "report/report.md", "report/stage_times.png", "summary.json"):
+        assert (workdir / path).exists(), path
+    assert list((workdir / "logs").glob("pipeline-*.log"))
+
+
+def test_second_concurrent_run_refuses_with_its_own_exit_code(e2e):
+    _, _, second = e2e
+    assert second.returncode == ExitCode.LOCKED, second.stderr[-2000:]
+    assert "in use by another pipeline run" in second.stderr
+
+
+def test_rerun_with_nothing_changed_skips_every_stage(e2e, config_file):
+    workdir, _, _ = e2e
+    proc, summary = run(workdir, config_file, "--np", "2", "--max-steps", "30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {s["action"] for s in summary["stages"].values()} == {"skipped"}
+
+
+@pytest.fixture(scope="module")
+def scratch_at_5(tmp_path_factory, e2e, config_file):
+    """Preprocess + convert from scratch at threshold 5 on the e2e run's raw files."""
+    workdir = tmp_path_factory.mktemp("scratch5")
+    proc, summary = run(workdir, config_file, "--input", str(e2e[0] / "raw"),
+                        "--frequency-threshold", "5", "--stages", "preprocess,convert")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+def test_raising_the_threshold_runs_no_spark_and_equals_a_scratch_run(e2e, config_file, scratch_at_5):
+    workdir, _, _ = e2e
+    proc, summary = run(workdir, config_file, "--frequency-threshold", "5",
+                        "--stages", "preprocess,convert")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert manifest(workdir, "preprocess")["engine"] != "spark"
+    assert manifest(workdir, "preprocess")["action"] == "skipped"
+    assert manifest(workdir, "convert")["engine"] == "rethreshold"
+    assert summary["stages"]["preprocess"]["action"] == "skipped"
+    differ = same_tree(workdir / "binary", scratch_at_5 / "binary", ignore=("dataset.json",))
+    assert differ == []
+    ours = json.loads((workdir / "binary" / "dataset.json").read_text())
+    theirs = json.loads((scratch_at_5 / "binary" / "dataset.json").read_text())
+    for key in ("splits", "table_sizes", "cat_dtypes", "threshold_spec"):
+        assert ours[key] == theirs[key], key
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if ready():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            return
+        time.sleep(0.02)
+    raise AssertionError("the pipeline ended before the kill point was reached")
+
+
+def test_killed_runs_restart_to_the_same_outputs(tmp_path, e2e, config_file, scratch_at_5):
+    raw = e2e[0] / "raw"
+    workdir = tmp_path / "killed"
+    cmd = pipeline_cmd(workdir, config_file, "--input", str(raw), "--frequency-threshold", "5",
+                       "--stages", "preprocess,convert")
+
+    def start():
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    # 1. Killed while Spark is working: it has begun writing under the workdir, no marker yet.
+    def spark_writing() -> bool:
+        return any(any(p.is_file() for p in (workdir / d).rglob("*"))
+                   for d in ("counts", "parquet") if (workdir / d).exists())
+
+    _kill_when(start(), spark_writing)
+    assert not (workdir / "manifests" / "preprocess.done").exists()
+    # 2. Restarted and killed while converting: a temporary binary directory exists.
+    _kill_when(start(), lambda: any(p.name.startswith(".binary.tmp-") for p in workdir.iterdir()))
+    assert not (workdir / "manifests" / "convert.done").exists()
+    # 3. Restarted to the end.
+    proc, summary = run(workdir, config_file, "--input", str(raw), "--frequency-threshold", "5",
+                        "--stages", "preprocess,convert")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for split in ("train", "test", "validation"):
+        assert parquet_rows(workdir / "parquet" / split) == parquet_rows(scratch_at_5 / "parquet" / split)
+    assert same_tree(workdir / "binary", scratch_at_5 / "binary", ignore=("dataset.json",)) == []
+    assert not [p for p in workdir.iterdir() if p.name.startswith(".binary.tmp-")]
