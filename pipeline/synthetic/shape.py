@@ -1,0 +1,187 @@
+"""What the synthetic columns look like: cardinalities, missing rates, value frequencies.
+
+The numbers here describe *Criteo*, not a user setting, so they are data of this module and
+the knobs that scale them (``cardinality_scale``, ``zipf_exponent``, ...) live in
+``pipeline.config.GeneratorConfig``. Sources: the per-column unique counts of the Terabyte
+logs (``criteo_terabyte_facts.md``) and the per-column missing rates and integer ranges of
+real rows (the shared 200-row sample; the same layout as the Kaggle and Terabyte logs).
+
+Values are sampled by *rank*: rank 1 is a column's most frequent value, rank ``k`` the k-th;
+rank 0 stands for "missing". Ranks follow a bounded continuous Zipf (Pareto) law sampled by
+inverse CDF, so no per-value table is ever stored and a column of 300 million values costs
+the same as one of 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.config import GeneratorConfig
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS
+
+# Unique values per categorical column over all 24 Terabyte days (C1 .. C26).
+TERABYTE_CARDINALITIES: tuple[int, ...] = (
+    227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108, 36,
+)
+
+# Share of rows where the categorical column is empty (C1 .. C26). A few columns are rarely
+# missing (~3%), one group is missing together about 44% of the time, C22 mostly missing:
+# the pattern of the real logs.
+CATEGORICAL_MISSING_RATES: tuple[float, ...] = (
+    0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
+    0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.76, 0.0, 0.034, 0.44, 0.44,
+)
+
+
+@dataclass(frozen=True)
+class IntegerShape:
+    """One integer column: missing, else negative (-1/-2/-3), zero, or a log-normal count.
+
+    The positive part is ``max(1, round(exp(N(log(median), log_sd))))``: counts in the real
+    logs are heavy tailed (I5 spans 0 .. hundreds of thousands), which a log-normal mimics.
+    """
+
+    missing: float
+    zero: float  # share of present values that are 0
+    median: float  # of the positive part
+    log_sd: float
+    negative: tuple[float, float, float] = (0.0, 0.0, 0.0)  # shares of -1, -2, -3
+
+
+# I1 .. I13, estimated from real rows (missing share, zeros, median and spread of log x).
+INTEGER_SHAPES: tuple[IntegerShape, ...] = (
+    IntegerShape(missing=0.45, zero=0.36, median=3, log_sd=1.3),
+    IntegerShape(missing=0.0, zero=0.17, median=21, log_sd=2.2, negative=(0.09, 0.004, 0.001)),
+    IntegerShape(missing=0.21, zero=0.01, median=7, log_sd=1.4),
+    IntegerShape(missing=0.22, zero=0.03, median=5.5, log_sd=1.1),
+    IntegerShape(missing=0.03, zero=0.02, median=2766, log_sd=3.1),
+    IntegerShape(missing=0.22, zero=0.07, median=28, log_sd=1.6),
+    IntegerShape(missing=0.04, zero=0.24, median=6, log_sd=1.5),
+    IntegerShape(missing=0.005, zero=0.15, median=9, log_sd=1.1),
+    IntegerShape(missing=0.04, zero=0.02, median=42, log_sd=1.6),
+    IntegerShape(missing=0.45, zero=0.36, median=1, log_sd=0.3),
+    IntegerShape(missing=0.04, zero=0.24, median=2, log_sd=1.0),
+    IntegerShape(missing=0.77, zero=0.82, median=1, log_sd=0.6),
+    IntegerShape(missing=0.22, zero=0.05, median=5, log_sd=1.15),
+)
+
+# Integers above this are clipped: far beyond anything in the logs, and safe for int32 readers.
+INTEGER_CEILING = 1_000_000_000
+# Ranks are hashed into 32-bit values bijectively, so a column can hold at most 2**32 - 1.
+MAX_CARDINALITY = 2**31 - 1
+
+
+def scaled_cardinality(true_size: int, scale: float, floor: int) -> int:
+    """A column's vocabulary size at ``scale``.
+
+    Big tables shrink by the factor; small ones keep their true size (C6 = 3 stays 3), and no
+    column is scaled below ``floor`` unless it really is that small. The result never exceeds
+    the true size nor ``MAX_CARDINALITY``.
+    """
+    scaled = max(int(round(true_size * scale)), min(true_size, floor), 1)
+    if scale <= 1:
+        scaled = min(scaled, true_size)
+    return min(scaled, MAX_CARDINALITY)
+
+
+@dataclass(frozen=True)
+class ColumnShapes:
+    """Everything the sampler needs about the 39 feature columns for one configuration."""
+
+    cardinalities: tuple[int, ...]
+    categorical_missing: tuple[float, ...]
+    integers: tuple[IntegerShape, ...]
+    zipf_exponent: float
+
+    @classmethod
+    def from_config(cls, config: GeneratorConfig) -> "ColumnShapes":
+        if config.cardinality_scale <= 0:
+            raise ValueError(f"cardinality_scale must be > 0, got {config.cardinality_scale}")
+        if config.zipf_exponent <= 0:
+            raise ValueError(f"zipf_exponent must be > 0, got {config.zipf_exponent}")
+        sizes = tuple(scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
+                      for t in TERABYTE_CARDINALITIES)
+        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent)
+
+    def describe(self) -> dict:
+        """The plain form written into generator_meta.json."""
+        return {
+            "cardinalities": dict(zip(CAT_COLUMNS, self.cardinalities)),
+            "categorical_missing_rates": dict(zip(CAT_COLUMNS, self.categorical_missing)),
+            "integer_shapes": {
+                name: {"missing": s.missing, "zero": s.zero, "median": s.median,
+                       "log_sd": s.log_sd, "negative_-1_-2_-3": list(s.negative)}
+                for name, s in zip(INT_COLUMNS, self.integers)},
+            "zipf_exponent": self.zipf_exponent,
+        }
+
+
+def zipf_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
+    """Map uniforms in [0, 1) to ranks 1..size with P(rank = k) ∝ ∫_k^{k+1} x^-exponent dx.
+
+    A bounded continuous Zipf law floored to integers: closed-form inverse CDF, so sampling
+    is a few vector operations and needs no table of the vocabulary.
+    """
+    if size <= 1:
+        return np.ones(u.shape, dtype=np.int64)
+    a = 1.0 - exponent
+    top = float(size + 1)
+    if abs(a) < 1e-9:
+        x = np.exp(u * np.log(top))
+    else:
+        # x = (1 - u (1 - top^a))^(1/a), written with log1p/expm1 for accuracy near a = 0.
+        x = np.exp(np.log1p(u * np.expm1(a * np.log(top))) / a)
+    return np.clip(x.astype(np.int64), 1, size)
+
+
+def sample_categorical_ranks(rng: np.random.Generator, rows: int, size: int, missing: float,
+                             exponent: float) -> np.ndarray:
+    """Ranks of one categorical column for ``rows`` rows; 0 where missing."""
+    ranks = zipf_ranks(rng.random(rows), size, exponent)
+    if missing > 0:
+        ranks[rng.random(rows) < missing] = 0
+    return ranks
+
+
+def sample_integers(rng: np.random.Generator, rows: int, shape: IntegerShape
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """One integer column: (values int64, missing mask)."""
+    positive = np.rint(np.exp(np.log(shape.median) + shape.log_sd * rng.standard_normal(rows)))
+    values = np.clip(positive, 1, INTEGER_CEILING).astype(np.int64)
+    u = rng.random(rows)
+    edge = 0.0
+    for k, share in enumerate(shape.negative, start=1):  # -1, -2, -3
+        if share > 0:
+            values[(u >= edge) & (u < edge + share)] = -k
+        edge += share
+    values[(u >= edge) & (u < edge + shape.zero)] = 0
+    missing = rng.random(rows) < shape.missing if shape.missing > 0 else np.zeros(rows, bool)
+    return values, missing
+
+
+@dataclass
+class Features:
+    """The 39 feature columns of a block of rows, as sampled (before formatting)."""
+
+    int_values: np.ndarray  # (13, rows) int64
+    int_missing: np.ndarray  # (13, rows) bool
+    cat_ranks: np.ndarray  # (26, rows) int64, 0 = missing
+
+    @property
+    def rows(self) -> int:
+        return self.cat_ranks.shape[1]
+
+
+def sample_features(rng: np.random.Generator, rows: int, shapes: ColumnShapes) -> Features:
+    """Draw ``rows`` rows of all columns, integer columns first, in a fixed order."""
+    int_values = np.empty((len(shapes.integers), rows), np.int64)
+    int_missing = np.empty((len(shapes.integers), rows), bool)
+    for j, shape in enumerate(shapes.integers):
+        int_values[j], int_missing[j] = sample_integers(rng, rows, shape)
+    cat_ranks = np.empty((len(shapes.cardinalities), rows), np.int64)
+    for c, (size, missing) in enumerate(zip(shapes.cardinalities, shapes.categorical_missing)):
+        cat_ranks[c] = sample_categorical_ranks(rng, rows, size, missing, shapes.zipf_exponent)
+    return Features(int_values, int_missing, cat_ranks)

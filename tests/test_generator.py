@@ -1,0 +1,250 @@
+"""The synthetic Criteo generator: layout, shape claims, planted model, determinism, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import GeneratorConfig
+from pipeline.generate import main
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
+from pipeline.synthetic import META_FILE, generate
+from pipeline.synthetic.shape import (
+    CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, TERABYTE_CARDINALITIES, scaled_cardinality)
+from pipeline.synthetic.source import SyntheticSource
+
+HEX8 = re.compile(r"^[0-9a-f]{8}$")
+SHAPE_CONFIG = GeneratorConfig(days=2, rows_per_day=60_000, seed=7, chunk_rows=16_384, workers=2)
+SMALL = GeneratorConfig(days=2, rows_per_day=5_000, seed=11, chunk_rows=2_048, workers=1)
+
+
+@dataclasses.dataclass
+class Parsed:
+    labels: np.ndarray  # (rows,) int
+    ints: list[list[str]]  # 13 columns of raw text
+    cats: list[list[str]]  # 26 columns of raw text
+
+
+def parse_lines(data: bytes) -> Parsed:
+    """Strict reader: every line must have exactly 40 fields (raises otherwise)."""
+    text = data.decode("ascii")
+    assert text.endswith("\n") and "\r" not in text
+    rows = [line.split("\t") for line in text[:-1].split("\n")]
+    bad = [i for i, r in enumerate(rows) if len(r) != NUM_FIELDS]
+    assert not bad, f"lines with != {NUM_FIELDS} fields: {bad[:5]}"
+    columns = list(zip(*rows))
+    return Parsed(np.array([int(v) for v in columns[0]]), [list(c) for c in columns[1:14]],
+                  [list(c) for c in columns[14:]])
+
+
+def read_days(out: Path, meta: dict) -> Parsed:
+    blobs = []
+    for day in meta["days"]:
+        raw = (out / day["file"]).read_bytes()
+        blobs.append(gzip.decompress(raw) if day["file"].endswith(".gz") else raw)
+    return parse_lines(b"".join(blobs))
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory) -> tuple[Path, dict, Parsed]:
+    out = tmp_path_factory.mktemp("shaped")
+    meta = generate(out, SHAPE_CONFIG)
+    return out, meta, read_days(out, meta)
+
+
+def test_layout_every_field_parses(shaped):
+    out, meta, parsed = shaped
+    assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_1", META_FILE]
+    assert len(parsed.labels) == 120_000 == meta["rows"]
+    assert set(np.unique(parsed.labels)) == {0, 1}
+    for column in parsed.ints:
+        for v in column:
+            if v:
+                int(v)
+    for column in parsed.cats:
+        assert all(v == "" or HEX8.match(v) for v in column)
+
+
+def test_click_rate_near_three_percent(shaped):
+    _, meta, parsed = shaped
+    assert abs(parsed.labels.mean() - 0.03) < 0.004
+    assert meta["clicks"] == parsed.labels.sum()
+    assert meta["click_rate"] == pytest.approx(parsed.labels.mean())
+
+
+def test_missing_rates_follow_the_configured_shape(shaped):
+    _, _, parsed = shaped
+    for name, column, rate in zip(CAT_COLUMNS, parsed.cats, CATEGORICAL_MISSING_RATES):
+        observed = sum(v == "" for v in column) / len(column)
+        assert abs(observed - rate) < 0.01, (name, observed, rate)
+    for name, column, shape in zip(INT_COLUMNS, parsed.ints, INTEGER_SHAPES):
+        observed = sum(v == "" for v in column) / len(column)
+        assert abs(observed - shape.missing) < 0.01, (name, observed, shape.missing)
+    # Real logs: I12 mostly missing, I2 never, C22 mostly missing, C1 never.
+    assert sum(v == "" for v in parsed.ints[11]) / 120_000 > 0.6
+    assert "" not in parsed.ints[1] and "" not in parsed.cats[0]
+
+
+def test_integers_heavy_tailed_with_negatives(shaped):
+    _, _, parsed = shaped
+    i2 = Counter(int(v) for v in parsed.ints[1])
+    assert 0.07 < i2[-1] / 120_000 < 0.11 and i2[-2] > 0
+    i5 = np.array([int(v) for v in parsed.ints[4] if v])
+    assert 1_000 < np.median(i5) < 6_000 and i5.max() > 1_000_000  # heavy tail
+    assert min(int(v) for c in parsed.ints[2:] for v in c if v) >= 0  # only I2 goes negative
+    assert sum(v == "0" for v in parsed.ints[11] if v) / sum(1 for v in parsed.ints[11] if v) > 0.7
+
+
+def test_cardinality_spread_like_terabyte(shaped):
+    _, meta, parsed = shaped
+    vocab = meta["shape"]["cardinalities"]
+    distinct = {name: len(set(c) - {""}) for name, c in zip(CAT_COLUMNS, parsed.cats)}
+    for name, true_size in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES):
+        assert vocab[name] == scaled_cardinality(true_size, SHAPE_CONFIG.cardinality_scale,
+                                                 SHAPE_CONFIG.cardinality_floor)
+        assert distinct[name] <= vocab[name]
+        if vocab[name] <= 155:  # small tables keep their true size and are fully seen
+            assert vocab[name] == true_size and distinct[name] == true_size, name
+    assert distinct["C6"] == 3 and distinct["C13"] == 10 and distinct["C9"] == 63
+    biggest = sorted(distinct.values())[-4:]
+    assert min(biggest) > 10_000  # C1, C10, C20, C22
+    assert sum(d < 1_500 for d in distinct.values()) >= 15  # many small ones
+    assert max(distinct.values()) > 100 * distinct["C26"]
+
+
+def test_value_frequencies_are_zipf_like(shaped):
+    _, _, parsed = shaped
+    counts = Counter(v for v in parsed.cats[19] if v)  # C20, the largest table
+    frequencies = np.array(sorted(counts.values(), reverse=True))
+    top_share = frequencies[0] / frequencies.sum()
+    assert 0.03 < top_share < 0.2
+    assert (frequencies == 1).sum() > 0.5 * len(frequencies)  # most values seen once
+    # Frequent values are arbitrary hashes, not '00000001'.
+    assert counts.most_common(1)[0][0] not in {"00000000", "00000001"}
+    # Rank-frequency slope near -exponent over the head.
+    slope = np.polyfit(np.log(np.arange(1, 101)), np.log(frequencies[:100]), 1)[0]
+    assert -1.5 < slope < -0.7
+
+
+def test_meta_records_parameters_and_bayes_auc(shaped):
+    out, meta, _ = shaped
+    on_disk = json.loads((out / META_FILE).read_text())
+    assert on_disk == json.loads(json.dumps(meta))
+    assert on_disk["seed"] == 7
+    assert on_disk["parameters"]["rows_per_day"] == 60_000
+    assert [d["rows"] for d in on_disk["days"]] == [60_000, 60_000]
+    assert 0.75 < on_disk["bayes_auc"] < 0.88
+    assert on_disk["bayes_auc_max_error"] < 1e-4
+
+
+def _rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Plain Mann-Whitney AUC with average ranks for ties."""
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores))
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_scores)) + 1]
+    ends = np.r_[starts[1:], len(scores)]
+    for s, e in zip(starts, ends):
+        ranks[order[s:e]] = 0.5 * (s + e - 1) + 1
+    pos = labels == 1
+    n_pos, n_neg = pos.sum(), (~pos).sum()
+    return (ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def _fields_to_arrays(parsed: Parsed):
+    int_missing = np.array([[v == "" for v in c] for c in parsed.ints])
+    ints = np.array([[int(v) if v else 0 for v in c] for c in parsed.ints], np.int64)
+    cat_missing = np.array([[v == "" for v in c] for c in parsed.cats])
+    cats = np.array([[int(v, 16) if v else 0 for v in c] for c in parsed.cats], np.uint32)
+    return ints, int_missing, cats, cat_missing
+
+
+def test_bayes_auc_is_the_auc_of_the_planted_probabilities(shaped):
+    """Recompute the true probabilities from the written text and check the meta's AUC."""
+    _, meta, parsed = shaped
+    source = SyntheticSource.from_config(SHAPE_CONFIG)
+    features = source.features_from_fields(*_fields_to_arrays(parsed))
+    probabilities = source.model.probabilities(features)
+    exact = _rank_auc(probabilities, parsed.labels)
+    assert meta["bayes_auc"] == pytest.approx(exact, abs=meta["bayes_auc_max_error"] + 1e-9)
+    # And they are the probabilities the labels were drawn from: calibrated, not just ranked.
+    assert abs(probabilities.mean() - parsed.labels.mean()) < 0.003
+    top = probabilities > np.quantile(probabilities, 0.9)
+    assert parsed.labels[top].mean() == pytest.approx(probabilities[top].mean(), rel=0.15)
+
+
+def test_frequent_values_carry_the_signal(shaped):
+    """Erase every categorical value seen fewer than 20 times (what a model cannot learn):
+    the AUC of the remaining planted signal stays close to the Bayes AUC."""
+    _, meta, parsed = shaped
+    source = SyntheticSource.from_config(SHAPE_CONFIG)
+    features = source.features_from_fields(*_fields_to_arrays(parsed))
+    for c in range(26):
+        ranks = features.cat_ranks[c]
+        _, inverse, counts = np.unique(ranks, return_inverse=True, return_counts=True)
+        ranks[(counts[inverse] < 20) & (ranks > 0)] = 2**31 - 1  # ~zero weight
+    learnable = _rank_auc(source.model.logits(features), parsed.labels)
+    assert learnable > meta["bayes_auc"] - 0.03
+
+
+def test_same_bytes_for_same_seed_whatever_the_workers(tmp_path):
+    one = generate(tmp_path / "one", SMALL)
+    two = generate(tmp_path / "two", dataclasses.replace(SMALL, workers=2))
+    again = generate(tmp_path / "again", SMALL)
+    other = generate(tmp_path / "other", dataclasses.replace(SMALL, seed=12))
+    for day in ("day_0", "day_1"):
+        data = (tmp_path / "one" / day).read_bytes()
+        assert data == (tmp_path / "two" / day).read_bytes()
+        assert data == (tmp_path / "again" / day).read_bytes()
+        assert data != (tmp_path / "other" / day).read_bytes()
+    assert one == two == again and one["bayes_auc"] != other["bayes_auc"]
+
+
+def test_gzip_output_is_the_same_lines(tmp_path):
+    plain = generate(tmp_path / "plain", SMALL)
+    packed = generate(tmp_path / "packed", dataclasses.replace(SMALL, gzip=True, workers=2))
+    assert [d["file"] for d in packed["days"]] == ["day_0.gz", "day_1.gz"]
+    for day in range(2):
+        with gzip.open(tmp_path / "packed" / f"day_{day}.gz", "rb") as fh:
+            assert fh.read() == (tmp_path / "plain" / f"day_{day}").read_bytes()
+    assert packed["bayes_auc"] == plain["bayes_auc"]
+
+
+def test_refuses_foreign_day_files_and_cleans_its_own(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "day_0").write_text("precious\n")
+    with pytest.raises(FileExistsError):
+        generate(tmp_path / "real", SMALL)
+    assert (tmp_path / "real" / "day_0").read_text() == "precious\n"
+    generate(tmp_path / "ours", dataclasses.replace(SMALL, days=3))
+    generate(tmp_path / "ours", SMALL)  # a smaller rerun leaves no stale day_2
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["day_0", "day_1", META_FILE]
+
+
+def test_small_columns_keep_their_true_size_at_any_scale():
+    for scale in (1e-6, 0.002, 0.5):
+        assert scaled_cardinality(3, scale, 1000) == 3
+        assert scaled_cardinality(63, scale, 1000) == 63
+        assert scaled_cardinality(39060, scale, 1000) >= 1000
+    assert scaled_cardinality(292775614, 0.002, 1000) == 585551
+    assert scaled_cardinality(292775614, 1.0, 1000) == 292775614
+
+
+def test_cli(tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["--out", str(out), "--days", "1", "--rows-per-day", "3000", "--seed", "5",
+                 "--gzip", "--cardinality-scale", "0.0001", "--workers", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rows"] == 3000
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["parameters"]["cardinality_scale"] == 0.0001 and meta["parameters"]["gzip"]
+    assert (out / "day_0.gz").exists()
+    assert main(["--out", str(tmp_path / "bad"), "--days", "0"]) == 2
+    assert "days must be >= 1" in capsys.readouterr().err
