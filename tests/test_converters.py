@@ -1,0 +1,449 @@
+"""converters: convert (every value), dtype narrowing, atomicity, verify, rethreshold, planner.
+
+Inputs are written here with pyarrow in the layout spark_jobs produces (several files and row
+groups per split, files created out of name order), so the expected values are known without
+running Spark; the Spark-to-Spark equivalence lives in test_threshold_rerun_equivalence.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import converters.convert as convert_module
+from converters.atomic import remove_stale_temporaries
+from converters.convert import convert_parquet
+from converters.counts import read_histogram
+from converters.format import DatasetError, cat_dtype
+from converters.planner import plan
+from converters.rethreshold import LowerThresholdError, rethreshold
+from converters.verify import verify_dataset
+from pipeline.config import ConvertConfig
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+
+# Sizes around every dtype boundary, plus ordinary ones.
+TABLE_SIZES = [1, 2, 127, 128, 129, 32767, 32768, 32769, 100_000, 40, 7, 3000,
+               1, 500, 60, 129, 128, 32769, 2, 10, 70_000, 3, 5000, 12, 300, 9]
+SPLIT_ROWS = {"train": 5000, "test": 1700, "validation": 1300}
+BASE_THRESHOLD = 2
+CONFIG = ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False)
+
+
+def _value_counts(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Total count of the value with id i (i = 1..size-1): non-increasing, all >= the base."""
+    counts = np.sort(rng.integers(BASE_THRESHOLD, 60, size - 1))[::-1]
+    return counts.astype(np.int64)
+
+
+def write_workdir(root: Path, table_sizes=TABLE_SIZES, split_rows=SPLIT_ROWS, seed=7,
+                  files=3) -> dict[str, pa.Table]:
+    """Parquet splits + model_size/preprocess/_SUCCESS + a matching counts histogram.
+
+    Returns each split's expected rows (files concatenated in name order)."""
+    rng = np.random.default_rng(seed)
+    parquet = root / "parquet"
+    expected = {}
+    for split in SPLITS:
+        (parquet / split).mkdir(parents=True)
+        n = split_rows[split]
+        columns = {"label": pa.array(rng.integers(0, 2, n).astype(np.int32))}
+        for name in INT_COLUMNS:
+            values = np.log(rng.integers(0, 10**6, n) + 3.0).astype(np.float32)
+            values[rng.random(n) < 0.2] = 0.0
+            columns[name] = pa.array(values)
+        for name, size in zip(CAT_COLUMNS, table_sizes):
+            ids = rng.integers(0, size, n).astype(np.int32)
+            ids[:3] = size - 1  # the largest id occurs in every split
+            columns[name] = pa.array(ids)
+        table = pa.table(columns)
+        expected[split] = table
+        # Files created last-name-first: row order must follow the names, not creation.
+        bounds = np.linspace(0, n, files + 1).astype(int)
+        names = [f"part-{10 ** f:05d}-c000.snappy.parquet" for f in range(files)]
+        for f in reversed(range(files)):
+            part = table.slice(bounds[f], bounds[f + 1] - bounds[f])
+            pq.write_table(part, parquet / split / names[f],
+                           row_group_size=max(1, part.num_rows // 4))
+        (parquet / split / f".{names[0]}.crc").write_bytes(b"not parquet")
+        (parquet / split / "_SUCCESS").write_text("")
+    (parquet / "model_size.json").write_text(json.dumps(dict(zip(CAT_COLUMNS, table_sizes))))
+    (parquet / "preprocess.json").write_text(json.dumps({"threshold_spec": str(BASE_THRESHOLD)}))
+    (parquet / "_SUCCESS").write_text("")
+    write_histogram(root / "counts", table_sizes, rng)
+    return expected
+
+
+def write_histogram(counts: Path, table_sizes, rng) -> None:
+    column, count, num_values = [], [], []
+    for name, size in zip(CAT_COLUMNS, table_sizes):
+        values, how_many = np.unique(_value_counts(size, rng), return_counts=True)
+        column += [name] * len(values) + [name]
+        count += values.tolist() + [1]  # values seen once: below the base threshold
+        num_values += how_many.tolist() + [int(rng.integers(1, 50))]
+    counts.mkdir(parents=True)
+    pq.write_table(pa.table({"column": column, "count": pa.array(count, pa.int64()),
+                             "num_values": pa.array(num_values, pa.int64())}),
+                   counts / "histogram.parquet")
+
+
+def independent_kept(counts_dir: Path, column: str, threshold: int) -> int:
+    table = pq.read_table(counts_dir / "histogram.parquet").to_pydict()
+    return sum(n for c, k, n in zip(table["column"], table["count"], table["num_values"])
+               if c == column and k >= max(1, threshold))
+
+
+def read_binary(split_dir: Path, dtypes) -> dict[str, np.ndarray]:
+    data = {"label": np.fromfile(split_dir / "label.bin", dtype="<u1"),
+            "numerical": np.fromfile(split_dir / "numerical.bin", dtype="<f2").reshape(-1, 13)}
+    for i, dtype in enumerate(dtypes):
+        data[f"cat_{i}"] = np.fromfile(split_dir / f"cat_{i}.bin", dtype=np.dtype(dtype))
+    return data
+
+
+@pytest.fixture()
+def converted(tmp_path):
+    expected = write_workdir(tmp_path)
+    summary = convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    return tmp_path, expected, summary
+
+
+# ------------------------------------------------------------------------------ convert
+def test_convert_matches_parquet_every_value_in_all_splits(converted):
+    root, expected, summary = converted
+    binary = root / "binary"
+    assert summary["rows"] == SPLIT_ROWS
+    meta = json.loads((binary / "dataset.json").read_text())
+    assert meta["splits"] == SPLIT_ROWS
+    assert meta["table_sizes"] == TABLE_SIZES
+    assert meta["threshold_spec"] == "2"
+    assert meta["source_fingerprint"].startswith("xxh3_128:")
+    assert json.loads((binary / "model_size.json").read_text()) == dict(zip(CAT_COLUMNS, TABLE_SIZES))
+    assert (binary / "_SUCCESS").exists()
+    for split in SPLITS:
+        table = expected[split]
+        got = read_binary(binary / split, meta["cat_dtypes"])
+        np.testing.assert_array_equal(got["label"], table.column("label").to_numpy())
+        want_num = np.stack([table.column(c).to_numpy() for c in INT_COLUMNS], axis=1)
+        np.testing.assert_array_equal(got["numerical"], want_num.astype(np.float16))
+        np.testing.assert_allclose(got["numerical"], want_num, rtol=1e-3)
+        for i, column in enumerate(CAT_COLUMNS):
+            np.testing.assert_array_equal(got[f"cat_{i}"], table.column(column).to_numpy(),
+                                          err_msg=f"{split} {column}")
+    assert verify_dataset(binary).splits == SPLIT_ROWS
+
+
+def test_one_worker_gives_the_same_bytes(converted, tmp_path):
+    root, _expected, _summary = converted
+    single = ConvertConfig(workers=1, batch_rows=4096, progress=False, fsync=False)
+    convert_parquet(root / "parquet", tmp_path / "single", single)
+    for split in SPLITS:
+        for path in (root / "binary" / split).iterdir():
+            assert path.read_bytes() == (tmp_path / "single" / split / path.name).read_bytes()
+
+
+def test_fingerprint_follows_the_data(converted, tmp_path):
+    root, _expected, summary = converted
+    part = sorted((root / "parquet" / "test").glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    labels = 1 - table.column("label").to_numpy()
+    pq.write_table(table.set_column(0, "label", pa.array(labels.astype(np.int32))), part)
+    again = convert_parquet(root / "parquet", tmp_path / "again", CONFIG)
+    assert again["source_fingerprint"] != summary["source_fingerprint"]
+
+
+@pytest.mark.parametrize("size,dtype", [(1, "int8"), (127, "int8"), (128, "int8"),
+                                        (129, "int16"), (32767, "int16"), (32768, "int16"),
+                                        (32769, "int32"), (2**31, "int32")])
+def test_narrowest_dtype_at_the_boundaries(size, dtype):
+    assert cat_dtype(size).name == dtype
+
+
+def test_boundary_tables_hold_their_largest_id(converted):
+    root, _expected, _summary = converted
+    meta = json.loads((root / "binary" / "dataset.json").read_text())
+    for i, size in enumerate(TABLE_SIZES):
+        assert meta["cat_dtypes"][i] == cat_dtype(size).name
+        ids = np.fromfile(root / "binary" / "train" / f"cat_{i}.bin", dtype=meta["cat_dtypes"][i])
+        assert ids.max() == size - 1 and ids.min() >= 0
+
+
+def test_out_of_range_id_in_parquet_is_an_error_not_a_wrap(tmp_path):
+    sizes = list(TABLE_SIZES)
+    write_workdir(tmp_path, table_sizes=sizes)
+    sizes[3] = 127  # the data holds id 127 for C4; a table of 127 cannot
+    (tmp_path / "parquet" / "model_size.json").write_text(json.dumps(dict(zip(CAT_COLUMNS, sizes))))
+    with pytest.raises(DatasetError, match="C4 has id 127 outside its table of size 127"):
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert not (tmp_path / "binary").exists()
+
+
+def test_incomplete_parquet_is_refused(tmp_path):
+    write_workdir(tmp_path)
+    (tmp_path / "parquet" / "_SUCCESS").unlink()
+    with pytest.raises(DatasetError, match="incomplete"):
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+
+
+# ------------------------------------------------------------------------------ atomicity
+def _fail_after(monkeypatch, calls: int) -> None:
+    real = convert_module._write_group
+    seen = []
+
+    def flaky(*args, **kwargs):
+        seen.append(1)
+        if len(seen) > calls:
+            raise RuntimeError("disk on fire (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "_write_group", flaky)
+
+
+def _siblings(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_interrupted_conversion_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
+    write_workdir(tmp_path)
+    before = _siblings(tmp_path)
+    _fail_after(monkeypatch, 9)
+    with pytest.raises(RuntimeError, match="injected"):
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert not (tmp_path / "binary").exists()
+    assert _siblings(tmp_path) == before  # no half-written temporary left behind either
+
+
+def test_interruption_keeps_the_previous_complete_dataset(converted, monkeypatch):
+    root, _expected, _summary = converted
+    old = {p: p.read_bytes() for p in (root / "binary").rglob("*") if p.is_file()}
+    _fail_after(monkeypatch, 20)  # the test split, after train is written
+    with pytest.raises(RuntimeError, match="injected"):
+        convert_parquet(root / "parquet", root / "binary", CONFIG)
+    assert {p: p.read_bytes() for p in (root / "binary").rglob("*") if p.is_file()} == old
+    verify_dataset(root / "binary")
+
+
+def test_a_killed_runs_temporary_is_removed_and_never_read_as_finished(tmp_path):
+    write_workdir(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".binary.tmp-{dead.pid}-deadbeef"
+    (stale / "train").mkdir(parents=True)
+    live = tmp_path / f".binary.tmp-{os.getpid()}-cafecafe"
+    live.mkdir()
+    with pytest.raises(DatasetError, match="no _SUCCESS"):
+        verify_dataset(stale)
+    assert remove_stale_temporaries(tmp_path / "binary") == [stale]
+    assert live.exists()  # a running conversion's directory is left alone
+
+
+def test_existing_dataset_is_kept_when_overwrite_is_off(converted):
+    root, _expected, _summary = converted
+    keep = ConvertConfig(**{**CONFIG.__dict__, "overwrite": False})
+    with pytest.raises(DatasetError, match="already holds a complete dataset"):
+        convert_parquet(root / "parquet", root / "binary", keep)
+
+
+# ------------------------------------------------------------------------------ verify
+def test_verify_catches_a_truncated_file(converted):
+    root, _expected, _summary = converted
+    path = root / "binary" / "validation" / "cat_8.bin"
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(DatasetError, match=r"validation/cat_8.bin has \d+ bytes"):
+        verify_dataset(root / "binary", full=False)
+
+
+def test_verify_catches_an_out_of_range_id(converted):
+    root, _expected, _summary = converted
+    meta = json.loads((root / "binary" / "dataset.json").read_text())
+    index = 4  # C5, a table of 129 stored as int16
+    ids = np.memmap(root / "binary" / "test" / f"cat_{index}.bin", dtype=meta["cat_dtypes"][index],
+                    mode="r+")
+    ids[1234] = TABLE_SIZES[index]
+    ids.flush()
+    del ids
+    verify_dataset(root / "binary", full=False)  # sizes still fine: only the scan sees it
+    with pytest.raises(DatasetError, match=r"test/cat_4.bin: id 129 at row 1234 outside \[0, 129\)"):
+        verify_dataset(root / "binary")
+
+
+def test_verify_catches_a_negative_id_a_bad_label_and_a_non_finite_value(converted):
+    root, _expected, _summary = converted
+    split = root / "binary" / "train"
+    ids = np.memmap(split / "cat_1.bin", dtype=np.int8, mode="r+")
+    ids[10] = -1
+    ids.flush()
+    labels = np.memmap(split / "label.bin", dtype=np.uint8, mode="r+")
+    labels[20] = 2
+    labels.flush()
+    numerical = np.memmap(split / "numerical.bin", dtype=np.float16, mode="r+")
+    numerical[13 * 30 + 5] = np.inf
+    numerical.flush()
+    del ids, labels, numerical
+    with pytest.raises(DatasetError) as info:
+        verify_dataset(root / "binary")
+    message = str(info.value)
+    assert "train/cat_1.bin: id -1 at row 10" in message
+    assert "train/label.bin: label 2 at row 20" in message
+    assert "train/numerical.bin: non-finite value inf at row 30" in message
+
+
+def test_verify_catches_a_mismatched_description(converted):
+    root, _expected, _summary = converted
+    meta_path = root / "binary" / "dataset.json"
+    meta = json.loads(meta_path.read_text())
+    meta["table_sizes"][2] = 200  # int8 no longer holds it, and model_size.json says 127
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DatasetError) as info:
+        verify_dataset(root / "binary", full=False)
+    assert "cat_dtypes[2] (C3) is 'int8' but a table of 200 needs 'int16'" in str(info.value)
+    assert "model_size.json disagrees with dataset.json table_sizes (C3: 127 vs 200)" in str(info.value)
+
+
+def test_verify_catches_row_counts_that_disagree_with_files(converted):
+    root, _expected, _summary = converted
+    meta_path = root / "binary" / "dataset.json"
+    meta = json.loads(meta_path.read_text())
+    meta["splits"]["test"] += 1
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="test/label.bin has 1700 bytes; 1701 rows"):
+        verify_dataset(root / "binary", full=False)
+
+
+def test_verify_refuses_a_dataset_without_success(converted):
+    root, _expected, _summary = converted
+    (root / "binary" / "_SUCCESS").unlink()
+    with pytest.raises(DatasetError, match="incomplete"):
+        verify_dataset(root / "binary", full=False)
+
+
+def test_verify_cli_exit_codes(converted):
+    root, _expected, _summary = converted
+    command = [sys.executable, "-m", "converters", "verify", str(root / "binary")]
+    good = subprocess.run(command, capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert "OK (full check" in good.stdout
+    (root / "binary" / "train" / "numerical.bin").write_bytes(b"\0" * 26)
+    bad = subprocess.run(command + ["--quick"], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "train/numerical.bin has 26 bytes; 5000 rows of 13 × float16 need 130000" in bad.stderr
+
+
+# ------------------------------------------------------------------------------ rethreshold
+def _clamped(ids: np.ndarray, kept: int) -> np.ndarray:
+    return np.where(ids > kept, 0, ids)
+
+
+def test_rethreshold_equals_clamping_computed_independently(converted, tmp_path):
+    root, expected, _summary = converted
+    spec = "20,C3:2,C9:1000,C21:45"
+    summary = rethreshold(root / "binary", root / "counts", spec, tmp_path / "t20", CONFIG)
+    out = tmp_path / "t20"
+    meta = json.loads((out / "dataset.json").read_text())
+    assert meta["threshold_spec"] == "20,C3:2,C9:1000,C21:45"
+    assert meta["source"]["threshold_spec"] == "2"
+    overrides = {"C3": 2, "C9": 1000, "C21": 45}
+    kept = [independent_kept(root / "counts", c, overrides.get(c, 20)) for c in CAT_COLUMNS]
+    assert meta["table_sizes"] == [k + 1 for k in kept]
+    assert summary["table_sizes"] == dict(zip(CAT_COLUMNS, meta["table_sizes"]))
+    assert meta["cat_dtypes"][7] == "int16"  # 32769 → about 2/3 kept → int16 now
+    assert meta["table_sizes"][8] == 1 and meta["cat_dtypes"][8] == "int8"
+    for split in SPLITS:
+        got = read_binary(out / split, meta["cat_dtypes"])
+        table = expected[split]
+        np.testing.assert_array_equal(got["label"], table.column("label").to_numpy())
+        for i, column in enumerate(CAT_COLUMNS):
+            want = _clamped(table.column(column).to_numpy(), kept[i])
+            np.testing.assert_array_equal(got[f"cat_{i}"], want, err_msg=f"{split} {column}")
+            assert got[f"cat_{i}"].dtype == cat_dtype(kept[i] + 1)
+        assert (out / split / "numerical.bin").read_bytes() == \
+            (root / "binary" / split / "numerical.bin").read_bytes()
+    verify_dataset(out)
+
+
+def test_rethreshold_copy_mode_gives_the_same_bytes(converted, tmp_path):
+    root, _expected, _summary = converted
+    linked = rethreshold(root / "binary", root / "counts", "30", tmp_path / "a", CONFIG)
+    copied_config = ConvertConfig(**{**CONFIG.__dict__, "link_unchanged": False})
+    rethreshold(root / "binary", root / "counts", "30", tmp_path / "b", copied_config)
+    for split in SPLITS:
+        for path in (tmp_path / "a" / split).iterdir():
+            assert path.read_bytes() == (tmp_path / "b" / split / path.name).read_bytes()
+        assert (tmp_path / "b" / split / "label.bin").stat().st_nlink == 1
+    assert linked["columns_rewritten"]
+
+
+def test_rethreshold_at_the_same_threshold_is_the_identity(converted, tmp_path):
+    root, _expected, _summary = converted
+    summary = rethreshold(root / "binary", root / "counts", "2", tmp_path / "same", CONFIG)
+    assert summary["columns_rewritten"] == []
+    for split in SPLITS:
+        for path in (root / "binary" / split).iterdir():
+            assert path.read_bytes() == (tmp_path / "same" / split / path.name).read_bytes()
+
+
+@pytest.mark.parametrize("spec", ["1", "5,C7:1", "0"])
+def test_rethreshold_refuses_a_lower_threshold(converted, tmp_path, spec):
+    root, _expected, _summary = converted
+    with pytest.raises(LowerThresholdError, match="needs a Spark rerun"):
+        rethreshold(root / "binary", root / "counts", spec, tmp_path / "lower", CONFIG)
+    assert not (tmp_path / "lower").exists()
+
+
+def test_rethreshold_cli_refusal_exit_code(converted, tmp_path):
+    root, _expected, _summary = converted
+    result = subprocess.run([sys.executable, "-m", "converters", "rethreshold", "--source",
+                             str(root / "binary"), "--counts", str(root / "counts"),
+                             "--frequency-threshold", "1", "--output", str(tmp_path / "x")],
+                            capture_output=True, text=True)
+    assert result.returncode == 3
+    assert "Spark rerun" in result.stderr
+
+
+def test_rethreshold_refuses_counts_of_another_dataset(converted, tmp_path):
+    root, _expected, _summary = converted
+    other = tmp_path / "other"
+    write_histogram(other, [s + 1 for s in TABLE_SIZES], np.random.default_rng(1))
+    with pytest.raises(DatasetError, match="do not belong to this dataset"):
+        rethreshold(root / "binary", other, "10", tmp_path / "x", CONFIG)
+
+
+# ------------------------------------------------------------------------------ planner
+def test_planner_sizes_match_the_histogram(tmp_path):
+    rng = np.random.default_rng(3)
+    write_histogram(tmp_path / "counts", TABLE_SIZES, rng)
+    rows = plan(tmp_path / "counts", ["1", "2", "5", "15,C3:3"], embedding_dim=16, dtype_bytes=2)
+    for row in rows:
+        spec = row["threshold_spec"]
+        default, _, override = spec.partition(",")
+        for column in CAT_COLUMNS:
+            t = int(override.split(":")[1]) if override.startswith(column + ":") else int(default)
+            assert row["table_sizes"][column] == independent_kept(tmp_path / "counts", column, t) + 1
+        assert row["embedding_bytes"] == sum(row["table_sizes"].values()) * 16 * 2
+    # Threshold 0 and 1 both keep every value seen; 2 drops the values seen once.
+    assert rows[0]["table_sizes"]["C1"] == independent_kept(tmp_path / "counts", "C1", 0) + 1
+    assert rows[0]["total_rows"] > rows[1]["total_rows"] >= rows[2]["total_rows"]
+    histogram = read_histogram(tmp_path / "counts")
+    assert histogram.table_sizes("2") == dict(zip(CAT_COLUMNS, TABLE_SIZES))
+
+
+def test_planner_cli_json(tmp_path):
+    write_histogram(tmp_path / "counts", TABLE_SIZES, np.random.default_rng(4))
+    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                             str(tmp_path / "counts"), "--thresholds", "2,10",
+                             "--embedding-dim", "8", "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["threshold_spec"] for r in rows] == ["2", "10"]
+    assert rows[0]["table_sizes"] == dict(zip(CAT_COLUMNS, TABLE_SIZES))
+    text = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                           str(tmp_path / "counts"), "--thresholds", "2"],
+                          capture_output=True, text=True).stdout
+    assert "C26" in text and "memory (dim 128, 4 B)" in text
