@@ -1,0 +1,77 @@
+"""``python -m spark_jobs`` / ``spark-submit spark_jobs/main.py``: the preprocess command.
+
+Settings: defaults < ``--config YAML`` (sections ``spark`` and ``preprocess``) < flags. On a
+known failure the command prints one line ``spark_jobs: error: ...`` and exits with the
+pipeline's exit code for that kind (2 usage, 4 input data, 5 Spark job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeline.config import ConfigError, load_config
+from pipeline.errors import ExitCode, PipelineError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spark_jobs",
+        description="Count, build frequency-thresholded dictionaries and write Criteo parquet splits.")
+    p.add_argument("--input", required=True, help="directory of day_0..day_N-1 files (optionally .gz)")
+    p.add_argument("--workdir", required=True, help="output root (counts/, parquet/, rejects/)")
+    p.add_argument("--frequency-threshold", metavar="SPEC",
+                   help="global threshold with per-column overrides, e.g. '15,C3:3,C20:40'")
+    p.add_argument("--master", help="Spark master URL (default local[2])")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting; repeatable")
+    p.add_argument("--conf-file", help="spark-defaults style file of extra Spark settings")
+    p.add_argument("--gpu", action="store_true", help="RAPIDS accelerator profile (needs the jar)")
+    p.add_argument("--config", help="pipeline YAML config (sections spark, preprocess)")
+    p.add_argument("--seed", type=int, help="train shuffle seed")
+    p.add_argument("--max-reject-rate", type=float, help="fail above this rejected fraction")
+    p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
+    return p
+
+
+def configs_from_args(args: argparse.Namespace):
+    """(SparkConfig, PreprocessConfig) from the YAML file and the flags."""
+    from spark_jobs.session import parse_conf_pairs
+
+    config = load_config(args.config)
+    spark, pre = config.spark, config.preprocess
+    if args.master:
+        spark.master = args.master
+    if args.conf_file:
+        spark.conf_file = args.conf_file
+    if args.conf:
+        spark.conf = {**(spark.conf or {}), **parse_conf_pairs(args.conf)}
+    if args.gpu:
+        spark.gpu = True
+    if args.driver_memory:
+        spark.driver_memory = args.driver_memory
+    if args.frequency_threshold is not None:
+        pre.frequency_threshold = args.frequency_threshold
+    if args.seed is not None:
+        pre.shuffle_seed = args.seed
+    if args.max_reject_rate is not None:
+        pre.max_reject_rate = args.max_reject_rate
+    return spark, pre
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spark, pre = configs_from_args(args)
+        from spark_jobs.preprocess import run_preprocess
+
+        summary = run_preprocess(args.input, args.workdir, spark, pre)
+    except PipelineError as error:
+        print(f"spark_jobs: error: {error}", file=sys.stderr)
+        return int(error.code)
+    except (ConfigError, OSError) as error:
+        print(f"spark_jobs: error: {error}", file=sys.stderr)
+        return int(ExitCode.USAGE if isinstance(error, ConfigError) else ExitCode.FAILED)
+    print(json.dumps(summary, separators=(",", ":")))
+    return 0

@@ -1,0 +1,122 @@
+"""Per-day value counts (incremental), the count histogram and days.json.
+
+A day's counts depend only on that day's file, so they are kept per day
+(``counts/values/day=<k>/``) and a day whose fingerprint is unchanged in ``days.json`` is not
+recounted: adding a day counts only the new one. ``days.json`` is written after the counts,
+so a crash in between only means the day is counted again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline.schema import CAT_COLUMNS
+from spark_jobs.inputs import DayFile
+from spark_jobs.jsonio import read_json, write_json
+from spark_jobs.stats import DayStats
+
+DAYS_FORMAT_VERSION = 1
+
+
+def values_dir(counts_dir: Path) -> Path:
+    return Path(counts_dir) / "values"
+
+
+def days_json_path(counts_dir: Path) -> Path:
+    return Path(counts_dir) / "days.json"
+
+
+def histogram_path(counts_dir: Path) -> Path:
+    return Path(counts_dir) / "histogram.parquet"
+
+
+def counted_days(counts_dir: Path) -> dict[int, dict]:
+    """days.json entries whose counts partition still exists, by day number."""
+    data = read_json(days_json_path(counts_dir), default={}) or {}
+    entries = {}
+    for entry in data.get("days", []):
+        if (values_dir(counts_dir) / f"day={entry['day']}").is_dir():
+            entries[int(entry["day"])] = entry
+    return entries
+
+
+def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
+    """Days that are new or whose file changed since they were counted."""
+    known = counted_days(counts_dir)
+    return [d.day for d in days
+            if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()]
+
+
+def long_form(parsed):
+    """(day, column, value) for every present categorical of every valid row: one ``stack``."""
+    from pyspark.sql import functions as F
+
+    pairs = ", ".join(f"'{c}', `{c}`" for c in CAT_COLUMNS)
+    return (parsed.where(F.col("reason").isNull())
+            .select("day", F.expr(f"stack({len(CAT_COLUMNS)}, {pairs}) as (column, value)"))
+            .where(F.col("value").isNotNull()))
+
+
+def write_day_counts(parsed, days: list[int], counts_dir: Path) -> None:
+    """Count the given days and (re)write only their partitions."""
+    from pyspark.sql import functions as F
+
+    if not days:
+        return
+    counts = (long_form(parsed.where(F.col("day").isin(days)))
+              .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count")))
+    (counts.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy("day").parquet(str(values_dir(counts_dir))))
+
+
+def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:
+    """Remove counts of days no longer in the input, so totals cover exactly the input."""
+    root = values_dir(counts_dir)
+    if not root.is_dir():
+        return
+    wanted = {f"day={d.day}" for d in days}
+    for child in root.iterdir():
+        if child.is_dir() and child.name.startswith("day=") and child.name not in wanted:
+            shutil.rmtree(child)
+
+
+def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path) -> None:
+    entries = []
+    for d in days:
+        s = stats[d.day]
+        entries.append({"day": d.day, "file": d.name, "fingerprint": d.fingerprint(),
+                        "rows_read": s.rows_read, "rows_counted": s.rows_valid,
+                        "missing_rate": s.missing_rates()})
+    write_json(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries})
+
+
+def value_totals(session, counts_dir: Path):
+    """(column, value, count) summed over every counted day."""
+    from pyspark.sql import functions as F
+
+    return (session.read.parquet(str(values_dir(counts_dir)))
+            .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
+
+
+def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
+    """(column, count, num_values) as one small parquet file; returns it per column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    rows = (totals.groupBy("column", "count").agg(F.count(F.lit(1)).cast("long").alias("num_values"))
+            .collect())
+    order = {c: i for i, c in enumerate(CAT_COLUMNS)}
+    rows = sorted(rows, key=lambda r: (order[r["column"]], r["count"]))
+    table = pa.table({"column": pa.array([r["column"] for r in rows], pa.string()),
+                      "count": pa.array([r["count"] for r in rows], pa.int64()),
+                      "num_values": pa.array([r["num_values"] for r in rows], pa.int64())})
+    path = histogram_path(counts_dir)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
+    for r in rows:
+        histogram[r["column"]].append((r["count"], r["num_values"]))
+    return histogram

@@ -1,0 +1,83 @@
+"""Frequency-thresholded dictionaries: value → id, ids 1..k by count descending, value ascending.
+
+The ids come from one global sort of the kept (column, value, count) rows and the row counts of
+the sorted partitions, so no column's dictionary has to fit one task or the driver. Because the
+order is by count first, the values kept at a higher threshold are exactly ids 1..k' — the
+converters raise the threshold without Spark by relying on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.schema import CAT_COLUMNS
+from pipeline.thresholds import ThresholdSpec
+from spark_jobs.stats import PARTITION_SHIFT
+
+
+def table_sizes(histogram: dict[str, list[tuple[int, int]]], spec: ThresholdSpec) -> dict[str, int]:
+    """k + 1 per column (id 0 is rare-or-missing), from the count histogram alone."""
+    return {c: 1 + sum(n for count, n in histogram[c] if count >= spec.effective(c))
+            for c in CAT_COLUMNS}
+
+
+def _threshold_of(column, spec: ThresholdSpec):
+    from pyspark.sql import functions as F
+
+    expr = F.lit(spec.effective(CAT_COLUMNS[0]))
+    cases = None
+    for c in CAT_COLUMNS:
+        cases = (F.when(column == c, spec.effective(c)) if cases is None
+                 else cases.when(column == c, spec.effective(c)))
+    return cases.otherwise(expr)
+
+
+def _literal_map(mapping: dict):
+    from pyspark.sql import functions as F
+
+    items = []
+    for key, value in mapping.items():
+        items += [F.lit(key), F.lit(value)]
+    return F.create_map(*items)
+
+
+def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
+    """Write (value, id, count) partitioned by ``column`` to ``out_dir``."""
+    from pyspark.sql import functions as F
+
+    kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
+    ordered = (kept.orderBy("column", F.desc("count"), "value")
+               .withColumn("pos", F.monotonically_increasing_id())
+               .persist())
+    try:
+        pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
+        sizes = ordered.groupBy(pid.alias("pid")).count().collect()
+        offsets, total = {}, 0
+        for row in sorted(sizes, key=lambda r: r["pid"]):
+            offsets[int(row["pid"])] = total
+            total += row["count"]
+        if not offsets:
+            offsets = {0: 0}
+        global_index = (F.element_at(_literal_map(offsets), pid)
+                        + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)))
+        indexed = ordered.withColumn("index", global_index.cast("long"))
+        starts = {r["column"]: int(r["start"])
+                  for r in indexed.groupBy("column").agg(F.min("index").alias("start")).collect()}
+        if not starts:
+            starts = {CAT_COLUMNS[0]: 0}
+        ids = (indexed.select(
+            "column", "value",
+            (F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1)
+            .cast("int").alias("id"),
+            "count"))
+        ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
+    finally:
+        ordered.unpersist()
+
+
+def column_dictionary(session, dict_dir: Path, column: str):
+    """(value, id) of one column, read back from the partitioned dictionary output."""
+    from pyspark.sql import functions as F
+
+    return (session.read.parquet(str(dict_dir)).where(F.col("column") == column)
+            .select("value", "id"))

@@ -1,0 +1,67 @@
+"""Finding the day files of a raw input directory and fingerprinting them.
+
+Day files are ``day_<k>`` or ``day_<k>.gz`` for k = 0..N-1. A gap, a duplicate (``day_3`` and
+``day_3.gz``), an empty file or fewer than two days is an input error: training on a silently
+shortened log is worse than stopping.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark_jobs.errors import PreprocessInputError
+
+_DAY_NAME = re.compile(r"^day_(\d+)(\.gz)?$")
+
+
+@dataclass(frozen=True)
+class DayFile:
+    day: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def gzipped(self) -> bool:
+        return self.path.suffix == ".gz"
+
+    def fingerprint(self) -> str:
+        """Name, size and mtime: enough to notice a replaced file without reading it."""
+        st = self.path.stat()
+        return f"{self.name}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def discover_days(input_dir: str | Path) -> list[DayFile]:
+    """The day files of ``input_dir`` ordered by day number, or a PreprocessInputError."""
+    root = Path(input_dir)
+    if not root.is_dir():
+        raise PreprocessInputError(f"input directory {root} does not exist or is not a directory")
+    by_day: dict[int, list[Path]] = {}
+    for path in root.iterdir():
+        match = _DAY_NAME.match(path.name)
+        if match and path.is_file():
+            by_day.setdefault(int(match.group(1)), []).append(path)
+    if not by_day:
+        raise PreprocessInputError(f"no day files (day_0, day_1, ... or day_<k>.gz) in {root}")
+    duplicates = {d: ps for d, ps in by_day.items() if len(ps) > 1}
+    if duplicates:
+        day, paths = min(duplicates.items())
+        names = " and ".join(sorted(p.name for p in paths))
+        raise PreprocessInputError(f"day {day} is given twice in {root}: {names}; keep one")
+    missing = sorted(set(range(max(by_day) + 1)) - set(by_day))
+    if missing:
+        listed = ", ".join(f"day_{d}" for d in missing[:5])
+        raise PreprocessInputError(f"missing day file(s) {listed} in {root}: days must run "
+                                   f"from day_0 to day_{max(by_day)} without gaps")
+    if len(by_day) < 2:
+        raise PreprocessInputError(f"only one day file in {root}: need at least two "
+                                   "(train days, then the last day for test/validation)")
+    days = [DayFile(d, by_day[d][0]) for d in sorted(by_day)]
+    for day in days:
+        if day.path.stat().st_size == 0:
+            raise PreprocessInputError(f"day file {day.path} is empty")
+    return days

@@ -1,0 +1,175 @@
+"""The preprocess job: raw day files → counts, dictionaries, parquet splits, quality report.
+
+One Spark session, one parse of the raw text (persisted), then: per-day statistics (one
+aggregation), rejects, incremental counts, dictionaries, train, test and validation. Outputs
+follow docs/architecture.md under ``WorkdirLayout(workdir)``; ``parquet/_SUCCESS`` is written
+last and removed first, so a half-finished run never looks complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import contextmanager
+from functools import reduce
+from pathlib import Path
+
+from pipeline.config import PreprocessConfig, SparkConfig
+from pipeline.errors import PipelineError
+from pipeline.layout import WorkdirLayout
+from pipeline.schema import SPLITS
+from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from spark_jobs import counting, quality, transform
+from spark_jobs.dictionaries import build_dictionaries, table_sizes
+from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
+from spark_jobs.inputs import DayFile, discover_days
+from spark_jobs.jsonio import write_json
+from spark_jobs.parse import parse_lines, read_day
+from spark_jobs.session import get_session
+from spark_jobs.stats import collect_day_stats, split_boundary
+
+PREPROCESS_FORMAT_VERSION = 1
+
+
+def dictionaries_dir(layout: WorkdirLayout) -> Path:
+    """value → id tables, partitioned by column (kept for inspection and for serving)."""
+    return layout.parquet / "dictionaries"
+
+
+class _Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+def _parse_all(session, days: list[DayFile], seed: int):
+    """Every day read on its own (so ``pos`` follows its lines), parsed, unioned, persisted."""
+    from pyspark import StorageLevel
+
+    frames = [parse_lines(read_day(session, str(d.path), d.day), seed) for d in days]
+    return reduce(lambda a, b: a.unionByName(b), frames).persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def _spark_error_message(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    first = next((line for line in text if line.strip()), type(error).__name__)
+    return f"Spark job failed: {first.strip()[:500]}"
+
+
+@contextmanager
+def _spark_errors():
+    """Spark/py4j failures become one-line PreprocessJobErrors (no Java trace for the user)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except PipelineError:
+        raise
+    except (PySparkException, Py4JError) as error:
+        raise PreprocessJobError(_spark_error_message(error)) from error
+
+
+def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig) -> dict:
+    """Run count → dictionaries → transform; return the summary also written to preprocess.json."""
+    try:
+        spec = parse_threshold_spec(preprocess.frequency_threshold)
+    except ThresholdSpecError as error:
+        raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
+    if not 0.0 <= preprocess.max_reject_rate <= 1.0:
+        raise PreprocessConfigError(f"max_reject_rate {preprocess.max_reject_rate} is not in [0, 1]")
+    days = discover_days(input_dir)
+    layout = WorkdirLayout.at(workdir)
+    layout.parquet.mkdir(parents=True, exist_ok=True)
+    (layout.parquet / "_SUCCESS").unlink(missing_ok=True)
+    with _spark_errors():
+        session = get_session(spark)
+        return _run(session, days, layout, spec, preprocess)
+
+
+def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig) -> dict:
+    timer = _Timer()
+    last = days[-1].day
+    parsed = _parse_all(session, days, cfg.shuffle_seed)
+    try:
+        with timer.stage("count"):
+            stats = collect_day_stats(parsed)
+            quality.check_days_not_empty(days, stats)
+            quality.write_rejects(parsed, days, stats, layout.rejects)
+            report = quality.quality_report(days, stats, cfg.max_reject_rate)
+            write_json(layout.data_quality, report)
+            quality.check_reject_rate(report)
+            counting.drop_stale_days(days, layout.counts)
+            recount = counting.days_to_count(days, layout.counts)
+            counting.write_day_counts(parsed, recount, layout.counts)
+            counting.write_days_json(days, stats, layout.counts)
+            totals = counting.value_totals(session, layout.counts).persist()
+            histogram = counting.write_histogram(totals, layout.counts)
+        with timer.stage("dictionaries"):
+            sizes = table_sizes(histogram, spec)
+            build_dictionaries(totals, spec, dictionaries_dir(layout))
+            totals.unpersist()
+            write_json(layout.parquet_model_size, sizes)
+        rows = _write_splits(session, parsed, layout, sizes, stats[last], last, cfg, timer)
+    finally:
+        parsed.unpersist()
+    rows_out = sum(rows.values())
+    report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
+    write_json(layout.data_quality, report)
+    quality.check_identity(report)
+    summary = {
+        "format_version": PREPROCESS_FORMAT_VERSION,
+        "threshold_spec": str(spec),
+        "seed": cfg.shuffle_seed,
+        "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
+        "days_counted": recount,
+        "days_reused": [d.day for d in days if d.day not in recount],
+        "rows": rows,
+        "table_sizes": sizes,
+        "data_quality": report["totals"],
+        "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
+    }
+    write_json(layout.parquet / "preprocess.json", summary)
+    (layout.parquet / "_SUCCESS").write_text("")
+    return summary
+
+
+def _write_splits(session, parsed, layout: WorkdirLayout, sizes: dict[str, int], last_stats,
+                  last: int, cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
+    from pyspark.sql import functions as F
+
+    valid = parsed.where(F.col("reason").isNull())
+    dict_dir = dictionaries_dir(layout)
+    with timer.stage("transform_train"):
+        train, _ = transform.map_categoricals(valid.where(F.col("day") != last), session, dict_dir,
+                                              sizes, cfg.broadcast_max_values)
+        transform.write_parquet(transform.shuffled_train(train, cfg.output_files),
+                                layout.parquet_split("train"), cfg.compression)
+    with timer.stage("transform_eval"):
+        boundary = split_boundary(last_stats)
+        eval_rows, shuffled = transform.map_categoricals(
+            valid.where(F.col("day") == last), session, dict_dir, sizes, cfg.broadcast_max_values)
+        halves = {"test": eval_rows.where(F.col("pos") < boundary),
+                  "validation": eval_rows.where(F.col("pos") >= boundary)}
+        for split, frame in halves.items():
+            transform.write_parquet(transform.in_line_order(frame, shuffled, cfg.output_files),
+                                    layout.parquet_split(split), cfg.compression)
+    return {split: session.read.parquet(str(layout.parquet_split(split))).count()
+            for split in SPLITS}
+
+
+def clean_outputs(workdir) -> None:
+    """Remove this job's outputs (not the counts, which are reused across runs)."""
+    layout = WorkdirLayout.at(workdir)
+    for path in (layout.parquet, layout.rejects):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["run_preprocess", "clean_outputs", "dictionaries_dir"]

@@ -1,0 +1,107 @@
+"""One Spark session for count, dictionaries and transform, built from ``SparkConfig``.
+
+Precedence (later wins): our defaults, the ``--gpu`` profile, the conf file, ``--conf k=v``.
+If a session is already active (tests, notebooks, ``spark-submit``), it is reused and only the
+runtime-settable SQL options are applied to it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.config import SparkConfig
+from spark_jobs.errors import PreprocessConfigError
+from spark_jobs.gpu import rapids_conf
+
+_LOCAL_CORES = re.compile(r"^local\[(\d+|\*)(?:,\d+)?\]$")
+
+
+def parse_conf_pairs(pairs: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` → dict; a pair without '=' is a config error naming it."""
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise PreprocessConfigError(f"--conf {pair!r} must look like key=value")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def read_conf_file(path: str | Path) -> dict[str, str]:
+    """A spark-defaults.conf style file: 'key value' or 'key=value' per line, '#' comments."""
+    path = Path(path)
+    if not path.is_file():
+        raise PreprocessConfigError(f"--conf-file {path} does not exist")
+    conf = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"^(\S+?)\s*(?:=|\s)\s*(.*)$", line)
+        if not match:
+            raise PreprocessConfigError(f"{path}:{number}: expected 'key value', got {line!r}")
+        conf[match.group(1)] = match.group(2).strip()
+    return conf
+
+
+def _local_cores(master: str) -> int | None:
+    match = _LOCAL_CORES.match(master)
+    if master == "local":
+        return 1
+    if not match:
+        return None
+    if match.group(1) == "*":
+        import os
+        return os.cpu_count() or 1
+    return int(match.group(1))
+
+
+def spark_settings(spark: SparkConfig) -> dict[str, str]:
+    """Every Spark setting the session will get (the ``--gpu`` profile included)."""
+    cores = _local_cores(spark.master)
+    partitions = spark.shuffle_partitions or (max(4, 4 * cores) if cores else 0)
+    conf = {
+        "spark.master": spark.master,
+        "spark.app.name": spark.app_name,
+        "spark.driver.memory": spark.driver_memory,
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.parquet.compression.codec": "snappy",
+        "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if partitions:
+        conf["spark.sql.shuffle.partitions"] = str(partitions)
+    if spark.executor_memory:
+        conf["spark.executor.memory"] = spark.executor_memory
+    if spark.local_dir:
+        conf["spark.local.dir"] = spark.local_dir
+    if spark.gpu:
+        conf.update(rapids_conf(spark))
+    if spark.conf_file:
+        conf.update(read_conf_file(spark.conf_file))
+    conf.update({str(k): str(v) for k, v in (spark.conf or {}).items()})
+    return conf
+
+
+def get_session(spark: SparkConfig):
+    """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
+    from pyspark.sql import SparkSession
+
+    settings = spark_settings(spark)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in settings.items():
+            if key.startswith("spark.sql.") and key != "spark.sql.session.timeZone":
+                try:
+                    active.conf.set(key, value)
+                except Exception:  # a static SQL conf: the running session keeps its own
+                    pass
+        return active
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(spark.log_level)
+    return session
