@@ -1,0 +1,207 @@
+"""Trainer building blocks against plain numpy: interaction, AUC, schedule, placement, loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from converters.format import DatasetError
+from pipeline.schema import CAT_COLUMNS
+from trainer.data import RankView, SplitReader, batch_starts, open_dataset, prefetch
+from trainer.metrics import log_loss, roc_auc
+from trainer.optim import learning_rate
+from trainer.placement import BOTTOM, plan_placement
+from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
+from trainer_helpers import small_config
+
+
+# -- dot interaction ---------------------------------------------------------------------------
+def numpy_interaction(features: np.ndarray) -> np.ndarray:
+    b, f, _ = features.shape
+    rows = []
+    for sample in features:
+        dots = [sample[i] @ sample[j] for i in range(f) for j in range(i)]
+        rows.append(np.concatenate([sample[0], np.array(dots)]))
+    return np.array(rows)
+
+
+def test_dot_interaction_matches_numpy():
+    import tensorflow as tf
+
+    from trainer.model import dot_interaction
+
+    features = np.random.default_rng(0).normal(size=(5, 27, 4)).astype(np.float32)
+    got = dot_interaction(tf.constant(features)).numpy()
+    assert got.shape == (5, 4 + 27 * 26 // 2)
+    np.testing.assert_allclose(got, numpy_interaction(features.astype(np.float64)), rtol=1e-5,
+                               atol=1e-5)
+
+
+# -- AUC and log loss --------------------------------------------------------------------------
+def pairwise_auc(labels, scores) -> float:
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
+
+
+@pytest.mark.parametrize("levels", [None, 5, 2])
+def test_auc_equals_pairwise_definition_with_ties(levels):
+    rng = np.random.default_rng(levels or 1)
+    labels = (rng.random(600) < 0.3).astype(int)
+    scores = rng.random(600) + 0.3 * labels
+    if levels:  # heavy ties, also across the classes
+        scores = np.round(scores * levels) / levels
+    assert roc_auc(labels, scores) == pytest.approx(pairwise_auc(labels, scores), abs=1e-12)
+
+
+def test_auc_edge_values():
+    assert roc_auc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]) == 1.0
+    assert roc_auc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]) == 0.0
+    assert roc_auc([0, 1, 0, 1], [0.5, 0.5, 0.5, 0.5]) == 0.5
+    assert np.isnan(roc_auc([1, 1], [0.2, 0.3]))
+    assert log_loss([1, 0], [0.5, 0.5]) == pytest.approx(np.log(2))
+
+
+# -- schedule ----------------------------------------------------------------------------------
+def test_learning_rate_warmup_constant_and_polynomial_decay():
+    config = small_config(learning_rate=2.0, warmup_steps=4, decay_start_step=10, decay_steps=5)
+    lrs = [learning_rate(s, config) for s in range(17)]
+    np.testing.assert_allclose(lrs[:4], [0.5, 1.0, 1.5, 2.0])
+    assert lrs[4:10] == [2.0] * 6
+    np.testing.assert_allclose(lrs[10:15], [2.0 * ((5 - k) / 5) ** 2 for k in range(5)])
+    assert lrs[15:] == [0.0, 0.0]
+
+
+# -- placement ---------------------------------------------------------------------------------
+def test_placement_balances_and_covers_every_table_once():
+    sizes = list(DEFAULT_TABLE_SIZES)
+    plan = plan_placement(sizes, 16, 2)
+    owned = [p.table for rank in plan.pieces for p in rank]
+    assert sorted(owned) == list(range(26))
+    loads = [sum(p.rows for p in rank) for rank in plan.pieces]
+    # Greedy: the lighter rank is at most one (largest remaining) table lighter.
+    assert abs(loads[0] - loads[1]) <= max(sizes)
+
+
+def test_column_split_by_threshold_and_forced():
+    sizes = [10] * 26
+    sizes[6] = 1_000_000
+    plan = plan_placement(sizes, 16, 2, split_threshold_bytes=1_000_000 * 16 * 4 - 1,
+                          force_split=["C2"])
+    for table in (6, 1):
+        slices = sorted((p.col_start, p.col_end, r) for r, rank in enumerate(plan.pieces)
+                        for p in rank if p.table == table)
+        assert slices == [(0, 8, 0), (8, 16, 1)]
+    assert plan_placement(sizes, 16, 1, force_split=["C2"]).pieces[0][1].width == 16
+
+
+@pytest.mark.parametrize("bottom_dp", [True, False])
+def test_feature_columns_reorder_exchange_layout(bottom_dp):
+    dim, world = 4, 3
+    plan = plan_placement([5 + t for t in range(26)], dim, world, bottom_data_parallel=bottom_dp,
+                          force_split=["C1", "C9"])
+    # Build the rank-order layout with labels (table, column), then apply the permutation.
+    layout = []
+    for rank in range(world):
+        if plan.bottom_owner == rank:
+            layout += [(BOTTOM, c) for c in range(dim)]
+        layout += [(p.table, c) for p in plan.pieces[rank] for c in range(p.col_start, p.col_end)]
+    reordered = [layout[i] for i in plan.feature_columns()]
+    tables = ([] if bottom_dp else [BOTTOM]) + list(range(26))
+    assert reordered == [(t, c) for t in tables for c in range(dim)]
+
+
+# -- loader ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loader") / "binary"
+    write_planted_dataset(path, {"train": 1000, "test": 300, "validation": 0}, seed=3)
+    return path
+
+
+def raw(path, split, name, dtype, width=1):
+    data = np.fromfile(path / split / name, dtype=dtype)
+    return data.reshape(-1, width) if width > 1 else data
+
+
+def test_each_rank_reads_exactly_its_slice(dataset):
+    ds = open_dataset(dataset)
+    reader = SplitReader(ds, "train")
+    numerical = raw(dataset, "train", "numerical.bin", "<f2", 13).astype(np.float32)
+    labels = raw(dataset, "train", "label.bin", "u1").astype(np.float32)
+    cat6 = raw(dataset, "train", "cat_6.bin", "<i4")  # 40000 rows: int32 file
+    cat1 = raw(dataset, "train", "cat_1.bin", "<i1")
+    start, batch = 200, 100
+    for rank, mode in ((0, "local"), (1, "global"), (3, "none")):
+        view = RankView(4, rank, (1, 6), mode)
+        got = reader.read(view, step=9, start=start, global_batch=batch)
+        lo = start + rank * 25
+        np.testing.assert_array_equal(got.label, labels[lo:lo + 25])
+        want = {"local": numerical[lo:lo + 25], "global": numerical[start:start + batch],
+                "none": np.zeros((0, 13), np.float32)}[mode]
+        np.testing.assert_array_equal(got.numerical, want)
+        assert got.categorical[0].dtype == np.int32 and got.numerical.dtype == np.float32
+        np.testing.assert_array_equal(got.categorical[0], cat1[start:start + batch])
+        np.testing.assert_array_equal(got.categorical[1], cat6[start:start + batch])
+        assert got.valid == batch and got.step == 9
+
+
+def test_last_batch_is_zero_padded_and_counted(dataset):
+    reader = SplitReader(open_dataset(dataset), "test")
+    starts = batch_starts(300, 128, drop_remainder=False)
+    assert starts.tolist() == [0, 128, 256]
+    batches = list(prefetch(reader, RankView(2, 1, (0,), "local"), list(enumerate(starts)), 128))
+    assert [b.valid for b in batches] == [128, 128, 44]
+    # Rank 1 of the last batch holds rows 320..383: all padding. Rank 0 holds 256..299 + padding.
+    assert not batches[2].label.any() and not batches[2].categorical[0][44:].any()
+    rank0 = reader.read(RankView(2, 0, (0,), "local"), 2, 256, 128)
+    labels = raw(dataset, "test", "label.bin", "u1")
+    np.testing.assert_array_equal(rank0.label[:44], labels[256:300])
+    assert not rank0.label[44:].any()
+
+
+def test_batch_order_is_a_function_of_seed_and_epoch():
+    a = batch_starts(10_000, 100, epoch=3, seed=5, shuffle=True)
+    assert a.tolist() == batch_starts(10_000, 100, epoch=3, seed=5, shuffle=True).tolist()
+    assert a.tolist() != batch_starts(10_000, 100, epoch=4, seed=5, shuffle=True).tolist()
+    assert sorted(a.tolist()) == list(range(0, 10_000, 100))
+
+
+def write_histogram(counts_dir, column_counts: dict[str, dict[int, int]]):
+    rows = [(c, n, v) for c, hist in column_counts.items() for n, v in hist.items()]
+    counts_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"column": [r[0] for r in rows], "count": [r[1] for r in rows],
+                             "num_values": [r[2] for r in rows]}), counts_dir / "histogram.parquet")
+
+
+def test_reading_at_a_higher_threshold_clamps_ids(dataset, tmp_path):
+    # Histogram consistent with the written sizes at threshold 1: table size - 1 values each.
+    hist = {c: {1: size - 1 - min(size - 1, 5), 9: min(size - 1, 5)}
+            for c, size in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)}
+    write_histogram(tmp_path / "counts", hist)
+    ds = open_dataset(dataset, threshold="9", counts_dir=tmp_path / "counts")
+    assert ds.table_sizes == tuple(min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES)
+    ids = SplitReader(ds, "train").read(RankView(1, 0, tuple(range(26)), "local"), 0, 0, 1000)
+    for t, got in enumerate(ids.categorical):
+        original = raw(dataset, "train", f"cat_{t}.bin", np.dtype(ds.cat_dtypes[t]))
+        np.testing.assert_array_equal(got, np.where(original > ds.table_sizes[t] - 1, 0, original))
+    assert (ids.categorical[6] == 0).mean() > 0.5  # the 40000-row table lost most ids
+    with pytest.raises(DatasetError, match="never a lower one"):
+        write_histogram(tmp_path / "more", {c: {1: s + 10} for c, s in zip(CAT_COLUMNS,
+                                                                            DEFAULT_TABLE_SIZES)})
+        open_dataset(dataset, threshold="1", counts_dir=tmp_path / "more")
+
+
+def test_dataset_is_checked_before_anything_is_read(tmp_path):
+    path = tmp_path / "binary"
+    write_planted_dataset(path, {"train": 100, "test": 10, "validation": 10})
+    (path / "_SUCCESS").unlink()
+    with pytest.raises(DatasetError, match="_SUCCESS"):
+        open_dataset(path)
+    (path / "_SUCCESS").write_text("")
+    with open(path / "train" / "cat_3.bin", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(DatasetError, match="cat_3.bin"):
+        open_dataset(path)

@@ -1,0 +1,16 @@
+"""TensorFlow 2 DLRM trained hybrid-parallel with Horovod, fed by the split binary dataset.
+
+One code path serves one process and N ranks: embedding tables live on the rank that owns them
+(model parallel), the MLPs are replicated (data parallel) and the two meet through an
+``alltoall``. See docs/trainer.md. The modules split the job:
+
+- :mod:`trainer.data`       dataset check, whole-batch reads per rank, threshold clamping, prefetch
+- :mod:`trainer.placement`  which rank holds which table (or column slice of a table)
+- :mod:`trainer.comm`       the collectives (Horovod, or their one-process identities)
+- :mod:`trainer.model`      the DLRM variables, dot interaction, forward pass
+- :mod:`trainer.optim`      SGD / Adam and the warm-up + polynomial-decay schedule
+- :mod:`trainer.checkpoint` per-rank checkpoints that survive a kill and a change of ranks
+- :mod:`trainer.metrics`    exact ROC AUC and log loss (numpy), metrics log
+- :mod:`trainer.loop`       the training / evaluation / inference-benchmark loops
+- :mod:`trainer.cli`        ``python -m trainer``
+"""

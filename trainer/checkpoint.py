@@ -1,0 +1,126 @@
+"""Checkpoints: every rank saves its own tables, rank 0 the replicated part and the step.
+
+Layout (under ``DIR/checkpoints/``)::
+
+    step-000000120/rank-0.npz        tables (column slices) owned by rank 0 + their optimizer slots
+    step-000000120/rank-1.npz        ... rank 1
+    step-000000120/replicated.npz    MLPs replicated on all ranks + their slots + optimizer counters
+    step-000000120/meta.json         step, placement, table sizes, dims: written last
+
+A checkpoint is written into ``.step-N.tmp`` and renamed once every rank has finished, so a killed
+run leaves either a complete checkpoint or none (the latest complete one is used on restart).
+Table entries are named ``table/<t>/<first col>-<end col>``; a rank restoring a piece copies the
+overlapping columns of every saved slice of that table, so a checkpoint can be restored with a
+different number of ranks or a different placement. The directory must be visible to all ranks
+(one host, or a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import TrainConfig
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
+META = "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that does not fit the model being restored."""
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    if not root.exists():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = STEP_DIR.match(path.name)
+        if match and (path / META).exists():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
+                    replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int) -> Path:
+    """Collective: every rank calls it with its own state; returns the final directory."""
+    final = root / f"step-{step:09d}"
+    tmp = root / f".step-{step:09d}.tmp"
+    if comm.rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    comm.barrier()
+    np.savez(tmp / f"rank-{comm.rank}.npz", **owned)
+    if comm.rank == 0:
+        np.savez(tmp / "replicated.npz", **replicated)
+    comm.barrier()
+    if comm.rank == 0:
+        (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for _, old in complete_checkpoints(root)[:-max(1, keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+    comm.barrier()
+    return final
+
+
+class CheckpointReader:
+    """Reads named arrays of a checkpoint, assembling table slices saved by any rank."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.meta = json.loads((path / META).read_text())
+        self._files = [np.load(f) for f in sorted(path.glob("*.npz"))]
+        self._where = {key: f for f in self._files for key in f.files}
+
+    def check_compatible(self, table_sizes: list[int], dims: dict[str, Any]) -> None:
+        if list(self.meta.get("table_sizes", [])) != list(table_sizes):
+            raise CheckpointError(f"{self.path} was saved for table sizes {self.meta.get('table_sizes')}"
+                                  f", the dataset has {list(table_sizes)}")
+        if self.meta.get("dims") != dims:
+            raise CheckpointError(f"{self.path} was saved for model dims {self.meta.get('dims')}, "
+                                  f"this run uses {dims}")
+
+    def value(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        match = TABLE_KEY.match(name)
+        if match is None:
+            if name not in self._where:
+                raise CheckpointError(f"{self.path} has no {name!r}")
+            return self._where[name][name]
+        table, start, end, suffix = int(match[1]), int(match[2]), int(match[3]), match[4] or ""
+        out = np.empty(shape, np.float32)
+        covered = np.zeros(end - start, bool)
+        for key, file in self._where.items():
+            saved = TABLE_KEY.match(key)
+            if saved is None or int(saved[1]) != table or (saved[4] or "") != suffix:
+                continue
+            lo, hi = max(start, int(saved[2])), min(end, int(saved[3]))
+            if lo < hi:
+                out[:, lo - start:hi - start] = file[key][:, lo - int(saved[2]):hi - int(saved[2])]
+                covered[lo - start:hi - start] = True
+        if not covered.all():
+            raise CheckpointError(f"{self.path} does not hold all columns of {name!r}")
+        return out
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+def checkpoint_meta(config: TrainConfig, placement_description: dict, table_sizes: list[int],
+                    dims: dict[str, Any]) -> dict[str, Any]:
+    return {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
+            "optimizer": config.optimizer, "seed": config.seed}

@@ -1,0 +1,108 @@
+"""``python -m trainer``: train, evaluate or benchmark the DLRM on a split binary dataset.
+
+Settings come from the ``train`` section of pipeline/config.py: defaults, then ``--config
+YAML``, then the flags below. Launch several ranks with
+``horovodrun -np N -H hosts --gloo python -m trainer ...``. The last stdout line (rank 0) is a
+one-line JSON summary (test and validation AUC among it); progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.config import TrainConfig, load_config
+
+EXIT_BAD_INPUT = 2
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, help="split binary dataset (DIR/binary)")
+    p.add_argument("--workdir", required=True, help="pipeline workdir: checkpoints/ and logs/ go here")
+    p.add_argument("--mode", default="train", choices=["train", "eval", "inference_benchmark"])
+    p.add_argument("--config", help="YAML file with a 'train' section")
+    p.add_argument("--preset", choices=["default", "small"])
+    p.add_argument("--embedding-dim", type=int)
+    p.add_argument("--bottom-mlp", help="comma-separated layer sizes, e.g. 512,256,128")
+    p.add_argument("--top-mlp", help="comma-separated layer sizes ending in 1")
+    p.add_argument("--batch-size", type=int, help="global batch over all ranks")
+    p.add_argument("--eval-batch-size", type=int)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    p.add_argument("--optimizer", choices=["sgd", "adam"])
+    p.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate")
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--decay-start-step", type=int)
+    p.add_argument("--decay-steps", type=int)
+    p.add_argument("--evals-per-epoch", type=int)
+    p.add_argument("--amp", action="store_const", const=True)
+    p.add_argument("--xla", action="store_const", const=True)
+    p.add_argument("--bottom-mlp-data-parallel", type=_bool, metavar="BOOL")
+    p.add_argument("--column-split-threshold-mb", type=float)
+    p.add_argument("--force-column-split", help="comma-separated columns, e.g. C3,C20")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--shuffle-batches", type=_bool, metavar="BOOL")
+    p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--keep-checkpoints", type=int)
+    p.add_argument("--no-resume", dest="resume", action="store_const", const=False)
+    p.add_argument("--frequency-threshold", help="read the dataset at this higher threshold")
+    p.add_argument("--counts-dir", help="counts for --frequency-threshold (default WORKDIR/counts)")
+    p.add_argument("--verify-dataset", choices=["quick", "full", "none"])
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--inference-steps", type=int)
+    p.add_argument("--intra-op-threads", type=int)
+    return p
+
+
+def _list(text: str | None, kind=int) -> list | None:
+    return None if text is None else [kind(x) for x in text.split(",") if x.strip()]
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    config = load_config(args.config).train
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in TrainConfig.__dataclass_fields__ and v is not None}
+    for key in ("bottom_mlp", "top_mlp"):
+        if key in overrides:
+            overrides[key] = _list(overrides[key])
+    if "force_column_split" in overrides:
+        overrides["force_column_split"] = _list(overrides["force_column_split"], str.strip)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    config = config_from_args(args)
+    # TensorFlow is imported only now, so --help and bad flags answer at once.
+    from converters.format import DatasetError
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop import nan_to_none, run
+
+    try:
+        summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode)
+    except (DatasetError, CheckpointError, ValueError) as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    if summary is not None and _rank() == 0:
+        print(json.dumps(nan_to_none(summary)), flush=True)
+    return 0
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("HOROVOD_RANK", "0"))

@@ -1,0 +1,202 @@
+"""Whole-batch reads of the split binary dataset, exactly what each rank needs, prefetched.
+
+Every file of a split is memory-mapped; a batch is one contiguous slice per file converted in a
+single numpy call (float16 -> float32, int8/16/32 -> int32), so no Python runs per row. In
+hybrid-parallel mode a rank reads the categorical files of the tables it owns for the whole
+global batch and only its own slice of the labels (and of the numericals when the bottom MLP is
+data parallel; the rank that owns a model-parallel bottom MLP reads them for the whole batch).
+
+A dataset written at threshold T can be read at a higher threshold T': ids are ordered by count,
+so the values kept at T' are the ids 1..k'(T') and every id above k' becomes 0 (``clamp``).
+
+This module imports numpy only (no TensorFlow), so the loader can be tested and benchmarked
+alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
+                               NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_file, read_info)
+from converters.verify import verify_dataset
+from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL
+from pipeline.thresholds import parse_threshold_spec
+
+__all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
+           "clamp_limits", "batch_starts", "prefetch"]
+
+
+@dataclass(frozen=True)
+class BinaryDataset:
+    """A checked split binary dataset and the table sizes the model is built with."""
+
+    path: Path
+    rows: dict[str, int]
+    written_table_sizes: tuple[int, ...]
+    table_sizes: tuple[int, ...]  # after clamping to a higher threshold; else the written ones
+    cat_dtypes: tuple[np.dtype, ...]
+
+    @property
+    def clamp(self) -> tuple[int | None, ...]:
+        """Largest id kept per table when read at a higher threshold (None = no clamping)."""
+        return tuple(None if new == old else new - 1
+                     for new, old in zip(self.table_sizes, self.written_table_sizes))
+
+
+def clamp_limits(written_sizes: Sequence[int], counts_dir: str | Path,
+                 threshold: str) -> tuple[int, ...]:
+    """Table sizes at ``threshold`` from the counts histogram; refuses lowering a threshold."""
+    from converters.counts import read_histogram
+
+    sizes = read_histogram(counts_dir).table_sizes(parse_threshold_spec(threshold))
+    new = tuple(sizes[c] for c in CAT_COLUMNS)
+    lower = [c for c, n, o in zip(CAT_COLUMNS, new, written_sizes) if n > o]
+    if lower:
+        raise DatasetError(
+            f"threshold {threshold!r} keeps more values than the dataset holds for {lower}: a "
+            "dataset can be read at a higher threshold than it was written at, never a lower one")
+    return new
+
+
+def open_dataset(path: str | Path, *, threshold: str | None = None,
+                 counts_dir: str | Path | None = None, verify: str = "quick") -> BinaryDataset:
+    """Check the dataset (converters.verify: "quick" = metadata and file sizes, "full" = every
+    value too, "none"), then describe it, optionally at a higher frequency threshold."""
+    path = Path(path)
+    if not (path / DATASET_JSON).exists():
+        raise DatasetError(f"{path} is not a split binary dataset (no {DATASET_JSON})")
+    if verify not in ("quick", "full", "none"):
+        raise ValueError(f"verify must be quick, full or none, not {verify!r}")
+    if verify != "none":
+        verify_dataset(path, full=verify == "full")
+    info = read_info(path)
+    written = tuple(int(t) for t in info.table_sizes)
+    sizes = written
+    if threshold is not None:
+        counts = Path(counts_dir) if counts_dir else path.parent / "counts"
+        sizes = clamp_limits(written, counts, threshold)
+    return BinaryDataset(path, dict(info.splits), written, sizes,
+                         tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes))
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What one rank reads of every global batch."""
+
+    world: int
+    rank: int
+    tables: tuple[int, ...]  # categorical columns read for the whole global batch
+    numerical: str  # "local" (own slice), "global" (whole batch) or "none"
+
+    def local_range(self, global_batch: int) -> tuple[int, int]:
+        local = global_batch // self.world
+        return self.rank * local, (self.rank + 1) * local
+
+
+def single_process_view() -> RankView:
+    return RankView(1, 0, tuple(range(NUM_CATEGORICAL)), "local")
+
+
+@dataclass
+class Batch:
+    """One global batch as this rank sees it; rows past ``valid`` are zero padding."""
+
+    step: int
+    categorical: list[np.ndarray]  # int32 [global batch] per table of the view
+    numerical: np.ndarray  # float32 [local or global batch, 13], or [0, 13]
+    label: np.ndarray  # float32 [local batch]
+    valid: int
+
+
+class SplitReader:
+    """Memory maps of one split; ``read`` returns a zero-padded global batch for a rank."""
+
+    def __init__(self, dataset: BinaryDataset, split: str):
+        self.dataset = dataset
+        self.split = split
+        self.rows = dataset.rows[split]
+        folder = dataset.path / split
+        self._label = self._map(folder / LABEL_FILE, LABEL_DTYPE, (self.rows,))
+        self._numerical = self._map(folder / NUMERICAL_FILE, NUMERICAL_DTYPE,
+                                    (self.rows, NUM_NUMERICAL))
+        self._cats = [self._map(folder / cat_file(i), dt, (self.rows,))
+                      for i, dt in enumerate(dataset.cat_dtypes)]
+        self._clamp = dataset.clamp
+
+    @staticmethod
+    def _map(file: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        if shape[0] == 0:
+            return np.empty(shape, dtype)
+        return np.memmap(file, dtype=dtype, mode="r", shape=shape)
+
+    def _slice(self, array: np.ndarray, start: int, stop: int, dtype, length: int) -> np.ndarray:
+        """Rows [start, stop) converted to ``dtype`` and zero padded to ``length`` rows."""
+        out = np.zeros((length,) + array.shape[1:], dtype=dtype)
+        stop = min(stop, self.rows)
+        if stop > start:
+            out[: stop - start] = array[start:stop]
+        return out
+
+    def categorical(self, table: int, start: int, length: int) -> np.ndarray:
+        ids = self._slice(self._cats[table], start, start + length, np.int32, length)
+        limit = self._clamp[table]
+        if limit is not None:
+            ids[ids > limit] = 0
+        return ids
+
+    def read(self, view: RankView, step: int, start: int, global_batch: int) -> Batch:
+        lo, hi = view.local_range(global_batch)
+        label = self._slice(self._label, start + lo, start + hi, np.float32, hi - lo)
+        if view.numerical == "local":
+            numerical = self._slice(self._numerical, start + lo, start + hi, np.float32, hi - lo)
+        elif view.numerical == "global":
+            numerical = self._slice(self._numerical, start, start + global_batch, np.float32,
+                                    global_batch)
+        else:
+            numerical = np.zeros((0, NUM_NUMERICAL), np.float32)
+        cats = [self.categorical(t, start, global_batch) for t in view.tables]
+        valid = max(0, min(global_batch, self.rows - start))
+        return Batch(step, cats, numerical, label, valid)
+
+
+def batch_starts(rows: int, global_batch: int, *, epoch: int = 0, seed: int = 0,
+                 shuffle: bool = False, drop_remainder: bool = True) -> np.ndarray:
+    """First row of every batch of an epoch, in the order they are trained on.
+
+    The order is a pure function of (seed, epoch), so step s of a run always reads the same
+    rows: a resumed run continues at exactly the next batch.
+    """
+    full = rows // global_batch
+    count = full if drop_remainder else -(-rows // global_batch)
+    starts = np.arange(count, dtype=np.int64) * global_batch
+    if shuffle:
+        starts = starts[np.random.default_rng([seed, epoch]).permutation(count)]
+    return starts
+
+
+def prefetch(reader: SplitReader, view: RankView, plan: Sequence[tuple[int, int]],
+             global_batch: int, depth: int = 4, workers: int = 2) -> Iterator[Batch]:
+    """Yield ``reader.read`` for each (step, start) of ``plan`` in order, ``depth`` ahead.
+
+    numpy copies release the GIL, so reads overlap the training step running in TensorFlow.
+    """
+    pending: deque = deque()
+    items = iter(plan)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="loader") as pool:
+        try:
+            for step, start in items:
+                pending.append(pool.submit(reader.read, view, step, start, global_batch))
+                if len(pending) >= max(1, depth):
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

@@ -1,0 +1,398 @@
+"""Training, evaluation and the inference benchmark, the same code for one process and N ranks.
+
+Gradient bookkeeping (global batch B over N ranks, local loss L_r = mean over rank r's B/N
+samples, global loss L = mean_r L_r): each rank differentiates L_r / N. Replicated variables
+(MLPs) get their gradients summed by one grouped allreduce -> dL/dθ. Owned variables (tables,
+a model-parallel bottom MLP) receive through the alltoall's gradient the sum over ranks of
+d(L_r / N)/dθ = dL/dθ as well. So every update equals the single-process update on the whole
+global batch, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+from pipeline.config import TrainConfig, config_to_dict
+from pipeline.layout import WorkdirLayout
+from trainer.checkpoint import (CheckpointError, CheckpointReader, checkpoint_meta,
+                                latest_checkpoint, save_checkpoint)
+from trainer.comm import make_comm
+from trainer.data import Batch, RankView, SplitReader, batch_starts, open_dataset, prefetch
+from trainer.metrics import MetricsLog, log_loss, roc_auc
+from trainer.model import DLRM, model_dims
+from trainer.optim import learning_rate, make_optimizer
+from trainer.placement import plan_placement
+
+MODES = ("train", "eval", "inference_benchmark")
+# TensorBoard's scalar plugin tag, written with TensorFlow's own summary op so that the
+# tensorboard package is not needed to produce the event files (only to view them).
+SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
+def cpu_supports_bfloat16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def compute_dtype(config: TrainConfig) -> tf.DType:
+    """float32, or with --amp: float16 on a GPU (loss scaled), bfloat16 on a CPU that has it."""
+    if not config.amp:
+        return tf.float32
+    if tf.config.list_physical_devices("GPU"):
+        return tf.float16
+    if cpu_supports_bfloat16():
+        return tf.bfloat16
+    print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32",
+          file=sys.stderr)
+    return tf.float32
+
+
+def set_threads(config: TrainConfig, local_size: int) -> None:
+    threads = config.intra_op_threads or max(1, (os.cpu_count() or 1) // max(1, local_size))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    except RuntimeError:  # the runtime already started (several trainers in one process)
+        pass
+
+
+@dataclass
+class EvalResult:
+    split: str
+    rows: int
+    auc: float | None
+    logloss: float | None
+
+
+class Trainer:
+    """One rank's share of a DLRM run: data view, variables, step functions, loops."""
+
+    def __init__(self, config: TrainConfig, dataset_path: str | Path, workdir: str | Path,
+                 comm=None):
+        self.config = config
+        self.comm = comm or make_comm()
+        self.rank, self.world = self.comm.rank, self.comm.size
+        set_threads(config, self.comm.local_size)
+        self.layout = WorkdirLayout.at(workdir)
+        self.dataset = open_dataset(dataset_path, threshold=config.frequency_threshold,
+                                    counts_dir=config.counts_dir
+                                    or (self.layout.counts if config.frequency_threshold else None),
+                                    verify=config.verify_dataset)
+        self.dims = model_dims(config)
+        if config.batch_size % self.world:
+            raise ValueError(f"batch size {config.batch_size} must divide by {self.world} ranks")
+        self.global_batch = config.batch_size
+        self.eval_batch = config.eval_batch_size or config.batch_size
+        if self.eval_batch % self.world:
+            raise ValueError(f"eval batch size {self.eval_batch} must divide by {self.world} ranks")
+        self.placement = plan_placement(
+            self.dataset.table_sizes, self.dims.embedding_dim, self.world,
+            bottom_data_parallel=config.bottom_mlp_data_parallel,
+            split_threshold_bytes=config.column_split_threshold_mb * 2**20,
+            force_split=tuple(config.force_column_split))
+        self.compute_dtype = compute_dtype(config)
+        self.model = DLRM(self.dims, self.placement, self.rank, self.global_batch, config.seed,
+                          self.comm, self.compute_dtype, xla=config.xla)
+        numerical = ("local" if self.placement.bottom_owner is None
+                     else "global" if self.placement.bottom_owner == self.rank else "none")
+        self.view = RankView(self.world, self.rank, self.model.tables_read, numerical)
+        self.replicated = self.model.replicated_variables()
+        self.owned = self.model.owned_variables()
+        self.optimizer = make_optimizer(self.replicated + self.owned, config)
+        self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
+                                      trainable=False, name="loss_scale")
+        self.step = 0
+        self.comm.broadcast_variables([v for _, v in self.replicated])
+        self._train_step = tf.function(self._train_step_impl)
+        self._predict_step = tf.function(self._predict_step_impl)
+        self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
+        self._summary = None
+
+    # -- step functions --------------------------------------------------------------------
+    def _train_step_impl(self, categorical, numerical, label, lr):
+        variables = [v for _, v in self.replicated + self.owned]
+        local_batch = self.global_batch // self.world
+        with tf.GradientTape() as tape:
+            logits = self.model(categorical, numerical, local_batch)
+            loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
+            scaled = loss * (self.loss_scale / self.world)
+        grads = tape.gradient(scaled, variables)
+        n_rep = len(self.replicated)
+        owned = grads[n_rep:]
+        extra = [loss / self.world]
+        if self.compute_dtype == tf.float16:  # every rank must agree on skipping a step
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
+                g.values if isinstance(g, tf.IndexedSlices) else g)) for g in owned] or [True])
+            extra.append(1.0 - tf.cast(finite, tf.float32))
+        summed = self.comm.allreduce_sum(list(grads[:n_rep]) + extra)
+        if self.compute_dtype != tf.float16:
+            self.optimizer.apply(list(summed[:n_rep]) + list(owned), lr)
+            return summed[n_rep]
+        grads = [g / self.loss_scale for g in summed[:n_rep]] + [
+            tf.IndexedSlices(g.values / self.loss_scale, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices) else g / self.loss_scale for g in owned]
+        # float16: skip the step and halve the scale when any rank saw an overflow.
+        ok = tf.logical_and(tf.equal(summed[n_rep + 1], 0.0), tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(g)) for g in summed[:n_rep]]))
+
+        def apply():
+            self.optimizer.apply(grads, lr)
+            return tf.constant(True)
+
+        tf.cond(ok, apply, lambda: tf.constant(False))
+        self.loss_scale.assign(tf.where(ok, self.loss_scale, self.loss_scale / 2.0))
+        return summed[n_rep]
+
+    def _predict_step_impl(self, categorical, numerical, label):
+        local_batch = self.eval_batch // self.world
+        probabilities = tf.sigmoid(self.model(categorical, numerical, local_batch))
+        return self.comm.allgather(probabilities), self.comm.allgather(label)
+
+    @staticmethod
+    def _tensors(batch: Batch):
+        return ([tf.convert_to_tensor(c) for c in batch.categorical],
+                tf.convert_to_tensor(batch.numerical), tf.convert_to_tensor(batch.label))
+
+    def train_on_batch(self, batch: Batch, lr: float) -> tf.Tensor:
+        """One optimizer step; returns the global-batch mean loss (before the update)."""
+        categorical, numerical, label = self._tensors(batch)
+        return self._train_step(categorical, numerical, label, tf.constant(lr, tf.float32))
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _owned_state(self) -> list[tuple[str, tf.Variable]]:
+        out = list(self.owned)
+        for name, _ in self.owned:
+            out += self.optimizer.state_for(name)
+        return out
+
+    def _replicated_state(self) -> list[tuple[str, tf.Variable]]:
+        out = list(self.replicated)
+        for name, _ in self.replicated:
+            out += self.optimizer.state_for(name)
+        return out + self.optimizer.state() + [("loss_scale", self.loss_scale)]
+
+    def _dims_meta(self) -> dict[str, Any]:
+        return {"embedding_dim": self.dims.embedding_dim, "bottom_mlp": list(self.dims.bottom_mlp),
+                "top_mlp": list(self.dims.top_mlp)}
+
+    def save(self) -> Path:
+        owned = {name: v.numpy() for name, v in self._owned_state()}
+        replicated = ({name: v.numpy() for name, v in self._replicated_state()}
+                      if self.rank == 0 else {})
+        meta = checkpoint_meta(self.config, self.placement.describe(),
+                               list(self.dataset.table_sizes), self._dims_meta())
+        return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
+                               meta, self.config.keep_checkpoints)
+
+    def restore(self, path: Path) -> None:
+        reader = CheckpointReader(path)
+        try:
+            reader.check_compatible(list(self.dataset.table_sizes), self._dims_meta())
+            for name, var in self._owned_state() + self._replicated_state():
+                var.assign(reader.value(name, tuple(var.shape)).astype(var.dtype.as_numpy_dtype))
+            self.step = int(reader.meta["step"])
+        finally:
+            reader.close()
+        self.comm.broadcast_variables([v for _, v in self._replicated_state()])
+
+    def restore_latest(self, required: bool = False) -> Path | None:
+        path = latest_checkpoint(self.layout.checkpoints)
+        if path is None:
+            if required:
+                raise CheckpointError(f"no complete checkpoint under {self.layout.checkpoints}")
+            return None
+        self.restore(path)
+        return path
+
+    # -- logging ---------------------------------------------------------------------------
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        self.metrics.write(record)
+        if self._summary is None:
+            self._summary = tf.summary.create_file_writer(str(self.layout.logs / "tensorboard"))
+        with self._summary.as_default():
+            for key, value in record.items():
+                if key not in ("step", "epoch", "event", "split") and isinstance(value, (int, float)):
+                    prefix = record.get("split", "train")
+                    tf.summary.write(f"{prefix}/{key}", tf.constant(float(value), tf.float32),
+                                     step=record.get("step", self.step), metadata=SCALAR_METADATA)
+        self._summary.flush()
+
+    def _progress(self, text: str) -> None:
+        if self.rank == 0:
+            print(text, file=sys.stderr, flush=True)
+
+    # -- loops -----------------------------------------------------------------------------
+    def _train_plan(self, total: int, steps_per_epoch: int) -> list[tuple[int, int]]:
+        plan, starts, epoch = [], None, None
+        for step in range(self.step, total):
+            if step // steps_per_epoch != epoch:
+                epoch = step // steps_per_epoch
+                starts = batch_starts(self.dataset.rows["train"], self.global_batch, epoch=epoch,
+                                      seed=self.config.seed, shuffle=self.config.shuffle_batches)
+            plan.append((step, int(starts[step % steps_per_epoch])))
+        return plan
+
+    def total_steps(self) -> tuple[int, int]:
+        steps_per_epoch = self.dataset.rows["train"] // self.global_batch
+        if steps_per_epoch == 0:
+            raise ValueError(f"the train split has {self.dataset.rows['train']} rows, fewer than "
+                             f"one global batch of {self.global_batch}")
+        total = steps_per_epoch * self.config.epochs
+        if self.config.max_steps is not None:
+            total = min(total, self.config.max_steps)
+        return total, steps_per_epoch
+
+    def train(self) -> dict[str, Any]:
+        total, steps_per_epoch = self.total_steps()
+        if self.config.resume:
+            path = self.restore_latest()
+            if path is not None:
+                self._progress(f"trainer: resumed from {path} at step {self.step}")
+        eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
+        reader = SplitReader(self.dataset, "train")
+        plan = self._train_plan(total, steps_per_epoch)
+        window_start, window_steps, last_loss = time.perf_counter(), 0, None
+        run_start, trained = time.perf_counter(), 0
+        evals: list[EvalResult] = []
+        for batch in prefetch(reader, self.view, plan, self.global_batch,
+                              self.config.prefetch_batches):
+            lr = learning_rate(batch.step, self.config)
+            loss = self.train_on_batch(batch, lr)
+            self.step = batch.step + 1
+            window_steps += 1
+            trained += 1
+            if self.step % max(1, self.config.log_every) == 0 or self.step == total:
+                last_loss = float(loss.numpy())
+                elapsed = time.perf_counter() - window_start
+                rate = window_steps * self.global_batch / max(elapsed, 1e-9)
+                self._log({"step": self.step, "epoch": batch.step // steps_per_epoch,
+                           "loss": last_loss, "lr": lr, "samples_per_s": round(rate, 1)})
+                eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
+                self._progress(f"step {self.step}/{total} epoch {batch.step // steps_per_epoch} "
+                               f"loss {last_loss:.5f} lr {lr:.4g} {rate:,.0f} samples/s "
+                               f"eta {eta:,.0f}s")
+                window_start, window_steps = time.perf_counter(), 0
+            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
+                self.save()
+            if self.step % eval_every == 0 and self.step < total:
+                evals.append(self.evaluate("validation"))
+        train_seconds = time.perf_counter() - run_start
+        checkpoint = self.save() if trained else latest_checkpoint(self.layout.checkpoints)
+        finals = [self.evaluate("test"), self.evaluate("validation")]
+        return self._summary_record("train", finals, {
+            "train_loss": last_loss, "steps_run": trained,
+            "train_samples_per_s": round(trained * self.global_batch / max(train_seconds, 1e-9), 1),
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "periodic_validation_auc": [e.auc for e in evals]})
+
+    def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, probabilities) of a whole split in row order (on every rank)."""
+        reader = SplitReader(self.dataset, split)
+        starts = batch_starts(reader.rows, self.eval_batch, drop_remainder=False)
+        labels, scores = [], []
+        for batch in prefetch(reader, self.view, list(enumerate(starts.tolist())),
+                              self.eval_batch, self.config.prefetch_batches):
+            categorical, numerical, label = self._tensors(batch)
+            probabilities, gathered = self._predict_step(categorical, numerical, label)
+            scores.append(probabilities.numpy()[: batch.valid])
+            labels.append(gathered.numpy()[: batch.valid])
+        if not scores:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        return np.concatenate(labels), np.concatenate(scores)
+
+    def evaluate(self, split: str) -> EvalResult:
+        labels, scores = self.predictions(split)
+        if labels.size == 0:
+            return EvalResult(split, 0, None, None)
+        auc = roc_auc(labels, scores) if self.rank == 0 else None
+        loss = log_loss(labels, scores) if self.rank == 0 else None
+        result = EvalResult(split, int(labels.size), auc, loss)
+        self._log({"event": "eval", "split": split, "step": self.step, "rows": result.rows,
+                   "auc": auc, "logloss": loss})
+        self._progress(f"eval {split} at step {self.step}: auc {auc} logloss {loss} "
+                       f"({result.rows} rows)")
+        return result
+
+    def run_eval(self) -> dict[str, Any]:
+        self.restore_latest(required=True)
+        return self._summary_record("eval", [self.evaluate("test"), self.evaluate("validation")], {})
+
+    def run_inference_benchmark(self) -> dict[str, Any]:
+        self.restore_latest(required=False)
+        split = "test" if self.dataset.rows["test"] >= self.eval_batch else "train"
+        reader = SplitReader(self.dataset, split)
+        starts = batch_starts(reader.rows, self.eval_batch)
+        if len(starts) == 0:
+            raise ValueError(f"the {split} split has fewer rows than one batch of {self.eval_batch}")
+        steps = max(2, self.config.inference_steps)
+        plan = [(i, int(starts[i % len(starts)])) for i in range(steps)]
+        first = None
+        for i, batch in enumerate(prefetch(reader, self.view, plan, self.eval_batch,
+                                           self.config.prefetch_batches)):
+            probabilities, _ = self._predict_step(*self._tensors(batch))
+            probabilities.numpy()
+            if i == 0:  # the first step traces and compiles: not timed
+                first = time.perf_counter()
+        rate = (steps - 1) * self.eval_batch / max(time.perf_counter() - first, 1e-9)
+        return self._summary_record("inference_benchmark", [], {
+            "inference_samples_per_s": round(rate, 1), "batch_size": self.eval_batch})
+
+    def _summary_record(self, mode: str, evals: Iterable[EvalResult],
+                        extra: dict[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = {"mode": mode, "step": self.step, "ranks": self.world,
+                                  "global_batch": self.global_batch, "preset": self.config.preset,
+                                  "compute_dtype": self.compute_dtype.name, "xla": self.config.xla}
+        for result in evals:
+            record[f"{result.split}_auc"] = result.auc
+            record[f"{result.split}_logloss"] = result.logloss
+            record[f"{result.split}_rows"] = result.rows
+        record.update(extra)
+        return record
+
+
+def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str = "train",
+        comm=None) -> dict[str, Any]:
+    """Run one mode; returns the summary (meaningful on rank 0)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    trainer = Trainer(config, dataset, workdir, comm=comm)
+    if trainer.rank == 0:
+        logs = trainer.layout.logs
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "trainer_config.json").write_text(json.dumps(
+            {"mode": mode, "dataset": str(dataset), "ranks": trainer.world,
+             "train": config_to_dict(config), "placement": trainer.placement.describe()},
+            indent=1) + "\n")
+    if mode == "train":
+        return trainer.train()
+    if mode == "eval":
+        return trainer.run_eval()
+    return trainer.run_inference_benchmark()
+
+
+def nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_to_none(v) for v in value]
+    return value

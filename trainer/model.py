@@ -1,0 +1,207 @@
+"""The DLRM: bottom MLP, embedding tables, dot interaction, top MLP — one rank's share of it.
+
+Every variable is initialised from a stateless random seed derived from its identity (the global
+seed and the layer, or the table and column), so a table has the same initial values whichever
+rank holds it, and a column slice of a table equals the same columns of the whole table. That
+is what makes one process and N ranks train the same model.
+
+Forward pass on rank r with global batch B and N ranks (local batch b = B / N):
+1. look up the owned table pieces for all B samples (+ the bottom MLP over all B numericals if
+   this rank owns a model-parallel bottom MLP) -> [B, W_r];
+2. alltoall: samples j*b..(j+1)*b go to rank j; each rank receives [b, sum W_s] and reorders
+   the columns to [bottom?] C1..C26 (``Placement.feature_columns``);
+3. the dense part on the local b samples: bottom MLP (if data parallel), dot interaction, top
+   MLP -> one logit. It is a separate function so that ``--xla`` can compile it (Horovod ops
+   cannot sit inside an XLA cluster).
+The alltoall's registered gradient sends embedding gradients back to the owners.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from pipeline.config import TrainConfig
+from trainer.placement import Piece, Placement
+
+NUM_NUMERICAL = 13
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    embedding_dim: int
+    bottom_mlp: tuple[int, ...]
+    top_mlp: tuple[int, ...]
+
+
+PRESETS = {
+    "default": ModelDims(128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
+    "small": ModelDims(16, (64, 32, 16), (128, 64, 1)),
+}
+
+
+def model_dims(config: TrainConfig) -> ModelDims:
+    if config.preset not in PRESETS:
+        raise ValueError(f"unknown model preset {config.preset!r}; known: {sorted(PRESETS)}")
+    base = PRESETS[config.preset]
+    dim = config.embedding_dim or base.embedding_dim
+    bottom = tuple(config.bottom_mlp or base.bottom_mlp)
+    if config.embedding_dim and not config.bottom_mlp:
+        bottom = bottom[:-1] + (dim,)
+    top = tuple(config.top_mlp or base.top_mlp)
+    if bottom[-1] != dim:
+        raise ValueError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
+    if top[-1] != 1:
+        raise ValueError(f"the top MLP must end in one logit, not {top[-1]}")
+    return ModelDims(dim, bottom, top)
+
+
+def interaction_pairs(num_features: int) -> np.ndarray:
+    """Flat indices (i * F + j, i > j) of the lower triangle of a F x F matrix."""
+    rows, cols = np.tril_indices(num_features, -1)
+    return (rows * num_features + cols).astype(np.int32)
+
+
+def dot_interaction(features: tf.Tensor) -> tf.Tensor:
+    """[b, F, d] -> [b, d + F(F-1)/2]: feature 0 (bottom MLP output) then pairwise dots."""
+    num_features = features.shape[1]
+    products = tf.matmul(features, features, transpose_b=True)
+    flat = tf.reshape(products, [-1, num_features * num_features])
+    pairs = tf.gather(flat, interaction_pairs(num_features), axis=1)
+    return tf.concat([features[:, 0, :], pairs], axis=1)
+
+
+class MLP(tf.Module):
+    """Dense layers with ReLU (the last one too unless ``final_relu`` is False)."""
+
+    def __init__(self, in_dim: int, sizes: tuple[int, ...], seed: int, ident: int,
+                 final_relu: bool, name: str):
+        super().__init__(name=name)
+        self.kernels, self.biases = [], []
+        self.final_relu = final_relu
+        for i, (fan_in, fan_out) in enumerate(zip((in_dim,) + sizes[:-1], sizes)):
+            std = math.sqrt(2.0 / (fan_in + fan_out))
+            self.kernels.append(tf.Variable(tf.random.stateless_normal(
+                [fan_in, fan_out], seed=[seed, ident + 2 * i], stddev=std), name=f"{name}_{i}_w"))
+            self.biases.append(tf.Variable(tf.random.stateless_normal(
+                [fan_out], seed=[seed, ident + 2 * i + 1], stddev=math.sqrt(1.0 / fan_out)),
+                name=f"{name}_{i}_b"))
+
+    def __call__(self, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        x = tf.cast(x, dtype)
+        last = len(self.kernels) - 1
+        for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
+            x = tf.matmul(x, tf.cast(w, dtype)) + tf.cast(b, dtype)
+            if i < last or self.final_relu:
+                x = tf.nn.relu(x)
+        return x
+
+    def named_variables(self) -> list[tuple[str, tf.Variable]]:
+        out = []
+        for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
+            out += [(f"{self.name}/{i}/kernel", w), (f"{self.name}/{i}/bias", b)]
+        return out
+
+
+def table_seed_ident(table: int, column: int) -> int:
+    return 1_000_000 + table * 65_536 + column
+
+
+def initial_table_piece(piece: Piece, seed: int) -> tf.Tensor:
+    """Columns of a table, each drawn from its own seed: uniform(±1/sqrt(rows)) as the seed."""
+    bound = 1.0 / math.sqrt(piece.rows)
+    columns = [tf.random.stateless_uniform([piece.rows], seed=[seed, table_seed_ident(piece.table, c)],
+                                           minval=-bound, maxval=bound)
+               for c in range(piece.col_start, piece.col_end)]
+    return tf.stack(columns, axis=1)
+
+
+class DLRM(tf.Module):
+    """This rank's variables of the DLRM and its forward pass (see the module docstring)."""
+
+    def __init__(self, dims: ModelDims, placement: Placement, rank: int, global_batch: int,
+                 seed: int, comm, compute_dtype: tf.DType = tf.float32, xla: bool = False):
+        super().__init__(name="dlrm")
+        if global_batch % placement.world:
+            raise ValueError(f"global batch {global_batch} must divide by the {placement.world} ranks")
+        self.dims, self.placement, self.rank, self.comm = dims, placement, rank, comm
+        self.compute_dtype = compute_dtype
+        self.pieces = placement.pieces[rank]
+        self.tables_read = placement.tables_of(rank)
+        self._cat_index = {t: i for i, t in enumerate(self.tables_read)}
+        self.tables = [tf.Variable(initial_table_piece(p, seed), name=f"table_{p.table}_{p.col_start}")
+                       for p in self.pieces]
+        self.bottom_data_parallel = placement.bottom_owner is None
+        self.owns_bottom = self.bottom_data_parallel or placement.bottom_owner == rank
+        self.bottom = (MLP(NUM_NUMERICAL, dims.bottom_mlp, seed, 1000, True, "bottom")
+                       if self.owns_bottom else None)
+        features = placement.exchanged_features() + (1 if self.bottom_data_parallel else 0)
+        top_in = dims.embedding_dim + features * (features - 1) // 2
+        self.top = MLP(top_in, dims.top_mlp, seed, 2000, False, "top")
+        self._columns = placement.feature_columns()
+        self._identity_columns = bool(np.array_equal(self._columns, np.arange(len(self._columns))))
+        self._dense = tf.function(self._dense_part, jit_compile=True) if xla else self._dense_part
+
+    # -- variables, by how their gradients are combined ------------------------------------
+    def replicated_variables(self) -> list[tuple[str, tf.Variable]]:
+        """Same on every rank, gradients allreduced: top MLP (+ bottom MLP if data parallel)."""
+        out = self.top.named_variables()
+        if self.bottom_data_parallel:
+            out = self.bottom.named_variables() + out
+        return out
+
+    def owned_variables(self) -> list[tuple[str, tf.Variable]]:
+        """Only on this rank, gradients arrive through the alltoall: tables (+ bottom MLP)."""
+        out = [(f"table/{p.table}/{p.col_start}-{p.col_end}", v)
+               for p, v in zip(self.pieces, self.tables)]
+        if self.owns_bottom and not self.bottom_data_parallel:
+            out = self.bottom.named_variables() + out
+        return out
+
+    # -- forward ---------------------------------------------------------------------------
+    def _owned_outputs(self, categorical: list[tf.Tensor], numerical: tf.Tensor | None,
+                       global_batch: int) -> tf.Tensor:
+        parts = []
+        if self.owns_bottom and not self.bottom_data_parallel:
+            parts.append(tf.cast(self.bottom(numerical, self.compute_dtype), tf.float32))
+        for piece, table in zip(self.pieces, self.tables):
+            parts.append(tf.gather(table, categorical[self._cat_index[piece.table]]))
+        if not parts:  # more ranks than tables: this rank only relays
+            return tf.zeros([global_batch, 0], tf.float32)
+        return tf.concat(parts, axis=1)
+
+    def _exchange(self, owned: tf.Tensor, local_batch: int) -> tf.Tensor:
+        """[B, W_rank] on every rank -> [b, F, d] features of this rank's b samples."""
+        world = self.placement.world
+        if world > 1:
+            widths = [self.placement.sent_width(s) for s in range(world)]
+            sent = tf.reshape(owned, [-1])
+            received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world)
+            blocks = tf.split(received, [local_batch * w for w in widths], axis=0)
+            owned = tf.concat([tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)],
+                              axis=1)
+        if not self._identity_columns:
+            owned = tf.gather(owned, self._columns, axis=1)
+        return tf.reshape(owned, [local_batch, self.placement.exchanged_features(),
+                                  self.dims.embedding_dim])
+
+    def _dense_part(self, numerical: tf.Tensor, features: tf.Tensor) -> tf.Tensor:
+        features = tf.cast(features, self.compute_dtype)
+        if self.bottom_data_parallel:
+            bottom = self.bottom(numerical, self.compute_dtype)
+            features = tf.concat([bottom[:, None, :], features], axis=1)
+        logits = self.top(dot_interaction(features), self.compute_dtype)
+        return tf.cast(logits[:, 0], tf.float32)
+
+    def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
+                 local_batch: int) -> tf.Tensor:
+        """Logits [local batch]; ``categorical`` holds the global batch of ``tables_read``."""
+        global_numerical = numerical if not self.bottom_data_parallel else None
+        owned = self._owned_outputs(categorical, global_numerical,
+                                    local_batch * self.placement.world)
+        features = self._exchange(owned, local_batch)
+        local_numerical = numerical if self.bottom_data_parallel else tf.zeros([local_batch, 0])
+        return self._dense(local_numerical, features)

@@ -1,0 +1,95 @@
+"""Optimizers on explicit variables, and the seed's learning-rate schedule.
+
+Embedding gradients arrive as ``tf.IndexedSlices`` (only the looked-up rows); SGD applies them
+with a scatter, Adam lazily (moments of the touched rows only, as the DLRM references do), so a
+step never touches a whole table. Optimizer state is a list of named variables, which is what
+the checkpoints save.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from pipeline.config import TrainConfig
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, constant, then polynomial decay to 0.
+
+    Step s (0-based) of the warm-up uses base * (s + 1) / warmup_steps; from
+    ``decay_start_step`` the rate is base * ((decay_steps - k) / decay_steps) ** power after k
+    decay steps, and 0 once the decay is over (as in the seed).
+    """
+    base = config.learning_rate
+    if config.warmup_steps and step < config.warmup_steps:
+        return base * (step + 1) / config.warmup_steps
+    if config.decay_start_step is not None and config.decay_steps:
+        done = step - config.decay_start_step
+        if done >= config.decay_steps:
+            return 0.0
+        if done >= 0:
+            return base * ((config.decay_steps - done) / config.decay_steps) ** config.decay_power
+    return base
+
+
+class SGD:
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+        self.variables = variables
+
+    def state(self) -> list[tuple[str, tf.Variable]]:
+        return []
+
+    def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
+        return []
+
+    def apply(self, grads: list, lr: tf.Tensor) -> None:
+        for (_, var), grad in zip(self.variables, grads):
+            if isinstance(grad, tf.IndexedSlices):
+                var.scatter_sub(tf.IndexedSlices(grad.values * lr, grad.indices, grad.dense_shape))
+            else:
+                var.assign_sub(grad * lr)
+
+
+class Adam:
+    """Adam; sparse gradients update only the rows they touch ("lazy" Adam)."""
+
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+        self.variables = variables
+        self.beta1, self.beta2 = config.adam_beta1, config.adam_beta2
+        self.epsilon = config.adam_epsilon
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_iterations")
+        self.m = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in variables]
+        self.v = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in variables]
+        self._by_name = {name: i for i, (name, _) in enumerate(variables)}
+
+    def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
+        i = self._by_name[name]
+        return [(f"{name}/adam_m", self.m[i]), (f"{name}/adam_v", self.v[i])]
+
+    def state(self) -> list[tuple[str, tf.Variable]]:
+        return [("adam/iterations", self.iterations)]
+
+    def apply(self, grads: list, lr: tf.Tensor) -> None:
+        t = tf.cast(self.iterations.assign_add(1), tf.float32)
+        step = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        for (_, var), grad, m, v in zip(self.variables, grads, self.m, self.v):
+            if isinstance(grad, tf.IndexedSlices):
+                rows, where = tf.unique(grad.indices)
+                values = tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
+                m_rows = self.beta1 * tf.gather(m, rows) + (1 - self.beta1) * values
+                v_rows = self.beta2 * tf.gather(v, rows) + (1 - self.beta2) * tf.square(values)
+                m.scatter_update(tf.IndexedSlices(m_rows, rows))
+                v.scatter_update(tf.IndexedSlices(v_rows, rows))
+                var.scatter_sub(tf.IndexedSlices(step * m_rows / (tf.sqrt(v_rows) + self.epsilon),
+                                                 rows))
+            else:
+                m.assign(self.beta1 * m + (1 - self.beta1) * grad)
+                v.assign(self.beta2 * v + (1 - self.beta2) * tf.square(grad))
+                var.assign_sub(step * m / (tf.sqrt(v) + self.epsilon))
+
+
+def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+    kinds = {"sgd": SGD, "adam": Adam}
+    if config.optimizer not in kinds:
+        raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {sorted(kinds)}")
+    return kinds[config.optimizer](variables, config)

@@ -1,0 +1,83 @@
+"""Small split binary datasets with a planted signal, written with numpy (tests, benchmarks).
+
+The click probability depends on one numerical, on the main effect of one categorical column
+and, most strongly, on a *pairwise interaction* of two categorical columns: the product of a
+random ±1 sign per id of column A and per id of column B. That product has no main effect, so
+a logistic regression on one-hot ids cannot see it, while a DLRM's dot interaction of the two
+embeddings can: the learning test relies on that gap. The files follow docs/architecture.md
+exactly (converters.format names every file and dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from converters.format import (LABEL_FILE, MODEL_SIZE_JSON, NUMERICAL_FILE, SUCCESS, DATASET_JSON,
+                               cat_dtype, cat_file, describe, write_json)
+from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
+
+# Varied sizes: int8, int16 and int32 files all occur.
+DEFAULT_TABLE_SIZES = (3, 20, 20, 50, 200, 1000, 40_000, 7, 100, 300,
+                       128, 129, 2, 60, 500, 5000, 33_000, 10, 30, 90,
+                       400, 15, 250, 700, 4, 1500)
+INTERACTING = (1, 2)  # C2 x C3 carry the planted interaction
+MAIN_EFFECT = 3  # C4 carries a main effect
+
+
+@dataclass(frozen=True)
+class PlantedSignal:
+    sign_a: np.ndarray
+    sign_b: np.ndarray
+    effect: np.ndarray
+    strength: float
+    bias: float
+
+    def logit(self, numerical: np.ndarray, cats: list[np.ndarray]) -> np.ndarray:
+        a, b = INTERACTING
+        return (self.strength * self.sign_a[cats[a]] * self.sign_b[cats[b]]
+                + self.effect[cats[MAIN_EFFECT]] + 0.8 * numerical[:, 0] + self.bias)
+
+
+def _ids(rng: np.random.Generator, size: int, rows: int) -> np.ndarray:
+    """Skewed ids 0..size-1 (small ids frequent, as after count-ordered dictionaries)."""
+    u = rng.random(rows)
+    return np.minimum((size * u ** 2).astype(np.int64), size - 1)
+
+
+def write_split(folder: Path, label: np.ndarray, numerical: np.ndarray, cats: list[np.ndarray],
+                table_sizes: tuple[int, ...]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    label.astype("<u1").tofile(folder / LABEL_FILE)
+    numerical.astype("<f2").tofile(folder / NUMERICAL_FILE)
+    for i, (ids, size) in enumerate(zip(cats, table_sizes)):
+        ids.astype(cat_dtype(size)).tofile(folder / cat_file(i))
+
+
+def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int = 0,
+                          table_sizes: tuple[int, ...] = DEFAULT_TABLE_SIZES,
+                          strength: float = 3.0) -> PlantedSignal:
+    """Write a complete dataset (with ``_SUCCESS``) at ``path``; returns the planted signal."""
+    path = Path(path)
+    assert len(table_sizes) == NUM_CATEGORICAL
+    rng = np.random.default_rng(seed)
+    a, b = INTERACTING
+    signal = PlantedSignal(rng.choice([-1.0, 1.0], table_sizes[a]),
+                           rng.choice([-1.0, 1.0], table_sizes[b]),
+                           rng.normal(0.0, 0.8, table_sizes[MAIN_EFFECT]), strength, -1.0)
+    for split in SPLITS:
+        n = rows.get(split, 0)
+        split_rng = np.random.default_rng([seed, SPLITS.index(split) + 1])
+        numerical = split_rng.normal(0.0, 1.0, (n, NUM_INTEGER)).astype(np.float16)
+        cats = [_ids(split_rng, size, n) for size in table_sizes]
+        p = 1.0 / (1.0 + np.exp(-signal.logit(numerical.astype(np.float32), cats)))
+        label = (split_rng.random(n) < p).astype(np.uint8)
+        write_split(path / split, label, numerical, cats, table_sizes)
+    info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), "1",
+                    f"synthetic-planted-seed{seed}")
+    write_json(path / DATASET_JSON, info.to_json())
+    write_json(path / MODEL_SIZE_JSON, dict(zip(CAT_COLUMNS, table_sizes)))
+    (path / SUCCESS).write_text("")
+    return signal
