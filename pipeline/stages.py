@@ -143,14 +143,14 @@ def _spark_argv(ctx: StageContext) -> list[str]:
     return argv
 
 
-# Exit codes of `python -m spark_jobs` (spark_jobs/cli.py) that mean bad input rather than a crash.
-SPARK_INPUT_ERROR_CODES = (3, 4)
+# `python -m spark_jobs` exits with the pipeline's own codes for the failures it recognises.
+SPARK_KNOWN_CODES = (ExitCode.USAGE, ExitCode.INPUT_DATA, ExitCode.PREPROCESS)
 
 
 def _preprocess_run(ctx: StageContext) -> Outcome:
     result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"))
     if result.returncode != 0:
-        code = (ExitCode.INPUT_DATA if result.returncode in SPARK_INPUT_ERROR_CODES
+        code = (ExitCode(result.returncode) if result.returncode in SPARK_KNOWN_CODES
                 else ExitCode.PREPROCESS)
         raise _child_failed("preprocess", result, code, ctx)
     return Outcome("ran", "spark", result.summary or {})
