@@ -10,12 +10,15 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pipeline.config import GeneratorConfig
 from pipeline.generate import main
 from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.synthetic import META_FILE, generate
+from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
 from pipeline.synthetic.shape import (
     CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
@@ -158,20 +161,48 @@ def _rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return (ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def _int_column(column: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    text = pa.array(column, pa.string())
+    missing = pc.equal(text, "")
+    values = pc.cast(pc.if_else(missing, "0", text), pa.int64())
+    return values.to_numpy(), missing.to_numpy(zero_copy_only=False)
+
+
+def _hex_column(column: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    text = pa.array(column, pa.string())
+    missing = pc.equal(text, "").to_numpy(zero_copy_only=False)
+    digits = np.frombuffer(text.buffers()[2], np.uint8, count=8 * int((~missing).sum()))
+    digits = digits.reshape(-1, 8)
+    nibbles = np.where(digits >= ord("a"), digits - ord("a") + 10, digits - ord("0"))
+    present = np.zeros(len(digits), np.uint32)
+    for k in range(8):
+        present = (present << np.uint32(4)) | nibbles[:, k].astype(np.uint32)
+    values = np.zeros(len(column), np.uint32)
+    values[~missing] = present
+    return values, missing
+
+
 def _fields_to_arrays(parsed: Parsed):
-    int_missing = np.array([[v == "" for v in c] for c in parsed.ints])
-    ints = np.array([[int(v) if v else 0 for v in c] for c in parsed.ints], np.int64)
-    cat_missing = np.array([[v == "" for v in c] for c in parsed.cats])
-    cats = np.array([[int(v, 16) if v else 0 for v in c] for c in parsed.cats], np.uint32)
-    return ints, int_missing, cats, cat_missing
+    ints, int_missing = zip(*(_int_column(c) for c in parsed.ints))
+    cats, cat_missing = zip(*(_hex_column(c) for c in parsed.cats))
+    return np.stack(ints), np.stack(int_missing), np.stack(cats), np.stack(cat_missing)
 
 
-def test_bayes_auc_is_the_auc_of_the_planted_probabilities(shaped):
+@pytest.fixture(scope="module")
+def source() -> SyntheticSource:
+    return SyntheticSource.from_config(SHAPE_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def read_back(shaped, source):
+    """The sampled features, rebuilt from the written text (hex values inverted to ranks)."""
+    return source.features_from_fields(*_fields_to_arrays(shaped[2]))
+
+
+def test_bayes_auc_is_the_auc_of_the_planted_probabilities(shaped, source, read_back):
     """Recompute the true probabilities from the written text and check the meta's AUC."""
     _, meta, parsed = shaped
-    source = SyntheticSource.from_config(SHAPE_CONFIG)
-    features = source.features_from_fields(*_fields_to_arrays(parsed))
-    probabilities = source.model.probabilities(features)
+    probabilities = source.model.probabilities(read_back)
     exact = _rank_auc(probabilities, parsed.labels)
     assert meta["bayes_auc"] == pytest.approx(exact, abs=meta["bayes_auc_max_error"] + 1e-9)
     # And they are the probabilities the labels were drawn from: calibrated, not just ranked.
@@ -180,12 +211,31 @@ def test_bayes_auc_is_the_auc_of_the_planted_probabilities(shaped):
     assert parsed.labels[top].mean() == pytest.approx(probabilities[top].mean(), rel=0.15)
 
 
-def test_frequent_values_carry_the_signal(shaped):
+def test_rebuilt_features_are_the_sampled_ones(source, read_back):
+    features, logits, labels = source.sample(0, 0, SHAPE_CONFIG.chunk_rows)
+    rows = slice(0, SHAPE_CONFIG.chunk_rows)
+    np.testing.assert_array_equal(read_back.cat_ranks[:, rows], features.cat_ranks)
+    np.testing.assert_array_equal(read_back.int_missing[:, rows], features.int_missing)
+    present = ~features.int_missing
+    np.testing.assert_array_equal(read_back.int_values[:, rows][present],
+                                  features.int_values[present])
+    np.testing.assert_array_equal(source.model.logits(read_back)[rows], logits)
+
+
+def test_head_table_equals_the_hashed_weights(source):
+    ranks = np.arange(0, HEAD_RANKS + 50)
+    for c in (0, 5, 19):
+        ranks_c = np.minimum(ranks, source.shapes.cardinalities[c])
+        hashed = _hashed_main_effect(ranks_c, source.model.categorical_salts[c],
+                                     source.model.categorical_amplitudes[c])
+        np.testing.assert_array_equal(source.model.main_effect(c, ranks_c), hashed)
+
+
+def test_frequent_values_carry_the_signal(shaped, source, read_back):
     """Erase every categorical value seen fewer than 20 times (what a model cannot learn):
     the AUC of the remaining planted signal stays close to the Bayes AUC."""
     _, meta, parsed = shaped
-    source = SyntheticSource.from_config(SHAPE_CONFIG)
-    features = source.features_from_fields(*_fields_to_arrays(parsed))
+    features = dataclasses.replace(read_back, cat_ranks=read_back.cat_ranks.copy())
     for c in range(26):
         ranks = features.cat_ranks[c]
         _, inverse, counts = np.unique(ranks, return_inverse=True, return_counts=True)

@@ -34,6 +34,9 @@ INTEGER_SCALE = 0.2
 # DLRM's dot-product interactions can learn them from a few hundred thousand rows.
 INTERACTION_PAIRS: tuple[tuple[int, int], ...] = ((5, 8), (12, 16), (18, 24), (15, 25), (7, 17))
 INTERACTION_SCALE = 0.35
+# Main effects of ranks 0..HEAD_RANKS are tabulated once (the same formula, evaluated ahead):
+# with Zipf frequencies most rows fall in the head, so most lookups skip the hash.
+HEAD_RANKS = 4096
 # Rows of the seeded sample on which the intercept is calibrated.
 CALIBRATION_ROWS = 1 << 17
 
@@ -66,6 +69,7 @@ class PlantedModel:
     pair_salts: tuple[int, ...]
     pair_amplitudes: tuple[float, ...]
     intercept: float
+    head_effects: tuple[np.ndarray, ...] = ()  # per column: main effect of ranks 0..HEAD_RANKS
 
     @classmethod
     def build(cls, config: GeneratorConfig, shapes: ColumnShapes) -> "PlantedModel":
@@ -89,18 +93,31 @@ class PlantedModel:
         pair_salts = tuple(hashing.salt(seed, _PURPOSE_PAIR, p) for p in range(len(INTERACTION_PAIRS)))
         pair_amps = tuple(strength * INTERACTION_SCALE * (0.5 + hashing.hash_uniform(1, s))
                           for s in pair_salts)
-        model = cls(seed, cat_salts, cat_amps, tuple(int_effects), pair_salts, pair_amps, 0.0)
-        rng = np.random.default_rng(np.random.SeedSequence([seed, _PURPOSE_CALIBRATE]))
+        heads = tuple(_hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
+                      for size, salt, amp in zip(shapes.cardinalities, cat_salts, cat_amps))
+        parts = (seed, cat_salts, cat_amps, tuple(int_effects), pair_salts, pair_amps)
+        model = cls(*parts, intercept=0.0, head_effects=heads)
+        rng = np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(_PURPOSE_CALIBRATE,)))
         sample = sample_features(rng, CALIBRATION_ROWS, shapes)
         intercept = solve_intercept(model.logits(sample), config.click_rate)
-        return cls(seed, cat_salts, cat_amps, tuple(int_effects), pair_salts, pair_amps, intercept)
+        return cls(*parts, intercept=intercept, head_effects=heads)
+
+    def main_effect(self, column: int, ranks: np.ndarray) -> np.ndarray:
+        """a_c · w_c(rank) · decay(rank): from the head table, hashing only the tail."""
+        head = self.head_effects[column]
+        effect = head[np.minimum(ranks, head.size - 1)]
+        tail = ranks >= head.size
+        if tail.any():
+            effect[tail] = _hashed_main_effect(ranks[tail], self.categorical_salts[column],
+                                               self.categorical_amplitudes[column])
+        return effect
 
     def logits(self, features: Features) -> np.ndarray:
         """The true logit of every row (float64)."""
         out = np.full(features.rows, self.intercept)
-        decays = decay(features.cat_ranks)
-        for c, (salt, amp) in enumerate(zip(self.categorical_salts, self.categorical_amplitudes)):
-            out += amp * hashing.hash_normal(features.cat_ranks[c], salt) * decays[c]
+        for c in range(len(self.categorical_salts)):
+            out += self.main_effect(c, features.cat_ranks[c])
         for j, effect in enumerate(self.integer_effects):
             x = features.int_values[j]
             t = np.where(x > -3, np.log(np.maximum(x, -2) + 3.0), 0.0)
@@ -109,7 +126,8 @@ class PlantedModel:
         for (c1, c2), salt, amp in zip(INTERACTION_PAIRS, self.pair_salts, self.pair_amplitudes):
             keys = (features.cat_ranks[c1].astype(np.uint64) << np.uint64(32)) | \
                 features.cat_ranks[c2].astype(np.uint64)
-            out += amp * hashing.hash_normal(keys, salt) * decays[c1] * decays[c2]
+            both = decay(features.cat_ranks[c1]) * decay(features.cat_ranks[c2])
+            out += amp * hashing.hash_normal(keys, salt) * both
         return out
 
     def probabilities(self, features: Features) -> np.ndarray:
@@ -126,6 +144,10 @@ class PlantedModel:
                 {"columns": [CAT_COLUMNS[a], CAT_COLUMNS[b]], "amplitude": amp}
                 for (a, b), amp in zip(INTERACTION_PAIRS, self.pair_amplitudes)],
         }
+
+
+def _hashed_main_effect(ranks: np.ndarray, salt: int, amplitude: float) -> np.ndarray:
+    return amplitude * hashing.hash_normal(ranks, salt) * decay(ranks)
 
 
 def solve_intercept(logits_without_intercept: np.ndarray, click_rate: float) -> float:

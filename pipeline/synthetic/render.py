@@ -13,22 +13,25 @@ import pyarrow.compute as pc
 from pipeline.synthetic.shape import Features
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-# Every 16-bit number as its 4 lowercase hex digits: two lookups make an 8-digit value.
-_HEX4 = np.stack([_HEX_DIGITS[(np.arange(1 << 16) >> shift) & 0xF] for shift in (12, 8, 4, 0)],
-                 axis=1)
+# Every 16-bit number as its 4 lowercase hex digits, packed in one uint32 (native byte order),
+# so an 8-digit value is two table lookups.
+_HEX4 = np.ascontiguousarray(
+    np.stack([_HEX_DIGITS[(np.arange(1 << 16) >> shift) & 0xF] for shift in (12, 8, 4, 0)],
+             axis=1)).view(np.uint32).ravel()
 
 
 def hex_column(values: np.ndarray, missing: np.ndarray) -> pa.StringArray:
     """uint32 values as 8 lowercase hex digits; the empty string where ``missing``."""
-    present = values[~missing]
-    digits = np.empty((present.size, 8), np.uint8)
-    digits[:, :4] = _HEX4[present >> np.uint32(16)]
-    digits[:, 4:] = _HEX4[present & np.uint32(0xFFFF)]
-    lengths = np.where(missing, 0, 8).astype(np.int32)
-    offsets = np.zeros(values.size + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.StringArray.from_buffers(values.size, pa.py_buffer(offsets),
-                                       pa.py_buffer(digits.tobytes()))
+    present = values[~missing] if missing.any() else values
+    digits = np.empty((present.size, 2), np.uint32)
+    np.take(_HEX4, present >> np.uint32(16), out=digits[:, 0])
+    np.take(_HEX4, present & np.uint32(0xFFFF), out=digits[:, 1])
+    if present is values:
+        offsets = np.arange(0, 8 * values.size + 1, 8, dtype=np.int32)
+    else:
+        offsets = np.zeros(values.size + 1, np.int32)
+        np.cumsum(np.where(missing, 0, 8), out=offsets[1:])
+    return pa.StringArray.from_buffers(values.size, pa.py_buffer(offsets), pa.py_buffer(digits))
 
 
 def integer_column(values: np.ndarray, missing: np.ndarray) -> pa.Array:

@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import re
+import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
@@ -56,8 +57,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig) -> Iterat
         for task in tasks:
             yield source.make_chunk(*task)
         return
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["pipeline.synthetic.writer"])
+    context = _pool_context()
     window = 2 * config.workers
     with ProcessPoolExecutor(config.workers, mp_context=context, initializer=_init_worker,
                              initargs=(source,)) as pool:
@@ -68,6 +68,20 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig) -> Iterat
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """``fork`` when this process has a single thread (fast, and works from scripts without
+    a ``__main__`` guard); ``forkserver`` otherwise, since forking a threaded process (a
+    Spark gateway, a log reader) can deadlock the child. The output is the same either way.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload(["pipeline.synthetic.writer"])
+    return context
 
 
 def _check_directory(out: Path) -> None:
