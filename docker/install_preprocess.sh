@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Image build step shared by Dockerfile.preprocess and Dockerfile.preprocess-gpu.
+#   install_preprocess.sh deps     venv + the pinned packages of pyproject.toml except TensorFlow
+#   install_preprocess.sh project  the project itself (editable, no dependency resolution) + checks
+# Run from the project root inside the image; every version comes from pyproject.toml via pins.py.
+set -euo pipefail
+ROOT="$(pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+
+case "${1:-}" in
+  deps)
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check -q --upgrade "pip>=24" "setuptools>=68" wheel
+    # Preprocessing never imports TensorFlow or Horovod (docs/architecture.md), so they stay out.
+    "$VENV/bin/python" docker/pins.py requirements --exclude tensorflow >/tmp/requirements.txt
+    "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check -q -r /tmp/requirements.txt
+    "$VENV/bin/python" docker/pins.py check-installed pyspark pyarrow numpy pyyaml
+    ;;
+  project)
+    "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check -q --no-deps -e "$ROOT"
+    # SPARK_HOME for spark-submit, spark-class and the cluster scripts: the pip PySpark's own tree.
+    spark_home="$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+    ln -sfn "$spark_home" /opt/spark
+    mkdir -p /opt/spark/examples/src/main/scripts
+    install -m 0755 docker/spark/getGpusResources.sh /opt/spark/examples/src/main/scripts/getGpusResources.sh
+    "$VENV/bin/python" -m spark_jobs --help >/dev/null
+    ;;
+  *)
+    echo "usage: $0 deps|project" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,23 @@
+# Shared by start-cluster.sh, submit.sh and stop-cluster.sh (sourced, not run).
+# Resolves the project's Python and the pip PySpark's SPARK_HOME, and points Spark's daemon
+# scripts at the cluster directory: DIR/logs, DIR/pids, DIR/work (worker scratch), DIR/local.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+die() { printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
+
+use_cluster_dir() {
+  local dir="$1"
+  mkdir -p "$dir"
+  CLUSTER_DIR="$(cd "$dir" && pwd)"
+  SPARK_HOME="$("$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" \
+    || die "PySpark is not importable by $PYTHON (set PYTHON=...)"
+  export SPARK_HOME
+  export SPARK_LOG_DIR="$CLUSTER_DIR/logs" SPARK_PID_DIR="$CLUSTER_DIR/pids"
+  export SPARK_WORKER_DIR="$CLUSTER_DIR/work" SPARK_LOCAL_DIRS="$CLUSTER_DIR/local"
+  # The pid files are named after this: distinct per directory, so clusters never collide.
+  export SPARK_IDENT_STRING="criteo-$(printf '%s' "$CLUSTER_DIR" | cksum | cut -d' ' -f1)"
+  export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}" PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYTHON}"
+  mkdir -p "$SPARK_LOG_DIR" "$SPARK_PID_DIR" "$SPARK_WORKER_DIR" "$SPARK_LOCAL_DIRS"
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the preprocessing on the cluster started by start-cluster.sh, through spark-submit:
+#
+#   submit.sh --dir DIR [spark-submit options...] -- --input RAW --workdir OUT [spark_jobs flags]
+#
+# Everything before "--" goes to spark-submit (e.g. --driver-memory 8g --executor-memory 4g
+# --total-executor-cores 4 --conf k=v); everything after it to spark_jobs/main.py.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+[[ "${1:-}" == "--dir" && -n "${2:-}" ]] || die "usage: submit.sh --dir DIR [spark-submit options] -- [spark_jobs flags]"
+DIR="$2"; shift 2
+[[ -f "$DIR/cluster.env" ]] || die "$DIR/cluster.env not found: start the cluster with start-cluster.sh --dir $DIR"
+use_cluster_dir "$DIR"
+MASTER_URL="$(sed -n 's/^MASTER_URL=//p' "$CLUSTER_DIR/cluster.env")"
+SUBMIT_OPTS=()
+while [[ $# -gt 0 && "$1" != "--" ]]; do SUBMIT_OPTS+=("$1"); shift; done
+[[ "${1:-}" == "--" ]] && shift
+exec "$SPARK_HOME/bin/spark-submit" --master "$MASTER_URL" "${SUBMIT_OPTS[@]}" \
+  "$ROOT/spark_jobs/main.py" "$@"
