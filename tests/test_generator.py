@@ -118,8 +118,11 @@ def test_cardinality_spread_like_terabyte(shaped):
     assert distinct["C6"] == 3 and distinct["C13"] == 10 and distinct["C9"] == 63
     biggest = sorted(distinct.values())[-4:]
     assert min(biggest) > 10_000  # C1, C10, C20, C22
-    assert sum(d < 1_500 for d in distinct.values()) >= 15  # many small ones
+    assert sum(d < 1_500 for d in distinct.values()) >= 10  # many small ones
     assert max(distinct.values()) > 100 * distinct["C26"]
+    # Vocabulary sizes keep the Terabyte order of sizes.
+    by_true_size = [vocab[n] for _, n in sorted(zip(TERABYTE_CARDINALITIES, CAT_COLUMNS))]
+    assert by_true_size == sorted(by_true_size)
 
 
 def test_value_frequencies_are_zipf_like(shaped):
@@ -282,7 +285,7 @@ def test_small_columns_keep_their_true_size_at_any_scale():
     for scale in (1e-6, 0.002, 0.5):
         assert scaled_cardinality(3, scale, 1000) == 3
         assert scaled_cardinality(63, scale, 1000) == 63
-        assert scaled_cardinality(39060, scale, 1000) >= 1000
+        assert 1000 <= scaled_cardinality(39060, scale, 1000) <= 39060
     assert scaled_cardinality(292775614, 0.002, 1000) == 585551
     assert scaled_cardinality(292775614, 1.0, 1000) == 292775614
 
