@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections import deque
@@ -27,9 +28,13 @@ class ChildResult:
     tail: list[str]
 
 
+# horovodrun prefixes each rank's lines with "[rank]<stdout>:" (or <stderr>).
+_RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+
+
 def _last_json_line(lines: list[str]) -> dict[str, Any] | None:
     for line in reversed(lines):
-        line = line.strip()
+        line = _RANK_PREFIX.sub("", line.strip()).strip()
         if line.startswith("{") and line.endswith("}"):
             try:
                 return json.loads(line)

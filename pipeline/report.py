@@ -42,7 +42,8 @@ def _auc_points(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
     for row in metrics:
         for key, value in row.items():
             if "auc" in key and isinstance(value, (int, float)) and "step" in row:
-                series.setdefault(key, []).append((row["step"], float(value)))
+                name = f"{row['split']} {key}" if "split" in row else key
+                series.setdefault(name, []).append((row["step"], float(value)))
     return series
 
 
