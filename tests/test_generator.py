@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import json
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
 from pipeline.synthetic.shape import (
     CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
+from pipeline.synthetic.writer import _pool_context
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 SHAPE_CONFIG = GeneratorConfig(days=2, rows_per_day=60_000, seed=7, chunk_rows=16_384, workers=2)
@@ -258,6 +260,23 @@ def test_same_bytes_for_same_seed_whatever_the_workers(tmp_path):
         assert data == (tmp_path / "again" / day).read_bytes()
         assert data != (tmp_path / "other" / day).read_bytes()
     assert one == two == again and one["bayes_auc"] != other["bayes_auc"]
+
+
+def test_same_bytes_from_a_threaded_caller(tmp_path):
+    """A caller with threads gets a forkserver pool instead of fork: same output."""
+    one = generate(tmp_path / "one", SMALL)
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    try:
+        assert _pool_context().get_start_method() == "forkserver"
+        threaded = generate(tmp_path / "threaded", dataclasses.replace(SMALL, workers=2))
+    finally:
+        stop.set()
+        helper.join()
+    assert threaded == one
+    for day in ("day_0", "day_1"):
+        assert (tmp_path / "one" / day).read_bytes() == (tmp_path / "threaded" / day).read_bytes()
 
 
 def test_gzip_output_is_the_same_lines(tmp_path):
