@@ -143,24 +143,30 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
 
 def _write_splits(session, parsed, layout: WorkdirLayout, sizes: dict[str, int], last_stats,
                   last: int, cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
+    """Map every valid row once (persisted as ints), then write train, test and validation."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     valid = parsed.where(F.col("reason").isNull())
-    dict_dir = dictionaries_dir(layout)
-    with timer.stage("transform_train"):
-        train, _ = transform.map_categoricals(valid.where(F.col("day") != last), session, dict_dir,
-                                              sizes, cfg.broadcast_max_values)
-        transform.write_parquet(transform.shuffled_train(train, cfg.output_files),
-                                layout.parquet_split("train"), cfg.compression)
-    with timer.stage("transform_eval"):
-        boundary = split_boundary(last_stats)
-        eval_rows, shuffled = transform.map_categoricals(
-            valid.where(F.col("day") == last), session, dict_dir, sizes, cfg.broadcast_max_values)
-        halves = {"test": eval_rows.where(F.col("pos") < boundary),
-                  "validation": eval_rows.where(F.col("pos") >= boundary)}
-        for split, frame in halves.items():
-            transform.write_parquet(transform.in_line_order(frame, shuffled, cfg.output_files),
-                                    layout.parquet_split(split), cfg.compression)
+    mapped, shuffled = transform.map_categoricals(valid, session, dictionaries_dir(layout), sizes,
+                                                  cfg.broadcast_max_values)
+    mapped = transform.output_projection(mapped, extra=("day", "pos", "key1", "key2")) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        with timer.stage("transform_train"):
+            train = mapped.where(F.col("day") != last)
+            transform.write_parquet(transform.shuffled_train(train, cfg.output_files),
+                                    layout.parquet_split("train"), cfg.compression)
+        with timer.stage("transform_eval"):
+            boundary = split_boundary(last_stats)
+            eval_rows = mapped.where(F.col("day") == last)
+            halves = {"test": eval_rows.where(F.col("pos") < boundary),
+                      "validation": eval_rows.where(F.col("pos") >= boundary)}
+            for split, frame in halves.items():
+                transform.write_parquet(transform.in_line_order(frame, shuffled, cfg.output_files),
+                                        layout.parquet_split(split), cfg.compression)
+    finally:
+        mapped.unpersist()
     return {split: session.read.parquet(str(layout.parquet_split(split))).count()
             for split in SPLITS}
 

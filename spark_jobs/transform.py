@@ -24,11 +24,12 @@ def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
     from pyspark.sql import functions as F
 
     shuffled = False
+    dictionaries = session.read.parquet(str(dict_dir)) if max(sizes.values()) > 1 else None
     for c in CAT_COLUMNS:
         if sizes[c] <= 1:
             rows = rows.withColumn(c, F.lit(0).cast("int"))
             continue
-        table = (session.read.parquet(str(dict_dir)).where(F.col("column") == c)
+        table = (dictionaries.where(F.col("column") == c)
                  .select(F.col("value").alias(f"_v_{c}"), F.col("id").alias(f"_id_{c}")))
         if sizes[c] - 1 <= broadcast_max_values:
             table = F.broadcast(table)
@@ -55,11 +56,11 @@ def write_parquet(frame, path: Path, compression: str) -> None:
 
 
 def shuffled_train(rows, output_files: int):
-    """Train rows in their seeded order: hashes of the line, then the row as tie-break."""
+    """Output-projected train rows (+ key1, key2) in their seeded order: hashes of the line, then the row as tie-break."""
     from pyspark.sql import functions as F
 
     keys = [F.col("key1"), F.col("key2"), *[F.col(c) for c in OUTPUT_COLUMNS]]
-    frame = output_projection(rows, extra=("key1", "key2"))
+    frame = rows
     if output_files > 0:
         frame = frame.repartitionByRange(output_files, *keys).sortWithinPartitions(*keys)
     else:
@@ -69,7 +70,7 @@ def shuffled_train(rows, output_files: int):
 
 def in_line_order(rows, must_sort: bool, output_files: int):
     """Eval rows in input line order (``pos``), sorting only when a shuffle broke the order."""
-    frame = output_projection(rows, extra=("pos",))
+    frame = rows
     if output_files > 0:
         frame = frame.repartitionByRange(output_files, "pos").sortWithinPartitions("pos")
     elif must_sort:

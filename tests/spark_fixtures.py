@@ -1,0 +1,239 @@
+"""Shared helpers of the spark_jobs tests: one Spark session, tiny inputs, a plain-Python reference.
+
+The reference below re-implements the preprocessing rules of docs/spark_jobs.md line by line in
+plain Python (no Spark), so the tests compare every output row with an independent reading of
+the same rules.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import PreprocessConfig, SparkConfig
+from pipeline.schema import CAT_COLUMNS
+from pipeline.thresholds import parse_threshold_spec
+
+_SESSION = None
+
+
+def spark_session():
+    """One local[2] session for the whole test run; small files are split into several
+    partitions (maxPartitionBytes) so that line-order logic crosses partition boundaries."""
+    global _SESSION
+    if _SESSION is None:
+        from pyspark.sql import SparkSession
+
+        _SESSION = (SparkSession.builder.master("local[2]")
+                    .appName("spark_jobs-tests")
+                    .config("spark.driver.memory", "2g")
+                    .config("spark.ui.enabled", "false")
+                    .config("spark.ui.showConsoleProgress", "false")
+                    .config("spark.sql.shuffle.partitions", "4")
+                    .config("spark.sql.files.maxPartitionBytes", "65536")
+                    .config("spark.sql.files.openCostInBytes", "0")
+                    .getOrCreate())
+        _SESSION.sparkContext.setLogLevel("ERROR")
+    return _SESSION
+
+
+@pytest.fixture(scope="session")
+def spark():
+    return spark_session()
+
+
+def spark_config(**overrides) -> SparkConfig:
+    return SparkConfig(master="local[2]", driver_memory="2g", shuffle_partitions=4, **overrides)
+
+
+def run(spark, input_dir, workdir, threshold="2", **preprocess):
+    """run_preprocess on the shared session with test-sized settings."""
+    from spark_jobs.preprocess import run_preprocess
+
+    assert spark is not None
+    return run_preprocess(input_dir, workdir, spark_config(),
+                          PreprocessConfig(frequency_threshold=threshold, **preprocess))
+
+
+# ---------------------------------------------------------------- inputs
+
+def random_line(rng: random.Random, vocab: int = 40) -> str:
+    label = "1" if rng.random() < 0.3 else "0"
+    ints = [str(rng.randint(-5, 3000)) if rng.random() > 0.2 else "" for _ in range(13)]
+    # zipf-ish: small ranks are frequent, so thresholds keep some values and drop others
+    cats = ["%08x" % (int(rng.paretovariate(1.0) * (j + 1)) * 2654435761 % 2**32)
+            if rng.random() > 0.1 else "" for j in range(26)]
+    _ = vocab
+    return "\t".join([label, *ints, *cats])
+
+
+def random_days(seed: int, days: int, rows: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    return [[random_line(rng) for _ in range(rows)] for _ in range(days)]
+
+
+BAD_LINES: dict[str, list[str]] = {
+    # 41 fields
+    "too_many_fields": ["0" + "\t" * 40, "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26) + "\textra"],
+    "bad_label": ["2" + "\t" * 39, "\t" * 39, "x\t1", "", "0.5\t3"],
+    "non_integer": ["0\t1.5" + "\t" * 38, "1\t\tabc", "0\t99999999999999999999999", "1\t1e3\t2", "0\t+5", "0\t 7"],
+    "non_hex_categorical": ["0" + "\t" * 14 + "zzzzzzzz", "1" + "\t" * 20 + "0a0b0c0d0", "0" + "\t" * 39 + "-1",
+                            "1" + "\t" * 14 + "0x12"],
+}
+
+
+def salted_days(seed: int, days: int, rows: int) -> list[list[str]]:
+    """Random days with every bad-line kind inserted at random places, plus short valid lines."""
+    rng = random.Random(seed)
+    out = random_days(seed, days, rows)
+    bad = [line for lines in BAD_LINES.values() for line in lines]
+    for d, lines in enumerate(out):
+        for line in bad:
+            lines.insert(rng.randrange(len(lines) + 1), line)
+        for _ in range(5):  # short but valid: trailing fields missing
+            lines.insert(rng.randrange(len(lines) + 1), "\t".join(random_line(rng).split("\t")[:rng.randint(1, 39)]))
+    return out
+
+
+def write_days(directory: Path, days: list[list[str]], gz: bool = False, crlf: bool = False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    newline = "\r\n" if crlf else "\n"
+    for k, lines in enumerate(days):
+        data = "".join(line + newline for line in lines).encode()
+        if gz:
+            with gzip.open(directory / f"day_{k}.gz", "wb") as fh:
+                fh.write(data)
+        else:
+            (directory / f"day_{k}").write_bytes(data)
+    return directory
+
+
+# ---------------------------------------------------------------- reference implementation
+
+_INT = re.compile(r"-?[0-9]+")
+_HEX = re.compile(r"[0-9a-fA-F]{1,8}")
+
+
+def reference_parse(line: str):
+    """(reason or None, padded, label, ints, cats) by the documented rules."""
+    fields = line.split("\t")
+    if len(fields) > 40:
+        return "too_many_fields", False, None, None, None
+    padded = len(fields) < 40
+    fields = fields + [""] * (40 - len(fields))
+    if fields[0] not in ("0", "1"):
+        return "bad_label", padded, None, None, None
+    ints = []
+    for text in fields[1:14]:
+        if text == "":
+            ints.append(None)
+        elif _INT.fullmatch(text) and -2**63 <= int(text) < 2**63:
+            ints.append(int(text))
+        else:
+            return "non_integer", padded, None, None, None
+    cats = []
+    for text in fields[14:]:
+        if text == "":
+            cats.append(None)
+        elif _HEX.fullmatch(text):
+            cats.append(text.lower().rjust(8, "0"))
+        else:
+            return "non_hex_categorical", padded, None, None, None
+    return None, padded, int(fields[0]), ints, cats
+
+
+def reference_numerical(x) -> np.float32:
+    if x is None or x <= -3:
+        return np.float32(0.0)
+    return np.float32(math.log(x + 3))
+
+
+@dataclass
+class Reference:
+    splits: dict[str, list[tuple]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    ids: dict[str, dict[str, int]] = field(default_factory=dict)
+    day_counts: list[dict[str, Counter]] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+    padded: int = 0
+    rows_in: int = 0
+
+
+def reference_preprocess(days: list[list[str]], threshold: str) -> Reference:
+    spec = parse_threshold_spec(threshold)
+    ref = Reference()
+    parsed_days = []
+    for lines in days:
+        counts = {c: Counter() for c in CAT_COLUMNS}
+        parsed = []
+        for line in lines:
+            ref.rows_in += 1
+            reason, padded, label, ints, cats = reference_parse(line)
+            if reason:
+                ref.rejected[reason] += 1
+                parsed.append(None)
+                continue
+            ref.padded += padded
+            for c, v in zip(CAT_COLUMNS, cats):
+                if v is not None:
+                    counts[c][v] += 1
+            parsed.append((label, ints, cats))
+        ref.day_counts.append(counts)
+        parsed_days.append(parsed)
+    for c in CAT_COLUMNS:
+        total = Counter()
+        for counts in ref.day_counts:
+            total.update(counts[c])
+        kept = sorted((v for v, n in total.items() if n >= spec.effective(c)),
+                      key=lambda v: (-total[v], v))
+        ref.ids[c] = {v: i + 1 for i, v in enumerate(kept)}
+        ref.sizes[c] = len(kept) + 1
+
+    def row(parsed):
+        label, ints, cats = parsed
+        return (label, *[reference_numerical(x) for x in ints],
+                *[ref.ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)])
+
+    ref.splits["train"] = [row(p) for parsed in parsed_days[:-1] for p in parsed if p]
+    last = parsed_days[-1]
+    half = (len(last) + 1) // 2
+    ref.splits["test"] = [row(p) for p in last[:half] if p]
+    ref.splits["validation"] = [row(p) for p in last[half:] if p]
+    return ref
+
+
+# ---------------------------------------------------------------- reading outputs
+
+def read_split(path: Path) -> list[tuple]:
+    """Rows of a parquet split in contract order: files sorted by name, rows within a file."""
+    files = sorted(Path(path).glob("part-*.parquet"))
+    rows = []
+    for file in files:
+        table = pq.read_table(file)
+        columns = [table.column(i).to_numpy(zero_copy_only=False) for i in range(table.num_columns)]
+        rows.extend(zip(*[col.tolist() if col.dtype != np.float32 else list(col) for col in columns]))
+    return rows
+
+
+def assert_rows_equal(actual: list[tuple], expected: list[tuple], what: str) -> None:
+    """Exact on label and ids; numericals equal as float32 up to one unit in the last place."""
+    assert len(actual) == len(expected), f"{what}: {len(actual)} rows, expected {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a[0] == e[0] and tuple(a[14:]) == tuple(e[14:]), f"{what} row {i}: {a} != {e}"
+        got = np.array(a[1:14], dtype=np.float32)
+        want = np.array(e[1:14], dtype=np.float32)
+        assert np.all(np.abs(got - want) <= np.spacing(np.maximum(np.abs(want), 1e-30))), \
+            f"{what} row {i}: numericals {got} != {want}"
+
+
+def sort_key(row: tuple) -> tuple:
+    return tuple(float(x) for x in row)
