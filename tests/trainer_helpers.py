@@ -70,7 +70,7 @@ def checkpoint_arrays(workdir: Path) -> dict[str, np.ndarray]:
         reader.close()
 
 
-def run_trainer_cli(args: list[str], ranks: int = 1, timeout: int = 300,
+def run_trainer_cli(args: list[str], ranks: int = 1, timeout: int = 240,
                     env: dict | None = None) -> tuple[dict, subprocess.CompletedProcess]:
     """Run ``python -m trainer`` (under horovodrun when ranks > 1); returns the JSON summary."""
     command = [str(VENV_BIN / "python"), "-m", "trainer", *args]

@@ -87,8 +87,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = config_from_args(args)
-    # TensorFlow is imported only now, so --help and bad flags answer at once.
     from converters.format import DatasetError
+    from trainer.data import open_dataset
+
+    try:  # the dataset check runs before TensorFlow is even imported: bad input fails fast
+        open_dataset(args.dataset, threshold=config.frequency_threshold,
+                     counts_dir=config.counts_dir or (Path(args.workdir) / "counts"),
+                     verify=config.verify_dataset)
+    except (DatasetError, ValueError) as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     from trainer.checkpoint import CheckpointError
     from trainer.loop import nan_to_none, run
 

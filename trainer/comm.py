@@ -3,6 +3,11 @@
 A run started by ``horovodrun`` (it sets HOROVOD_RANK) uses Horovod over Gloo; a plain
 ``python -m trainer`` uses :class:`LocalComm`, so one process needs neither Horovod nor a
 launcher and runs exactly the same model code with a world of one.
+
+Every collective gets an explicit name. Horovod matches the ranks' operations by name, and
+inside a ``tf.function`` the default name comes from the input tensor's graph name, which
+differs between ranks whose graphs differ (the rank owning a model-parallel bottom MLP has more
+ops): unnamed collectives would wait for each other forever.
 """
 
 from __future__ import annotations
@@ -18,13 +23,13 @@ class LocalComm:
     size = 1
     local_size = 1
 
-    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int]) -> tf.Tensor:
+    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int], name: str) -> tf.Tensor:
         return tensor
 
-    def allreduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    def allreduce_sum(self, tensors: list[tf.Tensor], name: str) -> list[tf.Tensor]:
         return list(tensors)
 
-    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         return tensor
 
     def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
@@ -47,18 +52,36 @@ class HorovodComm:
         self.size = hvd.size()
         self.local_size = hvd.local_size()
 
-    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int]) -> tf.Tensor:
-        """1-D exchange: ``splits[j]`` leading values go to rank j; gradient is registered."""
-        received, _ = self._hvd.alltoall(tensor, splits=tf.constant(list(splits), tf.int32))
-        return received
+    def alltoall(self, tensor: tf.Tensor, splits: Sequence[int], name: str) -> tf.Tensor:
+        """1-D exchange: the first ``splits[0]`` values go to rank 0, the next to rank 1, ...
 
-    def allreduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        The backward pass is the reverse alltoall (as Horovod's registered gradient), written
+        out here only to give it a name of its own.
+        """
+        hvd = self._hvd
+
+        @tf.custom_gradient
+        def exchange(x):
+            received, received_splits = hvd.alltoall(
+                x, splits=tf.constant(list(splits), tf.int32), name=name, ignore_name_scope=True)
+
+            def backward(upstream):
+                sent_back, _ = hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad",
+                                            ignore_name_scope=True)
+                return sent_back
+
+            return received, backward
+
+        return exchange(tensor)
+
+    def allreduce_sum(self, tensors: list[tf.Tensor], name: str) -> list[tf.Tensor]:
         if not tensors:
             return []
-        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum)
+        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum, name=name,
+                                           ignore_name_scope=True)
 
-    def allgather(self, tensor: tf.Tensor) -> tf.Tensor:
-        return self._hvd.allgather(tensor)
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        return self._hvd.allgather(tensor, name=name, ignore_name_scope=True)
 
     def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
         if variables:

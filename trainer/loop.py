@@ -140,7 +140,7 @@ class Trainer:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
                 g.values if isinstance(g, tf.IndexedSlices) else g)) for g in owned] or [True])
             extra.append(1.0 - tf.cast(finite, tf.float32))
-        summed = self.comm.allreduce_sum(list(grads[:n_rep]) + extra)
+        summed = self.comm.allreduce_sum(list(grads[:n_rep]) + extra, name="dlrm_gradients")
         if self.compute_dtype != tf.float16:
             self.optimizer.apply(list(summed[:n_rep]) + list(owned), lr)
             return summed[n_rep]
@@ -162,7 +162,8 @@ class Trainer:
     def _predict_step_impl(self, categorical, numerical, label):
         local_batch = self.eval_batch // self.world
         probabilities = tf.sigmoid(self.model(categorical, numerical, local_batch))
-        return self.comm.allgather(probabilities), self.comm.allgather(label)
+        return (self.comm.allgather(probabilities, name="dlrm_eval_probabilities"),
+                self.comm.allgather(label, name="dlrm_eval_labels"))
 
     @staticmethod
     def _tensors(batch: Batch):

@@ -179,7 +179,8 @@ class DLRM(tf.Module):
         if world > 1:
             widths = [self.placement.sent_width(s) for s in range(world)]
             sent = tf.reshape(owned, [-1])
-            received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world)
+            received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world,
+                                          name=f"dlrm_exchange_b{local_batch}")
             blocks = tf.split(received, [local_batch * w for w in widths], axis=0)
             owned = tf.concat([tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)],
                               axis=1)
