@@ -30,8 +30,18 @@ class Chunk:
     index: int
     rows: int
     clicks: int
-    payload: bytes  # text lines, or one gzip member when compressing
+    payload: bytes  # text lines, or one gzip member when compressing; b"" once in a file
     counts: SparseCounts
+    size: int = 0  # bytes of the payload
+    part_file: str | None = None  # where a pool worker left the payload
+
+    def spill(self, path: str) -> "Chunk":
+        """Move the payload into ``path``: a pool worker hands over a file name instead of
+        pickling megabytes through a pipe, and the writer splices the file in kernel-side."""
+        with open(path, "wb") as fh:
+            fh.write(self.payload)
+        self.part_file, self.payload = path, b""
+        return self
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class SyntheticSource:
         if self.gzip_level is not None:
             payload = gzip.compress(payload, compresslevel=self.gzip_level, mtime=0)
         return Chunk(day, index, rows, int(labels.sum()), payload,
-                     SparseCounts.of(logits, labels))
+                     SparseCounts.of(logits, labels), size=len(payload))
 
     def features_from_fields(self, int_values: np.ndarray, int_missing: np.ndarray,
                              cat_values: np.ndarray, cat_missing: np.ndarray) -> Features:

@@ -28,6 +28,8 @@ from pipeline.synthetic.source import Chunk, SyntheticSource
 META_FILE = "generator_meta.json"
 META_FORMAT_VERSION = 1
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
+# What an interrupted run of ours leaves behind: day files and chunks being written.
+_LEFTOVER = re.compile(r"^\.day_\d+(\.gz)?\.partial$|^\.day_\d+\.chunk\d+\.part$")
 
 _worker_source: SyntheticSource | None = None
 
@@ -37,9 +39,10 @@ def _init_worker(source: SyntheticSource) -> None:
     _worker_source = source
 
 
-def _make_chunk(day: int, index: int, rows: int) -> Chunk:
+def _make_chunk(day: int, index: int, rows: int, out: str) -> Chunk:
     assert _worker_source is not None, "worker not initialised"
-    return _worker_source.make_chunk(day, index, rows)
+    chunk = _worker_source.make_chunk(day, index, rows)
+    return chunk.spill(os.path.join(out, f".day_{day}.chunk{index}.part"))
 
 
 def day_file_name(day: int, gzip: bool) -> str:
@@ -51,7 +54,8 @@ def _tasks(source: SyntheticSource, config: GeneratorConfig) -> list[tuple[int, 
             for index, rows in enumerate(source.chunk_sizes(config.rows_per_day))]
 
 
-def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig) -> Iterator[Chunk]:
+def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
+                     ) -> Iterator[Chunk]:
     tasks = _tasks(source, config)
     if config.workers <= 1:
         for task in tasks:
@@ -63,7 +67,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig) -> Iterat
                              initargs=(source,)) as pool:
         pending: deque[Future] = deque()
         for task in tasks:
-            pending.append(pool.submit(_make_chunk, *task))
+            pending.append(pool.submit(_make_chunk, *task, str(out)))
             if len(pending) >= window:
                 yield pending.popleft().result()
         while pending:
@@ -103,6 +107,9 @@ def _check_directory(out: Path) -> None:
             f"refusing to overwrite them: choose an empty directory")
     for name in sorted(existing):
         (out / name).unlink()
+    for leftover in out.iterdir():
+        if _LEFTOVER.match(leftover.name):
+            leftover.unlink()
     meta_path.unlink(missing_ok=True)
 
 
@@ -128,7 +135,7 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     source = SyntheticSource.from_config(config)
     histogram = LogitHistogram()
     days: list[dict] = []
-    chunks = _chunks_in_order(source, config)
+    chunks = _chunks_in_order(source, config, out)
     chunks_per_day = len(source.chunk_sizes(config.rows_per_day))
     for day in range(config.days):
         days.append(_write_day(out, day_file_name(day, config.gzip), chunks_per_day, chunks,
@@ -162,16 +169,40 @@ def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk
                histogram: LogitHistogram) -> dict:
     partial = out / f".{name}.partial"
     rows = clicks = size = 0
-    with open(partial, "wb") as fh:
+    with open(partial, "wb", buffering=0) as fh:
         for _ in range(chunks_per_day):
             chunk = next(chunks)
-            fh.write(chunk.payload)
+            if chunk.part_file:
+                _splice(chunk.part_file, fh.fileno(), chunk.size)
+            else:
+                fh.write(chunk.payload)
             histogram.add(chunk.counts)
             rows += chunk.rows
             clicks += chunk.clicks
-            size += len(chunk.payload)
+            size += chunk.size
     os.replace(partial, out / name)
     return {"file": name, "rows": rows, "clicks": clicks, "bytes": size}
+
+
+def _splice(part_file: str, fd: int, size: int) -> None:
+    """Append ``part_file`` to the open file ``fd`` (kernel-side copy) and delete it."""
+    with open(part_file, "rb") as src:
+        left = size
+        try:
+            while left > 0:
+                copied = os.copy_file_range(src.fileno(), fd, left)
+                if copied == 0:
+                    break
+                left -= copied
+        except OSError:  # a file system without copy_file_range: plain copy of the rest
+            src.seek(size - left)
+            view = memoryview(src.read())
+            while view:
+                view = view[os.write(fd, view):]
+            left = 0
+    if left:
+        raise RuntimeError(f"{part_file} is shorter than the {size} bytes its worker wrote")
+    os.unlink(part_file)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
