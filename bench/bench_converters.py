@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +32,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.convert import convert_parquet
-from converters.rethreshold import rethreshold
 from converters.verify import verify_dataset
 from pipeline.config import ConvertConfig
 from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
@@ -50,7 +51,7 @@ def _ids(rng: np.random.Generator, kept: int, n: int) -> np.ndarray:
 
 
 def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int = 4,
-                         seed: int = 0) -> Path:
+                         seed: int = 0, row_group_rows: int = 1_000_000) -> Path:
     """A workdir with parquet/{train,test,validation} and counts/histogram.parquet."""
     rng = np.random.default_rng(seed)
     kept = [min(u, CAP) for u in TERABYTE_UNIQUES]
@@ -68,7 +69,7 @@ def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int =
             for name, k in zip(CAT_COLUMNS, kept):
                 columns[name] = pa.array(_ids(rng, k, n))
             pq.write_table(pa.table(columns), parquet / split / f"part-{f:05d}.snappy.parquet",
-                           row_group_size=max(1, n // 3), compression="snappy")
+                           row_group_size=max(1, min(n, row_group_rows)), compression="snappy")
     (parquet / "model_size.json").write_text(json.dumps({c: k + 1 for c, k in zip(CAT_COLUMNS, kept)}))
     (parquet / "preprocess.json").write_text(json.dumps({"threshold_spec": str(threshold)}))
     (parquet / "_SUCCESS").write_text("")
@@ -99,17 +100,37 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _run_cli(args: list[str]) -> dict:
+    """Run ``python -m converters ...`` in a child (so its peak RSS is its own); JSON summary."""
+    done = subprocess.run([sys.executable, "-m", "converters", *args, "--json", "--no-progress"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"converters {args[0]} failed: {done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
+
+
+def _options(config: ConvertConfig) -> list[str]:
+    return ["--workers", str(config.workers), "--batch-rows", str(config.batch_rows)] + \
+        ([] if config.fsync else ["--no-fsync"])
+
+
 def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     parquet, binary = workdir / "parquet", workdir / "bench_binary"
     shutil.rmtree(binary, ignore_errors=True)
-    summary = convert_parquet(parquet, binary, config)
+    summary = _run_cli(["convert", "--parquet", str(parquet), "--output", str(binary),
+                        *_options(config)])
+    convert_rss = _peak_rss_mb()
     rows = sum(summary["rows"].values())
     out_mb = summary["bytes_written"] / 1e6
     result = {"rows": rows, "parquet_MB": round(_bytes(parquet) / 1e6, 1),
               "convert_s": summary["seconds"], "convert_rows_per_s": round(rows / summary["seconds"]),
               "convert_s_per_1M_rows": round(summary["seconds"] / rows * 1e6, 3),
               "convert_out_MB_per_s": round(out_mb / summary["seconds"], 1),
-              "binary_MB": round(out_mb, 1)}
+              "convert_peak_rss_MB": round(convert_rss), "binary_MB": round(out_mb, 1)}
     start = time.perf_counter()
     verify_dataset(binary, full=True, workers=config.workers)
     seconds = time.perf_counter() - start
@@ -117,13 +138,16 @@ def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     for link in (True, False):
         target = workdir / "bench_rethreshold"
         shutil.rmtree(target, ignore_errors=True)
-        cfg = ConvertConfig(**{**config.__dict__, "link_unchanged": link})
-        re = rethreshold(binary, workdir / "counts", new_threshold, target, cfg)
+        re = _run_cli(["rethreshold", "--source", str(binary), "--counts", str(workdir / "counts"),
+                       "--frequency-threshold", new_threshold, "--output", str(target),
+                       *_options(config)] + ([] if link else ["--copy-unchanged"]))
         tag = "rethreshold" if link else "rethreshold_copy"
         result.update({f"{tag}_s": re["seconds"],
                        f"{tag}_rows_per_s": round(rows / re["seconds"]),
-                       f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1)})
+                       f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1),
+                       f"{tag}_MB_written": round(re["bytes_written"] / 1e6, 1)})
         shutil.rmtree(target, ignore_errors=True)
+    result["peak_rss_MB_any_child"] = round(_peak_rss_mb())
     shutil.rmtree(binary, ignore_errors=True)
     return result
 
@@ -136,6 +160,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=ConvertConfig().workers)
     parser.add_argument("--batch-rows", type=int, default=ConvertConfig().batch_rows)
     parser.add_argument("--no-fsync", action="store_true")
+    parser.add_argument("--row-group-rows", type=int, default=1_000_000,
+                        help="parquet row group size of the generated input (Spark: ~128 MB)")
     args = parser.parse_args()
     config = ConvertConfig(workers=args.workers, batch_rows=args.batch_rows, progress=False,
                            fsync=not args.no_fsync)
@@ -144,7 +170,7 @@ def main() -> None:
         return
     for rows in args.rows:
         with tempfile.TemporaryDirectory(prefix="bench_converters_") as tmp:
-            make_parquet_workdir(Path(tmp), rows)
+            make_parquet_workdir(Path(tmp), rows, row_group_rows=args.row_group_rows)
             print(json.dumps(bench(Path(tmp), args.rethreshold, config)), flush=True)
 
 

@@ -36,6 +36,8 @@ def _add_convert_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, less safe)")
     parser.add_argument("--keep-existing", action="store_true",
                         help="refuse to replace a complete output instead of swapping it")
+    parser.add_argument("--copy-unchanged", action="store_true",
+                        help="rethreshold: copy unchanged files instead of hard-linking them")
     parser.add_argument("--full-verify", action="store_true",
                         help="scan every value of the result before marking it complete")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -56,6 +58,8 @@ def _convert_config(args: argparse.Namespace) -> ConvertConfig:
         changes["overwrite"] = False
     if args.full_verify:
         changes["verify_full"] = True
+    if args.copy_unchanged:
+        changes["link_unchanged"] = False
     return dataclasses.replace(config, **changes)
 
 

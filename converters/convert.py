@@ -174,6 +174,7 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
     out_dir.mkdir()
     handles = [open(out_dir / name, "wb") for name in
                [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
+    pending: list[Future] = []
     try:
         outputs: list[_Output] = [_LabelOutput(LABEL_FILE, handles[0]),
                                   _NumericalOutput(NUMERICAL_FILE, handles[1])]
@@ -181,7 +182,6 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
                     for i, size in enumerate(table_sizes)]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
-        pending: list[Future] = []
         for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
             for future in pending:  # files are appended in batch order
                 future.result()
@@ -192,6 +192,8 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
             future.result()
         return rows
     finally:
+        for future in pending:  # on an error, let running writes end before closing files
+            future.exception()
         for handle in handles:
             handle.close()
 
