@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -109,6 +110,11 @@ def _run_cli(args: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
 
@@ -121,15 +127,19 @@ def _options(config: ConvertConfig) -> list[str]:
 def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     parquet, binary = workdir / "parquet", workdir / "bench_binary"
     shutil.rmtree(binary, ignore_errors=True)
+    cpu = _children_cpu_s()
     summary = _run_cli(["convert", "--parquet", str(parquet), "--output", str(binary),
                         *_options(config)])
     convert_rss = _peak_rss_mb()
+    convert_cpu = _children_cpu_s() - cpu
     rows = sum(summary["rows"].values())
     out_mb = summary["bytes_written"] / 1e6
     result = {"rows": rows, "parquet_MB": round(_bytes(parquet) / 1e6, 1),
               "convert_s": summary["seconds"], "convert_rows_per_s": round(rows / summary["seconds"]),
               "convert_s_per_1M_rows": round(summary["seconds"] / rows * 1e6, 3),
               "convert_out_MB_per_s": round(out_mb / summary["seconds"], 1),
+              "convert_cpu_s": round(convert_cpu, 2),
+              "convert_cpu_s_per_1M_rows": round(convert_cpu / rows * 1e6, 3),
               "convert_peak_rss_MB": round(convert_rss), "binary_MB": round(out_mb, 1)}
     start = time.perf_counter()
     verify_dataset(binary, full=True, workers=config.workers)
@@ -138,6 +148,7 @@ def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     for link in (True, False):
         target = workdir / "bench_rethreshold"
         shutil.rmtree(target, ignore_errors=True)
+        cpu = _children_cpu_s()
         re = _run_cli(["rethreshold", "--source", str(binary), "--counts", str(workdir / "counts"),
                        "--frequency-threshold", new_threshold, "--output", str(target),
                        *_options(config)] + ([] if link else ["--copy-unchanged"]))
@@ -145,9 +156,11 @@ def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
         result.update({f"{tag}_s": re["seconds"],
                        f"{tag}_rows_per_s": round(rows / re["seconds"]),
                        f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1),
+                       f"{tag}_cpu_s_process": round(_children_cpu_s() - cpu, 2),
                        f"{tag}_MB_written": round(re["bytes_written"] / 1e6, 1)})
         shutil.rmtree(target, ignore_errors=True)
     result["peak_rss_MB_any_child"] = round(_peak_rss_mb())
+    result["load_average_1min"] = round(os.getloadavg()[0], 1)
     shutil.rmtree(binary, ignore_errors=True)
     return result
 
