@@ -105,6 +105,7 @@ class _Output:
 
     name: str
     handle: BinaryIO
+    cost = 1  # relative work per row, for balancing the thread pool
 
     def encode(self, batch: pa.RecordBatch, where: str) -> np.ndarray:
         raise NotImplementedError
@@ -120,10 +121,13 @@ class _LabelOutput(_Output):
 
 
 class _NumericalOutput(_Output):
+    cost = NUM_NUMERICAL
+
     def encode(self, batch, where):
         out = np.empty((batch.num_rows, NUM_NUMERICAL), dtype=NUMERICAL_DTYPE)
-        for j in range(NUM_NUMERICAL):
-            out[:, j] = _values(batch, 1 + j, where)
+        with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
+            for j in range(NUM_NUMERICAL):
+                out[:, j] = _values(batch, 1 + j, where)
         if not np.isfinite(out).all():
             raise DatasetError(f"{where}: a numerical value is NaN/inf or beyond float16 range")
         return out
@@ -152,21 +156,21 @@ def _balanced_groups(outputs: list[_Output], workers: int) -> list[list[_Output]
     """Split the outputs into ``workers`` groups of similar cost (numerical = 13 columns)."""
     groups: list[list[_Output]] = [[] for _ in range(workers)]
     cost = [0] * workers
-    for output in sorted(outputs, key=lambda o: -(NUM_NUMERICAL if o.name == NUMERICAL_FILE else 1)):
+    for output in sorted(outputs, key=lambda o: -o.cost):
         k = cost.index(min(cost))
         groups[k].append(output)
-        cost[k] += NUM_NUMERICAL if output.name == NUMERICAL_FILE else 1
+        cost[k] += output.cost
     return [g for g in groups if g]
 
 
 def _batches(files: list[Path], batch_rows: int, use_threads: bool
              ) -> Iterator[tuple[pa.RecordBatch, str]]:
     for path in files:
-        reader = pq.ParquetFile(path)
-        _check_schema(path, reader.schema_arrow)
-        for batch in reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
-                                         use_threads=use_threads):
-            yield batch, str(path)
+        with pq.ParquetFile(path) as reader:
+            _check_schema(path, reader.schema_arrow)
+            for batch in reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
+                                             use_threads=use_threads):
+                yield batch, str(path)
 
 
 def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
@@ -227,7 +231,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
         cat_dtype(size)  # refuses tables that do not fit int32
     spec = _threshold_spec(parquet_dir, threshold_spec)
     files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
-    expected = {split: sum(pq.ParquetFile(p).metadata.num_rows for p in files[split])
+    expected = {split: sum(pq.read_metadata(p).num_rows for p in files[split])
                 for split in SPLITS}
     fingerprint = source_fingerprint(parquet_dir, files)
     start = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,29 @@ def test_out_of_range_id_in_parquet_is_an_error_not_a_wrap(tmp_path):
     (tmp_path / "parquet" / "model_size.json").write_text(json.dumps(dict(zip(CAT_COLUMNS, sizes))))
     with pytest.raises(DatasetError, match="C4 has id 127 outside its table of size 127"):
         convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert not (tmp_path / "binary").exists()
+
+
+@pytest.mark.parametrize("column,values,message", [
+    ("label", [0, 2, 1], "label outside {0, 1}"),
+    ("I3", [0.5, float("nan"), 1.0], "NaN/inf or beyond float16 range"),
+    ("I4", [0.5, 70000.0, 1.0], "NaN/inf or beyond float16 range"),
+    ("C2", [0, None, 1], "column C2 has 1 null"),
+    ("C5", [0, -1, 1], "C5 has id -1 outside its table"),
+])
+def test_bad_parquet_values_are_clear_errors(tmp_path, column, values, message):
+    write_workdir(tmp_path)
+    part = sorted((tmp_path / "parquet" / "validation").glob("*.parquet"))[-1]
+    table = pq.read_table(part)
+    index = table.schema.get_field_index(column)
+    patched = table.column(column).to_pylist()
+    patched[5:5 + len(values)] = values
+    table = table.set_column(index, table.schema.field(index).with_nullable(True),
+                             pa.array(patched, table.schema.field(index).type))
+    pq.write_table(table, part)
+    with pytest.raises(DatasetError, match=re.escape(message)) as info:
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert part.name in str(info.value)
     assert not (tmp_path / "binary").exists()
 
 
