@@ -16,5 +16,9 @@ MASTER_URL="$(sed -n 's/^MASTER_URL=//p' "$CLUSTER_DIR/cluster.env")"
 SUBMIT_OPTS=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do SUBMIT_OPTS+=("$1"); shift; done
 [[ "${1:-}" == "--" ]] && shift
+# The job's own --master gets the same URL: spark_jobs builds its session from its config, whose
+# default master (local[2]) would otherwise replace the one spark-submit was given.
+APP_ARGS=("$@")
+[[ " ${APP_ARGS[*]} " == *" --master "* ]] || APP_ARGS+=(--master "$MASTER_URL")
 exec "$SPARK_HOME/bin/spark-submit" --master "$MASTER_URL" "${SUBMIT_OPTS[@]}" \
-  "$ROOT/spark_jobs/main.py" "$@"
+  "$ROOT/spark_jobs/main.py" "${APP_ARGS[@]}"
