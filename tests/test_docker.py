@@ -268,6 +268,19 @@ def test_entrypoint_names_a_real_project_command(name):
     assert command_problem(argv, workdir) is None, (argv, command_problem(argv, workdir))
 
 
+@pytest.mark.parametrize("name", ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu"])
+def test_preprocess_entrypoint_script_runs_the_preprocess_command(name, tmp_path):
+    """The entrypoint script's default branch really starts ``python -m spark_jobs``."""
+    argv = image_command(load(name))
+    script = REPO / PurePosixPath(argv[0]).relative_to(PROJECT_DIR)
+    assert "exec python -m spark_jobs" in script.read_text()
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "SPARK_HOME": "/nonexistent"}
+    proc = subprocess.run(["bash", str(script), *argv[1:]], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "--frequency-threshold" in proc.stdout and "--master" in proc.stdout
+
+
 def test_train_image_builds_horovod_from_the_tensorflow_pin_with_nccl_gloo_and_mpi():
     dockerfile = load("Dockerfile.train")
     assert re.search(r"\$\{TENSORFLOW_VERSION\}-gpu", dockerfile.of("FROM")[0].args)

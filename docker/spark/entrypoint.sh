@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Entrypoint of the preprocessing images.
+#   driver|executor ARGS  Spark on Kubernetes starts its pods with these (the same contract as
+#                         Apache Spark's own image entrypoint), so this image can be
+#                         spark.kubernetes.container.image.
+#   master|worker ARGS    a standalone master or worker in the foreground (docs/cluster.md).
+#   anything else         the preprocess command: python -m spark_jobs ARGS.
+set -euo pipefail
+: "${SPARK_HOME:=/opt/spark}"
+CLASSPATH_ALL="${SPARK_CLASSPATH:-}:$SPARK_HOME/jars/*"
+case "${1:-}" in
+  driver)
+    shift
+    exec "$SPARK_HOME/bin/spark-submit" \
+      --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS}" \
+      --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS}" \
+      --deploy-mode client "$@" ;;
+  executor)
+    shift
+    exec java ${SPARK_EXECUTOR_JAVA_OPTS:-} -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" \
+      -cp "$CLASSPATH_ALL" org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
+      --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" \
+      --cores "$SPARK_EXECUTOR_CORES" --app-id "$SPARK_APPLICATION_ID" \
+      --hostname "$SPARK_EXECUTOR_POD_IP" --resourceProfileId "${SPARK_RESOURCE_PROFILE_ID:-0}" \
+      --podName "${SPARK_EXECUTOR_POD_NAME:-}" "$@" ;;
+  master)
+    shift
+    exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master "$@" ;;
+  worker)
+    shift
+    exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$@" ;;
+  *)
+    exec python -m spark_jobs "$@" ;;
+esac
