@@ -1,0 +1,153 @@
+"""One-process training: resume (clean stop and SIGKILL), learning vs logistic regression,
+XLA / mixed precision, the eval and inference-benchmark modes, and the CLI's input check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from trainer.checkpoint import complete_checkpoints
+from trainer.loop import run
+from trainer.metrics import roc_auc
+from trainer.synthetic import write_planted_dataset
+from trainer_helpers import (SMALL_ROWS, VENV_BIN, checkpoint_arrays, config_flags,
+                             run_trainer_cli, small_config, step_losses)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("single") / "binary"
+    write_planted_dataset(path, SMALL_ROWS, seed=11)
+    return path
+
+
+def test_stop_after_step_k_and_resume_gives_the_same_losses(dataset, tmp_path):
+    # Adam (so optimizer state must be restored) over an epoch boundary (16 steps per epoch).
+    config = dict(optimizer="adam", learning_rate=0.01, epochs=2)
+    run(small_config(max_steps=22, **config), dataset, tmp_path / "whole")
+    run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
+    summary = run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
+    assert summary["steps_run"] == 15 and summary["step"] == 22
+    whole, resumed = step_losses(tmp_path / "whole"), step_losses(tmp_path / "resumed")
+    assert sorted(resumed) == list(range(1, 23))
+    np.testing.assert_allclose([resumed[s] for s in range(8, 23)], [whole[s] for s in range(8, 23)],
+                               rtol=1e-6)
+    final_whole, final_resumed = checkpoint_arrays(tmp_path / "whole"), checkpoint_arrays(
+        tmp_path / "resumed")
+    for name, value in final_whole.items():
+        np.testing.assert_allclose(final_resumed[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
+    config = small_config(epochs=100, checkpoint_every=4)
+    workdir = tmp_path / "killed"
+    args = ["--dataset", str(dataset), "--workdir", str(workdir), *config_flags(config)]
+    proc = subprocess.Popen([str(VENV_BIN / "python"), "-m", "trainer", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=os.getcwd())
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and len(complete_checkpoints(workdir / "checkpoints")) < 2:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    k = complete_checkpoints(workdir / "checkpoints")[-1][0]
+    assert k >= 8 and k % 4 == 0
+    summary, _ = run_trainer_cli(args[:4] + config_flags(small_config(
+        epochs=100, checkpoint_every=4, max_steps=k + 6)))
+    assert summary["steps_run"] == 6
+    reference = run(small_config(epochs=100, max_steps=k + 6), dataset, tmp_path / "reference")
+    got, want = step_losses(workdir), step_losses(tmp_path / "reference")
+    np.testing.assert_allclose([got[s] for s in range(k + 1, k + 7)],
+                               [want[s] for s in range(k + 1, k + 7)], rtol=1e-6)
+    assert summary["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-6)
+    # The eval mode restores the latest checkpoint and reports the same AUC.
+    evaluated, _ = run_trainer_cli(args[:4] + ["--mode", "eval", *config_flags(small_config())])
+    assert evaluated["mode"] == "eval" and evaluated["step"] == k + 6
+    assert evaluated["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
+
+
+def logistic_regression_auc(train, valid, iterations=400, lr=0.5) -> float:
+    """Numericals + one-hot ids of every column, full-batch gradient descent (with momentum)."""
+    (x, cats, y), (vx, vcats, vy) = train, valid
+    w, b = np.zeros(x.shape[1]), 0.0
+    tables = [np.zeros(int(max(c.max(), vc.max())) + 1) for c, vc in zip(cats, vcats)]
+    velocity = [np.zeros_like(t) for t in tables] + [np.zeros_like(w), 0.0]
+    for _ in range(iterations):
+        logit = x @ w + b + sum(t[c] for t, c in zip(tables, cats))
+        residual = 1 / (1 + np.exp(-logit)) - y
+        grads = [np.bincount(c, residual, len(t)) / len(y) for t, c in zip(tables, cats)]
+        grads += [x.T @ residual / len(y), residual.mean()]
+        params = tables + [w, b]
+        for i, g in enumerate(grads):
+            velocity[i] = 0.9 * velocity[i] + g
+            params[i] = params[i] - lr * velocity[i]
+        tables, w, b = params[:-2], params[-2], params[-1]
+    vlogit = vx @ w + b + sum(t[c] for t, c in zip(tables, vcats))
+    return roc_auc(vy, vlogit)
+
+
+def read_split(path, split, n):
+    x = np.fromfile(path / split / "numerical.bin", "<f2").reshape(n, 13).astype(np.float64)
+    y = np.fromfile(path / split / "label.bin", "u1").astype(np.float64)
+    info = json.loads((path / "dataset.json").read_text())
+    cats = [np.fromfile(path / split / f"cat_{i}.bin", info["cat_dtypes"][i]).astype(np.int64)
+            for i in range(26)]
+    return x, cats, y
+
+
+def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp_path):
+    rows = {"train": 16384, "test": 2048, "validation": 4096}
+    path = tmp_path / "binary"
+    write_planted_dataset(path, rows, seed=5)
+    summary = run(small_config(optimizer="adam", learning_rate=0.003, warmup_steps=10, epochs=2,
+                               log_every=50), path, tmp_path / "work")
+    baseline = logistic_regression_auc(read_split(path, "train", rows["train"]),
+                                       read_split(path, "validation", rows["validation"]))
+    assert baseline > 0.55  # the baseline does learn the main effects
+    assert summary["validation_auc"] > 0.8
+    assert summary["validation_auc"] > baseline + 0.05, (summary["validation_auc"], baseline)
+
+
+def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
+    plain = run(small_config(max_steps=10), dataset, tmp_path / "plain")
+    xla = run(small_config(max_steps=10, xla=True), dataset, tmp_path / "xla")
+    a, b = step_losses(tmp_path / "plain"), step_losses(tmp_path / "xla")
+    np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
+    assert xla["xla"] is True and plain["xla"] is False
+    amp = run(small_config(max_steps=10, amp=True), dataset, tmp_path / "amp")
+    assert amp["compute_dtype"] in ("bfloat16", "float32")
+    c = step_losses(tmp_path / "amp")
+    assert np.all(np.isfinite(list(c.values())))
+    np.testing.assert_allclose([c[s] for s in a], list(a.values()), atol=0.05)
+    weights = checkpoint_arrays(tmp_path / "amp")
+    assert all(v.dtype in (np.float32, np.int64) for v in weights.values())
+
+
+def test_inference_benchmark_reports_a_rate(dataset, tmp_path):
+    summary = run(small_config(inference_steps=5), dataset, tmp_path / "bench",
+                  mode="inference_benchmark")
+    assert summary["mode"] == "inference_benchmark" and summary["inference_samples_per_s"] > 0
+
+
+def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
+    path = tmp_path / "binary"
+    write_planted_dataset(path, {"train": 512, "test": 64, "validation": 64})
+    (path / "_SUCCESS").unlink()
+    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(path),
+                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "_SUCCESS" in proc.stderr and "incomplete" in proc.stderr
+    assert not (tmp_path / "w" / "checkpoints").exists()
