@@ -1,0 +1,138 @@
+"""Multi-host launches go through one path: the pipeline's horovodrun prefix built from --hosts.
+
+The real run uses ``--hosts localhost:2``: the very code path a ``node1:4,node2:4`` run takes
+(pipeline.stages._launch_prefix → ``horovodrun -np N -H HOSTS --gloo python -m trainer``), with
+two real Horovod ranks training and evaluating a tiny binary dataset written with numpy as
+docs/architecture.md specifies. The SLURM batch script is checked to build that same command
+from the allocation's node list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import PipelineConfig
+from pipeline.layout import WorkdirLayout
+from pipeline.manifest import ManifestStore
+from pipeline.schema import CAT_COLUMNS, SPLITS
+from pipeline.stages import StageContext, _launch_prefix, _trainer_argv
+
+REPO = Path(__file__).resolve().parent.parent
+SBATCH = REPO / "docker" / "slurm" / "train.sbatch"
+TABLE_SIZES = [3, 17, 40, 120, 129, 300] + [5 + 7 * i for i in range(20)]
+
+
+def _dtype(size: int) -> str:
+    return "<i1" if size <= 2**7 else "<i2" if size <= 2**15 else "<i4"
+
+
+def write_tiny_dataset(path: Path, rows: dict[str, int], seed: int = 3) -> None:
+    """A complete split binary dataset (docs/architecture.md), label tied to C2 and I1."""
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(0, 1.5, TABLE_SIZES[1])
+    for split in SPLITS:
+        n, folder = rows[split], path / split
+        folder.mkdir(parents=True)
+        numerical = rng.normal(0, 1, (n, 13)).astype("<f2")
+        cats = [rng.integers(0, size, n) for size in TABLE_SIZES]
+        logit = weight[cats[1]] + numerical[:, 0].astype(np.float32) - 1.0
+        label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype("<u1")
+        label.tofile(folder / "label.bin")
+        numerical.tofile(folder / "numerical.bin")
+        for i, (ids, size) in enumerate(zip(cats, TABLE_SIZES)):
+            ids.astype(_dtype(size)).tofile(folder / f"cat_{i}.bin")
+    model_size = dict(zip(CAT_COLUMNS, TABLE_SIZES))
+    (path / "model_size.json").write_text(json.dumps(model_size))
+    (path / "dataset.json").write_text(json.dumps({
+        "format_version": 1, "splits": rows, "table_sizes": TABLE_SIZES,
+        "cat_dtypes": [np.dtype(_dtype(s)).name for s in TABLE_SIZES], "label_dtype": "uint8",
+        "numerical_dtype": "float16", "num_numerical": 13, "threshold_spec": "1",
+        "source_fingerprint": f"tests/test_launch.py seed {seed}"}))
+    (path / "_SUCCESS").write_text("")
+
+
+def _context(tmp_path: Path, np_: int, hosts: str | None) -> StageContext:
+    config = PipelineConfig()
+    config.launch.np, config.launch.hosts = np_, hosts
+    layout = WorkdirLayout.at(tmp_path / "w")
+    return StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "config.yaml")
+
+
+def test_launch_prefix_names_every_host(tmp_path):
+    horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+    assert _launch_prefix(_context(tmp_path, 8, "node1:4,node2:4")) == [
+        horovodrun, "-np", "8", "-H", "node1:4,node2:4", "--gloo"]
+    assert _launch_prefix(_context(tmp_path, 2, "localhost:2")) == [
+        horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
+    assert _launch_prefix(_context(tmp_path, 1, None)) == []  # one process: no launcher at all
+    argv = _trainer_argv(_context(tmp_path, 2, "localhost:2"), "train")
+    assert argv[6:9] == [sys.executable, "-m", "trainer"]
+
+
+@pytest.mark.horovod
+def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
+    workdir = tmp_path / "work"
+    write_tiny_dataset(workdir / "binary", {"train": 4096, "test": 1024, "validation": 1024})
+    (tmp_path / "raw").mkdir()  # the run needs an input directory; train/eval never read it
+    config = tmp_path / "launch.yaml"
+    config.write_text("train:\n  batch_size: 256\n  eval_batch_size: 512\n  log_every: 2\n"
+                      "  warmup_steps: 0\n  intra_op_threads: 1\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--config", str(config), "--workdir", str(workdir),
+         "--input", str(tmp_path / "raw"), "--stages", "train,eval", "--np", "2",
+         "--hosts", "localhost:2", "--max-steps", "8"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    logs = workdir / "logs"
+    detail = proc.stdout[-2000:] + proc.stderr[-3000:] + "".join(
+        p.read_text()[-3000:] for p in logs.glob("*.log") if p.name in ("train.log", "eval.log"))
+    assert proc.returncode == 0, detail
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["stages"]["train"]["engine"] == "horovod", summary
+    assert summary["stages"]["eval"]["engine"] == "horovod", summary
+
+    # The launch line in the stage log is the multi-host one, with two real ranks behind it.
+    horovodrun = Path(sys.executable).with_name("horovodrun")
+    launched = [line for line in (logs / "train.log").read_text().splitlines() if line.startswith("$ ")]
+    assert launched and launched[-1].startswith(f"$ {horovodrun} -np 2 -H localhost:2 --gloo "
+                                                f"{sys.executable} -m trainer"), launched
+    evaluation = json.loads((workdir / "eval.json").read_text())
+    assert evaluation["ranks"] == 2, evaluation
+    assert 0.0 <= summary["test_auc"] <= 1.0
+    assert any((workdir / "checkpoints").iterdir())
+
+
+def _fake_scontrol(tmp_path: Path, nodes: list[str]) -> dict[str, str]:
+    """SLURM is not installed here: a stand-in ``scontrol show hostnames`` for the node list."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text("#!/usr/bin/env bash\n[[ \"$1 $2\" == 'show hostnames' ]] || exit 9\n"
+                      + "".join(f"echo {n}\n" for n in nodes))
+    script.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_slurm_script_builds_the_host_list_from_the_allocation(tmp_path):
+    env = _fake_scontrol(tmp_path, ["gpu-a01", "gpu-a02", "gpu-b07"])
+    env.update(SLURM_JOB_NODELIST="gpu-a[01-02],gpu-b07", SLURM_GPUS_ON_NODE="4",
+               CRITEO_DRY_RUN="1", WORKDIR=str(tmp_path / "w"))
+    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/raw"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.strip().splitlines()[-1].split()
+    assert command[0].endswith("run_pipeline.sh")
+    assert command[command.index("--np") + 1] == "12"
+    assert command[command.index("--hosts") + 1] == "gpu-a01:4,gpu-a02:4,gpu-b07:4"
+    assert command[command.index("--workdir") + 1] == str(tmp_path / "w")
+    assert command[-2:] == ["--input", "/data/raw"]
+
+    env.pop("SLURM_JOB_NODELIST")
+    refused = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode != 0 and "SLURM_JOB_NODELIST" in refused.stderr
