@@ -268,6 +268,54 @@ def test_a_killed_runs_temporary_is_removed_and_never_read_as_finished(tmp_path)
     assert live.exists()  # a running conversion's directory is left alone
 
 
+KILL_SCRIPT = """
+import os, signal, sys
+import converters.convert as c
+from pipeline.config import ConvertConfig
+real, calls = c._write_group, []
+def dying(*args):
+    calls.append(1)
+    if len(calls) > 12:
+        os.kill(os.getpid(), signal.SIGKILL)  # a hard kill: no cleanup code runs
+    return real(*args)
+c._write_group = dying
+c.convert_parquet(sys.argv[1], sys.argv[2],
+                  ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False))
+"""
+
+
+def test_a_hard_killed_conversion_leaves_no_final_dir_and_is_cleaned_next_time(tmp_path):
+    write_workdir(tmp_path)
+    killed = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "parquet"),
+                             str(tmp_path / "binary")], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert not (tmp_path / "binary").exists()
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".binary.tmp-")]
+    assert len(leftovers) == 1 and (leftovers[0] / "train" / "label.bin").exists()
+    with pytest.raises(DatasetError, match="no _SUCCESS"):
+        verify_dataset(leftovers[0])
+    convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert not leftovers[0].exists()
+    verify_dataset(tmp_path / "binary")
+
+
+def test_interrupted_rethreshold_leaves_no_output_and_the_source_intact(converted, tmp_path,
+                                                                      monkeypatch):
+    import converters.rethreshold as rethreshold_module
+
+    root, _expected, _summary = converted
+
+    def broken(*args):
+        raise OSError("no space left on device (injected)")
+
+    monkeypatch.setattr(rethreshold_module, "_clamp_file", broken)
+    with pytest.raises(OSError, match="injected"):
+        rethreshold(root / "binary", root / "counts", "20", tmp_path / "t20", CONFIG)
+    assert not (tmp_path / "t20").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".t20")]
+    verify_dataset(root / "binary")
+
+
 def test_existing_dataset_is_kept_when_overwrite_is_off(converted):
     root, _expected, _summary = converted
     keep = ConvertConfig(**{**CONFIG.__dict__, "overwrite": False})
