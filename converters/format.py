@@ -161,6 +161,10 @@ def read_info(path: str | Path) -> DatasetInfo:
     splits = data["splits"]
     if not isinstance(splits, dict) or sorted(splits) != sorted(SPLITS):
         raise DatasetError(f"{path / DATASET_JSON}: 'splits' must map {list(SPLITS)} to row counts")
+    for key in ("table_sizes", "cat_dtypes"):
+        if not isinstance(data[key], list):
+            raise DatasetError(f"{path / DATASET_JSON}: '{key}' must be a list of "
+                               f"{NUM_CATEGORICAL} entries")
     return DatasetInfo(path, {s: splits[s] for s in SPLITS}, tuple(data["table_sizes"]),
                        tuple(data["cat_dtypes"]), data["threshold_spec"],
                        data["source_fingerprint"],

@@ -48,6 +48,10 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
         lines.append([f"memory (dim {rows[0]['embedding_dim']}, {rows[0]['dtype_bytes']} B)"]
                      + [human_bytes(r["embedding_bytes"]) for r in rows])
     widths = [max(len(line[i]) for line in [header] + lines) for i in range(len(header))]
-    fmt = lambda line: "  ".join(  # noqa: E731
-        cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines])
+
+    def aligned(line: list[str]) -> str:
+        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(line, widths)))
+
+    rule = ["-" * w for w in widths]
+    return "\n".join(aligned(line) for line in [header, rule, *lines])
