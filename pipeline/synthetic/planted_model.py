@@ -29,8 +29,8 @@ from pipeline.synthetic.shape import ColumnShapes, Features, sample_features
 DECAY_RANK = 10.0
 # Root mean square, over the columns, of each column's contribution to the logit (its
 # standard deviation over rows); the columns' relative sizes are drawn from the seed.
-CATEGORICAL_SCALE = 0.22
-INTEGER_SCALE = 0.15
+CATEGORICAL_SCALE = 0.2
+INTEGER_SCALE = 0.14
 # Pairwise interactions (0-based categorical indices): small and mid-sized columns, so a
 # DLRM's dot-product interactions can learn them from a few hundred thousand rows.
 INTERACTION_PAIRS: tuple[tuple[int, int], ...] = ((5, 8), (12, 16), (18, 24), (15, 25), (7, 17))
