@@ -6,11 +6,15 @@ import dataclasses
 import gzip
 import json
 import re
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -23,7 +27,7 @@ from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
 from pipeline.synthetic.shape import (
     CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
-from pipeline.synthetic.writer import _pool_context
+from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 SHAPE_CONFIG = GeneratorConfig(days=2, rows_per_day=60_000, seed=7, chunk_rows=16_384, workers=2)
@@ -336,6 +340,42 @@ def test_refuses_foreign_day_files_and_cleans_its_own(tmp_path):
     (tmp_path / "ours" / ".day_2.partial").write_text("left by a killed run")
     generate(tmp_path / "ours", SMALL)  # a smaller rerun leaves no stale day_2, no leftovers
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["day_0", "day_1", META_FILE]
+
+
+def test_a_failed_run_leaves_nothing_behind(tmp_path, monkeypatch):
+    real = SyntheticSource.make_chunk
+
+    def failing(self, day, index, rows):
+        if day == 1:
+            raise OSError("disk full (simulated)")
+        return real(self, day, index, rows)
+
+    monkeypatch.setattr(SyntheticSource, "make_chunk", failing)
+    with pytest.raises(OSError, match="simulated"):
+        generate(tmp_path, SMALL)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
+    """SIGKILL the CLI mid-run: its pool workers die with it (no orphans), and a rerun
+    into the same directory recognises the half-written output as its own."""
+    out = tmp_path / "raw"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--out", str(out),
+                             "--days", "20", "--rows-per-day", "50000", "--chunk-rows", "4096",
+                             "--workers", "2"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / "day_0").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (out / "day_0").exists() and proc.poll() is None, "the run ended too soon"
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive, f"orphaned pool workers: {alive}"
+    assert not (out / META_FILE).exists() and (out / IN_PROGRESS_FILE).exists()
+    generate(out, SMALL)
+    assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_1", META_FILE]
 
 
 def test_small_columns_keep_their_true_size_at_any_scale():

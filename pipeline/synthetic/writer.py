@@ -3,8 +3,10 @@
 Chunks are submitted a bounded window ahead and written strictly in (day, chunk) order, so
 memory stays at a few chunks whatever the row count, and the bytes do not depend on the
 number of workers. Each day file is written under a temporary name and renamed when
-complete: a crash never leaves a truncated ``day_k`` behind. A directory that holds day
-files the generator did not write is refused rather than overwritten.
+complete: a crash never leaves a truncated ``day_k`` behind, a failed run removes what it
+wrote, and a killed one leaves a marker naming its files so the rerun may replace them.
+generator_meta.json is written last: its presence means the output is complete. A
+directory that holds day files no generator run wrote is refused rather than overwritten.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -26,10 +29,13 @@ from pipeline.synthetic.bayes_auc import BINS, LOGIT_MAX, LOGIT_MIN, LogitHistog
 from pipeline.synthetic.source import Chunk, SyntheticSource
 
 META_FILE = "generator_meta.json"
+# Lists the day files of a run in progress, so a rerun after a kill knows they are ours.
+IN_PROGRESS_FILE = ".generator_in_progress.json"
 META_FORMAT_VERSION = 1
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 # What an interrupted run of ours leaves behind: day files and chunks being written.
-_LEFTOVER = re.compile(r"^\.day_\d+(\.gz)?\.partial$|^\.day_\d+\.chunk\d+\.part$")
+_LEFTOVER = re.compile(r"^\.day_\d+(\.gz)?\.partial$|^\.day_\d+\.chunk\d+\.part$"
+                       r"|^\.generator_meta\.json\.partial$")
 
 _worker_source: SyntheticSource | None = None
 
@@ -37,6 +43,18 @@ _worker_source: SyntheticSource | None = None
 def _init_worker(source: SyntheticSource) -> None:
     global _worker_source
     _worker_source = source
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this pool worker if the generating process dies (even by SIGKILL):
+    an orphaned worker would otherwise wait on its task queue forever."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: workers still exit with a clean shutdown
+        pass
 
 
 def _make_chunk(day: int, index: int, rows: int, out: str) -> Chunk:
@@ -88,29 +106,39 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _check_directory(out: Path) -> None:
-    """Refuse to overwrite day files that a previous generator run did not write; remove
-    the ones it did (a smaller rerun must not leave stale days behind)."""
-    existing = {p.name for p in out.iterdir() if _DAY_FILE.match(p.name)}
+def _our_day_files(out: Path) -> set[str]:
+    """Day files that a previous run wrote (its metadata) or was writing when it was
+    killed (its in-progress marker)."""
     ours: set[str] = set()
-    meta_path = out / META_FILE
-    if meta_path.exists():
-        try:
-            ours = {d["file"] for d in json.loads(meta_path.read_text())["days"]}
-        except (ValueError, KeyError, TypeError) as err:
-            raise RuntimeError(f"{meta_path} is unreadable ({err}); remove it or choose another "
-                               f"output directory") from err
-    foreign = sorted(existing - ours)
+    for path in (out / META_FILE, out / IN_PROGRESS_FILE):
+        if path.exists():
+            try:
+                ours |= {d["file"] for d in json.loads(path.read_text())["days"]}
+            except (ValueError, KeyError, TypeError) as err:
+                raise RuntimeError(f"{path} is unreadable ({err}); remove it or choose another "
+                                   f"output directory") from err
+    return ours
+
+
+def _check_directory(out: Path) -> None:
+    """Refuse to overwrite day files that no generator run wrote; remove the ones a previous
+    run did (a smaller rerun must not leave stale days behind)."""
+    existing = {p.name for p in out.iterdir() if _DAY_FILE.match(p.name)}
+    foreign = sorted(existing - _our_day_files(out))
     if foreign:
         raise FileExistsError(
             f"{out} already holds day files the generator did not write ({', '.join(foreign)}); "
             f"refusing to overwrite them: choose an empty directory")
     for name in sorted(existing):
         (out / name).unlink()
+    (out / META_FILE).unlink(missing_ok=True)
+    _remove_leftovers(out)
+
+
+def _remove_leftovers(out: Path) -> None:
     for leftover in out.iterdir():
         if _LEFTOVER.match(leftover.name):
-            leftover.unlink()
-    meta_path.unlink(missing_ok=True)
+            leftover.unlink(missing_ok=True)
 
 
 def _validate(config: GeneratorConfig) -> None:
@@ -135,11 +163,20 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     source = SyntheticSource.from_config(config)
     histogram = LogitHistogram()
     days: list[dict] = []
+    names = [day_file_name(day, config.gzip) for day in range(config.days)]
+    _atomic_write(out / IN_PROGRESS_FILE, json.dumps({"days": [{"file": n} for n in names]}))
     chunks = _chunks_in_order(source, config, out)
     chunks_per_day = len(source.chunk_sizes(config.rows_per_day))
-    for day in range(config.days):
-        days.append(_write_day(out, day_file_name(day, config.gzip), chunks_per_day, chunks,
-                               histogram))
+    try:
+        for name in names:
+            days.append(_write_day(out, name, chunks_per_day, chunks, histogram))
+    except BaseException:
+        chunks.close()  # stops the pool (its running chunks finish first)
+        _remove_leftovers(out)
+        for day in days:  # an incomplete run leaves nothing that looks like data
+            (out / day["file"]).unlink(missing_ok=True)
+        (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+        raise
     auc, auc_error = histogram.auc()
     rows = sum(d["rows"] for d in days)
     clicks = sum(d["clicks"] for d in days)
@@ -161,7 +198,8 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
         "shape": source.shapes.describe(),
         "planted_model": source.model.describe(),
     }
-    _atomic_write(out / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
+    _atomic_write(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+    (out / IN_PROGRESS_FILE).unlink()
     return meta
 
 
@@ -205,7 +243,7 @@ def _splice(part_file: str, fd: int, size: int) -> None:
     os.unlink(part_file)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
+    partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
