@@ -51,11 +51,10 @@ def build_config(args: argparse.Namespace) -> GeneratorConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    config = build_config(args)
     start = time.perf_counter()
     try:
-        meta = generate(args.out, config)
-    except (ValueError, FileExistsError, RuntimeError) as err:
+        meta = generate(args.out, build_config(args))
+    except (ValueError, OSError, RuntimeError) as err:  # ConfigError is a ValueError
         print(f"generate: error: {err}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start

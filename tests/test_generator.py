@@ -398,3 +398,16 @@ def test_cli(tmp_path, capsys):
     assert (out / "day_0.gz").exists()
     assert main(["--out", str(tmp_path / "bad"), "--days", "0"]) == 2
     assert "days must be >= 1" in capsys.readouterr().err
+
+
+def test_cli_reads_the_generator_section_of_a_config_file(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("generator:\n  days: 1\n  rows_per_day: 2000\n  seed: 3\n"
+                      "  click_rate: 0.1\n")
+    assert main(["--out", str(tmp_path / "raw"), "--config", str(config), "--seed", "4"]) == 0
+    meta = json.loads((tmp_path / "raw" / META_FILE).read_text())
+    assert meta["seed"] == 4 and meta["parameters"]["rows_per_day"] == 2000
+    assert 0.07 < meta["click_rate"] < 0.13  # the planted intercept follows click_rate
+    config.write_text("generator:\n  dayz: 1\n")
+    assert main(["--out", str(tmp_path / "raw2"), "--config", str(config)]) == 2
+    assert "dayz" in capsys.readouterr().err
