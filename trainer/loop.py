@@ -261,7 +261,7 @@ class Trainer:
             total = min(total, self.config.max_steps)
         return total, steps_per_epoch
 
-    def train(self) -> dict[str, Any]:
+    def train(self, final_eval: bool = True) -> dict[str, Any]:
         total, steps_per_epoch = self.total_steps()
         if self.config.resume:
             path = self.restore_latest()
@@ -280,6 +280,9 @@ class Trainer:
             self.step = batch.step + 1
             window_steps += 1
             trained += 1
+            if trained == 1:  # the first step traces (and with --xla compiles): not timed
+                loss.numpy()
+                run_start = time.perf_counter()
             if self.step % max(1, self.config.log_every) == 0 or self.step == total:
                 last_loss = float(loss.numpy())
                 elapsed = time.perf_counter() - window_start
@@ -297,10 +300,11 @@ class Trainer:
                 evals.append(self.evaluate("validation"))
         train_seconds = time.perf_counter() - run_start
         checkpoint = self.save() if trained else latest_checkpoint(self.layout.checkpoints)
-        finals = [self.evaluate("test"), self.evaluate("validation")]
+        finals = [self.evaluate("test"), self.evaluate("validation")] if final_eval else []
         return self._summary_record("train", finals, {
             "train_loss": last_loss, "steps_run": trained,
-            "train_samples_per_s": round(trained * self.global_batch / max(train_seconds, 1e-9), 1),
+            "train_samples_per_s": round((trained - 1) * self.global_batch
+                                         / max(train_seconds, 1e-9), 1) if trained > 1 else None,
             "checkpoint": str(checkpoint) if checkpoint else None,
             "periodic_validation_auc": [e.auc for e in evals]})
 
