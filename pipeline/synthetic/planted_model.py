@@ -42,6 +42,7 @@ HEAD_RANKS = 4096
 CALIBRATION_ROWS = 1 << 17
 
 _PURPOSE_CATEGORICAL, _PURPOSE_INTEGER, _PURPOSE_PAIR, _PURPOSE_CALIBRATE = 1, 2, 3, 4
+_PURPOSE_SPREAD = 7  # (5 and 6 are the value salts and chunk streams of source.py)
 
 
 def decay(ranks: np.ndarray) -> np.ndarray:
@@ -187,7 +188,9 @@ def _pair_keys(cat_ranks: np.ndarray, pair: int) -> np.ndarray:
 def _spreads(scale: float, salts: tuple[int, ...]) -> list[float]:
     """Target standard deviations of a group of terms: seeded relative sizes
     (0.5 + U[0, 1)), rescaled so their root mean square is exactly ``scale``."""
-    raw = np.array([0.5 + hashing.hash_uniform(2, s) for s in salts])
+    # A salt of its own: the term's salt also hashes its per-rank weights.
+    raw = np.array([0.5 + hashing.hash_uniform(0, hashing.salt(s, _PURPOSE_SPREAD))
+                    for s in salts])
     return list(scale * raw / np.sqrt(np.mean(raw ** 2))) if raw.size else []
 
 
