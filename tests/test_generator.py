@@ -378,6 +378,24 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_1", META_FILE]
 
 
+def _peak_rss_mb(out: Path, rows: int) -> float:
+    """Peak RSS of a fresh interpreter generating one day of ``rows`` rows in-process."""
+    code = ("import resource, sys; from pipeline.config import GeneratorConfig; "
+            "from pipeline.synthetic import generate; "
+            "generate(sys.argv[1], GeneratorConfig(days=1, rows_per_day=int(sys.argv[2]), "
+            "chunk_rows=16384, workers=1)); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code, str(out), str(rows)], check=True,
+                          capture_output=True, text=True)
+    return int(done.stdout.split()[-1]) / 1024
+
+
+def test_memory_does_not_grow_with_rows(tmp_path):
+    small = _peak_rss_mb(tmp_path / "small", 20_000)
+    large = _peak_rss_mb(tmp_path / "large", 250_000)  # 61 MB of text
+    assert large - small < 20, (small, large)  # measured: 138 MB vs 142 MB
+
+
 def test_small_columns_keep_their_true_size_at_any_scale():
     for scale in (1e-6, 0.002, 0.5):
         assert scaled_cardinality(3, scale, 1000) == 3

@@ -70,10 +70,9 @@ INTEGER_SHAPES: tuple[IntegerShape, ...] = (
 
 # Integers above this are clipped: far beyond anything in the logs, and safe for int32 readers.
 INTEGER_CEILING = 1_000_000_000
-# Ranks are hashed into 32-bit values bijectively, so a column can hold at most 2**32 - 1.
+# Ranks are hashed bijectively into 32-bit values; capping them at 2**31 - 1 also keeps every
+# rank (and any id a consumer derives from it) within int32.
 MAX_CARDINALITY = 2**31 - 1
-
-
 # Between the floor and the linear scale, sizes are compressed as floor · (true/floor)^this:
 # monotone, so the columns keep the Terabyte logs' order of sizes.
 MID_SIZE_EXPONENT = 0.25
