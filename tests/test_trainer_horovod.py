@@ -42,8 +42,10 @@ def assert_same_training(single, multi, single_summary, multi_summary):
     assert sum(k.startswith("table/") for k in weights_1) == 26
     for name, value in weights_1.items():
         np.testing.assert_allclose(weights_2[name], value, rtol=1e-5, atol=2e-7, err_msg=name)
-    for key in ("test_auc", "validation_auc", "test_logloss"):
-        assert multi_summary[key] == pytest.approx(single_summary[key], abs=1e-6), key
+    # Rounding may swap a few nearly tied predictions: one swapped pair moves the AUC ~1/(P*N).
+    for key in ("test_auc", "validation_auc"):
+        assert multi_summary[key] == pytest.approx(single_summary[key], abs=1e-4), key
+    assert multi_summary["test_logloss"] == pytest.approx(single_summary["test_logloss"], abs=1e-6)
     assert multi_summary["ranks"] == 2 and single_summary["ranks"] == 1
     # Training moved the weights: the comparison is not between two untouched initialisations.
     c2 = weights_1["table/1"]
@@ -52,9 +54,9 @@ def assert_same_training(single, multi, single_summary, multi_summary):
 
 
 @pytest.mark.parametrize("variant", [
-    {"bottom_mlp_data_parallel": True},
+    {"bottom_mlp_data_parallel": True, "xla": True},
     {"bottom_mlp_data_parallel": False, "force_column_split": ["C2", "C7"]},
-], ids=["bottom-data-parallel", "bottom-on-rank0+column-split"])
+], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split"])
 def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, variant):
     config = small_config(max_steps=STEPS, **variant)
     multi_summary, proc = run_trainer_cli(
@@ -73,4 +75,5 @@ def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, varian
         # restores into one process and evaluates to the same AUC.
         restored = run(small_config(**variant), dataset, tmp_path / "multi", mode="eval")
         assert restored["step"] == STEPS
-        assert restored["test_auc"] == pytest.approx(multi_summary["test_auc"], abs=1e-6)
+        assert restored["test_auc"] == pytest.approx(multi_summary["test_auc"], abs=1e-4)
+        assert restored["test_logloss"] == pytest.approx(multi_summary["test_logloss"], abs=1e-6)

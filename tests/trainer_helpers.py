@@ -39,6 +39,8 @@ def config_flags(config: TrainConfig) -> list[str]:
         flags += ["--force-column-split", ",".join(config.force_column_split)]
     if config.checkpoint_every:
         flags += ["--checkpoint-every", str(config.checkpoint_every)]
+    if config.xla:
+        flags += ["--xla"]
     if config.intra_op_threads:
         flags += ["--intra-op-threads", str(config.intra_op_threads)]
     return flags

@@ -118,21 +118,38 @@ class Trainer:
                                       trainable=False, name="loss_scale")
         self.step = 0
         self.comm.broadcast_variables([v for _, v in self.replicated])
+        self._dense_step = (tf.function(self._dense_gradients, jit_compile=True) if config.xla
+                            else self._dense_gradients)
         self._train_step = tf.function(self._train_step_impl)
         self._predict_step = tf.function(self._predict_step_impl)
         self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
         self._summary = None
 
     # -- step functions --------------------------------------------------------------------
-    def _train_step_impl(self, categorical, numerical, label, lr):
-        variables = [v for _, v in self.replicated + self.owned]
-        local_batch = self.global_batch // self.world
+    def _dense_gradients(self, numerical, features, label):
+        """Loss, replicated-variable gradients and the gradient w.r.t. the exchanged features.
+
+        The whole dense forward and backward pass, so that --xla compiles both into one
+        cluster; it contains no Horovod op.
+        """
+        variables = [v for _, v in self.replicated]
         with tf.GradientTape() as tape:
-            logits = self.model(categorical, numerical, local_batch)
+            tape.watch(features)
+            logits = self.model.dense_part(numerical, features)
             loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
             scaled = loss * (self.loss_scale / self.world)
-        grads = tape.gradient(scaled, variables)
+        grads = tape.gradient(scaled, variables + [features])
+        return loss, grads[:-1], grads[-1]
+
+    def _train_step_impl(self, categorical, numerical, label, lr):
+        local_batch = self.global_batch // self.world
+        with tf.GradientTape() as tape:  # lookups, model-parallel bottom MLP, alltoall
+            local_numerical, features = self.model.features(categorical, numerical, local_batch)
+        loss, dense_grads, feature_grad = self._dense_step(local_numerical, features, label)
+        # The alltoall's gradient brings every rank's share back to the owners.
+        owned = tape.gradient(features, [v for _, v in self.owned], output_gradients=feature_grad)
+        grads = list(dense_grads) + list(owned)
         n_rep = len(self.replicated)
         owned = grads[n_rep:]
         extra = [loss / self.world]

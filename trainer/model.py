@@ -143,7 +143,7 @@ class DLRM(tf.Module):
         self.top = MLP(top_in, dims.top_mlp, seed, 2000, False, "top")
         self._columns = placement.feature_columns()
         self._identity_columns = bool(np.array_equal(self._columns, np.arange(len(self._columns))))
-        self._dense = tf.function(self._dense_part, jit_compile=True) if xla else self._dense_part
+        self._dense = tf.function(self.dense_part, jit_compile=True) if xla else self.dense_part
 
     # -- variables, by how their gradients are combined ------------------------------------
     def replicated_variables(self) -> list[tuple[str, tf.Variable]]:
@@ -189,7 +189,8 @@ class DLRM(tf.Module):
         return tf.reshape(owned, [local_batch, self.placement.exchanged_features(),
                                   self.dims.embedding_dim])
 
-    def _dense_part(self, numerical: tf.Tensor, features: tf.Tensor) -> tf.Tensor:
+    def dense_part(self, numerical: tf.Tensor, features: tf.Tensor) -> tf.Tensor:
+        """Step 3 on the local samples: [bottom MLP], interaction, top MLP -> logits."""
         features = tf.cast(features, self.compute_dtype)
         if self.bottom_data_parallel:
             bottom = self.bottom(numerical, self.compute_dtype)
@@ -197,12 +198,22 @@ class DLRM(tf.Module):
         logits = self.top(dot_interaction(features), self.compute_dtype)
         return tf.cast(logits[:, 0], tf.float32)
 
-    def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
-                 local_batch: int) -> tf.Tensor:
-        """Logits [local batch]; ``categorical`` holds the global batch of ``tables_read``."""
+    def features(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
+                 local_batch: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """Steps 1-2: (numericals for the dense part, exchanged features [b, F, d]).
+
+        ``categorical`` holds the global batch of ``tables_read``; ``numerical`` is the local
+        slice (data-parallel bottom MLP), the whole batch (owner of a model-parallel bottom MLP)
+        or empty.
+        """
         global_numerical = numerical if not self.bottom_data_parallel else None
         owned = self._owned_outputs(categorical, global_numerical,
                                     local_batch * self.placement.world)
         features = self._exchange(owned, local_batch)
         local_numerical = numerical if self.bottom_data_parallel else tf.zeros([local_batch, 0])
-        return self._dense(local_numerical, features)
+        return local_numerical, features
+
+    def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
+                 local_batch: int) -> tf.Tensor:
+        """Logits [local batch]."""
+        return self._dense(*self.features(categorical, numerical, local_batch))

@@ -112,5 +112,9 @@ def plan_placement(table_sizes: list[int] | tuple[int, ...], dim: int, world: in
         rank = min(range(world), key=lambda r: (load[r], r))
         owned[rank].append(piece)
         load[rank] += piece.rows * piece.width
+    idle = [r for r in range(world) if not owned[r]]
+    if idle:
+        raise ValueError(f"{world} ranks but rank(s) {idle} would hold no table: use fewer ranks "
+                         "or split tables column-wise (force_column_split)")
     return Placement(world, dim, tuple(tuple(sorted(p)) for p in owned),
                      None if bottom_data_parallel else 0)
