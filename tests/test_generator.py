@@ -30,6 +30,7 @@ from pipeline.synthetic.source import SyntheticSource
 from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
+INTEGER = re.compile(r"^(0|-?[1-9][0-9]*)$")
 SHAPE_CONFIG = GeneratorConfig(days=2, rows_per_day=60_000, seed=7, chunk_rows=16_384, workers=2)
 SMALL = GeneratorConfig(days=2, rows_per_day=5_000, seed=11, chunk_rows=2_048, workers=1)
 
@@ -73,10 +74,8 @@ def test_layout_every_field_parses(shaped):
     assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_1", META_FILE]
     assert len(parsed.labels) == 120_000 == meta["rows"]
     assert set(np.unique(parsed.labels)) == {0, 1}
-    for column in parsed.ints:
-        for v in column:
-            if v:
-                int(v)
+    for column in parsed.ints:  # canonical decimal integers: no '+', spaces or leading zeros
+        assert all(v == "" or INTEGER.match(v) for v in column)
     for column in parsed.cats:
         assert all(v == "" or HEX8.match(v) for v in column)
 
