@@ -25,7 +25,8 @@ from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.synthetic import META_FILE, generate
 from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
 from pipeline.synthetic.shape import (
-    CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, TERABYTE_CARDINALITIES, scaled_cardinality)
+    CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER, TERABYTE_CARDINALITIES,
+    scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
 from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
 
@@ -98,6 +99,19 @@ def test_missing_rates_follow_the_configured_shape(shaped):
     # Real logs: I12 mostly missing, I2 never, C22 mostly missing, C1 never.
     assert sum(v == "" for v in parsed.ints[11]) / 120_000 > 0.6
     assert "" not in parsed.ints[1] and "" not in parsed.cats[0]
+
+
+def test_columns_missing_together_in_real_logs_are_missing_together(shaped):
+    _, meta, parsed = shaped
+    columns = dict(zip(INT_COLUMNS + CAT_COLUMNS, parsed.ints + parsed.cats))
+    assert meta["shape"]["missing_together"] == [list(g) for g in MISSING_TOGETHER]
+    for group in MISSING_TOGETHER:
+        masks = [[v == "" for v in columns[name]] for name in group]
+        assert all(m == masks[0] for m in masks[1:]), group
+        assert 0.1 < sum(masks[0]) / len(masks[0]) < 0.9
+    # ...and only those: I1 and I3 are missing independently.
+    both = sum(a == "" and b == "" for a, b in zip(columns["I1"], columns["I3"])) / 120_000
+    assert abs(both - 0.45 * 0.21) < 0.01
 
 
 def test_integers_heavy_tailed_with_negatives(shaped):
@@ -257,8 +271,8 @@ def _one_hot_ids(features, train_rows: int) -> np.ndarray:
     'rare' id per column), integers in half-unit bins of log(x + 3) (plus 'missing')."""
     ids, offset = [], 0
     for ranks in features.cat_ranks:
-        _, inverse = np.unique(ranks, return_inverse=True)
-        kept = np.bincount(inverse[:train_rows]) >= 3
+        values, inverse = np.unique(ranks, return_inverse=True)
+        kept = np.bincount(inverse[:train_rows], minlength=values.size) >= 3
         ids.append(offset + np.where(kept, np.cumsum(kept), 0)[inverse])
         offset += int(kept.sum()) + 1
     for values, missing in zip(features.int_values, features.int_missing):

@@ -36,6 +36,12 @@ CATEGORICAL_MISSING_RATES: tuple[float, ...] = (
 )
 
 
+# Columns that are empty on the same rows in the real logs (their missing indicators are
+# perfectly correlated in real rows); each group's columns share one missing rate.
+MISSING_TOGETHER: tuple[tuple[str, ...], ...] = (
+    ("I1", "I10"), ("I4", "I13"), ("C19", "C20", "C25", "C26"))
+
+
 @dataclass(frozen=True)
 class IntegerShape:
     """One integer column: missing, else negative (-1/-2/-3), zero, or a log-normal count.
@@ -126,6 +132,7 @@ class ColumnShapes:
                 name: {"missing": s.missing, "zero": s.zero, "median": s.median,
                        "log_sd": s.log_sd, "negative_-1_-2_-3": list(s.negative)}
                 for name, s in zip(INT_COLUMNS, self.integers)},
+            "missing_together": [list(group) for group in MISSING_TOGETHER],
             "zipf_exponent": self.zipf_exponent,
         }
 
@@ -148,18 +155,14 @@ def zipf_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
     return np.clip(x.astype(np.int64), 1, size)
 
 
-def sample_categorical_ranks(rng: np.random.Generator, rows: int, size: int, missing: float,
+def sample_categorical_ranks(rng: np.random.Generator, rows: int, size: int,
                              exponent: float) -> np.ndarray:
-    """Ranks of one categorical column for ``rows`` rows; 0 where missing."""
-    ranks = zipf_ranks(rng.random(rows), size, exponent)
-    if missing > 0:
-        ranks[rng.random(rows) < missing] = 0
-    return ranks
+    """Ranks 1..size of one categorical column for ``rows`` rows (missing applied later)."""
+    return zipf_ranks(rng.random(rows), size, exponent)
 
 
-def sample_integers(rng: np.random.Generator, rows: int, shape: IntegerShape
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """One integer column: (values int64, missing mask)."""
+def sample_integers(rng: np.random.Generator, rows: int, shape: IntegerShape) -> np.ndarray:
+    """Values of one integer column (missing applied later)."""
     positive = np.rint(np.exp(np.log(shape.median) + shape.log_sd * rng.standard_normal(rows)))
     values = np.clip(positive, 1, INTEGER_CEILING).astype(np.int64)
     u = rng.random(rows)
@@ -169,8 +172,31 @@ def sample_integers(rng: np.random.Generator, rows: int, shape: IntegerShape
             values[(u >= edge) & (u < edge + share)] = -k
         edge += share
     values[(u >= edge) & (u < edge + shape.zero)] = 0
-    missing = rng.random(rows) < shape.missing if shape.missing > 0 else np.zeros(rows, bool)
-    return values, missing
+    return values
+
+
+def sample_missing(rng: np.random.Generator, rows: int, shapes: "ColumnShapes") -> np.ndarray:
+    """(39, rows) bool in I1..I13, C1..C26 order: which fields are empty.
+
+    Columns of a MISSING_TOGETHER group share one draw, so they are empty on the same rows.
+    """
+    rates = [s.missing for s in shapes.integers] + list(shapes.categorical_missing)
+    names = list(INT_COLUMNS) + list(CAT_COLUMNS)
+    group_of = {name: g for g, group in enumerate(MISSING_TOGETHER) for name in group}
+    shared: dict[int, np.ndarray] = {}
+    missing = np.zeros((len(names), rows), bool)
+    for i, (name, rate) in enumerate(zip(names, rates)):
+        if rate <= 0:
+            continue
+        if name in group_of:
+            g = group_of[name]
+            if g not in shared:
+                shared[g] = rng.random(rows)
+            draw = shared[g]
+        else:
+            draw = rng.random(rows)
+        missing[i] = draw < rate
+    return missing
 
 
 @dataclass
@@ -187,12 +213,11 @@ class Features:
 
 
 def sample_features(rng: np.random.Generator, rows: int, shapes: ColumnShapes) -> Features:
-    """Draw ``rows`` rows of all columns, integer columns first, in a fixed order."""
-    int_values = np.empty((len(shapes.integers), rows), np.int64)
-    int_missing = np.empty((len(shapes.integers), rows), bool)
-    for j, shape in enumerate(shapes.integers):
-        int_values[j], int_missing[j] = sample_integers(rng, rows, shape)
-    cat_ranks = np.empty((len(shapes.cardinalities), rows), np.int64)
-    for c, (size, missing) in enumerate(zip(shapes.cardinalities, shapes.categorical_missing)):
-        cat_ranks[c] = sample_categorical_ranks(rng, rows, size, missing, shapes.zipf_exponent)
+    """Draw ``rows`` rows of all columns (integers, categoricals, then missing fields)."""
+    int_values = np.stack([sample_integers(rng, rows, shape) for shape in shapes.integers])
+    cat_ranks = np.stack([sample_categorical_ranks(rng, rows, size, shapes.zipf_exponent)
+                          for size in shapes.cardinalities])
+    missing = sample_missing(rng, rows, shapes)
+    int_missing = missing[:len(shapes.integers)]
+    cat_ranks[missing[len(shapes.integers):]] = 0
     return Features(int_values, int_missing, cat_ranks)
