@@ -9,35 +9,51 @@ Rules (also in docs/spark_jobs.md):
   categorical that is not 1-8 hex digits);
 - categoricals are normalised to 8 lowercase hex digits (left-padded with zeros).
 
+Speed: one regular expression over the whole line recognises the (almost always) valid lines;
+only lines it does not match are classified field by field, with compact higher-order
+functions. Everything is a SQL expression string, so the plan stays small and is built with a
+handful of py4j calls.
+
 Each day keeps ``pos`` (monotonically_increasing_id of its own read, so order-preserving within
 the file) and two seeded hashes of the line that give train its threshold-independent order.
 """
 
 from __future__ import annotations
 
-from functools import reduce
-
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_FIELDS
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
 
 REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
-_INT_PATTERN = r"^-?[0-9]+$"
+
+_INT = r"(?:-?[0-9]{1,18})?"
+_HEX = r"(?:[0-9a-fA-F]{1,8})?"
+# Lines this matches are valid (a sound subset of the rules: 18 digits always fit in 64 bits).
+FAST_VALID = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t{_HEX}){{0,{NUM_CATEGORICAL}}}"
+              rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}})$")
 
 
-def _any(conditions):
-    return reduce(lambda a, b: a | b, conditions)
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _reason_sql() -> str:
+    """null for a valid line, else the first failing rule (the field-by-field classification)."""
+    first_cat = 2 + NUM_INTEGER
+    slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN 'too_many_fields' "
+            "WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN 'bad_label' "
+            f"WHEN exists(slice(f, 2, {NUM_INTEGER}), x -> x != '' AND "
+            "(NOT x rlike '^-?[0-9]+$' OR try_cast(x AS BIGINT) IS NULL)) THEN 'non_integer' "
+            f"WHEN exists(slice(f, {first_cat}, {NUM_CATEGORICAL}), x -> x != '' AND "
+            "NOT x rlike '^[0-9a-fA-F]{1,8}$') THEN 'non_hex_categorical' END")
+    return f"CASE WHEN line rlike {_sql_string(FAST_VALID)} THEN NULL ELSE {slow} END"
 
 
 def read_day(session, path: str, day: int):
     """One day file as rows of (day, pos, line): '.gz' is decompressed, '\\r' stripped."""
-    from pyspark.sql import functions as F
-
-    value = F.col("value")
-    line = F.when(value.endswith("\r"), F.expr("substr(value, 1, length(value) - 1)")) \
-        .otherwise(value)
-    return (session.read.text(path)
-            .select(F.lit(day).alias("day"),
-                    F.monotonically_increasing_id().alias("pos"),
-                    line.alias("line")))
+    return session.read.text(path).selectExpr(
+        f"{int(day)} AS day",
+        "monotonically_increasing_id() AS pos",
+        "CASE WHEN endswith(value, '\\r') THEN substr(value, 1, length(value) - 1) "
+        "ELSE value END AS line")
 
 
 def parse_lines(lines, seed: int):
@@ -47,36 +63,22 @@ def parse_lines(lines, seed: int):
     cached rows stay compact). ``I*`` stay integers here (nullable) so that missing rates can
     be counted; the log transform happens when writing.
     """
-    from pyspark.sql import functions as F
-
-    fields = F.split(F.col("line"), "\t", -1)
-    parsed = lines.select("day", "pos", "line", fields.alias("f"))
-    field = [F.get(F.col("f"), i) for i in range(NUM_FIELDS)]
-    label_text, int_text, cat_text = field[0], field[1:14], field[14:]
-
-    int_value = [F.when(t != "", t.try_cast("bigint")) for t in int_text]
-    bad_int = [(t != "") & (t.try_cast("bigint").isNull() | ~t.rlike(_INT_PATTERN))
-               for t in int_text]
-    bad_cat = [(t != "") & ((F.length(t) > 8) | F.unhex(t).isNull()) for t in cat_text]
-    num_fields = F.size(F.col("f"))
-    reason = (F.when(num_fields > NUM_FIELDS, F.lit("too_many_fields"))
-              .when(label_text.isNull() | ~label_text.isin("0", "1"), F.lit("bad_label"))
-              .when(_any(bad_int), F.lit("non_integer"))
-              .when(_any(bad_cat), F.lit("non_hex_categorical")))
-    cat_value = [F.when(t != "", F.lpad(F.lower(t), 8, "0")) for t in cat_text]
-    seed_lit = F.lit(seed)
-    return (parsed
-            .select(
-                "day", "pos",
-                F.xxhash64(seed_lit, F.col("line")).alias("key1"),
-                F.hash(seed_lit, F.col("line")).alias("key2"),
-                reason.alias("reason"),
-                (num_fields < NUM_FIELDS).alias("padded"),
-                F.when(reason.isNotNull(), F.col("line")).alias("raw"),
-                F.when(label_text == "1", 1).otherwise(0).cast("int").alias(LABEL),
-                *[v.alias(c) for v, c in zip(int_value, INT_COLUMNS)],
-                *[v.alias(c) for v, c in zip(cat_value, CAT_COLUMNS)],
-            ))
+    seed = int(seed)
+    split = lines.selectExpr("day", "pos", "line", "split(line, '\\t', -1) AS f") \
+        .selectExpr("*", f"{_reason_sql()} AS reason")
+    ints = [f"try_cast(nullif(get(f, {i + 1}), '') AS BIGINT) AS {c}"
+            for i, c in enumerate(INT_COLUMNS)]
+    cats = [f"lpad(lower(nullif(get(f, {i + 1 + NUM_INTEGER}), '')), 8, '0') AS {c}"
+            for i, c in enumerate(CAT_COLUMNS)]
+    return split.selectExpr(
+        "day", "pos",
+        f"xxhash64({seed}, line) AS key1",
+        f"hash({seed}, line) AS key2",
+        "reason",
+        f"size(f) < {NUM_FIELDS} AS padded",
+        "CASE WHEN reason IS NOT NULL THEN line END AS raw",
+        f"CAST(CASE WHEN get(f, 0) = '1' THEN 1 ELSE 0 END AS INT) AS {LABEL}",
+        *ints, *cats)
 
 
 def log_transform(column):
