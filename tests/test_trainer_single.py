@@ -151,3 +151,22 @@ def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
     assert proc.returncode == 2
     assert "_SUCCESS" in proc.stderr and "incomplete" in proc.stderr
     assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dataset, tmp_path):
+    """--frequency-threshold on a dataset == converters.rethreshold, then training on that."""
+    from converters.rethreshold import rethreshold
+    from test_trainer_units import write_histogram
+    from trainer.synthetic import DEFAULT_TABLE_SIZES
+    from pipeline.schema import CAT_COLUMNS
+
+    write_histogram(tmp_path / "counts", {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)}
+                                          for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)})
+    rethreshold(dataset, tmp_path / "counts", "9", tmp_path / "raised")
+    clamped = run(small_config(max_steps=6, frequency_threshold="9",
+                               counts_dir=str(tmp_path / "counts")), dataset, tmp_path / "a")
+    raised = run(small_config(max_steps=6), tmp_path / "raised", tmp_path / "b")
+    assert step_losses(tmp_path / "a") == step_losses(tmp_path / "b")
+    assert clamped["test_auc"] == raised["test_auc"]
+    config = json.loads((tmp_path / "a" / "logs" / "trainer_config.json").read_text())
+    assert config["table_sizes"] == [min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES]

@@ -188,10 +188,22 @@ def test_reading_at_a_higher_threshold_clamps_ids(dataset, tmp_path):
         original = raw(dataset, "train", f"cat_{t}.bin", np.dtype(ds.cat_dtypes[t]))
         np.testing.assert_array_equal(got, np.where(original > ds.table_sizes[t] - 1, 0, original))
     assert (ids.categorical[6] == 0).mean() > 0.5  # the 40000-row table lost most ids
-    with pytest.raises(DatasetError, match="never a lower one"):
-        write_histogram(tmp_path / "more", {c: {1: s + 10} for c, s in zip(CAT_COLUMNS,
-                                                                            DEFAULT_TABLE_SIZES)})
-        open_dataset(dataset, threshold="1", counts_dir=tmp_path / "more")
+    # Counts of another dataset (sizes at the dataset's own threshold differ) are refused.
+    write_histogram(tmp_path / "other", {c: {1: s + 10} for c, s in zip(CAT_COLUMNS,
+                                                                         DEFAULT_TABLE_SIZES)})
+    with pytest.raises(DatasetError, match="do not belong"):
+        open_dataset(dataset, threshold="9", counts_dir=tmp_path / "other")
+
+
+def test_a_threshold_below_the_written_one_is_refused(tmp_path):
+    write_planted_dataset(tmp_path / "binary", {"train": 10, "test": 10, "validation": 10},
+                          threshold_spec="9")
+    write_histogram(tmp_path / "counts", {c: {1: 3, 9: s - 1} for c, s in zip(CAT_COLUMNS,
+                                                                           DEFAULT_TABLE_SIZES)})
+    assert open_dataset(tmp_path / "binary", threshold="9",
+                        counts_dir=tmp_path / "counts").table_sizes == DEFAULT_TABLE_SIZES
+    with pytest.raises(DatasetError, match="below the dataset's base threshold"):
+        open_dataset(tmp_path / "binary", threshold="2", counts_dir=tmp_path / "counts")
 
 
 def test_dataset_is_checked_before_anything_is_read(tmp_path):

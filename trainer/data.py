@@ -26,7 +26,7 @@ import numpy as np
 from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
                                NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_file, read_info)
 from converters.verify import verify_dataset
-from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL
+from pipeline.schema import NUM_CATEGORICAL
 from pipeline.thresholds import parse_threshold_spec
 
 __all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
@@ -50,19 +50,18 @@ class BinaryDataset:
                      for new, old in zip(self.table_sizes, self.written_table_sizes))
 
 
-def clamp_limits(written_sizes: Sequence[int], counts_dir: str | Path,
-                 threshold: str) -> tuple[int, ...]:
-    """Table sizes at ``threshold`` from the counts histogram; refuses lowering a threshold."""
-    from converters.counts import read_histogram
+def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
+                 counts_dir: str | Path, threshold: str) -> tuple[int, ...]:
+    """Table sizes at ``threshold``, read off the counts histogram.
 
-    sizes = read_histogram(counts_dir).table_sizes(parse_threshold_spec(threshold))
-    new = tuple(sizes[c] for c in CAT_COLUMNS)
-    lower = [c for c, n, o in zip(CAT_COLUMNS, new, written_sizes) if n > o]
-    if lower:
-        raise DatasetError(
-            f"threshold {threshold!r} keeps more values than the dataset holds for {lower}: a "
-            "dataset can be read at a higher threshold than it was written at, never a lower one")
-    return new
+    converters.rethreshold's rule, shared so that reading at T' equals rethresholding to T':
+    it also checks that the counts belong to this dataset and refuses a lower threshold.
+    """
+    from converters.rethreshold import _base_spec, new_table_sizes
+
+    base = _base_spec(written_threshold, Path(counts_dir))
+    return tuple(new_table_sizes(counts_dir, base, parse_threshold_spec(threshold),
+                                 tuple(written_sizes)))
 
 
 def open_dataset(path: str | Path, *, threshold: str | None = None,
@@ -81,7 +80,7 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
     sizes = written
     if threshold is not None:
         counts = Path(counts_dir) if counts_dir else path.parent / "counts"
-        sizes = clamp_limits(written, counts, threshold)
+        sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     return BinaryDataset(path, dict(info.splits), written, sizes,
                          tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes))
 

@@ -401,7 +401,9 @@ def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str
         logs.mkdir(parents=True, exist_ok=True)
         (logs / "trainer_config.json").write_text(json.dumps(
             {"mode": mode, "dataset": str(dataset), "ranks": trainer.world,
-             "train": config_to_dict(config), "placement": trainer.placement.describe()},
+             "train": config_to_dict(config), "placement": trainer.placement.describe(),
+             "table_sizes": list(trainer.dataset.table_sizes),
+             "written_table_sizes": list(trainer.dataset.written_table_sizes)},
             indent=1) + "\n")
     if mode == "train":
         return trainer.train()

@@ -58,7 +58,7 @@ def write_split(folder: Path, label: np.ndarray, numerical: np.ndarray, cats: li
 
 def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int = 0,
                           table_sizes: tuple[int, ...] = DEFAULT_TABLE_SIZES,
-                          strength: float = 3.0) -> PlantedSignal:
+                          strength: float = 3.0, threshold_spec: str = "1") -> PlantedSignal:
     """Write a complete dataset (with ``_SUCCESS``) at ``path``; returns the planted signal."""
     path = Path(path)
     assert len(table_sizes) == NUM_CATEGORICAL
@@ -75,7 +75,7 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
         p = 1.0 / (1.0 + np.exp(-signal.logit(numerical.astype(np.float32), cats)))
         label = (split_rng.random(n) < p).astype(np.uint8)
         write_split(path / split, label, numerical, cats, table_sizes)
-    info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), "1",
+    info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), threshold_spec,
                     f"synthetic-planted-seed{seed}")
     write_json(path / DATASET_JSON, info.to_json())
     write_json(path / MODEL_SIZE_JSON, dict(zip(CAT_COLUMNS, table_sizes)))
