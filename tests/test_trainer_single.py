@@ -76,6 +76,7 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     evaluated, _ = run_trainer_cli(args[:4] + ["--mode", "eval", *config_flags(small_config())])
     assert evaluated["mode"] == "eval" and evaluated["step"] == k + 6
     assert evaluated["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
+    assert json.loads((workdir / "logs" / "summary_eval.json").read_text()) == evaluated
 
 
 def logistic_regression_auc(train, valid, iterations=400, lr=0.5) -> float:

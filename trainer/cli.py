@@ -106,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     if summary is not None and _rank() == 0:
-        print(json.dumps(nan_to_none(summary)), flush=True)
+        line = json.dumps(nan_to_none(summary))
+        # horovodrun prefixes every forwarded line with "[0]<stdout>:", so the summary is also
+        # left in a file for whoever launched the run.
+        logs = Path(args.workdir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"summary_{args.mode}.json").write_text(line + "\n")
+        print(line, flush=True)
     return 0
 
 

@@ -38,9 +38,6 @@ class LocalComm:
     def barrier(self) -> None:
         return None
 
-    def allreduce_max_int(self, value: int) -> int:
-        return int(value)
-
 
 class HorovodComm:
     def __init__(self):
@@ -89,9 +86,6 @@ class HorovodComm:
 
     def barrier(self) -> None:
         self._hvd.allreduce(tf.constant(0.0), op=self._hvd.Sum, name="barrier")
-
-    def allreduce_max_int(self, value: int) -> int:
-        return int(self._hvd.allreduce(tf.constant(int(value), tf.int64), op=self._hvd.Max).numpy())
 
 
 def launched_by_horovod() -> bool:
