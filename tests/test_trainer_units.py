@@ -217,3 +217,19 @@ def test_dataset_is_checked_before_anything_is_read(tmp_path):
         fh.write(b"\0")
     with pytest.raises(DatasetError, match="cat_3.bin"):
         open_dataset(path)
+
+
+def test_cli_settings_come_from_yaml_then_flags(tmp_path):
+    from trainer.cli import config_from_args, parser
+
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("train:\n  batch_size: 512\n  preset: default\n  learning_rate: 3.0\n")
+    args = parser().parse_args(["--dataset", "d", "--workdir", "w", "--config", str(yaml_file),
+                                "--learning-rate", "0.25", "--force-column-split", "C3, C20",
+                                "--bottom-mlp-data-parallel", "false", "--top-mlp", "64,1",
+                                "--no-resume", "--xla"])
+    config = config_from_args(args)
+    assert (config.batch_size, config.preset, config.learning_rate) == (512, "default", 0.25)
+    assert config.force_column_split == ["C3", "C20"] and config.top_mlp == [64, 1]
+    assert config.bottom_mlp_data_parallel is False and config.resume is False and config.xla
+    assert config.amp is False  # untouched settings keep their defaults
