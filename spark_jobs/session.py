@@ -7,6 +7,7 @@ runtime-settable SQL options are applied to it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -52,7 +53,6 @@ def _local_cores(master: str) -> int | None:
     if not match:
         return None
     if match.group(1) == "*":
-        import os
         return os.cpu_count() or 1
     return int(match.group(1))
 
@@ -85,11 +85,21 @@ def spark_settings(spark: SparkConfig) -> dict[str, str]:
     return conf
 
 
+# Under spark-submit the JVM already runs with spark-submit's master and driver memory.
+_SUBMIT_OWNED = ("spark.master", "spark.driver.memory")
+
+
+def launched_by_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def get_session(spark: SparkConfig):
     """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
     from pyspark.sql import SparkSession
 
     settings = spark_settings(spark)
+    if launched_by_spark_submit():
+        settings = {k: v for k, v in settings.items() if k not in _SUBMIT_OWNED}
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in settings.items():

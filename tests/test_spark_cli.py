@@ -1,0 +1,97 @@
+"""The command line, Spark settings (--conf, --conf-file, --gpu) and spark-submit.
+
+No GPU Spark can run here: the --gpu tests check the generated configuration and the error for
+a missing plugin jar, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.config import SparkConfig
+from pipeline.layout import WorkdirLayout
+from spark_fixtures import random_days, write_days
+from spark_jobs.errors import PreprocessConfigError
+from spark_jobs.gpu import RAPIDS_PLUGIN, rapids_conf
+from spark_jobs.session import parse_conf_pairs, read_conf_file, spark_settings
+
+
+def test_gpu_profile_sets_the_rapids_plugin_up(tmp_path):
+    jar = tmp_path / "rapids-4-spark_2.13-25.08.0.jar"
+    jar.write_bytes(b"PK")
+    script = tmp_path / "getGpusResources.sh"
+    script.write_text("#!/bin/sh\n")
+    spark = SparkConfig(gpu=True, gpu_discovery_script=str(script), gpu_tasks_per_gpu=4)
+    conf = rapids_conf(spark, environ={spark.gpu_jar_env: str(jar)})
+    assert conf["spark.plugins"] == RAPIDS_PLUGIN
+    assert conf["spark.jars"] == str(jar) == conf["spark.driver.extraClassPath"]
+    assert conf["spark.executor.resource.gpu.amount"] == "1"
+    assert conf["spark.task.resource.gpu.amount"] == "0.25"
+    assert conf["spark.executor.resource.gpu.discoveryScript"] == str(script)
+    assert conf["spark.rapids.memory.pinnedPool.size"] == "2g"
+    assert conf["spark.rapids.sql.concurrentGpuTasks"] == "2"
+
+
+def test_gpu_without_jar_is_a_clear_error(tmp_path, monkeypatch):
+    spark = SparkConfig(gpu=True)
+    with pytest.raises(PreprocessConfigError, match="SPARK_RAPIDS_PLUGIN_JAR"):
+        rapids_conf(spark, environ={})
+    with pytest.raises(PreprocessConfigError, match="does not name an existing jar"):
+        rapids_conf(spark, environ={"SPARK_RAPIDS_PLUGIN_JAR": str(tmp_path / "nope.jar")})
+    raw = write_days(tmp_path / "raw", random_days(1, 2, 5))
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_RAPIDS_PLUGIN_JAR"}
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir",
+                           str(tmp_path / "w"), "--gpu"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SPARK_RAPIDS_PLUGIN_JAR" in lines[0], proc.stderr
+
+
+def test_conf_precedence_file_then_flags(tmp_path):
+    conf_file = tmp_path / "spark.conf"
+    conf_file.write_text("# comment\nspark.sql.shuffle.partitions 17\nspark.executor.cores=3\n")
+    assert read_conf_file(conf_file) == {"spark.sql.shuffle.partitions": "17", "spark.executor.cores": "3"}
+    spark = SparkConfig(master="spark://head:7077", conf_file=str(conf_file),
+                        conf=parse_conf_pairs(["spark.executor.cores=5", "spark.foo= bar "]))
+    settings = spark_settings(spark)
+    assert settings["spark.master"] == "spark://head:7077"
+    assert settings["spark.sql.shuffle.partitions"] == "17"
+    assert settings["spark.executor.cores"] == "5" and settings["spark.foo"] == "bar"
+    assert spark_settings(SparkConfig(master="local[2]"))["spark.sql.shuffle.partitions"] == "8"
+    with pytest.raises(PreprocessConfigError, match="key=value"):
+        parse_conf_pairs(["novalue"])
+    with pytest.raises(PreprocessConfigError, match="does not exist"):
+        read_conf_file(tmp_path / "missing.conf")
+
+
+def test_cli_bad_input_is_one_line_and_input_exit_code(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path / "none"),
+                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 4
+    assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
+                           str(tmp_path / "w"), "--frequency-threshold", "15,C99:3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown column" in proc.stderr
+
+
+@pytest.mark.spark
+def test_spark_submit_runs_the_job(tmp_path, venv_bin, repo_root):
+    raw = write_days(tmp_path / "raw", random_days(4, 2, 30))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.run([str(venv_bin / "spark-submit"), "--master", "local[1]",
+                           "--driver-memory", "1g", str(repo_root / "spark_jobs" / "main.py"),
+                           "--input", str(raw), "--workdir", str(tmp_path / "work"),
+                           "--frequency-threshold", "1", "--conf", "spark.sql.shuffle.partitions=2"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == {"train": 30, "test": 15, "validation": 15}
+    assert (WorkdirLayout.at(tmp_path / "work").parquet / "_SUCCESS").exists()
