@@ -14,7 +14,7 @@ import pytest
 
 from trainer.checkpoint import complete_checkpoints
 from trainer.loop import run
-from trainer.metrics import roc_auc
+from trainer.metrics import read_metrics, roc_auc
 from trainer.synthetic import write_planted_dataset
 from trainer_helpers import (SMALL_ROWS, VENV_BIN, checkpoint_arrays, config_flags,
                              run_trainer_cli, small_config, step_losses)
@@ -119,6 +119,15 @@ def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp
     assert baseline > 0.55  # the baseline does learn the main effects
     assert summary["validation_auc"] > 0.8
     assert summary["validation_auc"] > baseline + 0.05, (summary["validation_auc"], baseline)
+    # Metrics: JSON lines with step, loss, lr, samples/s and the evaluations; TensorBoard events.
+    records = read_metrics(tmp_path / "work" / "logs" / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [50, 100, 128] and all(
+        r["samples_per_s"] > 0 and r["lr"] == 0.003 for r in steps)
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert [(r["split"], r["step"]) for r in evals] == [("validation", 64), ("test", 128),
+                                                        ("validation", 128)]
+    assert list((tmp_path / "work" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
