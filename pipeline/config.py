@@ -121,18 +121,21 @@ class TrainConfig:
     embedding_dim: int | None = None
     bottom_mlp: list[int] | None = None
     top_mlp: list[int] | None = None
-    # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
-    batch_size: int = 4096
+    # Global batch (all ranks together); each rank's dense part sees batch_size / ranks. The
+    # defaults (batch, rate, warm-up) suit the embedded ~150k-row default data: one epoch there
+    # is ~150 steps (4096 and a 100-step warm-up left the rate near zero for the whole epoch).
+    # The speed benchmark uses 4096 (bench/bench_trainer.py --batch-size).
+    batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
     epochs: int = 1
     max_steps: int | None = None  # total steps of the run, counted from step 0
     optimizer: str = "sgd"  # "sgd" or "adam"
-    learning_rate: float = 0.5
+    learning_rate: float = 1.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-7
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     decay_start_step: int | None = None
     decay_steps: int | None = None
     decay_power: float = 2.0
