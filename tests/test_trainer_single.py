@@ -180,3 +180,18 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     assert clamped["test_auc"] == raised["test_auc"]
     config = json.loads((tmp_path / "a" / "logs" / "trainer_config.json").read_text())
     assert config["table_sizes"] == [min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES]
+
+
+def test_float16_with_loss_scaling_trains_like_float32(dataset, tmp_path, monkeypatch):
+    """The GPU mixed-precision path (float16 + loss scale), forced on the CPU."""
+    import tensorflow as tf
+
+    import trainer.loop as loop
+
+    reference = run(small_config(max_steps=6), dataset, tmp_path / "fp32")
+    monkeypatch.setattr(loop, "compute_dtype", lambda config: tf.float16)
+    half = run(small_config(max_steps=6), dataset, tmp_path / "fp16")
+    assert half["compute_dtype"] == "float16" and reference["compute_dtype"] == "float32"
+    a, b = step_losses(tmp_path / "fp32"), step_losses(tmp_path / "fp16")
+    np.testing.assert_allclose([b[s] for s in a], list(a.values()), atol=0.01)
+    assert checkpoint_arrays(tmp_path / "fp16")["loss_scale"] == 2.0**15  # no overflow: kept

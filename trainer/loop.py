@@ -148,25 +148,25 @@ class Trainer:
             local_numerical, features = self.model.features(categorical, numerical, local_batch)
         loss, dense_grads, feature_grad = self._dense_step(local_numerical, features, label)
         # The alltoall's gradient brings every rank's share back to the owners.
-        owned = tape.gradient(features, [v for _, v in self.owned], output_gradients=feature_grad)
-        grads = list(dense_grads) + list(owned)
-        n_rep = len(self.replicated)
-        owned = grads[n_rep:]
-        extra = [loss / self.world]
+        owned = list(tape.gradient(features, [v for _, v in self.owned],
+                                   output_gradients=feature_grad))
+        n_rep = len(dense_grads)
+        extra = [loss / self.world]  # summed with the gradients: the global-batch mean loss
         if self.compute_dtype == tf.float16:  # every rank must agree on skipping a step
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
                 g.values if isinstance(g, tf.IndexedSlices) else g)) for g in owned] or [True])
             extra.append(1.0 - tf.cast(finite, tf.float32))
-        summed = self.comm.allreduce_sum(list(grads[:n_rep]) + extra, name="dlrm_gradients")
+        summed = self.comm.allreduce_sum(list(dense_grads) + extra, name="dlrm_gradients")
+        replicated, global_loss = list(summed[:n_rep]), summed[n_rep]
         if self.compute_dtype != tf.float16:
-            self.optimizer.apply(list(summed[:n_rep]) + list(owned), lr)
-            return summed[n_rep]
-        grads = [g / self.loss_scale for g in summed[:n_rep]] + [
+            self.optimizer.apply(replicated + owned, lr)
+            return global_loss
+        # float16 (GPU): unscale; skip the step and halve the scale when any rank overflowed.
+        grads = [g / self.loss_scale for g in replicated] + [
             tf.IndexedSlices(g.values / self.loss_scale, g.indices, g.dense_shape)
             if isinstance(g, tf.IndexedSlices) else g / self.loss_scale for g in owned]
-        # float16: skip the step and halve the scale when any rank saw an overflow.
         ok = tf.logical_and(tf.equal(summed[n_rep + 1], 0.0), tf.reduce_all(
-            [tf.reduce_all(tf.math.is_finite(g)) for g in summed[:n_rep]]))
+            [tf.reduce_all(tf.math.is_finite(g)) for g in replicated]))
 
         def apply():
             self.optimizer.apply(grads, lr)
@@ -174,7 +174,7 @@ class Trainer:
 
         tf.cond(ok, apply, lambda: tf.constant(False))
         self.loss_scale.assign(tf.where(ok, self.loss_scale, self.loss_scale / 2.0))
-        return summed[n_rep]
+        return global_loss
 
     def _predict_step_impl(self, categorical, numerical, label):
         local_batch = self.eval_batch // self.world
