@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from pipeline.schema import CAT_COLUMNS, NUM_INTEGER  # noqa: E402
 from trainer.placement import plan_placement  # noqa: E402  (numpy only; no TensorFlow)
 
 GIB = 2**30
+RUN_RECORD = lambda workdir: workdir / "make_sizing_preprocess.json"  # noqa: E731
 GPU_MEMORY_GIB = (16, 32, 40, 80)
 OPTIMIZER_STATE = {"sgd": 1, "adam": 3}  # weights (+ Adam's two moment tables per weight)
 
@@ -95,16 +97,24 @@ def run_preprocess(raw: Path, workdir: Path, threshold: str, driver_memory: str)
 
 def shuffle_totals(workdir: Path) -> dict[str, int]:
     """Shuffle bytes written and bytes spilled, summed over the tasks of the event log(s)."""
+    import io
+
+    import pyarrow as pa
+
     totals = {"shuffle_write": 0, "disk_spill": 0, "memory_spill": 0}
-    for log in (workdir / "eventlog").glob("*"):
-        with open(log, encoding="utf-8") as fh:
-            for line in fh:
+    # Spark 4 writes rolling logs (eventlog_v2_*/events_N_*), zstd-compressed by default.
+    for log in sorted((workdir / "eventlog").rglob("events_*")):
+        compression = "zstd" if log.suffix == ".zstd" else None
+        with pa.input_stream(str(log), compression=compression) as raw:
+            for line in io.TextIOWrapper(io.BytesIO(raw.read()), encoding="utf-8"):
                 if '"SparkListenerTaskEnd"' not in line:
                     continue
                 metrics = json.loads(line).get("Task Metrics") or {}
                 totals["shuffle_write"] += metrics.get("Shuffle Write Metrics", {}).get("Shuffle Bytes Written", 0)
                 totals["disk_spill"] += metrics.get("Disk Bytes Spilled", 0)
                 totals["memory_spill"] += metrics.get("Memory Bytes Spilled", 0)
+    if not any(totals.values()) and any((workdir / "eventlog").rglob("*")):
+        raise ValueError(f"no task metrics found in {workdir / 'eventlog'}")
     return totals
 
 
@@ -201,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         preprocess_seconds, preprocess_command = run_preprocess(args.raw, args.workdir,
                                                                 args.preprocess_threshold,
                                                                 args.driver_memory)
+        RUN_RECORD(args.workdir).write_text(json.dumps({"seconds": preprocess_seconds,
+                                                         "command": preprocess_command}))
+    elif RUN_RECORD(args.workdir).exists():  # regenerate the page without rerunning Spark
+        record = json.loads(RUN_RECORD(args.workdir).read_text())
+        preprocess_seconds, preprocess_command = record["seconds"], record["command"]
     dims = default_dims()
     dim = args.embedding_dim or dims[0]
     generated, plan_command = run_planner(args.workdir / "counts", args.thresholds, dim)
@@ -275,7 +290,13 @@ def render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
                f"and {tb80['adam'][0]} with Adam (its two moment tables triple the memory)")
     ran = (f"`{preprocess_command}` took {preprocess_seconds:,.0f} s"
            if preprocess_seconds is not None else "(the preprocess run was made separately)")
-    command = " ".join(["python docs/make_sizing.py"] + [a for a in sys.argv[1:]])
+    if preprocess_seconds is not None and not args.run_preprocess:
+        ran += " (timed by an earlier `--run-preprocess` run of this script on the same workdir)"
+    command = "python docs/make_sizing.py " + shlex.join(sys.argv[1:])
+    share = {c: terabyte["table_sizes"][c] / terabyte["total_rows"] for c in CAT_COLUMNS}
+    big = [c for c in CAT_COLUMNS if share[c] >= 0.01]
+    big_columns = (f"{', '.join(big)} hold {sum(share[c] for c in big):.1%} of the Terabyte "
+                   "table rows at threshold 1")
     split_text = ", ".join(f"{k} {v:,}" for k, v in split_rows.items())
     return TEMPLATE.format(**locals(), split=split_text, note=args.note or "",
                            reserve=args.reserve_gib, dense_mib=dense * 4 / 2**20,
@@ -337,8 +358,7 @@ memory. Rank counts above 16 are searched in steps of about 12%.
 {gpus}
 
 Reading it: {reading}; raising the threshold is the cheap lever — run the planner on your
-counts to see how far each threshold shrinks the large columns (C1, C10, C20, C21, C22 hold
-nearly all rows). A per-column spec such as `15,C3:3` keeps small vocabularies whole while
+counts to see how far each threshold shrinks the large columns ({big_columns}). A per-column spec such as `15,C3:3` keeps small vocabularies whole while
 cutting the large ones.
 
 ## 3. Disk for the datasets and Spark's shuffle
@@ -349,8 +369,7 @@ right for the raw text, the parquet and the binary dataset (the binary size is e
 B + 13 float16 + each column's id width). The counts grow with distinct values per day, not
 rows, so they are scaled per (column, value, day) entry between the two bounds the published
 unique counts allow; the count shuffle likewise grows with distinct values per partition, so
-its per-row scaling over-estimates. Real Criteo text runs ~240
-bytes per row (~1 TB for 4.4 billion rows).
+its per-row scaling over-estimates.
 
 {disk_table}
 
