@@ -127,7 +127,8 @@ class TrainConfig:
     # The speed benchmark uses 4096 (bench/bench_trainer.py --batch-size).
     batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
-    epochs: int = 1
+    # Three passes over the embedded default (150k rows) reach test AUC ~0.74 of its ~0.82 Bayes AUC.
+    epochs: int = 3
     max_steps: int | None = None  # total steps of the run, counted from step 0
     optimizer: str = "sgd"  # "sgd" or "adam"
     learning_rate: float = 1.0
