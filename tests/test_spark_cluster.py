@@ -108,14 +108,25 @@ def test_submit_to_standalone_cluster_equals_local_mode(cluster, raw_input, tmp_
     assert len(pids) == 2 and all(_alive(p) for p in pids), "master and worker must be running"
 
     on_cluster, local = tmp_path / "cluster_out", tmp_path / "local_out"
-    submitted = _run(["bash", str(CLUSTER / "submit.sh"), "--dir", str(directory),
-                      "--driver-memory", "1g", "--executor-memory", "1g",
-                      "--conf", "spark.ui.enabled=false", "--",
-                      "--input", str(raw_input), "--workdir", str(on_cluster),
-                      "--frequency-threshold", THRESHOLD], timeout=600, cwd=tmp_path)
-    _run([sys.executable, "-m", "spark_jobs", "--input", str(raw_input), "--workdir", str(local),
-          "--frequency-threshold", THRESHOLD, "--master", "local[2]", "--driver-memory", "2g",
-          "--conf", "spark.ui.enabled=false"], timeout=600, cwd=tmp_path)
+    # The local-mode reference runs alongside the cluster run: both are mostly Spark start-up
+    # and scheduling latency, so overlapping them keeps the test short.
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs", "--input", str(raw_input), "--workdir", str(local),
+         "--frequency-threshold", THRESHOLD, "--master", "local[2]", "--driver-memory", "2g",
+         "--conf", "spark.ui.enabled=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    try:
+        submitted = _run(["bash", str(CLUSTER / "submit.sh"), "--dir", str(directory),
+                          "--driver-memory", "1g", "--executor-memory", "1g",
+                          "--conf", "spark.ui.enabled=false", "--",
+                          "--input", str(raw_input), "--workdir", str(on_cluster),
+                          "--frequency-threshold", THRESHOLD], timeout=600, cwd=tmp_path)
+        out, err = reference.communicate(timeout=600)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    assert reference.returncode == 0, f"local-mode run failed\n{out[-2000:]}\n{err[-3000:]}"
 
     # It really ran on the cluster: the master registered the application and gave it an
     # executor on our worker.
