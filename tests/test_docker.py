@@ -281,6 +281,15 @@ def test_preprocess_entrypoint_script_runs_the_preprocess_command(name, tmp_path
     assert "--frequency-threshold" in proc.stdout and "--master" in proc.stdout
 
 
+def test_base_python_satisfies_requires_python():
+    from packaging.specifiers import SpecifierSet
+
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        requires = SpecifierSet(tomllib.load(fh)["project"]["requires-python"])
+    version = load("Dockerfile.preprocess").args["PYTHON_VERSION"]
+    assert version and f"{version}.0" in requires, (version, str(requires))
+
+
 def test_train_image_builds_horovod_from_the_tensorflow_pin_with_nccl_gloo_and_mpi():
     dockerfile = load("Dockerfile.train")
     assert re.search(r"\$\{TENSORFLOW_VERSION\}-gpu", dockerfile.of("FROM")[0].args)
