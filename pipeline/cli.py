@@ -63,10 +63,12 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
         config.workdir = args.workdir
     if args.frequency_threshold is not None:
         config.preprocess.frequency_threshold = args.frequency_threshold
-    if args.np is not None:
-        config.launch.np = args.np
     if args.hosts is not None:
         config.launch.hosts = args.hosts
+        if args.np is None:  # every slot the host list offers, as horovodrun users expect
+            config.launch.np = host_slots(args.hosts)
+    if args.np is not None:
+        config.launch.np = args.np
     if args.spark_master is not None:
         config.spark.master = args.spark_master
     if args.gpu:
@@ -80,6 +82,19 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
     return config
 
 
+def host_slots(hosts: str) -> int:
+    """Total slots of a horovodrun host list ``h1:4,h2:4`` (a host without ``:n`` has one)."""
+    total = 0
+    for item in (h.strip() for h in hosts.split(",") if h.strip()):
+        _, _, slots = item.partition(":")
+        if slots and not slots.isdigit():
+            raise PipelineError(f"--hosts item {item!r} must look like HOST or HOST:SLOTS", ExitCode.USAGE)
+        total += int(slots or 1)
+    if total == 0:
+        raise PipelineError("--hosts names no host", ExitCode.USAGE)
+    return total
+
+
 def validate(config: PipelineConfig) -> None:
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
@@ -87,6 +102,9 @@ def validate(config: PipelineConfig) -> None:
                             ExitCode.USAGE)
     if config.launch.np < 1:
         raise PipelineError("--np must be at least 1", ExitCode.USAGE)
+    if config.launch.hosts and config.launch.np > host_slots(config.launch.hosts):
+        raise PipelineError(f"--np {config.launch.np} is more than the {host_slots(config.launch.hosts)} "
+                            f"slots of --hosts {config.launch.hosts}", ExitCode.USAGE)
     parse_threshold_spec(config.preprocess.frequency_threshold)
 
 
