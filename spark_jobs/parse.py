@@ -25,8 +25,9 @@ from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NU
 REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
 
 _INT = r"(?:-?[0-9]{1,18})?"
-_HEX = r"(?:[0-9a-fA-F]{1,8})?"
-# Lines this matches are valid (a sound subset of the rules: 18 digits always fit in 64 bits).
+_HEX = r"(?:[0-9a-f]{8})?"
+# Lines this matches are valid (a sound subset of the rules: 18 digits always fit in 64 bits)
+# and their categoricals are already normalised (8 lowercase hex digits).
 FAST_VALID = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t{_HEX}){{0,{NUM_CATEGORICAL}}}"
               rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}})$")
 
@@ -44,7 +45,7 @@ def _reason_sql() -> str:
             "(NOT x rlike '^-?[0-9]+$' OR try_cast(x AS BIGINT) IS NULL)) THEN 'non_integer' "
             f"WHEN exists(slice(f, {first_cat}, {NUM_CATEGORICAL}), x -> x != '' AND "
             "NOT x rlike '^[0-9a-fA-F]{1,8}$') THEN 'non_hex_categorical' END")
-    return f"CASE WHEN line rlike {_sql_string(FAST_VALID)} THEN NULL ELSE {slow} END"
+    return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 
 def read_day(session, path: str, day: int):
@@ -64,12 +65,14 @@ def parse_lines(lines, seed: int):
     be counted; the log transform happens when writing.
     """
     seed = int(seed)
-    split = lines.selectExpr("day", "pos", "line", "split(line, '\\t', -1) AS f") \
+    split = lines.selectExpr("day", "pos", "line", "split(line, '\\t', -1) AS f",
+                             f"line rlike {_sql_string(FAST_VALID)} AS fast") \
         .selectExpr("*", f"{_reason_sql()} AS reason")
     ints = [f"try_cast(nullif(get(f, {i + 1}), '') AS BIGINT) AS {c}"
             for i, c in enumerate(INT_COLUMNS)]
-    cats = [f"lpad(lower(nullif(get(f, {i + 1 + NUM_INTEGER}), '')), 8, '0') AS {c}"
-            for i, c in enumerate(CAT_COLUMNS)]
+    cats = [f"CASE WHEN fast THEN nullif(get(f, {j}), '') "
+            f"ELSE lpad(lower(nullif(get(f, {j}), '')), 8, '0') END AS {c}"
+            for j, c in enumerate(CAT_COLUMNS, start=1 + NUM_INTEGER)]
     return split.selectExpr(
         "day", "pos",
         f"xxhash64({seed}, line) AS key1",
