@@ -33,7 +33,8 @@ def write_rejects(parsed, days: list[DayFile], stats: dict[int, DayStats], out_d
         line_number.cast("long").alias("line_number"),
         "reason",
         F.col("raw").alias("line"))
-    rejects.coalesce(1).write.mode("overwrite").json(str(out_dir))
+    # one file per partition that has rejects: a single writer would scan the whole cache alone
+    rejects.write.mode("overwrite").json(str(out_dir))
 
 
 def day_report(day: DayFile, s: DayStats) -> dict:
