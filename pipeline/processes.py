@@ -82,7 +82,8 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("running: %s", " ".join(argv))
     tail: deque[str] = deque(maxlen=200)
-    with open(log_path, "a", encoding="utf-8") as sink:
+    # Line-buffered, so `tail -f logs/<stage>.log` follows a long stage as it runs.
+    with open(log_path, "a", encoding="utf-8", buffering=1) as sink:
         sink.write(f"\n$ {' '.join(argv)}\n")
         sink.flush()
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
