@@ -73,8 +73,8 @@ def main() -> int:
     t = summary["timings"]
     stages = [("count (parse + stats + counts + histogram)", rows_in, t["count"]),
               ("dictionaries", rows_in, t["dictionaries"]),
-              ("transform train", rows["train"], t["transform_train"]),
-              ("transform test + validation", rows["test"] + rows["validation"], t["transform_eval"]),
+              ("transform (train + test + validation, one query)",
+               rows["train"] + rows["test"] + rows["validation"], t["transform"]),
               ("end to end (incl. session start)", rows_in, wall)]
     print(f"input: {args.days} days x {args.rows_per_day} rows = {rows_in} rows, "
           f"threshold {summary['threshold_spec']}, master {args.master}, "

@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
 from spark_jobs.jsonio import read_json, write_json
-from spark_jobs.stats import DayStats
+from spark_jobs.stats import ROW_CLASS, DayStats, row_class_sql, stats_from_counts
 
 DAYS_FORMAT_VERSION = 1
 
@@ -48,26 +48,44 @@ def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
             if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()]
 
 
-def long_form(parsed):
-    """(day, column, value) for every present categorical of every valid row: one ``stack``."""
+def _pairs(parsed, recount: bool):
+    """(day, column, value) pairs of one day: its row classes, and its values if recounted."""
     from pyspark.sql import functions as F
 
-    pairs = ", ".join(f"'{c}', `{c}`" for c in CAT_COLUMNS)
-    return (parsed.where(F.col("reason").isNull())
-            .select("day", F.expr(f"stack({len(CAT_COLUMNS)}, {pairs}) as (column, value)"))
-            .where(F.col("value").isNotNull()))
+    classes = parsed.withColumn("_class", F.expr(row_class_sql()))
+    if not recount:
+        return classes.select("day", F.lit(ROW_CLASS).alias("column"), F.col("_class").alias("value"))
+    pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS}', _class"])
+    return (classes.select("day", "reason",
+                           F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
+            .where(F.col("reason").isNull() | (F.col("column") == ROW_CLASS))
+            .drop("reason"))
 
 
-def write_day_counts(parsed, days: list[int], counts_dir: Path) -> None:
-    """Count the given days and (re)write only their partitions."""
+def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
+    """One aggregation over every day: value counts of the recounted days (written to their
+    partitions) and every day's statistics (from the row classes and the null values)."""
+    from functools import reduce
+
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    if not days:
-        return
-    counts = (long_form(parsed.where(F.col("day").isin(days)))
-              .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count")))
-    (counts.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-     .partitionBy("day").parquet(str(values_dir(counts_dir))))
+    frames = [_pairs(frame, day in recount) for day, frame in parsed_days.items()]
+    counts = (reduce(lambda a, b: a.unionByName(b), frames)
+              .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
+              .persist(StorageLevel.MEMORY_AND_DISK))
+    try:
+        special = counts.where((F.col("column") == ROW_CLASS) | F.col("value").isNull()).collect()
+        stats = stats_from_counts(special)
+        if recount:
+            values = counts.where((F.col("column") != ROW_CLASS) & F.col("value").isNotNull()
+                                  & F.col("day").isin(recount))
+            (values.select("day", "column", "value", "count").write.mode("overwrite")
+             .option("partitionOverwriteMode", "dynamic")
+             .partitionBy("day").parquet(str(values_dir(counts_dir))))
+    finally:
+        counts.unpersist()
+    return stats
 
 
 def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.schema import CAT_COLUMNS
 from pipeline.thresholds import ThresholdSpec
+from spark_jobs.parse import value_key
 from spark_jobs.stats import PARTITION_SHIFT
 
 
@@ -42,7 +43,8 @@ def _literal_map(mapping: dict):
 
 
 def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
-    """Write (value, id, count) partitioned by ``column`` to ``out_dir``."""
+    """Write (value, id, count, key) partitioned by ``column`` to ``out_dir``; ``key`` is the
+    join key of the value (``parse.value_key``)."""
     from pyspark.sql import functions as F
 
     kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
@@ -69,15 +71,16 @@ def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
             "column", "value",
             (F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1)
             .cast("int").alias("id"),
-            "count"))
+            "count",
+            value_key(F.col("value")).alias("key")))
         ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
     finally:
         ordered.unpersist()
 
 
 def column_dictionary(session, dict_dir: Path, column: str):
-    """(value, id) of one column, read back from the partitioned dictionary output."""
+    """(key, id) of one column, read back from the partitioned dictionary output."""
     from pyspark.sql import functions as F
 
     return (session.read.parquet(str(dict_dir)).where(F.col("column") == column)
-            .select("value", "id"))
+            .select("key", "id"))

@@ -9,13 +9,16 @@ Rules (also in docs/spark_jobs.md):
   categorical that is not 1-8 hex digits);
 - categoricals are normalised to 8 lowercase hex digits (left-padded with zeros).
 
-Speed: one regular expression over the whole line recognises the (almost always) valid lines;
-only lines it does not match are classified field by field, with compact higher-order
-functions. Everything is a SQL expression string, so the plan stays small and is built with a
-handful of py4j calls.
+Speed: the job reads every line twice (count pass, transform pass), so the per-line cost is
+what matters. A line is *fast* when cheap checks prove it valid and already normalised: a
+regular expression over the label and integer fields only (the short head of the line), and
+for the categoricals byte lengths of 0 or 8, ``unhex`` of their concatenation (all hex) and
+lowercase. Only the other lines are classified field by field (``reason``). The transform pass
+skips even the cheap checks for a day whose count pass found every line fast.
 
-Each day keeps ``pos`` (monotonically_increasing_id of its own read, so order-preserving within
-the file) and two seeded hashes of the line that give train its threshold-independent order.
+Categoricals are joined on ``xxhash64`` of the normalised 8-character value: for an 8-byte
+input XXH64 is a bijection (every step is invertible), so the 64-bit key is exact, and joins
+on longs are several times cheaper than on strings.
 """
 
 from __future__ import annotations
@@ -24,64 +27,140 @@ from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NU
 
 REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
 
+FIRST_CAT = 1 + NUM_INTEGER  # index of C1 in the split fields
 _INT = r"(?:-?[0-9]{1,18})?"
-_HEX = r"(?:[0-9a-f]{8})?"
-# Lines this matches are valid (a sound subset of the rules: 18 digits always fit in 64 bits)
-# and their categoricals are already normalised (8 lowercase hex digits).
-FAST_VALID = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t{_HEX}){{0,{NUM_CATEGORICAL}}}"
-              rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}})$")
+# The label and integer head of a valid line (18 digits always fit in 64 bits): exactly 13
+# integer fields followed by a tab or the end, or fewer than 13 and the end (a short line).
+FAST_HEAD = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t|$)"
+             rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}}$)")
 
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _field(j: int) -> str:
+    return f"get(f, {j})"
+
+
+def _fast_sql() -> str:
+    """True when the line is valid and its categoricals are already 8 lowercase hex digits."""
+    cats = [_field(j) for j in range(FIRST_CAT, NUM_FIELDS)]
+    lengths = " AND ".join(f"coalesce(octet_length({c}), 0) IN (0, 8)" for c in cats)
+    joined = f"concat_ws('', {', '.join(cats)})"
+    return (f"(size(f) <= {NUM_FIELDS} AND line rlike {_sql_string(FAST_HEAD)} AND {lengths} "
+            f"AND unhex({joined}) IS NOT NULL AND lower({joined}) = {joined})")
+
+
 def _reason_sql() -> str:
-    """null for a valid line, else the first failing rule (the field-by-field classification)."""
-    first_cat = 2 + NUM_INTEGER
+    """null for a valid line, else the first failing rule (the field-by-field classification).
+
+    Kept small on purpose (it is rarely evaluated, but its generated code shares one method with
+    the hot path): one regex over the joined integer fields, 13 overflow checks, one regex over
+    the joined categoricals. No lambdas: they are not code-generated and would take the whole
+    projection out of whole-stage codegen.
+    """
+    ints = f"concat_ws('\\t', slice(f, 2, {NUM_INTEGER}))"
+    cats = f"concat_ws('\\t', slice(f, {FIRST_CAT + 1}, {NUM_CATEGORICAL}))"
+    overflow = " OR ".join(f"coalesce({_field(j)} != '' AND try_cast({_field(j)} AS BIGINT) IS NULL, false)"
+                           for j in range(1, FIRST_CAT))
     slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN 'too_many_fields' "
             "WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN 'bad_label' "
-            f"WHEN exists(slice(f, 2, {NUM_INTEGER}), x -> x != '' AND "
-            "(NOT x rlike '^-?[0-9]+$' OR try_cast(x AS BIGINT) IS NULL)) THEN 'non_integer' "
-            f"WHEN exists(slice(f, {first_cat}, {NUM_CATEGORICAL}), x -> x != '' AND "
-            "NOT x rlike '^[0-9a-fA-F]{1,8}$') THEN 'non_hex_categorical' END")
+            f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*$' OR {overflow} "
+            "THEN 'non_integer' "
+            f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*$' "
+            "THEN 'non_hex_categorical' END")
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 
 def read_day(session, path: str, day: int):
-    """One day file as rows of (day, pos, line): '.gz' is decompressed, '\\r' stripped."""
+    """One day file as rows of (day, line): '.gz' is decompressed, '\\r' stripped."""
     return session.read.text(path).selectExpr(
         f"{int(day)} AS day",
-        "monotonically_increasing_id() AS pos",
         "CASE WHEN endswith(value, '\\r') THEN substr(value, 1, length(value) - 1) "
         "ELSE value END AS line")
 
 
-def parse_lines(lines, seed: int):
-    """(day, pos, line) → day, pos, key1, key2, reason, padded, raw, label, I*, C*.
+def split_fields(lines, checked: bool = True):
+    """(day, line) → + f (the fields), fast, reason, pos.
 
-    ``reason`` is null for a valid row; ``raw`` is the line only for rejected rows (so the
-    cached rows stay compact). ``I*`` stay integers here (nullable) so that missing rates can
-    be counted; the log transform happens when writing.
+    ``pos`` is monotonically_increasing_id (partition index << 33 | row), so it follows the
+    lines of the file. It is computed in the same projection as ``reason`` on purpose: a
+    nondeterministic projection stops the optimizer from pushing a later ``reason IS NULL``
+    filter below it, which would inline ``split`` and the checks dozens of times.
+    ``checked=False`` is for lines already known to be all fast (the count pass saw them): the
+    checks are skipped and every line is taken as fast and valid.
+    """
+    frame = lines.selectExpr("*", "split(line, '\\t', -1) AS f")
+    if not checked:
+        return frame.selectExpr("*", "true AS fast", "CAST(NULL AS STRING) AS reason",
+                                "monotonically_increasing_id() AS pos")
+    return (frame.selectExpr("*", f"{_fast_sql()} AS fast")
+            .selectExpr("*", f"{_reason_sql()} AS reason", "monotonically_increasing_id() AS pos"))
+
+
+def label_sql() -> str:
+    return f"CAST(CASE WHEN get(f, 0) = '1' THEN 1 ELSE 0 END AS INT) AS {LABEL}"
+
+
+def int_sqls() -> list[str]:
+    """I1..I13 as nullable BIGINT; ``cast`` is exact on fast lines, ``try_cast`` on the others."""
+    out = []
+    for i, c in enumerate(INT_COLUMNS, start=1):
+        x = f"nullif({_field(i)}, '')"
+        out.append(f"CASE WHEN fast THEN CAST({x} AS BIGINT) ELSE try_cast({x} AS BIGINT) END AS {c}")
+    return out
+
+
+def cat_value_sql(j: int) -> str:
+    """The normalised value of field j (8 lowercase hex digits), null when missing."""
+    x = f"nullif({_field(j)}, '')"
+    return f"CASE WHEN fast THEN {x} ELSE lpad(lower({x}), 8, '0') END"
+
+
+def cat_sqls() -> list[str]:
+    return [f"{cat_value_sql(j)} AS {c}" for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+
+
+def cat_key_sqls() -> list[str]:
+    """C1..C26 as join keys: xxhash64 of the normalised value (exact, see the module doc)."""
+    return [f"CASE WHEN nullif({_field(j)}, '') IS NULL THEN CAST(NULL AS BIGINT) "
+            f"ELSE xxhash64({cat_value_sql(j)}) END AS {c}"
+            for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+
+
+def value_key(column):
+    """The join key of a normalised value column (the dictionary side of ``cat_key_sqls``)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(column)
+
+
+def parse_for_counting(lines):
+    """(day, line) → day, pos, fast, reason, padded, raw, I* (raw text), C* (strings).
+
+    The count pass needs only whether an integer field is present, so it is not converted.
+    """
+    return split_fields(lines).selectExpr(
+        "day", "pos", "fast", "reason",
+        f"size(f) < {NUM_FIELDS} AS padded",
+        "CASE WHEN reason IS NOT NULL THEN line END AS raw",
+        *[f"nullif({_field(i)}, '') AS {c}" for i, c in enumerate(INT_COLUMNS, start=1)],
+        *cat_sqls())
+
+
+def parse_for_transform(lines, seed: int, checked: bool):
+    """(day, line) → valid rows: day, pos, key1, key2, label, I* (BIGINT), C* (join keys).
+
+    key1, key2 are two seeded hashes of the raw line: the train order, which therefore depends
+    only on the input and the seed.
     """
     seed = int(seed)
-    split = lines.selectExpr("day", "pos", "line", "split(line, '\\t', -1) AS f",
-                             f"line rlike {_sql_string(FAST_VALID)} AS fast") \
-        .selectExpr("*", f"{_reason_sql()} AS reason")
-    ints = [f"try_cast(nullif(get(f, {i + 1}), '') AS BIGINT) AS {c}"
-            for i, c in enumerate(INT_COLUMNS)]
-    cats = [f"CASE WHEN fast THEN nullif(get(f, {j}), '') "
-            f"ELSE lpad(lower(nullif(get(f, {j}), '')), 8, '0') END AS {c}"
-            for j, c in enumerate(CAT_COLUMNS, start=1 + NUM_INTEGER)]
-    return split.selectExpr(
+    return split_fields(lines, checked).where("reason IS NULL").selectExpr(
         "day", "pos",
         f"xxhash64({seed}, line) AS key1",
         f"hash({seed}, line) AS key2",
-        "reason",
-        f"size(f) < {NUM_FIELDS} AS padded",
-        "CASE WHEN reason IS NOT NULL THEN line END AS raw",
-        f"CAST(CASE WHEN get(f, 0) = '1' THEN 1 ELSE 0 END AS INT) AS {LABEL}",
-        *ints, *cats)
+        label_sql(), *int_sqls(), *cat_key_sqls())
 
 
 def log_transform(column):

@@ -1,7 +1,9 @@
 """The preprocess job: raw day files → counts, dictionaries, parquet splits, quality report.
 
-One Spark session, one parse of the raw text (persisted), then: per-day statistics (one
-aggregation), rejects, incremental counts, dictionaries, train, test and validation. Outputs
+One Spark session reads the raw text twice and caches nothing large: the count pass (one
+aggregation gives the value counts of new or changed days and every day's statistics; rejected
+lines are written only when there are some), the dictionaries, then the transform pass (one
+query writes train, test and validation). Outputs
 follow docs/architecture.md under ``WorkdirLayout(workdir)``; ``parquet/_SUCCESS`` is written
 last and removed first, so a half-finished run never looks complete.
 """
@@ -24,9 +26,9 @@ from spark_jobs.dictionaries import build_dictionaries, table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.jsonio import write_json
-from spark_jobs.parse import parse_lines, read_day
+from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.session import get_session
-from spark_jobs.stats import collect_day_stats, split_boundary
+from spark_jobs.stats import DayStats, split_boundary
 
 PREPROCESS_FORMAT_VERSION = 1
 
@@ -47,14 +49,6 @@ class _Timer:
             yield
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
-
-
-def _parse_all(session, days: list[DayFile], seed: int):
-    """Every day read on its own (so ``pos`` follows its lines), parsed, unioned, persisted."""
-    from pyspark import StorageLevel
-
-    frames = [parse_lines(read_day(session, str(d.path), d.day), seed) for d in days]
-    return reduce(lambda a, b: a.unionByName(b), frames).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def _spark_error_message(error: Exception) -> str:
@@ -97,29 +91,25 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig) -> dict:
     timer = _Timer()
     last = days[-1].day
-    parsed = _parse_all(session, days, cfg.shuffle_seed)
-    try:
-        with timer.stage("count"):
-            stats = collect_day_stats(parsed)
-            quality.check_days_not_empty(days, stats)
-            quality.write_rejects(parsed, days, stats, layout.rejects)
-            report = quality.quality_report(days, stats, cfg.max_reject_rate)
-            write_json(layout.data_quality, report)
-            quality.check_reject_rate(report)
-            counting.drop_stale_days(days, layout.counts)
-            recount = counting.days_to_count(days, layout.counts)
-            counting.write_day_counts(parsed, recount, layout.counts)
-            counting.write_days_json(days, stats, layout.counts)
-            totals = counting.value_totals(session, layout.counts).persist()
-            histogram = counting.write_histogram(totals, layout.counts)
-        with timer.stage("dictionaries"):
-            sizes = table_sizes(histogram, spec)
-            build_dictionaries(totals, spec, dictionaries_dir(layout))
-            totals.unpersist()
-            write_json(layout.parquet_model_size, sizes)
-        rows = _write_splits(session, parsed, layout, sizes, stats[last], last, cfg, timer)
-    finally:
-        parsed.unpersist()
+    parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
+    with timer.stage("count"):
+        counting.drop_stale_days(days, layout.counts)
+        recount = counting.days_to_count(days, layout.counts)
+        stats = counting.count_pass(parsed, recount, layout.counts)
+        quality.check_days_not_empty(days, stats)
+        quality.write_rejects(parsed, days, stats, layout.rejects)
+        report = quality.quality_report(days, stats, cfg.max_reject_rate)
+        write_json(layout.data_quality, report)
+        quality.check_reject_rate(report)
+        counting.write_days_json(days, stats, layout.counts)
+        totals = counting.value_totals(session, layout.counts).persist()
+        histogram = counting.write_histogram(totals, layout.counts)
+    with timer.stage("dictionaries"):
+        sizes = table_sizes(histogram, spec)
+        build_dictionaries(totals, spec, dictionaries_dir(layout))
+        totals.unpersist()
+        write_json(layout.parquet_model_size, sizes)
+    rows = _write_splits(session, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
     write_json(layout.data_quality, report)
@@ -141,32 +131,36 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
     return summary
 
 
-def _write_splits(session, parsed, layout: WorkdirLayout, sizes: dict[str, int], last_stats,
-                  last: int, cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
-    """Map every valid row once (persisted as ints), then write train, test and validation."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+def _transform_rows(session, day: DayFile, stats: dict[int, DayStats], seed: int, lines=None):
+    """The second read of a day: valid rows with join keys (checks skipped for all-fast days)."""
+    lines = lines if lines is not None else read_day(session, str(day.path), day.day)
+    return parse_for_transform(lines, seed, checked=not stats[day.day].all_fast)
 
-    valid = parsed.where(F.col("reason").isNull())
-    mapped, shuffled = transform.map_categoricals(valid, session, dictionaries_dir(layout), sizes,
-                                                  cfg.broadcast_max_values)
-    mapped = transform.output_projection(mapped, extra=("day", "pos", "key1", "key2")) \
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        with timer.stage("transform_train"):
-            train = mapped.where(F.col("day") != last)
-            transform.write_parquet(transform.shuffled_train(train, cfg.output_files),
-                                    layout.parquet_split("train"), cfg.compression)
-        with timer.stage("transform_eval"):
-            boundary = split_boundary(last_stats)
-            eval_rows = mapped.where(F.col("day") == last)
-            halves = {"test": eval_rows.where(F.col("pos") < boundary),
-                      "validation": eval_rows.where(F.col("pos") >= boundary)}
-            for split, frame in halves.items():
-                transform.write_parquet(transform.in_line_order(frame, shuffled, cfg.output_files),
-                                        layout.parquet_split(split), cfg.compression)
-    finally:
-        mapped.unpersist()
+
+def _write_splits(session, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
+                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
+    """Train, test and validation from one query over a second read of every day."""
+    def mapped(rows):
+        return transform.map_categoricals(rows, session, dictionaries_dir(layout), sizes,
+                                          cfg.broadcast_max_values)
+
+    with timer.stage("transform"):
+        train, _ = mapped(reduce(lambda a, b: a.unionByName(b),
+                                 [_transform_rows(session, d, stats, cfg.shuffle_seed)
+                                  for d in days[:-1]]))
+        last = days[-1]
+        evaluation, shuffled = mapped(_transform_rows(session, last, stats, cfg.shuffle_seed))
+        partitions = cfg.output_files or int(session.conf.get("spark.sql.shuffle.partitions"))
+        frame = transform.all_splits(
+            transform.train_part(transform.output_projection(train, extra=("key1", "key2")),
+                                 partitions),
+            transform.eval_part(transform.output_projection(evaluation, extra=("pos",)),
+                                split_boundary(stats[last.day]), shuffled))
+        staging = layout.parquet / ".splits-staging"
+        transform.write_parquet(frame, staging, cfg.compression, partition_by="split")
+        targets = {s: layout.parquet_split(s) for s in SPLITS}
+        for name in transform.move_split_dirs(staging, targets):
+            transform.write_empty_split(session, frame.drop("split"), targets[name], cfg.compression)
     return {split: session.read.parquet(str(layout.parquet_split(split))).count()
             for split in SPLITS}
 

@@ -7,6 +7,7 @@ parquet back, not from the plan, so a lost row would show as a broken identity.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from spark_jobs.errors import PreprocessInputError, PreprocessJobError
@@ -15,12 +16,23 @@ from spark_jobs.parse import REASONS
 from spark_jobs.stats import PARTITION_SHIFT, DayStats
 
 
-def write_rejects(parsed, days: list[DayFile], stats: dict[int, DayStats], out_dir: Path) -> None:
-    """Rejected lines with their day file, 1-based line number and reason."""
+def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats], out_dir: Path) -> None:
+    """Rejected lines with their day file, 1-based line number and reason.
+
+    Only days that have rejects are read again (clean data costs nothing here); the directory
+    is emptied first, so it always holds exactly this run's rejects.
+    """
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
+    shutil.rmtree(out_dir, ignore_errors=True)
+    dirty = [d for d in days if stats[d.day].rows_rejected]
+    if not dirty:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return
     names, offsets = [], []
-    for d in days:
+    for d in dirty:
         names += [F.lit(d.day), F.lit(d.name)]
         for pid, offset in stats[d.day].line_offsets().items():
             offsets += [F.lit((d.day << 20) + pid), F.lit(offset)]
@@ -28,12 +40,12 @@ def write_rejects(parsed, days: list[DayFile], stats: dict[int, DayStats], out_d
     key = F.shiftleft(F.col("day").cast("long"), 20) + pid
     line_number = (F.element_at(F.create_map(*offsets), key)
                    + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)) + 1)
-    rejects = parsed.where(F.col("reason").isNotNull()).select(
+    rows = reduce(lambda a, b: a.unionByName(b), [parsed[d.day] for d in dirty])
+    rejects = rows.where(F.col("reason").isNotNull()).select(
         F.element_at(F.create_map(*names), F.col("day")).alias("file"),
         line_number.cast("long").alias("line_number"),
         "reason",
         F.col("raw").alias("line"))
-    # one file per partition that has rejects: a single writer would scan the whole cache alone
     rejects.write.mode("overwrite").json(str(out_dir))
 
 

@@ -15,6 +15,10 @@ from pipeline.config import SparkConfig
 from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.gpu import rapids_conf
 
+# Whole-stage code generation over 40 columns and 26 joins yields methods above HotSpot's
+# 8000-byte JIT limit; left interpreted they run 2-3x slower. The parallel collector suits
+# this throughput-bound batch job better than G1 (about 20% on the count aggregation).
+JVM_OPTIONS = "-XX:-DontCompileHugeMethods -XX:+UseParallelGC"
 _LOCAL_CORES = re.compile(r"^local\[(\d+|\*)(?:,\d+)?\]$")
 
 
@@ -70,6 +74,8 @@ def spark_settings(spark: SparkConfig) -> dict[str, str]:
         "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
     }
     if partitions:
         conf["spark.sql.shuffle.partitions"] = str(partitions)

@@ -1,8 +1,13 @@
-"""Per-day statistics of the parsed rows, from one aggregation over the cached parse.
+"""Per-day statistics, folded into the count pass's single aggregation.
 
-Grouped by (day, read partition) so that the same pass also gives the line offsets of every
-partition: line numbers of rejected lines and the test/validation boundary of the last day
-come from them without a single-partition window.
+Every parsed line contributes one extra (column, value) pair to the value-count aggregation:
+column ``_row`` and a *row class* value — read partition, fast or not, reject reason, padded,
+and the bit mask of its missing integer fields. Counting those classes gives rows read, valid,
+padded, rejected per reason, missing integers and the lines of every read partition, and the
+missing categoricals are the counts of null values: statistics without a second pass.
+
+The partition line counts give the line numbers of rejected lines and the test/validation
+boundary of the last day without a single-partition window.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pipeline.schema import CAT_COLUMNS, INT_COLUMNS
 from spark_jobs.parse import REASONS
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition
+ROW_CLASS = "_row"    # the pseudo column of the row classes in the count aggregation
 
 
 @dataclass
@@ -21,14 +27,20 @@ class DayStats:
     rows_read: int = 0
     rows_valid: int = 0
     rows_padded: int = 0
+    rows_fast: int = 0
     rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REASONS})
     missing: dict[str, int] = field(default_factory=lambda: {c: 0 for c in (*INT_COLUMNS, *CAT_COLUMNS)})
-    # (partition index, lines in it) in read order
-    partitions: list[tuple[int, int]] = field(default_factory=list)
+    # partition index → lines in it
+    partitions: dict[int, int] = field(default_factory=dict)
 
     @property
     def rows_rejected(self) -> int:
         return sum(self.rejected.values())
+
+    @property
+    def all_fast(self) -> bool:
+        """Every line passed the cheap checks: the transform pass may skip them for this day."""
+        return self.rows_fast == self.rows_read
 
     def missing_rates(self) -> dict[str, float]:
         return {c: (n / self.rows_valid if self.rows_valid else 0.0) for c, n in self.missing.items()}
@@ -36,35 +48,43 @@ class DayStats:
     def line_offsets(self) -> dict[int, int]:
         """Partition index → number of lines of this day in earlier partitions."""
         offsets, total = {}, 0
-        for pid, lines in sorted(self.partitions):
+        for pid in sorted(self.partitions):
             offsets[pid] = total
-            total += lines
+            total += self.partitions[pid]
         return offsets
 
 
-def collect_day_stats(parsed) -> dict[int, DayStats]:
-    from pyspark.sql import functions as F
+def row_class_sql() -> str:
+    """'pid:fast:reason:padded:mask' of a parsed line (mask: bit i = I(i+1) missing, valid rows)."""
+    bits = " + ".join(f"CASE WHEN {c} IS NULL THEN {1 << i} ELSE 0 END"
+                      for i, c in enumerate(INT_COLUMNS))
+    return (f"concat_ws(':', CAST(shiftright(pos, {PARTITION_SHIFT}) AS STRING), "
+            "CASE WHEN fast THEN '1' ELSE '0' END, coalesce(reason, ''), "
+            "CASE WHEN padded THEN '1' ELSE '0' END, "
+            f"CAST(CASE WHEN reason IS NULL THEN {bits} ELSE 0 END AS STRING))")
 
-    valid = F.col("reason").isNull()
-    aggs = [F.count(F.lit(1)).alias("rows_read"),
-            F.sum(valid.cast("long")).alias("rows_valid"),
-            F.sum((valid & F.col("padded")).cast("long")).alias("rows_padded")]
-    aggs += [F.sum((F.col("reason") == r).cast("long")).alias(f"rej_{r}") for r in REASONS]
-    aggs += [F.sum((valid & F.col(c).isNull()).cast("long")).alias(f"miss_{c}")
-             for c in (*INT_COLUMNS, *CAT_COLUMNS)]
-    pid = F.shiftright(F.col("pos"), PARTITION_SHIFT).alias("pid")
-    rows = parsed.groupBy("day", pid).agg(*aggs).collect()
+
+def stats_from_counts(rows) -> dict[int, DayStats]:
+    """DayStats from the aggregation rows of the row classes and of the null values."""
     stats: dict[int, DayStats] = {}
     for row in rows:
         s = stats.setdefault(row["day"], DayStats(row["day"]))
-        s.rows_read += row["rows_read"]
-        s.rows_valid += row["rows_valid"] or 0
-        s.rows_padded += row["rows_padded"] or 0
-        for r in REASONS:
-            s.rejected[r] += row[f"rej_{r}"] or 0
-        for c in s.missing:
-            s.missing[c] += row[f"miss_{c}"] or 0
-        s.partitions.append((row["pid"], row["rows_read"]))
+        n = row["count"]
+        if row["column"] != ROW_CLASS:
+            s.missing[row["column"]] += n  # a null categorical of a valid row
+            continue
+        pid, fast, reason, padded, mask = row["value"].split(":")
+        s.rows_read += n
+        s.partitions[int(pid)] = s.partitions.get(int(pid), 0) + n
+        s.rows_fast += n if fast == "1" else 0
+        if reason:
+            s.rejected[reason] += n
+            continue
+        s.rows_valid += n
+        s.rows_padded += n if padded == "1" else 0
+        for i, c in enumerate(INT_COLUMNS):
+            if int(mask) >> i & 1:
+                s.missing[c] += n
     return stats
 
 
@@ -72,9 +92,9 @@ def split_boundary(stats: DayStats) -> int:
     """The ``pos`` where validation starts: test = the first ceil(n/2) lines (NVIDIA's split)."""
     half = (stats.rows_read + 1) // 2
     seen = 0
-    for pid, lines in sorted(stats.partitions):
+    for pid in sorted(stats.partitions):
+        lines = stats.partitions[pid]
         if seen + lines > half:
             return (pid << PARTITION_SHIFT) + (half - seen)
         seen += lines
-    last_pid = max(p for p, _ in stats.partitions)
-    return (last_pid + 1) << PARTITION_SHIFT
+    return (max(stats.partitions) + 1) << PARTITION_SHIFT

@@ -1,15 +1,21 @@
 """Parsed rows + dictionaries → the parquet splits.
 
-Small dictionaries are broadcast (map-side hash joins keep each partition's row order);
-dictionaries above ``broadcast_max_values`` are joined with a shuffle, never collected.
-Train is ordered by two seeded hashes of the raw line (then by the row itself), so its order
-depends only on the input and the seed. Test and validation keep line order: with broadcast
-joins only, partitions already are in line order and are written as they are; after a shuffle
-join they are re-sorted by ``pos``.
+Categoricals arrive as 64-bit keys (``parse.cat_key_sqls``) and are joined with the
+dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
+partition's row order); dictionaries above ``broadcast_max_values`` are joined with a shuffle,
+never collected.
+
+One query writes all three splits (so the broadcast dictionaries are built once): train is
+hash-partitioned by ``key1`` (a seeded hash of the raw line) and sorted within each partition
+by (key1, key2, the row), so its order depends only on the input and the seed and no
+range-partitioning sample pass is needed; the last day's partitions follow its lines and are
+sorted by line position (a global sort only after a shuffle join). The writer partitions by
+split into a staging directory whose ``split=<name>`` folders become the split directories.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
@@ -20,7 +26,7 @@ OUTPUT_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
 
 def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
                      broadcast_max_values: int):
-    """Replace every C column by its id (0 when rare or missing). Returns (rows, shuffled?)."""
+    """Replace every C key by its id (0 when rare or missing). Returns (rows, shuffled?)."""
     from pyspark.sql import functions as F
 
     shuffled = False
@@ -30,18 +36,18 @@ def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
             rows = rows.withColumn(c, F.lit(0).cast("int"))
             continue
         table = (dictionaries.where(F.col("column") == c)
-                 .select(F.col("value").alias(f"_v_{c}"), F.col("id").alias(f"_id_{c}")))
+                 .select(F.col("key").alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")))
         if sizes[c] - 1 <= broadcast_max_values:
             table = F.broadcast(table)
         else:
             shuffled = True
-        rows = (rows.join(table, rows[c] == table[f"_v_{c}"], "left")
+        rows = (rows.join(table, rows[c] == table[f"_k_{c}"], "left")
                 .withColumn(c, F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int"))
-                .drop(f"_v_{c}", f"_id_{c}"))
+                .drop(f"_k_{c}", f"_id_{c}"))
     return rows, shuffled
 
 
-def output_projection(rows, extra: tuple[str, ...] = ()):
+def output_projection(rows, extra: tuple = ()):
     """label int32, I* float32 (log transform), C* int32, plus ``extra`` helper columns."""
     from pyspark.sql import functions as F
 
@@ -51,28 +57,54 @@ def output_projection(rows, extra: tuple[str, ...] = ()):
                        *extra)
 
 
-def write_parquet(frame, path: Path, compression: str) -> None:
-    frame.write.mode("overwrite").option("compression", compression).parquet(str(path))
+def write_parquet(frame, path: Path, compression: str, partition_by: str | None = None) -> None:
+    writer = frame.write.mode("overwrite").option("compression", compression)
+    if partition_by:
+        writer = writer.partitionBy(partition_by)
+    writer.parquet(str(path))
 
 
-def shuffled_train(rows, output_files: int):
-    """Output-projected train rows (+ key1, key2) in their seeded order: hashes of the line, then the row as tie-break."""
+def train_part(rows, partitions: int):
+    """Output-projected train rows with their sort keys, hash-partitioned by the seeded key1."""
     from pyspark.sql import functions as F
 
-    keys = [F.col("key1"), F.col("key2"), *[F.col(c) for c in OUTPUT_COLUMNS]]
-    frame = rows
-    if output_files > 0:
-        frame = frame.repartitionByRange(output_files, *keys).sortWithinPartitions(*keys)
-    else:
-        frame = frame.orderBy(*keys)
-    return frame.select(*OUTPUT_COLUMNS)
+    return (rows.repartition(partitions, F.col("key1"))
+            .select(*OUTPUT_COLUMNS, F.lit("train").alias("split"),
+                    F.col("key1").alias("_k1"), F.col("key2").cast("long").alias("_k2")))
 
 
-def in_line_order(rows, must_sort: bool, output_files: int):
-    """Eval rows in input line order (``pos``), sorting only when a shuffle broke the order."""
-    frame = rows
-    if output_files > 0:
-        frame = frame.repartitionByRange(output_files, "pos").sortWithinPartitions("pos")
-    elif must_sort:
-        frame = frame.orderBy("pos")
-    return frame.select(*OUTPUT_COLUMNS)
+def eval_part(rows, boundary: int, must_sort: bool):
+    """Output-projected rows of the last day, split at ``boundary``, sort keys = line position."""
+    from pyspark.sql import functions as F
+
+    split = F.when(F.col("pos") < F.lit(boundary), F.lit("test")).otherwise(F.lit("validation"))
+    frame = rows.select(*OUTPUT_COLUMNS, split.alias("split"), F.col("pos").alias("_k1"),
+                        F.lit(0).cast("long").alias("_k2"))
+    # broadcast joins keep each read partition in line order; a shuffle join does not
+    return frame.orderBy("split", "_k1") if must_sort else frame
+
+
+def all_splits(train, evaluation):
+    """One frame for one write: within each partition rows are sorted by (split, keys), which is
+    also the order the partitioned writer needs, so it adds no sort of its own."""
+    keys = ["split", "_k1", "_k2", *OUTPUT_COLUMNS]
+    return train.unionByName(evaluation).sortWithinPartitions(*keys).drop("_k1", "_k2")
+
+
+def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
+    """``staging/split=<name>`` → ``targets[name]``; returns the names that had no rows."""
+    empty = []
+    for name, target in targets.items():
+        shutil.rmtree(target, ignore_errors=True)
+        source = staging / f"split={name}"
+        if source.is_dir():
+            source.replace(target)
+        else:
+            empty.append(name)
+    shutil.rmtree(staging, ignore_errors=True)
+    return empty
+
+
+def write_empty_split(session, like, path: Path, compression: str) -> None:
+    """A split without rows still gets a parquet file carrying the schema."""
+    write_parquet(session.createDataFrame([], like.schema).coalesce(1), path, compression)

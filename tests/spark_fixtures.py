@@ -36,6 +36,7 @@ def spark_session():
         _SESSION = (SparkSession.builder.master("local[2]")
                     .appName("spark_jobs-tests")
                     .config("spark.driver.memory", "2g")
+                    .config("spark.driver.extraJavaOptions", "-XX:-DontCompileHugeMethods")
                     .config("spark.ui.enabled", "false")
                     .config("spark.ui.showConsoleProgress", "false")
                     .config("spark.sql.shuffle.partitions", "4")
