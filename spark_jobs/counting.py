@@ -79,7 +79,7 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
         stats = stats_from_counts(special)
         if recount:
             values = counts.where((F.col("column") != ROW_CLASS) & F.col("value").isNotNull()
-                                  & F.col("day").isin(recount))
+                                  & F.col("day").isin([str(d) for d in recount]))
             (values.select("day", "column", "value", "count").write.mode("overwrite")
              .option("partitionOverwriteMode", "dynamic")
              .partitionBy("day").parquet(str(values_dir(counts_dir))))

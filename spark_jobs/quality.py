@@ -33,7 +33,7 @@ def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats],
         return
     names, offsets = [], []
     for d in dirty:
-        names += [F.lit(d.day), F.lit(d.name)]
+        names += [F.lit(str(d.day)), F.lit(d.name)]
         for pid, offset in stats[d.day].line_offsets().items():
             offsets += [F.lit((d.day << 20) + pid), F.lit(offset)]
     pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)

@@ -68,7 +68,8 @@ def stats_from_counts(rows) -> dict[int, DayStats]:
     """DayStats from the aggregation rows of the row classes and of the null values."""
     stats: dict[int, DayStats] = {}
     for row in rows:
-        s = stats.setdefault(row["day"], DayStats(row["day"]))
+        day = int(row["day"])
+        s = stats.setdefault(day, DayStats(day))
         n = row["count"]
         if row["column"] != ROW_CLASS:
             s.missing[row["column"]] += n  # a null categorical of a valid row
