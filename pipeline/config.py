@@ -79,8 +79,12 @@ class PreprocessConfig:
     frequency_threshold: str = "2"
     shuffle_seed: int = 12345
     max_reject_rate: float = 0.01
-    # Output parquet files per split; 0 means 'as many as Spark chooses'.
+    # Train parquet files (train rows are hash-partitioned by their seeded key into this many
+    # files, so the order depends on it); 0 = one file per `train_rows_per_file` rows. Never
+    # derived from Spark settings, so a cluster and a laptop write the same order.
+    # Test and validation files follow the read partitions (their order is the line order).
     output_files: int = 0
+    train_rows_per_file: int = 1_000_000
     # Dictionaries with at most this many kept values are broadcast to the transform; larger
     # (skewed, Terabyte-sized) ones are joined with a shuffle and never collected to the driver.
     broadcast_max_values: int = 2_000_000

@@ -18,23 +18,25 @@ from typing import Any
 from pipeline.fingerprint import stable_hash
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, sort_keys: bool = True) -> None:
+    """Temp file + fsync + rename: a crash never leaves half a file."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        json.dump(data, fh, indent=2, sort_keys=sort_keys, default=str)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> Any | None:
+def read_json(path: Path, default: Any = None) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except FileNotFoundError:
-        return None
+        return default
 
 
 @dataclass

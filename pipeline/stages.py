@@ -105,7 +105,8 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     p = ctx.config.preprocess
     return {"raw": tree_fingerprint(ctx.raw_dir, ignore=("generator_meta.json",)),
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
-            "output_files": p.output_files, "threshold": str(ctx.threshold)}
+            "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
+            "threshold": str(ctx.threshold)}
 
 
 def _preprocess_outputs(ctx: StageContext) -> str:

@@ -131,6 +131,13 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
     return summary
 
 
+def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
+    """How many train files: from the config and the row count only (the order depends on it)."""
+    if cfg.output_files > 0:
+        return cfg.output_files
+    return max(1, -(-train_rows // max(1, cfg.train_rows_per_file)))
+
+
 def _transform_rows(session, day: DayFile, stats: dict[int, DayStats], seed: int, lines=None):
     """The second read of a day: valid rows with join keys (checks skipped for all-fast days)."""
     lines = lines if lines is not None else read_day(session, str(day.path), day.day)
@@ -150,7 +157,7 @@ def _write_splits(session, days: list[DayFile], layout: WorkdirLayout, sizes: di
                                   for d in days[:-1]]))
         last = days[-1]
         evaluation, shuffled = mapped(_transform_rows(session, last, stats, cfg.shuffle_seed))
-        partitions = cfg.output_files or int(session.conf.get("spark.sql.shuffle.partitions"))
+        partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
         frame = transform.all_splits(
             transform.train_part(transform.output_projection(train, extra=("key1", "key2")),
                                  partitions),
