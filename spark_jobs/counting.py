@@ -58,13 +58,14 @@ def _pairs(parsed, recount: bool):
     pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS}', _class"])
     return (classes.select("day", "reason",
                            F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
-            .where(F.col("reason").isNull() | (F.col("column") == ROW_CLASS))
+            .where((F.col("reason").isNull() & F.col("value").isNotNull())
+                   | (F.col("column") == ROW_CLASS))
             .drop("reason"))
 
 
 def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
     """One aggregation over every day: value counts of the recounted days (written to their
-    partitions) and every day's statistics (from the row classes and the null values)."""
+    partitions) and every day's statistics (from the row classes)."""
     from functools import reduce
 
     from pyspark import StorageLevel
@@ -75,10 +76,10 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
               .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        special = counts.where((F.col("column") == ROW_CLASS) | F.col("value").isNull()).collect()
+        special = counts.where(F.col("column") == ROW_CLASS).collect()
         stats = stats_from_counts(special)
         if recount:
-            values = counts.where((F.col("column") != ROW_CLASS) & F.col("value").isNotNull()
+            values = counts.where((F.col("column") != ROW_CLASS)
                                   & F.col("day").isin([str(d) for d in recount]))
             (values.select("day", "column", "value", "count").write.mode("overwrite")
              .option("partitionOverwriteMode", "dynamic")

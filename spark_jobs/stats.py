@@ -2,9 +2,9 @@
 
 Every parsed line contributes one extra (column, value) pair to the value-count aggregation:
 column ``_row`` and a *row class* value — read partition, fast or not, reject reason, padded,
-and the bit mask of its missing integer fields. Counting those classes gives rows read, valid,
-padded, rejected per reason, missing integers and the lines of every read partition, and the
-missing categoricals are the counts of null values: statistics without a second pass.
+and the bit mask of its missing fields. Counting those classes gives rows read, valid, padded,
+rejected per reason, missing values per column and the lines of every read partition:
+statistics without a second pass.
 
 The partition line counts give the line numbers of rejected lines and the test/validation
 boundary of the last day without a single-partition window.
@@ -54,10 +54,15 @@ class DayStats:
         return offsets
 
 
+MASKED_COLUMNS: tuple[str, ...] = (*INT_COLUMNS, *CAT_COLUMNS)  # bit i = column i missing
+
+
 def row_class_sql() -> str:
-    """'pid:fast:reason:padded:mask' of a parsed line (mask: bit i = I(i+1) missing, valid rows)."""
+    """'pid:fast:reason:padded:mask' of a parsed line; mask bit i = MASKED_COLUMNS[i] missing
+    (valid rows only). The mask, not the null values, gives the missing rates, so a day whose
+    values are not recounted still gets them and null values need not be counted."""
     bits = " + ".join(f"CASE WHEN {c} IS NULL THEN {1 << i} ELSE 0 END"
-                      for i, c in enumerate(INT_COLUMNS))
+                      for i, c in enumerate(MASKED_COLUMNS))
     return (f"concat_ws(':', CAST(shiftright(pos, {PARTITION_SHIFT}) AS STRING), "
             "CASE WHEN fast THEN '1' ELSE '0' END, coalesce(reason, ''), "
             "CASE WHEN padded THEN '1' ELSE '0' END, "
@@ -65,14 +70,13 @@ def row_class_sql() -> str:
 
 
 def stats_from_counts(rows) -> dict[int, DayStats]:
-    """DayStats from the aggregation rows of the row classes and of the null values."""
+    """DayStats from the aggregation rows of the row classes."""
     stats: dict[int, DayStats] = {}
     for row in rows:
         day = int(row["day"])
         s = stats.setdefault(day, DayStats(day))
         n = row["count"]
         if row["column"] != ROW_CLASS:
-            s.missing[row["column"]] += n  # a null categorical of a valid row
             continue
         pid, fast, reason, padded, mask = row["value"].split(":")
         s.rows_read += n
@@ -83,8 +87,9 @@ def stats_from_counts(rows) -> dict[int, DayStats]:
             continue
         s.rows_valid += n
         s.rows_padded += n if padded == "1" else 0
-        for i, c in enumerate(INT_COLUMNS):
-            if int(mask) >> i & 1:
+        bits = int(mask)
+        for i, c in enumerate(MASKED_COLUMNS):
+            if bits >> i & 1:
                 s.missing[c] += n
     return stats
 

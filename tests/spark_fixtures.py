@@ -152,6 +152,19 @@ def reference_parse(line: str):
     return None, padded, int(fields[0]), ints, cats
 
 
+def reference_missing_rates(lines: list[str]) -> dict[str, float]:
+    """Per column, the share of a day's valid rows whose value is missing (days.json)."""
+    from pipeline.schema import INT_COLUMNS
+
+    valid = [p for p in map(reference_parse, lines) if p[0] is None]
+    rates = {}
+    for i, c in enumerate(INT_COLUMNS):
+        rates[c] = sum(p[3][i] is None for p in valid) / len(valid) if valid else 0.0
+    for j, c in enumerate(CAT_COLUMNS):
+        rates[c] = sum(p[4][j] is None for p in valid) / len(valid) if valid else 0.0
+    return rates
+
+
 def reference_numerical(x) -> np.float32:
     if x is None or x <= -3:
         return np.float32(0.0)

@@ -16,8 +16,8 @@ import pytest
 from pipeline.config import GeneratorConfig
 from pipeline.layout import WorkdirLayout
 from pipeline.schema import CAT_COLUMNS
-from spark_fixtures import (assert_rows_equal, read_split, reference_preprocess, run, random_days,
-                            sort_key, spark, write_days)  # noqa: F401  (spark is a fixture)
+from spark_fixtures import (assert_rows_equal, read_split, reference_missing_rates,  # noqa: F401
+                            reference_preprocess, run, random_days, sort_key, spark, write_days)
 
 pytestmark = pytest.mark.spark
 
@@ -88,7 +88,8 @@ def test_counts_and_histogram_match_reference(generated):
     assert {(r["column"], r["count"]): r["num_values"] for r in hist} == dict(expected_hist)
     days = json.loads((counts_dir / "days.json").read_text())["days"]
     assert [d["rows_read"] for d in days] == [len(x) for x in lines]
-    assert all(0.0 <= d["missing_rate"]["C1"] <= 1.0 for d in days)
+    for d, day_lines in zip(days, lines):
+        assert d["missing_rate"] == pytest.approx(reference_missing_rates(day_lines)), d["file"]
 
 
 def test_real_sample_matches_reference(tmp_path, spark, real_sample):

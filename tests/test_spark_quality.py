@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.layout import WorkdirLayout
 from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,
-                            reference_preprocess, run, salted_days, sort_key, spark,  # noqa: F401
+                            reference_missing_rates, reference_preprocess, run, salted_days, sort_key, spark,  # noqa: F401
                             write_days)
 from spark_jobs.errors import PreprocessInputError
 
@@ -122,6 +122,9 @@ def test_adding_a_day_counts_only_that_day(tmp_path, spark):
     assert_rows_equal(read_split(WorkdirLayout.at(work).parquet_split("test")), ref.splits["test"], "test")
     days_json = json.loads((WorkdirLayout.at(work).counts / "days.json").read_text())
     assert [d["file"] for d in days_json["days"]] == ["day_0", "day_1", "day_2"]
+    # reused days keep exact statistics (they come from the row classes, not the value counts)
+    for d, day_lines in zip(days_json["days"], days):
+        assert d["missing_rate"] == pytest.approx(reference_missing_rates(day_lines)), d["file"]
     # a changed day is recounted; unchanged ones are not
     (raw / "day_0").write_bytes((raw / "day_0").read_bytes() + (days[0][0] + "\n").encode())
     third = run(spark, raw, work, "2")
