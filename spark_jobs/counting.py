@@ -76,8 +76,7 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
               .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        special = counts.where(F.col("column") == ROW_CLASS).collect()
-        stats = stats_from_counts(special)
+        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS).collect())
         if recount:
             values = counts.where((F.col("column") != ROW_CLASS)
                                   & F.col("day").isin([str(d) for d in recount]))

@@ -77,10 +77,3 @@ def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
     finally:
         ordered.unpersist()
 
-
-def column_dictionary(session, dict_dir: Path, column: str):
-    """(key, id) of one column, read back from the partitioned dictionary output."""
-    from pyspark.sql import functions as F
-
-    return (session.read.parquet(str(dict_dir)).where(F.col("column") == column)
-            .select("key", "id"))

@@ -129,7 +129,8 @@ def cat_sqls() -> list[str]:
 
 def cat_key_sqls() -> list[str]:
     """C1..C26 as join keys: xxhash64 of the normalised value (exact, see the module doc)."""
-    return [f"CASE WHEN nullif({_field(j)}, '') IS NULL THEN CAST(NULL AS BIGINT) "
+    # xxhash64(NULL) is the seed, a valid key: a missing value must stay NULL (no match, id 0)
+    return [f"CASE WHEN {cat_value_sql(j)} IS NULL THEN CAST(NULL AS BIGINT) "
             f"ELSE xxhash64({cat_value_sql(j)}) END AS {c}"
             for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
 

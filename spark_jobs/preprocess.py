@@ -90,7 +90,6 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
 
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig) -> dict:
     timer = _Timer()
-    last = days[-1].day
     parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
@@ -138,10 +137,10 @@ def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
     return max(1, -(-train_rows // max(1, cfg.train_rows_per_file)))
 
 
-def _transform_rows(session, day: DayFile, stats: dict[int, DayStats], seed: int, lines=None):
+def _transform_rows(session, day: DayFile, stats: dict[int, DayStats], seed: int):
     """The second read of a day: valid rows with join keys (checks skipped for all-fast days)."""
-    lines = lines if lines is not None else read_day(session, str(day.path), day.day)
-    return parse_for_transform(lines, seed, checked=not stats[day.day].all_fast)
+    return parse_for_transform(read_day(session, str(day.path), day.day), seed,
+                               checked=not stats[day.day].all_fast)
 
 
 def _write_splits(session, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],

@@ -70,14 +70,12 @@ def row_class_sql() -> str:
 
 
 def stats_from_counts(rows) -> dict[int, DayStats]:
-    """DayStats from the aggregation rows of the row classes."""
+    """DayStats from the aggregation rows (day, value, count) of column ``ROW_CLASS``."""
     stats: dict[int, DayStats] = {}
     for row in rows:
         day = int(row["day"])
         s = stats.setdefault(day, DayStats(day))
         n = row["count"]
-        if row["column"] != ROW_CLASS:
-            continue
         pid, fast, reason, padded, mask = row["value"].split(":")
         s.rows_read += n
         s.partitions[int(pid)] = s.partitions.get(int(pid), 0) + n
