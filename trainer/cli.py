@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int)
     p.add_argument("--inference-steps", type=int)
     p.add_argument("--intra-op-threads", type=int)
+    p.add_argument("--inter-op-threads", type=int)
     return p
 
 

@@ -56,6 +56,11 @@ def compute_dtype(config: TrainConfig) -> tf.DType:
     if tf.config.list_physical_devices("GPU"):
         return tf.float16
     if cpu_supports_bfloat16():
+        if config.xla:
+            print("trainer: note: --amp with --xla on a CPU: XLA's CPU dots do not use the "
+                  "bfloat16 instructions that TensorFlow's own (oneDNN) matmuls use, so this "
+                  "runs at about float32 speed; --amp alone is ~1.6x faster (bench/README.md)",
+                  file=sys.stderr)
         return tf.bfloat16
     print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32",
           file=sys.stderr)
@@ -66,7 +71,8 @@ def set_threads(config: TrainConfig, local_size: int) -> None:
     threads = config.intra_op_threads or max(1, (os.cpu_count() or 1) // max(1, local_size))
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+        inter_op = config.inter_op_threads or max(2, threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError:  # the runtime already started (several trainers in one process)
         pass
 
