@@ -162,7 +162,9 @@ def parse_for_transform(lines, seed: int, checked: bool):
     only on the input and the seed.
     """
     seed = int(seed)
-    return split_fields(lines, checked).where("reason IS NULL").selectExpr(
+    # ``pos >= 0`` (always true) keeps ``pos`` referenced: the train side never outputs it, and
+    # once pruned the projection is deterministic and the filter would be pushed below it.
+    return split_fields(lines, checked).where("reason IS NULL AND pos >= 0").selectExpr(
         "day", "pos",
         f"xxhash64({seed}, line) AS key1",
         f"hash({seed}, line) AS key2",

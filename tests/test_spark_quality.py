@@ -130,3 +130,18 @@ def test_adding_a_day_counts_only_that_day(tmp_path, spark):
     third = run(spark, raw, work, "2")
     assert third["days_counted"] == [0]
     assert third["data_quality"]["rows_read"] == sum(len(d) for d in days) + 1
+
+
+def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_path, spark):
+    """A day with bad lines is parsed with checks and filtered on ``reason``. The train side does
+    not output ``pos``; if the optimizer pruned it, the filter would be pushed below the parse
+    and ``split`` (with every check) inlined once per field reference — slow, not wrong, so only
+    the plan shows it."""
+    from spark_jobs.parse import parse_for_transform, read_day
+
+    day = tmp_path / "day_0"
+    day.write_text("1\t5\t\tabc\n0\t7\n")
+    rows = parse_for_transform(read_day(spark, str(day), 0), seed=1, checked=True)
+    plan = rows.select("key1", "label", "C1")._jdf.queryExecution().optimizedPlan().toString()
+    assert plan.count("split(") == 1, plan
+    assert rows.select("key1", "label").count() == 1  # line 1 has a non-integer I3: filtered
