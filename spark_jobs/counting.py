@@ -49,31 +49,18 @@ def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
 
 
 def _pairs(parsed, recount: bool):
-    """(day, column, value) pairs of one day: its row classes, and its values if recounted.
-
-    The pairs come from ``posexplode`` over one array (index = column) rather than ``stack`` over
-    27 (name, value) pairs: grouping on a small int instead of a string, and smaller generated
-    code (count pass on 8M rows 71 s -> 68 s). Columns are named after the aggregation.
-    """
+    """(day, column, value) pairs of one day: its row classes, and its values if recounted."""
     from pyspark.sql import functions as F
 
     classes = parsed.withColumn("_class", F.expr(row_class_sql()))
     if not recount:
-        return classes.select("day", F.lit(len(CAT_COLUMNS)).alias("column"),
-                              F.col("_class").alias("value"))
-    values = F.array(*[F.col(c) for c in CAT_COLUMNS], F.col("_class"))
-    return (classes.select("day", "reason", F.posexplode(values).alias("column", "value"))
+        return classes.select("day", F.lit(ROW_CLASS).alias("column"), F.col("_class").alias("value"))
+    pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS}', _class"])
+    return (classes.select("day", "reason",
+                           F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
             .where((F.col("reason").isNull() & F.col("value").isNotNull())
-                   | (F.col("column") == len(CAT_COLUMNS)))
+                   | (F.col("column") == ROW_CLASS))
             .drop("reason"))
-
-
-def _column_names(counts):
-    """Column index -> name (C1..C26, ROW_CLASS for the row classes)."""
-    from pyspark.sql import functions as F
-
-    names = F.array(*[F.lit(c) for c in (*CAT_COLUMNS, ROW_CLASS)])
-    return counts.withColumn("column", F.element_at(names, F.col("column") + 1))
 
 
 def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
@@ -85,8 +72,8 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
     from pyspark.sql import functions as F
 
     frames = [_pairs(frame, day in recount) for day, frame in parsed_days.items()]
-    counts = (_column_names(reduce(lambda a, b: a.unionByName(b), frames)
-                            .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count")))
+    counts = (reduce(lambda a, b: a.unionByName(b), frames)
+              .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
         stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS).collect())
