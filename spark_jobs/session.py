@@ -30,7 +30,7 @@ JVM_OPTIONS = ("-XX:-DontCompileHugeMethods -XX:+UseParallelGC "
 # over another day file is the same source, so it is compiled (by Janino and by HotSpot) once
 # instead of once per day; C2 spent ~8 s on each copy of the parse projection and then gave up.
 # A lower split threshold cuts big expressions into methods small enough to compile.
-# Measured on 8M rows (bench/README.md): count pass + transform 134 s -> 107 s.
+# Measured on 8M rows (probe, bench/README.md): count pass + transform 134 s -> 107 s.
 CODEGEN_OPTIONS = {
     "spark.sql.codegen.useIdInClassName": "false",
     "spark.sql.codegen.methodSplitThreshold": "256",
