@@ -101,14 +101,7 @@ def repeat(times: int) -> int:
     """Run this script ``times`` times in fresh processes; print every run, the best, the median."""
     import statistics
 
-    argv, skip = [], False
-    for arg in sys.argv[1:]:  # the same arguments without --repeat N
-        if skip or arg.startswith("--repeat="):
-            skip = False
-            continue
-        skip = arg == "--repeat"
-        if not skip:
-            argv.append(arg)
+    argv = [*sys.argv[1:], "--repeat", "1"]  # the same run once (argparse keeps the last value)
     runs = []
     for n in range(times):
         out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,

@@ -33,10 +33,12 @@ def spark_session():
     if _SESSION is None:
         from pyspark.sql import SparkSession
 
+        from spark_jobs.session import JVM_OPTIONS
+
         _SESSION = (SparkSession.builder.master("local[2]")
                     .appName("spark_jobs-tests")
                     .config("spark.driver.memory", "2g")
-                    .config("spark.driver.extraJavaOptions", "-XX:-DontCompileHugeMethods")
+                    .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
                     .config("spark.ui.enabled", "false")
                     .config("spark.ui.showConsoleProgress", "false")
                     .config("spark.sql.shuffle.partitions", "4")
