@@ -13,6 +13,7 @@ which overrides the defaults in pipeline/config.py.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import yaml
@@ -22,6 +23,10 @@ from pipeline.errors import ExitCode, PipelineError
 from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
+EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
+                   "3 workdir locked by another run, 4 input data, 5 Spark job, 6 convert, "
+                   "7 dataset did not verify, 8 train, 9 eval, 130 interrupted "
+                   "(docs/pipeline.md). The last stdout line is a one-line JSON summary.")
 
 
 def _run_parser(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="run_pipeline.sh", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
-    _run_parser(sub.add_parser("run", help="run stages (the default command)"))
+    _run_parser(sub.add_parser("run", help="run stages (the default command)", description=__doc__,
+                               epilog=EXIT_CODES_HELP,
+                               formatter_class=argparse.RawDescriptionHelpFormatter))
     plan = sub.add_parser("plan", help="table sizes and embedding memory per threshold")
     plan.add_argument("--workdir", default="workdir")
     plan.add_argument("--thresholds", default="1,2,3,5,10,15,25,50")
@@ -96,12 +103,16 @@ def host_slots(hosts: str) -> int:
 
 
 def validate(config: PipelineConfig) -> None:
+    if not config.stages:
+        raise PipelineError(f"--stages names no stage; stages are {', '.join(STAGES)}", ExitCode.USAGE)
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
         raise PipelineError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}",
                             ExitCode.USAGE)
     if config.launch.np < 1:
         raise PipelineError("--np must be at least 1", ExitCode.USAGE)
+    if config.train.max_steps is not None and config.train.max_steps < 1:
+        raise PipelineError("--max-steps must be at least 1", ExitCode.USAGE)
     if config.launch.hosts and config.launch.np > host_slots(config.launch.hosts):
         raise PipelineError(f"--np {config.launch.np} is more than the {host_slots(config.launch.hosts)} "
                             f"slots of --hosts {config.launch.hosts}", ExitCode.USAGE)
@@ -111,6 +122,9 @@ def validate(config: PipelineConfig) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from converters.cli import main as converters_main
     from pipeline.layout import WorkdirLayout
+
+    for item in args.thresholds.split(","):
+        parse_threshold_spec(item)  # a bad list is a usage error (exit 2), not a crash
 
     argv = ["plan", "--counts", str(WorkdirLayout.at(args.workdir).counts),
             "--thresholds", args.thresholds, "--embedding-dim", str(args.embedding_dim)]
@@ -122,7 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-"):
         argv = ["run", *argv]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2, message on stderr)
+        if exc.code == ExitCode.USAGE and argv[0] == "run":
+            print(json.dumps({"status": "failed: usage", "error": "bad flags (see stderr)",
+                              "stages": {}}, sort_keys=True), flush=True)
+            return int(ExitCode.USAGE)
+        raise
     try:
         if args.command == "plan":
             return _plan(args)
@@ -135,12 +156,20 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.runner import run_pipeline
 
         return run_pipeline(config)
-    except (ConfigError, ThresholdSpecError, FileNotFoundError) as exc:
-        print(f"run_pipeline: {exc}", file=sys.stderr)
-        return int(ExitCode.USAGE)
+    except (ConfigError, ThresholdSpecError) as exc:
+        return _refused(args, str(exc), ExitCode.USAGE)
     except PipelineError as exc:
-        print(f"run_pipeline: {exc}", file=sys.stderr)
-        return int(exc.code)
+        return _refused(args, str(exc), exc.code)
+
+
+def _refused(args: argparse.Namespace, message: str, code: ExitCode) -> int:
+    """A run that stops before any stage (bad flags, lock held): the message on stderr and,
+    for ``run``, still a one-line JSON summary as the last stdout line, for schedulers."""
+    print(f"run_pipeline: {message}", file=sys.stderr)
+    if args.command == "run":
+        print(json.dumps({"status": f"failed: {code.name.lower()}", "error": message,
+                          "stages": {}}, sort_keys=True), flush=True)
+    return int(code)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ constants of its own. ``config_to_dict`` gives the plain form written into manif
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,14 +207,47 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(fields))}")
+    hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in data.items():
         default = getattr(cls(), name)
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), value or {}, f"{where}.{name}")
         else:
+            _check_type(value, hints[name], f"{where}.{name}")
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a YAML value suits a field's annotation (numbers are accepted for strings:
+    ``frequency_threshold: 15`` is natural YAML)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is not None:
+        hint = origin
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_type(value: Any, hint: Any, where: str) -> None:
+    if not _fits(value, hint):
+        shown = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        raise ConfigError(f"{where}: {value!r} is not a valid {shown}")
 
 
 def config_from_dict(data: dict[str, Any]) -> PipelineConfig:
@@ -225,8 +260,14 @@ def load_config(path: str | Path | None) -> PipelineConfig:
         return PipelineConfig()
     import yaml
 
-    with open(path, encoding="utf-8") as fh:
-        return config_from_dict(yaml.safe_load(fh) or {})
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    return config_from_dict(data or {})
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

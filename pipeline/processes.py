@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 from collections import deque
@@ -80,11 +81,11 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
     """Run ``argv``, append its combined output to ``log_path``, return code + JSON summary."""
     global _current
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("running: %s", " ".join(argv))
+    log.info("running: %s", shlex.join(argv))
     tail: deque[str] = deque(maxlen=200)
     # Line-buffered, so `tail -f logs/<stage>.log` follows a long stage as it runs.
     with open(log_path, "a", encoding="utf-8", buffering=1) as sink:
-        sink.write(f"\n$ {' '.join(argv)}\n")
+        sink.write(f"\n$ {shlex.join(argv)}\n")
         sink.flush()
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  env={**os.environ, **(env or {})}, cwd=cwd,

@@ -24,6 +24,7 @@ from pipeline.lock import WorkdirLock
 from pipeline.manifest import ManifestStore, StageRecord, read_json, write_json_atomic
 from pipeline.processes import terminate_current_child
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
+from pipeline.thresholds import parse_threshold_spec
 
 log = logging.getLogger("pipeline")
 
@@ -94,16 +95,39 @@ def _write_effective_config(config: PipelineConfig, layout: WorkdirLayout) -> Pa
     return path
 
 
-def _summary(config: PipelineConfig, layout: WorkdirLayout,
-             records: list[StageRecord], status: str) -> dict[str, Any]:
+def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict[str, Any]:
+    """eval.json, but only when it evaluated the checkpoints and dataset now in the workdir.
+
+    After a threshold change or a retrain without eval, the AUC on disk belongs to another
+    model or dataset; the summary must not pass it off as this run's result.
+    """
+    try:
+        evaluation = read_json(layout.root / "eval.json") or {}
+        if not evaluation or ctx is None:
+            return {}
+        stage = STAGE_TABLE["eval"]
+        key = ManifestStore.key_of(stage.inputs(ctx))
+        current = ctx.manifests.is_done("eval", key, stage.outputs_fingerprint(ctx))
+    except (OSError, ValueError) as exc:  # the summary must be written whatever the workdir holds
+        log.warning("evaluation not read: %s", exc)
+        return {}
+    return evaluation if current else {}
+
+
+def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
+             status: str, ctx: StageContext | None = None) -> dict[str, Any]:
     dataset = read_json(layout.binary / "dataset.json") or {}
-    evaluation = read_json(layout.root / "eval.json") or {}
+    evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
         "workdir": str(layout.root),
-        "threshold": str(config.preprocess.frequency_threshold),
+        "threshold": str(parse_threshold_spec(config.preprocess.frequency_threshold)),
+        # The threshold of the binary dataset in the workdir (what train/eval used); differs
+        # from "threshold" when the convert stage was not part of the run.
+        "dataset_threshold": dataset.get("threshold_spec"),
         "stages": {r.stage: {"action": r.action, "engine": r.engine, "seconds": round(r.seconds, 2)}
                    for r in records},
+        "seconds": round(sum(r.seconds for r in records), 2),
         "rows": dataset.get("splits"),
         "table_sizes": dataset.get("table_sizes"),
         "test_auc": evaluation.get("test_auc"),
@@ -112,34 +136,75 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout,
     }
 
 
+def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
+    made_at = (read_json(ctx.layout.binary / "dataset.json") or {}).get("threshold_spec")
+    if made_at is not None and parse_threshold_spec(made_at) != ctx.threshold:
+        log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
+                    "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)
+
+
+def _generation_interrupted(layout: WorkdirLayout) -> bool:
+    from pipeline.synthetic.writer import IN_PROGRESS_FILE
+
+    return (layout.raw / IN_PROGRESS_FILE).exists()
+
+
+def _prepare_workdir(layout: WorkdirLayout) -> Path:
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        return _setup_logging(layout)
+    except OSError as exc:
+        raise PipelineError(f"workdir {layout.root} cannot be created or written: "
+                            f"{exc.strerror or exc}", ExitCode.USAGE) from None
+
+
 def run_pipeline(config: PipelineConfig) -> int:
     """Run the requested stages; return the process exit code (see pipeline.errors.ExitCode)."""
     layout = WorkdirLayout.at(config.workdir)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    log_path = _setup_logging(layout)
+    log_path = _prepare_workdir(layout)
     wanted = [s for s in STAGES if s in config.stages]
     if not config.input and "generate" not in wanted and not layout.raw.exists():
         raise PipelineError("no --input given and no generated data in the workdir: add the "
                             "generate stage or pass --input RAW_DIR", ExitCode.USAGE)
+    if not config.input and "generate" not in wanted and _generation_interrupted(layout):
+        raise PipelineError(f"the generated data in {layout.raw} is incomplete (a generate run was "
+                            "interrupted): add the generate stage", ExitCode.USAGE)
     records: list[StageRecord] = []
+    ctx: StageContext | None = None
     with WorkdirLock(layout.lock_file):
         _install_signal_handlers()
         log.info("workdir %s, stages %s, log %s", layout.root, ",".join(wanted), log_path)
-        ctx = StageContext(config, layout, ManifestStore(layout.manifests),
-                           _write_effective_config(config, layout))
         status, code = "ok", ExitCode.OK
+        current: tuple[str, float] | None = None
+        warned = False
         try:
+            ctx = StageContext(config, layout, ManifestStore(layout.manifests),
+                               _write_effective_config(config, layout))
             for name in wanted:
                 if name == "generate" and config.input:
                     log.info("generate   not needed: --input %s given", config.input)
                     continue
+                if name in ("train", "eval") and "convert" not in wanted and not warned:
+                    _warn_if_dataset_threshold_differs(ctx)
+                    warned = True
+                current = (name, time.time())
                 records.append(_run_stage(name, ctx, config.force))
+                current = None
         except PipelineError as exc:
             status, code = f"failed: {exc.code.name.lower()}", exc.code
             log.error("%s", exc)
+        except Exception as exc:  # noqa: BLE001 — a bug: logged with its traceback, exit 1
+            status, code = "failed: failed", ExitCode.FAILED
+            log.exception("unexpected error: %s", exc)
         finally:
-            summary = _summary(config, layout, records, status)
-            ctx.manifests.append_history({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary})
+            if current is not None:  # the stage that failed or was interrupted
+                name, started = current
+                action = "interrupted" if code == ExitCode.INTERRUPTED else "failed"
+                records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
+                                           seconds=time.time() - started))
+            summary = _summary(config, layout, records, status, ctx)
+            ManifestStore(layout.manifests).append_history(
+                {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary})
             write_json_atomic(layout.root / "summary.json", summary)
             _write_report_safely(layout)
     log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",

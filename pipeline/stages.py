@@ -203,6 +203,12 @@ def _convert_run(ctx: StageContext) -> Outcome:
             _swap_in(derived, ctx.layout.binary)
             return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
         made_at = _parquet_spec(ctx)
+        if made_at is not None and not wanted.is_at_least(made_at):
+            # Checked before converting: the existing binary dataset stays as it is.
+            raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
+                                "rarer values are already merged into id 0, so the preprocess "
+                                "stage must run again (add it: --stages preprocess,convert)",
+                                ExitCode.CONVERT)
         summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
         if made_at is not None and wanted != made_at:
             summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
@@ -245,12 +251,31 @@ def _train_outputs(ctx: StageContext) -> str:
     return tree_fingerprint(ctx.layout.checkpoints)
 
 
+def _verify_binary(ctx: StageContext) -> None:
+    """The quick check (metadata, file sizes: milliseconds) before launching any rank, so that a
+    missing, incomplete or damaged dataset exits with its own code (7) and a readable message
+    rather than as a crashed horovodrun (8/9)."""
+    if ctx.config.train.verify_dataset == "none":
+        return
+    from converters.format import DatasetError
+    from converters.verify import verify_dataset
+
+    try:
+        verify_dataset(ctx.layout.binary, full=False)
+    except DatasetError as exc:
+        raise PipelineError(f"{exc} (run the convert stage again, with --force if it is "
+                            "up to date)", ExitCode.DATASET_INVALID) from None
+
+
 def _train_run(ctx: StageContext) -> Outcome:
+    _verify_binary(ctx)
     started = read_json(ctx.layout.manifests / "train.started")
     key = ManifestStore.key_of(_train_inputs(ctx))
     # Checkpoints of a different configuration must not be resumed; those of an interrupted
-    # run with the same configuration are, mid-epoch.
-    if ctx.layout.checkpoints.exists() and (not started or started.get("key") != key):
+    # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
+    # from the finished run's last checkpoint would train no step at all).
+    if ctx.layout.checkpoints.exists() and (ctx.config.force or not started
+                                            or started.get("key") != key):
         shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
     result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
@@ -270,6 +295,7 @@ def _eval_outputs(ctx: StageContext) -> str:
 
 
 def _eval_run(ctx: StageContext) -> Outcome:
+    _verify_binary(ctx)
     result = run_child(_trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("eval", result, ExitCode.EVAL, ctx)

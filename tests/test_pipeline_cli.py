@@ -49,3 +49,196 @@ def test_show_config_prints_every_section():
                          text=True, check=True).stdout
     for section in ("generator:", "spark:", "preprocess:", "convert:", "train:", "launch:"):
         assert section in out
+
+
+# ---- defects found by adversarial runs (each failed before its fix) ----
+
+import fcntl
+import json
+
+from pipeline import runner
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("launch: [\n", "not valid YAML"),
+    ("launch:\n  np: two\n", "config.launch.np: 'two' is not a valid int"),
+    ("train:\n  amp: 'yes'\n", "config.train.amp"),
+    ("stages: train\n", "config.stages"),
+])
+def test_bad_config_files_are_usage_errors_not_tracebacks(text, words, tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert main(["--workdir", str(tmp_path / "w"), "--config", str(config)]) == ExitCode.USAGE
+    assert words in capsys.readouterr().err
+
+
+def test_config_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
+    assert main(["--workdir", str(tmp_path / "w"), "--config", str(tmp_path)]) == ExitCode.USAGE
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_numbers_still_fit_string_settings():
+    from pipeline.config import config_from_dict
+
+    assert config_from_dict({"preprocess": {"frequency_threshold": 15}}).preprocess.frequency_threshold == 15
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--stages", ","], "names no stage"),
+    (["--max-steps", "-5"], "at least 1"),
+])
+def test_empty_stage_list_and_negative_steps_are_refused(argv, words, tmp_path, capsys):
+    assert main(["--workdir", str(tmp_path), "--input", str(tmp_path), *argv]) == ExitCode.USAGE
+    captured = capsys.readouterr()
+    assert words in captured.err
+    assert last_json(captured.out)["status"] == "failed: usage"
+
+
+def test_plan_with_a_bad_threshold_list_is_a_usage_error(tmp_path, capsys):
+    assert main(["plan", "--workdir", str(tmp_path), "--thresholds", "1,5,x"]) == ExitCode.USAGE
+    assert "not a whole number" in capsys.readouterr().err
+
+
+def test_workdir_that_cannot_be_created_is_a_clear_usage_error(tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(blocker / "sub"),
+                           "--input", str(tmp_path), "--stages", "train"],
+                          capture_output=True, text=True)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "cannot be created or written" in proc.stderr and "Traceback" not in proc.stderr
+    assert last_json(proc.stdout)["status"] == "failed: usage"
+
+
+def test_locked_workdir_still_ends_stdout_with_a_json_summary(tmp_path):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    with open(workdir / ".pipeline.lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
+                               "--input", str(tmp_path), "--stages", "generate"],
+                              capture_output=True, text=True)
+    assert proc.returncode == ExitCode.LOCKED
+    assert last_json(proc.stdout)["status"] == "failed: locked"
+
+
+def _workdir_with_old_results(tmp_path):
+    """A workdir whose binary dataset is at threshold 5 and whose eval.json is from a model
+    that no eval manifest vouches for (e.g. left from before a threshold change)."""
+    workdir = tmp_path / "w"
+    (workdir / "binary").mkdir(parents=True)
+    (workdir / "binary" / "dataset.json").write_text(json.dumps(
+        {"threshold_spec": "5", "splits": {"train": 1, "test": 1, "validation": 1}}))
+    (workdir / "eval.json").write_text(json.dumps({"test_auc": 0.7, "validation_auc": 0.7}))
+    return workdir
+
+
+def test_summary_does_not_report_a_stale_auc_and_names_the_dataset_threshold(tmp_path):
+    workdir = _workdir_with_old_results(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
+                           "--input", str(tmp_path), "--stages", "generate",
+                           "--frequency-threshold", " 15, c3:3 "],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = last_json(proc.stdout)
+    assert summary["test_auc"] is None and summary["validation_auc"] is None
+    assert summary["threshold"] == "15,C3:3"  # canonical form, as in manifests
+    assert summary["dataset_threshold"] == "5"
+
+
+def test_unexpected_error_still_prints_the_summary_with_the_failed_stage(tmp_path, monkeypatch, capsys):
+    def boom(ctx):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setitem(runner.STAGE_TABLE, "generate",
+                        runner.STAGE_TABLE["generate"].__class__("generate", lambda ctx: {},
+                                                                 lambda ctx: "", boom))
+    assert main(["--workdir", str(tmp_path / "w"), "--stages", "generate"]) == ExitCode.FAILED
+    summary = last_json(capsys.readouterr().out)
+    assert summary["status"] == "failed: failed"
+    assert summary["stages"]["generate"]["action"] == "failed"
+    log = next((tmp_path / "w" / "logs").glob("pipeline-*.log")).read_text()
+    assert "RuntimeError: a bug" in log
+
+
+def test_convert_alone_cannot_lower_below_the_parquet_threshold_and_leaves_binary_alone(tmp_path):
+    workdir = tmp_path / "w"
+    (workdir / "parquet").mkdir(parents=True)
+    (workdir / "parquet" / "preprocess.json").write_text(json.dumps({"threshold_spec": "5"}))
+    (workdir / "parquet" / "_SUCCESS").write_text("")
+    (workdir / "binary").mkdir()
+    dataset = json.dumps({"threshold_spec": "10"})
+    (workdir / "binary" / "dataset.json").write_text(dataset)
+    (workdir / "binary" / "_SUCCESS").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
+                           "--input", str(tmp_path), "--stages", "convert",
+                           "--frequency-threshold", "2"], capture_output=True, text=True)
+    assert proc.returncode == ExitCode.CONVERT, proc.stderr
+    assert "--stages preprocess,convert" in proc.stderr
+    assert (workdir / "binary" / "dataset.json").read_text() == dataset
+    assert last_json(proc.stdout)["stages"]["convert"]["action"] == "failed"
+
+
+def test_help_of_the_default_command_names_subcommands_and_exit_codes():
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "plan --workdir" in out and "show-config" in out and "3 workdir locked" in out
+
+
+def test_unknown_flag_exits_2_with_a_json_summary_last(capsys):
+    assert main(["--bogus"]) == ExitCode.USAGE
+    captured = capsys.readouterr()
+    assert "unrecognized arguments: --bogus" in captured.err
+    assert last_json(captured.out)["status"] == "failed: usage"
+
+
+def test_interrupted_generate_is_not_preprocessed_as_if_complete(tmp_path):
+    raw = tmp_path / "w" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "day_0").write_text("")
+    (raw / ".generator_in_progress.json").write_text('{"days": [{"file": "day_0"}]}')
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"),
+                           "--stages", "preprocess"], capture_output=True, text=True)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "incomplete" in proc.stderr
+
+
+def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(tmp_path, monkeypatch):
+    from pipeline import stages
+    from pipeline.layout import WorkdirLayout
+    from pipeline.manifest import ManifestStore, write_json_atomic
+    from pipeline.processes import ChildResult
+
+    layout = WorkdirLayout.at(tmp_path / "w")
+    config = PipelineConfig()
+    ctx = stages.StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
+    seen = []
+    monkeypatch.setattr(stages, "_verify_binary", lambda ctx: None)
+    monkeypatch.setattr(stages, "run_child", lambda argv, log: (
+        seen.append(layout.checkpoints.exists()) or ChildResult(0, {}, [])))
+    final = layout.checkpoints / "step-000000020"
+    final.mkdir(parents=True)
+    write_json_atomic(layout.manifests / "train.started",
+                      {"key": ManifestStore.key_of(stages._train_inputs(ctx))})
+    stages._train_run(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
+    assert seen == [True]
+    config.force = True
+    stages._train_run(ctx)          # forced: the old checkpoints are gone before training
+    assert seen == [True, False]
+
+
+@pytest.mark.parametrize("stage", ["train", "eval"])
+def test_missing_or_damaged_dataset_exits_with_the_dataset_code_before_any_rank(stage, tmp_path):
+    workdir = tmp_path / "w"
+    (workdir / "binary").mkdir(parents=True)  # no _SUCCESS: an interrupted conversion
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
+                           "--input", str(tmp_path), "--stages", stage],
+                          capture_output=True, text=True)
+    assert proc.returncode == ExitCode.DATASET_INVALID, proc.stderr
+    assert "incomplete" in proc.stderr
+    assert not (workdir / "logs" / f"{stage}.log").exists()  # no horovodrun was started
