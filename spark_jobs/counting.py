@@ -16,7 +16,9 @@ from spark_jobs.inputs import DayFile
 from spark_jobs.jsonio import read_json, write_json
 from spark_jobs.stats import ROW_CLASS, DayStats, row_class_sql, stats_from_counts
 
-DAYS_FORMAT_VERSION = 1
+# 2: lines end at '\n' only and fields must match up to the end of the line (parse.py); counts
+# written under another version are recounted, not reused
+DAYS_FORMAT_VERSION = 2
 
 
 def values_dir(counts_dir: Path) -> Path:
@@ -32,8 +34,11 @@ def histogram_path(counts_dir: Path) -> Path:
 
 
 def counted_days(counts_dir: Path) -> dict[int, dict]:
-    """days.json entries whose counts partition still exists, by day number."""
+    """days.json entries whose counts partition still exists, by day number (none when the
+    counts were written by another DAYS_FORMAT_VERSION)."""
     data = read_json(days_json_path(counts_dir), default={}) or {}
+    if data.get("format_version") != DAYS_FORMAT_VERSION:  # counted under other parsing rules
+        return {}
     entries = {}
     for entry in data.get("days", []):
         if (values_dir(counts_dir) / f"day={entry['day']}").is_dir():
@@ -78,6 +83,10 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
     try:
         stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS).collect())
         if recount:
+            # a recounted day with no value left (every line rejected or without categoricals)
+            # writes no partition: dynamic overwrite alone would keep its old counts
+            for day in recount:
+                shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)
             values = counts.where((F.col("column") != ROW_CLASS)
                                   & F.col("day").isin([str(d) for d in recount]))
             (values.select("day", "column", "value", "count").write.mode("overwrite")
@@ -113,7 +122,10 @@ def value_totals(session, counts_dir: Path):
     """(column, value, count) summed over every counted day."""
     from pyspark.sql import functions as F
 
-    return (session.read.parquet(str(values_dir(counts_dir)))
+    # An explicit schema: when no valid line of any day has a categorical value, no day
+    # partition is written and schema inference would fail (UNABLE_TO_INFER_SCHEMA).
+    return (session.read.schema("column STRING, value STRING, count LONG")
+            .parquet(str(values_dir(counts_dir)))
             .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
 
 

@@ -22,14 +22,21 @@ def table_sizes(histogram: dict[str, list[tuple[int, int]]], spec: ThresholdSpec
             for c in CAT_COLUMNS}
 
 
+_MAX_COUNT = 2**63 - 1  # a count is a LONG: a higher threshold keeps nothing, as this one does
+
+
 def _threshold_of(column, spec: ThresholdSpec):
     from pyspark.sql import functions as F
 
-    expr = F.lit(spec.effective(CAT_COLUMNS[0]))
+    def effective(c: str) -> int:
+        # a spec may hold any whole number; a literal above a LONG fails in the JVM
+        return min(spec.effective(c), _MAX_COUNT)
+
+    expr = F.lit(effective(CAT_COLUMNS[0]))
     cases = None
     for c in CAT_COLUMNS:
-        cases = (F.when(column == c, spec.effective(c)) if cases is None
-                 else cases.when(column == c, spec.effective(c)))
+        cases = (F.when(column == c, effective(c)) if cases is None
+                 else cases.when(column == c, effective(c)))
     return cases.otherwise(expr)
 
 

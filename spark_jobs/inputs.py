@@ -64,4 +64,9 @@ def discover_days(input_dir: str | Path) -> list[DayFile]:
     for day in days:
         if day.path.stat().st_size == 0:
             raise PreprocessInputError(f"day file {day.path} is empty")
+        if day.gzipped:
+            with open(day.path, "rb") as fh:
+                if fh.read(2) != b"\x1f\x8b":
+                    raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
+                                               "(no gzip header); decompress it or drop '.gz'")
     return days

@@ -1,7 +1,8 @@
 """Raw Criteo lines → typed, validated rows, with Spark SQL functions only (no Python UDFs).
 
 Rules (also in docs/spark_jobs.md):
-- a trailing '\\r' is dropped (CRLF files); fields are split on tabs, keeping empty ones;
+- lines end at '\\n' only (a '\\r', NEL or U+2028 elsewhere is data); a trailing '\\r' is
+  dropped (CRLF files); fields are split on tabs, keeping empty ones;
 - fewer than 40 fields: the missing trailing fields are read as missing values (``padded``);
 - rejected, with the first matching reason: ``too_many_fields`` (more than 40),
   ``bad_label`` (label not exactly 0 or 1), ``non_integer`` (an integer field that is not an
@@ -31,8 +32,10 @@ FIRST_CAT = 1 + NUM_INTEGER  # index of C1 in the split fields
 _INT = r"(?:-?[0-9]{1,18})?"
 # The label and integer head of a valid line (18 digits always fit in 64 bits): exactly 13
 # integer fields followed by a tab or the end, or fewer than 13 and the end (a short line).
-FAST_HEAD = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t|$)"
-             rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}}$)")
+# The end is \z, never $: Java's $ also matches before a final line terminator ('\r', NEL,
+# U+2028, U+2029), so "1\u0085" or "0\t5\u2028" would pass as valid (and CAST then fails).
+FAST_HEAD = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t|\z)"
+             rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}}\z)")
 
 
 def _sql_string(text: str) -> str:
@@ -66,21 +69,24 @@ def _reason_sql() -> str:
                            for j in range(1, FIRST_CAT))
     slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN 'too_many_fields' "
             "WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN 'bad_label' "
-            f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*$' OR {overflow} "
+            f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*\\\\z' OR {overflow} "
             "THEN 'non_integer' "
-            f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*$' "
+            f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*\\\\z' "
             "THEN 'non_hex_categorical' END")
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 
 def read_day(session, path: str, day: int):
-    """One day file as rows of (day, line): '.gz' is decompressed, '\\r' stripped.
+    """One day file as rows of (day, line): '.gz' is decompressed, lines end at '\\n' only, a
+    trailing '\\r' is stripped (CRLF); a '\\r' elsewhere stays in the line (and rejects it).
 
     ``day`` is a *string* literal on purpose: code generation inlines integer literals into
     the generated source but passes strings by reference, so every day's read shares one
     generated class, compiled (by Janino and by the JIT) once instead of once per day.
     """
-    return session.read.text(path).selectExpr(
+    # lineSep '\n': Hadoop's default reader also ends a line at a lone '\r', which would split
+    # "a\rb" into two lines and shift every later line number and the test/validation split
+    return session.read.option("lineSep", "\n").text(path).selectExpr(
         f"'{int(day)}' AS day",
         "CASE WHEN endswith(value, '\\r') THEN substr(value, 1, length(value) - 1) "
         "ELSE value END AS line")

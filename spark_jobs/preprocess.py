@@ -51,10 +51,32 @@ class _Timer:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
+def _java_root_cause(error: Exception) -> str | None:
+    """'Class: message' of the innermost Java cause of a py4j error, when there is one."""
+    java = getattr(error, "java_exception", None)
+    try:
+        for _ in range(20):
+            if java is None or java.getCause() is None:
+                break
+            java = java.getCause()
+        if java is None:
+            return None
+        message = java.getMessage()
+        return f"{java.getClass().getName()}: {message}" if message else java.getClass().getName()
+    except Exception:  # the gateway may be gone
+        return None
+
+
 def _spark_error_message(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), type(error).__name__)
-    return f"Spark job failed: {first.strip()[:500]}"
+    # split on '\n' only: str.splitlines() also splits at NEL/U+2028 found in the input data;
+    # py4j's own first line ("An error occurred while calling o170.collectToPython.") says nothing
+    lines = [line.strip().lstrip(":").strip() for line in str(error).strip().split("\n")]
+    lines = [line for line in lines if line and not line.startswith("An error occurred while calling")]
+    first = lines[0] if lines else type(error).__name__
+    root = _java_root_cause(error)
+    if root and root.split("\n")[0].strip() not in first:
+        first = f"{first} ({root.split(chr(10))[0].strip()})"
+    return f"Spark job failed: {first[:500]}"
 
 
 @contextmanager

@@ -171,3 +171,23 @@ def test_join_keys_identify_categorical_values_exactly(spark):
     assert len({r["key"] for r in rows}) == len(values)
     for r in rows:
         assert _xxh64_inverse_of_8_bytes(r["key"]).decode("ascii") == r["value"]
+
+
+def test_input_without_any_categorical_value(tmp_path, spark):
+    """No valid line has a categorical (all cut after the integers): no value counts are written,
+    which once failed with UNABLE_TO_INFER_SCHEMA; every table has size 1 and every id is 0."""
+    days = [[line.split("\t", 14)[0] if i % 3 else "\t".join(line.split("\t")[:14])
+             for i, line in enumerate(day)] for day in random_days(31, 3, 30)]
+    work = tmp_path / "work"
+    summary = run(spark, write_days(tmp_path / "raw", days), work, "1")
+    check_against_reference(days, work, summary, "1")
+    assert set(summary["table_sizes"].values()) == {1}
+
+
+def test_thresholds_above_any_count_even_beyond_64_bits(tmp_path, spark):
+    days = random_days(33, 2, 40)
+    threshold = "5,C3:99999999999999999999,C4:9223372036854775807"
+    work = tmp_path / "work"
+    summary = run(spark, write_days(tmp_path / "raw", days), work, threshold)
+    check_against_reference(days, work, summary, threshold)
+    assert summary["table_sizes"]["C3"] == summary["table_sizes"]["C4"] == 1

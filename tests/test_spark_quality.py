@@ -30,7 +30,8 @@ def salted(tmp_path_factory, spark):
 def _rejects(work) -> list[dict]:
     rows = []
     for file in sorted((WorkdirLayout.at(work).rejects).glob("part-*.json")):
-        rows += [json.loads(line) for line in file.read_text().splitlines() if line]
+        # split on '\n' only: a rejected line may hold NEL or U+2028, which JSON leaves as is
+        rows += [json.loads(line) for line in file.read_text(encoding="utf-8").split("\n") if line]
     return rows
 
 
@@ -145,3 +146,83 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
     plan = rows.select("key1", "label", "C1")._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("split(") == 1, plan
     assert rows.select("key1", "label").count() == 1  # line 1 has a non-integer I3: filtered
+
+
+# Line terminators other than '\n' inside a line are data. Hadoop's default reader also ends a
+# line at a lone '\r' (which split one line into two and shifted every later line number and
+# the test/validation split), and Java's '$' also matches before a final '\r', NEL, U+2028 or
+# U+2029 (which let "1\u0085" through as a label-0 row, let a last categorical "abcdef\u0085"
+# into the dictionaries, and crashed the job with CAST_INVALID_INPUT on "1\t5\u0085").
+_VALID = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26)
+TERMINATOR_LINES = {
+    "bad_label": ["1\u0085", "0\u2029", "1\u2028"],
+    "non_integer": ["1\t5\r6", "1\t2\t3\rabc", "1\t5\u0085", "0\t1\t2\u2028", "0\t1\r\t2",
+                    _VALID.replace("\t5\t0a0b0c0d", "\t5\u0085\t0a0b0c0d")],
+    "non_hex_categorical": [_VALID[:-8] + "abcdef\u0085", _VALID[:-1] + "\u0085",
+                            _VALID[:-2] + "c\u2028", "0" + "\t" * 14 + "ab\rcd"],
+}
+
+
+def test_cr_nel_and_unicode_line_separators_inside_a_line_are_data(tmp_path, spark):
+    rng_days = random_days(21, 2, 60)
+    bad = [line for lines in TERMINATOR_LINES.values() for line in lines]
+    days = [rng_days[0][:30] + bad + rng_days[0][30:],
+            rng_days[1][:20] + bad[:6] + rng_days[1][20:]]  # last day: before the split point
+    raw = write_days(tmp_path / "raw", days)
+    work = tmp_path / "work"
+    summary = run(spark, raw, work, "1", max_reject_rate=1.0)
+    ref = reference_preprocess(days, "1")
+    report = json.loads(WorkdirLayout.at(work).data_quality.read_text())
+    assert report["rows_in"] == sum(len(d) for d in days)
+    assert report["totals"]["rejected_by_reason"] == {r: ref.rejected[r] for r in BAD_LINES}
+    expected = Counter({r: len(v) for r, v in TERMINATOR_LINES.items()})
+    expected.update(r for r, lines in TERMINATOR_LINES.items() for line in lines if line in bad[:6])
+    assert ref.rejected == expected  # the reference agrees that every one of them is rejected
+    for r in _rejects(work):
+        day = int(r["file"].split("_")[1])
+        assert days[day][r["line_number"] - 1] == r["line"], r
+    assert summary["table_sizes"] == ref.sizes
+    for split in ("test", "validation"):
+        assert_rows_equal(read_split(WorkdirLayout.at(work).parquet_split(split)), ref.splits[split], split)
+    train = sorted(read_split(WorkdirLayout.at(work).parquet_split("train")), key=sort_key)
+    assert_rows_equal(train, sorted(ref.splits["train"], key=sort_key), "train")
+
+
+def test_a_recounted_day_that_has_no_values_left_drops_its_old_counts(tmp_path, spark):
+    days = random_days(23, 3, 40)
+    raw = write_days(tmp_path / "raw", days)
+    work = tmp_path / "work"
+    run(spark, raw, work, "1")
+    days[1] = ["x\ty"] * 40  # every line rejected now: no value of day 1 may stay counted
+    (raw / "day_1").write_text("".join(line + "\n" for line in days[1]))
+    summary = run(spark, raw, work, "1", max_reject_rate=1.0)
+    assert summary["days_counted"] == [1]
+    assert summary["table_sizes"] == reference_preprocess(days, "1").sizes
+    assert not (WorkdirLayout.at(work).counts / "values" / "day=1").exists()
+
+
+def test_counts_of_another_days_json_version_are_recounted(tmp_path, spark):
+    days = random_days(25, 2, 30)
+    raw = write_days(tmp_path / "raw", days)
+    work = tmp_path / "work"
+    run(spark, raw, work, "1")
+    days_json = WorkdirLayout.at(work).counts / "days.json"
+    data = json.loads(days_json.read_text())
+    days_json.write_text(json.dumps({**data, "format_version": data["format_version"] - 1}))
+    assert run(spark, raw, work, "1")["days_counted"] == [0, 1]
+    assert run(spark, raw, work, "1")["days_counted"] == []
+
+
+def test_broken_gzip_days_are_clear_errors(tmp_path, spark):
+    from spark_jobs.errors import PreprocessJobError
+
+    days = random_days(27, 2, 200)
+    raw = write_days(tmp_path / "raw", days)
+    data = (raw / "day_1").read_bytes()
+    (raw / "day_1").unlink()
+    (raw / "day_1.gz").write_bytes(data)  # plain text named .gz
+    with pytest.raises(PreprocessInputError, match=r"day_1.gz is not gzip-compressed"):
+        run(spark, raw, tmp_path / "w1")
+    (raw / "day_1.gz").write_bytes(gzip.compress(data)[:-200])  # truncated
+    with pytest.raises(PreprocessJobError, match=r"day_1\.gz.*EOFException: Unexpected end"):
+        run(spark, raw, tmp_path / "w2")
