@@ -53,13 +53,13 @@ class ThresholdSpec:
 
 
 def _parse_count(text: str, where: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ThresholdSpecError(f"{where}: {text.strip()!r} is not a whole number") from None
-    if value < 0:
-        raise ThresholdSpecError(f"{where}: threshold {value} is negative")
-    return value
+    """Plain ASCII digits only: Python's int() would also take '1_0', '+5' or '１５'."""
+    text = text.strip()
+    if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
+        raise ThresholdSpecError(f"{where}: threshold {text} is negative")
+    if not (text.isascii() and text.isdigit()):
+        raise ThresholdSpecError(f"{where}: {text!r} is not a whole number")
+    return int(text)
 
 
 def parse_threshold_spec(spec: str | int | ThresholdSpec) -> ThresholdSpec:
