@@ -121,12 +121,17 @@ def validate(config: PipelineConfig) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from converters.cli import main as converters_main
+    from converters.counts import histogram_path
     from pipeline.layout import WorkdirLayout
 
     for item in args.thresholds.split(","):
         parse_threshold_spec(item)  # a bad list is a usage error (exit 2), not a crash
 
-    argv = ["plan", "--counts", str(WorkdirLayout.at(args.workdir).counts),
+    counts = WorkdirLayout.at(args.workdir).counts
+    if not histogram_path(counts).is_file():
+        raise PipelineError(f"no count histogram in {counts}: run the preprocess stage on this "
+                            "workdir first", ExitCode.USAGE)
+    argv = ["plan", "--counts", str(counts),
             "--thresholds", args.thresholds, "--embedding-dim", str(args.embedding_dim)]
     return converters_main(argv + (["--json"] if args.json else []))
 

@@ -103,6 +103,11 @@ def test_plan_with_a_bad_threshold_list_is_a_usage_error(tmp_path, capsys):
     assert "not a whole number" in capsys.readouterr().err
 
 
+def test_plan_without_counts_is_a_usage_error(tmp_path, capsys):
+    assert main(["plan", "--workdir", str(tmp_path), "--thresholds", "1,5"]) == ExitCode.USAGE
+    assert "run the preprocess stage" in capsys.readouterr().err
+
+
 def test_workdir_that_cannot_be_created_is_a_clear_usage_error(tmp_path):
     blocker = tmp_path / "a file"
     blocker.write_text("")
