@@ -62,6 +62,21 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
     return removed
 
 
+def refuse_overlap(output: str | Path, inputs: dict[str, str | Path]) -> None:
+    """Refuse an output that is, contains or lies inside one of the inputs.
+
+    The output directory is replaced as a whole (and a previous one deleted), so writing onto
+    the source, onto a folder holding it (e.g. the workdir) or into it would delete the input.
+    Paths are resolved, so ``..`` and symlinks do not hide an overlap.
+    """
+    out = Path(output).resolve()
+    for what, path in inputs.items():
+        source = Path(path).resolve()
+        if out == source or out in source.parents or source in out.parents:
+            raise DatasetError(f"output {output} overlaps the {what} {path} (the output directory "
+                               "is replaced as a whole); choose a separate output directory")
+
+
 def is_complete(path: Path) -> bool:
     return (Path(path) / SUCCESS).is_file()
 

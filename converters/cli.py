@@ -60,7 +60,10 @@ def _convert_config(args: argparse.Namespace) -> ConvertConfig:
         changes["verify_full"] = True
     if args.copy_unchanged:
         changes["link_unchanged"] = False
-    return dataclasses.replace(config, **changes)
+    config = dataclasses.replace(config, **changes)
+    if config.batch_rows < 1:
+        raise UsageError(f" batch rows must be at least 1, not {config.batch_rows}")
+    return config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +150,8 @@ def _run_rethreshold(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from converters.planner import format_plan, plan
 
+    if args.embedding_dim < 1 or args.dtype_bytes < 1:
+        raise UsageError(" --embedding-dim and --dtype-bytes must be at least 1")
     specs = [t.strip() for t in args.thresholds.split(",") if t.strip()] + list(args.spec)
     if not specs:
         raise UsageError(" give --thresholds 1,2,5,15 and/or --spec SPEC")

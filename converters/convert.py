@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from converters.atomic import atomic_directory, is_complete
+from converters.atomic import atomic_directory, is_complete, refuse_overlap
 from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, MODEL_SIZE_JSON,
                                NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
                                cat_dtype, cat_file, describe, model_size_list, read_json,
@@ -62,8 +62,23 @@ def _footer(path: Path) -> bytes:
         if tail[4:] != b"PAR1":
             raise DatasetError(f"{path} is not a parquet file (no PAR1 trailer)")
         length = int.from_bytes(tail[:4], "little")
+        if length > size - 12:
+            raise DatasetError(f"{path} is not a parquet file (footer length {length} does not "
+                               f"fit in {size} bytes)")
         fh.seek(size - 8 - length)
         return fh.read(length)
+
+
+def _unreadable(path: Path, exc: Exception) -> DatasetError:
+    return DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
+                        f"{type(exc).__name__}: {exc}")
+
+
+def _num_rows(path: Path) -> int:
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from exc
 
 
 def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
@@ -128,8 +143,12 @@ class _NumericalOutput(_Output):
         with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
             for j in range(NUM_NUMERICAL):
                 out[:, j] = _values(batch, 1 + j, where)
-        if not np.isfinite(out).all():
-            raise DatasetError(f"{where}: a numerical value is NaN/inf or beyond float16 range")
+        finite = np.isfinite(out)
+        if not finite.all():
+            row, j = (int(x) for x in np.argwhere(~finite)[0])
+            value = float(_values(batch, 1 + j, where)[row])
+            raise DatasetError(f"{where}: column {INT_COLUMNS[j]} holds {value!r}, a numerical "
+                               "value NaN/inf or beyond float16 range")
         return out
 
 
@@ -166,10 +185,21 @@ def _balanced_groups(outputs: list[_Output], workers: int) -> list[list[_Output]
 def _batches(files: list[Path], batch_rows: int, use_threads: bool
              ) -> Iterator[tuple[pa.RecordBatch, str]]:
     for path in files:
-        with pq.ParquetFile(path) as reader:
+        try:
+            reader = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable(path, exc) from exc
+        with reader:
             _check_schema(path, reader.schema_arrow)
-            for batch in reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
-                                             use_threads=use_threads):
+            batches = reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
+                                          use_threads=use_threads)
+            while True:
+                try:  # decoding errors (corrupt pages) name the file, like every other error
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError) as exc:
+                    raise _unreadable(path, exc) from exc
                 yield batch, str(path)
 
 
@@ -207,7 +237,10 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
         return str(parse_threshold_spec(given))
     preprocess = parquet_dir / PREPROCESS_JSON
     if preprocess.exists():
-        spec = read_json(preprocess).get("threshold_spec")
+        data = read_json(preprocess)
+        if not isinstance(data, dict):
+            raise DatasetError(f"{preprocess}: expected a JSON object with 'threshold_spec'")
+        spec = data.get("threshold_spec")
         return None if spec is None else str(parse_threshold_spec(spec))
     return None
 
@@ -222,6 +255,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     """
     config = config or ConvertConfig()
     parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)
+    refuse_overlap(binary_dir, {"parquet": parquet_dir})
     if not is_complete(parquet_dir):
         raise DatasetError(f"{parquet_dir} has no _SUCCESS: the parquet is incomplete "
                            "(rerun spark_jobs)")
@@ -231,8 +265,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
         cat_dtype(size)  # refuses tables that do not fit int32
     spec = _threshold_spec(parquet_dir, threshold_spec)
     files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
-    expected = {split: sum(pq.read_metadata(p).num_rows for p in files[split])
-                for split in SPLITS}
+    expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
     fingerprint = source_fingerprint(parquet_dir, files)
     start = time.perf_counter()
     rows: dict[str, int] = {}

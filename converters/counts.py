@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from converters.format import DatasetError
@@ -53,7 +54,11 @@ def read_histogram(counts_dir: str | Path) -> CountHistogram:
     path = histogram_path(counts_dir)
     if not path.exists():
         raise DatasetError(f"{path} is missing: run spark_jobs first (it writes the counts)")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
+                           f"{type(exc).__name__}: {exc}") from exc
     needed = {"column", "count", "num_values"}
     if not needed <= set(table.column_names):
         raise DatasetError(f"{path}: columns {sorted(needed)} expected, found {table.column_names}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.atomic import atomic_directory
+from converters.atomic import atomic_directory, refuse_overlap
 from converters.counts import read_histogram
 from converters.format import (DATASET_JSON, LABEL_FILE, MODEL_SIZE_JSON, NUMERICAL_FILE,
                                DatasetError, cat_dtype, cat_file, describe, write_json)
@@ -99,8 +99,7 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     """
     config = config or ConvertConfig()
     source, output = Path(source_binary_dir), Path(output_dir)
-    if source.absolute() == output.absolute():
-        raise DatasetError("rethreshold cannot write over its own source; choose another output")
+    refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
     info = verify_dataset(source, full=False)
     base = _base_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)

@@ -188,8 +188,9 @@ def test_out_of_range_id_in_parquet_is_an_error_not_a_wrap(tmp_path):
 
 @pytest.mark.parametrize("column,values,message", [
     ("label", [0, 2, 1], "label outside {0, 1}"),
-    ("I3", [0.5, float("nan"), 1.0], "NaN/inf or beyond float16 range"),
-    ("I4", [0.5, 70000.0, 1.0], "NaN/inf or beyond float16 range"),
+    ("I3", [0.5, float("nan"), 1.0], "column I3 holds nan, a numerical value NaN/inf"),
+    ("I4", [0.5, 70000.0, 1.0], "column I4 holds 70000.0, a numerical value NaN/inf or beyond "
+                                "float16 range"),
     ("C2", [0, None, 1], "column C2 has 1 null"),
     ("C5", [0, -1, 1], "C5 has id -1 outside its table"),
 ])
@@ -214,6 +215,66 @@ def test_incomplete_parquet_is_refused(tmp_path):
     (tmp_path / "parquet" / "_SUCCESS").unlink()
     with pytest.raises(DatasetError, match="incomplete"):
         convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "corrupt_page"])
+def test_unreadable_parquet_file_is_a_clear_error_naming_it(tmp_path, damage):
+    write_workdir(tmp_path)
+    part = sorted((tmp_path / "parquet" / "test").glob("*.parquet"))[1]
+    data = part.read_bytes()
+    if damage == "truncated":
+        part.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        part.write_bytes(b"")
+    elif damage == "garbage":  # a PAR1 trailer whose footer length is nonsense
+        part.write_bytes(b"x" * 100 + (10**6).to_bytes(4, "little") + b"PAR1")
+    else:  # the footer is intact, a data page is not
+        table = pq.read_table(part)
+        pq.write_table(table, part, compression="snappy")
+        data = bytearray(part.read_bytes())
+        data[100:1100] = b"\xab" * 1000
+        part.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match="is not (a readable )?(a )?parquet file") as info:
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert part.name in str(info.value)
+    assert not (tmp_path / "binary").exists()
+
+
+def test_unreadable_parquet_cli_exit_code_without_traceback(tmp_path):
+    write_workdir(tmp_path)
+    part = sorted((tmp_path / "parquet" / "train").glob("*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:-3])
+    result = subprocess.run([sys.executable, "-m", "converters", "convert", "--workdir",
+                             str(tmp_path), "--no-fsync"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and part.name in result.stderr
+
+
+@pytest.mark.parametrize("output", ["parquet", ".", "parquet/train", "binary/../parquet"])
+def test_convert_refuses_an_output_overlapping_the_parquet(tmp_path, output):
+    write_workdir(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "parquet").rglob("*"))
+    with pytest.raises(DatasetError, match="overlaps the parquet"):
+        convert_parquet(tmp_path / "parquet", tmp_path / output, CONFIG)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "parquet").rglob("*")) == before
+
+
+def test_preprocess_json_that_is_not_an_object_is_a_clear_error(tmp_path):
+    write_workdir(tmp_path)
+    (tmp_path / "parquet" / "preprocess.json").write_text("[2]")
+    with pytest.raises(DatasetError, match="preprocess.json: expected a JSON object"):
+        convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+
+
+@pytest.mark.parametrize("command", ["convert", "rethreshold"])
+def test_cli_refuses_zero_batch_rows_as_usage(tmp_path, command):
+    args = (["convert", "--parquet", str(tmp_path / "p"), "--output", str(tmp_path / "b")]
+            if command == "convert" else
+            ["rethreshold", "--source", str(tmp_path / "b"), "--counts", str(tmp_path / "c"),
+             "--frequency-threshold", "5", "--output", str(tmp_path / "o")])
+    result = subprocess.run([sys.executable, "-m", "converters", *args, "--batch-rows", "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "batch rows must be at least 1" in result.stderr
 
 
 # ------------------------------------------------------------------------------ atomicity
@@ -479,6 +540,17 @@ def test_rethreshold_cli_refusal_exit_code(converted, tmp_path):
     assert "Spark rerun" in result.stderr
 
 
+@pytest.mark.parametrize("output", ["binary", "t20/../binary", ".", "counts"])
+def test_rethreshold_refuses_an_output_overlapping_its_inputs(converted, output):
+    root, _expected, _summary = converted
+    before = (root / "binary" / "dataset.json").read_text()
+    with pytest.raises(DatasetError, match="overlaps the (source dataset|counts)"):
+        rethreshold(root / "binary", root / "counts", "20", root / output, CONFIG)
+    assert (root / "binary" / "dataset.json").read_text() == before
+    assert (root / "counts" / "histogram.parquet").exists()
+    verify_dataset(root / "binary")
+
+
 def test_rethreshold_refuses_counts_of_another_dataset(converted, tmp_path):
     root, _expected, _summary = converted
     other = tmp_path / "other"
@@ -519,3 +591,23 @@ def test_planner_cli_json(tmp_path):
                            str(tmp_path / "counts"), "--thresholds", "2"],
                           capture_output=True, text=True).stdout
     assert "C26" in text and "memory (dim 128, 4 B)" in text
+
+
+def test_a_corrupt_histogram_is_a_clear_error(tmp_path):
+    (tmp_path / "counts").mkdir()
+    (tmp_path / "counts" / "histogram.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(DatasetError, match="histogram.parquet is not a readable parquet file"):
+        read_histogram(tmp_path / "counts")
+    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                             str(tmp_path / "counts"), "--thresholds", "2"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--embedding-dim", "--dtype-bytes"])
+def test_planner_refuses_a_non_positive_width(tmp_path, flag):
+    write_histogram(tmp_path / "counts", TABLE_SIZES, np.random.default_rng(4))
+    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                             str(tmp_path / "counts"), "--thresholds", "2", flag, "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "must be at least 1" in result.stderr
