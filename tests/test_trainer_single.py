@@ -195,3 +195,46 @@ def test_float16_with_loss_scaling_trains_like_float32(dataset, tmp_path, monkey
     a, b = step_losses(tmp_path / "fp32"), step_losses(tmp_path / "fp16")
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), atol=0.01)
     assert checkpoint_arrays(tmp_path / "fp16")["loss_scale"] == 2.0**15  # no overflow: kept
+
+
+def test_a_split_with_one_class_gets_no_auc_and_an_empty_split_no_metrics(tmp_path):
+    path = tmp_path / "binary"
+    write_planted_dataset(path, {"train": 600, "test": 150, "validation": 0}, seed=5)
+    np.zeros(150, np.uint8).tofile(path / "test" / "label.bin")  # all negatives
+    summary = run(small_config(max_steps=2, eval_batch_size=4096), path, tmp_path / "w")
+    assert summary["test_rows"] == 150 and summary["test_auc"] is None
+    assert summary["test_logloss"] is not None and np.isfinite(summary["test_logloss"])
+    assert summary["validation_rows"] == 0 and summary["validation_auc"] is None
+
+    def strict(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    lines = (tmp_path / "w" / "logs" / "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(line, parse_constant=strict) for line in lines if '"eval"' in line]
+    assert [(e["split"], e["auc"]) for e in evals] == [("test", None)]
+
+
+@pytest.mark.parametrize("setting,message", [
+    (dict(batch_size=0), "batch sizes must be at least 1"),
+    (dict(eval_batch_size=-8), "batch sizes must be at least 1"),
+    (dict(max_steps=-1), "max steps must be 0 or more"),
+])
+def test_impossible_settings_are_refused(dataset, tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        run(small_config(**setting), dataset, tmp_path / "w")
+
+
+def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path):
+    from trainer.checkpoint import CheckpointError, latest_checkpoint
+
+    run(small_config(max_steps=2), dataset, tmp_path / "w")
+    part = latest_checkpoint(tmp_path / "w" / "checkpoints") / "rank-0.npz"
+    part.write_bytes(part.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="rank-0.npz is unreadable"):
+        run(small_config(max_steps=4), dataset, tmp_path / "w")
+    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(dataset),
+                           "--workdir", str(tmp_path / "w"), "--mode", "eval",
+                           *config_flags(small_config())],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and "rank-0.npz is unreadable" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -233,3 +233,85 @@ def test_cli_settings_come_from_yaml_then_flags(tmp_path):
     assert config.force_column_split == ["C3", "C20"] and config.top_mlp == [64, 1]
     assert config.bottom_mlp_data_parallel is False and config.resume is False and config.xla
     assert config.amp is False  # untouched settings keep their defaults
+
+
+def test_an_id_outside_its_table_is_a_clear_error_not_a_lookup_crash(tmp_path):
+    # The quick dataset check (the default) reads no values: the loader itself refuses the id.
+    path = tmp_path / "binary"
+    write_planted_dataset(path, {"train": 300, "test": 10, "validation": 10})
+    ids = np.fromfile(path / "train" / "cat_1.bin", dtype="<i1")  # C2: a table of 20
+    ids[130] = 20
+    ids.tofile(path / "train" / "cat_1.bin")
+    reader = SplitReader(open_dataset(path), "train")
+    view = RankView(1, 0, tuple(range(26)), "local")
+    reader.read(view, 0, 0, 128)  # rows 0..127 are fine
+    with pytest.raises(DatasetError, match=r"cat_1.bin: id 20 at row 130 is outside its table "
+                                           r"of size 20"):
+        reader.read(view, 1, 128, 128)
+    ids[130] = -1
+    ids.tofile(path / "train" / "cat_1.bin")
+    with pytest.raises(DatasetError, match="id -1 at row 130"):
+        SplitReader(open_dataset(path), "train").read(view, 1, 128, 128)
+
+
+def test_metrics_log_is_strict_json_when_a_value_is_nan_or_inf(tmp_path):
+    import json
+
+    from trainer.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"event": "eval", "auc": float("nan"), "logloss": 0.5})
+    log.write({"step": 3, "loss": float("inf")})
+
+    def strict(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    records = [json.loads(line, parse_constant=strict)
+               for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["auc"] is None and records[0]["logloss"] == 0.5
+    assert records[1]["loss"] is None
+
+
+def _checkpoint(root):
+    import json
+
+    path = root / "step-000000004"
+    path.mkdir(parents=True)
+    np.savez(path / "rank-0.npz", **{"table/0/0-4": np.ones((3, 4), np.float32)})
+    np.savez(path / "replicated.npz", **{"bottom/0/kernel": np.ones((13, 4), np.float32)})
+    (path / "meta.json").write_text(json.dumps({"step": 4, "table_sizes": [3], "dims": {}}))
+    return path
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("truncate_npz", r"rank-0.npz is unreadable \(truncated or corrupt"),
+    ("bad_meta", r"meta.json is unreadable"),
+    ("no_step", r"meta.json has no integer 'step'"),
+    ("flip_bytes", r"'bottom/0/kernel' is unreadable"),
+])
+def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path, damage, message):
+    import json
+
+    from trainer.checkpoint import CheckpointError, CheckpointReader
+
+    path = _checkpoint(tmp_path)
+    reader = CheckpointReader(path)
+    assert reader.value("table/0/0-4", (3, 4)).sum() == 12
+    reader.close()
+    if damage == "truncate_npz":
+        data = (path / "rank-0.npz").read_bytes()
+        (path / "rank-0.npz").write_bytes(data[: len(data) // 2])
+    elif damage == "bad_meta":
+        (path / "meta.json").write_text('{"step": ')
+    elif damage == "no_step":
+        (path / "meta.json").write_text(json.dumps({"table_sizes": [3]}))
+    else:  # a flipped byte inside the stored array: the zip CRC no longer matches
+        data = bytearray((path / "replicated.npz").read_bytes())
+        data[200] ^= 0xFF
+        (path / "replicated.npz").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=message):
+        reader = CheckpointReader(path)
+        try:
+            reader.value("bottom/0/kernel", (13, 4))
+        finally:
+            reader.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,31 @@ class CheckpointReader:
 
     def __init__(self, path: Path):
         self.path = path
-        self.meta = json.loads((path / META).read_text())
-        self._files = [np.load(f) for f in sorted(path.glob("*.npz"))]
+        try:
+            self.meta = json.loads((path / META).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path / META} is unreadable ({exc}); delete {path} to "
+                                  "resume from an older checkpoint, or use --no-resume") from None
+        if not isinstance(self.meta, dict) or not isinstance(self.meta.get("step"), int):
+            raise CheckpointError(f"{path / META} has no integer 'step'; delete {path} to resume "
+                                  "from an older checkpoint, or use --no-resume")
+        self._files = []
+        for file in sorted(path.glob("*.npz")):
+            try:
+                self._files.append(np.load(file))
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                self.close()
+                raise CheckpointError(f"{file} is unreadable (truncated or corrupt: {exc}); "
+                                      f"delete {path} to resume from an older checkpoint, or use "
+                                      "--no-resume") from None
         self._where = {key: f for f in self._files for key in f.files}
+
+    def _read(self, file, key: str) -> np.ndarray:
+        try:
+            return file[key]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(f"{self.path}: {key!r} is unreadable (truncated or corrupt: "
+                                  f"{exc})") from None
 
     def check_compatible(self, table_sizes: list[int], dims: dict[str, Any]) -> None:
         if list(self.meta.get("table_sizes", [])) != list(table_sizes):
@@ -99,7 +122,7 @@ class CheckpointReader:
         if match is None:
             if name not in self._where:
                 raise CheckpointError(f"{self.path} has no {name!r}")
-            return self._where[name][name]
+            return self._read(self._where[name], name)
         table, start, end, suffix = int(match[1]), int(match[2]), int(match[3]), match[4] or ""
         out = np.empty(shape, np.float32)
         covered = np.zeros(end - start, bool)
@@ -109,7 +132,8 @@ class CheckpointReader:
                 continue
             lo, hi = max(start, int(saved[2])), min(end, int(saved[3]))
             if lo < hi:
-                out[:, lo - start:hi - start] = file[key][:, lo - int(saved[2]):hi - int(saved[2])]
+                out[:, lo - start:hi - start] = self._read(file, key)[
+                    :, lo - int(saved[2]):hi - int(saved[2])]
                 covered[lo - start:hi - start] = True
         if not covered.all():
             raise CheckpointError(f"{self.path} does not hold all columns of {name!r}")

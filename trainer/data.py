@@ -145,6 +145,14 @@ class SplitReader:
 
     def categorical(self, table: int, start: int, length: int) -> np.ndarray:
         ids = self._slice(self._cats[table], start, start + length, np.int32, length)
+        size = self.dataset.written_table_sizes[table]
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            # The quick dataset check reads no values; an id outside its table would otherwise
+            # fail deep inside TensorFlow (CPU) or be read as zeros (GPU gather).
+            bad = int(np.argmax((ids < 0) | (ids >= size)))
+            raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
+                               f"{int(ids[bad])} at row {start + bad} is outside its table of "
+                               f"size {size} (check the dataset with --verify-dataset full)")
         limit = self._clamp[table]
         if limit is not None:
             ids[ids > limit] = 0

@@ -100,6 +100,11 @@ class Trainer:
                                     or (self.layout.counts if config.frequency_threshold else None),
                                     verify=config.verify_dataset)
         self.dims = model_dims(config)
+        if config.batch_size < 1 or (config.eval_batch_size or 1) < 1:
+            raise ValueError(f"batch sizes must be at least 1 (batch size {config.batch_size}, "
+                             f"eval batch size {config.eval_batch_size})")
+        if config.max_steps is not None and config.max_steps < 0:
+            raise ValueError(f"max steps must be 0 or more, not {config.max_steps}")
         if config.batch_size % self.world:
             raise ValueError(f"batch size {config.batch_size} must divide by {self.world} ranks")
         self.global_batch = config.batch_size
@@ -351,11 +356,14 @@ class Trainer:
         if labels.size == 0:
             return EvalResult(split, 0, None, None)
         auc = roc_auc(labels, scores) if self.rank == 0 else None
+        if auc is not None and math.isnan(auc):
+            auc = None  # one class only: the AUC is undefined, reported as null, never a number
         loss = log_loss(labels, scores) if self.rank == 0 else None
         result = EvalResult(split, int(labels.size), auc, loss)
         self._log({"event": "eval", "split": split, "step": self.step, "rows": result.rows,
                    "auc": auc, "logloss": loss})
-        self._progress(f"eval {split} at step {self.step}: auc {auc} logloss {loss} "
+        shown = "undefined (the split has one class only)" if auc is None else auc
+        self._progress(f"eval {split} at step {self.step}: auc {shown} logloss {loss} "
                        f"({result.rows} rows)")
         return result
 

@@ -8,6 +8,7 @@ ROC curve with tied scores joined by a straight segment.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,11 @@ class MetricsLog:
         if self.path is None:
             return
         record = {"time": round(time.time(), 3), **record}
+        # Strict JSON: a NaN/inf (diverged loss, undefined AUC) is written as null, not NaN.
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                  for k, v in record.items()}
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(json.dumps(record, allow_nan=False) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
