@@ -28,7 +28,7 @@ from converters.atomic import atomic_directory, is_complete, refuse_overlap
 from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, MODEL_SIZE_JSON,
                                NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
                                cat_dtype, cat_file, describe, model_size_list, read_json,
-                               write_json)
+                               unreadable_parquet, write_json)
 from converters.progress import progress_bar
 from converters.verify import verify_dataset
 from pipeline.config import ConvertConfig
@@ -69,16 +69,11 @@ def _footer(path: Path) -> bytes:
         return fh.read(length)
 
 
-def _unreadable(path: Path, exc: Exception) -> DatasetError:
-    return DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
-                        f"{type(exc).__name__}: {exc}")
-
-
 def _num_rows(path: Path) -> int:
     try:
         return pq.read_metadata(path).num_rows
     except (pa.ArrowException, OSError) as exc:
-        raise _unreadable(path, exc) from exc
+        raise unreadable_parquet(path, exc) from exc
 
 
 def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
@@ -188,7 +183,7 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
         try:
             reader = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(path, exc) from exc
+            raise unreadable_parquet(path, exc) from exc
         with reader:
             _check_schema(path, reader.schema_arrow)
             batches = reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
@@ -199,7 +194,7 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
                 except StopIteration:
                     break
                 except (pa.ArrowException, OSError) as exc:
-                    raise _unreadable(path, exc) from exc
+                    raise unreadable_parquet(path, exc) from exc
                 yield batch, str(path)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.format import DatasetError
+from converters.format import DatasetError, unreadable_parquet
 from pipeline.schema import CAT_COLUMNS
 from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
 
@@ -57,8 +57,7 @@ def read_histogram(counts_dir: str | Path) -> CountHistogram:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        raise DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise unreadable_parquet(path, exc) from exc
     needed = {"column", "count", "num_values"}
     if not needed <= set(table.column_names):
         raise DatasetError(f"{path}: columns {sorted(needed)} expected, found {table.column_names}")

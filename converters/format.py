@@ -33,6 +33,12 @@ class DatasetError(ValueError):
     """A binary dataset (or its source) that breaks the format; the message says where."""
 
 
+def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:
+    """pyarrow's own errors do not name the file; ours do."""
+    return DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
+                        f"{type(exc).__name__}: {exc}")
+
+
 def cat_file(index: int) -> str:
     """File of categorical column C<index+1>."""
     return f"cat_{index}.bin"

@@ -78,6 +78,10 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
     return final
 
 
+# what numpy raises on a truncated or corrupt .npz member
+_DAMAGED_ARRAY = (OSError, ValueError, EOFError, zipfile.BadZipFile)
+
+
 class CheckpointReader:
     """Reads named arrays of a checkpoint, assembling table slices saved by any rank."""
 
@@ -86,28 +90,28 @@ class CheckpointReader:
         try:
             self.meta = json.loads((path / META).read_text())
         except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path / META} is unreadable ({exc}); delete {path} to "
-                                  "resume from an older checkpoint, or use --no-resume") from None
+            raise self._damaged(f"{path / META} is unreadable ({exc})") from None
         if not isinstance(self.meta, dict) or not isinstance(self.meta.get("step"), int):
-            raise CheckpointError(f"{path / META} has no integer 'step'; delete {path} to resume "
-                                  "from an older checkpoint, or use --no-resume")
+            raise self._damaged(f"{path / META} has no integer 'step'")
         self._files = []
         for file in sorted(path.glob("*.npz")):
             try:
                 self._files.append(np.load(file))
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            except _DAMAGED_ARRAY as exc:
                 self.close()
-                raise CheckpointError(f"{file} is unreadable (truncated or corrupt: {exc}); "
-                                      f"delete {path} to resume from an older checkpoint, or use "
-                                      "--no-resume") from None
+                raise self._damaged(f"{file} is unreadable (truncated or corrupt: {exc})") from None
         self._where = {key: f for f in self._files for key in f.files}
+
+    def _damaged(self, what: str) -> CheckpointError:
+        return CheckpointError(f"{what}; delete {self.path} to resume from an older checkpoint, "
+                               "or use --no-resume")
 
     def _read(self, file, key: str) -> np.ndarray:
         try:
             return file[key]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise CheckpointError(f"{self.path}: {key!r} is unreadable (truncated or corrupt: "
-                                  f"{exc})") from None
+        except _DAMAGED_ARRAY as exc:
+            raise self._damaged(f"{self.path}: {key!r} is unreadable (truncated or corrupt: "
+                                f"{exc})") from None
 
     def check_compatible(self, table_sizes: list[int], dims: dict[str, Any]) -> None:
         if list(self.meta.get("table_sizes", [])) != list(table_sizes):
