@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     summary = {"out": args.out, "rows": meta["rows"], "days": len(meta["days"]),
                "click_rate": round(meta["click_rate"], 5),
-               "bayes_auc": round(meta["bayes_auc"], 5),
+               "bayes_auc": None if meta["bayes_auc"] is None else round(meta["bayes_auc"], 5),
                "seconds": round(elapsed, 2), "rows_per_second": round(meta["rows"] / elapsed)}
     print(json.dumps(summary))
     return 0

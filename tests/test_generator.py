@@ -442,3 +442,52 @@ def test_cli_reads_the_generator_section_of_a_config_file(tmp_path, capsys):
     config.write_text("generator:\n  dayz: 1\n")
     assert main(["--out", str(tmp_path / "raw2"), "--config", str(config)]) == 2
     assert "dayz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"click_rate": 0.0}, "click_rate"),
+    ({"chunk_rows": 0}, "chunk_rows"),
+    ({"cardinality_scale": float("inf")}, "cardinality_scale"),
+    ({"cardinality_scale": float("nan")}, "cardinality_scale"),
+    ({"cardinality_floor": 0}, "cardinality_floor"),
+    ({"cardinality_floor": -5}, "cardinality_floor"),
+    ({"zipf_exponent": float("nan")}, "zipf_exponent"),
+    ({"signal_strength": float("inf")}, "signal_strength"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**64}, "seed"),
+])
+def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(tmp_path, capsys,
+                                                                          bad, message):
+    """A rerun with a bad value used to delete the previous output before refusing (and
+    some values crashed with a traceback): now a one-line error, exit 2, output intact."""
+    generate(tmp_path, SMALL)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match=message):
+        generate(tmp_path, dataclasses.replace(SMALL, **bad))
+    flag, value = next(iter(bad.items()))
+    assert main(["--out", str(tmp_path), f"--{flag.replace('_', '-')}", str(value)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_tiny_runs_have_exact_rows_and_valid_json_meta(tmp_path, capsys):
+    """1 row, more workers than rows, days not a multiple of chunks: exact row counts, and a
+    run without a click writes bayes_auc null (NaN is not JSON)."""
+    assert main(["--out", str(tmp_path / "one"), "--days", "1", "--rows-per-day", "1",
+                 "--seed", "0", "--workers", "3"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    meta = json.loads((tmp_path / "one" / META_FILE).read_text(),
+                      parse_constant=lambda c: pytest.fail(f"{c} in generator_meta.json"))
+    assert meta["rows"] == 1 and meta["clicks"] == 0
+    assert meta["bayes_auc"] is None and summary["bayes_auc"] is None
+    config = dataclasses.replace(SMALL, days=3, rows_per_day=7, chunk_rows=3, workers=4)
+    generate(tmp_path / "seven", config)
+    for day in range(3):
+        lines = (tmp_path / "seven" / f"day_{day}").read_bytes().split(b"\n")
+        assert lines[-1] == b"" and len(lines) == 8
+        assert all(len(line.split(b"\t")) == NUM_FIELDS for line in lines[:-1])
+    generate(tmp_path / "seven1", dataclasses.replace(config, workers=1))
+    for day in range(3):
+        assert ((tmp_path / "seven" / f"day_{day}").read_bytes()
+                == (tmp_path / "seven1" / f"day_{day}").read_bytes())

@@ -12,6 +12,7 @@ directory that holds day files no generator run wrote is refused rather than ove
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -35,7 +36,8 @@ META_FORMAT_VERSION = 1
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 # What an interrupted run of ours leaves behind: day files and chunks being written.
 _LEFTOVER = re.compile(r"^\.day_\d+(\.gz)?\.partial$|^\.day_\d+\.chunk\d+\.part$"
-                       r"|^\.generator_meta\.json\.partial$")
+                       r"|^\.generator_meta\.json\.partial$"
+                       r"|^\.\.generator_in_progress\.json\.partial$")
 
 _worker_source: SyntheticSource | None = None
 
@@ -81,8 +83,9 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
         return
     context = _pool_context()
     window = 2 * config.workers
-    with ProcessPoolExecutor(config.workers, mp_context=context, initializer=_init_worker,
-                             initargs=(source,)) as pool:
+    # No more processes than chunks: --workers 64 on a 7-row run starts one.
+    with ProcessPoolExecutor(min(config.workers, len(tasks)), mp_context=context,
+                             initializer=_init_worker, initargs=(source,)) as pool:
         pending: deque[Future] = deque()
         for task in tasks:
             pending.append(pool.submit(_make_chunk, *task, str(out)))
@@ -142,12 +145,30 @@ def _remove_leftovers(out: Path) -> None:
 
 
 def _validate(config: GeneratorConfig) -> None:
+    """Reject every bad parameter before the output directory is touched (a rerun with a
+    typo must not delete the previous output) and with a message naming the parameter."""
+    if not 0 <= config.seed < 2**64:
+        # Salts are derived from the seed's low 64 bits: a larger seed would share the
+        # planted model and hex values of seed % 2**64.
+        raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {config.seed}")
     if config.days < 1:
         raise ValueError(f"days must be >= 1, got {config.days}")
     if config.rows_per_day < 1:
         raise ValueError(f"rows_per_day must be >= 1, got {config.rows_per_day}")
     if config.workers < 1:
         raise ValueError(f"workers must be >= 1, got {config.workers}")
+    if config.chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {config.chunk_rows}")
+    if config.cardinality_floor < 1:
+        raise ValueError(f"cardinality_floor must be >= 1, got {config.cardinality_floor}")
+    for name in ("cardinality_scale", "zipf_exponent"):
+        value = getattr(config, name)
+        if not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    if not math.isfinite(config.signal_strength):
+        raise ValueError(f"signal_strength must be finite, got {config.signal_strength}")
+    if not 0.0 < config.click_rate < 1.0:
+        raise ValueError(f"click_rate must be in (0, 1), got {config.click_rate}")
     if config.gzip and not 0 <= config.gzip_level <= 9:
         raise ValueError(f"gzip_level must be 0..9, got {config.gzip_level}")
 
@@ -157,10 +178,10 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     into ``out_dir``; returns the metadata that was written."""
     config = config or GeneratorConfig()
     _validate(config)
+    source = SyntheticSource.from_config(config)  # may still refuse: before any deletion
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_directory(out)
-    source = SyntheticSource.from_config(config)
     histogram = LogitHistogram()
     days: list[dict] = []
     names = [day_file_name(day, config.gzip) for day in range(config.days)]
@@ -178,6 +199,8 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         raise
     auc, auc_error = histogram.auc()
+    if math.isnan(auc):  # no click or no non-click: undefined, and NaN is not valid JSON
+        auc = auc_error = None
     rows = sum(d["rows"] for d in days)
     clicks = sum(d["clicks"] for d in days)
     meta = {
