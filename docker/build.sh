@@ -23,13 +23,17 @@ case "$TARGET" in
   *) echo "build.sh: unknown image '$TARGET' (preprocess, preprocess-gpu, train, all)" >&2; exit 2 ;;
 esac
 
-mapfile -t PINS < <("$PYTHON" "$ROOT/docker/pins.py" build-args)
+# Not `mapfile < <(...)`: a failing pins.py there would go unnoticed (set -e does not see it).
+pins_out="$("$PYTHON" "$ROOT/docker/pins.py" build-args)" \
+  || { echo "build.sh: $PYTHON docker/pins.py build-args failed (needs Python >= 3.11; set PYTHON=...)" >&2; exit 2; }
+mapfile -t PINS <<<"$pins_out"
 BUILD_ARGS=()
 VERSION=""
 for pin in "${PINS[@]}"; do
   BUILD_ARGS+=(--build-arg "$pin")
   [[ "$pin" == PROJECT_VERSION=* ]] && VERSION="${pin#PROJECT_VERSION=}"
 done
+[[ -n "$VERSION" ]] || { echo "build.sh: docker/pins.py build-args gave no PROJECT_VERSION" >&2; exit 2; }
 
 for image in "${IMAGES[@]}"; do
   cmd=($DOCKER_BUILD -f "$ROOT/docker/Dockerfile.$image" -t "${IMAGE_PREFIX:-}criteo-dlrm-$image:$VERSION"

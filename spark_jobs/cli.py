@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spark, pre = configs_from_args(args)
         from spark_jobs.preprocess import run_preprocess
+        from spark_jobs.session import check_spark_config
+
+        check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
 
         summary = run_preprocess(args.input, args.workdir, spark, pre)
     except PipelineError as error:

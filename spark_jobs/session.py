@@ -52,10 +52,19 @@ def parse_conf_pairs(pairs: list[str]) -> dict[str, str]:
 def read_conf_file(path: str | Path) -> dict[str, str]:
     """A spark-defaults.conf style file: 'key value' or 'key=value' per line, '#' comments."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PreprocessConfigError(f"--conf-file {path} does not exist")
+    if not path.is_file():
+        raise PreprocessConfigError(f"--conf-file {path} is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise PreprocessConfigError(f"--conf-file {path} is not UTF-8 text ({error.reason} at byte "
+                                    f"{error.start})") from None
+    except OSError as error:
+        raise PreprocessConfigError(f"--conf-file {path} cannot be read: {error.strerror}") from None
     conf = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -64,6 +73,30 @@ def read_conf_file(path: str | Path) -> dict[str, str]:
             raise PreprocessConfigError(f"{path}:{number}: expected 'key value', got {line!r}")
         conf[match.group(1)] = match.group(2).strip()
     return conf
+
+
+_LOCAL_MASTER = re.compile(r"^local(?:\[(?:\*|[1-9]\d*)(?:,[1-9]\d*)?\]|-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\])?$")
+_URL_MASTER = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
+_JVM_SIZE = re.compile(r"^[1-9]\d*[kmgt]$", re.IGNORECASE)
+
+
+def check_spark_config(spark: SparkConfig) -> dict[str, str]:
+    """Refuse, before anything is written or a JVM started, what Spark would only reject with a
+    Java trace (or ignore); returns ``spark_settings(spark)`` (which reads --conf-file and the
+    --gpu jar, so their errors come here too)."""
+    master = spark.master or ""
+    if master.startswith("local") and not _LOCAL_MASTER.match(master):
+        raise PreprocessConfigError(
+            f"--master {master!r}: local masters are local, local[N], local[*] or local[N,F] "
+            "with N >= 1")
+    if not (master.startswith("local") or master == "yarn" or _URL_MASTER.match(master)):
+        raise PreprocessConfigError(
+            f"--master {master!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, "
+            "k8s://https://HOST:PORT)")
+    if not _JVM_SIZE.match(str(spark.driver_memory or "")):
+        raise PreprocessConfigError(
+            f"--driver-memory {spark.driver_memory!r} must be a size with a unit, e.g. 12g or 512m")
+    return spark_settings(spark)
 
 
 def _local_cores(master: str) -> int | None:

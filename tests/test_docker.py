@@ -375,3 +375,60 @@ def test_checks_catch_a_bad_dockerfile(tmp_path):
     assert command_problem(["bash", "-c", "true"]) is not None
     assert command_problem(["./no_such.sh"]) is not None
     assert command_problem(["criteo-not-declared"]) is not None
+
+
+# ---------------------------------------------------------------- launch scripts' argument handling
+def _script(argv, tmp_path, **env):
+    full = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **env}
+    return subprocess.run(["bash", *map(str, argv)], capture_output=True, text=True, timeout=60,
+                          env=full, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args", [["--dir"], ["--workers"], ["--port", "abc"], ["--port", "70000"],
+                                  ["--workers", "two"], ["--worker-memory", "4"],
+                                  ["--timeout", "x"]])
+def test_start_cluster_refuses_bad_options_before_starting_anything(tmp_path, args):
+    """One line, exit 2, and no daemon started (a non-numeric --workers used to fail only after
+    the master had been started, leaving it running)."""
+    argv = [DOCKER / "spark-cluster" / "start-cluster.sh"]
+    argv += args if args == ["--dir"] else ["--dir", tmp_path / "c", *args]
+    proc = _script(argv, tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_cluster_scripts_refuse_a_directory_with_spaces(tmp_path):
+    """Spark's sbin/spark-daemon.sh cannot log to a path with spaces: say so at once."""
+    proc = _script([DOCKER / "spark-cluster" / "start-cluster.sh", "--dir", tmp_path / "a b"], tmp_path)
+    assert proc.returncode == 2 and "whitespace" in proc.stderr, proc.stderr
+
+
+def test_submit_keeps_a_job_master_given_as_master_equals(tmp_path):
+    spark_home = tmp_path / "spark"
+    (spark_home / "bin").mkdir(parents=True)
+    (spark_home / "bin" / "spark-submit").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (spark_home / "bin" / "spark-submit").chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
+    python.chmod(0o755)
+    (tmp_path / "cl").mkdir()
+    (tmp_path / "cl" / "cluster.env").write_text("MASTER_URL=spark://h:7077\n")
+    submit = DOCKER / "spark-cluster" / "submit.sh"
+    proc = _script([submit, "--dir", tmp_path / "cl", "--", "--input", "x", "--master=local[1]"],
+                   tmp_path, PYTHON=str(python))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines().count("--master") == 1  # spark-submit's only
+    proc = _script([submit, "--dir", tmp_path / "cl", "--", "--input", "x"], tmp_path, PYTHON=str(python))
+    assert proc.stdout.splitlines()[-2:] == ["--master", "spark://h:7077"]
+
+
+def test_build_script_fails_when_pins_cannot_be_read(tmp_path):
+    """`mapfile < <(pins.py)` hid a failing pins.py: images were tagged 'criteo-dlrm-train:'."""
+    proc = _script([DOCKER / "build.sh", "--print", "train"], tmp_path, PYTHON="false")
+    assert proc.returncode == 2 and "pins.py" in proc.stderr and proc.stdout == "", proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["driver", "executor"])
+def test_entrypoint_kubernetes_modes_name_a_missing_variable(tmp_path, mode):
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", mode], tmp_path, SPARK_HOME="/nonexistent")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not set" in proc.stderr

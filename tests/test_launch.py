@@ -136,3 +136,29 @@ def test_slurm_script_builds_the_host_list_from_the_allocation(tmp_path):
     env.pop("SLURM_JOB_NODELIST")
     refused = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode != 0 and "SLURM_JOB_NODELIST" in refused.stderr
+
+
+@pytest.mark.parametrize("gpus", ["0", "abc", "a100:4,v100:2"])
+def test_slurm_script_refuses_a_gpu_count_it_cannot_read(tmp_path, gpus):
+    env = _fake_scontrol(tmp_path, ["n1", "n2"])
+    env.update(SLURM_JOB_NODELIST="n[1-2]", SLURM_GPUS_PER_NODE=gpus, CRITEO_DRY_RUN="1")
+    env.pop("GPUS_PER_NODE", None)
+    env.pop("SLURM_GPUS_ON_NODE", None)
+    proc = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "GPUS_PER_NODE" in proc.stderr, proc.stderr
+
+
+def test_slurm_dry_run_keeps_arguments_with_spaces_whole(tmp_path):
+    import shlex
+
+    env = _fake_scontrol(tmp_path, ["n1"])
+    env.update(SLURM_JOB_NODELIST="n1", GPUS_PER_NODE="2", CRITEO_DRY_RUN="1",
+               WORKDIR=str(tmp_path / "my work"))
+    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/my raw"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    command = shlex.split(proc.stdout.strip().splitlines()[-1])
+    assert command[command.index("--workdir") + 1] == str(tmp_path / "my work")
+    assert command[-2:] == ["--input", "/data/my raw"]
+    assert command[command.index("--hosts") + 1] == "n1:2"

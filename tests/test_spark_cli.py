@@ -95,3 +95,41 @@ def test_spark_submit_runs_the_job(tmp_path, venv_bin, repo_root):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["rows"] == {"train": 30, "test": 15, "validation": 15}
     assert (WorkdirLayout.at(tmp_path / "work").parquet / "_SUCCESS").exists()
+
+
+def test_bad_master_driver_memory_and_conf_file_are_usage_errors(tmp_path):
+    from spark_jobs.session import check_spark_config
+
+    for master in ["local", "local[2]", "local[*]", "local[4,3]", "spark://h:7077", "yarn",
+                   "k8s://https://h:443"]:
+        check_spark_config(SparkConfig(master=master))
+    for master in ["locl[2]", "local[0]", "local[ 2]", "spark:/h:7077", ""]:
+        with pytest.raises(PreprocessConfigError, match="--master"):
+            check_spark_config(SparkConfig(master=master))
+    for memory in ["12", "1x", "12gb", "0g"]:
+        with pytest.raises(PreprocessConfigError, match="--driver-memory"):
+            check_spark_config(SparkConfig(driver_memory=memory))
+    with pytest.raises(PreprocessConfigError, match="is not a file"):
+        read_conf_file(tmp_path)
+    binary = tmp_path / "binary.conf"
+    binary.write_bytes(b"spark.a 1\n\xff\xfe\n")
+    with pytest.raises(PreprocessConfigError, match="not UTF-8"):
+        read_conf_file(binary)
+
+
+def test_bad_settings_exit_2_before_the_workdir_is_touched(tmp_path):
+    """A bad --master/--conf-file is refused (one line, exit 2) before the input is scanned and
+    before the previous run's parquet/_SUCCESS marker is removed; no Java trace."""
+    raw = write_days(tmp_path / "raw", random_days(1, 2, 5))
+    success = WorkdirLayout.at(tmp_path / "w").parquet / "_SUCCESS"
+    success.parent.mkdir(parents=True)
+    success.touch()
+    for flags in (["--master", "locl[2]"], ["--conf-file", str(tmp_path / "missing.conf")],
+                  ["--driver-memory", "12"]):
+        for input_dir in (raw, tmp_path / "no_input"):
+            proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(input_dir),
+                                   "--workdir", str(tmp_path / "w"), *flags],
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 2, (flags, proc.stderr[-2000:])
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+            assert success.exists(), flags

@@ -6,11 +6,21 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 die() { printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
+# A bad command line: one line on stderr and exit 2, before anything is started.
+usage_error() { printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2; exit 2; }
+# usage_error unless $2 (named $1 in the message) is a whole number in [$3, $4 (default: no limit)].
+need_int() {
+  [[ "$2" =~ ^[0-9]{1,9}$ ]] && (( 10#$2 >= $3 && 10#$2 <= ${4:-999999999} )) \
+    || usage_error "$1 must be a whole number from $3${4:+ to $4}, got '$2'"
+}
 
 use_cluster_dir() {
   local dir="$1"
   mkdir -p "$dir"
   CLUSTER_DIR="$(cd "$dir" && pwd)"
+  # Spark's sbin/spark-daemon.sh redirects to unquoted paths: whitespace breaks every daemon.
+  [[ "$CLUSTER_DIR" != *[[:space:]]* ]] \
+    || usage_error "--dir '$CLUSTER_DIR' contains whitespace, which Spark's daemon scripts cannot handle"
   SPARK_HOME="$("$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" \
     || die "PySpark is not importable by $PYTHON (set PYTHON=...)"
   export SPARK_HOME

@@ -14,6 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 DIR="" HOST=127.0.0.1 PORT=7077 WEBUI_PORT=8080 WORKERS=1 CORES=2 MEMORY=4g WORKER_WEBUI_PORT=8081 TIMEOUT=120
 while [[ $# -gt 0 ]]; do
+  [[ "$1" == -h || "$1" == --help || $# -ge 2 ]] || usage_error "$1 needs a value (see --help)"
   case "$1" in
     --dir) DIR="$2" ;;
     --host) HOST="$2" ;;
@@ -25,22 +26,26 @@ while [[ $# -gt 0 ]]; do
     --worker-webui-port) WORKER_WEBUI_PORT="$2" ;;
     --timeout) TIMEOUT="$2" ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) die "unknown option $1 (see --help)" ;;
+    *) usage_error "unknown option $1 (see --help)" ;;
   esac
   shift 2
 done
-[[ -n "$DIR" ]] || die "--dir DIR is required (logs, pids and cluster.env go there)"
+[[ -n "$DIR" ]] || usage_error "--dir DIR is required (logs, pids and cluster.env go there)"
+need_int --port "$PORT" 1 65535; need_int --webui-port "$WEBUI_PORT" 1 65535
+need_int --worker-webui-port "$WORKER_WEBUI_PORT" 1 65535; need_int --workers "$WORKERS" 0
+need_int --worker-cores "$CORES" 1; need_int --timeout "$TIMEOUT" 1
+[[ "$MEMORY" =~ ^[1-9][0-9]*[kKmMgGtT]$ ]] || usage_error "--worker-memory must be a size like 4g or 512m, got '$MEMORY'"
 use_cluster_dir "$DIR"
+# A cluster already running from this directory: spark-daemon.sh would refuse on stdout only.
+for file in "$SPARK_PID_DIR"/*.pid; do
+  if [[ -f "$file" ]] && kill -0 "$(cat "$file")" 2>/dev/null; then
+    die "a daemon of this cluster directory is still running (pid $(cat "$file")): stop-cluster.sh --dir $DIR first"
+  fi
+done
 MASTER_URL="spark://$HOST:$PORT"
 DAEMON="$SPARK_HOME/sbin/spark-daemon.sh"
 MASTER_CLASS=org.apache.spark.deploy.master.Master
 WORKER_CLASS=org.apache.spark.deploy.worker.Worker
-
-cat >"$CLUSTER_DIR/cluster.env" <<ENV
-MASTER_URL=$MASTER_URL
-MASTER_WEBUI=http://$HOST:$WEBUI_PORT
-WORKERS=$WORKERS
-ENV
 
 # Fail fast and clearly when a port is taken (otherwise the master silently picks another).
 "$PYTHON" - "$HOST" "$PORT" "$WEBUI_PORT" <<'PY' || die "a master port is in use on $HOST (choose --port/--webui-port)"
@@ -50,6 +55,12 @@ for port in sys.argv[2:]:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((sys.argv[1], int(port)))
 PY
+
+cat >"$CLUSTER_DIR/cluster.env" <<ENV
+MASTER_URL=$MASTER_URL
+MASTER_WEBUI=http://$HOST:$WEBUI_PORT
+WORKERS=$WORKERS
+ENV
 
 export SPARK_MASTER_HOST="$HOST"
 "$DAEMON" start "$MASTER_CLASS" 1 --host "$HOST" --port "$PORT" --webui-port "$WEBUI_PORT" >/dev/null

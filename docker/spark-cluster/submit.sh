@@ -8,17 +8,20 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-[[ "${1:-}" == "--dir" && -n "${2:-}" ]] || die "usage: submit.sh --dir DIR [spark-submit options] -- [spark_jobs flags]"
+[[ "${1:-}" == "--dir" && -n "${2:-}" ]] || usage_error "usage: submit.sh --dir DIR [spark-submit options] -- [spark_jobs flags]"
 DIR="$2"; shift 2
 [[ -f "$DIR/cluster.env" ]] || die "$DIR/cluster.env not found: start the cluster with start-cluster.sh --dir $DIR"
 use_cluster_dir "$DIR"
 MASTER_URL="$(sed -n 's/^MASTER_URL=//p' "$CLUSTER_DIR/cluster.env")"
+[[ -n "$MASTER_URL" ]] || die "$CLUSTER_DIR/cluster.env has no MASTER_URL: restart the cluster with start-cluster.sh --dir $DIR"
 SUBMIT_OPTS=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do SUBMIT_OPTS+=("$1"); shift; done
 [[ "${1:-}" == "--" ]] && shift
 # The job's own --master gets the same URL: spark_jobs builds its session from its config, whose
 # default master (local[2]) would otherwise replace the one spark-submit was given.
 APP_ARGS=("$@")
-[[ " ${APP_ARGS[*]} " == *" --master "* ]] || APP_ARGS+=(--master "$MASTER_URL")
+HAS_MASTER=0
+for arg in "${APP_ARGS[@]}"; do [[ "$arg" == --master || "$arg" == --master=* ]] && HAS_MASTER=1; done
+[[ $HAS_MASTER -eq 1 ]] || APP_ARGS+=(--master "$MASTER_URL")
 exec "$SPARK_HOME/bin/spark-submit" --master "$MASTER_URL" "${SUBMIT_OPTS[@]}" \
   "$ROOT/spark_jobs/main.py" "${APP_ARGS[@]}"

@@ -11,12 +11,18 @@ CLASSPATH_ALL="${SPARK_CLASSPATH:-}:$SPARK_HOME/jars/*"
 case "${1:-}" in
   driver)
     shift
+    [[ -n "${SPARK_DRIVER_BIND_ADDRESS:-}" ]] || {
+      echo "entrypoint.sh: SPARK_DRIVER_BIND_ADDRESS is not set: the driver mode is for pods Spark on Kubernetes starts" >&2; exit 2; }
     exec "$SPARK_HOME/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS}" \
       --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS}" \
       --deploy-mode client "$@" ;;
   executor)
     shift
+    for var in SPARK_EXECUTOR_MEMORY SPARK_DRIVER_URL SPARK_EXECUTOR_ID SPARK_EXECUTOR_CORES \
+               SPARK_APPLICATION_ID SPARK_EXECUTOR_POD_IP; do
+      [[ -n "${!var:-}" ]] || { echo "entrypoint.sh: $var is not set: the executor mode is for pods Spark on Kubernetes starts" >&2; exit 2; }
+    done
     exec java ${SPARK_EXECUTOR_JAVA_OPTS:-} -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" \
       -cp "$CLASSPATH_ALL" org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
       --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" \
