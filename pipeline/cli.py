@@ -20,6 +20,7 @@ import yaml
 
 from pipeline.config import STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
 from pipeline.errors import ExitCode, PipelineError
+from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
@@ -89,19 +90,6 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
     return config
 
 
-def host_slots(hosts: str) -> int:
-    """Total slots of a horovodrun host list ``h1:4,h2:4`` (a host without ``:n`` has one)."""
-    total = 0
-    for item in (h.strip() for h in hosts.split(",") if h.strip()):
-        _, _, slots = item.partition(":")
-        if slots and not slots.isdigit():
-            raise PipelineError(f"--hosts item {item!r} must look like HOST or HOST:SLOTS", ExitCode.USAGE)
-        total += int(slots or 1)
-    if total == 0:
-        raise PipelineError("--hosts names no host", ExitCode.USAGE)
-    return total
-
-
 def validate(config: PipelineConfig) -> None:
     if not config.stages:
         raise PipelineError(f"--stages names no stage; stages are {', '.join(STAGES)}", ExitCode.USAGE)
@@ -113,9 +101,8 @@ def validate(config: PipelineConfig) -> None:
         raise PipelineError("--np must be at least 1", ExitCode.USAGE)
     if config.train.max_steps is not None and config.train.max_steps < 1:
         raise PipelineError("--max-steps must be at least 1", ExitCode.USAGE)
-    if config.launch.hosts and config.launch.np > host_slots(config.launch.hosts):
-        raise PipelineError(f"--np {config.launch.np} is more than the {host_slots(config.launch.hosts)} "
-                            f"slots of --hosts {config.launch.hosts}", ExitCode.USAGE)
+    if config.launch.hosts:
+        horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)
 
 

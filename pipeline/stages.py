@@ -21,6 +21,7 @@ from typing import Any, Callable
 from pipeline.config import PipelineConfig, config_to_dict
 from pipeline.errors import ExitCode, PipelineError
 from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprint
+from pipeline.hosts import horovodrun_hosts
 from pipeline.layout import WorkdirLayout
 from pipeline.manifest import ManifestStore, read_json, write_json_atomic
 from pipeline.processes import run_child
@@ -226,7 +227,7 @@ def _launch_prefix(ctx: StageContext) -> list[str]:
     launch = ctx.config.launch
     if launch.np <= 1 and not launch.hosts:
         return []
-    hosts = launch.hosts or f"localhost:{launch.np}"
+    hosts = horovodrun_hosts(launch.hosts, launch.np) if launch.hosts else f"localhost:{launch.np}"
     horovodrun = str(Path(_python()).with_name("horovodrun"))
     return [horovodrun, "-np", str(launch.np), "-H", hosts, "--gloo"]
 

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from pipeline.cli import apply_flags, build_parser, host_slots, main, validate
+from pipeline.cli import apply_flags, build_parser, main, validate
 from pipeline.config import PipelineConfig
 from pipeline.errors import ExitCode, PipelineError
+from pipeline.hosts import horovodrun_hosts, host_slots
 
 
 def flags(*argv):
@@ -18,6 +19,28 @@ def test_hosts_without_np_uses_every_slot():
     assert flags("--hosts", "node1:4,node2:4").launch.np == 8
     assert flags("--hosts", "node1:4,node2:4", "--np", "6").launch.np == 6
     assert host_slots("a,b:3") == 4
+
+
+def test_horovodrun_gets_exactly_np_slots():
+    # with Gloo, horovodrun starts every slot of -H whatever -np says
+    assert horovodrun_hosts("a:4,b:4", 6) == "a:4,b:2"
+    assert horovodrun_hosts("a:2", 1) == "a:1"
+    assert horovodrun_hosts("a, b:3", 4) == "a:1,b:3"  # horovodrun itself refuses a bare host
+
+
+@pytest.mark.parametrize("hosts, words", [
+    ("a:2,a:2", "twice"),
+    ("a:0,b:2", "offers no slot"),
+    ("a:", "HOST:SLOTS"),
+    (":4", "HOST:SLOTS"),
+    ("a:\u00b2", "HOST:SLOTS"),
+    ("a b:2", "HOST:SLOTS"),
+    (",", "names no host"),
+])
+def test_bad_host_lists_are_usage_errors(hosts, words):
+    with pytest.raises(PipelineError, match=words) as caught:
+        validate(flags("--hosts", hosts, "--np", "1"))
+    assert caught.value.code == ExitCode.USAGE
 
 
 def test_np_beyond_the_host_slots_is_refused():
