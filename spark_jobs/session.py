@@ -110,9 +110,14 @@ def _local_cores(master: str) -> int | None:
     return int(match.group(1))
 
 
-def spark_settings(spark: SparkConfig) -> dict[str, str]:
-    """Every Spark setting the session will get (the ``--gpu`` profile included)."""
-    cores = _local_cores(spark.master)
+def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict[str, str]:
+    """Every Spark setting the session will get (the ``--gpu`` profile included).
+
+    Shuffle partitions are sized from a local master's cores; under spark-submit the master is
+    spark-submit's (``spark.master`` here is ignored), so Spark's own default applies unless
+    ``shuffle_partitions`` or a conf sets them.
+    """
+    cores = None if under_spark_submit else _local_cores(spark.master)
     partitions = spark.shuffle_partitions or (max(4, 4 * cores) if cores else 0)
     conf = {
         "spark.master": spark.master,
@@ -153,7 +158,7 @@ def get_session(spark: SparkConfig):
     """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
     from pyspark.sql import SparkSession
 
-    settings = spark_settings(spark)
+    settings = spark_settings(spark, under_spark_submit=launched_by_spark_submit())
     if launched_by_spark_submit():
         settings = {k: v for k, v in settings.items() if k not in _SUBMIT_OWNED}
     active = SparkSession.getActiveSession()

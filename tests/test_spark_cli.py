@@ -64,6 +64,9 @@ def test_conf_precedence_file_then_flags(tmp_path):
     assert settings["spark.sql.shuffle.partitions"] == "17"
     assert settings["spark.executor.cores"] == "5" and settings["spark.foo"] == "bar"
     assert spark_settings(SparkConfig(master="local[2]"))["spark.sql.shuffle.partitions"] == "8"
+    # under spark-submit the master is spark-submit's: no sizing from our default local[2]
+    assert "spark.sql.shuffle.partitions" not in spark_settings(SparkConfig(master="local[2]"),
+                                                                under_spark_submit=True)
     with pytest.raises(PreprocessConfigError, match="key=value"):
         parse_conf_pairs(["novalue"])
     with pytest.raises(PreprocessConfigError, match="does not exist"):
