@@ -17,8 +17,8 @@ MASTER_URL="$(sed -n 's/^MASTER_URL=//p' "$CLUSTER_DIR/cluster.env")"
 SUBMIT_OPTS=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do SUBMIT_OPTS+=("$1"); shift; done
 [[ "${1:-}" == "--" ]] && shift
-# The job's own --master gets the same URL: spark_jobs builds its session from its config, whose
-# default master (local[2]) would otherwise replace the one spark-submit was given.
+# The job's own --master gets the same URL, so its recorded configuration names the real master
+# (under spark-submit the job keeps spark-submit's master whatever its own flag says).
 APP_ARGS=("$@")
 HAS_MASTER=0
 for arg in "${APP_ARGS[@]}"; do [[ "$arg" == --master || "$arg" == --master=* ]] && HAS_MASTER=1; done
