@@ -77,3 +77,28 @@ def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, varian
         assert restored["step"] == STEPS
         assert restored["test_auc"] == pytest.approx(multi_summary["test_auc"], abs=1e-4)
         assert restored["test_logloss"] == pytest.approx(multi_summary["test_logloss"], abs=1e-6)
+
+
+def test_a_two_rank_run_resumes_in_one_process_with_its_optimizer_state(dataset, tmp_path):
+    """A scheduled job may resume on another allocation: 2 ranks train steps 1-10 (Adam, tables
+    split across ranks and the bottom MLP on rank 0), one process trains 11-20 from that
+    checkpoint; losses and weights equal an uninterrupted one-process run."""
+    variant = dict(optimizer="adam", learning_rate=0.01, bottom_mlp_data_parallel=False,
+                   force_column_split=["C2"])
+    half = small_config(max_steps=STEPS // 2, **variant)
+    run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "resumed"),
+                     *config_flags(half)], ranks=2)
+    resumed = run(small_config(max_steps=STEPS, **variant), dataset, tmp_path / "resumed")
+    assert resumed["steps_run"] == STEPS - STEPS // 2
+    reference = run(small_config(max_steps=STEPS, **variant), dataset, tmp_path / "reference")
+    losses, expected = step_losses(tmp_path / "resumed"), step_losses(tmp_path / "reference")
+    assert sorted(losses) == sorted(expected) == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([losses[s] for s in expected], list(expected.values()),
+                               rtol=2e-6, atol=1e-7)
+    weights, expected_weights = (checkpoint_arrays(tmp_path / "resumed"),
+                                 checkpoint_arrays(tmp_path / "reference"))
+    assert sorted(weights) == sorted(expected_weights)
+    assert any("adam_m" in name for name in weights)  # the optimizer state was carried over
+    for name, value in expected_weights.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=2e-7, err_msg=name)
+    assert resumed["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-4)
