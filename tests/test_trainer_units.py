@@ -315,3 +315,16 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path, damage, message):
             reader.value("bottom/0/kernel", (13, 4))
         finally:
             reader.close()
+
+
+def test_a_save_removes_temporaries_left_by_a_run_killed_while_saving(tmp_path):
+    from trainer.checkpoint import complete_checkpoints, save_checkpoint
+    from trainer.comm import LocalComm
+
+    stale = tmp_path / ".step-000000007.tmp"
+    stale.mkdir()
+    (stale / "rank-0.npz").write_bytes(b"half written")
+    save_checkpoint(tmp_path, 4, LocalComm(), {"table/0/0-4": np.ones((3, 4), np.float32)},
+                    {}, {"table_sizes": [3]}, keep=2)
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [4]
+    assert not stale.exists()

@@ -74,6 +74,8 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
         tmp.rename(final)
         for _, old in complete_checkpoints(root)[:-max(1, keep)]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
+            shutil.rmtree(stale, ignore_errors=True)
     comm.barrier()
     return final
 
