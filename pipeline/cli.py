@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a bad flag (2, message on stderr)
         if exc.code == ExitCode.USAGE and argv[0] == "run":
-            print(json.dumps({"status": "failed: usage", "error": "bad flags (see stderr)",
-                              "stages": {}}, sort_keys=True), flush=True)
-            return int(ExitCode.USAGE)
+            return _print_refusal_summary("bad flags (see stderr)", ExitCode.USAGE)
         raise
     try:
         if args.command == "plan":
@@ -159,8 +157,13 @@ def _refused(args: argparse.Namespace, message: str, code: ExitCode) -> int:
     for ``run``, still a one-line JSON summary as the last stdout line, for schedulers."""
     print(f"run_pipeline: {message}", file=sys.stderr)
     if args.command == "run":
-        print(json.dumps({"status": f"failed: {code.name.lower()}", "error": message,
-                          "stages": {}}, sort_keys=True), flush=True)
+        return _print_refusal_summary(message, code)
+    return int(code)
+
+
+def _print_refusal_summary(message: str, code: ExitCode) -> int:
+    print(json.dumps({"status": f"failed: {code.name.lower()}", "error": message,
+                      "stages": {}}, sort_keys=True), flush=True)
     return int(code)
 
 

@@ -158,8 +158,9 @@ def get_session(spark: SparkConfig):
     """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
     from pyspark.sql import SparkSession
 
-    settings = spark_settings(spark, under_spark_submit=launched_by_spark_submit())
-    if launched_by_spark_submit():
+    submitted = launched_by_spark_submit()
+    settings = spark_settings(spark, under_spark_submit=submitted)
+    if submitted:
         settings = {k: v for k, v in settings.items() if k not in _SUBMIT_OWNED}
     active = SparkSession.getActiveSession()
     if active is not None:
