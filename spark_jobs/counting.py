@@ -14,7 +14,8 @@ from pathlib import Path
 from pipeline.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
 from spark_jobs.jsonio import read_json, write_json
-from spark_jobs.stats import ROW_CLASS, DayStats, row_class_sql, stats_from_counts
+from spark_jobs.stats import (ROW_CLASS, DayStats, add_categorical_missing, row_class_sql,
+                              stats_from_counts)
 
 # 2: lines end at '\n' only and fields must match up to the end of the line (parse.py); counts
 # written under another version are recounted, not reused
@@ -94,7 +95,19 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
              .partitionBy("day").parquet(str(values_dir(counts_dir))))
     finally:
         counts.unpersist()
+    add_categorical_missing(stats, _values_counted(frames[0].sparkSession, counts_dir))
     return stats
+
+
+def _values_counted(session, counts_dir: Path) -> list:
+    """(day, column, count) summed over the stored counts of every day (recounted or reused)."""
+    from pyspark.sql import functions as F
+
+    if not values_dir(counts_dir).is_dir():  # no day has any categorical value
+        return []
+    return (session.read.schema("column STRING, value STRING, count LONG, day STRING")
+            .parquet(str(values_dir(counts_dir)))
+            .groupBy("day", "column").agg(F.sum("count").alias("count")).collect())
 
 
 def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:

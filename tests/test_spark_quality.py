@@ -123,7 +123,8 @@ def test_adding_a_day_counts_only_that_day(tmp_path, spark):
     assert_rows_equal(read_split(WorkdirLayout.at(work).parquet_split("test")), ref.splits["test"], "test")
     days_json = json.loads((WorkdirLayout.at(work).counts / "days.json").read_text())
     assert [d["file"] for d in days_json["days"]] == ["day_0", "day_1", "day_2"]
-    # reused days keep exact statistics (they come from the row classes, not the value counts)
+    # reused days keep exact statistics (integers from the row classes, categoricals from the
+    # stored value counts)
     for d, day_lines in zip(days_json["days"], days):
         assert d["missing_rate"] == pytest.approx(reference_missing_rates(day_lines)), d["file"]
     # a changed day is recounted; unchanged ones are not
