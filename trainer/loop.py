@@ -131,21 +131,12 @@ class Trainer:
         self.comm.broadcast_variables([v for _, v in self.replicated])
         self._dense_step = (tf.function(self._dense_gradients, jit_compile=True) if config.xla
                             else self._dense_gradients)
-        self._train_step = tf.function(self._train_step_impl, jit_compile=self._jit_whole_step())
+        self._train_step = tf.function(self._train_step_impl)
         self._predict_step = tf.function(self._predict_step_impl)
         self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
         self._summary = None
 
     # -- step functions --------------------------------------------------------------------
-    def _jit_whole_step(self) -> bool:
-        """--xla in one process compiles the whole train step, lookups and table updates
-        included (+3-5% over the dense part alone, bench/README.md): there is no Horovod op to
-        keep out of the cluster. SGD only, the case measured: Adam's lazy sparse update
-        (``tf.unique``, segment sums: dynamic shapes) and float16 loss scaling (GPU only,
-        untested here) keep, like every multi-rank run, the dense-part cluster."""
-        return bool(self.config.xla and self.world == 1 and self.config.optimizer == "sgd"
-                    and self.compute_dtype != tf.float16)
-
     def _dense_gradients(self, numerical, features, label):
         """Loss, replicated-variable gradients and the gradient w.r.t. the exchanged features.
 
