@@ -20,6 +20,10 @@ from spark_jobs.stats import (ROW_CLASS, DayStats, add_categorical_missing, row_
 # 2: lines end at '\n' only and fields must match up to the end of the line (parse.py); counts
 # written under another version are recounted, not reused
 DAYS_FORMAT_VERSION = 2
+# The stored counts, read with an explicit schema: when no valid line of any day has a
+# categorical value, no day partition is written and schema inference would fail
+# (UNABLE_TO_INFER_SCHEMA).
+COUNTS_SCHEMA = "column STRING, value STRING, count LONG, day STRING"
 
 
 def values_dir(counts_dir: Path) -> Path:
@@ -105,8 +109,7 @@ def _values_counted(session, counts_dir: Path) -> list:
 
     if not values_dir(counts_dir).is_dir():  # no day has any categorical value
         return []
-    return (session.read.schema("column STRING, value STRING, count LONG, day STRING")
-            .parquet(str(values_dir(counts_dir)))
+    return (session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
             .groupBy("day", "column").agg(F.sum("count").alias("count")).collect())
 
 
@@ -135,10 +138,7 @@ def value_totals(session, counts_dir: Path):
     """(column, value, count) summed over every counted day."""
     from pyspark.sql import functions as F
 
-    # An explicit schema: when no valid line of any day has a categorical value, no day
-    # partition is written and schema inference would fail (UNABLE_TO_INFER_SCHEMA).
-    return (session.read.schema("column STRING, value STRING, count LONG")
-            .parquet(str(values_dir(counts_dir)))
+    return (session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
             .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
 
 

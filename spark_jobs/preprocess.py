@@ -73,9 +73,9 @@ def _spark_error_message(error: Exception) -> str:
     lines = [line.strip().lstrip(":").strip() for line in str(error).strip().split("\n")]
     lines = [line for line in lines if line and not line.startswith("An error occurred while calling")]
     first = lines[0] if lines else type(error).__name__
-    root = _java_root_cause(error)
-    if root and root.split("\n")[0].strip() not in first:
-        first = f"{first} ({root.split(chr(10))[0].strip()})"
+    root = (_java_root_cause(error) or "").split("\n")[0].strip()
+    if root and root not in first:
+        first = f"{first} ({root})"
     return f"Spark job failed: {first[:500]}"
 
 

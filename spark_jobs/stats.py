@@ -6,7 +6,8 @@ and the bit mask of its missing integer fields. Counting those classes gives row
 padded, rejected per reason, missing integers per column and the lines of every read
 partition: statistics without a second pass. A categorical's missing values are the valid rows
 less the values counted for it (``add_categorical_missing``): a mask over all 39 fields had
-thousands of distinct patterns per day, each one more key in the aggregation (~7% of the job).
+thousands of distinct patterns per day, each one more key in the aggregation (~8% of the
+count pass).
 
 The partition line counts give the line numbers of rejected lines and the test/validation
 boundary of the last day without a single-partition window.
