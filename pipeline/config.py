@@ -92,6 +92,15 @@ class PreprocessConfig:
     broadcast_max_values: int = 2_000_000
     # parquet compression of the splits (snappy, zstd, none).
     compression: str = "snappy"
+    # How the count and transform passes parse lines; both write the same bytes.
+    # "arrow": numpy over whole blocks of lines in Python tasks (mapInArrow); the CPU engine.
+    # "sql": Spark SQL expressions only; what the RAPIDS accelerator can run on GPUs.
+    # "auto": sql with spark.gpu, arrow otherwise.
+    engine: str = "auto"
+    # Arrow engine: a task reads this many MB of a plain day file (a .gz day is one task),
+    # parsing it in blocks of arrow_block_kb of text (small enough to stay in the CPU cache).
+    arrow_chunk_mb: int = 256
+    arrow_block_kb: int = 1024
 
 
 @dataclass

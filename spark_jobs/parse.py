@@ -161,20 +161,12 @@ def parse_for_counting(lines):
         *cat_sqls())
 
 
-def parse_for_transform(lines, seed: int, checked: bool):
-    """(day, line) → valid rows: day, pos, key1, key2, label, I* (BIGINT), C* (join keys).
-
-    key1, key2 are two seeded hashes of the raw line: the train order, which therefore depends
-    only on the input and the seed.
-    """
-    seed = int(seed)
-    # ``pos >= 0`` (always true) keeps ``pos`` referenced: the train side never outputs it, and
-    # once pruned the projection is deterministic and the filter would be pushed below it.
+def parse_for_transform(lines, checked: bool):
+    """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys)."""
+    # ``pos >= 0`` (always true) keeps ``pos`` referenced: once pruned the projection is
+    # deterministic and the validity filter would be pushed below it.
     return split_fields(lines, checked).where("reason IS NULL AND pos >= 0").selectExpr(
-        "day", "pos",
-        f"xxhash64({seed}, line) AS key1",
-        f"hash({seed}, line) AS key2",
-        label_sql(), *int_sqls(), *cat_key_sqls())
+        "day", "pos", label_sql(), *int_sqls(), *cat_key_sqls())
 
 
 def log_transform(column):

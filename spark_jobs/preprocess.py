@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import time
 from contextlib import contextmanager
-from functools import reduce
 from pathlib import Path
 
 from pipeline.config import PreprocessConfig, SparkConfig
@@ -26,9 +25,10 @@ from spark_jobs.dictionaries import build_dictionaries, table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.jsonio import write_json
-from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.session import get_session
-from spark_jobs.stats import DayStats, split_boundary
+from spark_jobs.arrow_engine import ArrowEngine
+from spark_jobs.sql_engine import SqlEngine
+from spark_jobs.stats import DayStats
 
 PREPROCESS_FORMAT_VERSION = 1
 
@@ -101,24 +101,46 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
     if not 0.0 <= preprocess.max_reject_rate <= 1.0:
         raise PreprocessConfigError(f"max_reject_rate {preprocess.max_reject_rate} is not in [0, 1]")
+    engine_id = engine_name(preprocess, spark)
     days = discover_days(input_dir)
     layout = WorkdirLayout.at(workdir)
     layout.parquet.mkdir(parents=True, exist_ok=True)
     (layout.parquet / "_SUCCESS").unlink(missing_ok=True)
     with _spark_errors():
         session = get_session(spark)
-        return _run(session, days, layout, spec, preprocess)
+        return _run(session, days, layout, spec, preprocess, engine_id)
 
 
-def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig) -> dict:
+ENGINES = ("auto", "arrow", "sql")
+
+
+def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
+    """The engine a run uses: ``auto`` is sql under the RAPIDS profile (it accelerates SQL, not
+    Python), arrow otherwise."""
+    if preprocess.engine not in ENGINES:
+        raise PreprocessConfigError(f"preprocess.engine {preprocess.engine!r} is not one of "
+                                    f"{', '.join(ENGINES)}")
+    if preprocess.engine == "auto":
+        return "sql" if spark.gpu else "arrow"
+    return preprocess.engine
+
+
+def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig):
+    if name == "sql":
+        return SqlEngine(session, days, cfg)
+    return ArrowEngine(session, days, cfg)
+
+
+def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
+         engine_id: str) -> dict:
     timer = _Timer()
-    parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
+    engine = _make_engine(engine_id, session, days, cfg)
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
-        stats = counting.count_pass(parsed, recount, layout.counts)
+        stats = engine.count(recount, layout.counts)
         quality.check_days_not_empty(days, stats)
-        quality.write_rejects(parsed, days, stats, layout.rejects)
+        engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         write_json(layout.data_quality, report)
         quality.check_reject_rate(report)
@@ -130,7 +152,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         build_dictionaries(totals, spec, dictionaries_dir(layout))
         totals.unpersist()
         write_json(layout.parquet_model_size, sizes)
-    rows = _write_splits(session, days, layout, sizes, stats, cfg, timer)
+    rows = _write_splits(session, engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
     write_json(layout.data_quality, report)
@@ -139,6 +161,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         "format_version": PREPROCESS_FORMAT_VERSION,
         "threshold_spec": str(spec),
         "seed": cfg.shuffle_seed,
+        "engine": engine.name,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
         "days_reused": [d.day for d in days if d.day not in recount],
@@ -159,31 +182,15 @@ def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
     return max(1, -(-train_rows // max(1, cfg.train_rows_per_file)))
 
 
-def _transform_rows(session, day: DayFile, stats: dict[int, DayStats], seed: int):
-    """The second read of a day: valid rows with join keys (checks skipped for all-fast days)."""
-    return parse_for_transform(read_day(session, str(day.path), day.day), seed,
-                               checked=not stats[day.day].all_fast)
-
-
-def _write_splits(session, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
-                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
+def _write_splits(session, engine, days: list[DayFile], layout: WorkdirLayout,
+                  sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
+                  timer: _Timer) -> dict[str, int]:
     """Train, test and validation from one query over a second read of every day."""
-    def mapped(rows):
-        return transform.map_categoricals(rows, session, dictionaries_dir(layout), sizes,
-                                          cfg.broadcast_max_values)
-
     with timer.stage("transform"):
-        train, _ = mapped(reduce(lambda a, b: a.unionByName(b),
-                                 [_transform_rows(session, d, stats, cfg.shuffle_seed)
-                                  for d in days[:-1]]))
-        last = days[-1]
-        evaluation, shuffled = mapped(_transform_rows(session, last, stats, cfg.shuffle_seed))
+        train, evaluation, shuffled = engine.split_rows(stats, sizes, dictionaries_dir(layout))
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        frame = transform.all_splits(
-            transform.train_part(transform.output_projection(train, extra=("key1", "key2")),
-                                 partitions),
-            transform.eval_part(transform.output_projection(evaluation, extra=("pos",)),
-                                split_boundary(stats[last.day]), shuffled))
+        frame = transform.all_splits(transform.train_part(train, partitions),
+                                     transform.eval_part(evaluation, shuffled))
         staging = layout.parquet / ".splits-staging"
         transform.write_parquet(frame, staging, cfg.compression, partition_by="split")
         targets = {s: layout.parquet_split(s) for s in SPLITS}

@@ -13,7 +13,7 @@ from pathlib import Path
 from spark_jobs.errors import PreprocessInputError, PreprocessJobError
 from spark_jobs.inputs import DayFile
 from spark_jobs.parse import REASONS
-from spark_jobs.stats import PARTITION_SHIFT, DayStats
+from spark_jobs.stats import DayStats, line_number_column
 
 
 def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats], out_dir: Path) -> None:
@@ -31,19 +31,13 @@ def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats],
     if not dirty:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         return
-    names, offsets = [], []
+    names = []
     for d in dirty:
         names += [F.lit(str(d.day)), F.lit(d.name)]
-        for pid, offset in stats[d.day].line_offsets().items():
-            offsets += [F.lit((d.day << 20) + pid), F.lit(offset)]
-    pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
-    key = F.shiftleft(F.col("day").cast("long"), 20) + pid
-    line_number = (F.element_at(F.create_map(*offsets), key)
-                   + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)) + 1)
     rows = reduce(lambda a, b: a.unionByName(b), [parsed[d.day] for d in dirty])
     rejects = rows.where(F.col("reason").isNotNull()).select(
         F.element_at(F.create_map(*names), F.col("day")).alias("file"),
-        line_number.cast("long").alias("line_number"),
+        (line_number_column(stats, [d.day for d in dirty]) + 1).alias("line_number"),
         "reason",
         F.col("raw").alias("line"))
     rejects.write.mode("overwrite").json(str(out_dir))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from pipeline.config import SparkConfig
@@ -171,6 +172,10 @@ def get_session(spark: SparkConfig):
                 except Exception:  # a static SQL conf: the running session keeps its own
                     pass
         return active
+    if not submitted and _local_cores(spark.master):
+        # local Python workers run this interpreter, which has the Arrow engine's packages (a
+        # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -48,6 +48,11 @@ class DayStats:
     def missing_rates(self) -> dict[str, float]:
         return {c: (n / self.rows_valid if self.rows_valid else 0.0) for c, n in self.missing.items()}
 
+    @property
+    def eval_half(self) -> int:
+        """Test = the first ceil(n/2) lines of the last day, validation the rest (NVIDIA's split)."""
+        return (self.rows_read + 1) // 2
+
     def line_offsets(self) -> dict[int, int]:
         """Partition index → number of lines of this day in earlier partitions."""
         offsets, total = {}, 0
@@ -105,6 +110,21 @@ def add_categorical_missing(stats: dict[int, DayStats], values_counted) -> None:
     for day, s in stats.items():
         for c in CAT_COLUMNS:
             s.missing[c] = s.rows_valid - counted.get((day, c), 0)
+
+
+def line_number_column(stats: dict[int, DayStats], days):
+    """0-based line number within its day file of rows with ``day`` and ``pos`` columns (pos =
+    read partition or chunk << PARTITION_SHIFT | line within it), for the given days."""
+    from pyspark.sql import functions as F
+
+    offsets = []
+    for day in days:
+        for pid, offset in stats[day].line_offsets().items():
+            offsets += [F.lit((int(day) << 20) + pid), F.lit(offset)]
+    pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
+    key = F.shiftleft(F.col("day").cast("long"), 20) + pid
+    return (F.element_at(F.create_map(*offsets), key)
+            + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))).cast("long")
 
 
 def split_boundary(stats: DayStats) -> int:

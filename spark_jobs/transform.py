@@ -19,24 +19,25 @@ import shutil
 from pathlib import Path
 
 from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.parse import log_transform
+from spark_jobs.parse import log_transform, value_key
 
 OUTPUT_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
 
 
 def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
-                     broadcast_max_values: int):
-    """Replace every C key by its id (0 when rare or missing). Returns (rows, shuffled?)."""
+                     broadcast_max_values: int, columns=CAT_COLUMNS, dictionary_key=value_key):
+    """Replace each of ``columns`` (keys) by its id (0 when rare or missing). Returns (rows,
+    shuffled?). ``dictionary_key`` maps the dictionary's ``value`` to the rows' key."""
     from pyspark.sql import functions as F
 
     shuffled = False
     dictionaries = session.read.parquet(str(dict_dir)) if max(sizes.values()) > 1 else None
-    for c in CAT_COLUMNS:
+    for c in columns:
         if sizes[c] <= 1:
             rows = rows.withColumn(c, F.lit(0).cast("int"))
             continue
         table = (dictionaries.where(F.col("column") == c)
-                 .select(F.col("key").alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")))
+                 .select(dictionary_key(F.col("value")).alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")))
         if sizes[c] - 1 <= broadcast_max_values:
             table = F.broadcast(table)
         else:
@@ -65,30 +66,25 @@ def write_parquet(frame, path: Path, compression: str, partition_by: str | None 
 
 
 def train_part(rows, partitions: int):
-    """Output-projected train rows with their sort keys, hash-partitioned by the seeded key1."""
+    """Train rows (output columns, ``_k1``, ``_k2``) hash-partitioned by the seeded key."""
     from pyspark.sql import functions as F
 
-    return (rows.repartition(partitions, F.col("key1"))
-            .select(*OUTPUT_COLUMNS, F.lit("train").alias("split"),
-                    F.col("key1").alias("_k1"), F.col("key2").cast("long").alias("_k2")))
+    return (rows.repartition(partitions, F.col("_k1"))
+            .select(*OUTPUT_COLUMNS, F.lit("train").alias("split"), "_k1", "_k2"))
 
 
-def eval_part(rows, boundary: int, must_sort: bool):
-    """Output-projected rows of the last day, split at ``boundary``, sort keys = line position."""
-    from pyspark.sql import functions as F
-
-    split = F.when(F.col("pos") < F.lit(boundary), F.lit("test")).otherwise(F.lit("validation"))
-    frame = rows.select(*OUTPUT_COLUMNS, split.alias("split"), F.col("pos").alias("_k1"),
-                        F.lit(0).cast("long").alias("_k2"))
-    # broadcast joins keep each read partition in line order; a shuffle join does not
+def eval_part(rows, must_sort: bool):
+    """Rows of the last day (output columns, ``split``, ``_k1`` = line number, ``_k2``)."""
+    frame = rows.select(*OUTPUT_COLUMNS, "split", "_k1", "_k2")
+    # tasks read the day's partitions in line order and keep it; a shuffle join does not
     return frame.orderBy("split", "_k1") if must_sort else frame
 
 
 def all_splits(train, evaluation):
     """One frame for one write: within each partition rows are sorted by (split, keys), which is
-    also the order the partitioned writer needs, so it adds no sort of its own."""
-    keys = ["split", "_k1", "_k2", *OUTPUT_COLUMNS]
-    return train.unionByName(evaluation).sortWithinPartitions(*keys).drop("_k1", "_k2")
+    also the order the partitioned writer needs, so it adds no sort of its own. The keys are
+    unique per line, so the order is total."""
+    return train.unionByName(evaluation).sortWithinPartitions("split", "_k1", "_k2").drop("_k1", "_k2")
 
 
 def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:

@@ -31,7 +31,12 @@ def spark_session():
     partitions (maxPartitionBytes) so that line-order logic crosses partition boundaries."""
     global _SESSION
     if _SESSION is None:
+        import os
+        import sys
+
         from pyspark.sql import SparkSession
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the Arrow engine's workers
 
         from spark_jobs.session import JVM_OPTIONS
 

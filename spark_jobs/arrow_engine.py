@@ -1,0 +1,174 @@
+"""The Arrow engine: Spark schedules, shuffles, aggregates, joins, sorts and writes; the per-line
+work runs in Python tasks over whole blocks of lines (``spark_jobs.arrow_tasks``).
+
+Count pass: one task per chunk emits its statistics and partial value counts; one Spark
+aggregation sums them; value counts of recounted days are written as the SQL engine writes
+them (8-character hex strings). Transform pass: tasks emit the split rows with ids already
+looked up for every dictionary of at most ``broadcast_max_values`` values; larger dictionaries
+are joined by Spark with a shuffle, on the integer value of the hex string.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from pipeline.config import PreprocessConfig
+from pipeline.schema import CAT_COLUMNS
+from spark_jobs import arrow_tasks, counting
+from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT, PADDED,
+                                    REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
+from spark_jobs.chunks import Chunk, plan_chunks
+from spark_jobs.fastparse import REASON_CODES
+from spark_jobs.inputs import DayFile
+from spark_jobs.stats import DayStats, line_number_column
+from spark_jobs.transform import OUTPUT_COLUMNS, map_categoricals
+
+# Valid lines whose values a task counts together before emitting partial counts: bounds a
+# task's memory (26 int64 per line) whatever the chunk size.
+COUNT_FLUSH_LINES = 1 << 18
+
+
+class ArrowEngine:
+    name = "arrow"
+
+    def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
+        self.session = session
+        self.days = days
+        self.cfg = cfg
+        self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
+                                     count_flush_lines=COUNT_FLUSH_LINES)
+        self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
+
+    def _over_chunks(self, chunks: list[Chunk], task, schema: str):
+        """One partition (and so one task) per chunk."""
+        return self.session.range(0, len(chunks), 1, max(1, len(chunks))).mapInArrow(task, schema)
+
+    # ------------------------------------------------------------ count pass
+    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        task = arrow_tasks.count_task(self.chunks, frozenset(recount), self.settings)
+        counts = (self._over_chunks(self.chunks, task, COUNT_SCHEMA)
+                  .groupBy("day", "column", "value").agg(F.sum("count").alias("count"))
+                  .persist(StorageLevel.MEMORY_AND_DISK))
+        try:
+            stats = _stats_from_rows(counts.where(F.col("column") == STAT).collect(), self.days)
+            if recount:
+                _write_value_counts(counts, recount, counts_dir)
+        finally:
+            counts.unpersist()
+        return stats
+
+    # ------------------------------------------------------------ rejects
+    def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        dirty = {d.day for d in self.days if stats[d.day].rows_rejected}
+        if not dirty:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            return
+        chunks = [c for c in self.chunks if c.day in dirty]
+        rows = self._over_chunks(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
+        names = {d.day: d.name for d in self.days}
+        rows.select(_literal_lookup(names, "day").alias("file"),
+                    (line_number_column(stats, dirty) + 1).alias("line_number"),
+                    "reason", "line").write.mode("overwrite").json(str(out_dir))
+
+    # ------------------------------------------------------------ transform pass
+    def split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
+        """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
+        spec = self._transform_spec(stats, sizes, dict_dir)
+        schema = arrow_tasks.transform_schema(spec)
+        last = self.days[-1].day
+
+        def rows(chunks):
+            frame = self._over_chunks(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
+                                      schema)
+            return self._join_large(frame, spec, sizes, dict_dir)
+
+        train = rows([c for c in self.chunks if c.day != last])
+        evaluation = rows([c for c in self.chunks if c.day == last])
+        return train, evaluation, bool(spec.joined_columns)
+
+    def _transform_spec(self, stats, sizes, dict_dir) -> TransformSpec:
+        joined = tuple(j for j, c in enumerate(CAT_COLUMNS)
+                       if sizes[c] - 1 > self.cfg.broadcast_max_values)
+        cached = tuple(j for j in range(len(CAT_COLUMNS)) if j not in joined)
+        first_line = {(day, chunk): offset for day, s in stats.items()
+                      for chunk, offset in s.line_offsets().items()}
+        last = stats[self.days[-1].day]
+        return TransformSpec(dict_dir=str(dict_dir), run_token=uuid.uuid4().hex,
+                             cached_columns=cached, joined_columns=joined,
+                             seed=int(self.cfg.shuffle_seed), chunk_first_line=first_line,
+                             eval_day=last.day, eval_half=last.eval_half)
+
+    def _join_large(self, frame, spec: TransformSpec, sizes, dict_dir: Path):
+        from pyspark.sql import functions as F
+
+        columns = [CAT_COLUMNS[j] for j in spec.joined_columns]
+        if columns:
+            frame, _ = map_categoricals(frame, self.session, dict_dir, sizes, broadcast_max_values=0,
+                                        columns=columns, dictionary_key=_hex_value)
+        return frame.select("split", "_k1", "_k2",
+                            *[F.col(c).cast("int").alias(c) if c in columns else F.col(c)
+                              for c in OUTPUT_COLUMNS])
+
+
+def _hex_value(value):
+    """The dictionary's join key for the Arrow engine: the integer value of the hex string."""
+    from pyspark.sql import functions as F
+
+    return F.conv(value, 16, 10).cast("long")
+
+
+def _literal_lookup(mapping: dict, column: str):
+    from pyspark.sql import functions as F
+
+    pairs = [x for key, value in mapping.items() for x in (F.lit(key), F.lit(value))]
+    return F.element_at(F.create_map(*pairs), F.col(column))
+
+
+def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
+    """DayStats from the summed statistics rows (column STAT) of the count pass."""
+    from pipeline.schema import INT_COLUMNS
+
+    stats = {d.day: DayStats(d.day) for d in days}
+    for row in rows:
+        s = stats[int(row["day"])]
+        chunk, code, n = row["value"] >> CODE_BITS, row["value"] & ((1 << CODE_BITS) - 1), row["count"]
+        if code == LINES:
+            s.rows_read += n
+            s.partitions[int(chunk)] = s.partitions.get(int(chunk), 0) + n
+        elif 1 <= code < len(REASON_CODES):
+            s.rejected[REASON_CODES[code]] += n
+        elif code == PADDED:
+            s.rows_padded += n
+        elif code == SLOW:
+            s.rows_fast -= n
+        elif MISSING_INT <= code < MISSING_INT + len(INT_COLUMNS):
+            s.missing[INT_COLUMNS[code - MISSING_INT]] += n
+        elif MISSING_CAT <= code < MISSING_CAT + len(CAT_COLUMNS):
+            s.missing[CAT_COLUMNS[code - MISSING_CAT]] += n
+    for s in stats.values():
+        s.rows_valid = s.rows_read - s.rows_rejected
+        s.rows_fast += s.rows_read
+    return stats
+
+
+def _write_value_counts(counts, recount: list[int], counts_dir: Path) -> None:
+    """The recounted days' value counts, stored as the SQL engine stores them."""
+    from pyspark.sql import functions as F
+
+    for day in recount:
+        shutil.rmtree(counting.values_dir(counts_dir) / f"day={day}", ignore_errors=True)
+    names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
+    values = (counts.where((F.col("column") >= 0) & F.col("day").isin(list(recount)))
+              .select(F.col("day").cast("string").alias("day"), names.alias("column"),
+                      F.lpad(F.lower(F.hex("value")), 8, "0").alias("value"), "count"))
+    (values.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy("day").parquet(str(counting.values_dir(counts_dir))))
+
+
+__all__ = ["ArrowEngine"]

@@ -1,0 +1,222 @@
+"""The Arrow engine's Python tasks (run by ``mapInArrow`` inside Spark's Python workers).
+
+Each task gets chunk numbers (``spark.range``, one per partition), reads its chunks itself
+(``spark_jobs.chunks``), parses whole blocks with numpy (``spark_jobs.fastparse``) and yields
+Arrow record batches:
+
+- ``count_task``: per chunk, the statistics as a few coded rows and, for days being counted,
+  partial value counts (column, value, count). Spark sums them;
+- ``reject_task``: the rejected lines with their position and reason;
+- ``transform_task``: the output rows of the splits, ids looked up in the worker's cached
+  dictionary index (``spark_jobs.lookup``), with the train order keys of ``spark_jobs.order``.
+
+Statistics rows have ``column = STAT`` and ``value = chunk << CODE_BITS | code``; the codes
+are below. Everything a task emits is a sum over its lines, so Spark's ``sum`` gives the
+day's totals whatever the chunking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+from spark_jobs.chunks import Chunk, LineBlock, line_blocks
+from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
+
+STAT = -1
+CODE_BITS = 8
+LINES, PADDED, SLOW = 0, 5, 6          # 1..4: rejected, by reason code
+MISSING_INT, MISSING_CAT = 16, 32      # + column index
+STAT_CODES = 64
+
+COUNT_SCHEMA = "day INT, column INT, value LONG, count LONG"
+REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING"
+SPLIT_KEYS = ("split", "_k1", "_k2")
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    block_bytes: int          # text parsed per numpy block
+    count_flush_lines: int    # valid lines whose values are counted together
+
+
+def _chunk_ids(batches):
+    for batch in batches:
+        yield from batch.column(0).to_numpy()
+
+
+def _blocks(chunks: list[Chunk], batches, settings: ReadSettings):
+    for chunk_id in _chunk_ids(batches):
+        chunk = chunks[int(chunk_id)]
+        yield chunk, line_blocks(chunk, settings.block_bytes)
+
+
+# ---------------------------------------------------------------- count pass
+
+def _stat_rows(day: int, chunk: int, stats: np.ndarray):
+    import pyarrow as pa
+
+    codes = np.flatnonzero(stats)
+    if stats[LINES] and LINES not in codes:
+        codes = np.append(codes, LINES)
+    return pa.record_batch({
+        "day": pa.array(np.full(len(codes), day, np.int32)),
+        "column": pa.array(np.full(len(codes), STAT, np.int32)),
+        "value": pa.array((np.int64(chunk) << CODE_BITS) | codes.astype(np.int64)),
+        "count": pa.array(stats[codes].astype(np.int64))})
+
+
+def _value_rows(day: int, pending: list[np.ndarray]):
+    """Per column, the counts of the values in ``pending`` (valid lines' categoricals)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    values = np.concatenate(pending)
+    for j in range(NUM_CATEGORICAL):
+        column = values[:, j]
+        counts = pd.Series(column[column != MISSING]).value_counts(sort=False)
+        if len(counts):
+            yield pa.record_batch({
+                "day": pa.array(np.full(len(counts), day, np.int32)),
+                "column": pa.array(np.full(len(counts), j, np.int32)),
+                "value": pa.array(counts.index.to_numpy(np.int64)),
+                "count": pa.array(counts.to_numpy(np.int64))})
+
+
+def _add_stats(stats: np.ndarray, parsed) -> None:
+    valid = parsed.valid
+    stats[LINES] += len(parsed)
+    stats[1:len(REASON_CODES)] += np.bincount(parsed.reason, minlength=len(REASON_CODES))[1:]
+    stats[PADDED] += int(np.count_nonzero(parsed.padded))
+    stats[SLOW] += int(np.count_nonzero(parsed.slow))
+    stats[MISSING_INT:MISSING_INT + NUM_INTEGER] += parsed.int_missing[valid].sum(axis=0)
+    stats[MISSING_CAT:MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats[valid] == MISSING).sum(axis=0)
+
+
+def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings):
+    """mapInArrow function: statistics of every chunk, value counts of ``count_days``."""
+    def run(batches):
+        for chunk, blocks in _blocks(chunks, batches, settings):
+            stats = np.zeros(STAT_CODES, np.int64)
+            pending, pending_lines = [], 0
+            for block in blocks:
+                parsed = parse_block(block.data, block.starts, block.ends)
+                _add_stats(stats, parsed)
+                if chunk.day in count_days:
+                    pending.append(parsed.cats[parsed.valid])
+                    pending_lines += len(pending[-1])
+                    if pending_lines >= settings.count_flush_lines:
+                        yield from _value_rows(chunk.day, pending)
+                        pending, pending_lines = [], 0
+            if pending_lines:
+                yield from _value_rows(chunk.day, pending)
+            if stats[LINES]:
+                yield _stat_rows(chunk.day, chunk.index, stats)
+    return run
+
+
+# ---------------------------------------------------------------- rejects
+
+def _strip_cr(line: bytes) -> bytes:
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def reject_task(chunks: list[Chunk], settings: ReadSettings):
+    """mapInArrow function: (day, pos, reason, line) of every rejected line."""
+    import pyarrow as pa
+
+    def run(batches):
+        for chunk, blocks in _blocks(chunks, batches, settings):
+            for block in blocks:
+                parsed = parse_block(block.data, block.starts, block.ends)
+                bad = np.flatnonzero(~parsed.valid)
+                if not len(bad):
+                    continue
+                yield pa.record_batch({
+                    "day": pa.array(np.full(len(bad), chunk.day, np.int32)),
+                    "pos": pa.array((np.int64(chunk.index) << 33) + block.first + bad),
+                    "reason": pa.array([REASON_CODES[parsed.reason[i]] for i in bad], pa.string()),
+                    "line": pa.array([_strip_cr(block.line(i)).decode("utf-8", "replace")
+                                      for i in bad], pa.string())})
+    return run
+
+
+# ---------------------------------------------------------------- transform pass
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """What a transform task needs besides its chunks; small, pickled with the task."""
+
+    dict_dir: str
+    run_token: str
+    cached_columns: tuple[int, ...]     # looked up in the worker's index (ids out)
+    joined_columns: tuple[int, ...]     # joined by Spark afterwards (values out, -1 = missing)
+    seed: int
+    chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
+    eval_day: int
+    eval_half: int                      # test = lines [0, eval_half) of the eval day
+
+
+def transform_schema(spec: TransformSpec) -> str:
+    cats = [f"{c} {'LONG' if j in spec.joined_columns else 'INT'}" for j, c in enumerate(CAT_COLUMNS)]
+    return ", ".join(["split STRING", "_k1 LONG", "_k2 LONG", f"{LABEL} INT",
+                      *[f"{c} FLOAT" for c in INT_COLUMNS], *cats])
+
+
+def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """log(x + 3) as float32 for x > -3; missing or x <= -3 → 0 (computed in float64, as Spark)."""
+    use = ~missing & (ints > -3)
+    out = np.zeros(ints.shape, np.float64)
+    np.log(ints.astype(np.float64) + 3.0, out=out, where=use)
+    return out.astype(np.float32)
+
+
+def _split_columns(spec: TransformSpec, day: int, lines: np.ndarray):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if day != spec.eval_day:
+        from spark_jobs.order import train_keys
+
+        key, tie = train_keys(spec.seed, day, lines)
+        return pa.repeat(pa.scalar("train"), len(lines)), key, tie
+    split = pc.if_else(pa.array(lines < spec.eval_half), "test", "validation")
+    return split, lines, np.zeros(len(lines), np.int64)
+
+
+def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index):
+    import pyarrow as pa
+
+    valid = np.flatnonzero(parsed.valid)
+    base = spec.chunk_first_line[(chunk.day, chunk.index)] + block.first
+    split, key, tie = _split_columns(spec, chunk.day, base + valid)
+    numericals = log_numericals(parsed.ints[valid], parsed.int_missing[valid])
+    cats = parsed.cats[valid]
+    columns = {"split": split, "_k1": pa.array(key), "_k2": pa.array(tie),
+               LABEL: pa.array(parsed.label[valid])}
+    for i, c in enumerate(INT_COLUMNS):
+        columns[c] = pa.array(numericals[:, i])
+    ids = index.lookup(cats[:, list(spec.cached_columns)]) if spec.cached_columns else None
+    for j, c in enumerate(CAT_COLUMNS):
+        if j in spec.joined_columns:
+            columns[c] = pa.array(cats[:, j])
+        else:
+            columns[c] = pa.array(ids[:, spec.cached_columns.index(j)])
+    return pa.record_batch(columns)
+
+
+def transform_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings):
+    """mapInArrow function: the valid rows of each chunk, ready for the split writer."""
+    from spark_jobs.lookup import dictionary_index
+
+    def run(batches):
+        index = None
+        for chunk, blocks in _blocks(chunks, batches, settings):
+            if index is None and spec.cached_columns:
+                index = dictionary_index(spec.dict_dir, spec.cached_columns, spec.run_token)
+            for block in blocks:
+                parsed = parse_block(block.data, block.starts, block.ends)
+                yield _output_batch(spec, chunk, block, parsed, index)
+    return run

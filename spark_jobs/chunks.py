@@ -1,0 +1,159 @@
+"""Day files as byte-range chunks, and the lines of a chunk as padded byte blocks.
+
+The Arrow engine's tasks read their input themselves: Spark schedules one task per chunk (a
+byte range of a plain day file, or a whole ``.gz`` day), and the task reads its bytes straight
+into numpy. Handing the text to Python through Spark's own reader costs more than the whole
+parse: the JVM copies every line into an Arrow batch and ships it over a socket
+(bench/README.md, "Reading the text").
+
+Line semantics are those of the SQL engine's reader (``lineSep '\\n'``): a line ends at
+``'\\n'`` only; a last line without ``'\\n'`` is a line; a file ending in ``'\\n'`` has no
+empty last line. A chunk owns every line that *starts* inside its byte range, so each line is
+read by exactly one chunk whatever the chunk size. A line's position is ``(chunk << 33) | k``
+for the k-th line of the chunk, as ``monotonically_increasing_id`` numbers the SQL engine's
+read partitions, so the statistics and line numbering code serves both engines.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from spark_jobs.fastparse import PAD, padded_buffer
+
+_NEWLINE = 10
+
+
+@dataclass(frozen=True)
+class Chunk:
+    day: int
+    path: str
+    index: int        # the chunk's number within its day
+    start: int        # byte range [start, end) of the lines it owns
+    end: int
+    gzipped: bool
+
+
+@dataclass
+class LineBlock:
+    """Whole lines of one chunk: ``data[starts[i]:ends[i]]`` (no '\\n'), numbered from ``first``
+    within the chunk; ``data`` has PAD bytes of padding on each side (``padded_buffer``)."""
+
+    data: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    first: int
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def line(self, i: int) -> bytes:
+        return self.data[self.starts[i]:self.ends[i]].tobytes()
+
+
+class ChunkReadError(RuntimeError):
+    """A day file that cannot be read to its end (a truncated or corrupt gzip stream)."""
+
+
+def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
+    """Chunks of about ``chunk_bytes`` per plain day file; one chunk per gzip file."""
+    chunks = []
+    for d in days:
+        size = d.path.stat().st_size
+        if d.gzipped:
+            chunks.append(Chunk(d.day, str(d.path), 0, 0, size, True))
+            continue
+        count = max(1, -(-size // max(1, chunk_bytes)))
+        bounds = [size * k // count for k in range(count + 1)]
+        chunks += [Chunk(d.day, str(d.path), k, bounds[k], bounds[k + 1], False)
+                   for k in range(count)]
+    return chunks
+
+
+def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
+    """The chunk's bytes from one byte before its start (to see whether a line starts there)
+    to the end of the file; gzip streams decompressed (concatenated members included)."""
+    with open(chunk.path, "rb", buffering=0) as fh:
+        if not chunk.gzipped:
+            fh.seek(max(chunk.start - 1, 0))
+            while piece := fh.read(read_bytes):
+                yield piece
+            return
+        yield from _gunzip(fh, chunk.path, read_bytes)
+
+
+def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
+    stream, fed = zlib.decompressobj(wbits=31), False
+    try:
+        while compressed := fh.read(read_bytes):
+            while compressed:
+                fed = True
+                piece = stream.decompress(compressed)
+                if piece:
+                    yield piece
+                if not stream.eof:
+                    break
+                compressed = stream.unused_data          # another gzip member follows
+                stream, fed = zlib.decompressobj(wbits=31), False
+    except zlib.error as error:
+        raise ChunkReadError(f"{path}: corrupt gzip stream ({error})") from None
+    if fed and not stream.eof:
+        raise ChunkReadError(f"{path}: truncated gzip stream (the file ends inside it)")
+
+
+def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20) -> Iterator[LineBlock]:
+    """The chunk's lines, in order, as blocks of about ``block_bytes`` of text."""
+    pending = b""                 # bytes after the last complete line seen so far
+    offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0   # file offset of pending[0]
+    skip_to_line_start = not chunk.gzipped and chunk.start > 0
+    first = 0
+    for piece in _raw_pieces(chunk, block_bytes):
+        text = pending + piece if pending else piece
+        if skip_to_line_start:
+            cut = text.find(b"\n")
+            if cut < 0:
+                pending, offset = b"", offset + len(text)
+                continue
+            text, offset = text[cut + 1:], offset + cut + 1
+            skip_to_line_start = False
+        last = text.rfind(b"\n")
+        if last < 0:
+            pending = text
+            continue
+        block, done = _block(text[:last + 1], offset, chunk, first)
+        pending, offset = text[last + 1:], offset + last + 1
+        if block is not None:
+            first += len(block)
+            yield block
+        if done:
+            return
+    if pending and not skip_to_line_start and offset < _end(chunk):
+        yield _single_line_block(pending, first)
+
+
+def _end(chunk: Chunk) -> float:
+    return float("inf") if chunk.gzipped else chunk.end
+
+
+def _block(text: bytes, offset: int, chunk: Chunk, first: int):
+    """Lines of ``text`` (ending in '\\n', starting at file ``offset``) that start before the
+    chunk's end; and whether the chunk's last line has been reached."""
+    data = padded_buffer(text)
+    ends = np.flatnonzero(data == _NEWLINE)
+    starts = np.empty_like(ends)
+    starts[0] = PAD
+    starts[1:] = ends[:-1] + 1
+    owned = int(np.searchsorted(starts - PAD + offset, _end(chunk), side="left"))
+    done = owned < len(starts) or offset + len(text) >= _end(chunk)
+    if owned == 0:
+        return None, True
+    return LineBlock(data, starts[:owned], ends[:owned], first), done
+
+
+def _single_line_block(text: bytes, first: int) -> LineBlock:
+    """The file's last line when it has no '\\n'."""
+    data = padded_buffer(text)
+    return LineBlock(data, np.array([PAD], np.int64), np.array([PAD + len(text)], np.int64), first)

@@ -1,0 +1,275 @@
+"""Raw Criteo lines → typed columns with numpy over whole blocks of lines (the Arrow engine's parse).
+
+The rules are those of docs/spark_jobs.md ("Rules for every line"); ``parse_line_exact`` states
+them line by line in plain Python and is the *slow path*. ``parse_block`` applies the same rules
+to a whole block at once:
+
+- tabs are found with one scan of the block; a line's fields are the gaps between its tabs, so
+  a short line (fewer than 40 fields) simply has empty trailing fields;
+- a field of up to 8 characters is read as one little-endian 64-bit word that *ends* where
+  the field ends (the block carries 16 bytes of padding on each side, so such a load never
+  leaves the buffer); the bytes before the field are masked to ``'0'``. Checking and
+  converting 8 digits or 8 hex characters is then a handful of 64-bit operations (SWAR);
+- integers of up to 16 digits are two such words; a line with a longer integer field takes the
+  slow path, which decides 64-bit overflow exactly (such lines are vanishingly rare).
+
+A categorical is kept as the integer value of its hex digits: left zero-padding and letter
+case do not change that value, so the normalisation rule (8 lowercase hex digits) holds by
+construction, and ``format_hex`` gives the normalised string back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+
+# reason codes: 0 = valid, then docs/spark_jobs.md's reasons in their order of precedence
+REASON_CODES: tuple[str, ...] = ("", "too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
+TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX = 1, 2, 3, 4
+MISSING = -1          # the value of a missing categorical (a present one is 0 .. 2**32 - 1)
+PAD = 16              # bytes of padding before and after a block's data
+_FIRST_CAT = 1 + NUM_INTEGER
+_TABS = NUM_FIELDS - 1
+_MAX_FAST_DIGITS = 16
+_INT64_MAX = 2**63 - 1
+
+_ONES = np.uint64(0x0101010101010101)
+_HIGH = np.uint64(0x8080808080808080)
+_ZEROS = np.uint64(0x3030303030303030)    # eight '0' characters
+
+
+@dataclass
+class ParsedLines:
+    """One block's lines, parsed. Arrays have one row per line, in line order."""
+
+    reason: np.ndarray     # uint8 reason code (0 = valid)
+    padded: np.ndarray     # bool: fewer than 40 fields
+    slow: np.ndarray       # bool: decided by the exact slow path
+    label: np.ndarray      # int32 (0 where rejected)
+    ints: np.ndarray       # int64 [n, 13] (0 where missing)
+    int_missing: np.ndarray  # bool [n, 13]
+    cats: np.ndarray       # int64 [n, 26]: the hex value, MISSING where missing
+
+    def __len__(self) -> int:
+        return len(self.reason)
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.reason == 0
+
+
+def padded_buffer(payload: bytes | bytearray | memoryview) -> np.ndarray:
+    """``payload`` copied into a uint8 array with PAD zero bytes on each side."""
+    out = np.zeros(len(payload) + 2 * PAD, np.uint8)
+    out[PAD:PAD + len(payload)] = np.frombuffer(payload, np.uint8)
+    return out
+
+
+def _words(data: np.ndarray) -> np.ndarray:
+    """A view of ``data`` as overlapping little-endian uint64 words, one starting at every byte."""
+    return np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, offset=0, strides=(1,))
+
+
+def _bytes_at_least(x: np.ndarray, c: int) -> np.ndarray:
+    """Per byte of x (each < 0x80): high bit set where the byte is >= c."""
+    return ((x | _HIGH) - np.uint64(c * 0x0101010101010101)) & _HIGH
+
+
+def _all_in(x: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """True where every byte of the word lies in one of the inclusive byte ranges."""
+    inside = np.zeros_like(x)
+    for low, high in ranges:
+        inside |= _bytes_at_least(x, low) & ~_bytes_at_least(x, high + 1)
+    return (inside & ~(x & _HIGH)) == _HIGH
+
+
+def _low_masks() -> tuple[np.ndarray, np.ndarray]:
+    """For keep = 0..8: the mask that clears all but the last ``keep`` bytes of a word, and the
+    '0' characters that fill the cleared bytes."""
+    low = np.array([(1 << (8 * (8 - k))) - 1 if k else 2**64 - 1 for k in range(9)], np.uint64)
+    return ~low, np.uint64(0x3030303030303030) & low
+
+
+_KEEP_MASK, _ZERO_FILL = _low_masks()
+
+
+def _keep_last(words: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The words with all but their last ``keep`` (0..8) bytes replaced by '0'."""
+    words &= _KEEP_MASK[keep]
+    words |= _ZERO_FILL[keep]
+    return words
+
+
+def _decimal8(words: np.ndarray) -> np.ndarray:
+    """Eight ASCII digits (first digit in the lowest byte) → their value (0 .. 99,999,999)."""
+    v = words - _ZEROS
+    v = (v * np.uint64(10)) + (v >> np.uint64(8))
+    v = (((v & np.uint64(0x000000FF000000FF)) * np.uint64(100 + (1000000 << 32)))
+         + (((v >> np.uint64(16)) & np.uint64(0x000000FF000000FF)) * np.uint64(1 + (10000 << 32))))
+    return (v >> np.uint64(32)).astype(np.int64)
+
+
+def _hex8(words: np.ndarray) -> np.ndarray:
+    """Eight ASCII hex digits (either case, first in the lowest byte) → their value (uint32)."""
+    v = words.byteswap()
+    v = (v & np.uint64(0x0F0F0F0F0F0F0F0F)) + ((v >> np.uint64(6)) & _ONES) * np.uint64(9)
+    v = ((v >> np.uint64(4)) | v) & np.uint64(0x00FF00FF00FF00FF)
+    v = ((v >> np.uint64(8)) | v) & np.uint64(0x0000FFFF0000FFFF)
+    v = ((v >> np.uint64(16)) | v) & np.uint64(0x00000000FFFFFFFF)
+    return v.astype(np.int64)
+
+
+def _field_bounds(data: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Field ends and lengths [n, 40] and each line's tab count; missing fields are empty."""
+    tabs = np.flatnonzero(data == 9)
+    first = np.searchsorted(tabs, starts)
+    ntabs = np.searchsorted(tabs, ends) - first
+    n = len(starts)
+    if len(tabs) == n * _TABS and np.all(ntabs == _TABS):   # every line has 40 fields
+        at = tabs.reshape(n, _TABS)
+        fe = np.empty((n, NUM_FIELDS), np.int64)
+        fe[:, :_TABS] = at
+        fe[:, _TABS] = ends
+        length = np.empty_like(fe)
+        length[:, 0] = at[:, 0] - starts
+        np.subtract(fe[:, 1:], at, out=length[:, 1:])
+        length[:, 1:] -= 1
+        return fe, length, ntabs
+    if len(tabs) == 0:
+        tabs = np.zeros(1, np.int64)
+    at = tabs[np.minimum(first[:, None] + np.arange(_TABS), len(tabs) - 1)]
+    field = np.arange(NUM_FIELDS)
+    fs = np.empty((n, NUM_FIELDS), np.int64)
+    fs[:, 0] = starts
+    fs[:, 1:] = at + 1
+    fe = np.empty_like(fs)
+    fe[:, :_TABS] = at
+    fe[:, _TABS] = ends
+    end_col = ends[:, None]
+    fe = np.where(field >= ntabs[:, None], end_col, fe)
+    fs = np.where(field > ntabs[:, None], end_col, fs)
+    return fe, fe - fs, ntabs
+
+
+def _parse_integers(words: np.ndarray, data: np.ndarray, fe: np.ndarray, length: np.ndarray):
+    """I1..I13: values, missing mask, bad (non-integer) mask, too long for the fast path."""
+    missing = length == 0
+    negative = (data[fe - length] == 45) & ~missing          # '-'
+    digits = length - negative
+    long_field = digits > _MAX_FAST_DIGITS
+    digits = np.minimum(digits, _MAX_FAST_DIGITS)
+    low = _keep_last(words[fe - 8], np.minimum(digits, 8))
+    high = _keep_last(words[fe - 16], np.maximum(digits - 8, 0))
+    digit_range = ((48, 57),)
+    ok = _all_in(low, digit_range) & _all_in(high, digit_range)
+    bad = ~missing & ~long_field & (~ok | (digits == 0))
+    value = _decimal8(high) * 100_000_000 + _decimal8(low)
+    value = np.where(negative, -value, value)
+    value = np.where(missing | bad, 0, value)
+    return value, missing, bad, long_field & ~missing
+
+
+def _parse_categoricals(words: np.ndarray, fe: np.ndarray, length: np.ndarray):
+    """C1..C26: hex values (MISSING where empty) and the bad (non-hex) mask."""
+    missing = length == 0
+    word = _keep_last(words[fe - 8], np.minimum(length, 8))
+    ok = _all_in(word, ((48, 57), (65, 70), (97, 102)))
+    bad = ~missing & ((length > 8) | ~ok)
+    value = np.where(missing | bad, MISSING, _hex8(word))
+    return value, bad
+
+
+def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> ParsedLines:
+    """Parse lines ``data[starts[i]:ends[i]]`` (``data`` from ``padded_buffer``; ends exclude the
+    '\\n'; a trailing '\\r' is dropped here). Exact for every line: the few lines the vector
+    path cannot decide are re-parsed by ``parse_line_exact``."""
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
+    crlf = (ends > starts) & (data[np.maximum(ends - 1, 0)] == 13)
+    ends = ends - crlf
+    fe, length, ntabs = _field_bounds(data, starts, ends)
+    words = _words(data)
+    label_char = data[starts]
+    label_ok = (length[:, 0] == 1) & ((label_char == 48) | (label_char == 49))
+    ints, int_missing, int_bad, int_long = _parse_integers(words, data, fe[:, 1:_FIRST_CAT],
+                                                           length[:, 1:_FIRST_CAT])
+    cats, cat_bad = _parse_categoricals(words, fe[:, _FIRST_CAT:], length[:, _FIRST_CAT:])
+    too_many = ntabs > _TABS
+    reason = np.select([too_many, ~label_ok, int_bad.any(axis=1), cat_bad.any(axis=1)],
+                       [TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX], 0).astype(np.uint8)
+    slow = int_long.any(axis=1) & ~too_many & label_ok
+    parsed = ParsedLines(reason=reason, padded=(ntabs < _TABS) & (reason == 0), slow=slow,
+                         label=np.where(reason == 0, label_char.astype(np.int32) - 48, 0).astype(np.int32),
+                         ints=ints, int_missing=int_missing, cats=cats)
+    for i in np.flatnonzero(slow):
+        _set_line(parsed, i, parse_line_exact(data[starts[i]:ends[i]].tobytes()))
+    return parsed
+
+
+def _set_line(parsed: ParsedLines, i: int, exact: tuple) -> None:
+    reason, padded, label, ints, cats = exact
+    parsed.reason[i] = reason
+    parsed.padded[i] = padded and reason == 0
+    parsed.label[i] = label if reason == 0 else 0
+    ok = reason == 0
+    parsed.ints[i] = [x if (ok and x is not None) else 0 for x in ints]
+    parsed.int_missing[i] = [x is None for x in ints]
+    parsed.cats[i] = [c if (ok and c is not None) else MISSING for c in cats]
+
+
+_DIGITS = frozenset(b"0123456789")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _is_integer(field: bytes) -> bool:
+    body = field[1:] if field[:1] == b"-" else field
+    return bool(body) and set(body) <= _DIGITS and -2**63 <= int(field) <= _INT64_MAX
+
+
+def parse_line_exact(line: bytes) -> tuple[int, bool, int, list, list]:
+    """The rules, one line at a time: (reason code, padded, label, 13 ints or None, 26 cats or
+    None). ``line`` has no '\\n' and no trailing '\\r'. The slow path, and the reading of the
+    rules that the vector path is tested against."""
+    fields = line.split(b"\t")
+    padded = len(fields) < NUM_FIELDS
+    rejected = (0, [None] * NUM_INTEGER, [None] * NUM_CATEGORICAL)
+    if len(fields) > NUM_FIELDS:
+        return (TOO_MANY, padded, *rejected)
+    fields += [b""] * (NUM_FIELDS - len(fields))
+    if fields[0] not in (b"0", b"1"):
+        return (BAD_LABEL, padded, *rejected)
+    raw_ints, raw_cats = fields[1:_FIRST_CAT], fields[_FIRST_CAT:]
+    if not all(_is_integer(f) for f in raw_ints if f):
+        return (NON_INTEGER, padded, *rejected)
+    if not all(len(f) <= 8 and set(f) <= _HEX for f in raw_cats if f):
+        return (NON_HEX, padded, *rejected)
+    return (0, padded, int(fields[0]), [int(f) if f else None for f in raw_ints],
+            [int(f, 16) if f else None for f in raw_cats])
+
+
+def format_hex(values: np.ndarray) -> np.ndarray:
+    """Categorical values → their normalised strings (8 lowercase hex digits)."""
+    return np.char.mod("%08x", np.asarray(values, np.int64))
+
+
+def parse_hex(strings) -> np.ndarray:
+    """Normalised 8-character hex strings (an Arrow string array or a list) → int64 values."""
+    import pyarrow as pa
+
+    array = pa.array(strings, pa.string()) if not isinstance(strings, pa.Array) else strings
+    array = array.cast(pa.string())
+    if len(array) == 0:
+        return np.zeros(0, np.int64)
+    if array.null_count:
+        raise ValueError("a dictionary value is null")
+    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+    if np.any(np.diff(offsets) != 8):
+        raise ValueError("dictionary values must be 8 hex digits")
+    data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    words = data.view("<u8")
+    if not np.all(_all_in(words, ((48, 57), (97, 102)))):
+        raise ValueError("dictionary values must be lowercase hex digits")
+    return _hex8(words)

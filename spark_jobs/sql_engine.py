@@ -1,0 +1,65 @@
+"""The SQL engine: every per-line step is a Spark SQL expression (``spark_jobs.parse``).
+
+It is what the RAPIDS accelerator can run on GPUs (it runs SQL, not Python), so ``--gpu``
+uses it; on CPUs the Arrow engine (``spark_jobs.arrow_engine``) writes the same bytes faster.
+Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per line
+(``spark_jobs.counting``, ``spark_jobs.stats``). Transform pass: categoricals become 64-bit
+keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.transform``).
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+
+from pipeline.config import PreprocessConfig
+from spark_jobs import counting, quality, transform
+from spark_jobs.inputs import DayFile
+from spark_jobs.order import train_key_columns
+from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
+from spark_jobs.stats import DayStats, line_number_column
+
+
+class SqlEngine:
+    name = "sql"
+
+    def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
+        self.session = session
+        self.days = days
+        self.cfg = cfg
+        self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
+
+    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
+        return counting.count_pass(self.parsed, recount, counts_dir)
+
+    def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
+        quality.write_rejects(self.parsed, self.days, stats, out_dir)
+
+    def _rows(self, day: DayFile, stats: dict[int, DayStats]):
+        """The second read of a day: valid rows with join keys and line numbers (checks skipped
+        for days whose count pass found every line fast)."""
+        rows = parse_for_transform(read_day(self.session, str(day.path), day.day),
+                                   checked=not stats[day.day].all_fast)
+        return rows.withColumn("_line", line_number_column(stats, [day.day]))
+
+    def split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
+        """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
+        from pyspark.sql import functions as F
+
+        def mapped(rows):
+            return transform.map_categoricals(rows, self.session, dict_dir, sizes,
+                                              self.cfg.broadcast_max_values)
+
+        def keyed(day: DayFile):
+            key, tie = train_key_columns(self.cfg.shuffle_seed, day.day, F.col("_line"))
+            return self._rows(day, stats).withColumn("_k1", key).withColumn("_k2", tie)
+
+        train, _ = mapped(reduce(lambda a, b: a.unionByName(b), [keyed(d) for d in self.days[:-1]]))
+        last = self.days[-1]
+        evaluation, shuffled = mapped(self._rows(last, stats))
+        split = (F.when(F.col("_line") < F.lit(stats[last.day].eval_half), F.lit("test"))
+                 .otherwise(F.lit("validation")))
+        evaluation = (evaluation.withColumn("split", split).withColumn("_k1", F.col("_line"))
+                      .withColumn("_k2", F.lit(0).cast("long")))
+        return (transform.output_projection(train, extra=("_k1", "_k2")),
+                transform.output_projection(evaluation, extra=("split", "_k1", "_k2")), shuffled)
