@@ -101,7 +101,8 @@ def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
     except zlib.error as error:
         raise ChunkReadError(f"{path}: corrupt gzip stream ({error})") from None
     if fed and not stream.eof:
-        raise ChunkReadError(f"{path}: truncated gzip stream (the file ends inside it)")
+        raise ChunkReadError(f"{path}: EOFException: Unexpected end of gzip input stream "
+                             "(the file is truncated)")
 
 
 def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20) -> Iterator[LineBlock]:

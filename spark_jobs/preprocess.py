@@ -10,6 +10,7 @@ last and removed first, so a half-finished run never looks complete.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -72,11 +73,25 @@ def _spark_error_message(error: Exception) -> str:
     # py4j's own first line ("An error occurred while calling o170.collectToPython.") says nothing
     lines = [line.strip().lstrip(":").strip() for line in str(error).strip().split("\n")]
     lines = [line for line in lines if line and not line.startswith("An error occurred while calling")]
-    first = lines[0] if lines else type(error).__name__
+    first = _python_worker_error(lines) or (lines[0] if lines else type(error).__name__)
     root = (_java_root_cause(error) or "").split("\n")[0].strip()
     if root and root not in first:
         first = f"{first} ({root})"
     return f"Spark job failed: {first[:500]}"
+
+
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (.*)$")
+
+
+def _python_worker_error(lines: list[str]) -> str | None:
+    """'Error: message' of an exception raised in a Python task (the traceback's last such line)."""
+    if not any(line.startswith("An exception was thrown from the Python worker") for line in lines):
+        return None
+    for line in reversed(lines):
+        match = _PYTHON_ERROR.match(line)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"
+    return None
 
 
 @contextmanager

@@ -143,10 +143,10 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
 
     day = tmp_path / "day_0"
     day.write_text("1\t5\t\tabc\n0\t7\n")
-    rows = parse_for_transform(read_day(spark, str(day), 0), seed=1, checked=True)
-    plan = rows.select("key1", "label", "C1")._jdf.queryExecution().optimizedPlan().toString()
+    rows = parse_for_transform(read_day(spark, str(day), 0), checked=True)
+    plan = rows.select("label", "C1")._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("split(") == 1, plan
-    assert rows.select("key1", "label").count() == 1  # line 1 has a non-integer I3: filtered
+    assert rows.select("label").count() == 1  # line 1 has a non-integer I3: filtered
 
 
 # Line terminators other than '\n' inside a line are data. Hadoop's default reader also ends a
