@@ -1,19 +1,21 @@
-"""Benchmark of spark_jobs: rows/s per stage and end to end, and the ratio to the reference.
+"""Benchmark of spark_jobs: per stage rows/s and CPU-seconds per million rows, for each engine,
+with the reference's figures and a same-run yardstick beside them.
 
-The reference flow of the seed (count/dictionaries, then three separate transform jobs with a
-re-sort for test/validation) ran 8M rows (4 days x 2M) in 355.5 s on this machine type:
-22.5k rows/s. Usage:
+The reference flow of the seed (NVIDIA's DLRM preproc, run_spark_cpu.sh steps with local[2]
+and 12g) took 355.5-397.0 s for 8M rows (4 days x 2M) on this machine type: 20.2k-22.5k rows/s.
+This machine's speed drifts between hours, so the script also times, in the same run, one
+multi-threaded ``pyarrow.csv.read_csv`` of the same files (tab delimiter, 64 MB blocks) and
+prints end to end / that parse (the "CSV ratio"; 6x the reference is about 5x here). Usage:
 
-    .venv/bin/python bench/bench_spark.py                       # 4 days x 2M rows (8M)
-    .venv/bin/python bench/bench_spark.py --terabyte-shape      # 24 days x 1M rows, day_23 eval
-    .venv/bin/python bench/bench_spark.py --days 4 --rows-per-day 250000   # quick look
-    .venv/bin/python bench/bench_spark.py --repeat 3            # 3 fresh JVMs: best and median
+    .venv/bin/python bench/bench_spark.py                          # 4 days x 2M rows (8M), both engines
+    .venv/bin/python bench/bench_spark.py --engine arrow           # one engine
+    .venv/bin/python bench/bench_spark.py --terabyte-shape         # 24 days x 1M rows, day_23 eval
+    .venv/bin/python bench/bench_spark.py --input /data/criteo     # your own day files
+    .venv/bin/python bench/bench_spark.py --repeat 3               # 3 fresh JVMs per engine
 
-On a shared VM the same run can vary by 15-20% within an hour: compare figures taken at the
-same time, and prefer ``--repeat``.
-
-Input is generated once (python -m pipeline.generate, default shape) under --data-root and
-reused; the workdir is wiped before each run so counting is measured from scratch.
+Each engine runs in a fresh process (cold JVM) on a wiped workdir, so every day is counted from
+scratch. CPU seconds are those of the process tree (JVM + Python workers) per stage. The Python
+workers' peak RSS is sampled every 0.2 s.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.config import PreprocessConfig, SparkConfig  # noqa: E402
 
-REFERENCE_ROWS_PER_SECOND = 22_500
+REFERENCE_SECONDS_8M = (355.5, 397.0)        # the seed's flow, 8M rows, this machine type
+REFERENCE_ROWS_PER_SECOND = 8_000_000 / REFERENCE_SECONDS_8M[0]
 
 
 def ensure_input(root: Path, days: int, rows_per_day: int, seed: int) -> Path:
@@ -44,81 +49,146 @@ def ensure_input(root: Path, days: int, rows_per_day: int, seed: int) -> Path:
     return raw
 
 
+def csv_parse_seconds(raw: Path) -> float:
+    """One multi-threaded pyarrow CSV parse of every day file: the same-run yardstick."""
+    import pyarrow as pa
+    import pyarrow.csv as pv
+
+    from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+
+    names = [LABEL, *INT_COLUMNS, *CAT_COLUMNS]
+    options = dict(read_options=pv.ReadOptions(column_names=names, block_size=64 << 20),
+                   parse_options=pv.ParseOptions(delimiter="\t", quote_char=False),
+                   convert_options=pv.ConvertOptions(column_types={c: pa.string() for c in CAT_COLUMNS}))
+    start = time.perf_counter()
+    for path in sorted(raw.glob("day_*")):
+        table = pv.read_csv(path, **options)
+        del table
+    return time.perf_counter() - start
+
+
+class WorkerMemory:
+    """Peak RSS of the Python workers (descendants of the JVM that run Python)."""
+
+    def __init__(self):
+        self.peak_single = 0
+        self.peak_total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(0.2):
+            rss = []
+            for process in me.children(recursive=True):
+                try:
+                    if "python" in process.name():
+                        rss.append(process.memory_info().rss)
+                except psutil.Error:
+                    pass
+            if rss:
+                self.peak_single = max(self.peak_single, max(rss))
+                self.peak_total = max(self.peak_total, sum(rss))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_once(args) -> dict:
+    """One engine, one fresh workdir, this process: the figures as a dict."""
+    from spark_jobs.preprocess import process_tree_cpu_seconds, run_preprocess
+    from spark_jobs.session import parse_conf_pairs
+
+    raw = Path(args.input)
+    work = Path(args.data_root) / f"work_{raw.name}_{args.engine}"
+    shutil.rmtree(work, ignore_errors=True)
+    spark = SparkConfig(master=args.master, driver_memory=args.driver_memory,
+                        conf=parse_conf_pairs(args.conf))
+    cfg = PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine)
+    start, cpu = time.perf_counter(), process_tree_cpu_seconds()
+    with WorkerMemory() as memory:
+        summary = run_preprocess(raw, work, spark, cfg)
+    wall = time.perf_counter() - start
+    total_cpu = process_tree_cpu_seconds() - cpu
+    shutil.rmtree(work, ignore_errors=True)
+    return {"engine": summary["engine"], "rows_in": summary["data_quality"]["rows_read"],
+            "rows": summary["rows"], "wall_seconds": round(wall, 1),
+            "cpu_seconds_total": round(total_cpu, 1), "timings": summary["timings"],
+            "cpu_seconds": summary["cpu_seconds"],
+            "worker_peak_rss_mb": round(memory.peak_single / 2**20),
+            "workers_peak_rss_total_mb": round(memory.peak_total / 2**20),
+            "max_table_size": max(summary["table_sizes"].values())}
+
+
+def print_run(result: dict, csv_seconds: float) -> None:
+    n = result["rows_in"]
+    t, c = result["timings"], result["cpu_seconds"]
+    print(f"engine {result['engine']}: {n:,} rows")
+    for stage in ("count", "dictionaries", "transform"):
+        print(f"  {stage:13s} {t[stage]:7.1f} s {n / t[stage]:>12,.0f} rows/s "
+              f"{c[stage] / n * 1e6:7.2f} CPU-s per 1M rows")
+    wall = result["wall_seconds"]
+    print(f"  {'end to end':13s} {wall:7.1f} s {n / wall:>12,.0f} rows/s "
+          f"{result['cpu_seconds_total'] / n * 1e6:7.2f} CPU-s per 1M rows (session start included)")
+    print(f"  = {n / wall / REFERENCE_ROWS_PER_SECOND:.2f}x the reference's rows/s "
+          f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s); "
+          f"CSV ratio {wall / csv_seconds:.2f} (end to end / pyarrow CSV parse {csv_seconds:.1f} s)")
+    print(f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker, "
+          f"{result['workers_peak_rss_total_mb']} MB for all together")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--input", help="a directory of day files (default: generated)")
     p.add_argument("--days", type=int, default=4)
     p.add_argument("--rows-per-day", type=int, default=2_000_000)
     p.add_argument("--terabyte-shape", action="store_true", help="24 days x 1M rows")
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
     p.add_argument("--threshold", default=PreprocessConfig().frequency_threshold)
+    p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run N times, each in a fresh process (cold JVM), and summarise")
+    p.add_argument("--repeat", type=int, default=1, help="fresh processes per engine")
+    p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.repeat > 1:
-        return repeat(args.repeat)
+    if args.once:
+        print(json.dumps(run_once(args)))
+        return 0
     if args.terabyte_shape:
         args.days, args.rows_per_day = 24, 1_000_000
-    root = Path(args.data_root)
-    raw = ensure_input(root, args.days, args.rows_per_day, args.seed)
-    work = root / f"work_{args.days}x{args.rows_per_day}"
-    shutil.rmtree(work, ignore_errors=True)
-
-    from spark_jobs.preprocess import run_preprocess
-    from spark_jobs.session import parse_conf_pairs
-
-    spark = SparkConfig(master=args.master, driver_memory=args.driver_memory,
-                        conf=parse_conf_pairs(args.conf))
-    start = time.perf_counter()
-    summary = run_preprocess(raw, work, spark, PreprocessConfig(frequency_threshold=args.threshold))
-    wall = time.perf_counter() - start
-
-    rows_in = summary["data_quality"]["rows_read"]
-    rows = summary["rows"]
-    t = summary["timings"]
-    stages = [("count (parse + stats + counts + histogram)", rows_in, t["count"]),
-              ("dictionaries", rows_in, t["dictionaries"]),
-              ("transform (train + test + validation, one query)",
-               rows["train"] + rows["test"] + rows["validation"], t["transform"]),
-              ("end to end (incl. session start)", rows_in, wall)]
-    print(f"input: {args.days} days x {args.rows_per_day} rows = {rows_in} rows, "
-          f"threshold {summary['threshold_spec']}, master {args.master}, "
-          f"driver memory {args.driver_memory}")
-    for name, n, seconds in stages:
-        print(f"{name:45s} {n:>11,d} rows {seconds:8.1f} s {n / seconds:>12,.0f} rows/s")
-    ratio = rows_in / wall / REFERENCE_ROWS_PER_SECOND
-    print(f"ratio to the reference ({REFERENCE_ROWS_PER_SECOND:,} rows/s): {ratio:.2f}x")
-    print(json.dumps({"rows_in": rows_in, "wall_seconds": round(wall, 1), "timings": t,
-                      "rows": rows, "ratio_to_reference": round(ratio, 2),
-                      "max_table_size": max(summary["table_sizes"].values())}))
-    return 0
-
-
-def repeat(times: int) -> int:
-    """Run this script ``times`` times in fresh processes; print every run, the best, the median."""
-    import statistics
-
-    argv = [*sys.argv[1:], "--repeat", "1"]  # the same run once (argparse keeps the last value)
-    runs = []
-    for n in range(times):
-        out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
-                             stdout=subprocess.PIPE, text=True).stdout
-        result = json.loads(out.strip().splitlines()[-1])
-        runs.append(result)
-        t = result["timings"]
-        print(f"run {n + 1}: end to end {result['wall_seconds']:.1f} s "
-              f"(count {t['count']:.1f}, dictionaries {t['dictionaries']:.1f}, "
-              f"transform {t['transform']:.1f}) = {result['ratio_to_reference']:.2f}x", flush=True)
-    walls = sorted(r["wall_seconds"] for r in runs)
-    best, median = walls[0], statistics.median(walls)
-    rows_in = runs[0]["rows_in"]
-    print(f"best {best:.1f} s = {rows_in / best / REFERENCE_ROWS_PER_SECOND:.2f}x, "
-          f"median {median:.1f} s = {rows_in / median / REFERENCE_ROWS_PER_SECOND:.2f}x "
-          f"the reference, over {times} runs")
-    print(json.dumps({"runs": runs, "best_seconds": best, "median_seconds": median}))
+    if not args.input:
+        args.input = str(ensure_input(Path(args.data_root), args.days, args.rows_per_day, args.seed))
+    print(f"input {args.input}, threshold {args.threshold}, master {args.master}, "
+          f"driver memory {args.driver_memory}", flush=True)
+    engines = ["arrow", "sql"] if args.engine == "both" else [args.engine]
+    results = {}
+    for _ in range(args.repeat):
+        for engine in engines:
+            csv_seconds = csv_parse_seconds(Path(args.input))
+            argv = ["--input", args.input, "--engine", engine, "--threshold", args.threshold,
+                    "--master", args.master, "--driver-memory", args.driver_memory,
+                    "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once"]
+            out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
+                                 stdout=subprocess.PIPE, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            result["csv_parse_seconds"] = round(csv_seconds, 2)
+            results.setdefault(engine, []).append(result)
+            print_run(result, csv_seconds)
+            print(json.dumps(result), flush=True)
+    for engine, runs in results.items():
+        walls = [r["wall_seconds"] for r in runs]
+        ratios = [r["wall_seconds"] / r["csv_parse_seconds"] for r in runs]
+        print(f"{engine}: best {min(walls):.1f} s, median {statistics.median(walls):.1f} s "
+              f"over {len(runs)} run(s); CSV ratio best {min(ratios):.2f}")
     return 0
 
 

@@ -73,17 +73,22 @@ def _words(data: np.ndarray) -> np.ndarray:
     return np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, offset=0, strides=(1,))
 
 
-def _bytes_at_least(x: np.ndarray, c: int) -> np.ndarray:
-    """Per byte of x (each < 0x80): high bit set where the byte is >= c."""
-    return ((x | _HIGH) - np.uint64(c * 0x0101010101010101)) & _HIGH
+def _all_digits(x: np.ndarray) -> np.ndarray:
+    """True where every byte of the word is '0'..'9' (a byte >= 0xFA carries into its neighbour,
+    but it already fails the first test, so the word is rejected either way)."""
+    high = np.uint64(0xF0F0F0F0F0F0F0F0)
+    return ((x & high) == _ZEROS) & (((x + np.uint64(0x0606060606060606)) & high) == _ZEROS)
 
 
-def _all_in(x: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """True where every byte of the word lies in one of the inclusive byte ranges."""
-    inside = np.zeros_like(x)
-    for low, high in ranges:
-        inside |= _bytes_at_least(x, low) & ~_bytes_at_least(x, high + 1)
-    return (inside & ~(x & _HIGH)) == _HIGH
+def _all_hex(x: np.ndarray) -> np.ndarray:
+    """True where every byte of the word is a hex digit, either case. For a byte below 0x80,
+    adding 0x80 - c sets its high bit exactly when the byte is >= c, with no carry into the next
+    byte; bytes with the high bit set are rejected by ``~x`` (their carries only touch words
+    that are rejected anyway)."""
+    lower = x | np.uint64(0x2020202020202020)
+    digit = (x + _ONES * np.uint64(0x80 - 0x30)) & ~(x + _ONES * np.uint64(0x80 - 0x3A))
+    letter = (lower + _ONES * np.uint64(0x80 - 0x61)) & ~(lower + _ONES * np.uint64(0x80 - 0x67))
+    return ((digit | letter) & ~x & _HIGH) == _HIGH
 
 
 def _low_masks() -> tuple[np.ndarray, np.ndarray]:
@@ -155,20 +160,24 @@ def _field_bounds(data: np.ndarray, starts: np.ndarray, ends: np.ndarray):
 
 
 def _parse_integers(words: np.ndarray, data: np.ndarray, fe: np.ndarray, length: np.ndarray):
-    """I1..I13: values, missing mask, bad (non-integer) mask, too long for the fast path."""
+    """I1..I13: values, missing mask, bad (non-integer) mask, too long for the fast path.
+    Fields of up to 8 digits (nearly all) are one word; longer ones add a second."""
     missing = length == 0
     negative = (data[fe - length] == 45) & ~missing          # '-'
     digits = length - negative
     long_field = digits > _MAX_FAST_DIGITS
-    digits = np.minimum(digits, _MAX_FAST_DIGITS)
     low = _keep_last(words[fe - 8], np.minimum(digits, 8))
-    high = _keep_last(words[fe - 16], np.maximum(digits - 8, 0))
-    digit_range = ((48, 57),)
-    ok = _all_in(low, digit_range) & _all_in(high, digit_range)
+    ok = _all_digits(low)
+    value = _decimal8(low)
+    wide = np.flatnonzero((digits > 8) & ~long_field)
+    if len(wide):
+        at = np.unravel_index(wide, digits.shape)
+        high = _keep_last(words[fe[at] - 16], digits[at] - 8)
+        ok[at] &= _all_digits(high)
+        value[at] += _decimal8(high) * 100_000_000
     bad = ~missing & ~long_field & (~ok | (digits == 0))
-    value = _decimal8(high) * 100_000_000 + _decimal8(low)
-    value = np.where(negative, -value, value)
-    value = np.where(missing | bad, 0, value)
+    np.negative(value, out=value, where=negative)
+    value[missing | bad] = 0
     return value, missing, bad, long_field & ~missing
 
 
@@ -176,7 +185,7 @@ def _parse_categoricals(words: np.ndarray, fe: np.ndarray, length: np.ndarray):
     """C1..C26: hex values (MISSING where empty) and the bad (non-hex) mask."""
     missing = length == 0
     word = _keep_last(words[fe - 8], np.minimum(length, 8))
-    ok = _all_in(word, ((48, 57), (65, 70), (97, 102)))
+    ok = _all_hex(word)
     bad = ~missing & ((length > 8) | ~ok)
     value = np.where(missing | bad, MISSING, _hex8(word))
     return value, bad
@@ -270,6 +279,7 @@ def parse_hex(strings) -> np.ndarray:
         raise ValueError("dictionary values must be 8 hex digits")
     data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
     words = data.view("<u8")
-    if not np.all(_all_in(words, ((48, 57), (97, 102)))):
+    case_bits = np.uint64(0x2020202020202020)          # set in digits and lowercase letters
+    if not np.all(_all_hex(words)) or np.any((words & case_bits) != case_bits):
         raise ValueError("dictionary values must be lowercase hex digits")
     return _hex8(words)

@@ -173,5 +173,7 @@ def log_transform(column):
     """log(x + 3) as float32 for x > -3; missing or x ≤ -3 → 0."""
     from pyspark.sql import functions as F
 
-    return (F.when(column > -3, F.log(column.cast("double") + 3.0))
-            .otherwise(F.lit(0.0)).cast("float"))
+    # log(x + 3) is never null for x > -3, but Spark types it nullable: the coalesce makes the
+    # column required in the parquet schema, as the Arrow engine writes it
+    logged = F.when(column > -3, F.log(column.cast("double") + 3.0)).otherwise(F.lit(0.0))
+    return F.coalesce(logged, F.lit(0.0)).cast("float")

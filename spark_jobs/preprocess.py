@@ -39,17 +39,39 @@ def dictionaries_dir(layout: WorkdirLayout) -> Path:
     return layout.parquet / "dictionaries"
 
 
+def process_tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its descendants: in local mode the JVM (every
+    executor thread) and the Python workers, i.e. what the job costs on this machine."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            t = process.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:          # ended meanwhile: its parent's children_* will hold it
+            pass
+    return total
+
+
 class _Timer:
+    """Wall and CPU seconds per stage (CPU of this machine's processes only: on a cluster the
+    executors' CPU is elsewhere)."""
+
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), process_tree_cpu_seconds()
         try:
             yield
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+            self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0)
+                                           + process_tree_cpu_seconds() - cpu, 3)
 
 
 def _java_root_cause(error: Exception) -> str | None:
@@ -184,6 +206,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         "table_sizes": sizes,
         "data_quality": report["totals"],
         "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
+        "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
     write_json(layout.parquet / "preprocess.json", summary)
     (layout.parquet / "_SUCCESS").write_text("")
