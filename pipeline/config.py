@@ -101,6 +101,10 @@ class PreprocessConfig:
     # parsing it in blocks of arrow_block_kb of text (small enough to stay in the CPU cache).
     arrow_chunk_mb: int = 256
     arrow_block_kb: int = 1024
+    # Arrow engine: each Python worker keeps one hash index of the dictionaries it looks up
+    # itself (~40 bytes per value); smallest first, at most this many values in all. Columns
+    # left out (or above broadcast_max_values) are joined by Spark with a shuffle instead.
+    arrow_index_max_values: int = 20_000_000
 
 
 @dataclass

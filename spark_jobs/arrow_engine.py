@@ -92,10 +92,20 @@ class ArrowEngine:
         evaluation = rows([c for c in self.chunks if c.day == last])
         return train, evaluation, bool(spec.joined_columns)
 
+    def _indexed_columns(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        """Columns the workers look up themselves: each within broadcast_max_values, smallest
+        first while the index stays within arrow_index_max_values (bounds a worker's memory)."""
+        chosen, total = [], 0
+        for j in sorted(range(len(CAT_COLUMNS)), key=lambda j: sizes[CAT_COLUMNS[j]]):
+            kept = sizes[CAT_COLUMNS[j]] - 1
+            if kept <= self.cfg.broadcast_max_values and total + kept <= self.cfg.arrow_index_max_values:
+                chosen.append(j)
+                total += kept
+        return tuple(sorted(chosen))
+
     def _transform_spec(self, stats, sizes, dict_dir) -> TransformSpec:
-        joined = tuple(j for j, c in enumerate(CAT_COLUMNS)
-                       if sizes[c] - 1 > self.cfg.broadcast_max_values)
-        cached = tuple(j for j in range(len(CAT_COLUMNS)) if j not in joined)
+        cached = self._indexed_columns(sizes)
+        joined = tuple(j for j in range(len(CAT_COLUMNS)) if j not in cached)
         first_line = {(day, chunk): offset for day, s in stats.items()
                       for chunk, offset in s.line_offsets().items()}
         last = stats[self.days[-1].day]

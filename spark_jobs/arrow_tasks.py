@@ -69,13 +69,14 @@ def _stat_rows(day: int, chunk: int, stats: np.ndarray):
 
 
 def _value_rows(day: int, pending: list[np.ndarray]):
-    """Per column, the counts of the values in ``pending`` (valid lines' categoricals)."""
+    """Per column, the counts of the values in ``pending`` ([26, lines] blocks of the valid
+    lines' categoricals, column-major so that each column is contiguous)."""
     import pandas as pd
     import pyarrow as pa
 
-    values = np.concatenate(pending)
+    values = np.concatenate(pending, axis=1)
     for j in range(NUM_CATEGORICAL):
-        column = values[:, j]
+        column = values[j]
         counts = pd.Series(column[column != MISSING]).value_counts(sort=False)
         if len(counts):
             yield pa.record_batch({
@@ -105,8 +106,8 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 parsed = parse_block(block.data, block.starts, block.ends)
                 _add_stats(stats, parsed)
                 if chunk.day in count_days:
-                    pending.append(parsed.cats[parsed.valid])
-                    pending_lines += len(pending[-1])
+                    pending.append(np.ascontiguousarray(parsed.cats[parsed.valid].T))
+                    pending_lines += pending[-1].shape[1]
                     if pending_lines >= settings.count_flush_lines:
                         yield from _value_rows(chunk.day, pending)
                         pending, pending_lines = [], 0

@@ -127,22 +127,29 @@ def _hex8(words: np.ndarray) -> np.ndarray:
     return v.astype(np.int64)
 
 
+def _full_lines(at: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """_field_bounds when every line has exactly 40 fields: the tabs are a [n, 39] matrix."""
+    n = len(starts)
+    fe = np.empty((n, NUM_FIELDS), np.int64)
+    fe[:, :_TABS] = at
+    fe[:, _TABS] = ends
+    length = np.empty_like(fe)
+    length[:, 0] = at[:, 0] - starts
+    np.subtract(fe[:, 1:], at, out=length[:, 1:])
+    length[:, 1:] -= 1
+    return fe, length, np.full(n, _TABS, np.int64)
+
+
 def _field_bounds(data: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     """Field ends and lengths [n, 40] and each line's tab count; missing fields are empty."""
     tabs = np.flatnonzero(data == 9)
+    n = len(starts)
+    if len(tabs) == n * _TABS and n:
+        at = tabs.reshape(n, _TABS)
+        if np.all(at[:, 0] > starts) and np.all(at[:, -1] < ends):   # 39 tabs in every line
+            return _full_lines(at, starts, ends)
     first = np.searchsorted(tabs, starts)
     ntabs = np.searchsorted(tabs, ends) - first
-    n = len(starts)
-    if len(tabs) == n * _TABS and np.all(ntabs == _TABS):   # every line has 40 fields
-        at = tabs.reshape(n, _TABS)
-        fe = np.empty((n, NUM_FIELDS), np.int64)
-        fe[:, :_TABS] = at
-        fe[:, _TABS] = ends
-        length = np.empty_like(fe)
-        length[:, 0] = at[:, 0] - starts
-        np.subtract(fe[:, 1:], at, out=length[:, 1:])
-        length[:, 1:] -= 1
-        return fe, length, ntabs
     if len(tabs) == 0:
         tabs = np.zeros(1, np.int64)
     at = tabs[np.minimum(first[:, None] + np.arange(_TABS), len(tabs) - 1)]
