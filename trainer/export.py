@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from converters.counts import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from pipeline.config import ExportConfig
 from pipeline.layout import WorkdirLayout
 from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
@@ -28,10 +29,8 @@ from trainer.model import ModelDims
 
 FINGERPRINT = "fingerprint.json"
 # Memory of one kept value in a serving process's hash table (std::string key + int64 value +
-# bucket), measured roughly; used only for the size estimate.
+# bucket), a generous estimate; used only for the size check.
 HASH_ENTRY_BYTES = 64
-# On disk one vocabulary line: 8 hex digits and a newline.
-VOCABULARY_LINE_BYTES = 9
 
 
 class ExportError(ValueError):
@@ -40,10 +39,10 @@ class ExportError(ValueError):
 
 def export_size(table_sizes: list[int], embedding_dim: int) -> dict[str, int]:
     """Bytes of the export: on disk (tables + vocabularies) and in a serving process."""
-    tables = int(sum(table_sizes)) * embedding_dim * 4
+    tables = embedding_bytes(table_sizes, embedding_dim, 4)
     values = int(sum(max(0, s - 1) for s in table_sizes))
     return {"tables_bytes": tables, "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
-            "disk_bytes": tables + values * VOCABULARY_LINE_BYTES,
+            "disk_bytes": export_bytes(table_sizes, embedding_dim),
             "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES}
 
 
