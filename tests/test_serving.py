@@ -162,7 +162,7 @@ def test_serve_lines_equal_trainer_predictions_and_auc(served):
     # every line decided as the Spark job decides it (the reference of its rules)
     expected = [reference_parse(line.removesuffix("\r"))[0] or "" for line in lines]
     assert reasons == expected
-    assert sum(r != "" for r in reasons) >= 20
+    assert sum(r != "" for r in reasons) == 19  # the bad lines _salt_test_day inserts
     assert np.isnan(probability[np.array(reasons) != ""]).all()
     labels, predictions = trainer_test_predictions(served["workdir"])
     kept = probability[np.array(reasons) == ""]
@@ -228,7 +228,8 @@ def test_serve_features_and_line_variants_agree(served):
     assert out["unlabelled"]["label"] == [-1] * len(rows)
     assert out["bad_features"]["reject_reason"] == ["non_hex_categorical", ""]
     assert out["bad_features"]["probability"][0] is None
-    assert out["bad_features"]["probability"][1] == base[1]
+    # another batch size: the matmuls may round differently
+    assert out["bad_features"]["probability"][1] == pytest.approx(base[1], rel=1e-5)
 
 
 def test_fingerprint_names_what_was_exported(served):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from converters.atomic import remove_stale_temporaries
 from converters.counts import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from pipeline.config import ExportConfig
 from pipeline.layout import WorkdirLayout
@@ -169,6 +170,7 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         dims = ModelDims(int(dims_meta["embedding_dim"]), tuple(dims_meta["bottom_mlp"]),
                          tuple(dims_meta["top_mlp"]))
         size = check_export_fits(sizes, dims.embedding_dim, config)
+        remove_stale_temporaries(layout.export)  # left by an export that was killed
         temporary = layout.root / f".export.tmp-{os.getpid()}"
         shutil.rmtree(temporary, ignore_errors=True)
         try:

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -28,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from converters.atomic import remove_stale_temporaries
 from converters.progress import progress_bar
 from pipeline.config import ScoreConfig, load_config
 from pipeline.schema import NUM_FIELDS
@@ -56,15 +58,18 @@ def _lines(path: Path) -> Iterator[bytes]:
 
 
 def detect_label(path: Path) -> bool:
-    """40 tab-separated fields in some of the first lines: labelled; at most 39 in all: not."""
-    widths = [line.rstrip(b"\r\n").count(b"\t") + 1
-              for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES)]
-    if widths and max(widths) == NUM_FIELDS:
-        return True
-    if widths and max(widths) == NUM_FIELDS - 1:
-        return False
-    raise ScoreError(f"cannot tell whether {path} has a label column (its first "
-                     f"{len(widths)} lines have at most {max(widths, default=0)} fields); set "
+    """Most of the first lines have 40 tab-separated fields: labelled; 39: not.
+
+    The most common width, not the largest: a day file holds short lines (missing trailing
+    fields) and the odd line with too many fields, neither of which says what the file is.
+    """
+    widths = Counter(line.rstrip(b"\r\n").count(b"\t") + 1
+                     for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES))
+    usual = widths.most_common(1)[0][0] if widths else 0
+    if usual in (NUM_FIELDS, NUM_FIELDS - 1):
+        return usual == NUM_FIELDS
+    raise ScoreError(f"cannot tell whether {path} has a label column (most of its first "
+                     f"{sum(widths.values())} lines have {usual} fields, neither 40 nor 39); set "
                      "score.has_label in the config")
 
 
@@ -83,6 +88,8 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
     tmp = out_dir / f".{name}.parquet.tmp-{os.getpid()}"
     tmp_rejects = out_dir / "rejects" / f".{name}.jsonl.tmp-{os.getpid()}"
     tmp_rejects.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)  # left by a scorer that was killed
+    remove_stale_temporaries(final_rejects)
     schema = SCHEMA_LABELLED if has_label else SCHEMA_UNLABELLED
     signature = model.signatures["serve_lines"]
     lines_read, rejected = 0, {}
