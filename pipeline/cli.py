@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -112,6 +113,10 @@ def validate(config: PipelineConfig) -> None:
     parse_threshold_spec(config.preprocess.frequency_threshold)
     if "score" in config.stages and not config.score.input:
         raise PipelineError("the score stage needs --score-input FILE[,FILE...]", ExitCode.USAGE)
+    if "score" in config.stages:
+        missing = [p for p in config.score.input if not Path(p).is_file()]
+        if missing:
+            raise PipelineError(f"--score-input: not a file: {', '.join(missing)}", ExitCode.USAGE)
     if config.score.batch_rows < 1:
         raise PipelineError("score.batch_rows must be at least 1", ExitCode.USAGE)
 

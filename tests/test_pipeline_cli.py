@@ -57,6 +57,14 @@ def test_flags_override_config_sections():
     assert config.stages == ["preprocess", "convert"]
 
 
+def test_export_alone_needs_no_input_and_names_the_missing_checkpoint(tmp_path, capsys):
+    """export/score read no raw days: no --input is fine, the missing model is the error."""
+    assert main(["--workdir", str(tmp_path / "w"), "--stages", "export"]) == ExitCode.EXPORT
+    captured = capsys.readouterr()
+    assert "no checkpoint" in captured.err and "--input" not in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["status"] == "failed: export"
+
+
 def test_default_stages_end_at_eval_and_score_input_is_a_list(tmp_path):
     from pipeline.cli import apply_flags, build_parser
     from pipeline.config import PipelineConfig
@@ -71,6 +79,7 @@ def test_default_stages_end_at_eval_and_score_input_is_a_list(tmp_path):
     (["--frequency-threshold", "5,C99:1"], "unknown column"),
     (["--np", "0"], "at least 1"),
     (["--stages", "export,score"], "needs --score-input"),
+    (["--stages", "score", "--score-input", "/nonexistent/day_9.gz"], "not a file"),
 ])
 def test_bad_flags_exit_with_the_usage_code(argv, words, tmp_path, capsys):
     assert main(["--workdir", str(tmp_path), *argv]) == ExitCode.USAGE
