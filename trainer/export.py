@@ -150,6 +150,29 @@ def _dataset_description(dataset: Path) -> dict[str, Any]:
             "rows": info.get("splits"), "threshold_spec": info.get("threshold_spec")}
 
 
+def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: dict,
+                 dims: ModelDims, sizes: list[int], size: dict, saved_model: Path,
+                 config: ExportConfig) -> dict[str, Any]:
+    """What the export was made from and what it holds (fingerprint.json)."""
+    description = _dataset_description(dataset)
+    return {
+        "format_version": 1,
+        "dataset": description,
+        "threshold_spec": description["threshold_spec"],
+        "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
+        "trained_ranks": (meta.get("placement") or {}).get("world"),
+        "test_auc": _test_auc(layout, int(meta["step"])),
+        "dims": {"embedding_dim": dims.embedding_dim, "bottom_mlp": list(dims.bottom_mlp),
+                 "top_mlp": list(dims.top_mlp)},
+        "table_sizes": sizes,
+        "signatures": ["serve_features", "serve_lines"],
+        "missing_integer": config.missing_integer,
+        "size": size,
+        "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig) -> dict[str, Any]:
     """Write DIR/export; returns the fingerprint (also the CLI's JSON summary)."""
     started = time.perf_counter()
@@ -177,23 +200,8 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
             vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
             saved_model = temporary / "export" / "saved_model"
             _save(reader, dims, sizes, vocabularies, saved_model, config)
-            fingerprint = {
-                "format_version": 1,
-                "dataset": _dataset_description(Path(dataset)),
-                "threshold_spec": _dataset_description(Path(dataset))["threshold_spec"],
-                "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
-                "trained_ranks": (meta.get("placement") or {}).get("world"),
-                "test_auc": _test_auc(layout, int(meta["step"])),
-                "dims": {"embedding_dim": dims.embedding_dim, "bottom_mlp": list(dims.bottom_mlp),
-                         "top_mlp": list(dims.top_mlp)},
-                "table_sizes": sizes,
-                "signatures": ["serve_features", "serve_lines"],
-                "missing_integer": config.missing_integer,
-                "size": size,
-                "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*")
-                                         if p.is_file()),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
+            fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, dims, sizes,
+                                       size, saved_model, config)
             (temporary / "export" / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
             _replace(temporary / "export", layout.export)
         finally:
