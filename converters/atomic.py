@@ -46,7 +46,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(final: Path) -> list[Path]:
-    """Delete temporary / set-aside siblings of ``final`` left by runs that died (pid gone)."""
+    """Delete temporary / set-aside siblings (directories or files) of ``final`` left by runs
+    that died (pid gone)."""
     removed = []
     prefixes = (f".{final.name}.tmp-", f".{final.name}.old-")
     if not final.parent.is_dir():
@@ -57,7 +58,10 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
             continue
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-            shutil.rmtree(entry, ignore_errors=True)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
 

@@ -86,3 +86,15 @@ def embedding_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int,
                     dtype_bytes: int = 4) -> int:
     sizes = table_sizes.values() if isinstance(table_sizes, dict) else table_sizes
     return int(sum(sizes)) * int(embedding_dim) * int(dtype_bytes)
+
+
+# One exported vocabulary line (trainer.export): 8 hex digits and a newline.
+VOCABULARY_LINE_BYTES = 9
+
+
+def export_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int) -> int:
+    """Size on disk of the serving SavedModel's tables (float32) and vocabularies (the MLPs,
+    a few MB at most, are left out): what ``trainer --mode export`` will write."""
+    sizes = list(table_sizes.values() if isinstance(table_sizes, dict) else table_sizes)
+    values = sum(max(0, int(s) - 1) for s in sizes)
+    return embedding_bytes(sizes, embedding_dim, 4) + values * VOCABULARY_LINE_BYTES

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from converters.counts import embedding_bytes, read_histogram
+from converters.counts import embedding_bytes, export_bytes, read_histogram
 from converters.format import cat_dtype, dtype_name
 from pipeline.schema import CAT_COLUMNS
 from pipeline.thresholds import parse_threshold_spec
@@ -17,7 +17,8 @@ from pipeline.thresholds import parse_threshold_spec
 
 def plan(counts_dir: str | Path, specs: list[str], embedding_dim: int = 128,
          dtype_bytes: int = 4) -> list[dict[str, Any]]:
-    """Per spec: canonical spec, table sizes, id dtypes, total rows and embedding bytes."""
+    """Per spec: canonical spec, table sizes, id dtypes, total rows, embedding bytes and the
+    size of the serving export (float32 tables + vocabularies)."""
     histogram = read_histogram(counts_dir)
     rows = []
     for text in specs:
@@ -27,7 +28,8 @@ def plan(counts_dir: str | Path, specs: list[str], embedding_dim: int = 128,
                      "cat_dtypes": {c: dtype_name(cat_dtype(s)) for c, s in sizes.items()},
                      "total_rows": sum(sizes.values()),
                      "embedding_dim": embedding_dim, "dtype_bytes": dtype_bytes,
-                     "embedding_bytes": embedding_bytes(sizes, embedding_dim, dtype_bytes)})
+                     "embedding_bytes": embedding_bytes(sizes, embedding_dim, dtype_bytes),
+                     "export_bytes": export_bytes(sizes, embedding_dim)})
     return rows
 
 
@@ -47,6 +49,7 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
     if rows:
         lines.append([f"memory (dim {rows[0]['embedding_dim']}, {rows[0]['dtype_bytes']} B)"]
                      + [human_bytes(r["embedding_bytes"]) for r in rows])
+        lines.append(["export (SavedModel)"] + [human_bytes(r["export_bytes"]) for r in rows])
     widths = [max(len(line[i]) for line in [header] + lines) for i in range(len(header))]
 
     def aligned(line: list[str]) -> str:

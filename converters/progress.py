@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
+
+from pipeline.processes import PROGRESS_TTY_ENV
+
+
+@contextmanager
+def _terminal() -> Iterator[IO[str] | None]:
+    """stderr when it is a terminal; else the controlling terminal when the pipeline, whose
+    child this is, runs on one (the child's stderr is then the stage log)."""
+    if sys.stderr.isatty():
+        yield sys.stderr
+        return
+    tty = None
+    if os.environ.get(PROGRESS_TTY_ENV) == "1":
+        try:
+            tty = open("/dev/tty", "w", encoding="utf-8")
+        except OSError:
+            tty = None
+    try:
+        yield tty
+    finally:
+        if tty is not None:
+            tty.close()
 
 
 class _Silent:
@@ -13,12 +36,13 @@ class _Silent:
 
 
 @contextmanager
-def progress_bar(total: int, description: str, enabled: bool = True) -> Iterator[Any]:
-    if not (enabled and sys.stderr.isatty()):
-        yield _Silent()
-        return
-    from tqdm import tqdm
+def progress_bar(total: int | None, description: str, enabled: bool = True) -> Iterator[Any]:
+    with _terminal() as stream:
+        if not (enabled and stream is not None):
+            yield _Silent()
+            return
+        from tqdm import tqdm
 
-    with tqdm(total=total, desc=description, unit="rows", unit_scale=True,
-              file=sys.stderr, dynamic_ncols=True) as bar:
-        yield bar
+        with tqdm(total=total, desc=description, unit="rows", unit_scale=True,
+                  file=stream, dynamic_ncols=True) as bar:
+            yield bar

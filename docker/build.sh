@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the project's images with every version ARG taken from pyproject.toml.
-#   docker/build.sh [--print] [preprocess|preprocess-gpu|train|all] [extra docker build args...]
+#   docker/build.sh [--print] [preprocess|preprocess-gpu|train|serving|all] [extra docker build args...]
 # Examples:
 #   docker/build.sh all
 #   docker/build.sh preprocess-gpu --build-arg RAPIDS_VERSION=25.08.0 \
@@ -18,9 +18,9 @@ TARGET="${1:-all}"
 [[ $# -gt 0 ]] && shift
 
 case "$TARGET" in
-  all) IMAGES=(preprocess preprocess-gpu train) ;;
-  preprocess|preprocess-gpu|train) IMAGES=("$TARGET") ;;
-  *) echo "build.sh: unknown image '$TARGET' (preprocess, preprocess-gpu, train, all)" >&2; exit 2 ;;
+  all) IMAGES=(preprocess preprocess-gpu train serving) ;;
+  preprocess|preprocess-gpu|train|serving) IMAGES=("$TARGET") ;;
+  *) echo "build.sh: unknown image '$TARGET' (preprocess, preprocess-gpu, train, serving, all)" >&2; exit 2 ;;
 esac
 
 # Not `mapfile < <(...)`: a failing pins.py there would go unnoticed (set -e does not see it).

@@ -2,7 +2,8 @@
 
     run_pipeline.sh [run] [--input RAW_DIR] [--workdir DIR] [--frequency-threshold SPEC] [--np N]
                     [--hosts H] [--spark-master URL] [--gpu] [--max-steps N]
-                    [--stages generate,preprocess,convert,train,eval] [--config YAML] [--force]
+                    [--stages generate,preprocess,convert,train,eval,export,score]
+                    [--score-input FILE[,FILE...]] [--config YAML] [--force]
     run_pipeline.sh plan --workdir DIR [--thresholds 1,2,5,15] [--embedding-dim 128]
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import yaml
 
-from pipeline.config import STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
+from pipeline.config import DEFAULT_STAGES, STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
 from pipeline.errors import ExitCode, PipelineError
 from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
@@ -26,7 +28,7 @@ from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
                    "3 workdir locked by another run, 4 input data, 5 Spark job, 6 convert, "
-                   "7 dataset did not verify, 8 train, 9 eval, 130 interrupted "
+                   "7 dataset did not verify, 8 train, 9 eval, 10 export, 11 score, 130 interrupted "
                    "(docs/pipeline.md). The last stdout line is a one-line JSON summary.")
 
 
@@ -42,7 +44,10 @@ def _run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="store_true", default=None,
                         help="RAPIDS accelerator profile for Spark")
     parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
-    parser.add_argument("--stages", help=f"comma-separated subset of {','.join(STAGES)}")
+    parser.add_argument("--stages", help=f"comma-separated subset of {','.join(STAGES)} "
+                                         f"(default: {','.join(DEFAULT_STAGES)})")
+    parser.add_argument("--score-input", help="raw files (plain or .gz), comma-separated, for the "
+                                              "score stage: DIR/scores/<name>.parquet each")
     parser.add_argument("--force", action="store_true", default=None,
                         help="redo the requested stages even if up to date")
 
@@ -85,6 +90,8 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
         config.train.max_steps = args.max_steps
     if args.stages is not None:
         config.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    if args.score_input is not None:
+        config.score.input = [p.strip() for p in args.score_input.split(",") if p.strip()]
     if args.force:
         config.force = True
     return config
@@ -104,6 +111,14 @@ def validate(config: PipelineConfig) -> None:
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)
+    if "score" in config.stages and not config.score.input:
+        raise PipelineError("the score stage needs --score-input FILE[,FILE...]", ExitCode.USAGE)
+    if "score" in config.stages:
+        missing = [p for p in config.score.input if not Path(p).is_file()]
+        if missing:
+            raise PipelineError(f"--score-input: not a file: {', '.join(missing)}", ExitCode.USAGE)
+    if config.score.batch_rows < 1:
+        raise PipelineError("score.batch_rows must be at least 1", ExitCode.USAGE)
 
 
 def _plan(args: argparse.Namespace) -> int:

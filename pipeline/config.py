@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval")
+STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval", "export", "score")
+# What a run without --stages does: export and score are asked for by name (score needs
+# --score-input; export is only wanted where the model is served).
+DEFAULT_STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval")
 
 
 @dataclass
@@ -187,6 +190,31 @@ class TrainConfig:
 
 
 @dataclass
+class ExportConfig:
+    """The export stage: latest checkpoint + dictionaries -> one SavedModel (docs/trainer.md)."""
+
+    # The export holds every table whole in one process. 0 = refuse when the estimate exceeds
+    # 80% of the memory available now (MemAvailable); otherwise the limit in MiB.
+    max_memory_mb: float = 0.0
+    # Integer value that ``serve_features`` reads as missing (int64 min). Any value <= -3 gives
+    # the same result, since missing and x <= -3 both map to 0 after the log transform.
+    missing_integer: int = -(2**63)
+
+
+@dataclass
+class ScoreConfig:
+    """The score stage: raw day files (plain or .gz) -> DIR/scores/<name>.parquet."""
+
+    input: list[str] = field(default_factory=list)  # files; --score-input a,b,c
+    # Lines per model call (bounds memory: one batch of lines and its scores at a time).
+    batch_rows: int = 65_536
+    # Whether the files' lines start with the label: None = decide per file from its first
+    # lines (40 fields: labelled, 39: unlabelled; otherwise the stage asks for this setting).
+    has_label: bool | None = None
+    progress: bool = True  # tqdm bar, only when stderr is a terminal
+
+
+@dataclass
 class LaunchConfig:
     """How the trainer is started: one process, or horovodrun over ranks and hosts."""
 
@@ -198,7 +226,7 @@ class LaunchConfig:
 class PipelineConfig:
     input: str | None = None
     workdir: str = "workdir"
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     force: bool = False
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -206,6 +234,8 @@ class PipelineConfig:
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
 
 
 class ConfigError(ValueError):

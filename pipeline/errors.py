@@ -20,6 +20,8 @@ class ExitCode(IntEnum):
     DATASET_INVALID = 7    # the binary dataset did not verify
     TRAIN = 8              # training failed
     EVAL = 9               # evaluation failed
+    EXPORT = 10            # the SavedModel export failed (or the model is too big to export)
+    SCORE = 11             # batch scoring failed
     INTERRUPTED = 130      # SIGINT / SIGTERM
 
 

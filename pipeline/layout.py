@@ -12,6 +12,8 @@ product's interface (schedulers read it), so change it only with a note in the R
     DIR/binary/{train,test,validation}/    split binary dataset (+ model_size.json, dataset.json)
     DIR/checkpoints/              trainer checkpoints (one subfolder per rank for its tables)
     DIR/logs/                     timestamped run logs, metrics.jsonl, TensorBoard events
+    DIR/export/saved_model/       the SavedModel for serving (+ DIR/export/fingerprint.json)
+    DIR/scores/<name>.parquet     scores of a raw file (score stage; rejects in DIR/scores/rejects/)
     DIR/manifests/                one manifest + completion marker per stage
     DIR/report/                   run report (Markdown + PNG plots)
 """
@@ -64,6 +66,26 @@ class WorkdirLayout:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def dictionaries(self) -> Path:
+        return self.parquet / "dictionaries"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def saved_model(self) -> Path:
+        return self.export / "saved_model"
+
+    @property
+    def export_fingerprint(self) -> Path:
+        return self.export / "fingerprint.json"
+
+    @property
+    def scores(self) -> Path:
+        return self.root / "scores"
 
     @property
     def logs(self) -> Path:

@@ -1,6 +1,6 @@
 """One pipeline run: lock the workdir, run or skip each requested stage, summarise, report.
 
-Stages run in their fixed order (generate, preprocess, convert, train, eval) whatever order
+Stages run in their fixed order (generate, preprocess, convert, train, eval, export, score) whatever order
 ``--stages`` lists them in. A stage that is up to date is skipped (its manifest says so);
 ``--force`` redoes every requested stage. The last line on stdout is a one-line JSON summary.
 """
@@ -163,10 +163,13 @@ def run_pipeline(config: PipelineConfig) -> int:
     layout = WorkdirLayout.at(config.workdir)
     log_path = _prepare_workdir(layout)
     wanted = [s for s in STAGES if s in config.stages]
-    if not config.input and "generate" not in wanted and not layout.raw.exists():
+    # export and score read the workdir's model and their own files, never the raw days
+    serving_only = set(wanted) <= {"export", "score"}
+    if not config.input and "generate" not in wanted and not serving_only and not layout.raw.exists():
         raise PipelineError("no --input given and no generated data in the workdir: add the "
                             "generate stage or pass --input RAW_DIR", ExitCode.USAGE)
-    if not config.input and "generate" not in wanted and _generation_interrupted(layout):
+    if (not config.input and "generate" not in wanted and not serving_only
+            and _generation_interrupted(layout)):
         raise PipelineError(f"the generated data in {layout.raw} is incomplete (a generate run was "
                             "interrupted): add the generate stage", ExitCode.USAGE)
     records: list[StageRecord] = []

@@ -1,4 +1,4 @@
-"""The five stages: what each depends on, whether it is up to date, and how it runs.
+"""The stages: what each depends on, whether it is up to date, and how it runs.
 
 Each stage declares its *inputs* (fingerprints of what it reads plus the settings that change
 its output — never settings like the Spark master or worker counts, which do not) and a
@@ -24,7 +24,7 @@ from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprin
 from pipeline.hosts import horovodrun_hosts
 from pipeline.layout import WorkdirLayout
 from pipeline.manifest import ManifestStore, read_json, write_json_atomic
-from pipeline.processes import run_child
+from pipeline.processes import PROGRESS_TTY_ENV, run_child
 from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
 
 log = logging.getLogger("pipeline")
@@ -305,6 +305,79 @@ def _eval_run(ctx: StageContext) -> Outcome:
     return Outcome("ran", engine, result.summary)
 
 
+# ---------------------------------------------------------------- export / score
+def _export_inputs(ctx: StageContext) -> dict[str, Any]:
+    """The latest checkpoint and the dictionaries: an unchanged pair is not exported again."""
+    latest = _latest_checkpoint_dir(ctx)
+    return {"checkpoint": latest.name if latest else None,
+            "checkpoint_files": tree_fingerprint(latest) if latest else "missing",
+            "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
+            "dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+            "export": config_to_dict(ctx.config.export)}
+
+
+def _latest_checkpoint_dir(ctx: StageContext) -> Path | None:
+    """Newest complete step-N directory (same rule as trainer.checkpoint, without importing it)."""
+    found = sorted((int(p.name.split("-", 1)[1]), p) for p in ctx.layout.checkpoints.glob("step-*")
+                   if p.name.split("-", 1)[1].isdigit() and (p / "meta.json").exists()) \
+        if ctx.layout.checkpoints.is_dir() else []
+    return found[-1][1] if found else None
+
+
+def _export_outputs(ctx: StageContext) -> str:
+    return tree_fingerprint(ctx.layout.export)
+
+
+def _export_run(ctx: StageContext) -> Outcome:
+    if _latest_checkpoint_dir(ctx) is None:
+        raise PipelineError(f"no checkpoint under {ctx.layout.checkpoints} to export: run the "
+                            "train stage first", ExitCode.EXPORT)
+    argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),
+            "--workdir", str(ctx.layout.root), "--config", str(ctx.config_path),
+            "--verify-dataset", "none"]
+    result = run_child(argv, ctx.stage_log("export"))
+    if result.returncode != 0 or result.summary is None:
+        raise _child_failed("export", result, ExitCode.EXPORT, ctx)
+    keep = ("checkpoint_step", "test_auc", "saved_model", "saved_model_bytes", "seconds")
+    return Outcome("ran", "tensorflow", {k: result.summary.get(k) for k in keep})
+
+
+def _score_files(ctx: StageContext) -> list[Path]:
+    return [Path(p).resolve() for p in ctx.config.score.input]
+
+
+def _score_inputs(ctx: StageContext) -> dict[str, Any]:
+    settings = config_to_dict(ctx.config.score)
+    settings.pop("progress")
+    settings.pop("input")
+    return {"model": tree_fingerprint(ctx.layout.export),
+            "files": {str(p): tree_fingerprint(p) for p in _score_files(ctx)},
+            "score": settings}
+
+
+def _score_outputs(ctx: StageContext) -> str:
+    return tree_fingerprint(ctx.layout.scores)
+
+
+def _score_run(ctx: StageContext) -> Outcome:
+    files = _score_files(ctx)
+    if not files:
+        raise PipelineError("the score stage needs --score-input FILE[,FILE...] (or "
+                            "score.input in the config)", ExitCode.USAGE)
+    if not (ctx.layout.saved_model / "saved_model.pb").is_file():
+        raise PipelineError(f"no exported model at {ctx.layout.saved_model}: add the export "
+                            "stage (--stages export,score)", ExitCode.SCORE)
+    argv = [_python(), "-m", "trainer.score", "--model", str(ctx.layout.saved_model),
+            "--out", str(ctx.layout.scores), "--config", str(ctx.config_path),
+            "--input", ",".join(str(p) for p in files)]
+    # The child's output goes to the stage log; its progress bar goes to the terminal, if any.
+    env = {PROGRESS_TTY_ENV: "1"} if sys.stderr.isatty() else {}
+    result = run_child(argv, ctx.stage_log("score"), env=env)
+    if result.returncode != 0 or result.summary is None:
+        raise _child_failed("score", result, ExitCode.SCORE, ctx)
+    return Outcome("ran", "tensorflow", result.summary)
+
+
 STAGE_TABLE: dict[str, Stage] = {
     "generate": Stage("generate", _generate_inputs, lambda ctx: tree_fingerprint(ctx.layout.raw),
                       _generate_run),
@@ -313,4 +386,6 @@ STAGE_TABLE: dict[str, Stage] = {
     "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run),
     "train": Stage("train", _train_inputs, _train_outputs, _train_run),
     "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
+    "export": Stage("export", _export_inputs, _export_outputs, _export_run),
+    "score": Stage("score", _score_inputs, _score_outputs, _score_run),
 }

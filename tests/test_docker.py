@@ -27,7 +27,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
 PROJECT_DIR = PurePosixPath("/opt/criteo-dlrm")
-DOCKERFILES = ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu", "Dockerfile.train"]
+DOCKERFILES = ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu", "Dockerfile.train",
+               "Dockerfile.serving"]
 
 sys.path.insert(0, str(DOCKER))
 import pins  # noqa: E402  (docker/pins.py: the build's reader of pyproject.toml)
@@ -279,6 +280,29 @@ def test_preprocess_entrypoint_script_runs_the_preprocess_command(name, tmp_path
                           timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "--frequency-threshold" in proc.stdout and "--master" in proc.stdout
+
+
+def test_serving_image_is_tensorflow_serving_of_the_pin_and_checks_the_model(tmp_path):
+    """FROM tensorflow/serving:<the TensorFlow pin>; the entrypoint refuses a missing model in
+    one line and otherwise starts tensorflow_model_server on the mounted version."""
+    dockerfile = load("Dockerfile.serving")
+    assert dockerfile.of("FROM")[-1].args == "tensorflow/serving:${TENSORFLOW_VERSION}"
+    script = DOCKER / "serving" / "entrypoint.sh"
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models")}
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no SavedModel" in proc.stderr
+    (tmp_path / "models" / "dlrm" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "dlrm" / "1" / "saved_model.pb").write_bytes(b"")
+    fake = tmp_path / "bin" / "tensorflow_model_server"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    proc = _script([script, "--rest_api_timeout_in_ms=5000"], tmp_path, **env,
+                   PATH=f"{fake.parent}:/usr/bin:/bin")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["--port=8500", "--rest_api_port=8501", "--model_name=dlrm",
+                                        f"--model_base_path={tmp_path / 'models' / 'dlrm'}",
+                                        "--rest_api_timeout_in_ms=5000"]
 
 
 def test_base_python_satisfies_requires_python():

@@ -57,10 +57,29 @@ def test_flags_override_config_sections():
     assert config.stages == ["preprocess", "convert"]
 
 
+def test_export_alone_needs_no_input_and_names_the_missing_checkpoint(tmp_path, capsys):
+    """export/score read no raw days: no --input is fine, the missing model is the error."""
+    assert main(["--workdir", str(tmp_path / "w"), "--stages", "export"]) == ExitCode.EXPORT
+    captured = capsys.readouterr()
+    assert "no checkpoint" in captured.err and "--input" not in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["status"] == "failed: export"
+
+
+def test_default_stages_end_at_eval_and_score_input_is_a_list(tmp_path):
+    from pipeline.cli import apply_flags, build_parser
+    from pipeline.config import PipelineConfig
+
+    assert PipelineConfig().stages == ["generate", "preprocess", "convert", "train", "eval"]
+    args = build_parser().parse_args(["run", "--stages", "score", "--score-input", "a.gz, b"])
+    assert apply_flags(PipelineConfig(), args).score.input == ["a.gz", "b"]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--stages", "preprocess,bogus"], "unknown stage"),
     (["--frequency-threshold", "5,C99:1"], "unknown column"),
     (["--np", "0"], "at least 1"),
+    (["--stages", "export,score"], "needs --score-input"),
+    (["--stages", "score", "--score-input", "/nonexistent/day_9.gz"], "not a file"),
 ])
 def test_bad_flags_exit_with_the_usage_code(argv, words, tmp_path, capsys):
     assert main(["--workdir", str(tmp_path), *argv]) == ExitCode.USAGE
@@ -70,7 +89,8 @@ def test_bad_flags_exit_with_the_usage_code(argv, words, tmp_path, capsys):
 def test_show_config_prints_every_section():
     out = subprocess.run([sys.executable, "-m", "pipeline", "show-config"], capture_output=True,
                          text=True, check=True).stdout
-    for section in ("generator:", "spark:", "preprocess:", "convert:", "train:", "launch:"):
+    for section in ("generator:", "spark:", "preprocess:", "convert:", "train:", "launch:",
+                    "export:", "score:"):
         assert section in out
 
 

@@ -31,7 +31,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="split binary dataset (DIR/binary)")
     p.add_argument("--workdir", required=True, help="pipeline workdir: checkpoints/ and logs/ go here")
-    p.add_argument("--mode", default="train", choices=["train", "eval", "inference_benchmark"])
+    p.add_argument("--mode", default="train", choices=["train", "eval", "inference_benchmark", "export"],
+                   help="export: the latest checkpoint + dictionaries -> DIR/export/saved_model "
+                        "(one process)")
     p.add_argument("--config", help="YAML file with a 'train' section")
     p.add_argument("--preset", choices=["default", "small"])
     p.add_argument("--embedding-dim", type=int)
@@ -102,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.loop import nan_to_none, run
 
     try:
-        summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode)
+        if args.mode == "export":
+            summary = _export(args)
+        else:
+            summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode)
     except (DatasetError, CheckpointError, ValueError) as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
@@ -115,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         (logs / f"summary_{args.mode}.json").write_text(line + "\n")
         print(line, flush=True)
     return 0
+
+
+def _export(args: argparse.Namespace) -> dict:
+    import os
+
+    if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
+        raise ValueError("--mode export runs in one process (it reads every rank's checkpoint "
+                         "files); start it without horovodrun")
+    from trainer.export import export_model
+
+    return export_model(args.workdir, args.dataset, load_config(args.config).export)
 
 
 def _rank() -> int:

@@ -1,0 +1,320 @@
+"""Serving, for real: one small pipeline run (local Spark, two Horovod ranks with a table split
+across them), exported as a SavedModel, loaded in a fresh process that imports only TensorFlow.
+
+The raw test day is salted with the lines a real log holds: every kind of reject, uppercase hex,
+CRLF ends, short lines, values never seen in training. ``serve_lines`` must reproduce the Spark
+job's decisions line by line (the plain-Python reference of tests/spark_fixtures.py), and on the
+kept lines the trainer's own eval predictions and AUC.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import ExitCode
+from tests.spark_fixtures import BAD_LINES, reference_parse
+
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
+
+CONFIG = """
+generator:
+  days: 3
+  rows_per_day: 4000
+  seed: 777
+spark:
+  driver_memory: 2g
+preprocess:
+  frequency_threshold: "2,C1:3"
+convert:
+  batch_rows: 512
+train:
+  preset: small
+  batch_size: 512
+  warmup_steps: 5
+  learning_rate: 0.2
+  epochs: 2
+  force_column_split: [C3]
+launch:
+  np: 2
+"""
+
+# Imports nothing of this project: a SavedModel must serve with TensorFlow alone.
+SERVE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.saved_model.load(sys.argv[1])
+    requests = json.load(open(sys.argv[2]))
+    out = {}
+    for name, request in requests.items():
+        if request["signature"] == "serve_lines":
+            result = model.signatures["serve_lines"](
+                lines=tf.constant([line.encode("latin-1") for line in request["lines"]], tf.string),
+                has_label=tf.constant(request["has_label"]))
+        else:
+            result = model.signatures["serve_features"](
+                int_features=tf.constant(request["ints"], tf.int64),
+                cat_features=tf.constant(request["cats"], tf.string))
+        out[name] = {"probability": [None if np.isnan(p) else float(p)
+                                     for p in result["probability"].numpy()],
+                     "reject_reason": [r.decode() for r in result["reject_reason"].numpy()]}
+        if "label" in result:
+            out[name]["label"] = result["label"].numpy().tolist()
+    project = sorted(m for m in sys.modules if m.split(".")[0] in ("trainer", "pipeline", "converters"))
+    out["_project_modules"] = project
+    json.dump(out, open(sys.argv[3], "w"))
+""")
+
+
+def _salt_test_day(lines: list[str], seed: int) -> list[str]:
+    """The first half of the last day (the test split) with every awkward kind of line."""
+    rng = random.Random(seed)
+    head = (len(lines) + 1) // 2
+    test, rest = lines[:head], lines[head:]
+    for i in rng.sample(range(len(test)), 60):
+        fields = test[i].split("\t")
+        kind = i % 4
+        if kind == 0:    # uppercase hex
+            fields = fields[:14] + [f.upper() for f in fields[14:]]
+        elif kind == 1:  # values never seen in training
+            for j in rng.sample(range(14, 40), 5):
+                fields[j] = "%x" % rng.randrange(1, 2**32)
+        elif kind == 2:  # a short line: the trailing fields are missing
+            fields = fields[:rng.randint(1, 39)]
+        else:            # short hex, written without leading zeros
+            fields = fields[:14] + [f.lstrip("0") or ("0" if f else "") for f in fields[14:]]
+        test[i] = "\t".join(fields) + ("\r" if i % 3 == 0 else "")
+    bad = [line for group in BAD_LINES.values() for line in group]
+    bad += ["1\t9223372036854775808" + "\t" * 38, "0\t-9223372036854775809",
+            "1\t-9223372036854775808\t9223372036854775807"]  # the last one is valid
+    for line in bad:
+        test.insert(rng.randrange(len(test) + 1), line)
+    return test + rest
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A two-rank pipeline run over salted raw data, exported; the fresh-process scorer."""
+    root = tmp_path_factory.mktemp("serving")
+    config = root / "config.yaml"
+    config.write_text(CONFIG)
+    raw = root / "raw"
+    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--config",
+                    str(config)], check=True, capture_output=True)
+    last = raw / "day_2"
+    lines = last.read_text(encoding="latin-1").split("\n")[:-1]
+    salted = _salt_test_day(lines, 5)
+    last.write_bytes(("\n".join(salted) + "\n").encode("latin-1"))
+    workdir = root / "work"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw), "--workdir",
+                           str(workdir), "--config", str(config), "--stages",
+                           "preprocess,convert,train,eval,export"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return {"root": root, "raw": raw, "workdir": workdir, "config": config,
+            "test_lines": salted[:(len(salted) + 1) // 2]}
+
+
+def serve(served, requests: dict) -> dict:
+    """Score ``requests`` in a new Python process that imports TensorFlow only."""
+    root = served["root"]
+    script, request_file = root / "serve.py", root / "requests.json"
+    answer = root / "answer.json"
+    script.write_text(SERVE_SCRIPT)
+    request_file.write_text(json.dumps(requests))
+    proc = subprocess.run([sys.executable, str(script), str(served["workdir"] / "export" / "saved_model"),
+                           str(request_file), str(answer)], capture_output=True, text=True,
+                          timeout=300, cwd=root, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(answer.read_text())
+    assert out.pop("_project_modules") == []
+    return out
+
+
+def trainer_test_predictions(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
+    from pipeline.config import load_config
+    from trainer.loop import Trainer
+
+    config = load_config(workdir / "manifests" / "effective_config.yaml").train
+    trainer = Trainer(config, workdir / "binary", workdir)
+    trainer.restore_latest(required=True)
+    return trainer.predictions("test")
+
+
+def test_serve_lines_equal_trainer_predictions_and_auc(served):
+    from trainer.metrics import roc_auc
+
+    lines = served["test_lines"]
+    out = serve(served, {"test": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    probability = np.array([np.nan if p is None else p for p in out["test"]["probability"]])
+    reasons = out["test"]["reject_reason"]
+    # every line decided as the Spark job decides it (the reference of its rules)
+    expected = [reference_parse(line.removesuffix("\r"))[0] or "" for line in lines]
+    assert reasons == expected
+    assert sum(r != "" for r in reasons) == 19  # the bad lines _salt_test_day inserts
+    assert np.isnan(probability[np.array(reasons) != ""]).all()
+    labels, predictions = trainer_test_predictions(served["workdir"])
+    kept = probability[np.array(reasons) == ""]
+    assert kept.shape == predictions.shape
+    np.testing.assert_allclose(kept, predictions, rtol=0, atol=2e-6)
+    kept_labels = [int(line.split("\t")[0]) for line, r in zip(lines, reasons) if r == ""]
+    np.testing.assert_array_equal(kept_labels, labels)
+    reported = json.loads((served["workdir"] / "eval.json").read_text())["test_auc"]
+    assert abs(roc_auc(labels, kept) - reported) <= 1e-4
+    assert out["test"]["label"] == [int(line[0]) if r == "" else -1 for line, r in zip(lines, reasons)]
+
+
+def _valid_fields(served, count: int) -> list[list[str]]:
+    rows = []
+    for line in served["test_lines"]:
+        line = line.removesuffix("\r")
+        if reference_parse(line)[0] is None and len(line.split("\t")) == 40:
+            rows.append(line.split("\t"))
+        if len(rows) == count:
+            return rows
+    raise AssertionError("not enough valid lines")
+
+
+def test_serve_features_and_line_variants_agree(served):
+    """Uppercase, no leading zeros, CRLF, short lines, no label, unseen values, x <= -3 and the
+    missing marker: each variant scores exactly as its canonical form."""
+    rows = _valid_fields(served, 64)
+    canonical = ["\t".join(r) for r in rows]
+    upper = ["\t".join(r[:14] + [c.upper() for c in r[14:]]) for r in rows]
+    unpadded = ["\t".join(r[:14] + [c.lstrip("0") or ("0" if c else "") for c in r[14:]])
+                for r in rows]
+    crlf = [line + "\r\n" for line in canonical]
+    # unseen values vs missing ones: both id 0
+    unseen = ["\t".join(r[:14] + ["fedcba98"] * 3 + r[17:]) for r in rows]
+    blank = ["\t".join(r[:14] + [""] * 3 + r[17:]) for r in rows]
+    # x <= -3 is missing after the transform; a short line's tail is missing
+    negative = ["\t".join(r[:1] + ["-7" if i % 2 else "" for i in range(13)] + r[14:]) for r in rows]
+    empty_ints = ["\t".join(r[:1] + [""] * 13 + r[14:]) for r in rows]
+    short = ["\t".join(r[:30]) for r in rows]
+    short_padded = ["\t".join(r[:30] + [""] * 10) for r in rows]
+    missing = -(2**63)
+    ints = [[int(x) if x else missing for x in r[1:14]] for r in rows]
+    requests = {name: {"signature": "serve_lines", "lines": lines, "has_label": True}
+                for name, lines in [("canonical", canonical), ("upper", upper), ("unpadded", unpadded),
+                                    ("crlf", crlf), ("unseen", unseen), ("blank", blank),
+                                    ("negative", negative), ("empty_ints", empty_ints),
+                                    ("short", short), ("short_padded", short_padded)]}
+    requests["unlabelled"] = {"signature": "serve_lines", "has_label": False,
+                              "lines": ["\t".join(r[1:]) for r in rows]}
+    requests["features"] = {"signature": "serve_features", "ints": ints,
+                            "cats": [[c.upper() for c in r[14:]] for r in rows]}
+    requests["bad_features"] = {"signature": "serve_features", "ints": ints[:2],
+                                "cats": [rows[0][14:25] + ["0x1"] + rows[0][26:], rows[1][14:]]}
+    out = serve(served, requests)
+    base = out["canonical"]["probability"]
+    assert all(p is not None and 0 < p < 1 for p in base)
+    for name in ("upper", "unpadded", "crlf", "unlabelled", "features"):
+        assert out[name]["probability"] == base, name
+    assert out["unseen"]["probability"] == out["blank"]["probability"]
+    assert out["unseen"]["probability"] != base
+    assert out["negative"]["probability"] == out["empty_ints"]["probability"]
+    assert out["short"]["probability"] == out["short_padded"]["probability"]
+    assert out["unlabelled"]["label"] == [-1] * len(rows)
+    assert out["bad_features"]["reject_reason"] == ["non_hex_categorical", ""]
+    assert out["bad_features"]["probability"][0] is None
+    # another batch size: the matmuls may round differently
+    assert out["bad_features"]["probability"][1] == pytest.approx(base[1], rel=1e-5)
+
+
+def test_fingerprint_names_what_was_exported(served):
+    workdir = served["workdir"]
+    fingerprint = json.loads((workdir / "export" / "fingerprint.json").read_text())
+    evaluation = json.loads((workdir / "eval.json").read_text())
+    dataset = json.loads((workdir / "binary" / "dataset.json").read_text())
+    assert fingerprint["checkpoint_step"] == evaluation["step"]
+    assert fingerprint["test_auc"] == evaluation["test_auc"]
+    assert fingerprint["threshold_spec"] == dataset["threshold_spec"] == "2,C1:3"
+    assert fingerprint["dataset"]["source_fingerprint"] == dataset["source_fingerprint"]
+    assert fingerprint["trained_ranks"] == 2
+    assert fingerprint["dims"] == {"embedding_dim": 16, "bottom_mlp": [64, 32, 16],
+                                   "top_mlp": [128, 64, 1]}
+    assert fingerprint["table_sizes"] == dataset["table_sizes"]
+    vocab = workdir / "export" / "saved_model" / "assets" / "C1.vocab"
+    assert len(vocab.read_text().splitlines()) == dataset["table_sizes"][0]
+
+
+def run_pipeline(served, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(served["workdir"]),
+                           "--config", str(served["config"]), *args],
+                          capture_output=True, text=True, timeout=600)
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_score_stage_writes_scores_and_rejects(served):
+    root = served["root"]
+    lines = served["test_lines"]
+    day = root / "new" / "day_9.gz"
+    day.parent.mkdir()
+    with gzip.open(day, "wb") as fh:
+        fh.write(("\n".join(lines) + "\n").encode("latin-1"))
+    plain = root / "new" / "unlabelled"
+    plain.write_text("".join("\t".join(line.split("\t")[1:]) + "\n"
+                             for line in lines[:50] if reference_parse(line.removesuffix("\r"))[0] is None
+                             and len(line.split("\t")) == 40))
+    proc, summary = run_pipeline(served, "--stages", "export,score",
+                                 "--score-input", f"{day},{plain}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert summary["stages"]["export"]["action"] == "skipped"  # checkpoint, dictionaries unchanged
+    assert summary["stages"]["score"]["action"] == "ran"
+    scores = pq.read_table(root / "work" / "scores" / "day_9.parquet").to_pydict()
+    rejects = [json.loads(r) for r in
+               (root / "work" / "scores" / "rejects" / "day_9.jsonl").read_text().splitlines()]
+    expected = [reference_parse(line.removesuffix("\r"))[0] for line in lines]
+    assert scores["line_number"] == [i + 1 for i, r in enumerate(expected) if r is None]
+    assert [(r["line_number"], r["reason"]) for r in rejects] == [
+        (i + 1, r) for i, r in enumerate(expected) if r is not None]
+    assert len(scores["line_number"]) + len(rejects) == len(lines)
+    served_now = serve(served, {"t": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    assert scores["probability"] == pytest.approx(
+        [p for p in served_now["t"]["probability"] if p is not None], abs=1e-7)
+    assert scores["label"] == [int(line[0]) for line, r in zip(lines, expected) if r is None]
+    unlabelled = pq.read_table(root / "work" / "scores" / "unlabelled.parquet")
+    assert unlabelled.column_names == ["line_number", "probability"]
+    assert all(0 < p < 1 for p in unlabelled.column("probability").to_pylist())
+    again, summary = run_pipeline(served, "--stages", "score", "--score-input", f"{day},{plain}")
+    assert again.returncode == 0 and summary["stages"]["score"]["action"] == "skipped"
+
+
+def test_export_too_big_is_refused_before_reading(served):
+    config = served["root"] / "tiny.yaml"
+    config.write_text(CONFIG + "export:\n  max_memory_mb: 0.01\n")
+    before = (served["workdir"] / "export" / "fingerprint.json").read_text()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(served["workdir"]),
+                           "--config", str(config), "--stages", "export", "--force"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == ExitCode.EXPORT
+    assert "the export needs about" in proc.stderr and "max_memory_mb" in proc.stderr
+    # the previous export is untouched
+    assert (served["workdir"] / "export" / "fingerprint.json").read_text() == before
+
+
+def test_planner_prints_export_size(served):
+    proc = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                           str(served["workdir"] / "counts"), "--thresholds", "2,5",
+                           "--embedding-dim", "16", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    for row in rows:
+        values = sum(row["table_sizes"].values()) - len(row["table_sizes"])
+        assert row["export_bytes"] == row["embedding_bytes"] + 9 * values
+    assert rows[0]["export_bytes"] > rows[1]["export_bytes"]
+    text = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
+                           str(served["workdir"] / "counts"), "--thresholds", "2,5"],
+                          capture_output=True, text=True).stdout
+    assert "export (SavedModel)" in text

@@ -1,0 +1,105 @@
+"""The serving graph's line rules against the plain-Python reference of the Spark job's rules,
+and the export's vocabulary files and size check (no pipeline run needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import ExportConfig
+from tests.spark_fixtures import BAD_LINES, reference_parse
+
+INTEGER_FIELDS = ["", "0", "-0", "007", "-3", "-2", "9223372036854775807", "9223372036854775808",
+                  "-9223372036854775808", "-9223372036854775809", "0000000000009223372036854775807",
+                  "-00000000000000000000000009223372036854775808", "19999999999999999999",
+                  "1999999999999999999", "9300000000000000000", "+5", " 7", "7 ", "1.5", "1e3", "-",
+                  "--1", "12a", "٣", "abcdefghijklmnopqrs", "8\r"]
+HEX_FIELDS = ["", "0", "A", "abcdef12", "ABCDEF12", "abcdef123", "0x12", "zz", "-1", " 1", "ffff\r",
+              "00000000", "éé"]
+
+
+def _lines() -> list[str]:
+    base = ["1"] + ["5"] * 13 + ["0a0b0c0d"] * 26
+    lines = [line for group in BAD_LINES.values() for line in group]
+    for value in INTEGER_FIELDS:
+        lines.append("\t".join(base[:3] + [value] + base[4:]))
+    for value in HEX_FIELDS:
+        lines.append("\t".join(base[:20] + [value] + base[21:]))
+    lines += ["\t".join(base[:k]) for k in (1, 2, 14, 39)]
+    lines += ["\t".join(base) + "\tx", "\t".join(base) + "\r", "\t".join(base) + "\r\r", "1\r\t5"]
+    return lines
+
+
+def test_line_rules_equal_the_spark_reference():
+    import tensorflow as tf
+
+    from trainer.serving import normalise_categoricals, parse_integers, split_lines
+
+    lines = _lines()
+    fields, too_many = split_lines(tf.constant([line.encode() for line in lines]), tf.constant(True))
+    integers, ints_valid = parse_integers(fields[:, 1:14], -(2**63))
+    normalised, _, cats_valid = normalise_categoricals(fields[:, 14:])
+    label = fields[:, 0].numpy()
+    for i, line in enumerate(lines):
+        reason, _, want_label, ints, cats = reference_parse(line.removesuffix("\r"))
+        got = ("too_many_fields" if too_many[i] else
+               "bad_label" if label[i] not in (b"0", b"1") else
+               "non_integer" if not ints_valid[i] else
+               "non_hex_categorical" if not cats_valid[i] else None)
+        assert got == reason, (line, got, reason)
+        if reason is None:
+            # -2**63 is the missing marker: like every value <= -3 it becomes 0
+            assert [None if v <= -3 else int(v) for v in integers[i].numpy()] == [
+                None if v is None or v <= -3 else v for v in ints], line
+            got_cats = [c.decode() for c in normalised[i].numpy()]
+            assert all(c is None or c == got for c, got in zip(cats, got_cats)), line
+
+
+def test_log_transform_matches_spark_then_float16():
+    import tensorflow as tf
+
+    from trainer.serving import log_transform
+
+    values = np.array([[-(2**63), -3, -2, 0, 1, 7, 2**40, 2**63 - 1, 1000, 65535, 3, 12, 100]],
+                      np.int64)
+    got = log_transform(tf.constant(values)).numpy()[0]
+    want = [0.0 if v <= -3 else np.float32(np.log(np.float64(v) + 3.0)) for v in values[0]]
+    np.testing.assert_array_equal(got, np.asarray(want, np.float32).astype(np.float16).astype(np.float32))
+
+
+def _dictionary(root, column, values):
+    folder = root / f"column={column}"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"value": [v for v, _ in values], "id": pa.array([i for _, i in values], pa.int32()),
+                             "count": [5] * len(values), "key": [0] * len(values)}), folder / "part-0.parquet")
+
+
+def test_vocabularies_keep_the_trained_prefix_and_refuse_foreign_dictionaries(tmp_path):
+    from trainer.export import ExportError, write_vocabularies
+    from trainer.serving import VOCABULARY_HEADER
+
+    dictionaries = tmp_path / "dictionaries"
+    _dictionary(dictionaries, "C1", [("0000000b", 2), ("0000000a", 1), ("0000000c", 3)])
+    sizes = [3] + [1] * 25  # trained at a higher threshold: ids 1..2 kept
+    paths = write_vocabularies(dictionaries, sizes, tmp_path / "out")
+    assert paths[0].read_text().splitlines() == [VOCABULARY_HEADER, "0000000a", "0000000b"]
+    assert paths[1].read_text().splitlines() == [VOCABULARY_HEADER]
+    with pytest.raises(ExportError, match="do not belong to this model"):
+        write_vocabularies(dictionaries, [5] + [1] * 25, tmp_path / "out2")
+    _dictionary(dictionaries, "C2", [("0000000a", 1), ("0000000b", 3)])
+    with pytest.raises(ExportError, match="ids 1..k"):
+        write_vocabularies(dictionaries, [3, 3] + [1] * 24, tmp_path / "out3")
+
+
+def test_size_check_refuses_before_reading():
+    from trainer.export import ExportError, check_export_fits, export_size
+
+    sizes = [1000] * 26
+    size = export_size(sizes, 16)
+    assert size["tables_bytes"] == 26 * 1000 * 16 * 4
+    assert size["disk_bytes"] == size["tables_bytes"] + 26 * 999 * 9
+    check_export_fits(sizes, 16, ExportConfig(max_memory_mb=10))
+    with pytest.raises(ExportError, match="needs about .* export.max_memory_mb = 1"):
+        check_export_fits(sizes, 16, ExportConfig(max_memory_mb=1))

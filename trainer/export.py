@@ -1,0 +1,241 @@
+"""``python -m trainer --mode export``: the latest checkpoint + the dictionaries -> one SavedModel.
+
+Writes ``DIR/export/saved_model/`` (tables, MLPs, preprocessing, one vocabulary asset per
+column) and ``DIR/export/fingerprint.json`` beside it. The checkpoint may come from any number
+of ranks: tables are reassembled whole from their column slices (``CheckpointReader``). The
+size is checked before anything is read, so a model too big for one process is refused with
+a message instead of running out of memory halfway. Written into a temporary sibling and
+renamed, so ``DIR/export`` holds either the previous export or the new complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from converters.atomic import remove_stale_temporaries
+from converters.counts import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
+from pipeline.config import ExportConfig
+from pipeline.layout import WorkdirLayout
+from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
+from trainer.checkpoint import CheckpointError, CheckpointReader, latest_checkpoint
+from trainer.model import ModelDims
+
+FINGERPRINT = "fingerprint.json"
+# Memory of one kept value in a serving process's hash table (std::string key + int64 value +
+# bucket), a generous estimate; used only for the size check.
+HASH_ENTRY_BYTES = 64
+
+
+class ExportError(ValueError):
+    """An export that cannot be made (no checkpoint, dictionaries that do not fit, too big)."""
+
+
+def export_size(table_sizes: list[int], embedding_dim: int) -> dict[str, int]:
+    """Bytes of the export: on disk (tables + vocabularies) and in a serving process."""
+    tables = embedding_bytes(table_sizes, embedding_dim, 4)
+    values = int(sum(max(0, s - 1) for s in table_sizes))
+    return {"tables_bytes": tables, "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
+            "disk_bytes": export_bytes(table_sizes, embedding_dim),
+            "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES}
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_export_fits(table_sizes: list[int], embedding_dim: int, config: ExportConfig) -> dict:
+    """Refuse, before reading any table, an export that would not fit in this process.
+
+    The exporting process holds every table once plus one more while it is copied in, and the
+    vocabularies as hash tables while the SavedModel is traced.
+    """
+    size = export_size(table_sizes, embedding_dim)
+    largest = max(table_sizes) * embedding_dim * 4
+    needed = size["serving_memory_bytes"] + largest
+    if config.max_memory_mb > 0:
+        limit, where = int(config.max_memory_mb * 2**20), f"export.max_memory_mb = {config.max_memory_mb:g}"
+    else:
+        available = _available_memory()
+        limit = int(0.8 * available) if available else None
+        where = "80% of this machine's available memory"
+    if limit is not None and needed > limit:
+        raise ExportError(
+            f"the export needs about {needed / 2**30:.2f} GiB in one process (tables "
+            f"{size['tables_bytes'] / 2**30:.2f} GiB, largest table {largest / 2**30:.2f} GiB, "
+            f"vocabularies {size['serving_memory_bytes'] - size['tables_bytes']:,} B as hash "
+            f"tables), more than {where} ({limit / 2**30:.2f} GiB). Every table is exported whole "
+            "(no sharded export): export on a machine with more memory, or train at a higher "
+            "frequency threshold (`run_pipeline.sh plan` prints the export size per threshold)")
+    return {**size, "estimated_peak_bytes": needed}
+
+
+def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path) -> list[Path]:
+    """One text file per column: line i holds the value of id i (line 0 a header).
+
+    Only the values the trained table has rows for are written (a table trained at a higher
+    threshold is a prefix of the ids), so every other value maps to id 0 as in training.
+    """
+    from trainer.serving import VOCABULARY_HEADER
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for column, size in zip(CAT_COLUMNS, table_sizes):
+        folder = dictionaries / f"column={column}"
+        if folder.is_dir():
+            table = pq.read_table(folder, columns=["value", "id"])
+            ids = table.column("id").to_numpy()
+            values = np.asarray(table.column("value").to_pylist(), dtype=object)
+        else:
+            ids, values = np.zeros(0, np.int64), np.zeros(0, object)
+        order = np.argsort(ids, kind="stable")
+        ids, values = ids[order], values[order]
+        if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
+            raise ExportError(f"the dictionary of {column} in {folder} does not hold ids 1..k "
+                              "exactly once each")
+        if len(ids) < size - 1:
+            raise ExportError(f"the dictionary of {column} has {len(ids)} values but the "
+                              f"checkpoint's table has {size} rows: the dictionaries in "
+                              f"{dictionaries} do not belong to this model (preprocess again)")
+        path = out_dir / f"{column}.vocab"
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(VOCABULARY_HEADER + "\n")
+            kept = values[: size - 1]
+            if len(kept):
+                fh.write("\n".join(kept.tolist()) + "\n")
+        paths.append(path)
+    return paths
+
+
+def _mlp_weights(reader: CheckpointReader, name: str, sizes: tuple[int, ...],
+                 in_dim: int) -> dict[str, np.ndarray]:
+    out = {}
+    for i, (fan_in, fan_out) in enumerate(zip((in_dim,) + sizes[:-1], sizes)):
+        out[f"{name}/{i}/kernel"] = reader.value(f"{name}/{i}/kernel", (fan_in, fan_out))
+        out[f"{name}/{i}/bias"] = reader.value(f"{name}/{i}/bias", (fan_out,))
+    return out
+
+
+def _test_auc(layout: WorkdirLayout, step: int) -> float | None:
+    """The test AUC the trainer reported for this checkpoint's step, if any."""
+    for name in ("summary_eval.json", "summary_train.json"):
+        try:
+            summary = json.loads((layout.logs / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if summary.get("step") == step and summary.get("test_auc") is not None:
+            return summary["test_auc"]
+    return None
+
+
+def _dataset_description(dataset: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((dataset / "dataset.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    return {"path": str(dataset), "source_fingerprint": info.get("source_fingerprint"),
+            "rows": info.get("splits"), "threshold_spec": info.get("threshold_spec")}
+
+
+def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: dict,
+                 dims: ModelDims, sizes: list[int], size: dict, saved_model: Path,
+                 config: ExportConfig) -> dict[str, Any]:
+    """What the export was made from and what it holds (fingerprint.json)."""
+    description = _dataset_description(dataset)
+    return {
+        "format_version": 1,
+        "dataset": description,
+        "threshold_spec": description["threshold_spec"],
+        "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
+        "trained_ranks": (meta.get("placement") or {}).get("world"),
+        "test_auc": _test_auc(layout, int(meta["step"])),
+        "dims": {"embedding_dim": dims.embedding_dim, "bottom_mlp": list(dims.bottom_mlp),
+                 "top_mlp": list(dims.top_mlp)},
+        "table_sizes": sizes,
+        "signatures": ["serve_features", "serve_lines"],
+        "missing_integer": config.missing_integer,
+        "size": size,
+        "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig) -> dict[str, Any]:
+    """Write DIR/export; returns the fingerprint (also the CLI's JSON summary)."""
+    started = time.perf_counter()
+    layout = WorkdirLayout.at(workdir)
+    checkpoint = latest_checkpoint(layout.checkpoints)
+    if checkpoint is None:
+        raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
+    if not layout.dictionaries.is_dir():
+        raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes "
+                          "them")
+    reader = CheckpointReader(checkpoint)
+    try:
+        meta = reader.meta
+        sizes = [int(s) for s in meta.get("table_sizes", [])]
+        dims_meta = meta.get("dims") or {}
+        if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
+            raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
+        dims = ModelDims(int(dims_meta["embedding_dim"]), tuple(dims_meta["bottom_mlp"]),
+                         tuple(dims_meta["top_mlp"]))
+        size = check_export_fits(sizes, dims.embedding_dim, config)
+        remove_stale_temporaries(layout.export)  # left by an export that was killed
+        temporary = layout.root / f".export.tmp-{os.getpid()}"
+        shutil.rmtree(temporary, ignore_errors=True)
+        try:
+            vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
+            saved_model = temporary / "export" / "saved_model"
+            _save(reader, dims, sizes, vocabularies, saved_model, config)
+            fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, dims, sizes,
+                                       size, saved_model, config)
+            (temporary / "export" / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
+            _replace(temporary / "export", layout.export)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+    finally:
+        reader.close()
+    return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
+            "saved_model": str(layout.saved_model)}
+
+
+def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],
+          out: Path, config: ExportConfig) -> None:
+    import tensorflow as tf
+
+    from trainer.serving import ServingDLRM
+
+    # A generator: each table is read, copied into its variable and released before the next.
+    tables = (reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
+              for t, rows in enumerate(sizes))
+    features = len(CAT_COLUMNS) + 1
+    module = ServingDLRM(dims, tables, _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
+                         _mlp_weights(reader, "top", dims.top_mlp,
+                                      dims.embedding_dim + features * (features - 1) // 2),
+                         vocabularies, config.missing_integer)
+    signatures = {"serve_features": module.serve_features.get_concrete_function(),
+                  "serve_lines": module.serve_lines.get_concrete_function()}
+    tf.saved_model.save(module, str(out), signatures=signatures)
+
+
+def _replace(new: Path, final: Path) -> None:
+    """Rename ``new`` onto ``final``; the old export is removed only after the rename."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,177 @@
+"""``python -m trainer.score``: score raw day files with the exported SavedModel, streaming.
+
+For each input file (plain or .gz) it writes ``OUT/<name>.parquet`` with ``line_number``
+(int64, 1-based, as in the preprocess rejects), ``probability`` (float32) and, for labelled
+files, ``label`` (int8), one row per scored line in line order; and ``OUT/rejects/<name>.jsonl``
+with one record per line the model refused (``file``, ``line_number``, ``reason``, ``line``), as
+the Spark job writes its rejects. Every line is one or the other: the summary counts both.
+
+Lines are read ``batch_rows`` at a time and written as one parquet row group each, so memory
+is bounded whatever the file size. Each file is written under a temporary name and renamed
+when complete. Only TensorFlow, pyarrow and the SavedModel are needed (no project model code).
+The last stdout line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import IO, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from converters.atomic import remove_stale_temporaries
+from converters.progress import progress_bar
+from pipeline.config import ScoreConfig, load_config
+from pipeline.schema import NUM_FIELDS
+
+# Lines read to decide whether a file carries the label (has_label unset).
+LABEL_SNIFF_LINES = 1000
+
+
+class ScoreError(ValueError):
+    """An input the scorer cannot read as asked (missing file, undecidable label column)."""
+
+
+def output_name(path: Path) -> str:
+    return path.name[:-3] if path.name.endswith(".gz") else path.name
+
+
+def _open(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """Lines ending at b"\\n" only (a lone \\r is data, as in the Spark job); the model drops
+    the trailing \\n and \\r itself."""
+    with _open(path) as fh:
+        yield from fh
+
+
+def detect_label(path: Path) -> bool:
+    """Most of the first lines have 40 tab-separated fields: labelled; 39: not.
+
+    The most common width, not the largest: a day file holds short lines (missing trailing
+    fields) and the odd line with too many fields, neither of which says what the file is.
+    """
+    widths = Counter(line.rstrip(b"\r\n").count(b"\t") + 1
+                     for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES))
+    usual = widths.most_common(1)[0][0] if widths else 0
+    if usual in (NUM_FIELDS, NUM_FIELDS - 1):
+        return usual == NUM_FIELDS
+    raise ScoreError(f"cannot tell whether {path} has a label column (most of its first "
+                     f"{sum(widths.values())} lines have {usual} fields, neither 40 nor 39); set "
+                     "score.has_label in the config")
+
+
+SCHEMA_LABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32()),
+                             ("label", pa.int8())])
+SCHEMA_UNLABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32())])
+
+
+def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
+    """Score one file into OUT/<name>.parquet + OUT/rejects/<name>.jsonl (atomically)."""
+    import tensorflow as tf
+
+    has_label = config.has_label if config.has_label is not None else detect_label(path)
+    name = output_name(path)
+    final, final_rejects = out_dir / f"{name}.parquet", out_dir / "rejects" / f"{name}.jsonl"
+    tmp = out_dir / f".{name}.parquet.tmp-{os.getpid()}"
+    tmp_rejects = out_dir / "rejects" / f".{name}.jsonl.tmp-{os.getpid()}"
+    tmp_rejects.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)  # left by a scorer that was killed
+    remove_stale_temporaries(final_rejects)
+    schema = SCHEMA_LABELLED if has_label else SCHEMA_UNLABELLED
+    signature = model.signatures["serve_lines"]
+    lines_read, rejected = 0, {}
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer, open(tmp_rejects, "w", encoding="utf-8") as rej, \
+                progress_bar(None, f"score {name}", config.progress) as bar:
+            lines = _lines(path)
+            while True:
+                batch = list(itertools.islice(lines, config.batch_rows))
+                if not batch:
+                    break
+                out = signature(lines=tf.constant(batch), has_label=tf.constant(has_label))
+                probability = out["probability"].numpy()
+                reasons = out["reject_reason"].numpy()
+                numbers = np.arange(lines_read + 1, lines_read + len(batch) + 1, dtype=np.int64)
+                keep = reasons == b""
+                columns = [pa.array(numbers[keep]), pa.array(probability[keep])]
+                if has_label:
+                    columns.append(pa.array(out["label"].numpy()[keep].astype(np.int8)))
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+                for i in np.flatnonzero(~keep):
+                    reason = reasons[i].decode()
+                    rejected[reason] = rejected.get(reason, 0) + 1
+                    rej.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
+                                          "reason": reason,
+                                          "line": batch[i].rstrip(b"\n").decode("utf-8", "replace")})
+                              + "\n")
+                lines_read += len(batch)
+                bar.update(len(batch))
+        os.replace(tmp, final)
+        os.replace(tmp_rejects, final_rejects)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp_rejects.unlink(missing_ok=True)
+    return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
+            "has_label": has_label, "lines": lines_read,
+            "scored": lines_read - sum(rejected.values()), "rejected": rejected}
+
+
+def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | Path,
+                config: ScoreConfig) -> dict:
+    import tensorflow as tf
+
+    paths = [Path(p) for p in inputs]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ScoreError(f"score input(s) not found or not files: {', '.join(missing)}")
+    names = [output_name(p) for p in paths]
+    if len(set(names)) != len(names):
+        raise ScoreError(f"two inputs would write the same output name: {sorted(names)}")
+    if config.batch_rows < 1:
+        raise ScoreError(f"score.batch_rows must be at least 1, not {config.batch_rows}")
+    if not (Path(model_dir) / "saved_model.pb").is_file():
+        raise ScoreError(f"no SavedModel at {model_dir}: run the export stage first")
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = tf.saved_model.load(str(model_dir))
+    files = [score_file(model, p, out_dir, config) for p in paths]
+    return {"files": files, "lines": sum(f["lines"] for f in files),
+            "scored": sum(f["scored"] for f in files),
+            "rejected": sum(sum(f["rejected"].values()) for f in files),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.score", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="SavedModel directory (DIR/export/saved_model)")
+    parser.add_argument("--out", required=True, help="output directory (DIR/scores)")
+    parser.add_argument("--input", required=True, help="comma-separated raw files (plain or .gz)")
+    parser.add_argument("--config", help="YAML file with a 'score' section")
+    args = parser.parse_args(argv)
+    config = load_config(args.config).score
+    try:
+        summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out, config)
+    except ScoreError as exc:
+        print(f"trainer.score: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The servable DLRM: preprocessing, dictionary lookups and the model in one ``tf.Module``.
+
+Everything a raw Criteo line needs on its way to a click probability is a TensorFlow op, so the
+SavedModel written from this module (``trainer.export``) runs anywhere TensorFlow runs (Python,
+TensorFlow Serving) without this project's code. The rules are those of the Spark job
+(docs/spark_jobs.md, "Rules for every line"), applied to the same inputs with the same results:
+
+- numericals: ``log(x + 3)`` for x > -3 (x as a double, the result rounded to float32, as Spark
+  writes it), missing or x <= -3 -> 0; then rounded to float16 and back, because the model was
+  trained on the binary dataset's float16 numericals;
+- categoricals: 1-8 hex digits, any case, left-padded with zeros to 8 lowercase digits and
+  looked up in the column's dictionary; unknown, rare (beyond the trained table) or missing
+  values get id 0;
+- lines: a trailing ``\\n`` and then one trailing ``\\r`` are dropped; fields are split on tabs;
+  fewer than 40 fields are padded with missing values; a line the Spark job would reject gets
+  probability NaN and the Spark job's reason (``too_many_fields``, ``bad_label``,
+  ``non_integer``, ``non_hex_categorical``), the first that applies.
+
+The two signatures (names and tensors are the serving interface, documented in docs/trainer.md):
+``serve_features(int_features int64 [n, 13], cat_features string [n, 26])`` and
+``serve_lines(lines string [n], has_label bool [])``; both return ``probability`` float32 [n]
+and ``reject_reason`` string [n] ("" for a scored row); ``serve_lines`` also returns ``label``
+int32 [n] (-1 when absent or rejected).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from pipeline.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from trainer.model import MLP, ModelDims, dot_interaction
+
+INT64_MAX_TAIL = 223_372_036_854_775_807  # 2**63 - 1 = 9 * 10**18 + this
+_INTEGER = "-?[0-9]+"
+_HEX = "[0-9a-fA-F]{1,8}"
+# First line of every vocabulary file: takes line number (= id) 0, never equal to a normalised
+# value (8 lowercase hex digits), so only unknown values get id 0 from the table's default.
+VOCABULARY_HEADER = "<id 0: rare or missing>"
+
+
+def fits_int64(integers: tf.Tensor) -> tf.Tensor:
+    """Whether strings matching ``-?[0-9]+`` hold a value in [-2**63, 2**63 - 1].
+
+    Checked on the digits (leading zeros dropped) before any conversion: TensorFlow's
+    string-to-number fails the whole batch on one overflowing value.
+    """
+    negative = tf.strings.substr(integers, 0, 1) == "-"
+    digits = tf.strings.regex_replace(integers, "^-?0*", "")
+    length = tf.strings.length(digits)
+    at_limit = tf.equal(length, 19)
+    nineteen = tf.where(at_limit, digits, "0000000000000000000")
+    head = tf.strings.to_number(tf.strings.substr(nineteen, 0, 1), tf.int64)
+    tail = tf.strings.to_number(tf.strings.substr(nineteen, 1, 18), tf.int64)
+    tail_limit = INT64_MAX_TAIL + tf.cast(negative, tf.int64)
+    fits_19 = (head < 9) | ((head == 9) & (tail <= tail_limit))
+    return (length < 19) | (at_limit & fits_19)
+
+
+def parse_integers(fields: tf.Tensor, missing: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """String fields -> (int64 values, missing ones = ``missing``; per row: all valid)."""
+    empty = tf.equal(fields, "")
+    matched = tf.strings.regex_full_match(fields, _INTEGER)
+    valid = empty | (matched & fits_int64(tf.where(matched, fields, "0")))
+    numbers = tf.strings.to_number(tf.where(valid & ~empty, fields, "0"), tf.int64)
+    values = tf.where(empty | ~valid, tf.constant(missing, tf.int64), numbers)
+    return values, tf.reduce_all(valid, axis=1)
+
+
+def log_transform(values: tf.Tensor) -> tf.Tensor:
+    """int64 [n, 13] -> float32 [n, 13] exactly as the training data saw them (see above)."""
+    kept = values > -3
+    safe = tf.where(kept, values, tf.zeros_like(values))
+    logs = tf.cast(tf.math.log(tf.cast(safe, tf.float64) + 3.0), tf.float32)
+    logs = tf.where(kept, logs, tf.zeros_like(logs))
+    return tf.cast(tf.cast(logs, tf.float16), tf.float32)
+
+
+def normalise_categoricals(fields: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """string [n, 26] -> (8 lowercase hex digits, missing mask, per row: all valid)."""
+    missing = tf.equal(fields, "")
+    valid = missing | tf.strings.regex_full_match(fields, _HEX)
+    lower = tf.strings.lower(fields)
+    padded = tf.strings.substr(tf.strings.join(["00000000", lower]), -8, 8)  # the last 8
+    return padded, missing | ~valid, tf.reduce_all(valid, axis=1)
+
+
+def split_lines(lines: tf.Tensor, has_label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Raw lines -> (string fields [n, 40] padded with "", per row: more than 40 fields).
+
+    A line without its label is read as if the label field were there (and valid), so the same
+    40-field rules apply to both kinds of input.
+    """
+    lines = tf.strings.regex_replace(lines, "\n\\z", "")
+    lines = tf.strings.regex_replace(lines, "\r\\z", "")
+    lines = tf.cond(has_label, lambda: lines, lambda: tf.strings.join(["0\t", lines]))
+    ragged = tf.strings.split(lines, "\t")
+    too_many = ragged.row_lengths() > NUM_FIELDS
+    fields = ragged.to_tensor(default_value="", shape=[None, NUM_FIELDS])
+    return fields, too_many
+
+
+def first_reason(conditions: Sequence[tuple[str, tf.Tensor]]) -> tf.Tensor:
+    """Per row, the name of the first condition that holds, or ""."""
+    reason = tf.fill(tf.shape(conditions[0][1]), "")
+    for name, holds in reversed(conditions):
+        reason = tf.where(holds, name, reason)
+    return reason
+
+
+class ServingDLRM(tf.Module):
+    """Whole tables, both MLPs and one vocabulary lookup per column, in one process."""
+
+    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
+                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
+                 vocabularies: Sequence[Path], missing_integer: int):
+        super().__init__(name="dlrm_serving")
+        self.missing_integer = missing_integer
+        self.tables = [tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}")
+                       for i, t in enumerate(tables)]
+        self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", bottom)
+        features = NUM_CATEGORICAL + 1
+        top_in = dims.embedding_dim + features * (features - 1) // 2
+        self.top = self._mlp(top_in, dims.top_mlp, False, "top", top)
+        self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
+            for path in vocabularies]
+
+    @staticmethod
+    def _mlp(in_dim: int, sizes: tuple[int, ...], final_relu: bool, name: str,
+             weights: dict[str, np.ndarray]) -> MLP:
+        """The trainer's MLP (same ops, so the same rounding) holding the checkpoint's weights."""
+        mlp = MLP(in_dim, sizes, 0, 0, final_relu, name)
+        for key, variable in mlp.named_variables():
+            variable.assign(weights[key])
+        return mlp
+
+    def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
+        ids = tf.stack([self.vocabularies[j].lookup(normalised[:, j])
+                        for j in range(NUM_CATEGORICAL)], axis=1)
+        return tf.where(unusable, tf.zeros_like(ids), ids)
+
+    def _probability(self, integers: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+        numerical = log_transform(integers)
+        embedded = tf.stack([tf.gather(self.tables[j], ids[:, j])
+                             for j in range(NUM_CATEGORICAL)], axis=1)
+        bottom = self.bottom(numerical, tf.float32)
+        features = tf.concat([bottom[:, None, :], embedded], axis=1)
+        logits = self.top(dot_interaction(features), tf.float32)
+        return tf.sigmoid(logits[:, 0])
+
+    def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
+               reason: tf.Tensor) -> tf.Tensor:
+        normalised, unusable, _ = normalise_categoricals(categoricals)
+        probability = self._probability(integers, self._ids(normalised, unusable))
+        return tf.where(tf.equal(reason, ""), probability, tf.fill(tf.shape(probability), np.nan))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
+                                  tf.TensorSpec([None, NUM_CATEGORICAL], tf.string,
+                                                name="cat_features")])
+    def serve_features(self, int_features, cat_features):
+        _, _, cats_valid = normalise_categoricals(cat_features)
+        reason = first_reason([("non_hex_categorical", ~cats_valid)])
+        return {"probability": self._score(int_features, cat_features, reason),
+                "reject_reason": reason}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="lines"),
+                                  tf.TensorSpec([], tf.bool, name="has_label")])
+    def serve_lines(self, lines, has_label):
+        fields, too_many = split_lines(lines, has_label)
+        label_text = fields[:, 0]
+        bad_label = ~(tf.equal(label_text, "0") | tf.equal(label_text, "1"))
+        integers, ints_valid = parse_integers(fields[:, 1:1 + NUM_INTEGER], self.missing_integer)
+        categoricals = fields[:, 1 + NUM_INTEGER:]
+        _, _, cats_valid = normalise_categoricals(categoricals)
+        reason = first_reason([("too_many_fields", too_many), ("bad_label", bad_label),
+                               ("non_integer", ~ints_valid), ("non_hex_categorical", ~cats_valid)])
+        scored = tf.equal(reason, "")
+        label = tf.where(scored & has_label, tf.cast(tf.equal(label_text, "1"), tf.int32), -1)
+        return {"probability": self._score(integers, categoricals, reason),
+                "reject_reason": reason, "label": label}
