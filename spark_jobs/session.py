@@ -234,20 +234,30 @@ def get_session(spark: SparkConfig):
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    _check_accepted(session, spark)
+    try:
+        session = builder.getOrCreate()
+    except Exception:
+        _check_accepted(spark)  # a refusal surfaces here as a stopped SparkContext
+        raise
+    _check_accepted(spark)
     session.sparkContext.setLogLevel(spark.log_level)
     return session
 
 
-def _check_accepted(session, spark: SparkConfig) -> None:
+def _check_accepted(spark: SparkConfig) -> None:
     """A standalone master that refuses the application (wrong or missing secret, or none
-    reachable) leaves a stopped SparkContext after its three registration attempts; say so
-    here instead of the first action's 'Cannot call methods on a stopped SparkContext'."""
-    context = session.sparkContext
-    if not context.master.startswith("spark://") or not context._jsc.sc().isStopped():
+    reachable) leaves a SparkContext without an application id after Spark's three
+    registration attempts, stopping in the background, and the session then fails with
+    'Cannot call methods on a stopped SparkContext'; say what happened instead. (The context
+    only exists once the master has registered the application, giving it its app-... id,
+    or given up.)"""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if (context is None or not context.master.startswith("spark://")
+            or context.applicationId.startswith("app-")):
         return
-    session.stop()
+    context.stop()
     hint = ("the secret in --auth-secret-file is not the cluster's" if spark.auth_secret_file
             else "an authenticated cluster needs its secret file: --auth-secret-file "
                  "(run_pipeline.sh --spark-secret-file)")

@@ -102,9 +102,11 @@ def cluster(tmp_path_factory):
                        capture_output=True, text=True, timeout=120, env=_env())
 
 
-def _popen(argv: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=cwd)
+def _popen(argv: list[str], cwd: Path, name: str) -> subprocess.Popen:
+    """Output to files (among those searched for the secret): four processes writing into
+    pipes read one after the other could block each other."""
+    with open(cwd / f"{name}.stdout", "w") as out, open(cwd / f"{name}.stderr", "w") as err:
+        return subprocess.Popen(argv, stdout=out, stderr=err, env=_env(), cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +137,13 @@ def runs(cluster, raw_input, tmp_path_factory):
     }
     watch = CommandLineWatch(secret_file.read_text().strip())
     watch.start()
-    procs = {name: _popen(argv, base) for name, argv in argvs.items()}
+    procs = {name: _popen(argv, base, name) for name, argv in argvs.items()}
     results = {}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=600)
-            results[name] = (proc.returncode, out, err)
+            proc.wait(timeout=600)
+            results[name] = (proc.returncode, (base / f"{name}.stdout").read_text(),
+                             (base / f"{name}.stderr").read_text())
     finally:
         watch.done.set()
         watch.join()
