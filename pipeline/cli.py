@@ -1,8 +1,8 @@
 """Command line of the pipeline (``./run_pipeline.sh`` and ``python -m pipeline``).
 
     run_pipeline.sh [run] [--input RAW_DIR] [--workdir DIR] [--frequency-threshold SPEC] [--np N]
-                    [--hosts H] [--spark-master URL] [--gpu] [--max-steps N]
-                    [--stages generate,preprocess,convert,train,eval,export,score]
+                    [--hosts H] [--spark-master URL] [--spark-secret-file FILE] [--gpu]
+                    [--max-steps N] [--stages generate,preprocess,convert,train,eval,export,score]
                     [--score-input FILE[,FILE...]] [--config YAML] [--force]
     run_pipeline.sh plan --workdir DIR [--thresholds 1,2,5,15] [--embedding-dim 128]
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.cluster_auth import SecretFileError, read_secret_file
 from pipeline.config import DEFAULT_STAGES, STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
 from pipeline.errors import ExitCode, PipelineError
 from pipeline.hosts import horovodrun_hosts, host_slots
@@ -41,6 +42,9 @@ def _run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--np", type=int, help="trainer ranks (horovodrun when > 1)")
     parser.add_argument("--hosts", help="horovodrun hosts, e.g. node1:4,node2:4")
     parser.add_argument("--spark-master", help="Spark master URL (default local[2])")
+    parser.add_argument("--spark-secret-file", metavar="FILE",
+                        help="an authenticated Spark cluster's secret file, mode 0600 (e.g. "
+                             "DIR/auth/secret of start-cluster.sh); docs/cluster.md")
     parser.add_argument("--gpu", action="store_true", default=None,
                         help="RAPIDS accelerator profile for Spark")
     parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
@@ -84,6 +88,8 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
         config.launch.np = args.np
     if args.spark_master is not None:
         config.spark.master = args.spark_master
+    if args.spark_secret_file is not None:
+        config.spark.auth_secret_file = args.spark_secret_file
     if args.gpu:
         config.spark.gpu = True
     if args.max_steps is not None:
@@ -119,6 +125,11 @@ def validate(config: PipelineConfig) -> None:
             raise PipelineError(f"--score-input: not a file: {', '.join(missing)}", ExitCode.USAGE)
     if config.score.batch_rows < 1:
         raise PipelineError("score.batch_rows must be at least 1", ExitCode.USAGE)
+    if config.spark.auth_secret_file and "preprocess" in config.stages:
+        try:  # a missing or world-readable secret file: exit 2 before any stage runs
+            read_secret_file(config.spark.auth_secret_file)
+        except SecretFileError as exc:
+            raise PipelineError(f"--spark-secret-file: {exc}", ExitCode.USAGE) from None
 
 
 def _plan(args: argparse.Namespace) -> int:

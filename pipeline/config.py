@@ -75,6 +75,18 @@ class SparkConfig:
     gpu_tasks_per_gpu: int = 4
     gpu_concurrent_tasks: int = 2
     gpu_pinned_pool_size: str = "2g"
+    # Security (docs/cluster.md §2.2). The *path* of a file (mode 0600) holding an authenticated
+    # cluster's shared secret; set, the job turns on spark.authenticate and hands the secret
+    # to its JVM itself. The secret is never a setting: settings are recorded in manifests.
+    auth_secret_file: str | None = None
+    rpc_encryption: bool = True    # spark.network.crypto.enabled, with auth_secret_file
+    io_encryption: bool = False    # spark.io.encryption.enabled: shuffle and spill files
+    # The address the driver's RPC endpoint and web UI bind to (SPARK_LOCAL_IP); None = Spark's
+    # choice, which for the UI is every interface.
+    bind_address: str | None = None
+    ui_admin_users: list[str] = field(default_factory=list)  # spark.admin.acls
+    ui_view_users: list[str] = field(default_factory=list)   # spark.ui.view.acls
+    ui_kill_enabled: bool = False  # spark.ui.killEnabled: kill buttons on the web UI
 
 
 @dataclass

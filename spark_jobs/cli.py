@@ -32,7 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="train shuffle seed")
     p.add_argument("--max-reject-rate", type=float, help="fail above this rejected fraction")
     p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
+    security = p.add_argument_group("cluster security (docs/cluster.md)")
+    security.add_argument("--auth-secret-file", metavar="FILE",
+                          help="file (mode 0600) with the authenticated cluster's shared secret")
+    security.add_argument("--no-rpc-encryption", action="store_true",
+                          help="authenticate without encrypting RPC traffic")
+    security.add_argument("--io-encryption", action="store_true",
+                          help="encrypt shuffle and spill files (spark.io.encryption.enabled)")
+    security.add_argument("--bind-address", metavar="ADDR",
+                          help="address the driver and its web UI bind to (SPARK_LOCAL_IP)")
+    security.add_argument("--ui-admin-users", metavar="U1,U2", help="spark.admin.acls")
+    security.add_argument("--ui-view-users", metavar="U1,U2", help="spark.ui.view.acls")
     return p
+
+
+def _users(names: str) -> list[str]:
+    return [name.strip() for name in names.split(",") if name.strip()]
 
 
 def configs_from_args(args: argparse.Namespace):
@@ -51,6 +66,18 @@ def configs_from_args(args: argparse.Namespace):
         spark.gpu = True
     if args.driver_memory:
         spark.driver_memory = args.driver_memory
+    if args.auth_secret_file:
+        spark.auth_secret_file = args.auth_secret_file
+    if args.no_rpc_encryption:
+        spark.rpc_encryption = False
+    if args.io_encryption:
+        spark.io_encryption = True
+    if args.bind_address:
+        spark.bind_address = args.bind_address
+    if args.ui_admin_users:
+        spark.ui_admin_users = _users(args.ui_admin_users)
+    if args.ui_view_users:
+        spark.ui_view_users = _users(args.ui_view_users)
     if args.frequency_threshold is not None:
         pre.frequency_threshold = args.frequency_threshold
     if args.seed is not None:

@@ -3,6 +3,10 @@
 Precedence (later wins): our defaults, the ``--gpu`` profile, the conf file, ``--conf k=v``.
 If a session is already active (tests, notebooks, ``spark-submit``), it is reused and only the
 runtime-settable SQL options are applied to it.
+
+An authenticated cluster's secret is never one of these settings: they go on the JVM's command
+line (visible in ``ps``) and into the run's records. It is read from ``auth_secret_file`` and
+set in the JVM through the py4j socket, where SparkConf picks it up (docs/cluster.md §2.2).
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import re
 import sys
 from pathlib import Path
 
+from pipeline.cluster_auth import SecretFileError, read_secret_file
 from pipeline.config import SparkConfig
-from spark_jobs.errors import PreprocessConfigError
+from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
 # Whole-stage code generation over 40 columns and 26 joins yields methods above HotSpot's
@@ -97,7 +102,56 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
     if not _JVM_SIZE.match(str(spark.driver_memory or "")):
         raise PreprocessConfigError(
             f"--driver-memory {spark.driver_memory!r} must be a size with a unit, e.g. 12g or 512m")
-    return spark_settings(spark)
+    settings = spark_settings(spark)
+    if spark.auth_secret_file:
+        _read_secret(spark)
+    elif settings.get("spark.authenticate", "").lower() == "true" and master.startswith("spark://"):
+        raise PreprocessConfigError(
+            "spark.authenticate is on but no secret file is named: give the cluster's secret "
+            "file with --auth-secret-file (spark.auth_secret_file)")
+    return settings
+
+
+# Keys whose value is a secret: refused in --conf/--conf-file (Spark 4 reads secret *files* on
+# Kubernetes only, so the .file variants would not help on a standalone cluster either).
+_SECRET_KEYS = re.compile(r"^spark\.authenticate\.secret")
+SECRET_KEY = "spark.authenticate.secret"
+
+
+def _refuse_secret_settings(conf: dict[str, str]) -> None:
+    for key in conf:
+        if _SECRET_KEYS.match(key):
+            raise PreprocessConfigError(
+                f"{key} may not be given as a Spark setting (settings appear on command lines "
+                "and in the run's records): put the secret in a file of mode 0600 and name it "
+                "with --auth-secret-file (spark.auth_secret_file)")
+
+
+def _read_secret(spark: SparkConfig) -> str:
+    try:
+        return read_secret_file(spark.auth_secret_file)
+    except SecretFileError as error:
+        raise PreprocessConfigError(f"--auth-secret-file: {error}") from None
+
+
+def security_settings(spark: SparkConfig) -> dict[str, str]:
+    """Authentication, encryption and the web UI's ACLs (never the secret itself).
+
+    ACLs restrict users an authentication filter (spark.ui.filters) has named; without one
+    Spark lets every request through, which docs/cluster.md §2.2 spells out."""
+    conf = {"spark.acls.enable": "true",
+            "spark.ui.killEnabled": str(spark.ui_kill_enabled).lower()}
+    if spark.ui_admin_users:
+        conf["spark.admin.acls"] = ",".join(spark.ui_admin_users)
+    if spark.ui_view_users:
+        conf["spark.ui.view.acls"] = ",".join(spark.ui_view_users)
+    if spark.auth_secret_file:
+        conf["spark.authenticate"] = "true"
+        if spark.rpc_encryption:
+            conf["spark.network.crypto.enabled"] = "true"
+    if spark.io_encryption:
+        conf["spark.io.encryption.enabled"] = "true"
+    return conf
 
 
 def _local_cores(master: str) -> int | None:
@@ -139,11 +193,13 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
         conf["spark.executor.memory"] = spark.executor_memory
     if spark.local_dir:
         conf["spark.local.dir"] = spark.local_dir
+    conf.update(security_settings(spark))
     if spark.gpu:
         conf.update(rapids_conf(spark))
     if spark.conf_file:
         conf.update(read_conf_file(spark.conf_file))
     conf.update({str(k): str(v) for k, v in (spark.conf or {}).items()})
+    _refuse_secret_settings(conf)
     return conf
 
 
@@ -176,9 +232,52 @@ def get_session(spark: SparkConfig):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if spark.bind_address and not submitted:
+        os.environ["SPARK_LOCAL_IP"] = spark.bind_address  # inherited by the JVM pyspark starts
+    if spark.auth_secret_file:
+        _start_jvm_with_secret(spark, settings)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except Exception:
+        _check_accepted(spark)  # a refusal surfaces here as a stopped SparkContext
+        raise
+    _check_accepted(spark)
     session.sparkContext.setLogLevel(spark.log_level)
     return session
+
+
+def _check_accepted(spark: SparkConfig) -> None:
+    """A standalone master that refuses the application (wrong or missing secret, or none
+    reachable) leaves a SparkContext without an application id after Spark's three
+    registration attempts, stopping in the background, and the session then fails with
+    'Cannot call methods on a stopped SparkContext'; say what happened instead. (The context
+    only exists once the master has registered the application, giving it its app-... id,
+    or given up.)"""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if (context is None or not context.master.startswith("spark://")
+            or context.applicationId.startswith("app-")):
+        return
+    context.stop()
+    hint = ("the secret in --auth-secret-file is not the cluster's" if spark.auth_secret_file
+            else "an authenticated cluster needs its secret file: --auth-secret-file "
+                 "(run_pipeline.sh --spark-secret-file)")
+    raise PreprocessJobError(
+        f"the Spark master {context.master} did not accept the job (All masters are "
+        f"unresponsive): is it running and reachable? If so, {hint}. The driver log above and "
+        "the master's log say more")
+
+
+def _start_jvm_with_secret(spark: SparkConfig, settings: dict[str, str]) -> None:
+    """Start the JVM (or, under spark-submit, join it) with the non-secret settings, then set
+    the secret as a JVM system property: the SparkConf the session is built from loads it from
+    there, and no command line, environment or file of ours ever holds it."""
+    from pyspark import SparkConf, SparkContext
+
+    secret = _read_secret(spark)
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(settings.items()))
+    SparkContext._jvm.java.lang.System.setProperty(SECRET_KEY, secret)

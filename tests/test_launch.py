@@ -162,3 +162,16 @@ def test_slurm_dry_run_keeps_arguments_with_spaces_whole(tmp_path):
     assert command[command.index("--workdir") + 1] == str(tmp_path / "my work")
     assert command[-2:] == ["--input", "/data/my raw"]
     assert command[command.index("--hosts") + 1] == "n1:2"
+
+
+@pytest.mark.parametrize("extra", [["--hosts", "elsewhere:8"], ["--hosts=elsewhere:8"]])
+def test_slurm_script_keeps_to_the_allocation_hosts(tmp_path, extra):
+    """Extra arguments go to run_pipeline.sh, where a later --hosts would win: refused, so
+    horovodrun never reaches (over SSH) a host outside the allocation. (A --np is harmless:
+    the pipeline refuses more ranks than the allocation's slots.)"""
+    env = _fake_scontrol(tmp_path, ["n1"])
+    env.update(SLURM_JOB_NODELIST="n1", GPUS_PER_NODE="2", CRITEO_DRY_RUN="1")
+    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/raw", *extra],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert "allocation" in proc.stderr and extra[0] in proc.stderr

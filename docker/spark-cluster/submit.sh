@@ -5,6 +5,9 @@
 #
 # Everything before "--" goes to spark-submit (e.g. --driver-memory 8g --executor-memory 4g
 # --total-executor-cores 4 --conf k=v); everything after it to spark_jobs/main.py.
+# On an authenticated cluster (cluster.env AUTH=on) the job gets the cluster's secret *file*
+# (--auth-secret-file; the job hands the secret to its JVM itself, never on a command line) and
+# the cluster's encryption and UI ACL settings. The driver binds to the cluster's --host.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -12,7 +15,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 DIR="$2"; shift 2
 [[ -f "$DIR/cluster.env" ]] || die "$DIR/cluster.env not found: start the cluster with start-cluster.sh --dir $DIR"
 use_cluster_dir "$DIR"
-MASTER_URL="$(sed -n 's/^MASTER_URL=//p' "$CLUSTER_DIR/cluster.env")"
+setting() { sed -n "s/^$1=//p" "$CLUSTER_DIR/cluster.env"; }
+MASTER_URL="$(setting MASTER_URL)"
 [[ -n "$MASTER_URL" ]] || die "$CLUSTER_DIR/cluster.env has no MASTER_URL: restart the cluster with start-cluster.sh --dir $DIR"
 SUBMIT_OPTS=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do SUBMIT_OPTS+=("$1"); shift; done
@@ -23,5 +27,18 @@ APP_ARGS=("$@")
 HAS_MASTER=0
 for arg in "${APP_ARGS[@]}"; do [[ "$arg" == --master || "$arg" == --master=* ]] && HAS_MASTER=1; done
 [[ $HAS_MASTER -eq 1 ]] || APP_ARGS+=(--master "$MASTER_URL")
+if [[ "$(setting AUTH)" == on ]]; then
+  SECRET_FILE="$(setting SECRET_FILE)"
+  [[ -f "$SECRET_FILE" ]] || die "the cluster's secret file '$SECRET_FILE' is missing: restart the cluster with start-cluster.sh --dir $DIR"
+  APP_ARGS+=(--auth-secret-file "$SECRET_FILE")
+  [[ "$(setting RPC_ENCRYPTION)" == on ]] || APP_ARGS+=(--no-rpc-encryption)
+fi
+[[ "$(setting IO_ENCRYPTION)" == on ]] && APP_ARGS+=(--io-encryption)
+ADMIN_USERS="$(setting ADMIN_USERS)" VIEW_USERS="$(setting VIEW_USERS)"
+[[ -n "$ADMIN_USERS" ]] && APP_ARGS+=(--ui-admin-users "$ADMIN_USERS")
+[[ -n "$VIEW_USERS" ]] && APP_ARGS+=(--ui-view-users "$VIEW_USERS")
+HOST="$(setting HOST)"
+# The driver's RPC endpoint and web UI bind to the cluster's address, not to every interface.
+[[ -n "$HOST" ]] && export SPARK_LOCAL_IP="$HOST"
 exec "$SPARK_HOME/bin/spark-submit" --master "$MASTER_URL" "${SUBMIT_OPTS[@]}" \
   "$ROOT/spark_jobs/main.py" "${APP_ARGS[@]}"

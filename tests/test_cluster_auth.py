@@ -1,0 +1,182 @@
+"""Cluster security without starting Spark: who authenticates, the secret file's rules, the
+job's settings, and that the secret travels by file path only (docs/cluster.md §2.2).
+
+The real cluster (authenticated master + worker, refused jobs) is tests/test_spark_cluster_auth.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cluster_auth import SecretFileError, is_loopback, main as cluster_auth_main
+from pipeline.cluster_auth import read_secret_file
+from pipeline.config import SparkConfig
+from spark_jobs.errors import PreprocessConfigError
+from spark_jobs.session import check_spark_config, spark_settings
+
+REPO = Path(__file__).resolve().parent.parent
+SUBMIT = REPO / "docker" / "spark-cluster" / "submit.sh"
+SECRET = "0123456789abcdef" * 4
+
+
+def _secret_file(path: Path, text: str = SECRET + "\n", mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def _prepare(tmp_path: Path, capsys, *args: str) -> tuple[int, dict[str, str], str]:
+    code = cluster_auth_main(["prepare", "--dir", str(tmp_path / "auth"), *args])
+    out, err = capsys.readouterr()
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return code, env, err
+
+
+def test_loopback_addresses_are_recognised():
+    assert is_loopback("127.0.0.1") and is_loopback("127.3.4.5") and is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("10.1.2.3") and not is_loopback("192.0.2.7") and not is_loopback("0.0.0.0")
+    assert not is_loopback("no-such-host.invalid")  # unresolvable: authenticate
+
+
+def test_off_loopback_the_cluster_authenticates_by_default(tmp_path, capsys):
+    code, env, err = _prepare(tmp_path, capsys, "--host", "10.1.2.3")
+    assert code == 0, err
+    assert env["AUTH"] == "on" and env["RPC_ENCRYPTION"] == "on" and env["IO_ENCRYPTION"] == "off"
+    secret_file = Path(env["SECRET_FILE"])
+    assert secret_file == tmp_path / "auth" / "secret"
+    assert (secret_file.stat().st_mode & 0o777) == 0o600
+    assert ((tmp_path / "auth").stat().st_mode & 0o777) == 0o700
+    secret = read_secret_file(secret_file)
+    conf = Path(env["DAEMON_CONF"])
+    assert (conf.stat().st_mode & 0o777) == 0o600
+    lines = set(conf.read_text().splitlines())
+    assert {"spark.authenticate true", f"spark.authenticate.secret {secret}",
+            "spark.network.crypto.enabled true", "spark.network.crypto.saslFallback false",
+            "spark.master.rest.enabled false", "spark.ui.killEnabled false",
+            "spark.acls.enable true"} <= lines
+    assert secret not in err and secret not in "".join(f"{k}={v}" for k, v in env.items())
+    # A restart keeps the secret: workers on other hosts hold copies of it.
+    code, again, _ = _prepare(tmp_path, capsys, "--host", "10.1.2.3")
+    assert code == 0 and read_secret_file(again["SECRET_FILE"]) == secret
+
+
+def test_loopback_is_open_unless_asked_and_insecure_is_loud(tmp_path, capsys):
+    code, env, err = _prepare(tmp_path / "a", capsys, "--host", "127.0.0.1")
+    assert code == 0 and env["AUTH"] == "off" and env["SECRET_FILE"] == "" and err == ""
+    assert "spark.authenticate" not in Path(env["DAEMON_CONF"]).read_text()
+    code, env, _ = _prepare(tmp_path / "b", capsys, "--host", "127.0.0.1", "--authenticate",
+                            "--io-encryption", "--no-rpc-encryption")
+    assert code == 0 and env["AUTH"] == "on" and env["IO_ENCRYPTION"] == "on"
+    assert env["RPC_ENCRYPTION"] == "off"
+    code, env, err = _prepare(tmp_path / "c", capsys, "--host", "10.1.2.3", "--insecure")
+    assert code == 0 and env["AUTH"] == "off"
+    assert "WARNING" in err and "WITHOUT authentication" in err and "arbitrary code" in err
+
+
+def test_a_user_secret_file_must_be_private_and_well_formed(tmp_path, capsys):
+    good = _secret_file(tmp_path / "good")
+    code, env, _ = _prepare(tmp_path / "g", capsys, "--host", "10.0.0.1", "--secret-file", str(good))
+    assert code == 0 and env["SECRET_FILE"] == str(good)
+    assert f"spark.authenticate.secret {SECRET}" in Path(env["DAEMON_CONF"]).read_text()
+
+    bad_cases = {
+        "readable": (_secret_file(tmp_path / "r", mode=0o644), "chmod 600"),
+        "short": (_secret_file(tmp_path / "s", "abc\n"), "at least 32"),
+        "escape": (_secret_file(tmp_path / "e", "x\\" * 20 + "\n"), "at least 32"),
+        "two lines": (_secret_file(tmp_path / "t", f"{SECRET}\n{SECRET}\n"), "exactly one"),
+        "missing": (tmp_path / "none", "cannot be read"),
+    }
+    for name, (path, message) in bad_cases.items():
+        with pytest.raises(SecretFileError, match=message) as caught:
+            read_secret_file(path)
+        assert SECRET not in str(caught.value), name
+        code, _, err = _prepare(tmp_path / name.replace(" ", "_"), capsys, "--host", "10.0.0.1",
+                                "--secret-file", str(path))
+        assert code == 2 and message in err and SECRET not in err, (name, err)
+    code, _, err = _prepare(tmp_path / "x", capsys, "--host", "10.0.0.1", "--insecure",
+                            "--secret-file", str(good))
+    assert code == 2 and "--secret-file" in err
+    code, _, err = _prepare(tmp_path / "y", capsys, "--host", "10.0.0.1", "--admin-users", "a b")
+    assert code == 2 and "--admin-users" in err
+
+
+def test_job_settings_carry_security_but_never_the_secret(tmp_path):
+    secret_file = _secret_file(tmp_path / "secret")
+    spark = SparkConfig(master="spark://10.0.0.1:7077", auth_secret_file=str(secret_file),
+                        io_encryption=True, ui_admin_users=["alice", "bob"], ui_view_users=["carol"])
+    settings = check_spark_config(spark)
+    assert settings["spark.authenticate"] == "true"
+    assert settings["spark.network.crypto.enabled"] == "true"
+    assert settings["spark.io.encryption.enabled"] == "true"
+    assert settings["spark.acls.enable"] == "true" and settings["spark.ui.killEnabled"] == "false"
+    assert settings["spark.admin.acls"] == "alice,bob" and settings["spark.ui.view.acls"] == "carol"
+    assert SECRET not in repr(settings)
+    assert "spark.network.crypto.enabled" not in spark_settings(
+        SparkConfig(master="spark://h:7077", auth_secret_file=str(secret_file), rpc_encryption=False))
+    plain = spark_settings(SparkConfig(master="local[2]"))
+    assert "spark.authenticate" not in plain and plain["spark.ui.killEnabled"] == "false"
+
+
+def test_the_secret_is_refused_as_a_setting(tmp_path):
+    conf_file = tmp_path / "extra.conf"
+    conf_file.write_text(f"spark.authenticate.secret {SECRET}\n")
+    for spark in (SparkConfig(conf={"spark.authenticate.secret": SECRET}),
+                  SparkConfig(conf_file=str(conf_file))):
+        with pytest.raises(PreprocessConfigError, match="--auth-secret-file") as caught:
+            check_spark_config(spark)
+        assert SECRET not in str(caught.value)
+    with pytest.raises(PreprocessConfigError, match="no secret file"):
+        check_spark_config(SparkConfig(master="spark://h:7077", conf={"spark.authenticate": "true"}))
+    with pytest.raises(PreprocessConfigError, match="chmod 600"):
+        check_spark_config(SparkConfig(master="spark://h:7077",
+                                       auth_secret_file=str(_secret_file(tmp_path / "s", mode=0o640))))
+
+
+def test_pipeline_refuses_a_world_readable_secret_file_before_any_stage(tmp_path):
+    secret_file = _secret_file(tmp_path / "secret", mode=0o644)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"),
+                           "--stages", "preprocess", "--spark-master", "spark://10.0.0.1:7077",
+                           "--spark-secret-file", str(secret_file)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "chmod 600" in proc.stderr and SECRET not in proc.stderr + proc.stdout
+    assert not (tmp_path / "w").exists()
+
+
+def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
+    """submit.sh's command for an authenticated cluster: the job gets the secret file's path
+    and the cluster's settings; the real submission is in tests/test_spark_cluster_auth.py."""
+    spark_home = tmp_path / "spark"
+    (spark_home / "bin").mkdir(parents=True)
+    (spark_home / "bin" / "spark-submit").write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
+    (spark_home / "bin" / "spark-submit").chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
+    python.chmod(0o755)
+    cluster = tmp_path / "cl"
+    (cluster / "auth").mkdir(parents=True)
+    secret_file = _secret_file(cluster / "auth" / "secret")
+    (cluster / "cluster.env").write_text(
+        f"MASTER_URL=spark://10.0.0.1:7077\nHOST=10.0.0.1\nAUTH=on\nSECRET_FILE={secret_file}\n"
+        "RPC_ENCRYPTION=on\nIO_ENCRYPTION=on\nADMIN_USERS=alice\nVIEW_USERS=\n")
+    env = {"PATH": os.environ["PATH"], "PYTHON": str(python)}
+    proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert args[args.index("--auth-secret-file") + 1] == str(secret_file)
+    assert "--io-encryption" in args and "--no-rpc-encryption" not in args
+    assert args[args.index("--ui-admin-users") + 1] == "alice"
+    assert "SPARK_LOCAL_IP=10.0.0.1" in args
+    assert SECRET not in proc.stdout + proc.stderr
+    secret_file.unlink()
+    proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 1 and "secret file" in proc.stderr
