@@ -88,9 +88,9 @@ class ArrowEngine:
                                       schema)
             return self._join_large(frame, spec, sizes, dict_dir)
 
-        train = rows([c for c in self.chunks if c.day != last])
-        evaluation = rows([c for c in self.chunks if c.day == last])
-        return train, evaluation, bool(spec.joined_columns)
+        train, _ = rows([c for c in self.chunks if c.day != last])
+        evaluation, shuffled = rows([c for c in self.chunks if c.day == last])
+        return train, evaluation, shuffled
 
     def _indexed_columns(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Columns the workers look up themselves: each within broadcast_max_values, smallest
@@ -115,15 +115,20 @@ class ArrowEngine:
                              eval_day=last.day, eval_half=last.eval_half)
 
     def _join_large(self, frame, spec: TransformSpec, sizes, dict_dir: Path):
+        """Ids of the columns the workers did not look up: Spark joins on the integer value,
+        broadcast up to broadcast_max_values (columns left out of the index by its budget),
+        shuffled above (never collected to the driver)."""
         from pyspark.sql import functions as F
 
         columns = [CAT_COLUMNS[j] for j in spec.joined_columns]
+        shuffled = False
         if columns:
-            frame, _ = map_categoricals(frame, self.session, dict_dir, sizes, broadcast_max_values=0,
-                                        columns=columns, dictionary_key=_hex_value)
+            frame, shuffled = map_categoricals(frame, self.session, dict_dir, sizes,
+                                               self.cfg.broadcast_max_values, columns=columns,
+                                               dictionary_key=_hex_value)
         return frame.select("split", "_k1", "_k2",
                             *[F.col(c).cast("int").alias(c) if c in columns else F.col(c)
-                              for c in OUTPUT_COLUMNS])
+                              for c in OUTPUT_COLUMNS]), shuffled
 
 
 def _hex_value(value):

@@ -97,3 +97,26 @@ def test_order_keys_are_sparks_xxhash64(spark):
         want_key, want_tie = train_keys(seed, day, lines)
         assert [r["key"] for r in got] == want_key.tolist()
         assert [r["tie"] for r in got] == want_tie.tolist()
+
+
+def test_broadcast_joins_instead_of_the_worker_index_give_the_same_bytes(tmp_path, spark):
+    """arrow_index_max_values=0: no worker index, every column joined by Spark (broadcast)."""
+    days = salted_days(43, 3, 300)
+    raw = write_days(tmp_path / "raw", days)
+    run(spark, raw, tmp_path / "indexed", "2", engine="arrow", max_reject_rate=0.5)
+    run(spark, raw, tmp_path / "joined", "2", engine="arrow", max_reject_rate=0.5,
+        arrow_index_max_values=0)
+    for split in SPLITS:
+        assert _split_files(tmp_path / "indexed", split) == _split_files(tmp_path / "joined", split)
+
+
+def test_engine_choice():
+    from pipeline.config import PreprocessConfig, SparkConfig
+    from spark_jobs.errors import PreprocessConfigError
+    from spark_jobs.preprocess import engine_name
+
+    assert engine_name(PreprocessConfig(), SparkConfig()) == "arrow"
+    assert engine_name(PreprocessConfig(), SparkConfig(gpu=True)) == "sql"   # RAPIDS runs SQL
+    assert engine_name(PreprocessConfig(engine="arrow"), SparkConfig(gpu=True)) == "arrow"
+    with pytest.raises(PreprocessConfigError, match="preprocess.engine 'fast'"):
+        engine_name(PreprocessConfig(engine="fast"), SparkConfig())
