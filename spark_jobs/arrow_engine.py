@@ -40,6 +40,8 @@ class ArrowEngine:
         self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
                                      count_flush_lines=COUNT_FLUSH_LINES)
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
+        if not session.sparkContext.master.startswith("local"):
+            _ship_code(session)
 
     def _over_chunks(self, chunks: list[Chunk], task, schema: str):
         """One partition (and so one task) per chunk."""
@@ -129,6 +131,21 @@ class ArrowEngine:
         return frame.select("split", "_k1", "_k2",
                             *[F.col(c).cast("int").alias(c) if c in columns else F.col(c)
                               for c in OUTPUT_COLUMNS]), shuffled
+
+
+def _ship_code(session) -> None:
+    """Executors unpickle the tasks by importing spark_jobs (and the pipeline modules it uses):
+    send both as a zip, so a cluster's Python needs only the pinned packages, not the project."""
+    import tempfile
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    archive = Path(tempfile.mkdtemp(prefix="criteo-dlrm-code-")) / "criteo_dlrm_code.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for package in ("spark_jobs", "pipeline"):
+            for source in sorted((root / package).rglob("*.py")):
+                zf.write(source, source.relative_to(root))
+    session.sparkContext.addPyFile(str(archive))
 
 
 def _hex_value(value):
