@@ -90,7 +90,7 @@ def keyed_rows(session, raw: Path, day: int, seed: int):
     fields = [F.col(LABEL), *map(F.col, INT_COLUMNS), *map(F.col, CAT_COLUMNS)]
     return frame.select(
         "day", F.monotonically_increasing_id().alias("pos"),
-        F.xxhash64(F.lit(seed), *fields).alias("key1"), F.hash(F.lit(seed), *fields).alias("key2"),
+        F.xxhash64(F.lit(seed), *fields).alias("_k1"), F.hash(F.lit(seed), *fields).cast("long").alias("_k2"),
         F.col(LABEL), *INT_COLUMNS,
         *[F.when(F.col(c).isNull(), F.lit(None).cast("long")).otherwise(value_key(F.col(c))).alias(c)
           for c in CAT_COLUMNS])
@@ -98,6 +98,8 @@ def keyed_rows(session, raw: Path, day: int, seed: int):
 
 def transform_splits(session, raw: Path, days: int, rows_per_day: int, sizes: dict[str, int],
                      dict_dir: Path, out: Path, cfg: PreprocessConfig) -> None:
+    from pyspark.sql import functions as F
+
     from spark_jobs import transform
     from spark_jobs.preprocess import train_files
 
@@ -109,12 +111,14 @@ def transform_splits(session, raw: Path, days: int, rows_per_day: int, sizes: di
     last = keyed_rows(session, raw, days - 1, cfg.shuffle_seed)
     boundary = (last.rdd.getNumPartitions() // 2) << 33  # a read-partition edge (see the doc)
     evaluation, shuffled = mapped(last)
-    frame = transform.all_splits(
-        transform.train_part(transform.output_projection(train, extra=("key1", "key2")),
-                             train_files(cfg, (days - 1) * rows_per_day)),
-        transform.eval_part(transform.output_projection(evaluation, extra=("pos",)), boundary,
-                            shuffled))
-    transform.write_parquet(frame, out, cfg.compression, partition_by="split")
+    split = F.when(F.col("pos") < F.lit(boundary), "test").otherwise("validation")
+    evaluation = transform.output_projection(evaluation.withColumn("split", split)
+                                             .withColumn("_k1", F.col("pos")), extra=("split", "_k1"))
+    transform.write_parquet(transform.eval_part(evaluation, shuffled), out, cfg.compression,
+                            partition_by="split")
+    train = transform.output_projection(train, extra=("_k1", "_k2"))
+    transform.write_parquet(transform.train_part(train, train_files(cfg, (days - 1) * rows_per_day)),
+                            out / "split=train", cfg.compression)
 
 
 def main() -> int:

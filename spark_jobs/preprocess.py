@@ -227,13 +227,16 @@ def _write_splits(session, engine, days: list[DayFile], layout: WorkdirLayout,
     with timer.stage("transform"):
         train, evaluation, shuffled = engine.split_rows(stats, sizes, dictionaries_dir(layout))
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        frame = transform.all_splits(transform.train_part(train, partitions),
-                                     transform.eval_part(evaluation, shuffled))
         staging = layout.parquet / ".splits-staging"
-        transform.write_parquet(frame, staging, cfg.compression, partition_by="split")
+        evaluation = transform.eval_part(evaluation, shuffled)
+        # test and validation first: their write replaces the staging directory
+        transform.write_parquet(evaluation, staging, cfg.compression, partition_by="split")
+        transform.write_parquet(transform.train_part(train, partitions), staging / "split=train",
+                                cfg.compression)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         for name in transform.move_split_dirs(staging, targets):
-            transform.write_empty_split(session, frame.drop("split"), targets[name], cfg.compression)
+            transform.write_empty_split(session, evaluation.drop("split"), targets[name],
+                                        cfg.compression)
     return {split: session.read.parquet(str(layout.parquet_split(split))).count()
             for split in SPLITS}
 
