@@ -68,22 +68,48 @@ def _stat_rows(day: int, chunk: int, stats: np.ndarray):
         "count": pa.array(stats[codes].astype(np.int64))})
 
 
-def _value_rows(day: int, pending: list[np.ndarray]):
-    """Per column, the counts of the values in ``pending`` ([26, lines] blocks of the valid
-    lines' categoricals, column-major so that each column is contiguous)."""
-    import pandas as pd
-    import pyarrow as pa
+class _ValueCounter:
+    """A chunk's value counts per column. Raw values are counted every ``flush_lines`` valid
+    lines (bounding memory); the partial counts are merged once at the end, so each distinct
+    value of the chunk reaches Spark's aggregation once (most values of the large columns are
+    rare: re-emitting them per flush multiplied the rows Spark had to sum)."""
 
-    values = np.concatenate(pending, axis=1)
-    for j in range(NUM_CATEGORICAL):
-        column = values[j]
-        counts = pd.Series(column[column != MISSING]).value_counts(sort=False)
-        if len(counts):
-            yield pa.record_batch({
-                "day": pa.array(np.full(len(counts), day, np.int32)),
-                "column": pa.array(np.full(len(counts), j, np.int32)),
-                "value": pa.array(counts.index.to_numpy(np.int64)),
-                "count": pa.array(counts.to_numpy(np.int64))})
+    def __init__(self, flush_lines: int):
+        self.flush_lines = flush_lines
+        self.pending: list[np.ndarray] = []      # [26, lines] blocks, column-major
+        self.pending_lines = 0
+        self.partials: list[list] = [[] for _ in range(NUM_CATEGORICAL)]
+
+    def add(self, cats: np.ndarray) -> None:
+        self.pending.append(np.ascontiguousarray(cats.T))
+        self.pending_lines += len(cats)
+        if self.pending_lines >= self.flush_lines:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pandas as pd
+
+        if not self.pending:
+            return
+        values = np.concatenate(self.pending, axis=1)
+        self.pending, self.pending_lines = [], 0
+        for j in range(NUM_CATEGORICAL):
+            column = values[j]
+            self.partials[j].append(pd.Series(column[column != MISSING]).value_counts(sort=False))
+
+    def batches(self, day: int):
+        import pandas as pd
+        import pyarrow as pa
+
+        self._flush()
+        for j, partials in enumerate(self.partials):
+            counts = partials[0] if len(partials) == 1 else pd.concat(partials).groupby(level=0).sum()
+            if len(counts):
+                yield pa.record_batch({
+                    "day": pa.array(np.full(len(counts), day, np.int32)),
+                    "column": pa.array(np.full(len(counts), j, np.int32)),
+                    "value": pa.array(counts.index.to_numpy(np.int64)),
+                    "count": pa.array(counts.to_numpy(np.int64))})
 
 
 def _add_stats(stats: np.ndarray, parsed) -> None:
@@ -101,18 +127,14 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
     def run(batches):
         for chunk, blocks in _blocks(chunks, batches, settings):
             stats = np.zeros(STAT_CODES, np.int64)
-            pending, pending_lines = [], 0
+            counter = _ValueCounter(settings.count_flush_lines) if chunk.day in count_days else None
             for block in blocks:
                 parsed = parse_block(block.data, block.starts, block.ends)
                 _add_stats(stats, parsed)
-                if chunk.day in count_days:
-                    pending.append(np.ascontiguousarray(parsed.cats[parsed.valid].T))
-                    pending_lines += pending[-1].shape[1]
-                    if pending_lines >= settings.count_flush_lines:
-                        yield from _value_rows(chunk.day, pending)
-                        pending, pending_lines = [], 0
-            if pending_lines:
-                yield from _value_rows(chunk.day, pending)
+                if counter is not None:
+                    counter.add(parsed.cats[parsed.valid])
+            if counter is not None:
+                yield from counter.batches(chunk.day)
             if stats[LINES]:
                 yield _stat_rows(chunk.day, chunk.index, stats)
     return run
