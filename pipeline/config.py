@@ -208,6 +208,10 @@ class PreflightConfig:
     train_samples_per_core_s_bf16: float = 7_700.0
     # Evaluation runs the forward pass only, about 3 times the training rate.
     eval_speedup: float = 3.0
+    # Fixed start-up of a stage whatever its size (JVM and session; TensorFlow and horovodrun),
+    # roughly as the stage logs of the embedded default run show on a 2-core machine.
+    spark_startup_s: float = 30.0
+    trainer_startup_s: float = 15.0
     # Memory one rank may give its embedding tables and optimizer state, in GiB. None = this
     # machine's memory divided by the ranks it runs (CPU training); set it to the GPU's memory
     # for GPU ranks. rank_reserve_gib is kept for TensorFlow, buffers and the dense part.
