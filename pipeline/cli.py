@@ -130,15 +130,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _preflight(config: PipelineConfig) -> int:
     """The run's preflight alone: its lines on stdout, its figures as the last (JSON) line."""
-    from pipeline.preflight import check
+    from pipeline.preflight import preflight_failed, report
 
-    config.force = False  # here --force has nothing to override: the verdict is the answer
-    try:
-        est = check(config, print)
-    except PipelineError as exc:
-        print(json.dumps({"status": f"failed: {exc.kind}", "error": str(exc)}, sort_keys=True))
-        raise
-    print(json.dumps({"status": "ok", **est.facts}, sort_keys=True), flush=True)
+    est = report(config, print)
+    refusal = preflight_failed("; ".join(est.shortfalls)) if est.shortfalls else None
+    status = {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}",
+                                                      "error": str(refusal)}
+    print(json.dumps({**status, **est.facts}, sort_keys=True), flush=True)
+    if refusal is not None:  # here --force has nothing to override: the verdict is the answer
+        raise refusal
     return 0
 
 

@@ -70,9 +70,8 @@ def disk_full_error(stage: str, path: str | Path) -> PipelineError:
     except OSError:
         free = "unknown"
     return PipelineError(f"disk full: stage {stage}: writing {path} failed (no space left on "
-                         f"device; {free} free on its filesystem now, after the stage's own "
-                         "clean-up): free space there and run again (finished stages are "
-                         "skipped)", ExitCode.DISK_FULL)
+                         f"device; {free} free on its filesystem now): free space there and run "
+                         "again (finished stages are skipped)", ExitCode.DISK_FULL)
 
 
 def fullest(paths: Iterable[str | Path]) -> Path:

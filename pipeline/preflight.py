@@ -422,10 +422,9 @@ def estimate(config: PipelineConfig) -> Estimate:
     return est
 
 
-def check(config: PipelineConfig, emit) -> Estimate:
-    """Print the estimate through ``emit``; raise the one-line refusal on a shortfall unless
-    ``config.force``. A preflight that cannot read something says so and lets the run go: the
-    stages report their own errors better."""
+def report(config: PipelineConfig, emit) -> Estimate:
+    """Print the estimate through ``emit``. A preflight that cannot read something says so and
+    lets the run go: the stages report their own errors better."""
     try:
         est = estimate(config)
     except (OSError, ValueError) as exc:
@@ -435,11 +434,20 @@ def check(config: PipelineConfig, emit) -> Estimate:
         emit(f"preflight {line}")
     for warning in est.warnings:
         emit(f"preflight warning: {warning}")
-    if est.shortfalls:
-        if config.force:
-            for shortfall in est.shortfalls:
-                emit(f"preflight shortfall ignored (--force): {shortfall}")
-        else:
-            raise preflight_failed("; ".join(est.shortfalls))
     return est
 
+
+def verdict(est: Estimate, config: PipelineConfig, emit) -> None:
+    """The one-line refusal on a shortfall, unless ``config.force``."""
+    if not est.shortfalls:
+        return
+    if not config.force:
+        raise preflight_failed("; ".join(est.shortfalls))
+    for shortfall in est.shortfalls:
+        emit(f"preflight shortfall ignored (--force): {shortfall}")
+
+
+def check(config: PipelineConfig, emit) -> Estimate:
+    est = report(config, emit)
+    verdict(est, config, emit)
+    return est

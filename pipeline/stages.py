@@ -360,6 +360,9 @@ def _train_run(ctx: StageContext) -> Outcome:
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
     result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
     if result.returncode != 0:
+        # A checkpoint being written when the ranks died is never used: give its space back.
+        for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
     engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary or {})

@@ -123,13 +123,40 @@ def raw(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fresh5(tmp_path_factory, configs, raw):
-    """The normal run: Spark at threshold 5, parquet kept."""
-    workdir = tmp_path_factory.mktemp("fresh5")
-    proc, _ = run(workdir, configs / "small.yaml", "--input", str(raw), "--frequency-threshold",
-                  "5", "--stages", "preprocess,convert")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
+def fresh5(tmp_path_factory, raw):
+    """The reference: Spark from scratch at threshold 5, then a conversion, parquet kept (in
+    this process, on the shared local session: no second JVM start)."""
+    from converters.convert import convert_parquet
+    from pipeline.config import ConvertConfig, PreprocessConfig, SparkConfig
+    from pipeline.layout import WorkdirLayout
+    from spark_jobs.preprocess import run_preprocess
+
+    layout = WorkdirLayout.at(tmp_path_factory.mktemp("fresh5"))
+    run_preprocess(raw, layout.root, SparkConfig(master="local[2]", driver_memory="2g"),
+                   PreprocessConfig(frequency_threshold="5"))
+    convert_parquet(layout.parquet, layout.binary, ConvertConfig(batch_rows=512, progress=False))
+    return layout.root
+
+
+@pytest.fixture(scope="module")
+def lean(tmp_path_factory, raw):
+    """A lean-mode run whose Spark job dies of a full spark.local.dir, then the same command
+    once space is freed. Returns the workdir, the config and the first run's result."""
+    if not _can_mount():
+        pytest.skip("mounting a tmpfs needs root")
+    root = tmp_path_factory.mktemp("lean")
+    workdir = root / "w"
+    with tmpfs(root / "local", "4m") as local:
+        config = root / "lean.yaml"
+        config.write_text(LEAN.replace("spark:\n", f"spark:\n  local_dir: {local}\n"))
+        ballast = fill(local, 16 * 1024)
+        first = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert",
+                    "--force")
+        ballast.unlink()  # space freed (and the filesystem grown): the same command, without
+        subprocess.run(["mount", "-o", "remount,size=256m", str(local)], check=True)  # --force
+        second, _ = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
+        assert second.returncode == 0, second.stderr[-3000:]
+    return workdir, config, first, local
 
 
 # ---------------------------------------------------------------- preflight
@@ -177,42 +204,40 @@ def test_rows_are_estimated_from_a_sample_of_each_file(tmp_path):
 
 
 @pytest.mark.spark
-def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, fresh5, raw, configs):
+def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean, raw):
+    workdir = lean[0]
     tight = tmp_path / "tight.yaml"
     tight.write_text(SMALL + "preflight:\n  rank_memory_gib: 6.00001\n")  # ~10 KiB for tables
     proc = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--workdir",
-                           str(fresh5), "--input", str(raw), "--config", str(tight),
-                           "--frequency-threshold", "5"], capture_output=True, text=True)
+                           str(workdir), "--input", str(raw), "--config", str(tight)],
+                          capture_output=True, text=True)
     assert proc.returncode == ExitCode.INPUT_DATA, proc.stdout + proc.stderr
     assert "18,000 rows (counted by the last preprocess run)" in proc.stdout
     assert "embedding tables per rank" in proc.stdout and "fullest rank" in proc.stderr
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    quality = json.loads((fresh5 / "parquet" / "data_quality.json").read_text())
-    assert facts["rows"] == quality["totals"]["rows_read"]
-    sizes = json.loads((fresh5 / "binary" / "dataset.json").read_text())["table_sizes"]
-    dim = 16  # the small preset
-    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * dim * 4
+    quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
+    assert facts["rows"] == quality["totals"]["rows_read"] == 18_000
+    from converters.format import model_size_list
+
+    model_size = workdir / "parquet" / "model_size.json"  # the parquet's threshold: 2, as asked
+    sizes = model_size_list(json.loads(model_size.read_text()), model_size)
+    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4  # small preset: dim 16
 
 
 # ---------------------------------------------------------------- lean disk + Spark full
-@needs_mount
 @pytest.mark.spark
-def test_full_spark_local_dir_then_lean_rerun_then_raise_without_spark(tmp_path, configs, raw,
-                                                                       fresh5):
-    workdir = tmp_path / "w"
-    with tmpfs(tmp_path / "local", "4m") as local:
-        config = tmp_path / "lean.yaml"
-        config.write_text(LEAN.replace("spark:\n", f"spark:\n  local_dir: {local}\n"))
-        ballast = fill(local, 16 * 1024)
-        proc, summary = run(workdir, config, "--input", str(raw), "--stages",
-                            "preprocess,convert", "--force")
-        assert_one_line_disk_full(proc, summary, "preprocess", str(local))
-        assert not (workdir / "manifests" / "preprocess.done").exists()
-        assert "convert" not in summary["stages"]
+def test_a_full_spark_local_dir_fails_preprocess_in_one_line(lean):
+    workdir, _config, (proc, summary), local = lean
+    assert_one_line_disk_full(proc, summary, "preprocess", str(local))
+    assert "convert" not in summary["stages"]
+    history = [json.loads(l) for l in (workdir / "manifests" / "history.jsonl").read_text().splitlines()]
+    assert history[0]["status"] == "failed: disk_full"  # and nothing was marked done then:
+    assert history[1]["stages"]["preprocess"]["action"] == "ran"
 
-        ballast.unlink()  # space freed: the same command without --force completes
-        proc, summary = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+
+@pytest.mark.spark
+def test_lean_mode_removes_the_parquet_and_a_raise_still_equals_a_fresh_run(lean, raw, fresh5):
+    workdir, config, _first, _local = lean
     parquet = workdir / "parquet"
     assert not any((parquet / s).exists() for s in ("train", "test", "validation"))
     removed = json.loads((parquet / "_REMOVED.json").read_text())
@@ -268,7 +293,7 @@ def test_full_disk_in_convert_then_rerun_is_byte_identical(tmp_path, configs, fr
         proc, summary = run(workdir, configs / "small.yaml", "--stages", "convert",
                             "--frequency-threshold", "5", "--input", str(fs))
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert same_tree(workdir / "binary", fresh5 / "binary") == []
+        assert same_tree(workdir / "binary", fresh5 / "binary", ignore=("dataset.json",)) == []
 
 
 @needs_mount
@@ -277,11 +302,12 @@ def test_full_disk_when_checkpointing_then_rerun_completes(tmp_path, configs, fr
     with tmpfs(tmp_path / "fs", "8m") as fs:
         workdir = fs / "w"
         _copy_into(fresh5, workdir, ("binary", "counts"))
-        ballast = fill(fs, 8 * 1024)
+        ballast = fill(fs, 256 * 1024)  # the run starts; the ~600 KiB checkpoint does not fit
         proc, summary = run(workdir, configs / "small.yaml", "--stages", "train", "--force",
                             "--max-steps", "3", "--input", str(fs))
-        assert_one_line_disk_full(proc, summary, "train", str(workdir))
+        assert_one_line_disk_full(proc, summary, "train", str(workdir / "checkpoints"))
         assert not (workdir / "manifests" / "train.done").exists()
+        assert not list((workdir / "checkpoints").glob(".step-*"))  # the partial one is gone
         ballast.unlink()
         proc, summary = run(workdir, configs / "small.yaml", "--stages", "train",
                             "--max-steps", "3", "--input", str(fs))
