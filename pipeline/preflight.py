@@ -256,6 +256,8 @@ def _disk(config: PipelineConfig, layout: WorkdirLayout, est: Estimate, rows: in
                 + (f" (+ {human(transient)} Spark shuffle while it runs)" if transient else "")
                 + "".join(f"; {a} {human(full[a])}" + (f", {human(existing[a])} there"
                                                        if existing[a] else "")
+                          + (" (at most: 4-byte ids until the counts exist)"
+                             if a == "binary" and sizes is None else "")
                           for a in artifacts if a in full))
         if stage == "convert" and not config.preprocess.keep_parquet:
             grown -= full["parquet"]
