@@ -1,7 +1,7 @@
 """Peak disk use of a pipeline run, with and without the lean-disk mode (keep_parquet: false).
 
 The workdir and Spark's local directory each get a tmpfs of their own (root only), so the
-filesystem's used bytes, sampled every 0.1 s, are exactly what the run holds there; the raw
+filesystem's used bytes, sampled every 5 ms, are exactly what the run holds there; the raw
 input stays outside. Each variant runs preprocess, convert and a short train from scratch.
 Prints one line per variant: peak and final bytes of the workdir, peak of spark.local.dir.
 
@@ -40,7 +40,7 @@ def used(path: Path) -> int:
 
 
 class PeakSampler(threading.Thread):
-    def __init__(self, paths: list[Path], every: float = 0.1):
+    def __init__(self, paths: list[Path], every: float = 0.005):
         super().__init__(daemon=True)
         self.paths, self.every = paths, every
         self.peaks = {p: used(p) for p in paths}
