@@ -449,6 +449,36 @@ def verdict(est: Estimate, config: PipelineConfig, emit) -> None:
         emit(f"preflight shortfall ignored (--force): {shortfall}")
 
 
+def before_train(config: PipelineConfig, emit) -> None:
+    """What the first preflight could not tell before the counts existed: the tables per rank
+    and the checkpoints' disk, from the binary dataset the train stage is about to read."""
+    layout = WorkdirLayout.at(config.workdir)
+    info = read_json(layout.binary / "dataset.json") or {}
+    sizes = info.get("table_sizes")
+    if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
+        return
+    est = Estimate()
+    state_factor = 3 if config.train.optimizer == "adam" else 1
+    try:
+        _memory(dataclasses.replace(config, stages=["train"]), est, sizes, state_factor)
+        dims, dense = _dims(config)
+        one = (sum(sizes) * dims.embedding_dim + dense) * 4 * state_factor
+        need = one * (config.train.keep_checkpoints + 1)
+        there = tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0
+        free = free_bytes(layout.checkpoints)
+        est.say(f"disk: checkpoints {human(need)} ({config.train.keep_checkpoints} kept + the one "
+                f"being written), {human(there)} there, {human(free)} free")
+        if need - there > free * (1 - config.preflight.disk_headroom):
+            est.shortfalls.append(f"the checkpoints need {human(need - there)} more disk in "
+                                  f"{layout.checkpoints} but its filesystem has {human(free)} free")
+    except (OSError, ValueError) as exc:
+        emit(f"preflight (before train) incomplete: {exc}")
+        return
+    for line in est.lines:
+        emit(f"preflight (before train) {line}")
+    verdict(est, config, emit)
+
+
 def check(config: PipelineConfig, emit) -> Estimate:
     est = report(config, emit)
     verdict(est, config, emit)

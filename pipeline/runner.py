@@ -250,10 +250,13 @@ def run_pipeline(config: PipelineConfig) -> int:
         current: tuple[str, float] | None = None
         warned = False
         try:
+            preflight = None
             if config.preflight.enabled:
-                from pipeline.preflight import check
+                from pipeline import preflight
 
-                check(config, log.info)  # a shortfall refuses the run here, before any stage
+                # A shortfall refuses the run here, before any stage; what needs the counts
+                # (tables per rank, checkpoints) is checked again before train if unknown now.
+                tables_known = "embedding_bytes_per_rank" in preflight.check(config, log.info).facts
             ctx = StageContext(config, layout, ManifestStore(layout.manifests),
                                _write_effective_config(config, layout))
             for name in wanted:
@@ -264,6 +267,8 @@ def run_pipeline(config: PipelineConfig) -> int:
                     _warn_if_dataset_threshold_differs(ctx)
                     warned = True
                 current = (name, time.time())
+                if name == "train" and preflight is not None and not tables_known:
+                    preflight.before_train(config, log.info)
                 records.append(_run_stage(name, ctx, config.force))
                 current = None
         except Exception as exc:  # noqa: BLE001 — sorted below: known kinds, full disk, a bug

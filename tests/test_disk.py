@@ -224,6 +224,22 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
     assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4  # small preset: dim 16
 
 
+@pytest.mark.spark
+def test_tables_unknown_up_front_are_checked_again_before_train(tmp_path, fresh5):
+    """No counts at the start (binary dataset only): the tables per rank are checked once the
+    train stage is next, before any trainer process starts."""
+    workdir = tmp_path / "w"
+    _copy_into(fresh5, workdir, ("binary",))
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(SMALL + "preflight:\n  rank_memory_gib: 6.00001\n")
+    proc, summary = run(workdir, tight, "--stages", "train", "--input", str(tmp_path))
+    assert proc.returncode == ExitCode.INPUT_DATA, proc.stderr[-3000:]
+    assert "not known until the counts exist" in proc.stderr
+    assert "preflight (before train) memory: embedding tables" in proc.stderr
+    assert summary["status"] == "failed: preflight"
+    assert not (workdir / "logs" / "train.log").exists()  # no trainer was started
+
+
 # ---------------------------------------------------------------- lean disk + Spark full
 @pytest.mark.spark
 def test_a_full_spark_local_dir_fails_preprocess_in_one_line(lean):
