@@ -327,8 +327,13 @@ def _memory(config: PipelineConfig, est: Estimate, sizes: list[int] | None,
     if config.preflight.rank_memory_gib is not None:
         budget = config.preflight.rank_memory_gib * 2**30
         where = f"preflight.rank_memory_gib {config.preflight.rank_memory_gib:g} GiB per rank"
+    elif _ranks_here(config) == 0:
+        est.say(f"memory: embedding tables per rank: fullest {human(fullest)} (planner, "
+                f"{world} ranks); the ranks run on other hosts: set preflight.rank_memory_gib "
+                "to check it")
+        return
     else:
-        here = max(1, _ranks_here(config))
+        here = _ranks_here(config)
         budget = total / here
         where = f"this machine's {human(total)} / {here} ranks"
     usable = budget - config.preflight.rank_reserve_gib * 2**30
