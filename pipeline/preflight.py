@@ -171,7 +171,8 @@ def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | N
     """Rows per day from the data-quality report, when it was made from these very files."""
     manifest = read_json(layout.manifests / "preprocess.json") or {}
     quality = read_json(layout.data_quality) or {}
-    if manifest.get("inputs", {}).get("raw") != tree_fingerprint(raw, ignore=("generator_meta.json",)):
+    now = tree_fingerprint(raw, ignore=("generator_meta.json",))
+    if manifest.get("inputs", {}).get("raw") != now:
         return None
     per_day = {d.get("file"): d.get("rows_read") for d in quality.get("days", [])}
     if [d.name for d in days] != list(per_day) or None in per_day.values():
@@ -315,8 +316,9 @@ def _memory(config: PipelineConfig, est: Estimate, sizes: list[int] | None,
     dims, _dense = _dims(config)
     world = config.launch.np
     try:
+        split_bytes = config.train.column_split_threshold_mb * 2**20
         placement = plan_placement(sizes, dims.embedding_dim, world,
-                                   split_threshold_bytes=config.train.column_split_threshold_mb * 2**20,
+                                   split_threshold_bytes=split_bytes,
                                    force_split=config.train.force_column_split)
     except ValueError as exc:
         est.shortfalls.append(f"no table placement over {world} ranks: {exc}")
@@ -370,7 +372,8 @@ def _time(config: PipelineConfig, est: Estimate, rows: int | None, test_rows: in
         from trainer.dims import PRESETS, dense_parameters
 
         dims, dense = _dims(config)
-        scale = dense_parameters(PRESETS["default"]) / max(1, dense)  # rates are the default model's
+        # The rates are the default model's: scale by the dense part's size.
+        scale = dense_parameters(PRESETS["default"]) / max(1, dense)
         rate = (pre.train_samples_per_core_s_bf16 if config.train.amp
                 else pre.train_samples_per_core_s) * scale
         if config.train.max_steps:

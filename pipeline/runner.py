@@ -214,7 +214,8 @@ def _classify(exc: BaseException, stage: str, config: PipelineConfig,
     try:
         outputs = {"generate": layout.raw, "preprocess": layout.parquet, "convert": layout.binary,
                    "train": layout.checkpoints}
-        candidates = [str(outputs.get(stage, layout.manifests if stage == "setup" else layout.root))]
+        default = layout.manifests if stage == "setup" else layout.root
+        candidates = [str(outputs.get(stage, default))]
         if stage == "preprocess":
             candidates += _spark_local_dirs(config)
         return as_disk_full(exc, stage, fullest(candidates))
