@@ -4,6 +4,8 @@
                     [--hosts H] [--spark-master URL] [--spark-secret-file FILE] [--gpu]
                     [--max-steps N] [--stages generate,preprocess,convert,train,eval,export,score]
                     [--score-input FILE[,FILE...]] [--config YAML] [--force]
+    run_pipeline.sh preflight --input RAW_DIR --workdir DIR [--config YAML] [run flags]
+                                                     # disk, memory, time: will it fit?
     run_pipeline.sh plan --workdir DIR [--thresholds 1,2,5,15] [--embedding-dim 128]
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
 
@@ -28,8 +30,9 @@ from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
-                   "3 workdir locked by another run, 4 input data, 5 Spark job, 6 convert, "
-                   "7 dataset did not verify, 8 train, 9 eval, 10 export, 11 score, 130 interrupted "
+                   "3 workdir locked by another run, 4 input data or preflight shortfall, "
+                   "5 Spark job, 6 convert, 7 dataset did not verify, 8 train, 9 eval, "
+                   "10 export, 11 score, 12 disk full, 130 interrupted "
                    "(docs/pipeline.md). The last stdout line is a one-line JSON summary.")
 
 
@@ -63,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub.add_parser("run", help="run stages (the default command)", description=__doc__,
                                epilog=EXIT_CODES_HELP,
                                formatter_class=argparse.RawDescriptionHelpFormatter))
+    _run_parser(sub.add_parser("preflight", help="disk, memory and time the run needs, against "
+                               "what this machine has (no Spark; exit 4 when it cannot fit)"))
     plan = sub.add_parser("plan", help="table sizes and embedding memory per threshold")
     plan.add_argument("--workdir", default="workdir")
     plan.add_argument("--thresholds", default="1,2,3,5,10,15,25,50")
@@ -149,6 +154,20 @@ def _plan(args: argparse.Namespace) -> int:
     return converters_main(argv + (["--json"] if args.json else []))
 
 
+def _preflight(config: PipelineConfig) -> int:
+    """The run's preflight alone: its lines on stdout, its figures as the last (JSON) line."""
+    from pipeline.preflight import preflight_failed, report
+
+    est = report(config, print)
+    refusal = preflight_failed("; ".join(est.shortfalls)) if est.shortfalls else None
+    status = {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}",
+                                                      "error": str(refusal)}
+    print(json.dumps({**status, **est.facts}, sort_keys=True), flush=True)
+    if refusal is not None:  # here --force has nothing to override: the verdict is the answer
+        raise refusal
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-"):
@@ -169,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = apply_flags(config, args)
         validate(config)
+        if args.command == "preflight":
+            return _preflight(config)
         from pipeline.runner import run_pipeline
 
         return run_pipeline(config)

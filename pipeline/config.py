@@ -120,6 +120,12 @@ class PreprocessConfig:
     # itself (~40 bytes per value); smallest first, at most this many values in all. Columns
     # left out (or above broadcast_max_values) are joined by Spark with a shuffle instead.
     arrow_index_max_values: int = 20_000_000
+    # False: the lean-disk mode. The parquet splits are deleted once the binary dataset made
+    # from them is complete and verified (the counts, dictionary sizes and data-quality report
+    # stay), saving ~57 bytes per row (231 GB on the Terabyte logs, docs/sizing.md). Raising
+    # the threshold still needs no Spark (it derives from the binary dataset and the counts);
+    # anything else that needs the parquet again reruns the Spark job.
+    keep_parquet: bool = True
 
 
 @dataclass
@@ -227,6 +233,46 @@ class ScoreConfig:
 
 
 @dataclass
+class PreflightConfig:
+    """The up-front check of disk, memory and time (pipeline/preflight.py, docs/pipeline.md).
+
+    Bytes per row are the measured ones of docs/sizing.md section 3; rates are per core (or per
+    CPU-second) from bench/README.md, so the estimates scale with the cores of the machine.
+    """
+
+    enabled: bool = True
+    # Bytes read from the start of each day file to measure bytes per line (gzip: compressed
+    # bytes per line, from the same amount of compressed input).
+    sample_bytes: int = 4 * 2**20
+    # A stage's estimated disk need must fit in the free space less this fraction of it.
+    disk_headroom: float = 0.1
+    generated_bytes_per_row: float = 244.0   # the generator's plain text (bench/README.md)
+    parquet_bytes_per_row: float = 56.6
+    shuffle_bytes_per_row: float = 139.4     # Spark shuffle files, on spark.local.dir
+    counts_bytes_per_row: float = 10.0       # per-day value counts; grows with distinct values
+    # Binary dataset before the counts exist: label 1 B + 13 float16 + 26 ids of at most 4 B.
+    binary_bytes_per_row_bound: float = 131.0
+    # Rates on this project's benchmark input (bench/README.md): Spark 24M Terabyte-shaped rows
+    # in 387.8 s on 2 cores; convert ~0.4-0.6 CPU-s per 1M rows (a busy core: 400k rows/s);
+    # trainer, default model, batch 4096: ~10k samples/s float32 / ~15.5k bfloat16 on 2 cores.
+    spark_rows_per_core_s: float = 30_900.0
+    convert_rows_per_core_s: float = 400_000.0
+    train_samples_per_core_s: float = 5_000.0
+    train_samples_per_core_s_bf16: float = 7_700.0
+    # Evaluation runs the forward pass only, about 3 times the training rate.
+    eval_speedup: float = 3.0
+    # Fixed start-up of a stage whatever its size (JVM and session; TensorFlow and horovodrun),
+    # roughly as the stage logs of the embedded default run show on a 2-core machine.
+    spark_startup_s: float = 30.0
+    trainer_startup_s: float = 15.0
+    # Memory one rank may give its embedding tables and optimizer state, in GiB. None = this
+    # machine's memory divided by the ranks it runs (CPU training); set it to the GPU's memory
+    # for GPU ranks. rank_reserve_gib is kept for TensorFlow, buffers and the dense part.
+    rank_memory_gib: float | None = None
+    rank_reserve_gib: float = 6.0
+
+
+@dataclass
 class LaunchConfig:
     """How the trainer is started: one process, or horovodrun over ranks and hosts."""
 
@@ -248,6 +294,7 @@ class PipelineConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
 
 class ConfigError(ValueError):

@@ -22,12 +22,16 @@ class ExitCode(IntEnum):
     EVAL = 9               # evaluation failed
     EXPORT = 10            # the SavedModel export failed (or the model is too big to export)
     SCORE = 11             # batch scoring failed
+    DISK_FULL = 12         # a write failed for lack of space (ENOSPC / quota) at any stage
     INTERRUPTED = 130      # SIGINT / SIGTERM
 
 
 class PipelineError(Exception):
     """A failure with a known kind: its message is meant for the user, without a traceback."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILED):
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILED, kind: str | None = None):
         super().__init__(message)
         self.code = code
+        # The summary's status word; the exit code's name unless a finer one helps a scheduler
+        # (exit 4 is both bad input data and a preflight refusal).
+        self.kind = kind or code.name.lower()

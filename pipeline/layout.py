@@ -8,6 +8,7 @@ product's interface (schedulers read it), so change it only with a note in the R
     DIR/parquet/{train,test,validation}/   transformed parquet
     DIR/parquet/model_size.json   table sizes of the parquet dataset
     DIR/parquet/data_quality.json rows read / written / padded / rejected per reason per day
+    DIR/parquet/_REMOVED.json     the splits were deleted after conversion (keep_parquet: false)
     DIR/rejects/                  rejected raw lines with their reason
     DIR/binary/{train,test,validation}/    split binary dataset (+ model_size.json, dataset.json)
     DIR/checkpoints/              trainer checkpoints (one subfolder per rank for its tables)
@@ -50,6 +51,11 @@ class WorkdirLayout:
     @property
     def parquet_model_size(self) -> Path:
         return self.parquet / "model_size.json"
+
+    @property
+    def parquet_removed(self) -> Path:
+        """Written when the lean-disk mode deleted the parquet splits (what, when, why)."""
+        return self.parquet / "_REMOVED.json"
 
     @property
     def data_quality(self) -> Path:

@@ -34,11 +34,13 @@ class WorkdirLock:
             raise PipelineError(
                 f"workdir {self.path.parent} is in use by another pipeline run ({holder}); "
                 "wait for it to finish or use another --workdir", ExitCode.LOCKED) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-        fh.flush()
+        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        os.ftruncate(fh.fileno(), 0)
+        try:  # who holds the lock, for a second run's message: not worth failing over (full disk)
+            os.pwrite(fh.fileno(), holder.encode(), 0)
+        except OSError:
+            os.ftruncate(fh.fileno(), 0)
         self._fh = fh
         return self
 

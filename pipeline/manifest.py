@@ -8,6 +8,7 @@ leaves either a finished stage or one that will be redone.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -23,12 +24,16 @@ def write_json_atomic(path: Path, data: Any, sort_keys: bool = True) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=sort_keys, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=sort_keys, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also be left a half-written temp file
+        raise
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -94,5 +99,12 @@ class ManifestStore:
 
     def append_history(self, entry: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / "history.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
+        line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
+        with open(self.directory / "history.jsonl", "ab", buffering=0) as fh:
+            size = fh.seek(0, os.SEEK_END)
+            try:
+                if fh.write(line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), fh.name)
+            except OSError:  # a full disk: no half line for the next run to append to
+                os.ftruncate(fh.fileno(), size)
+                raise

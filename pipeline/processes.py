@@ -51,6 +51,46 @@ PROGRESS_TTY_ENV = "CRITEO_DLRM_PROGRESS_TTY"
 _current: subprocess.Popen | None = None
 
 
+class StageLog:
+    """A child's output file, line-buffered so `tail -f logs/<stage>.log` follows a long stage.
+
+    When the file cannot be written (a full disk), the child's output is still read (a child
+    blocked on a full pipe would hang) and its last lines kept in memory for the error message.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._fh = open(path, "a", encoding="utf-8", buffering=1)
+        except OSError as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        self._fh = None
+        log.warning("stage log %s cannot be written (%s): its output is not kept",
+                    self.path, exc.strerror or exc)
+
+    def write(self, text: str) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(text)
+        except OSError as exc:
+            self._close_quietly()
+            self._give_up(exc)
+
+    def _close_quietly(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._close_quietly()
+            self._fh = None
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGKILL it when the pipeline process dies.
 
@@ -84,27 +124,29 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
               cwd: Path | None = None) -> ChildResult:
     """Run ``argv``, append its combined output to ``log_path``, return code + JSON summary."""
     global _current
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # StageLog says so
     log.info("running: %s", shlex.join(argv))
     tail: deque[str] = deque(maxlen=200)
-    # Line-buffered, so `tail -f logs/<stage>.log` follows a long stage as it runs.
-    with open(log_path, "a", encoding="utf-8", buffering=1) as sink:
-        sink.write(f"\n$ {shlex.join(argv)}\n")
-        sink.flush()
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env={**os.environ, **(env or {})}, cwd=cwd,
-                                 start_new_session=True, bufsize=1, errors="replace",
-                                 preexec_fn=_die_with_parent)
-        _current = child
-        try:
-            assert child.stdout is not None
-            for line in child.stdout:
-                sink.write(line)
-                tail.append(line.rstrip("\n"))
-            child.wait()
-        finally:
-            if child.poll() is None:
-                terminate_current_child()
-            _current = None
+    sink = StageLog(log_path)
+    sink.write(f"\n$ {shlex.join(argv)}\n")
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, **(env or {})}, cwd=cwd,
+                             start_new_session=True, bufsize=1, errors="replace",
+                             preexec_fn=_die_with_parent)
+    _current = child
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            sink.write(line)
+            tail.append(line.rstrip("\n"))
+        child.wait()
+    finally:
+        if child.poll() is None:
+            terminate_current_child()
+        _current = None
+        sink.close()
     lines = list(tail)
     return ChildResult(child.returncode, _last_json_line(lines), lines[-25:])

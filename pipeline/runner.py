@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from pipeline.config import STAGES, PipelineConfig, config_to_dict
+from pipeline.diskspace import as_disk_full, fullest
 from pipeline.errors import ExitCode, PipelineError
 from pipeline.layout import WorkdirLayout
 from pipeline.lock import WorkdirLock
@@ -29,19 +30,56 @@ from pipeline.thresholds import parse_threshold_spec
 log = logging.getLogger("pipeline")
 
 
+class FallbackFileHandler(logging.FileHandler):
+    """The run's log file, which gives up quietly when it cannot be written (a full disk).
+
+    Every line also goes to stderr, so nothing is lost: the handler says once that the file is
+    out of use instead of printing logging's own traceback for every line.
+    """
+
+    def __init__(self, path: Path):
+        super().__init__(path, encoding="utf-8", delay=True)
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 — logging's name
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)
+            return
+        self.failed = True
+        try:
+            if self.stream is not None:
+                self.stream.close()
+        except OSError:
+            pass
+        self.stream = None
+        print(f"[pipeline] log file {self.baseFilename} cannot be written "
+              f"({exc.strerror or exc}); logging to stderr only", file=sys.stderr, flush=True)
+
+
 def _setup_logging(layout: WorkdirLayout) -> Path:
-    layout.logs.mkdir(parents=True, exist_ok=True)
+    """Log to stderr, and to a timestamped file under logs/ while that can be written."""
     path = layout.logs / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}.log"
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
-    file_handler = logging.FileHandler(path, encoding="utf-8")
-    file_handler.setFormatter(fmt)
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter("[pipeline] %(message)s"))
-    log.addHandler(file_handler)
     log.addHandler(console)
+    try:
+        layout.logs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"[pipeline] log directory {layout.logs} cannot be created ({exc.strerror or exc}); "
+              "logging to stderr only", file=sys.stderr, flush=True)
+        return path
+    file_handler = FallbackFileHandler(path)
+    file_handler.setFormatter(fmt)
+    log.addHandler(file_handler)
     return path
 
 
@@ -152,10 +190,45 @@ def _generation_interrupted(layout: WorkdirLayout) -> bool:
 def _prepare_workdir(layout: WorkdirLayout) -> Path:
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
-        return _setup_logging(layout)
     except OSError as exc:
+        full = as_disk_full(exc, "setup", layout.root)
+        if full is not None:
+            raise full from None
         raise PipelineError(f"workdir {layout.root} cannot be created or written: "
                             f"{exc.strerror or exc}", ExitCode.USAGE) from None
+    return _setup_logging(layout)
+
+
+def _spark_local_dirs(config: PipelineConfig) -> list[str]:
+    """Where a local Spark job writes its shuffle files (a full disk there fails preprocess)."""
+    from pipeline.preflight import spark_local_dirs
+
+    return [str(p) for p in spark_local_dirs(config)]
+
+
+def _classify(exc: BaseException, stage: str, config: PipelineConfig,
+              layout: WorkdirLayout) -> PipelineError | None:
+    """A failure caused by a full disk, as its one-line error (None for any other failure)."""
+    if isinstance(exc, PipelineError) and exc.code == ExitCode.DISK_FULL:
+        return exc
+    try:
+        outputs = {"generate": layout.raw, "preprocess": layout.parquet, "convert": layout.binary,
+                   "train": layout.checkpoints}
+        default = layout.manifests if stage == "setup" else layout.root
+        candidates = [str(outputs.get(stage, default))]
+        if stage == "preprocess":
+            candidates += _spark_local_dirs(config)
+        return as_disk_full(exc, stage, fullest(candidates))
+    except OSError:
+        return as_disk_full(exc, stage, layout.root)
+
+
+def _save_quietly(what: str, write) -> None:
+    """History, summary: worth a warning, never a crash, when the disk is full."""
+    try:
+        write()
+    except OSError as exc:
+        log.warning("%s not saved: %s", what, exc.strerror or exc)
 
 
 def run_pipeline(config: PipelineConfig) -> int:
@@ -181,6 +254,13 @@ def run_pipeline(config: PipelineConfig) -> int:
         current: tuple[str, float] | None = None
         warned = False
         try:
+            preflight = None
+            if config.preflight.enabled:
+                from pipeline import preflight
+
+                # A shortfall refuses the run here, before any stage; what needs the counts
+                # (tables per rank, checkpoints) is checked again before train if unknown now.
+                tables_known = "embedding_bytes_per_rank" in preflight.check(config, log.info).facts
             ctx = StageContext(config, layout, ManifestStore(layout.manifests),
                                _write_effective_config(config, layout))
             for name in wanted:
@@ -191,14 +271,20 @@ def run_pipeline(config: PipelineConfig) -> int:
                     _warn_if_dataset_threshold_differs(ctx)
                     warned = True
                 current = (name, time.time())
+                if name == "train" and preflight is not None and not tables_known:
+                    preflight.before_train(config, log.info)
                 records.append(_run_stage(name, ctx, config.force))
                 current = None
-        except PipelineError as exc:
-            status, code = f"failed: {exc.code.name.lower()}", exc.code
-            log.error("%s", exc)
-        except Exception as exc:  # noqa: BLE001 — a bug: logged with its traceback, exit 1
-            status, code = "failed: failed", ExitCode.FAILED
-            log.exception("unexpected error: %s", exc)
+        except Exception as exc:  # noqa: BLE001 — sorted below: known kinds, full disk, a bug
+            known = _classify(exc, current[0] if current else "setup", config, layout)
+            if known is None and isinstance(exc, PipelineError):
+                known = exc
+            if known is not None:
+                status, code = f"failed: {known.kind}", known.code
+                log.error("%s", known)
+            else:  # a bug: logged with its traceback, exit 1
+                status, code = "failed: failed", ExitCode.FAILED
+                log.exception("unexpected error: %s", exc)
         finally:
             if current is not None:  # the stage that failed or was interrupted
                 name, started = current
@@ -206,9 +292,10 @@ def run_pipeline(config: PipelineConfig) -> int:
                 records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
                                            seconds=time.time() - started))
             summary = _summary(config, layout, records, status, ctx)
-            ManifestStore(layout.manifests).append_history(
-                {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary})
-            write_json_atomic(layout.root / "summary.json", summary)
+            _save_quietly("run history", lambda: ManifestStore(layout.manifests).append_history(
+                {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}))
+            _save_quietly("summary.json", lambda: write_json_atomic(layout.root / "summary.json",
+                                                                    summary))
             _write_report_safely(layout)
     log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
              layout.parquet, layout.binary, layout.checkpoints, layout.logs, layout.report)

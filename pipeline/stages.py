@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from pipeline.hosts import horovodrun_hosts
 from pipeline.layout import WorkdirLayout
 from pipeline.manifest import ManifestStore, read_json, write_json_atomic
 from pipeline.processes import PROGRESS_TTY_ENV, run_child
+from pipeline.schema import SPLITS
 from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
 
 log = logging.getLogger("pipeline")
@@ -110,9 +112,25 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
             "threshold": str(ctx.threshold)}
 
 
-def _preprocess_outputs(ctx: StageContext) -> str:
+def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
+    ignore = (ctx.layout.parquet_removed.name, *ignore)
     return stable_hash([file_content_hash(ctx.layout.parquet / "preprocess.json"),
-                        tree_fingerprint(ctx.layout.parquet)])
+                        tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
+
+
+def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
+    """The lean mode's record, when the splits it deleted are all that is missing."""
+    record = read_json(ctx.layout.parquet_removed)
+    if record and record.get("remaining") == _parquet_fingerprint(ctx):
+        return record
+    return None
+
+
+def _preprocess_outputs(ctx: StageContext) -> str:
+    """The parquet's identity: after the lean mode removed the splits, still the one they had,
+    so that the stages made from them (and the threshold raise) stay up to date."""
+    removed = _parquet_removed(ctx)
+    return removed["fingerprint"] if removed else _parquet_fingerprint(ctx)
 
 
 def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
@@ -121,6 +139,8 @@ def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
     made_at = _parquet_spec(ctx)
     if not previous or made_at is None:
         return None
+    if _parquet_removed(ctx) and not _derivable_from_binary(ctx):
+        return None  # the splits are gone and the binary dataset cannot serve: Spark again
     wanted = _preprocess_inputs(ctx)
     same_data = all(previous["inputs"].get(k) == v for k, v in wanted.items() if k != "threshold")
     fresh = previous.get("outputs_fingerprint") == _preprocess_outputs(ctx)
@@ -150,6 +170,7 @@ SPARK_KNOWN_CODES = (ExitCode.USAGE, ExitCode.INPUT_DATA, ExitCode.PREPROCESS)
 
 
 def _preprocess_run(ctx: StageContext) -> Outcome:
+    ctx.layout.parquet_removed.unlink(missing_ok=True)  # Spark writes the splits anew
     result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"))
     if result.returncode != 0:
         code = (ExitCode(result.returncode) if result.returncode in SPARK_KNOWN_CODES
@@ -187,7 +208,63 @@ def _swap_in(new_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(old)
 
 
+def _derivable_from_binary(ctx: StageContext) -> bool:
+    """Whether the requested threshold is a raise of the binary dataset's (no parquet needed)."""
+    have = _binary_spec(ctx)
+    return have is not None and ctx.threshold.is_at_least(have)
+
+
+def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
+    """keep_parquet: false — delete the splits once the binary dataset verifies.
+
+    The record is written before the deletion: a run killed half-way leaves splits that no
+    longer match it, so the preprocess stage is simply redone.
+    """
+    splits = [ctx.layout.parquet_split(s) for s in SPLITS if ctx.layout.parquet_split(s).exists()]
+    if ctx.config.preprocess.keep_parquet or not splits:
+        return None
+    from converters.format import DatasetError
+    from converters.verify import verify_dataset
+
+    try:
+        verify_dataset(ctx.layout.binary, full=False)
+    except DatasetError as exc:
+        raise PipelineError(f"{exc}: the parquet splits are kept", ExitCode.DATASET_INVALID) from None
+    freed = sum(f.stat().st_size for d in splits for f in d.rglob("*") if f.is_file())
+    record = {"fingerprint": _preprocess_outputs(ctx),
+              "remaining": _parquet_fingerprint(ctx, ignore=SPLITS),
+              "removed": [d.name for d in splits], "bytes": freed,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "reason": "preprocess.keep_parquet: false; the binary dataset verified"}
+    write_json_atomic(ctx.layout.parquet_removed, record)
+    for directory in splits:
+        shutil.rmtree(directory)
+    log.info("convert    parquet splits removed (keep_parquet: false): %.1f MiB freed", freed / 2**20)
+    previous = ctx.manifests.load("preprocess")
+    if previous:  # the preprocess manifest says so too; its key and fingerprint are unchanged
+        previous.setdefault("summary", {})["parquet_removed"] = record
+        write_json_atomic(ctx.manifests.manifest_path("preprocess"), previous)
+    return record
+
+
+def _needs_parquet(ctx: StageContext) -> None:
+    removed = read_json(ctx.layout.parquet_removed)
+    if removed and not all(ctx.layout.parquet_split(s).exists() for s in SPLITS):
+        raise PipelineError(f"this conversion needs the parquet splits, which were removed on "
+                            f"{removed.get('time')} (preprocess.keep_parquet: false): rebuild them "
+                            "with --stages preprocess,convert --force (the counts are reused)",
+                            ExitCode.CONVERT)
+
+
 def _convert_run(ctx: StageContext) -> Outcome:
+    outcome = _convert(ctx)
+    removed = _drop_parquet_when_lean(ctx)
+    if removed:
+        outcome.summary = {**outcome.summary, "parquet_removed": removed}
+    return outcome
+
+
+def _convert(ctx: StageContext) -> Outcome:
     from converters.convert import convert_parquet
     from converters.rethreshold import rethreshold
 
@@ -210,6 +287,7 @@ def _convert_run(ctx: StageContext) -> Outcome:
                                 "rarer values are already merged into id 0, so the preprocess "
                                 "stage must run again (add it: --stages preprocess,convert)",
                                 ExitCode.CONVERT)
+        _needs_parquet(ctx)
         summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
         if made_at is not None and wanted != made_at:
             summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
@@ -219,6 +297,7 @@ def _convert_run(ctx: StageContext) -> Outcome:
     except PipelineError:
         raise
     except Exception as exc:  # the converters raise typed errors with readable messages
+        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise PipelineError(f"convert failed: {exc}", ExitCode.CONVERT) from exc
 
 
@@ -281,6 +360,9 @@ def _train_run(ctx: StageContext) -> Outcome:
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
     result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
     if result.returncode != 0:
+        # A checkpoint being written when the ranks died is never used: give its space back.
+        for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
     engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary or {})

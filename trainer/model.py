@@ -19,44 +19,14 @@ The alltoall's registered gradient sends embedding gradients back to the owners.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline.config import TrainConfig
+from trainer.dims import PRESETS, ModelDims, model_dims  # noqa: F401 — their home is TF-free
 from trainer.placement import Piece, Placement
 
 NUM_NUMERICAL = 13
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    embedding_dim: int
-    bottom_mlp: tuple[int, ...]
-    top_mlp: tuple[int, ...]
-
-
-PRESETS = {
-    "default": ModelDims(128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
-    "small": ModelDims(16, (64, 32, 16), (128, 64, 1)),
-}
-
-
-def model_dims(config: TrainConfig) -> ModelDims:
-    if config.preset not in PRESETS:
-        raise ValueError(f"unknown model preset {config.preset!r}; known: {sorted(PRESETS)}")
-    base = PRESETS[config.preset]
-    dim = config.embedding_dim or base.embedding_dim
-    bottom = tuple(config.bottom_mlp or base.bottom_mlp)
-    if config.embedding_dim and not config.bottom_mlp:
-        bottom = bottom[:-1] + (dim,)
-    top = tuple(config.top_mlp or base.top_mlp)
-    if bottom[-1] != dim:
-        raise ValueError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
-    if top[-1] != 1:
-        raise ValueError(f"the top MLP must end in one logit, not {top[-1]}")
-    return ModelDims(dim, bottom, top)
 
 
 def interaction_pairs(num_features: int) -> np.ndarray:

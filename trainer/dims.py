@@ -1,0 +1,52 @@
+"""The model's dimensions: presets and overrides, without TensorFlow.
+
+Kept apart from :mod:`trainer.model` so that the pipeline's preflight can size the embedding
+tables and checkpoints in a process that never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    embedding_dim: int
+    bottom_mlp: tuple[int, ...]
+    top_mlp: tuple[int, ...]
+
+
+PRESETS = {
+    "default": ModelDims(128, (512, 256, 128), (1024, 1024, 512, 256, 1)),
+    "small": ModelDims(16, (64, 32, 16), (128, 64, 1)),
+}
+
+
+def model_dims(config: TrainConfig) -> ModelDims:
+    if config.preset not in PRESETS:
+        raise ValueError(f"unknown model preset {config.preset!r}; known: {sorted(PRESETS)}")
+    base = PRESETS[config.preset]
+    dim = config.embedding_dim or base.embedding_dim
+    bottom = tuple(config.bottom_mlp or base.bottom_mlp)
+    if config.embedding_dim and not config.bottom_mlp:
+        bottom = bottom[:-1] + (dim,)
+    top = tuple(config.top_mlp or base.top_mlp)
+    if bottom[-1] != dim:
+        raise ValueError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
+    if top[-1] != 1:
+        raise ValueError(f"the top MLP must end in one logit, not {top[-1]}")
+    return ModelDims(dim, bottom, top)
+
+
+def dense_parameters(dims: ModelDims, num_numerical: int = 13, num_tables: int = 26) -> int:
+    """Weights and biases of the two MLPs (the interaction has none)."""
+    features = num_tables + 1
+    widths = [num_numerical, *dims.bottom_mlp]
+    top_in = dims.embedding_dim + features * (features - 1) // 2
+    widths_top = [top_in, *dims.top_mlp]
+    count = 0
+    for layer in (widths, widths_top):
+        count += sum(a * b + b for a, b in zip(layer[:-1], layer[1:]))
+    return count
