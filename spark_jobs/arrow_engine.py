@@ -81,6 +81,8 @@ class ArrowEngine:
     # ------------------------------------------------------------ transform pass
     def split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
         """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
+        from pyspark.sql import functions as F
+
         spec = self._transform_spec(stats, sizes, dict_dir)
         schema = arrow_tasks.transform_schema(spec)
         last = self.days[-1].day
@@ -92,7 +94,9 @@ class ArrowEngine:
 
         train, _ = rows([c for c in self.chunks if c.day != last])
         evaluation, shuffled = rows([c for c in self.chunks if c.day == last])
-        return train, evaluation, shuffled
+        # the last day's _k1 is the line number: test is its first half
+        split = F.when(F.col("_k1") < F.lit(spec.eval_half), F.lit("test")).otherwise(F.lit("validation"))
+        return train, evaluation.withColumn("split", split), shuffled
 
     def _indexed_columns(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Columns the workers look up themselves: each within broadcast_max_values, smallest
@@ -128,7 +132,7 @@ class ArrowEngine:
             frame, shuffled = map_categoricals(frame, self.session, dict_dir, sizes,
                                                self.cfg.broadcast_max_values, columns=columns,
                                                dictionary_key=_hex_value)
-        return frame.select("split", "_k1", "_k2",
+        return frame.select("_k1", "_k2",
                             *[F.col(c).cast("int").alias(c) if c in columns else F.col(c)
                               for c in OUTPUT_COLUMNS]), shuffled
 

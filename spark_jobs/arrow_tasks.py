@@ -33,7 +33,6 @@ STAT_CODES = 64
 
 COUNT_SCHEMA = "day INT, column INT, value LONG, count LONG"
 REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING"
-SPLIT_KEYS = ("split", "_k1", "_k2")
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def transform_schema(spec: TransformSpec) -> str:
     """Every column NOT NULL, as the SQL engine's projection is: the parquet schemas (required
     fields) and so the files' bytes are the same for both engines."""
     cats = [f"{c} {'LONG' if j in spec.joined_columns else 'INT'}" for j, c in enumerate(CAT_COLUMNS)]
-    fields = ["split STRING", "_k1 LONG", "_k2 LONG", f"{LABEL} INT",
+    fields = ["_k1 LONG", "_k2 LONG", f"{LABEL} INT",
               *[f"{c} FLOAT" for c in INT_COLUMNS], *cats]
     return ", ".join(f"{f} NOT NULL" for f in fields)
 
@@ -199,17 +198,14 @@ def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def _split_columns(spec: TransformSpec, day: int, lines: np.ndarray):
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+def _order_keys(spec: TransformSpec, day: int, lines: np.ndarray):
+    """(_k1, _k2): the train order keys, or for the last day its line numbers (the split, test
+    below eval_half, is derived from them in Spark: no per-row strings cross from Python)."""
     if day != spec.eval_day:
         from spark_jobs.order import train_keys
 
-        key, tie = train_keys(spec.seed, day, lines)
-        return pa.repeat(pa.scalar("train"), len(lines)), key, tie
-    split = pc.if_else(pa.array(lines < spec.eval_half), "test", "validation")
-    return split, lines, np.zeros(len(lines), np.int64)
+        return train_keys(spec.seed, day, lines)
+    return lines, np.zeros(len(lines), np.int64)
 
 
 def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index):
@@ -217,10 +213,10 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, i
 
     valid = np.flatnonzero(parsed.valid)
     base = spec.chunk_first_line[(chunk.day, chunk.index)] + block.first
-    split, key, tie = _split_columns(spec, chunk.day, base + valid)
+    key, tie = _order_keys(spec, chunk.day, base + valid)
     numericals = log_numericals(parsed.ints[valid], parsed.int_missing[valid])
     cats = parsed.cats[valid]
-    columns = {"split": split, "_k1": pa.array(key), "_k2": pa.array(tie),
+    columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
                LABEL: pa.array(parsed.label[valid])}
     for i, c in enumerate(INT_COLUMNS):
         columns[c] = pa.array(numericals[:, i])
