@@ -126,6 +126,11 @@ class PreprocessConfig:
     # the threshold still needs no Spark (it derives from the binary dataset and the counts);
     # anything else that needs the parquet again reruns the Spark job.
     keep_parquet: bool = True
+    # Which days' counts make the dictionaries (and the count histogram, so the table sizes):
+    # "all" (the reference's way: the test/validation day shapes the vocabulary too) or "train"
+    # (every day but the last: a value seen only on the last day maps to 0, as it would for
+    # data that arrives after training).
+    dictionary_days: str = "all"
 
 
 @dataclass

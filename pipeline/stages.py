@@ -109,6 +109,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"raw": tree_fingerprint(ctx.raw_dir, ignore=("generator_meta.json",)),
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
             "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
+            "dictionary_days": p.dictionary_days,
             "threshold": str(ctx.threshold)}
 
 

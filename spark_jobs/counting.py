@@ -134,12 +134,14 @@ def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir:
     write_json(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries})
 
 
-def value_totals(session, counts_dir: Path):
-    """(column, value, count) summed over every counted day."""
+def value_totals(session, counts_dir: Path, days: list[int] | None = None):
+    """(column, value, count) summed over the counted days (``days``: only those)."""
     from pyspark.sql import functions as F
 
-    return (session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
-            .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
+    counts = session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
+    if days is not None:
+        counts = counts.where(F.col("day").isin([str(d) for d in days]))
+    return counts.groupBy("column", "value").agg(F.sum("count").cast("long").alias("count"))
 
 
 def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:

@@ -139,6 +139,9 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     if not 0.0 <= preprocess.max_reject_rate <= 1.0:
         raise PreprocessConfigError(f"max_reject_rate {preprocess.max_reject_rate} is not in [0, 1]")
     engine_id = engine_name(preprocess, spark)
+    if preprocess.dictionary_days not in DICTIONARY_DAYS:
+        raise PreprocessConfigError(f"preprocess.dictionary_days {preprocess.dictionary_days!r} is "
+                                    f"not one of {', '.join(DICTIONARY_DAYS)}")
     days = discover_days(input_dir)
     layout = WorkdirLayout.at(workdir)
     layout.parquet.mkdir(parents=True, exist_ok=True)
@@ -182,7 +185,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         write_json(layout.data_quality, report)
         quality.check_reject_rate(report)
         counting.write_days_json(days, stats, layout.counts)
-        totals = counting.value_totals(session, layout.counts).persist()
+        totals = counting.value_totals(session, layout.counts, _dictionary_days(days, cfg)).persist()
         histogram = counting.write_histogram(totals, layout.counts)
     with timer.stage("dictionaries"):
         sizes = table_sizes(histogram, spec)
@@ -199,6 +202,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         "threshold_spec": str(spec),
         "seed": cfg.shuffle_seed,
         "engine": engine.name,
+        "dictionary_days": cfg.dictionary_days,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
         "days_reused": [d.day for d in days if d.day not in recount],
@@ -211,6 +215,14 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
     write_json(layout.parquet / "preprocess.json", summary)
     (layout.parquet / "_SUCCESS").write_text("")
     return summary
+
+
+DICTIONARY_DAYS = ("all", "train")
+
+
+def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | None:
+    """The days whose counts make the dictionaries: None = all of them."""
+    return [d.day for d in days[:-1]] if cfg.dictionary_days == "train" else None
 
 
 def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
