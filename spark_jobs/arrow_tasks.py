@@ -102,6 +102,8 @@ class _ValueCounter:
 
         self._flush()
         for j, partials in enumerate(self.partials):
+            if not partials:             # the chunk had no valid line
+                continue
             counts = partials[0] if len(partials) == 1 else pd.concat(partials).groupby(level=0).sum()
             if len(counts):
                 yield pa.record_batch({

@@ -152,3 +152,37 @@ def test_truncated_and_corrupt_gzip_days_are_read_errors_naming_the_file(tmp_pat
     corrupt.write_bytes(data[:20] + b"\xff" * 50 + data[70:])
     with pytest.raises(ChunkReadError, match=r"day_1\.gz: corrupt gzip"):
         _read_all(corrupt, 1 << 20, 1 << 10)
+
+
+@pytest.mark.parametrize("flush_lines", [1, 7, 1 << 18])
+def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
+    """Partial value counts merged within a chunk (any flush size) equal a plain count; the
+    statistics rows count every line, the short and the rejected ones included."""
+    import pyarrow as pa
+
+    from spark_jobs.arrow_tasks import CODE_BITS, LINES, STAT, ReadSettings, count_task
+
+    lines = _lines(5)[:800]
+    path = tmp_path / "day_0"
+    path.write_bytes("".join(line + "\n" for line in lines).encode())
+    chunks = plan_chunks([DayFile(0, path)], 10_000)
+    task = count_task(chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines))
+    ids = pa.record_batch({"id": pa.array(range(len(chunks)), pa.int64())})
+    got, lines_seen = {}, 0
+    for batch in task([ids]):
+        for row in batch.to_pylist():
+            if row["column"] == STAT:
+                lines_seen += row["count"] if row["value"] & ((1 << CODE_BITS) - 1) == LINES else 0
+            else:
+                key = (row["column"], "%08x" % row["value"])
+                got[key] = got.get(key, 0) + row["count"]
+    expected = {}
+    for line in lines:
+        parsed = reference_parse(_without_cr(line))
+        if parsed[0] is None:
+            for j, value in enumerate(parsed[4]):
+                if value is not None:
+                    expected[(j, value)] = expected.get((j, value), 0) + 1
+    assert got == expected
+    assert lines_seen == len(lines)
+    assert len(chunks) > 1
