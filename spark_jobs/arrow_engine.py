@@ -200,8 +200,10 @@ def _write_value_counts(counts, recount: list[int], counts_dir: Path) -> None:
     for day in recount:
         shutil.rmtree(counting.values_dir(counts_dir) / f"day={day}", ignore_errors=True)
     names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
+    # day stays an INT: the writer sorts rows by the partition column, and an int sorts by
+    # radix on its prefix where a string needs full comparisons (the directories are the same)
     values = (counts.where((F.col("column") >= 0) & F.col("day").isin(list(recount)))
-              .select(F.col("day").cast("string").alias("day"), names.alias("column"),
+              .select("day", names.alias("column"),
                       F.lpad(F.lower(F.hex("value")), 8, "0").alias("value"), "count"))
     (values.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy("day").parquet(str(counting.values_dir(counts_dir))))
