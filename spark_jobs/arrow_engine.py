@@ -4,8 +4,9 @@ work runs in Python tasks over whole blocks of lines (``spark_jobs.arrow_tasks``
 Count pass: one task per chunk emits its statistics and partial value counts; one Spark
 aggregation sums them; value counts of recounted days are written as the SQL engine writes
 them (8-character hex strings). Transform pass: tasks emit the split rows with ids already
-looked up for every dictionary of at most ``broadcast_max_values`` values; larger dictionaries
-are joined by Spark with a shuffle, on the integer value of the hex string.
+looked up in the workers' dictionary index (``spark_jobs.lookup``: dictionaries within
+``broadcast_max_values``, smallest first up to ``arrow_index_max_values`` values); the others
+are joined by Spark on the integer value of the hex string, broadcast or shuffled.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Categorical value → id inside the Arrow engine's tasks, from a per-worker cached index.
 
-Each Python worker builds one hash index over the dictionaries of the columns it may look up
-(those with at most ``broadcast_max_values`` kept values), reading them from the workdir's
-dictionary parquet itself: nothing is collected to the driver or broadcast through it. Spark
+Each Python worker builds one hash index over the dictionaries of the columns it looks up
+(``ArrowEngine._indexed_columns``: within ``broadcast_max_values``, smallest first up to
+``arrow_index_max_values`` values), reading them from the workdir's dictionary parquet itself: nothing is collected to the driver or broadcast through it. Spark
 reuses Python workers across tasks (``spark.python.worker.reuse``, on by default), so the
-index is built once per worker and run, not once per task. Larger dictionaries are joined by
-Spark (shuffle join on the value) after the task.
+index is built once per worker and run, not once per task. Other dictionaries are joined by
+Spark on the value after the task.
 
 Keys are ``column << 32 | value`` for every cached column together, so one hash lookup per
 batch serves all 26 columns; a missing value (-1) matches nothing and gets id 0.
