@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ExitCode
+from pipeline_helpers import run, same_tree
 
 SMALL = """
 spark:
@@ -37,29 +38,6 @@ launch:
   np: 1
 """
 LEAN = SMALL + "preprocess:\n  keep_parquet: false\n"
-
-
-def run(workdir: Path, config: Path, *args: str, timeout: int = 600):
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
-                           "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=timeout)
-    lines = proc.stdout.strip().splitlines()
-    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    return proc, summary
-
-
-def same_tree(left: Path, right: Path, ignore: tuple[str, ...] = ()) -> list[str]:
-    import filecmp
-
-    def files(root: Path) -> set[str]:
-        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                and not any(part in ignore for part in p.relative_to(root).parts)}
-
-    left_names, right_names = files(left), files(right)
-    differ = sorted(left_names ^ right_names)
-    differ += [n for n in sorted(left_names & right_names)
-               if not filecmp.cmp(left / n, right / n, shallow=False)]
-    return differ
 
 
 # ---------------------------------------------------------------- small filesystems

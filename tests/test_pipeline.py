@@ -7,18 +7,17 @@ run made from the same raw files.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import ExitCode
+from pipeline_helpers import pipeline_cmd, run, same_tree
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 
@@ -43,35 +42,8 @@ launch:
 """
 
 
-def pipeline_cmd(workdir: Path, config: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--config", str(config),
-            *args]
-
-
-def run(workdir: Path, config: Path, *args: str, timeout: int = 900):
-    proc = subprocess.run(pipeline_cmd(workdir, config, *args), capture_output=True, text=True,
-                          timeout=timeout)
-    lines = proc.stdout.strip().splitlines()
-    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    return proc, summary
-
-
 def manifest(workdir: Path, stage: str) -> dict:
     return json.loads((workdir / "manifests" / f"{stage}.json").read_text())
-
-
-def same_tree(left: Path, right: Path, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Relative paths whose bytes differ (or exist on one side only) between two trees."""
-    def files(root: Path) -> set[str]:
-        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                and not any(part in ignore for part in p.relative_to(root).parts)}
-
-    names_left, names_right = files(left), files(right)
-    differ = sorted(names_left ^ names_right)
-    for name in sorted(names_left & names_right):
-        if not filecmp.cmp(left / name, right / name, shallow=False):
-            differ.append(name)
-    return differ
 
 
 def parquet_rows(split_dir: Path) -> list[tuple]:
