@@ -13,22 +13,27 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from functools import partial
 from pathlib import Path
 
 from pipeline.config import PreprocessConfig
 from pipeline.schema import CAT_COLUMNS
-from spark_jobs import arrow_tasks, counting
+from spark_jobs import arrow_tasks, counting, split_writer
 from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT, PADDED,
                                     REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
 from spark_jobs.chunks import Chunk, plan_chunks
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats, line_number_column
-from spark_jobs.transform import OUTPUT_COLUMNS, map_categoricals
+from spark_jobs.split_writer import WriteSpec
+from spark_jobs.transform import map_categoricals
 
 # Valid lines whose values a task counts together before emitting partial counts: bounds a
 # task's memory (26 int64 per line) whatever the chunk size.
 COUNT_FLUSH_LINES = 1 << 18
+# Rows a writer task buffers per parquet row group: 40 MB of packed rows, bounding a worker's
+# memory whatever the file size.
+ROW_GROUP_ROWS = 1 << 18
 
 
 class ArrowEngine:
@@ -80,10 +85,11 @@ class ArrowEngine:
                     "reason", "line").write.mode("overwrite").json(str(out_dir))
 
     # ------------------------------------------------------------ transform pass
-    def split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
-        """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
-        from pyspark.sql import functions as F
-
+    def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
+                     staging: Path, train_files: int) -> dict[str, int]:
+        """Write ``staging/<split>/part-*.parquet``; returns rows per split. Train is
+        hash-partitioned into ``train_files`` by its order key and sorted within each file;
+        the last day's rows keep their line order (test first)."""
         spec = self._transform_spec(stats, sizes, dict_dir)
         schema = arrow_tasks.transform_schema(spec)
         last = self.days[-1].day
@@ -93,11 +99,17 @@ class ArrowEngine:
                                       schema)
             return self._join_large(frame, spec, sizes, dict_dir)
 
-        train, _ = rows([c for c in self.chunks if c.day != last])
+        shutil.rmtree(staging, ignore_errors=True)
+        write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
+                        row_group_rows=ROW_GROUP_ROWS, joined_columns=spec.joined_columns)
         evaluation, shuffled = rows([c for c in self.chunks if c.day == last])
-        # the last day's _k1 is the line number: test is its first half
-        split = F.when(F.col("_k1") < F.lit(spec.eval_half), F.lit("test")).otherwise(F.lit("validation"))
-        return train, evaluation.withColumn("split", split), shuffled
+        # a shuffle join lost the line order: a global sort restores it
+        evaluation = evaluation.orderBy("_k1") if shuffled else evaluation
+        results = split_writer.write_partitions(evaluation, write(eval_half=spec.eval_half))
+        train, _ = rows([c for c in self.chunks if c.day != last])
+        train = train.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
+        results += split_writer.write_partitions(train, write(eval_half=None))
+        return split_writer.commit(results, staging)
 
     def _indexed_columns(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Columns the workers look up themselves: each within broadcast_max_values, smallest
@@ -124,18 +136,12 @@ class ArrowEngine:
     def _join_large(self, frame, spec: TransformSpec, sizes, dict_dir: Path):
         """Ids of the columns the workers did not look up: Spark joins on the integer value,
         broadcast up to broadcast_max_values (columns left out of the index by its budget),
-        shuffled above (never collected to the driver)."""
-        from pyspark.sql import functions as F
-
+        shuffled above (never collected to the driver). Returns (rows, shuffled?)."""
         columns = [CAT_COLUMNS[j] for j in spec.joined_columns]
-        shuffled = False
-        if columns:
-            frame, shuffled = map_categoricals(frame, self.session, dict_dir, sizes,
-                                               self.cfg.broadcast_max_values, columns=columns,
-                                               dictionary_key=_hex_value)
-        return frame.select("_k1", "_k2",
-                            *[F.col(c).cast("int").alias(c) if c in columns else F.col(c)
-                              for c in OUTPUT_COLUMNS]), shuffled
+        if not columns:
+            return frame, False
+        return map_categoricals(frame, self.session, dict_dir, sizes, self.cfg.broadcast_max_values,
+                                columns=columns, dictionary_key=_hex_value)
 
 
 def _ship_code(session) -> None:

@@ -184,12 +184,10 @@ class TransformSpec:
 
 
 def transform_schema(spec: TransformSpec) -> str:
-    """Every column NOT NULL, as the SQL engine's projection is: the parquet schemas (required
-    fields) and so the files' bytes are the same for both engines."""
-    cats = [f"{c} {'LONG' if j in spec.joined_columns else 'INT'}" for j, c in enumerate(CAT_COLUMNS)]
-    fields = ["_k1 LONG", "_k2 LONG", f"{LABEL} INT",
-              *[f"{c} FLOAT" for c in INT_COLUMNS], *cats]
-    return ", ".join(f"{f} NOT NULL" for f in fields)
+    """The order keys, the packed row (``spark_jobs.split_writer``) and the raw values of the
+    columns Spark joins."""
+    joined = [f"{CAT_COLUMNS[j]} LONG NOT NULL" for j in spec.joined_columns]
+    return ", ".join(["_k1 LONG NOT NULL", "_k2 LONG NOT NULL", "row BINARY NOT NULL", *joined])
 
 
 def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
@@ -213,21 +211,20 @@ def _order_keys(spec: TransformSpec, day: int, lines: np.ndarray):
 def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index):
     import pyarrow as pa
 
+    from spark_jobs.split_writer import pack_rows
+
     valid = np.flatnonzero(parsed.valid)
     base = spec.chunk_first_line[(chunk.day, chunk.index)] + block.first
     key, tie = _order_keys(spec, chunk.day, base + valid)
     numericals = log_numericals(parsed.ints[valid], parsed.int_missing[valid])
     cats = parsed.cats[valid]
+    ids = np.zeros(cats.shape, np.int32)      # joined columns: filled in by the writer
+    if spec.cached_columns:
+        ids[:, list(spec.cached_columns)] = index.lookup(cats[:, list(spec.cached_columns)])
     columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
-               LABEL: pa.array(parsed.label[valid])}
-    for i, c in enumerate(INT_COLUMNS):
-        columns[c] = pa.array(numericals[:, i])
-    ids = index.lookup(cats[:, list(spec.cached_columns)]) if spec.cached_columns else None
-    for j, c in enumerate(CAT_COLUMNS):
-        if j in spec.joined_columns:
-            columns[c] = pa.array(cats[:, j])
-        else:
-            columns[c] = pa.array(ids[:, spec.cached_columns.index(j)])
+               "row": pack_rows(parsed.label[valid], numericals, ids)}
+    for j in spec.joined_columns:
+        columns[CAT_COLUMNS[j]] = pa.array(cats[:, j])
     return pa.record_batch(columns)
 
 

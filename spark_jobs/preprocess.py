@@ -235,22 +235,16 @@ def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
 def _write_splits(session, engine, days: list[DayFile], layout: WorkdirLayout,
                   sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
                   timer: _Timer) -> dict[str, int]:
-    """Train, test and validation from one query over a second read of every day."""
+    """Train, test and validation from a second read of every day; rows per split, counted
+    from the written files' footers."""
     with timer.stage("transform"):
-        train, evaluation, shuffled = engine.split_rows(stats, sizes, dictionaries_dir(layout))
-        partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
         staging = layout.parquet / ".splits-staging"
-        evaluation = transform.eval_part(evaluation, shuffled)
-        # test and validation first: their write replaces the staging directory
-        transform.write_parquet(evaluation, staging, cfg.compression, partition_by="split")
-        transform.write_parquet(transform.train_part(train, partitions), staging / "split=train",
-                                cfg.compression)
+        partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
+        engine.write_splits(stats, sizes, dictionaries_dir(layout), staging, partitions)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         for name in transform.move_split_dirs(staging, targets):
-            transform.write_empty_split(session, evaluation.drop("split"), targets[name],
-                                        cfg.compression)
-    return {split: session.read.parquet(str(layout.parquet_split(split))).count()
-            for split in SPLITS}
+            transform.write_empty_split(targets[name], cfg.compression)
+    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
 def clean_outputs(workdir) -> None:

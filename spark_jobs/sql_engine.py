@@ -42,7 +42,21 @@ class SqlEngine:
                                    checked=not stats[day.day].all_fast)
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
-    def split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
+    def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
+                     staging: Path, train_files: int) -> None:
+        """``staging/<split>/part-*.parquet`` by Spark's writer: test and validation from one
+        split-partitioned write, then train hash-partitioned into ``train_files``."""
+        train, evaluation, shuffled = self._split_rows(stats, sizes, dict_dir)
+        compression = self.cfg.compression
+        # test and validation first: their write replaces the staging directory
+        transform.write_parquet(transform.eval_part(evaluation, shuffled), staging, compression,
+                                partition_by="split")
+        transform.write_parquet(transform.train_part(train, train_files), staging / "split=train",
+                                compression)
+        for split_dir in staging.glob("split=*"):
+            split_dir.replace(staging / split_dir.name.removeprefix("split="))
+
+    def _split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
         """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
         from pyspark.sql import functions as F
 

@@ -85,11 +85,11 @@ def eval_part(rows, must_sort: bool):
 
 
 def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
-    """``staging/split=<name>`` → ``targets[name]``; returns the names that had no rows."""
+    """``staging/<name>`` → ``targets[name]``; returns the names that had no rows."""
     empty = []
     for name, target in targets.items():
         shutil.rmtree(target, ignore_errors=True)
-        source = staging / f"split={name}"
+        source = staging / name
         if source.is_dir():
             source.replace(target)
         else:
@@ -98,6 +98,15 @@ def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
     return empty
 
 
-def write_empty_split(session, like, path: Path, compression: str) -> None:
+def write_empty_split(path: Path, compression: str) -> None:
     """A split without rows still gets a parquet file carrying the schema."""
-    write_parquet(session.createDataFrame([], like.schema).coalesce(1), path, compression)
+    from spark_jobs.split_writer import write_empty
+
+    write_empty(path / "part-00000.parquet", compression)
+
+
+def rows_in_files(split_dir: Path) -> int:
+    """Rows of a split directory, from its parquet footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(split_dir).glob("part-*.parquet")))

@@ -1,0 +1,200 @@
+"""The Arrow engine's split rows: packed into one fixed-width binary value per row, and written
+to parquet by pyarrow inside Spark's tasks.
+
+Why packed: between the transform task and the files, Spark only moves the rows (the train
+shuffle, the sort by the order keys). Forty typed columns cost the JVM a conversion per field
+at every step (Arrow → rows, shuffle, rows → parquet columns); one 160-byte value plus the
+keys costs it a conversion per row, and pyarrow encodes the columns in C++.
+
+Spark still schedules every task, shuffles, sorts and joins; only the encoding of the parquet
+files runs in Python. Tasks may be retried, so each attempt writes under a name of its own and
+the driver keeps exactly the files of the attempts whose results it collected (``commit``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+
+ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
+ROW_BYTES = ROW_DTYPE.itemsize
+RESULT_SCHEMA = "split STRING, part INT, path STRING, rows LONG"
+# pyarrow's names for the codecs the config accepts
+_CODECS = {"uncompressed": "none", "none": "none"}
+
+
+def pack_rows(label: np.ndarray, numericals: np.ndarray, ids: np.ndarray):
+    """One Arrow binary array of ROW_BYTES per row (label, 13 float32, 26 int32), zero-copy
+    over one numpy buffer."""
+    import pyarrow as pa
+
+    n = len(label)
+    rows = np.empty(n, ROW_DTYPE)
+    rows["label"] = label
+    rows["num"] = numericals
+    rows["cat"] = ids
+    offsets = np.arange(0, (n + 1) * ROW_BYTES, ROW_BYTES, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
+
+
+def unpack_rows(array) -> np.ndarray:
+    """The structured rows behind a binary array of packed rows (whatever its slicing)."""
+    n = len(array)
+    if n == 0:
+        return np.empty(0, ROW_DTYPE)
+    _, offsets_buf, data = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, array.offset * 4)
+    if offsets[-1] - offsets[0] != n * ROW_BYTES:
+        raise ValueError(f"packed rows of {ROW_BYTES} bytes expected, got {offsets[-1] - offsets[0]} "
+                         f"bytes for {n} rows")
+    return np.frombuffer(data, ROW_DTYPE, n, int(offsets[0]))
+
+
+def parquet_schema():
+    """The splits' schema: every field required, as Spark's writer has it."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(LABEL, pa.int32(), nullable=False),
+                      *[pa.field(c, pa.float32(), nullable=False) for c in INT_COLUMNS],
+                      *[pa.field(c, pa.int32(), nullable=False) for c in CAT_COLUMNS]])
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """What a writer task needs; pickled with it."""
+
+    out_dir: str                     # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
+    compression: str
+    row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
+    joined_columns: tuple[int, ...]  # categoricals whose ids arrive as columns, not in the rows
+    eval_half: int | None            # None: every row is train; else test = _k1 < eval_half
+
+
+def _codec(compression: str) -> str:
+    return _CODECS.get(compression.lower(), compression.lower())
+
+
+def write_empty(path: Path, compression: str) -> None:
+    """A parquet file with the splits' schema and no rows."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(parquet_schema().empty_table(), path, compression=_codec(compression))
+
+
+class _SplitFile:
+    """One split's file of one task: rows buffered into row groups, opened on the first row."""
+
+    def __init__(self, spec: WriteSpec, split: str, part: int, token: str):
+        self.spec, self.split, self.part = spec, split, part
+        self.path = Path(spec.out_dir) / split / f"part-{part:05d}.{token}.parquet"
+        self.pending: list = []
+        self.pending_rows = 0
+        self.rows = 0
+        self.writer = None
+
+    def add(self, table) -> None:
+        if table.num_rows:
+            self.pending.append(table)
+            self.pending_rows += table.num_rows
+            if self.pending_rows >= self.spec.row_group_rows:
+                self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending)
+        self.pending, self.pending_rows = [], 0
+        if self.writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.path, table.schema, compression=_codec(self.spec.compression))
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        self.rows += table.num_rows
+
+    def close(self):
+        """The task's result row for this file, or None when it got no rows."""
+        self._flush()
+        if self.writer is None:
+            return None
+        self.writer.close()
+        return self.split, self.part, str(self.path), self.rows
+
+
+def _table(batch, spec: WriteSpec, schema):
+    import pyarrow as pa
+
+    rows = unpack_rows(batch.column("row"))
+    columns = [pa.array(rows["label"])]
+    numericals = np.ascontiguousarray(rows["num"].T)
+    columns += [pa.array(numericals[i]) for i in range(NUM_INTEGER)]
+    cats = np.ascontiguousarray(rows["cat"].T)
+    for j, c in enumerate(CAT_COLUMNS):
+        columns.append(batch.column(c).cast(pa.int32()) if j in spec.joined_columns else pa.array(cats[j]))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def write_task(spec: WriteSpec):
+    """mapInArrow function over (_p, _k1, row, joined ids): writes this partition's rows, in
+    the order they arrive, to one file per split; yields one result row per file written."""
+    import pyarrow as pa
+
+    schema = parquet_schema()
+
+    def run(batches):
+        token = uuid.uuid4().hex
+        files: dict[str, _SplitFile] = {}
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            part = int(batch.column("_p")[0].as_py())
+            table = _table(batch, spec, schema)
+            if spec.eval_half is None:
+                pieces = {"train": table}
+            else:
+                test = int(np.count_nonzero(batch.column("_k1").to_numpy() < spec.eval_half))
+                # rows arrive in line order: the test rows come first
+                pieces = {"test": table.slice(0, test), "validation": table.slice(test)}
+            for split, piece in pieces.items():
+                if split not in files:
+                    files[split] = _SplitFile(spec, split, part, token)
+                files[split].add(piece)
+        results = [r for r in (f.close() for f in files.values()) if r is not None]
+        if results:
+            split, part, path, rows = zip(*results)
+            yield pa.record_batch({"split": pa.array(split, pa.string()), "part": pa.array(part, pa.int32()),
+                                   "path": pa.array(path, pa.string()), "rows": pa.array(rows, pa.int64())})
+    return run
+
+
+def write_partitions(frame, spec: WriteSpec) -> list:
+    """Run the writer over ``frame``'s partitions (their order is the files' order)."""
+    from pyspark.sql import functions as F
+
+    columns = ["_k1", "row", *[CAT_COLUMNS[j] for j in spec.joined_columns]]
+    return (frame.select(F.spark_partition_id().alias("_p"), *columns)
+            .mapInArrow(write_task(spec), RESULT_SCHEMA).collect())
+
+
+def commit(results: list, staging: Path) -> dict[str, int]:
+    """Keep the files of the collected attempts as ``<split>/part-<partition>.parquet``; delete
+    what failed or duplicate attempts left behind. Returns rows per split."""
+    rows: dict[str, int] = {}
+    kept = set()
+    for r in results:
+        final = Path(staging) / r["split"] / f"part-{r['part']:05d}.parquet"
+        os.replace(r["path"], final)
+        kept.add(final)
+        rows[r["split"]] = rows.get(r["split"], 0) + r["rows"]
+    for path in Path(staging).glob("*/part-*.parquet"):
+        if path not in kept:
+            path.unlink()
+    return rows
