@@ -59,7 +59,7 @@ def compute_dtype(config: TrainConfig) -> tf.DType:
         if config.xla:
             print("trainer: note: --amp with --xla on a CPU: XLA's CPU dots do not use the "
                   "bfloat16 instructions that TensorFlow's own (oneDNN) matmuls use, so this "
-                  "runs at about float32 speed; --amp alone is ~1.6x faster (bench/README.md)",
+                  "runs at about float32 speed; drop --xla to train at bfloat16 speed",
                   file=sys.stderr)
         return tf.bfloat16
     print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32",
