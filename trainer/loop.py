@@ -476,7 +476,18 @@ class Trainer:
 
 def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str = "train",
         comm=None) -> dict[str, Any]:
-    """Run one mode; returns the summary (meaningful on rank 0)."""
+    """Train, evaluate or benchmark inference: this process's share of the run.
+
+    Args:
+        config: the train section of the config.
+        dataset: the split binary dataset.
+        workdir: checkpoints and logs go in its layout (``logs/trainer_config.json`` first).
+        mode: "train", "eval" (the latest checkpoint) or "inference_benchmark".
+        comm: the collectives; None = Horovod under horovodrun, else a world of one.
+
+    Returns:
+        The mode's summary. Read it on rank 0: the AUCs and log losses are computed there only.
+    """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     trainer = Trainer(config, dataset, workdir, comm=comm)
