@@ -243,10 +243,25 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                     config: ConvertConfig | None = None,
                     threshold_spec: str | None = None) -> dict[str, Any]:
-    """Convert ``parquet_dir`` (spark_jobs output) into the dataset at ``binary_dir``.
+    """Convert the parquet splits of spark_jobs into the split binary dataset the trainer reads.
 
-    Returns a summary: rows per split, bytes written, seconds, rows/s, fingerprint.
-    ``threshold_spec`` overrides the one read from ``preprocess.json``.
+    The dataset is written into a temporary directory, verified, then renamed into place: a
+    reader of ``binary_dir`` never sees a half-written dataset.
+
+    Args:
+        parquet_dir: spark_jobs' output; refused unless its ``_SUCCESS`` marker is there.
+        binary_dir: where the dataset goes (must not overlap ``parquet_dir``).
+        config: workers, fsync, overwrite, full verification; defaults to ``ConvertConfig()``.
+        threshold_spec: the spec to record in ``dataset.json``; None = the one in
+            ``preprocess.json``. ``rethreshold`` needs it to know which values were kept.
+
+    Returns:
+        A summary: rows per split, table sizes, id dtypes, threshold spec, source fingerprint,
+        bytes written, seconds, rows/s.
+
+    Raises:
+        DatasetError: incomplete or inconsistent parquet, a value the format cannot hold, or a
+            complete ``binary_dir`` without ``config.overwrite``.
     """
     config = config or ConvertConfig()
     parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)

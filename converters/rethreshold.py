@@ -93,9 +93,26 @@ def _clamp_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
 def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                 spec: str | int | ThresholdSpec, output_dir: str | Path,
                 config: ConvertConfig | None = None) -> dict[str, Any]:
-    """Write the dataset at threshold ``spec`` derived from ``source_binary_dir``.
+    """Write the dataset at a higher threshold from an existing one, without Spark.
 
-    Returns a summary: rows, table sizes before/after, bytes written, seconds.
+    Ids are ordered by count, so raising the threshold only maps the ids past each new table
+    size to 0; the count histogram gives those sizes. Tables that do not shrink are hard-linked
+    (``config.link_unchanged``) rather than copied.
+
+    Args:
+        source_binary_dir: a complete dataset whose ``dataset.json`` records its threshold.
+        counts_dir: the counts of the same run (its histogram must give the source's sizes).
+        spec: the new threshold spec; at least the source's for every column.
+        output_dir: where the new dataset goes, atomically (must not overlap the inputs).
+        config: workers, fsync, overwrite, link_unchanged; defaults to ``ConvertConfig()``.
+
+    Returns:
+        A summary: rows, threshold specs (new and base), table sizes before and after, the
+        columns rewritten, bytes written, seconds.
+
+    Raises:
+        LowerThresholdError: ``spec`` would need values already merged into id 0 (rerun Spark).
+        DatasetError: the source has no threshold, or the counts belong to another dataset.
     """
     config = config or ConvertConfig()
     source, output = Path(source_binary_dir), Path(output_dir)

@@ -123,9 +123,21 @@ def _value_problems(info: DatasetInfo, workers: int) -> list[str]:
 
 def verify_dataset(path: str | Path, full: bool = True, workers: int = 2,
                    require_success: bool = True) -> DatasetInfo:
-    """Return the dataset's description if it is sound; raise DatasetError listing problems.
+    """Check a split binary dataset before it is trusted; every problem is reported at once.
 
-    ``full=False`` checks metadata and file sizes only (milliseconds, any size).
+    Args:
+        path: the dataset directory.
+        full: also read every value (labels, finite numericals, ids inside their tables);
+            False checks metadata and file sizes only, in milliseconds whatever the size.
+        workers: threads of the full scan.
+        require_success: refuse a dataset without ``_SUCCESS``; False for one still being
+            written (the converters check their output before marking it complete).
+
+    Returns:
+        The dataset's description (``dataset.json`` plus its path).
+
+    Raises:
+        DatasetError: listing the problems found (at most 20 shown).
     """
     path = Path(path)
     if not path.is_dir():

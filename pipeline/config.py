@@ -43,7 +43,7 @@ class GeneratorConfig:
     # Multiplies every planted effect (0 = labels independent of the features).
     signal_strength: float = 1.0
     gzip: bool = False
-    gzip_level: int = 1  # fast; the written size is within 15% of level 6 on this data
+    gzip_level: int = 1  # the fastest: higher levels shrink this data little for much more CPU
     # Rows per independently seeded block; part of the output's identity, like the seed.
     chunk_rows: int = 65_536
     workers: int = 2
@@ -168,11 +168,11 @@ class TrainConfig:
     top_mlp: list[int] | None = None
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks. The
     # defaults (batch, rate, warm-up) suit the embedded ~150k-row default data: one epoch there
-    # is ~150 steps (4096 and a 100-step warm-up left the rate near zero for the whole epoch).
-    # The speed benchmark uses 4096 (bench/bench_trainer.py --batch-size).
+    # is ~150 steps, so a batch of 4096 with a 100-step warm-up would keep the rate near zero
+    # for the whole epoch.
     batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
-    # Three passes over the embedded default (150k rows) reach test AUC ~0.74 of its ~0.82 Bayes AUC.
+    # One pass over the embedded default (150k rows) leaves its AUC well below what three reach.
     epochs: int = 3
     max_steps: int | None = None  # total steps of the run, counted from step 0
     optimizer: str = "sgd"  # "sgd" or "adam"
@@ -207,8 +207,8 @@ class TrainConfig:
     prefetch_batches: int = 4
     inference_steps: int = 50
     intra_op_threads: int = 0  # 0 = cores / ranks on this host
-    # TensorFlow's inter-op pool; 0 = max(2, intra-op threads). On 2 cores 1 made float32 no
-    # faster and --amp ~10% slower (its casts overlap the matmuls), so the default keeps 2.
+    # TensorFlow's inter-op pool; 0 = max(2, intra-op threads): at least 2, so that --amp's
+    # casts overlap the matmuls.
     inter_op_threads: int = 0
 
 
@@ -251,15 +251,14 @@ class PreflightConfig:
     sample_bytes: int = 4 * 2**20
     # A stage's estimated disk need must fit in the free space less this fraction of it.
     disk_headroom: float = 0.1
-    generated_bytes_per_row: float = 244.0   # the generator's plain text (bench/README.md)
+    generated_bytes_per_row: float = 244.0   # the generator's plain text
     parquet_bytes_per_row: float = 56.6
     shuffle_bytes_per_row: float = 139.4     # Spark shuffle files, on spark.local.dir
     counts_bytes_per_row: float = 10.0       # per-day value counts; grows with distinct values
     # Binary dataset before the counts exist: label 1 B + 13 float16 + 26 ids of at most 4 B.
     binary_bytes_per_row_bound: float = 131.0
-    # Rates on this project's benchmark input (bench/README.md): Spark 24M Terabyte-shaped rows
-    # in 387.8 s on 2 cores; convert ~0.4-0.6 CPU-s per 1M rows (a busy core: 400k rows/s);
-    # trainer, default model, batch 4096: ~10k samples/s float32 / ~15.5k bfloat16 on 2 cores.
+    # Per-core rates: Spark on Terabyte-shaped input, convert on a busy core, the trainer's
+    # default model at batch 4096 in float32 and in bfloat16 (--amp).
     spark_rows_per_core_s: float = 30_900.0
     convert_rows_per_core_s: float = 400_000.0
     train_samples_per_core_s: float = 5_000.0

@@ -131,7 +131,27 @@ def _spark_errors():
 
 
 def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig) -> dict:
-    """Run count → dictionaries → transform; return the summary also written to preprocess.json."""
+    """Run count → dictionaries → transform over every day file of ``input_dir``.
+
+    A day whose file has not changed since it was counted is not counted again, so a rerun
+    with a new day or another threshold does not recount the others.
+
+    Args:
+        input_dir: the raw day files (``day_0`` .. ``day_N``, plain or ``.gz``); the last day
+            is split into test and validation, the others are train.
+        workdir: the workdir (counts, dictionaries, parquet and reports go in its layout).
+        spark: the session settings (master, memory, ``--conf``, GPU profile).
+        preprocess: threshold spec, engine, reject limit, shuffle seed, output files.
+
+    Returns:
+        The summary also written to ``parquet/preprocess.json``: rows per split, table sizes,
+        data-quality totals, timings; ``parquet/_SUCCESS`` marks it complete.
+
+    Raises:
+        PreprocessConfigError: a setting that cannot work.
+        PreprocessInputError: unusable input, or too many rejected lines.
+        PreprocessJobError: Spark failed, or rows in != rows out + rejected.
+    """
     try:
         spec = parse_threshold_spec(preprocess.frequency_threshold)
     except ThresholdSpecError as error:

@@ -22,21 +22,20 @@ from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
 # Whole-stage code generation over 40 columns and 26 joins yields methods above HotSpot's
-# 8000-byte JIT limit; left interpreted they run 2-3x slower. The parallel collector suits
-# this throughput-bound batch job better than G1 (about 20% on the count aggregation).
+# 8000-byte JIT limit, which HotSpot would leave interpreted: -DontCompileHugeMethods compiles
+# them. The parallel collector suits this throughput-bound batch job better than G1.
 #
 # Generated methods can still be too big for C2: it then works for seconds and gives up ("out of
-# nodes"), several times per job, on a 2-core machine that is CPU taken from the tasks. Half the
-# default node budget for Spark's generated classes only makes C2 give up early on those (they
-# then run C1 code) and finish the rest: count pass + transform 110 s -> 91 s on 8M rows.
+# nodes"), several times per job, CPU taken from the tasks on a small machine. Half the default
+# node budget for Spark's generated classes only makes C2 give up early on those (they then run
+# C1 code) and leaves every other method as it was.
 _GENERATED = "org.apache.spark.sql.catalyst.expressions.GeneratedClass*::*"
 JVM_OPTIONS = ("-XX:-DontCompileHugeMethods -XX:+UseParallelGC "
                f"-XX:CompileCommand=quiet -XX:CompileCommand=MaxNodeLimit,{_GENERATED},40000")
 # Code generation, for the JIT's sake. Without the stage id in the class name, the same plan
 # over another day file is the same source, so it is compiled (by Janino and by HotSpot) once
-# instead of once per day; C2 spent ~8 s on each copy of the parse projection and then gave up.
-# A lower split threshold cuts big expressions into methods small enough to compile.
-# Measured on 8M rows (probe, bench/README.md): count pass + transform 134 s -> 107 s.
+# instead of once per day. A lower split threshold cuts big expressions into methods small
+# enough for C2 to compile.
 CODEGEN_OPTIONS = {
     "spark.sql.codegen.useIdInClassName": "false",
     "spark.sql.codegen.methodSplitThreshold": "256",

@@ -66,8 +66,24 @@ def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
 
 def open_dataset(path: str | Path, *, threshold: str | None = None,
                  counts_dir: str | Path | None = None, verify: str = "quick") -> BinaryDataset:
-    """Check the dataset (converters.verify: "quick" = metadata and file sizes, "full" = every
-    value too, "none"), then describe it, optionally at a higher frequency threshold."""
+    """Check a split binary dataset, then describe it for the trainer.
+
+    Args:
+        path: the dataset directory (converters' output).
+        threshold: read the dataset at this higher threshold spec: ids past the new table
+            sizes read as 0, as if it had been rethresholded (same rule as
+            ``converters.rethreshold``). None = as written.
+        counts_dir: the count histogram's directory, needed with ``threshold``; None =
+            ``counts`` beside the dataset.
+        verify: "quick" (metadata and file sizes), "full" (every value too) or "none".
+
+    Returns:
+        Rows per split, the written and the effective table sizes, the id dtypes.
+
+    Raises:
+        DatasetError: not a dataset, it fails the check, or the threshold is below the
+            written one or the counts do not belong to it.
+    """
     path = Path(path)
     if not (path / DATASET_JSON).exists():
         raise DatasetError(f"{path} is not a split binary dataset (no {DATASET_JSON})")

@@ -174,7 +174,17 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: d
 
 
 def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig) -> dict[str, Any]:
-    """Write DIR/export; returns the fingerprint (also the CLI's JSON summary)."""
+    """Write ``DIR/export``: the latest checkpoint and the dictionaries as one SavedModel.
+
+    Args:
+        workdir: the workdir holding the checkpoints and the preprocess dictionaries.
+        dataset: the dataset the checkpoint was trained on (recorded in the fingerprint).
+        config: the memory limit and the integer that reads as missing.
+
+    Returns:
+        The fingerprint written beside the SavedModel, plus seconds and its path (the CLI's
+        JSON summary).
+    """
     started = time.perf_counter()
     layout = WorkdirLayout.at(workdir)
     checkpoint = latest_checkpoint(layout.checkpoints)

@@ -59,7 +59,7 @@ def compute_dtype(config: TrainConfig) -> tf.DType:
         if config.xla:
             print("trainer: note: --amp with --xla on a CPU: XLA's CPU dots do not use the "
                   "bfloat16 instructions that TensorFlow's own (oneDNN) matmuls use, so this "
-                  "runs at about float32 speed; --amp alone is ~1.6x faster (bench/README.md)",
+                  "runs at about float32 speed; drop --xla to train at bfloat16 speed",
                   file=sys.stderr)
         return tf.bfloat16
     print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32",
@@ -75,6 +75,60 @@ def set_threads(config: TrainConfig, local_size: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError:  # the runtime already started (several trainers in one process)
         pass
+
+
+def checked_batch_sizes(config: TrainConfig, world: int) -> tuple[int, int]:
+    """The global train and eval batch sizes, refused unless each splits evenly over the ranks.
+
+    Returns:
+        (train batch, eval batch); the eval batch defaults to the train batch.
+    """
+    if config.batch_size < 1 or (config.eval_batch_size or 1) < 1:
+        raise ValueError(f"batch sizes must be at least 1 (batch size {config.batch_size}, "
+                         f"eval batch size {config.eval_batch_size})")
+    if config.max_steps is not None and config.max_steps < 0:
+        raise ValueError(f"max steps must be 0 or more, not {config.max_steps}")
+    if config.batch_size % world:
+        raise ValueError(f"batch size {config.batch_size} must divide by {world} ranks")
+    eval_batch = config.eval_batch_size or config.batch_size
+    if eval_batch % world:
+        raise ValueError(f"eval batch size {eval_batch} must divide by {world} ranks")
+    return config.batch_size, eval_batch
+
+
+class ThroughputClock:
+    """Samples per second of training: over the window since the last report, and over the run.
+
+    The run's rate starts after the first step, which traces the step functions (and with --xla
+    compiles them): that one-off cost would otherwise understate the steady rate.
+    """
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.steps = 0
+        self.run_start = self.window_start = time.perf_counter()
+        self.window_steps = 0
+
+    def step_done(self, loss: tf.Tensor) -> None:
+        self.steps += 1
+        self.window_steps += 1
+        if self.steps == 1:
+            loss.numpy()  # the clock starts once the first step has surely finished
+            self.run_start = time.perf_counter()
+
+    def window_rate(self) -> float:
+        elapsed = time.perf_counter() - self.window_start
+        return self.window_steps * self.batch_size / max(elapsed, 1e-9)
+
+    def restart_window(self) -> None:
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def run_rate(self) -> float | None:
+        """None when fewer than two steps ran: no step was timed."""
+        if self.steps < 2:
+            return None
+        elapsed = time.perf_counter() - self.run_start
+        return round((self.steps - 1) * self.batch_size / max(elapsed, 1e-9), 1)
 
 
 @dataclass
@@ -100,17 +154,15 @@ class Trainer:
                                     or (self.layout.counts if config.frequency_threshold else None),
                                     verify=config.verify_dataset)
         self.dims = model_dims(config)
-        if config.batch_size < 1 or (config.eval_batch_size or 1) < 1:
-            raise ValueError(f"batch sizes must be at least 1 (batch size {config.batch_size}, "
-                             f"eval batch size {config.eval_batch_size})")
-        if config.max_steps is not None and config.max_steps < 0:
-            raise ValueError(f"max steps must be 0 or more, not {config.max_steps}")
-        if config.batch_size % self.world:
-            raise ValueError(f"batch size {config.batch_size} must divide by {self.world} ranks")
-        self.global_batch = config.batch_size
-        self.eval_batch = config.eval_batch_size or config.batch_size
-        if self.eval_batch % self.world:
-            raise ValueError(f"eval batch size {self.eval_batch} must divide by {self.world} ranks")
+        self.global_batch, self.eval_batch = checked_batch_sizes(config, self.world)
+        self._build_model()
+        self._build_step_functions()
+        self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
+        self._summary = None
+
+    def _build_model(self) -> None:
+        """Placement, this rank's variables and data view, the optimizer; replicas start equal."""
+        config = self.config
         self.placement = plan_placement(
             self.dataset.table_sizes, self.dims.embedding_dim, self.world,
             bottom_data_parallel=config.bottom_mlp_data_parallel,
@@ -129,12 +181,13 @@ class Trainer:
                                       trainable=False, name="loss_scale")
         self.step = 0
         self.comm.broadcast_variables([v for _, v in self.replicated])
-        self._dense_step = (tf.function(self._dense_gradients, jit_compile=True) if config.xla
-                            else self._dense_gradients)
+
+    def _build_step_functions(self) -> None:
+        # --xla compiles the dense part only: it holds no Horovod op (see _dense_gradients).
+        self._dense_step = (tf.function(self._dense_gradients, jit_compile=True)
+                            if self.config.xla else self._dense_gradients)
         self._train_step = tf.function(self._train_step_impl)
         self._predict_step = tf.function(self._predict_step_impl)
-        self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
-        self._summary = None
 
     # -- step functions --------------------------------------------------------------------
     def _dense_gradients(self, numerical, features, label):
@@ -290,49 +343,66 @@ class Trainer:
         return total, steps_per_epoch
 
     def train(self, final_eval: bool = True) -> dict[str, Any]:
+        """Train from step 0 (or the latest checkpoint with resume) to the planned total.
+
+        Args:
+            final_eval: evaluate the test and validation splits at the end (the summary's AUCs).
+        Returns:
+            The summary record: step, losses, samples/s, the last checkpoint, the AUCs.
+        """
         total, steps_per_epoch = self.total_steps()
+        self._resume_if_asked()
+        eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
+        batches = self._train_batches(total, steps_per_epoch)
+        clock = ThroughputClock(self.global_batch)
+        last_loss, evals = None, []
+        for batch in batches:
+            lr = learning_rate(batch.step, self.config)
+            loss = self.train_on_batch(batch, lr)
+            self.step = batch.step + 1
+            clock.step_done(loss)
+            if self.step % max(1, self.config.log_every) == 0 or self.step == total:
+                last_loss = self._report_step(loss, lr, batch.step // steps_per_epoch, total, clock)
+            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
+                self.save()
+            if self.step % eval_every == 0 and self.step < total:  # the end has its own eval
+                evals.append(self.evaluate("validation"))
+        return self._finish_training(clock, last_loss, evals, final_eval)
+
+    def _resume_if_asked(self) -> None:
         if self.config.resume:
             path = self.restore_latest()
             if path is not None:
                 self._progress(f"trainer: resumed from {path} at step {self.step}")
-        eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
+
+    def _train_batches(self, total: int, steps_per_epoch: int) -> Iterable[Batch]:
+        """This rank's batches from the current step to ``total``, read ahead by a thread."""
         reader = SplitReader(self.dataset, "train")
         plan = self._train_plan(total, steps_per_epoch)
-        window_start, window_steps, last_loss = time.perf_counter(), 0, None
-        run_start, trained = time.perf_counter(), 0
-        evals: list[EvalResult] = []
-        for batch in prefetch(reader, self.view, plan, self.global_batch,
-                              self.config.prefetch_batches):
-            lr = learning_rate(batch.step, self.config)
-            loss = self.train_on_batch(batch, lr)
-            self.step = batch.step + 1
-            window_steps += 1
-            trained += 1
-            if trained == 1:  # the first step traces (and with --xla compiles): not timed
-                loss.numpy()
-                run_start = time.perf_counter()
-            if self.step % max(1, self.config.log_every) == 0 or self.step == total:
-                last_loss = float(loss.numpy())
-                elapsed = time.perf_counter() - window_start
-                rate = window_steps * self.global_batch / max(elapsed, 1e-9)
-                self._log({"step": self.step, "epoch": batch.step // steps_per_epoch,
-                           "loss": last_loss, "lr": lr, "samples_per_s": round(rate, 1)})
-                eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
-                self._progress(f"step {self.step}/{total} epoch {batch.step // steps_per_epoch} "
-                               f"loss {last_loss:.5f} lr {lr:.4g} {rate:,.0f} samples/s "
-                               f"eta {eta:,.0f}s")
-                window_start, window_steps = time.perf_counter(), 0
-            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
-                self.save()
-            if self.step % eval_every == 0 and self.step < total:
-                evals.append(self.evaluate("validation"))
-        train_seconds = time.perf_counter() - run_start
-        checkpoint = self.save() if trained else latest_checkpoint(self.layout.checkpoints)
+        return prefetch(reader, self.view, plan, self.global_batch, self.config.prefetch_batches)
+
+    def _report_step(self, loss: tf.Tensor, lr: float, epoch: int, total: int,
+                     clock: ThroughputClock) -> float:
+        """Log the loss, learning rate and samples/s since the last report; returns the loss."""
+        value = float(loss.numpy())
+        rate = clock.window_rate()
+        self._log({"step": self.step, "epoch": epoch, "loss": value, "lr": lr,
+                   "samples_per_s": round(rate, 1)})
+        eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
+        self._progress(f"step {self.step}/{total} epoch {epoch} loss {value:.5f} lr {lr:.4g} "
+                       f"{rate:,.0f} samples/s eta {eta:,.0f}s")
+        clock.restart_window()
+        return value
+
+    def _finish_training(self, clock: ThroughputClock, last_loss: float | None,
+                         evals: list[EvalResult], final_eval: bool) -> dict[str, Any]:
+        """Last checkpoint, final evaluations and the summary of the run."""
+        samples_per_s = clock.run_rate()  # before the final save and evaluations
+        checkpoint = self.save() if clock.steps else latest_checkpoint(self.layout.checkpoints)
         finals = [self.evaluate("test"), self.evaluate("validation")] if final_eval else []
         return self._summary_record("train", finals, {
-            "train_loss": last_loss, "steps_run": trained,
-            "train_samples_per_s": round((trained - 1) * self.global_batch
-                                         / max(train_seconds, 1e-9), 1) if trained > 1 else None,
+            "train_loss": last_loss, "steps_run": clock.steps,
+            "train_samples_per_s": samples_per_s,
             "checkpoint": str(checkpoint) if checkpoint else None,
             "periodic_validation_auc": [e.auc for e in evals]})
 
@@ -406,7 +476,18 @@ class Trainer:
 
 def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str = "train",
         comm=None) -> dict[str, Any]:
-    """Run one mode; returns the summary (meaningful on rank 0)."""
+    """Train, evaluate or benchmark inference: this process's share of the run.
+
+    Args:
+        config: the train section of the config.
+        dataset: the split binary dataset.
+        workdir: checkpoints and logs go in its layout (``logs/trainer_config.json`` first).
+        mode: "train", "eval" (the latest checkpoint) or "inference_benchmark".
+        comm: the collectives; None = Horovod under horovodrun, else a world of one.
+
+    Returns:
+        The mode's summary. Read it on rank 0: the AUCs and log losses are computed there only.
+    """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     trainer = Trainer(config, dataset, workdir, comm=comm)

@@ -131,6 +131,17 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
 
 def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | Path,
                 config: ScoreConfig) -> dict:
+    """Score raw day files with an exported SavedModel, one output file per input.
+
+    Args:
+        model_dir: the SavedModel (``DIR/export/saved_model``).
+        inputs: raw day files, plain or ``.gz``, with or without the label field.
+        out_dir: where ``<name>.parquet`` and ``rejects/<name>.jsonl`` go.
+        config: lines per model call, whether the files are labelled.
+
+    Returns:
+        Per file and in total: lines read, scored and rejected; seconds.
+    """
     import tensorflow as tf
 
     paths = [Path(p) for p in inputs]

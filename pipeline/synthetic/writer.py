@@ -174,8 +174,18 @@ def _validate(config: GeneratorConfig) -> None:
 
 
 def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) -> dict:
-    """Write ``day_0 .. day_{days-1}`` (``.gz`` when ``config.gzip``) and generator_meta.json
-    into ``out_dir``; returns the metadata that was written."""
+    """Write synthetic Criteo-format day files, the same bytes for any number of workers.
+
+    Args:
+        out_dir: receives ``day_0 .. day_{days-1}`` (``.gz`` when ``config.gzip``) and
+            ``generator_meta.json``; day files of an earlier run are replaced, day files
+            it did not write are refused.
+        config: days, rows, seed, vocabulary and signal settings; defaults to
+            ``GeneratorConfig()``.
+
+    Returns:
+        The metadata written to ``generator_meta.json`` (rows, click rate, Bayes AUC).
+    """
     config = config or GeneratorConfig()
     _validate(config)
     source = SyntheticSource.from_config(config)  # may still refuse: before any deletion
