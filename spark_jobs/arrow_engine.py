@@ -46,6 +46,8 @@ class ArrowEngine:
         self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
                                      count_flush_lines=COUNT_FLUSH_LINES)
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
+        self._counts = None            # the count pass's sums, cached until close()
+        self._recounted: list[int] = []
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
@@ -55,20 +57,47 @@ class ArrowEngine:
 
     # ------------------------------------------------------------ count pass
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
+        """Statistics of every day; value counts of ``recount`` written to their partitions.
+        The summed counts stay cached (as integers) for ``value_totals`` until ``close``."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         task = arrow_tasks.count_task(self.chunks, frozenset(recount), self.settings)
-        counts = (self._over_chunks(self.chunks, task, COUNT_SCHEMA)
-                  .groupBy("day", "column", "value").agg(F.sum("count").alias("count"))
-                  .persist(StorageLevel.MEMORY_AND_DISK))
-        try:
-            stats = _stats_from_rows(counts.where(F.col("column") == STAT).collect(), self.days)
-            if recount:
-                _write_value_counts(counts, recount, counts_dir)
-        finally:
-            counts.unpersist()
+        self._counts = (self._over_chunks(self.chunks, task, COUNT_SCHEMA)
+                        .groupBy("day", "column", "value").agg(F.sum("count").alias("count"))
+                        .persist(StorageLevel.MEMORY_AND_DISK))
+        self._recounted = list(recount)
+        stats = _stats_from_rows(self._counts.where(F.col("column") == STAT).collect(), self.days)
+        if recount:
+            _write_value_counts(self._counts, recount, counts_dir)
         return stats
+
+    def value_totals(self, counts_dir: Path, days: list[int] | None):
+        """(column, value, count) over the counted days (``days``: only those), ``value`` as
+        its integer (whose order is the 8-digit hex strings' order): the recounted days come
+        from the cached integer counts, the others from their stored partitions."""
+        from pyspark.sql import functions as F
+
+        wanted = [d.day for d in self.days] if days is None else list(days)
+        fresh = [d for d in wanted if d in self._recounted]
+        stored = [d for d in wanted if d not in self._recounted]
+        names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
+        parts = []
+        if fresh:
+            parts.append(self._counts.where((F.col("column") >= 0) & F.col("day").isin(fresh))
+                         .select(names.alias("column"), "value", "count"))
+        if stored:
+            parts.append(counting.stored_counts(self.session, counts_dir, stored)
+                         .select("column", _hex_value(F.col("value")).alias("value"), "count"))
+        if not parts:
+            return self.session.createDataFrame([], "column STRING, value LONG, count LONG")
+        frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        return frame.groupBy("column", "value").agg(F.sum("count").cast("long").alias("count"))
+
+    def close(self) -> None:
+        if self._counts is not None:
+            self._counts.unpersist()
+            self._counts = None
 
     # ------------------------------------------------------------ rejects
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:

@@ -134,14 +134,22 @@ def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir:
     write_json(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries})
 
 
-def value_totals(session, counts_dir: Path, days: list[int] | None = None):
-    """(column, value, count) summed over the counted days (``days``: only those)."""
+def stored_counts(session, counts_dir: Path, days: list[int] | None = None):
+    """The stored (column, value, count, day) rows (``days``: only those days')."""
     from pyspark.sql import functions as F
 
     counts = session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
     if days is not None:
         counts = counts.where(F.col("day").isin([str(d) for d in days]))
-    return counts.groupBy("column", "value").agg(F.sum("count").cast("long").alias("count"))
+    return counts
+
+
+def value_totals(session, counts_dir: Path, days: list[int] | None = None):
+    """(column, value, count) summed over the counted days (``days``: only those)."""
+    from pyspark.sql import functions as F
+
+    return (stored_counts(session, counts_dir, days)
+            .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
 
 
 def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:

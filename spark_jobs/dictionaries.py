@@ -51,7 +51,9 @@ def _literal_map(mapping: dict):
 
 def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
     """Write (value, id, count, key) partitioned by ``column`` to ``out_dir``; ``key`` is the
-    join key of the value (``parse.value_key``)."""
+    join key of the value (``parse.value_key``). ``totals``' values are 8-digit hex strings or
+    their integers (the same order; an integer sorts faster and becomes its string only when
+    kept)."""
     from pyspark.sql import functions as F
 
     kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
@@ -74,12 +76,15 @@ def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
                   for r in indexed.groupBy("column").agg(F.min("index").alias("start")).collect()}
         if not starts:
             starts = {CAT_COLUMNS[0]: 0}
+        value = F.col("value")
+        if dict(totals.dtypes)["value"] != "string":
+            value = F.lpad(F.lower(F.hex(value)), 8, "0")
         ids = (indexed.select(
-            "column", "value",
+            "column", value.alias("value"),
             (F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1)
             .cast("int").alias("id"),
             "count",
-            value_key(F.col("value")).alias("key")))
+            value_key(value).alias("key")))
         ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
     finally:
         ordered.unpersist()

@@ -195,6 +195,14 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
          engine_id: str) -> dict:
     timer = _Timer()
     engine = _make_engine(engine_id, session, days, cfg)
+    try:
+        return _run_stages(session, engine, days, layout, spec, cfg, timer)
+    finally:
+        engine.close()
+
+
+def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spec,
+                cfg: PreprocessConfig, timer: _Timer) -> dict:
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
@@ -205,7 +213,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         write_json(layout.data_quality, report)
         quality.check_reject_rate(report)
         counting.write_days_json(days, stats, layout.counts)
-        totals = counting.value_totals(session, layout.counts, _dictionary_days(days, cfg)).persist()
+        totals = engine.value_totals(layout.counts, _dictionary_days(days, cfg)).persist()
         histogram = counting.write_histogram(totals, layout.counts)
     with timer.stage("dictionaries"):
         sizes = table_sizes(histogram, spec)

@@ -32,6 +32,13 @@ class SqlEngine:
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
         return counting.count_pass(self.parsed, recount, counts_dir)
 
+    def value_totals(self, counts_dir: Path, days: list[int] | None):
+        """(column, value, count) over the counted days, from the stored counts."""
+        return counting.value_totals(self.session, counts_dir, days)
+
+    def close(self) -> None:
+        """Nothing cached."""
+
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
         quality.write_rejects(self.parsed, self.days, stats, out_dir)
 
