@@ -80,8 +80,9 @@ class _ValueCounter:
         self.partials: list[list] = [[] for _ in range(NUM_CATEGORICAL)]
 
     def add(self, cats: np.ndarray) -> None:
-        self.pending.append(np.ascontiguousarray(cats.T))
-        self.pending_lines += len(cats)
+        """cats [26, lines]: the valid lines' values, by column."""
+        self.pending.append(cats)
+        self.pending_lines += cats.shape[1]
         if self.pending_lines >= self.flush_lines:
             self._flush()
 
@@ -120,7 +121,7 @@ def _add_stats(stats: np.ndarray, parsed) -> None:
     stats[PADDED] += int(np.count_nonzero(parsed.padded))
     stats[SLOW] += int(np.count_nonzero(parsed.slow))
     stats[MISSING_INT:MISSING_INT + NUM_INTEGER] += parsed.int_missing[valid].sum(axis=0)
-    stats[MISSING_CAT:MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats[valid] == MISSING).sum(axis=0)
+    stats[MISSING_CAT:MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats.T[:, valid] == MISSING).sum(axis=1)
 
 
 def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings):
@@ -133,7 +134,7 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 parsed = parse_block(block.data, block.starts, block.ends)
                 _add_stats(stats, parsed)
                 if counter is not None:
-                    counter.add(parsed.cats[parsed.valid])
+                    counter.add(parsed.cats.T[:, parsed.valid])
             if counter is not None:
                 yield from counter.batches(chunk.day)
             if stats[LINES]:
@@ -217,14 +218,14 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, i
     base = spec.chunk_first_line[(chunk.day, chunk.index)] + block.first
     key, tie = _order_keys(spec, chunk.day, base + valid)
     numericals = log_numericals(parsed.ints[valid], parsed.int_missing[valid])
-    cats = parsed.cats[valid]
+    cats = parsed.cats.T[:, valid]            # [26, lines], one contiguous row per column
     ids = np.zeros(cats.shape, np.int32)      # joined columns: filled in by the writer
     if spec.cached_columns:
-        ids[:, list(spec.cached_columns)] = index.lookup(cats[:, list(spec.cached_columns)])
+        index.lookup_into(cats, ids)
     columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
-               "row": pack_rows(parsed.label[valid], numericals, ids)}
+               "row": pack_rows(parsed.label[valid], numericals, ids.T)}
     for j in spec.joined_columns:
-        columns[CAT_COLUMNS[j]] = pa.array(cats[:, j])
+        columns[CAT_COLUMNS[j]] = pa.array(cats[j])
     return pa.record_batch(columns)
 
 

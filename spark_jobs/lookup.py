@@ -7,8 +7,9 @@ reuses Python workers across tasks (``spark.python.worker.reuse``, on by default
 index is built once per worker and run, not once per task. Other dictionaries are joined by
 Spark on the value after the task.
 
-Keys are ``column << 32 | value`` for every cached column together, so one hash lookup per
-batch serves all 26 columns; a missing value (-1) matches nothing and gets id 0.
+One hash index per column: most columns' tables are small enough to stay in the CPU cache
+while their values are looked up, which one table over every column's keys is not. A missing
+value (-1) matches nothing and gets id 0.
 """
 
 from __future__ import annotations
@@ -28,28 +29,31 @@ class DictionaryIndex:
         import pandas as pd
         import pyarrow.parquet as pq
 
-        keys, ids = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
+        self.columns = tuple(columns)
+        self.tables: dict[int, tuple] = {}     # column → (hash index of values, ids; slot 0 = 0)
         for j in columns:
             path = Path(dict_dir) / f"column={CAT_COLUMNS[j]}"
             if not path.is_dir():        # no value kept: every id is 0
                 continue
             table = pq.read_table(path, columns=["value", "id"])
-            keys.append((np.int64(j) << np.int64(32)) | parse_hex(table["value"].combine_chunks()))
-            ids.append(table["id"].to_numpy().astype(np.int32))
-        self.columns = np.asarray(columns, np.int64)
-        self.index = pd.Index(np.concatenate(keys))
-        self.ids = np.concatenate([np.zeros(1, np.int32), *ids])   # slot 0: not found → id 0
-        self.index.get_indexer(self.index[:1])                      # build the hash table now
+            index = pd.Index(parse_hex(table["value"].combine_chunks()))
+            index.get_indexer(index[:1])                  # build the hash table now
+            ids = np.concatenate([np.zeros(1, np.int32), table["id"].to_numpy().astype(np.int32)])
+            self.tables[j] = (index, ids)
 
-    def lookup(self, values: np.ndarray) -> np.ndarray:
-        """values [n, len(columns)] (MISSING = -1) → int32 ids, 0 for rare or missing."""
-        keys = (self.columns << np.int64(32)) | values
-        found = self.index.get_indexer(keys.ravel()) + 1
-        return self.ids[found].reshape(values.shape)
+    def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
+        """values [26, n] by column (MISSING = -1) → int32 ids in out [26, n] for the indexed
+        columns; 0 for rare or missing."""
+        for j in self.columns:
+            if j in self.tables:
+                index, ids = self.tables[j]
+                out[j] = ids[index.get_indexer(values[j]) + 1]
+            else:
+                out[j] = 0
 
     @property
     def size(self) -> int:
-        return len(self.index)
+        return sum(len(index) for index, _ in self.tables.values())
 
 
 def dictionary_index(dict_dir: str, columns: tuple[int, ...], token: str) -> DictionaryIndex:
