@@ -14,10 +14,10 @@ import logging
 import sys
 from typing import Any
 
-from converters.format import DatasetError
-from pipeline.config import ConvertConfig, load_config
-from pipeline.layout import WorkdirLayout
-from pipeline.thresholds import ThresholdSpecError
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.config import ConvertConfig, load_config
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.thresholds import ThresholdSpecError
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
@@ -124,7 +124,7 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from converters.verify import verify_dataset
+    from dlrm_contracts.verify import verify_dataset
 
     info = verify_dataset(args.dataset, full=not args.quick, workers=args.workers)
     summary = {"dataset": str(info.path), "ok": True, "mode": "quick" if args.quick else "full",
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = {"convert": _run_convert, "verify": _run_verify,
            "rethreshold": _run_rethreshold, "plan": _run_plan}[args.command]
-    from converters.rethreshold import LowerThresholdError
+    from dlrm_contracts.table_sizes import LowerThresholdError
 
     try:
         return run(args)

@@ -7,7 +7,7 @@ multi-threaded, GIL released), a thread pool narrows the current one column by c
 appends it to the 28 output files (numpy casts and file writes release the GIL too): both
 cores work, and every byte is written once. Every id is checked against its table size before
 it is narrowed, so a bad id is an error, never a silently wrapped value. The output is atomic
-(see converters.atomic).
+(see dlrm_contracts.atomic).
 """
 
 from __future__ import annotations
@@ -24,20 +24,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from converters.atomic import atomic_directory, is_complete, refuse_overlap
-from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, MODEL_SIZE_JSON,
-                               NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
-                               cat_dtype, cat_file, describe, model_size_list, read_json,
-                               unreadable_parquet, write_json)
-from converters.progress import progress_bar
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, SPLITS
-from pipeline.thresholds import parse_threshold_spec
+from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
+from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
+                                          NUMERICAL_FILE, DatasetError, cat_dtype, cat_file,
+                                          describe, model_size_list, read_json, unreadable_parquet,
+                                          write_json)
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, SPLITS
+from dlrm_contracts.thresholds import parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
 
-PREPROCESS_JSON = "preprocess.json"
 SOURCE_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
 
 
@@ -252,7 +252,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)
     refuse_overlap(binary_dir, {"parquet": parquet_dir})
     if not is_complete(parquet_dir):
-        raise DatasetError(f"{parquet_dir} has no _SUCCESS: the parquet is incomplete "
+        raise DatasetError(f"{parquet_dir} has no {SUCCESS}: the parquet is incomplete "
                            "(rerun spark_jobs)")
     table_sizes = model_size_list(read_json(parquet_dir / MODEL_SIZE_JSON),
                                   parquet_dir / MODEL_SIZE_JSON)

@@ -10,7 +10,7 @@
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
 
 Flag and stage names are an interface: schedulers call them. Flags override the YAML file,
-which overrides the defaults in pipeline/config.py.
+which overrides the defaults in dlrm_contracts/config.py.
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cluster_auth import SecretFileError, read_secret_file
-from pipeline.config import DEFAULT_STAGES, STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
-from pipeline.errors import ExitCode, PipelineError
+from converters.cli import main as converters_main
+from dlrm_contracts.config import (DEFAULT_STAGES, STAGES, ConfigError, PipelineConfig,
+                                   config_to_dict, load_config)
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import WorkdirLayout, histogram_path
+from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
-from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from pipeline.preflight import preflight_failed, report
+from pipeline.runner import run_pipeline
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
@@ -138,10 +143,6 @@ def validate(config: PipelineConfig) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from converters.cli import main as converters_main
-    from converters.counts import histogram_path
-    from pipeline.layout import WorkdirLayout
-
     for item in args.thresholds.split(","):
         parse_threshold_spec(item)  # a bad list is a usage error (exit 2), not a crash
 
@@ -156,8 +157,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _preflight(config: PipelineConfig) -> int:
     """The run's preflight alone: its lines on stdout, its figures as the last (JSON) line."""
-    from pipeline.preflight import preflight_failed, report
-
     est = report(config, print)
     refusal = preflight_failed("; ".join(est.shortfalls)) if est.shortfalls else None
     status = {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}",
@@ -190,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         validate(config)
         if args.command == "preflight":
             return _preflight(config)
-        from pipeline.runner import run_pipeline
-
         return run_pipeline(config)
     except (ConfigError, ThresholdSpecError) as exc:
         return _refused(args, str(exc), ExitCode.USAGE)

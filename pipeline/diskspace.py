@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import ExitCode, PipelineError
 
 # What the OS, the JVM, pyarrow and TensorFlow print for ENOSPC / EDQUOT.
 _DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "enospc", "edquot")

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from pipeline.config import GeneratorConfig, load_config
+from dlrm_contracts.config import GeneratorConfig, load_config
 from pipeline.synthetic import generate
 
 __all__ = ["generate", "main", "build_config"]

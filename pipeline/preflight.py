@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig
+from dlrm_contracts.atomic import read_json
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
-from pipeline.errors import ExitCode, PipelineError
 from pipeline.fingerprint import tree_fingerprint
-from pipeline.layout import WorkdirLayout
-from pipeline.manifest import read_json
-from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
-from pipeline.thresholds import parse_threshold_spec
 
 
 def preflight_failed(shortfall: str) -> PipelineError:
@@ -182,7 +182,7 @@ def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | N
 
 
 def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | None:
-    from converters.counts import histogram_path, read_histogram
+    from dlrm_contracts.table_sizes import histogram_path, read_histogram
 
     if not histogram_path(layout.counts).is_file():
         return None
@@ -194,7 +194,7 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
     if sizes is None:
         return config.preflight.binary_bytes_per_row_bound
-    from converters.format import cat_dtype
+    from dlrm_contracts.binary_format import cat_dtype
 
     return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize for s in sizes)
 

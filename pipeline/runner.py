@@ -17,15 +17,16 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import STAGES, PipelineConfig, config_to_dict
+from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import as_disk_full, fullest
-from pipeline.errors import ExitCode, PipelineError
-from pipeline.layout import WorkdirLayout
 from pipeline.lock import WorkdirLock
-from pipeline.manifest import ManifestStore, StageRecord, read_json, write_json_atomic
+from pipeline.manifest import ManifestStore, StageRecord
 from pipeline.processes import terminate_current_child
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
-from pipeline.thresholds import parse_threshold_spec
 
 log = logging.getLogger("pipeline")
 
@@ -232,7 +233,7 @@ def _save_quietly(what: str, write) -> None:
 
 
 def run_pipeline(config: PipelineConfig) -> int:
-    """Run the requested stages; return the process exit code (see pipeline.errors.ExitCode)."""
+    """Run the requested stages; return the process exit code (see dlrm_contracts.errors.ExitCode)."""
     layout = WorkdirLayout.at(config.workdir)
     log_path = _prepare_workdir(layout)
     wanted = [s for s in STAGES if s in config.stages]

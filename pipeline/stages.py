@@ -19,15 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import PipelineConfig, config_to_dict
-from pipeline.errors import ExitCode, PipelineError
+from converters.convert import convert_parquet
+from converters.rethreshold import rethreshold
+from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.config import PipelineConfig, config_to_dict
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.progress import PROGRESS_TTY_ENV
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprint
 from pipeline.hosts import horovodrun_hosts
-from pipeline.layout import WorkdirLayout
-from pipeline.manifest import ManifestStore, read_json, write_json_atomic
-from pipeline.processes import PROGRESS_TTY_ENV, run_child
-from pipeline.schema import SPLITS
-from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+from pipeline.manifest import ManifestStore
+from pipeline.processes import run_child
 
 log = logging.getLogger("pipeline")
 
@@ -224,8 +230,6 @@ def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
     splits = [ctx.layout.parquet_split(s) for s in SPLITS if ctx.layout.parquet_split(s).exists()]
     if ctx.config.preprocess.keep_parquet or not splits:
         return None
-    from converters.format import DatasetError
-    from converters.verify import verify_dataset
 
     try:
         verify_dataset(ctx.layout.binary, full=False)
@@ -266,8 +270,6 @@ def _convert_run(ctx: StageContext) -> Outcome:
 
 
 def _convert(ctx: StageContext) -> Outcome:
-    from converters.convert import convert_parquet
-    from converters.rethreshold import rethreshold
 
     wanted = ctx.threshold
     previous = ctx.manifests.load("convert")
@@ -338,8 +340,6 @@ def _verify_binary(ctx: StageContext) -> None:
     rather than as a crashed horovodrun (8/9)."""
     if ctx.config.train.verify_dataset == "none":
         return
-    from converters.format import DatasetError
-    from converters.verify import verify_dataset
 
     try:
         verify_dataset(ctx.layout.binary, full=False)

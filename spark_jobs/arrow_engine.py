@@ -15,11 +15,11 @@ import shutil
 import uuid
 from pathlib import Path
 
-from pipeline.config import PreprocessConfig
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs import arrow_tasks, counting
-from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT, PADDED,
-                                    REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
+from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT,
+                                    PADDED, REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
 from spark_jobs.chunks import Chunk, plan_chunks
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
@@ -169,7 +169,7 @@ def _literal_lookup(mapping: dict, column: str):
 
 def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
     """DayStats from the summed statistics rows (column STAT) of the count pass."""
-    from pipeline.schema import INT_COLUMNS
+    from dlrm_contracts.schema import INT_COLUMNS
 
     stats = {d.day: DayStats(d.day) for d in days}
     for row in rows:

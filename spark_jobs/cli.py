@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from pipeline.config import ConfigError, load_config
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.config import ConfigError, load_config
+from dlrm_contracts.errors import ExitCode, PipelineError
 
 
 def build_parser() -> argparse.ArgumentParser:

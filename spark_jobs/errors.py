@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import ExitCode, PipelineError
 
 
 class PreprocessInputError(PipelineError):

@@ -16,18 +16,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.config import PreprocessConfig, SparkConfig
-from pipeline.errors import PipelineError
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import SPLITS
-from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from dlrm_contracts.atomic import write_json_atomic
+from dlrm_contracts.config import PreprocessConfig, SparkConfig
+from dlrm_contracts.errors import PipelineError
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from spark_jobs import counting, quality, transform
+from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import build_dictionaries, table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
-from spark_jobs.jsonio import write_json
 from spark_jobs.session import get_session
-from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.sql_engine import SqlEngine
 from spark_jobs.stats import DayStats
 
@@ -145,7 +145,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     days = discover_days(input_dir)
     layout = WorkdirLayout.at(workdir)
     layout.parquet.mkdir(parents=True, exist_ok=True)
-    (layout.parquet / "_SUCCESS").unlink(missing_ok=True)
+    layout.parquet_success.unlink(missing_ok=True)
     with _spark_errors():
         session = get_session(spark)
         return _run(session, days, layout, spec, preprocess, engine_id)
@@ -182,7 +182,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         quality.check_days_not_empty(days, stats)
         engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
-        write_json(layout.data_quality, report)
+        write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
         counting.write_days_json(days, stats, layout.counts)
         totals = counting.value_totals(session, layout.counts, _dictionary_days(days, cfg)).persist()
@@ -191,11 +191,11 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         sizes = table_sizes(histogram, spec)
         build_dictionaries(totals, spec, dictionaries_dir(layout))
         totals.unpersist()
-        write_json(layout.parquet_model_size, sizes)
+        write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
     rows = _write_splits(session, engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
-    write_json(layout.data_quality, report)
+    write_json_atomic(layout.data_quality, report, sort_keys=False)
     quality.check_identity(report)
     summary = {
         "format_version": PREPROCESS_FORMAT_VERSION,
@@ -212,8 +212,8 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
         "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
-    write_json(layout.parquet / "preprocess.json", summary)
-    (layout.parquet / "_SUCCESS").write_text("")
+    write_json_atomic(layout.preprocess_json, summary, sort_keys=False)
+    layout.parquet_success.write_text("")
     return summary
 
 

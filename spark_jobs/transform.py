@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from spark_jobs.parse import log_transform, value_key
 
 OUTPUT_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)

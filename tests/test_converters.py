@@ -19,16 +19,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import converters.convert as convert_module
-from converters.atomic import remove_stale_temporaries
 from converters.convert import convert_parquet
-from converters.counts import read_histogram
-from converters.format import DatasetError, cat_dtype
+import converters.convert as convert_module
 from converters.planner import plan
-from converters.rethreshold import LowerThresholdError, rethreshold
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from converters.rethreshold import rethreshold
+from dlrm_contracts.atomic import remove_stale_temporaries
+from dlrm_contracts.binary_format import DatasetError, cat_dtype
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.table_sizes import LowerThresholdError
+from dlrm_contracts.table_sizes import read_histogram
+from dlrm_contracts.verify import verify_dataset
 
 # Sizes around every dtype boundary, plus ordinary ones.
 TABLE_SIZES = [1, 2, 127, 128, 129, 32767, 32768, 32769, 100_000, 40, 7, 3000,
@@ -332,7 +333,7 @@ def test_a_killed_runs_temporary_is_removed_and_never_read_as_finished(tmp_path)
 KILL_SCRIPT = """
 import os, signal, sys
 import converters.convert as c
-from pipeline.config import ConvertConfig
+from dlrm_contracts.config import ConvertConfig
 real, calls = c._write_group, []
 def dying(*args):
     calls.append(1)

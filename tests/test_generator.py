@@ -19,14 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import GeneratorConfig
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.generate import main
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.synthetic import META_FILE, generate
 from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
-from pipeline.synthetic.shape import (
-    CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER, TERABYTE_CARDINALITIES,
-    scaled_cardinality)
+from pipeline.synthetic.shape import (CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER,
+                                      TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
 from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
 
@@ -393,7 +392,7 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
 
 def _peak_rss_mb(out: Path, rows: int) -> float:
     """Peak RSS of a fresh interpreter generating one day of ``rows`` rows in-process."""
-    code = ("import resource, sys; from pipeline.config import GeneratorConfig; "
+    code = ("import resource, sys; from dlrm_contracts.config import GeneratorConfig; "
             "from pipeline.synthetic import generate; "
             "generate(sys.argv[1], GeneratorConfig(days=1, rows_per_day=int(sys.argv[2]), "
             "chunk_rows=16384, workers=1)); "

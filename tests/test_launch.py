@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import PipelineConfig
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.manifest import ManifestStore
-from pipeline.schema import CAT_COLUMNS, SPLITS
 from pipeline.stages import StageContext, _launch_prefix, _trainer_argv
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.errors import ExitCode, PipelineError
 from pipeline.cli import apply_flags, build_parser, main, validate
-from pipeline.config import PipelineConfig
-from pipeline.errors import ExitCode, PipelineError
 from pipeline.hosts import horovodrun_hosts, host_slots
 
 
@@ -67,7 +67,7 @@ def test_export_alone_needs_no_input_and_names_the_missing_checkpoint(tmp_path, 
 
 def test_default_stages_end_at_eval_and_score_input_is_a_list(tmp_path):
     from pipeline.cli import apply_flags, build_parser
-    from pipeline.config import PipelineConfig
+    from dlrm_contracts.config import PipelineConfig
 
     assert PipelineConfig().stages == ["generate", "preprocess", "convert", "train", "eval"]
     args = build_parser().parse_args(["run", "--stages", "score", "--score-input", "a.gz, b"])
@@ -125,7 +125,7 @@ def test_config_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
 
 
 def test_numbers_still_fit_string_settings():
-    from pipeline.config import config_from_dict
+    from dlrm_contracts.config import config_from_dict
 
     assert config_from_dict({"preprocess": {"frequency_threshold": 15}}).preprocess.frequency_threshold == 15
 
@@ -258,8 +258,9 @@ def test_interrupted_generate_is_not_preprocessed_as_if_complete(tmp_path):
 
 def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(tmp_path, monkeypatch):
     from pipeline import stages
-    from pipeline.layout import WorkdirLayout
-    from pipeline.manifest import ManifestStore, write_json_atomic
+    from dlrm_contracts.layout import WorkdirLayout
+    from dlrm_contracts.atomic import write_json_atomic
+    from pipeline.manifest import ManifestStore
     from pipeline.processes import ChildResult
 
     layout = WorkdirLayout.at(tmp_path / "w")

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.layout import WorkdirLayout
 from spark_fixtures import run, salted_days, spark, write_days  # noqa: F401
 from test_spark_exactness import check_against_reference
 
@@ -111,7 +111,7 @@ def test_broadcast_joins_instead_of_the_worker_index_give_the_same_bytes(tmp_pat
 
 
 def test_engine_choice():
-    from pipeline.config import PreprocessConfig, SparkConfig
+    from dlrm_contracts.config import PreprocessConfig, SparkConfig
     from spark_jobs.errors import PreprocessConfigError
     from spark_jobs.preprocess import engine_name
 

@@ -176,7 +176,7 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     from converters.rethreshold import rethreshold
     from test_trainer_units import write_histogram
     from trainer.synthetic import DEFAULT_TABLE_SIZES
-    from pipeline.schema import CAT_COLUMNS
+    from dlrm_contracts.schema import CAT_COLUMNS
 
     write_histogram(tmp_path / "counts", {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)}
                                           for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.config import TrainConfig
 from trainer.checkpoint import TABLE_KEY, CheckpointReader, latest_checkpoint
 from trainer.metrics import read_metrics
 

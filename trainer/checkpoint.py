@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.config import TrainConfig
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")

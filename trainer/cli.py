@@ -1,6 +1,6 @@
 """``python -m trainer``: train, evaluate or benchmark the DLRM on a split binary dataset.
 
-Settings come from the ``train`` section of pipeline/config.py: defaults, then ``--config
+Settings come from the ``train`` section of dlrm_contracts/config.py: defaults, then ``--config
 YAML``, then the flags below. Launch several ranks with
 ``horovodrun -np N -H hosts --gloo python -m trainer ...``. The last stdout line (rank 0) is a
 one-line JSON summary (test and validation AUC among it); progress goes to stderr.
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.config import TrainConfig, load_config
+from dlrm_contracts.config import TrainConfig, load_config
 
 EXIT_BAD_INPUT = 2
 
@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = config_from_args(args)
-    from converters.format import DatasetError
+    from dlrm_contracts.binary_format import DatasetError
     from trainer.data import open_dataset
 
     try:  # the dataset check runs before TensorFlow is even imported: bad input fails fast

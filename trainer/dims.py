@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.config import TrainConfig
 
 
 @dataclass(frozen=True)

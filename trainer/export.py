@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from converters.atomic import remove_stale_temporaries
-from converters.counts import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
-from pipeline.config import ExportConfig
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.atomic import remove_stale_temporaries
+from dlrm_contracts.config import ExportConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, latest_checkpoint
 from trainer.model import ModelDims
 

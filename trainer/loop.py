@@ -23,8 +23,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from pipeline.config import TrainConfig, config_to_dict
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.config import TrainConfig, config_to_dict
+from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import (CheckpointError, CheckpointReader, checkpoint_meta,
                                 latest_checkpoint, save_checkpoint)
 from trainer.comm import make_comm

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.schema import CAT_COLUMNS
 
 BOTTOM = -1  # the "table" index of the bottom-MLP output when it travels with the embeddings
 

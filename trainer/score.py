@@ -29,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.atomic import remove_stale_temporaries
-from converters.progress import progress_bar
-from pipeline.config import ScoreConfig, load_config
-from pipeline.schema import NUM_FIELDS
+from dlrm_contracts.atomic import remove_stale_temporaries
+from dlrm_contracts.config import ScoreConfig, load_config
+from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.schema import NUM_FIELDS
 
 # Lines read to decide whether a file carries the label (has_label unset).
 LABEL_SNIFF_LINES = 1000

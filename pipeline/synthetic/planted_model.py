@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import GeneratorConfig
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.schema import CAT_COLUMNS
 from pipeline.synthetic import hashing
 from pipeline.synthetic.shape import ColumnShapes, Features, sample_features
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import GeneratorConfig
+from dlrm_contracts.config import GeneratorConfig
 from pipeline.synthetic import hashing
 from pipeline.synthetic.bayes_auc import SparseCounts
 from pipeline.synthetic.planted_model import PlantedModel, sigmoid

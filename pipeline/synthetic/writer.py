@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.config import GeneratorConfig
-from pipeline.schema import NUM_FIELDS
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.schema import NUM_FIELDS
 from pipeline.synthetic.bayes_auc import BINS, LOGIT_MAX, LOGIT_MIN, LogitHistogram
 from pipeline.synthetic.source import Chunk, SyntheticSource
 

@@ -201,7 +201,7 @@ class TrainConfig:
     # needs the counts histogram (DIR/counts, or counts_dir).
     frequency_threshold: str | None = None
     counts_dir: str | None = None
-    # converters.verify before reading: "quick" (metadata, file sizes), "full" (every value), "none"
+    # dlrm_contracts.verify before reading: "quick" (metadata, file sizes), "full" (every value), "none"
     verify_dataset: str = "quick"
     log_every: int = 20  # steps between metrics lines (and global-loss allreduces)
     prefetch_batches: int = 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.schema import CAT_COLUMNS
 
 
 class ThresholdSpecError(ValueError):
