@@ -54,9 +54,9 @@ def csv_parse_seconds(raw: Path) -> float:
     import pyarrow as pa
     import pyarrow.csv as pv
 
-    from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+    from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS
 
-    names = [LABEL, *INT_COLUMNS, *CAT_COLUMNS]
+    names = list(ALL_COLUMNS)
     options = dict(read_options=pv.ReadOptions(column_names=names, block_size=64 << 20),
                    parse_options=pv.ParseOptions(delimiter="\t", quote_char=False),
                    convert_options=pv.ConvertOptions(column_types={c: pa.string() for c in CAT_COLUMNS}))

@@ -32,13 +32,12 @@ from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
 from dlrm_contracts.progress import progress_bar
-from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, SPLITS
+from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
 
-SOURCE_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
 
 
 def parquet_files(split_dir: Path) -> list[Path]:
@@ -90,10 +89,10 @@ def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
 
 
 def _check_schema(path: Path, schema: pa.Schema) -> None:
-    missing = [c for c in SOURCE_COLUMNS if c not in schema.names]
+    missing = [c for c in ALL_COLUMNS if c not in schema.names]
     if missing:
         raise DatasetError(f"{path}: missing columns {missing}")
-    for name in SOURCE_COLUMNS:
+    for name in ALL_COLUMNS:
         kind = schema.field(name).type
         ok = pa.types.is_floating(kind) if name in INT_COLUMNS else pa.types.is_integer(kind)
         if not ok:
@@ -186,7 +185,7 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
             raise unreadable_parquet(path, exc) from exc
         with reader:
             _check_schema(path, reader.schema_arrow)
-            batches = reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
+            batches = reader.iter_batches(batch_size=batch_rows, columns=list(ALL_COLUMNS),
                                           use_threads=use_threads)
             while True:
                 try:  # decoding errors (corrupt pages) name the file, like every other error

@@ -160,6 +160,8 @@ def atomic_directory(final: str | Path, overwrite: bool = False,
     temporary.mkdir()
     try:
         yield temporary
+        if fsync:
+            fsync_tree(temporary)
         replace_directory(temporary, final, fsync)
         success = final / SUCCESS
         success.write_text("")
@@ -181,10 +183,9 @@ def fsync_tree(root: Path) -> None:
 
 def replace_directory(new: str | Path, final: str | Path, fsync: bool = True) -> None:
     """Move the finished directory ``new`` onto ``final``; an old ``final`` is set aside first
-    and deleted only after the rename, so a crash leaves one of the two whole."""
+    and deleted only after the rename, so a crash leaves one of the two whole. ``new`` is
+    expected on disk already (:func:`fsync_tree`); ``fsync`` makes the rename durable."""
     new, final = Path(new), Path(final)
-    if fsync:
-        fsync_tree(new)
     old = None
     if final.exists() or final.is_symlink():
         old = temporary_sibling(final, "old")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
@@ -27,8 +28,10 @@ NUM_NUMERICAL = NUM_INTEGER
 MAX_TABLE_SIZE = 2**31  # ids must fit int32
 
 
-class DatasetError(ValueError):
+class DatasetError(PipelineError, ValueError):
     """A binary dataset (or its source) that breaks the format; the message says where."""
+
+    default_code = ExitCode.DATASET_INVALID
 
 
 def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:

@@ -8,13 +8,15 @@ import re
 import stat
 from pathlib import Path
 
+from dlrm_contracts.errors import UsageError
+
 # Java's properties-file reader gives backslashes, '#', '!' and whitespace meanings of their
 # own, so a secret is kept to characters that mean nothing there (hex, base64, base64url).
 SECRET_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 SECRET_MIN_CHARS = 32  # 128 bits as hex: a guessable secret is no secret
 
 
-class SecretFileError(ValueError):
+class SecretFileError(UsageError, ValueError):
     """A secret file that is missing, readable by others, or not a usable secret.
 
     The message names the file and the rule broken, never the file's content."""

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from dlrm_contracts.binary_format import DatasetError, unreadable_parquet
 from dlrm_contracts.layout import DATASET_JSON
+from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -95,7 +96,10 @@ def export_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int) ->
 
 
 class LowerThresholdError(DatasetError):
-    """The requested threshold keeps values the source dataset has already merged into id 0."""
+    """The requested threshold keeps values the source dataset has already merged into id 0:
+    no conversion can make it (exit 6, as the pipeline's convert stage refusing it)."""
+
+    default_code = ExitCode.CONVERT
 
 
 def written_threshold_spec(info_spec: str | None, source: Path) -> ThresholdSpec:

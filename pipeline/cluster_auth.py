@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm_contracts.atomic import atomic_file
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
 
 SECRET_BYTES = 32  # what `prepare` generates: 256 random bits, 64 hex characters
@@ -53,12 +54,10 @@ def is_loopback(host: str) -> bool:
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600 from the first byte (no window in which the
     file exists with the umask's mode), replacing any older file atomically."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as sink:
-        sink.write(text)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as sink:
+            sink.write(text)
 
 
 def private_dir(path: Path) -> Path:

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 from converters.convert import convert_parquet
 from converters.rethreshold import rethreshold
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import read_json, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import PipelineConfig, config_to_dict
-from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
@@ -203,18 +203,6 @@ def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
     return parse_threshold_spec(meta["threshold_spec"])
 
 
-def _swap_in(new_dir: Path, final_dir: Path) -> None:
-    """Replace ``final_dir`` by ``new_dir``; a crash in between leaves no _SUCCESS at final_dir."""
-    old = final_dir.with_name(final_dir.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final_dir.exists():
-        final_dir.rename(old)
-    new_dir.rename(final_dir)
-    if old.exists():
-        shutil.rmtree(old)
-
-
 def _derivable_from_binary(ctx: StageContext) -> bool:
     """Whether the requested threshold is a raise of the binary dataset's (no parquet needed)."""
     have = _binary_spec(ctx)
@@ -270,38 +258,41 @@ def _convert_run(ctx: StageContext) -> Outcome:
 
 
 def _convert(ctx: StageContext) -> Outcome:
+    """Convert, rethreshold or both; the converters' typed errors fail the stage (exit 6),
+    anything else stays what it is (a bug: exit 1)."""
+    derived = ctx.layout.root / "binary.derived"
+    shutil.rmtree(derived, ignore_errors=True)
+    try:
+        with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
+            return _convert_or_derive(ctx, derived)
+    except BaseException:
+        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
+        raise
 
+
+def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     wanted = ctx.threshold
     previous = ctx.manifests.load("convert")
     have = _binary_spec(ctx)
     same_parquet = bool(previous) and previous["inputs"].get("parquet") == _convert_inputs(ctx)["parquet"]
-    derived = ctx.layout.root / "binary.derived"
-    if derived.exists():
-        shutil.rmtree(derived)
-    try:
-        if same_parquet and have is not None and wanted.is_at_least(have):
-            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
-            _swap_in(derived, ctx.layout.binary)
-            return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
-        made_at = _parquet_spec(ctx)
-        if made_at is not None and not wanted.is_at_least(made_at):
-            # Checked before converting: the existing binary dataset stays as it is.
-            raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
-                                "rarer values are already merged into id 0, so the preprocess "
-                                "stage must run again (add it: --stages preprocess,convert)",
-                                ExitCode.CONVERT)
-        _needs_parquet(ctx)
-        summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
-        if made_at is not None and wanted != made_at:
-            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
-            _swap_in(derived, ctx.layout.binary)
-            return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
-        return Outcome("ran", "converters", summary)
-    except PipelineError:
-        raise
-    except Exception as exc:  # the converters raise typed errors with readable messages
-        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
-        raise PipelineError(f"convert failed: {exc}", ExitCode.CONVERT) from exc
+    if same_parquet and have is not None and wanted.is_at_least(have):
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+        return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+    made_at = _parquet_spec(ctx)
+    if made_at is not None and not wanted.is_at_least(made_at):
+        # Checked before converting: the existing binary dataset stays as it is.
+        raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
+                            "rarer values are already merged into id 0, so the preprocess "
+                            "stage must run again (add it: --stages preprocess,convert)",
+                            ExitCode.CONVERT)
+    _needs_parquet(ctx)
+    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
+    if made_at is not None and wanted != made_at:
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+        return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
+    return Outcome("ran", "converters", summary)
 
 
 # ---------------------------------------------------------------- train / eval

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import atomic_file, read_json, write_json_atomic
 from dlrm_contracts.layout import days_json_path, histogram_path, values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
@@ -148,9 +148,8 @@ def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]
                       "count": pa.array([r["count"] for r in rows], pa.int64()),
                       "num_values": pa.array([r["num_values"] for r in rows], pa.int64())})
     path = histogram_path(counts_dir)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
     histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
     for r in rows:
         histogram[r["column"]].append((r["count"], r["num_values"]))

@@ -26,9 +26,9 @@ from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import remove_stale_temporaries
 from dlrm_contracts.binary_format import DatasetError, cat_dtype
 from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
-from dlrm_contracts.table_sizes import LowerThresholdError
-from dlrm_contracts.table_sizes import read_histogram
+from dlrm_contracts.table_sizes import LowerThresholdError, read_histogram
 from dlrm_contracts.verify import verify_dataset
 
 # Sizes around every dtype boundary, plus ordinary ones.
@@ -247,7 +247,7 @@ def test_unreadable_parquet_cli_exit_code_without_traceback(tmp_path):
     part.write_bytes(part.read_bytes()[:-3])
     result = subprocess.run([sys.executable, "-m", "converters", "convert", "--workdir",
                              str(tmp_path), "--no-fsync"], capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == ExitCode.CONVERT
     assert "Traceback" not in result.stderr and part.name in result.stderr
 
 
@@ -466,7 +466,7 @@ def test_verify_cli_exit_codes(converted):
     assert "OK (full check" in good.stdout
     (root / "binary" / "train" / "numerical.bin").write_bytes(b"\0" * 26)
     bad = subprocess.run(command + ["--quick"], capture_output=True, text=True)
-    assert bad.returncode == 1
+    assert bad.returncode == ExitCode.DATASET_INVALID
     assert "train/numerical.bin has 26 bytes; 5000 rows of 13 × float16 need 130000" in bad.stderr
 
 
@@ -537,8 +537,8 @@ def test_rethreshold_cli_refusal_exit_code(converted, tmp_path):
                              str(root / "binary"), "--counts", str(root / "counts"),
                              "--frequency-threshold", "1", "--output", str(tmp_path / "x")],
                             capture_output=True, text=True)
-    assert result.returncode == 3
-    assert "Spark rerun" in result.stderr
+    assert result.returncode == ExitCode.CONVERT
+    assert "Spark rerun" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("output", ["binary", "t20/../binary", ".", "counts"])
@@ -602,7 +602,7 @@ def test_a_corrupt_histogram_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
                              str(tmp_path / "counts"), "--thresholds", "2"],
                             capture_output=True, text=True)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == ExitCode.DATASET_INVALID and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("flag", ["--embedding-dim", "--dtype-bytes"])

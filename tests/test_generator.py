@@ -349,7 +349,7 @@ def test_refuses_foreign_day_files_and_cleans_its_own(tmp_path):
     assert (tmp_path / "real" / "day_0").read_text() == "precious\n"
     generate(tmp_path / "ours", dataclasses.replace(SMALL, days=3))
     (tmp_path / "ours" / ".day_1.chunk2.part").write_text("left by a killed run")
-    (tmp_path / "ours" / ".day_2.partial").write_text("left by a killed run")
+    (tmp_path / "ours" / ".day_2.tmp-4194305-0badcafe").write_text("left by a killed run")
     generate(tmp_path / "ours", SMALL)  # a smaller rerun leaves no stale day_2, no leftovers
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["day_0", "day_1", META_FILE]
 

@@ -112,11 +112,11 @@ def test_broadcast_joins_instead_of_the_worker_index_give_the_same_bytes(tmp_pat
 
 def test_engine_choice():
     from dlrm_contracts.config import PreprocessConfig, SparkConfig
-    from spark_jobs.errors import PreprocessConfigError
+    from dlrm_contracts.config import ConfigError
     from spark_jobs.preprocess import engine_name
 
     assert engine_name(PreprocessConfig(), SparkConfig()) == "arrow"
     assert engine_name(PreprocessConfig(), SparkConfig(gpu=True)) == "sql"   # RAPIDS runs SQL
     assert engine_name(PreprocessConfig(engine="arrow"), SparkConfig(gpu=True)) == "arrow"
-    with pytest.raises(PreprocessConfigError, match="preprocess.engine 'fast'"):
+    with pytest.raises(ConfigError, match="preprocess.engine 'fast'"):
         engine_name(PreprocessConfig(engine="fast"), SparkConfig())

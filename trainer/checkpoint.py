@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dlrm_contracts.atomic import fsync_tree, replace_directory
 from dlrm_contracts.config import TrainConfig
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -69,9 +70,8 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
     comm.barrier()
     if comm.rank == 0:
         (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        fsync_tree(tmp)  # every rank's file: the other ranks have passed the barrier above
+        replace_directory(tmp, final)
         for _, old in complete_checkpoints(root)[:-max(1, keep)]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step

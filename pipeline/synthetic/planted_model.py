@@ -92,8 +92,6 @@ class PlantedModel:
         AUC, is nearly the same for every seed: otherwise a 3-value column's luck of the
         draw would move it by several points.
         """
-        if not 0.0 < config.click_rate < 1.0:
-            raise ValueError(f"click_rate must be in (0, 1), got {config.click_rate}")
         seed = config.seed
         cat_salts = tuple(hashing.salt(seed, _PURPOSE_CATEGORICAL, c)
                           for c in range(len(shapes.cardinalities)))

@@ -115,10 +115,6 @@ class ColumnShapes:
 
     @classmethod
     def from_config(cls, config: GeneratorConfig) -> "ColumnShapes":
-        if config.cardinality_scale <= 0:
-            raise ValueError(f"cardinality_scale must be > 0, got {config.cardinality_scale}")
-        if config.zipf_exponent <= 0:
-            raise ValueError(f"zipf_exponent must be > 0, got {config.zipf_exponent}")
         sizes = tuple(scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
                       for t in TERABYTE_CARDINALITIES)
         return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent)
