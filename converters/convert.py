@@ -160,7 +160,8 @@ class _CatOutput(_Output):
         return ids.astype(cat_dtype(self.table_size), copy=False)
 
 
-def _write_group(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
+def write_batch_columns(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
+    """Append one record batch to a group of output files (one worker's share of a batch)."""
     for output in outputs:
         output.handle.write(memoryview(output.encode(batch, where)).cast("B"))
 
@@ -213,7 +214,7 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
         for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
             for future in pending:  # files are appended in batch order
                 future.result()
-            pending = [pool.submit(_write_group, g, batch, where) for g in groups]
+            pending = [pool.submit(write_batch_columns, g, batch, where) for g in groups]
             rows += batch.num_rows
             bar.update(batch.num_rows)
         for future in pending:

@@ -44,7 +44,7 @@ def _link_or_copy(source: Path, target: Path, link: bool) -> None:
     shutil.copyfile(source, target)
 
 
-def _clamp_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
+def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
                 chunk_rows: int) -> None:
     """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size."""
     new_dtype = cat_dtype(new_size)
@@ -90,7 +90,7 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                                  np.dtype(info.cat_dtypes[i]), new_size))
         with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
                 progress_bar(len(jobs), "rethreshold", config.progress) as bar:
-            futures = [pool.submit(_clamp_file, *job, config.batch_rows * 8) for job in jobs]
+            futures = [pool.submit(clamp_ids_file, *job, config.batch_rows * 8) for job in jobs]
             for future in futures:
                 future.result()
                 bar.update(1)

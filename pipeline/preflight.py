@@ -31,6 +31,7 @@ from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
 from pipeline.fingerprint import tree_fingerprint
+from pipeline.manifest import ManifestStore
 
 
 def preflight_failed(shortfall: str) -> PipelineError:
@@ -169,7 +170,7 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
 
 def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | None:
     """Rows per day from the data-quality report, when it was made from these very files."""
-    manifest = read_json(layout.manifests / "preprocess.json") or {}
+    manifest = ManifestStore(layout.manifests).load("preprocess") or {}
     quality = read_json(layout.data_quality) or {}
     now = tree_fingerprint(raw, ignore=("generator_meta.json",))
     if manifest.get("inputs", {}).get("raw") != now:
@@ -461,7 +462,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     """What the first preflight could not tell before the counts existed: the tables per rank
     and the checkpoints' disk, from the binary dataset the train stage is about to read."""
     layout = WorkdirLayout.at(config.workdir)
-    info = read_json(layout.binary / "dataset.json") or {}
+    info = read_json(layout.dataset_json) or {}
     sizes = info.get("table_sizes")
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return

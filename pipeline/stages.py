@@ -104,8 +104,8 @@ def _generate_run(ctx: StageContext) -> Outcome:
 
 # ---------------------------------------------------------------- preprocess
 def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.parquet / "preprocess.json")
-    if not meta or not (ctx.layout.parquet / "_SUCCESS").exists():
+    meta = read_json(ctx.layout.preprocess_json)
+    if not meta or not ctx.layout.parquet_success.exists():
         return None
     return parse_threshold_spec(meta["threshold_spec"])
 
@@ -121,7 +121,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
     ignore = (ctx.layout.parquet_removed.name, *ignore)
-    return stable_hash([file_content_hash(ctx.layout.parquet / "preprocess.json"),
+    return stable_hash([file_content_hash(ctx.layout.preprocess_json),
                         tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
 
 
@@ -192,13 +192,13 @@ def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
 
 
 def _convert_outputs(ctx: StageContext) -> str:
-    return stable_hash([file_content_hash(ctx.layout.binary / "dataset.json"),
+    return stable_hash([file_content_hash(ctx.layout.dataset_json),
                         tree_fingerprint(ctx.layout.binary)])
 
 
 def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.binary / "dataset.json")
-    if not meta or not (ctx.layout.binary / "_SUCCESS").exists():
+    meta = read_json(ctx.layout.dataset_json)
+    if not meta or not ctx.layout.binary_success.exists():
         return None
     return parse_threshold_spec(meta["threshold_spec"])
 
@@ -296,7 +296,8 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
 
 
 # ---------------------------------------------------------------- train / eval
-def _launch_prefix(ctx: StageContext) -> list[str]:
+def launcher_argv(ctx: StageContext) -> list[str]:
+    """``horovodrun -np N -H HOSTS --gloo`` for several ranks; nothing for one process."""
     launch = ctx.config.launch
     if launch.np <= 1 and not launch.hosts:
         return []
@@ -305,8 +306,9 @@ def _launch_prefix(ctx: StageContext) -> list[str]:
     return [horovodrun, "-np", str(launch.np), "-H", hosts, "--gloo"]
 
 
-def _trainer_argv(ctx: StageContext, mode: str) -> list[str]:
-    argv = _launch_prefix(ctx) + [_python(), "-m", "trainer", "--mode", mode,
+def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
+    """The whole command line of the trainer in ``mode``, launcher included."""
+    argv = launcher_argv(ctx) + [_python(), "-m", "trainer", "--mode", mode,
                                   "--dataset", str(ctx.layout.binary),
                                   "--workdir", str(ctx.layout.root),
                                   "--config", str(ctx.config_path)]
@@ -315,8 +317,9 @@ def _trainer_argv(ctx: StageContext, mode: str) -> list[str]:
     return argv
 
 
-def _train_inputs(ctx: StageContext) -> dict[str, Any]:
-    return {"dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+def train_inputs(ctx: StageContext) -> dict[str, Any]:
+    """What the train stage's key is computed from (a change retrains from scratch)."""
+    return {"dataset": file_content_hash(ctx.layout.dataset_json),
             "binary": tree_fingerprint(ctx.layout.binary),
             "train": config_to_dict(ctx.config.train), "np": ctx.config.launch.np}
 
@@ -325,7 +328,7 @@ def _train_outputs(ctx: StageContext) -> str:
     return tree_fingerprint(ctx.layout.checkpoints)
 
 
-def _verify_binary(ctx: StageContext) -> None:
+def verify_binary_dataset(ctx: StageContext) -> None:
     """The quick check (metadata, file sizes: milliseconds) before launching any rank, so that a
     missing, incomplete or damaged dataset exits with its own code (7) and a readable message
     rather than as a crashed horovodrun (8/9)."""
@@ -339,10 +342,11 @@ def _verify_binary(ctx: StageContext) -> None:
                             "up to date)", ExitCode.DATASET_INVALID) from None
 
 
-def _train_run(ctx: StageContext) -> Outcome:
-    _verify_binary(ctx)
+def run_train(ctx: StageContext) -> Outcome:
+    """The train stage: resumes the checkpoints of the same configuration, else starts anew."""
+    verify_binary_dataset(ctx)
     started = read_json(ctx.layout.manifests / "train.started")
-    key = ManifestStore.key_of(_train_inputs(ctx))
+    key = ManifestStore.key_of(train_inputs(ctx))
     # Checkpoints of a different configuration must not be resumed; those of an interrupted
     # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
     # from the finished run's last checkpoint would train no step at all).
@@ -350,19 +354,19 @@ def _train_run(ctx: StageContext) -> Outcome:
                                             or started.get("key") != key):
         shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
+    result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"))
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
             shutil.rmtree(partial, ignore_errors=True)
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
-    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary or {})
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoints": _train_outputs(ctx),
-            "dataset": file_content_hash(ctx.layout.binary / "dataset.json")}
+            "dataset": file_content_hash(ctx.layout.dataset_json)}
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -370,12 +374,12 @@ def _eval_outputs(ctx: StageContext) -> str:
 
 
 def _eval_run(ctx: StageContext) -> Outcome:
-    _verify_binary(ctx)
-    result = run_child(_trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
+    verify_binary_dataset(ctx)
+    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("eval", result, ExitCode.EVAL, ctx)
     write_json_atomic(ctx.layout.root / "eval.json", result.summary)
-    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary)
 
 
@@ -386,7 +390,7 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoint": latest.name if latest else None,
             "checkpoint_files": tree_fingerprint(latest) if latest else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
-            "dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+            "dataset": file_content_hash(ctx.layout.dataset_json),
             "export": config_to_dict(ctx.config.export)}
 
 
@@ -458,7 +462,7 @@ STAGE_TABLE: dict[str, Stage] = {
     "preprocess": Stage("preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run,
                         _preprocess_satisfied),
     "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run),
-    "train": Stage("train", _train_inputs, _train_outputs, _train_run),
+    "train": Stage("train", train_inputs, _train_outputs, run_train),
     "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
     "export": Stage("export", _export_inputs, _export_outputs, _export_run),
     "score": Stage("score", _score_inputs, _score_outputs, _score_run),

@@ -280,7 +280,7 @@ def test_cli_refuses_zero_batch_rows_as_usage(tmp_path, command):
 
 # ------------------------------------------------------------------------------ atomicity
 def _fail_after(monkeypatch, calls: int) -> None:
-    real = convert_module._write_group
+    real = convert_module.write_batch_columns
     seen = []
 
     def flaky(*args, **kwargs):
@@ -289,7 +289,7 @@ def _fail_after(monkeypatch, calls: int) -> None:
             raise RuntimeError("disk on fire (injected)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(convert_module, "_write_group", flaky)
+    monkeypatch.setattr(convert_module, "write_batch_columns", flaky)
 
 
 def _siblings(root: Path) -> list[str]:
@@ -334,13 +334,13 @@ KILL_SCRIPT = """
 import os, signal, sys
 import converters.convert as c
 from dlrm_contracts.config import ConvertConfig
-real, calls = c._write_group, []
+real, calls = c.write_batch_columns, []
 def dying(*args):
     calls.append(1)
     if len(calls) > 12:
         os.kill(os.getpid(), signal.SIGKILL)  # a hard kill: no cleanup code runs
     return real(*args)
-c._write_group = dying
+c.write_batch_columns = dying
 c.convert_parquet(sys.argv[1], sys.argv[2],
                   ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False))
 """
@@ -370,7 +370,7 @@ def test_interrupted_rethreshold_leaves_no_output_and_the_source_intact(converte
     def broken(*args):
         raise OSError("no space left on device (injected)")
 
-    monkeypatch.setattr(rethreshold_module, "_clamp_file", broken)
+    monkeypatch.setattr(rethreshold_module, "clamp_ids_file", broken)
     with pytest.raises(OSError, match="injected"):
         rethreshold(root / "binary", root / "counts", "20", tmp_path / "t20", CONFIG)
     assert not (tmp_path / "t20").exists()

@@ -342,7 +342,7 @@ def test_a_manifest_that_cannot_be_written_marks_nothing_done(tmp_path, monkeypa
 
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     monkeypatch.setattr(ManifestStore, "complete", no_space)
     code = main(["--workdir", str(tmp_path / "w"), "--config", str(config), "--stages", "generate"])
     captured = capsys.readouterr()
@@ -353,7 +353,7 @@ def test_a_manifest_that_cannot_be_written_marks_nothing_done(tmp_path, monkeypa
     assert summary["status"] == "failed: disk_full"
     assert not (tmp_path / "w" / "manifests" / "generate.done").exists()
     monkeypatch.undo()
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     assert main(["--workdir", str(tmp_path / "w"), "--config", str(config),
                  "--stages", "generate"]) == 0
     assert (tmp_path / "w" / "manifests" / "generate.done").exists()

@@ -23,11 +23,11 @@ from dlrm_contracts.config import GeneratorConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.generate import main
 from pipeline.synthetic import META_FILE, generate
-from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
+from pipeline.synthetic.planted_model import HEAD_RANKS, hashed_main_effect
 from pipeline.synthetic.shape import (CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER,
                                       TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
-from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
+from pipeline.synthetic.writer import IN_PROGRESS_FILE, pool_context
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 INTEGER = re.compile(r"^(0|-?[1-9][0-9]*)$")
@@ -247,7 +247,7 @@ def test_head_table_equals_the_hashed_weights(source):
     ranks = np.arange(0, HEAD_RANKS + 50)
     for c in (0, 5, 19):
         ranks_c = np.minimum(ranks, source.shapes.cardinalities[c])
-        hashed = _hashed_main_effect(ranks_c, source.model.categorical_salts[c],
+        hashed = hashed_main_effect(ranks_c, source.model.categorical_salts[c],
                                      source.model.categorical_amplitudes[c])
         np.testing.assert_array_equal(source.model.main_effect(c, ranks_c), hashed)
 
@@ -321,7 +321,7 @@ def test_same_bytes_from_a_threaded_caller(tmp_path):
     helper = threading.Thread(target=stop.wait, daemon=True)
     helper.start()
     try:
-        assert _pool_context().get_start_method() == "forkserver"
+        assert pool_context().get_start_method() == "forkserver"
         threaded = generate(tmp_path / "threaded", dataclasses.replace(SMALL, workers=2))
     finally:
         stop.set()

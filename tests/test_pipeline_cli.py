@@ -202,7 +202,7 @@ def test_unexpected_error_still_prints_the_summary_with_the_failed_stage(tmp_pat
     def boom(ctx):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     monkeypatch.setitem(runner.STAGE_TABLE, "generate",
                         runner.STAGE_TABLE["generate"].__class__("generate", lambda ctx: {},
                                                                  lambda ctx: "", boom))
@@ -267,17 +267,17 @@ def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(t
     config = PipelineConfig()
     ctx = stages.StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     seen = []
-    monkeypatch.setattr(stages, "_verify_binary", lambda ctx: None)
+    monkeypatch.setattr(stages, "verify_binary_dataset", lambda ctx: None)
     monkeypatch.setattr(stages, "run_child", lambda argv, log: (
         seen.append(layout.checkpoints.exists()) or ChildResult(0, {}, [])))
     final = layout.checkpoints / "step-000000020"
     final.mkdir(parents=True)
     write_json_atomic(layout.manifests / "train.started",
-                      {"key": ManifestStore.key_of(stages._train_inputs(ctx))})
-    stages._train_run(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
+                      {"key": ManifestStore.key_of(stages.train_inputs(ctx))})
+    stages.run_train(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
     assert seen == [True]
     config.force = True
-    stages._train_run(ctx)          # forced: the old checkpoints are gone before training
+    stages.run_train(ctx)          # forced: the old checkpoints are gone before training
     assert seen == [True, False]
 
 

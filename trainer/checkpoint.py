@@ -123,12 +123,20 @@ class CheckpointReader:
             raise CheckpointError(f"{self.path} was saved for model dims {self.meta.get('dims')}, "
                                   f"this run uses {dims}")
 
+    def keys(self) -> list[str]:
+        """Every array saved, a table slice under its own key (``table/<t>/<a>-<b>``)."""
+        return list(self._where)
+
+    def saved(self, key: str) -> np.ndarray:
+        """One array as saved (a slice stays a slice; :meth:`value` assembles tables)."""
+        if key not in self._where:
+            raise CheckpointError(f"{self.path} has no {key!r}")
+        return self._read(self._where[key], key)
+
     def value(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         match = TABLE_KEY.match(name)
         if match is None:
-            if name not in self._where:
-                raise CheckpointError(f"{self.path} has no {name!r}")
-            return self._read(self._where[name], name)
+            return self.saved(name)
         table, start, end, suffix = int(match[1]), int(match[2]), int(match[3]), match[4] or ""
         out = np.empty(shape, np.float32)
         covered = np.zeros(end - start, bool)

@@ -122,7 +122,7 @@ class PlantedModel:
             for j, (e, t) in enumerate(zip(unit_ints, int_targets)))
         pair_amps = tuple(_normalise(t, unit.pair_effect(p, sample.cat_ranks))
                           for p, t in enumerate(pair_targets))
-        heads = tuple(_hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
+        heads = tuple(hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
                       for size, salt, amp in zip(shapes.cardinalities, cat_salts, cat_amps))
         parts = (seed, cat_salts, cat_amps, int_effects, pair_salts, pair_amps)
         model = cls(*parts, head_effects=heads)
@@ -133,12 +133,12 @@ class PlantedModel:
         """a_c · w_c(rank) · decay(rank): from the head table, hashing only the tail."""
         salt, amp = self.categorical_salts[column], self.categorical_amplitudes[column]
         if not self.head_effects:
-            return _hashed_main_effect(ranks, salt, amp)
+            return hashed_main_effect(ranks, salt, amp)
         head = self.head_effects[column]
         effect = head[np.minimum(ranks, head.size - 1)]
         tail = ranks >= head.size
         if tail.any():
-            effect[tail] = _hashed_main_effect(ranks[tail], salt, amp)
+            effect[tail] = hashed_main_effect(ranks[tail], salt, amp)
         return effect
 
     def pair_effect(self, pair: int, cat_ranks: np.ndarray) -> np.ndarray:
@@ -174,7 +174,8 @@ class PlantedModel:
         }
 
 
-def _hashed_main_effect(ranks: np.ndarray, salt: int, amplitude: float) -> np.ndarray:
+def hashed_main_effect(ranks: np.ndarray, salt: int, amplitude: float) -> np.ndarray:
+    """The planted effect of the values of given ranks: a seeded hash, decaying with the rank."""
     return amplitude * hashing.hash_normal(ranks, salt) * decay(ranks)
 
 

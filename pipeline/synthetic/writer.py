@@ -90,7 +90,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
         for task in tasks:
             yield source.make_chunk(*task)
         return
-    context = _pool_context()
+    context = pool_context()
     window = 2 * config.workers
     # No more processes than chunks: --workers 64 on a 7-row run starts one.
     with ProcessPoolExecutor(min(config.workers, len(tasks)), mp_context=context,
@@ -104,7 +104,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
             yield pending.popleft().result()
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
+def pool_context() -> multiprocessing.context.BaseContext:
     """``fork`` when this process has a single thread (fast, and works from scripts without
     a ``__main__`` guard); ``forkserver`` otherwise, since forking a threaded process (a
     Spark gateway, a log reader) can deadlock the child. The output is the same either way.
