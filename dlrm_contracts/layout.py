@@ -75,10 +75,6 @@ class WorkdirLayout:
         return counts_beside(self.binary)
 
     @property
-    def histogram(self) -> Path:
-        return histogram_path(self.counts)
-
-    @property
     def parquet(self) -> Path:
         return self.root / "parquet"
 
@@ -88,22 +84,6 @@ class WorkdirLayout:
     @property
     def parquet_model_size(self) -> Path:
         return self.parquet / MODEL_SIZE_JSON
-
-    @property
-    def preprocess_json(self) -> Path:
-        return self.parquet / PREPROCESS_JSON
-
-    @property
-    def parquet_success(self) -> Path:
-        return self.parquet / SUCCESS
-
-    @property
-    def dataset_json(self) -> Path:
-        return self.binary / DATASET_JSON
-
-    @property
-    def binary_success(self) -> Path:
-        return self.binary / SUCCESS
 
     @property
     def parquet_removed(self) -> Path:

@@ -26,7 +26,7 @@ from typing import Any
 from dlrm_contracts.atomic import read_json
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.errors import ExitCode, PipelineError
-from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
@@ -462,7 +462,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     """What the first preflight could not tell before the counts existed: the tables per rank
     and the checkpoints' disk, from the binary dataset the train stage is about to read."""
     layout = WorkdirLayout.at(config.workdir)
-    info = read_json(layout.dataset_json) or {}
+    info = read_json(layout.binary / DATASET_JSON) or {}
     sizes = info.get("table_sizes")
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return

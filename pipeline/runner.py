@@ -21,7 +21,7 @@ import yaml
 from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError
-from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
@@ -159,7 +159,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
              status: str, ctx: StageContext | None = None) -> dict[str, Any]:
-    dataset = read_json(layout.dataset_json) or {}
+    dataset = read_json(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
@@ -180,7 +180,7 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
 
 
 def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
-    made_at = (read_json(ctx.layout.dataset_json) or {}).get("threshold_spec")
+    made_at = (read_json(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
     if made_at is not None and parse_threshold_spec(made_at) != ctx.threshold:
         log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
                     "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)

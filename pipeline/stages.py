@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 from converters.convert import convert_parquet
 from converters.rethreshold import rethreshold
-from dlrm_contracts.atomic import read_json, replace_directory, write_json_atomic
+from dlrm_contracts.atomic import is_complete, read_json, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
-from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout
 from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -104,8 +104,8 @@ def _generate_run(ctx: StageContext) -> Outcome:
 
 # ---------------------------------------------------------------- preprocess
 def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.preprocess_json)
-    if not meta or not ctx.layout.parquet_success.exists():
+    meta = read_json(ctx.layout.parquet / PREPROCESS_JSON)
+    if not meta or not is_complete(ctx.layout.parquet):
         return None
     return parse_threshold_spec(meta["threshold_spec"])
 
@@ -121,7 +121,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
     ignore = (ctx.layout.parquet_removed.name, *ignore)
-    return stable_hash([file_content_hash(ctx.layout.preprocess_json),
+    return stable_hash([file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
                         tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
 
 
@@ -192,13 +192,13 @@ def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
 
 
 def _convert_outputs(ctx: StageContext) -> str:
-    return stable_hash([file_content_hash(ctx.layout.dataset_json),
+    return stable_hash([file_content_hash(ctx.layout.binary / DATASET_JSON),
                         tree_fingerprint(ctx.layout.binary)])
 
 
 def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.dataset_json)
-    if not meta or not ctx.layout.binary_success.exists():
+    meta = read_json(ctx.layout.binary / DATASET_JSON)
+    if not meta or not is_complete(ctx.layout.binary):
         return None
     return parse_threshold_spec(meta["threshold_spec"])
 
@@ -319,7 +319,7 @@ def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
 
 def train_inputs(ctx: StageContext) -> dict[str, Any]:
     """What the train stage's key is computed from (a change retrains from scratch)."""
-    return {"dataset": file_content_hash(ctx.layout.dataset_json),
+    return {"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "binary": tree_fingerprint(ctx.layout.binary),
             "train": config_to_dict(ctx.config.train), "np": ctx.config.launch.np}
 
@@ -366,7 +366,7 @@ def run_train(ctx: StageContext) -> Outcome:
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoints": _train_outputs(ctx),
-            "dataset": file_content_hash(ctx.layout.dataset_json)}
+            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON)}
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -390,7 +390,7 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoint": latest.name if latest else None,
             "checkpoint_files": tree_fingerprint(latest) if latest else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
-            "dataset": file_content_hash(ctx.layout.dataset_json),
+            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "export": config_to_dict(ctx.config.export)}
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.errors import PipelineError
-from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from spark_jobs import counting, quality, transform
@@ -140,7 +140,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     days = discover_days(input_dir)
     layout = WorkdirLayout.at(workdir)
     layout.parquet.mkdir(parents=True, exist_ok=True)
-    layout.parquet_success.unlink(missing_ok=True)
+    (layout.parquet / SUCCESS).unlink(missing_ok=True)
     with _spark_errors():
         session = get_session(spark)
         return _run(session, days, layout, spec, preprocess, engine_id)
@@ -201,8 +201,8 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
         "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
-    write_json_atomic(layout.preprocess_json, summary, sort_keys=False)
-    layout.parquet_success.write_text("")
+    write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
+    (layout.parquet / SUCCESS).write_text("")
     return summary
 
 
