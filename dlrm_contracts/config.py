@@ -250,8 +250,7 @@ class TrainConfig:
     inter_op_threads: int = 0
 
     def __post_init__(self) -> None:
-        batches = (self.batch_size, self.eval_batch_size)
-        _check(all(b is None or b >= 1 for b in batches) and self.batch_size is not None,
+        _check(self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
                f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
                f"{self.eval_batch_size})")
         _check(self.max_steps is None or self.max_steps >= 0,
