@@ -88,6 +88,7 @@ def atomic_file(final: str | Path, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary path to write; on a clean exit it is renamed onto ``final``."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final)
     temporary = temporary_sibling(final)
     try:
         yield temporary
