@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The test command of the README and of CI: installs what is missing, then runs the whole suite.
+# The test command of the README and of CI: installs what is missing, checks the import layering
+# (pyproject's [tool.importlinter]), then runs the whole suite.
 # Extra arguments go to pytest (for example: ./run_tests.sh -k thresholds -x).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
+# A broken layering contract fails the run before any test starts.
+"$ROOT/.venv/bin/lint-imports"
 set +e
 "$ROOT/.venv/bin/python" -m pytest "$@"
 status=$?

@@ -67,7 +67,7 @@ def main() -> int:
 
     from pyspark.sql import functions as F
 
-    from pipeline.config import SparkConfig
+    from dlrm_contracts.config import SparkConfig
     from spark_jobs.arrow_tasks import COUNT_SCHEMA, ReadSettings, count_task
     from spark_jobs.chunks import plan_chunks
     from spark_jobs.inputs import discover_days

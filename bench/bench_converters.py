@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.verify import verify_dataset
 
 # Criteo Terabyte unique values per column (docs: criteo_terabyte_facts.md), capped so the
 # benchmark input stays laptop-sized while keeping int32 tables.

@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-NUM_TABLES = 26
-NUM_NUMERICAL = 13
+from dlrm_contracts.binary_format import NUM_NUMERICAL  # noqa: E402
+from dlrm_contracts.schema import NUM_CATEGORICAL as NUM_TABLES  # noqa: E402
 
 
 def flops_per_sample(embedding_dim: int, bottom: tuple[int, ...], top: tuple[int, ...]) -> float:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.config import GeneratorConfig
+from dlrm_contracts.config import GeneratorConfig
 from pipeline.synthetic import generate
 
 

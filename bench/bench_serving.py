@@ -51,7 +51,7 @@ def run(argv: list[str]) -> tuple[dict, float, float]:
 
 def test_day_lines(workdir: Path) -> list[bytes]:
     """The test split's raw lines: the first half of the last day (plain files only)."""
-    from pipeline.config import load_config
+    from dlrm_contracts.config import load_config
 
     config = load_config(workdir / "manifests" / "effective_config.yaml")
     raw = Path(config.input) if config.input else workdir / "raw"
@@ -66,7 +66,7 @@ def agreement(workdir: Path, lines: list[bytes]) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from pipeline.config import load_config
+    from dlrm_contracts.config import load_config
     from trainer.loop import Trainer
     from trainer.metrics import roc_auc
 
@@ -113,7 +113,7 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
     import numpy as np
     import tensorflow as tf
 
-    from pipeline.config import TrainConfig
+    from dlrm_contracts.config import TrainConfig
     from trainer.loop import Trainer
 
     config = TrainConfig(preset="default", batch_size=batch, eval_batch_size=batch,

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import PreprocessConfig, SparkConfig  # noqa: E402
+from dlrm_contracts.config import PreprocessConfig, SparkConfig  # noqa: E402
 
 REFERENCE_SECONDS_8M = (355.5, 397.0)        # the seed's flow, 8M rows, this machine type
 REFERENCE_ROWS_PER_SECOND = 8_000_000 / REFERENCE_SECONDS_8M[0]
@@ -54,9 +54,9 @@ def csv_parse_seconds(raw: Path) -> float:
     import pyarrow as pa
     import pyarrow.csv as pv
 
-    from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+    from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS
 
-    names = [LABEL, *INT_COLUMNS, *CAT_COLUMNS]
+    names = list(ALL_COLUMNS)
     options = dict(read_options=pv.ReadOptions(column_names=names, block_size=64 << 20),
                    parse_options=pv.ParseOptions(delimiter="\t", quote_char=False),
                    convert_options=pv.ConvertOptions(column_types={c: pa.string() for c in CAT_COLUMNS}))

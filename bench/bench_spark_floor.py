@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_spark import REFERENCE_ROWS_PER_SECOND, ensure_input  # noqa: E402
-from pipeline.config import PreprocessConfig, SparkConfig  # noqa: E402
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL  # noqa: E402
+from dlrm_contracts.config import PreprocessConfig, SparkConfig  # noqa: E402
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL  # noqa: E402
 
 CSV_SCHEMA = ", ".join([f"{LABEL} INT", *(f"{c} BIGINT" for c in INT_COLUMNS),
                         *(f"{c} STRING" for c in CAT_COLUMNS)])
@@ -66,7 +66,7 @@ def count_values(session, raw: Path, days: int, counts: Path) -> None:
 def dictionaries(session, counts: Path, threshold: str, out: Path) -> dict[str, int]:
     from pyspark.sql import functions as F
 
-    from pipeline.thresholds import parse_threshold_spec
+    from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.dictionaries import _threshold_of, build_dictionaries
 
     spec = parse_threshold_spec(threshold)

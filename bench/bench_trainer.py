@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import TrainConfig  # noqa: E402
+from dlrm_contracts.config import TrainConfig  # noqa: E402
 from trainer.data import SplitReader, batch_starts, open_dataset, prefetch, single_process_view  # noqa: E402
 from trainer.synthetic import write_planted_dataset  # noqa: E402
 

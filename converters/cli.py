@@ -1,69 +1,46 @@
 """``python -m converters {convert,verify,rethreshold,plan}``.
 
-Exit codes: 0 success; 1 a bad dataset, parquet, counts or spec (the message says what);
-2 wrong usage; 3 a threshold below the dataset's base (needs a Spark rerun).
-With ``--json`` the last stdout line is the JSON summary.
+Exit codes are the pipeline's (dlrm_contracts.errors): 0 success; 2 wrong usage or a bad
+threshold spec; 6 convert or rethreshold failed on its input (a broken parquet, counts or source
+dataset, or a threshold below the source's, which needs a Spark rerun); 7 the dataset does not
+verify (verify, plan's counts); 1 a bug (with its traceback). With ``--json`` the last stdout
+line is the JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 from typing import Any
 
-from converters.format import DatasetError
-from pipeline.config import ConvertConfig, load_config
-from pipeline.layout import WorkdirLayout
-from pipeline.thresholds import ThresholdSpecError
-
-EXIT_BAD_INPUT = 1
-EXIT_USAGE = 2
-EXIT_LOWER_THRESHOLD = 3
-
-
-class UsageError(Exception):
-    """Arguments that parse but do not make a command."""
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.config import ConvertConfig, flag_overrides, load_config
+from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
+from dlrm_contracts.layout import WorkdirLayout
 
 
 def _add_convert_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="pipeline YAML; its 'convert' section is used")
     parser.add_argument("--workers", type=int, help="threads (default: config, 2)")
     parser.add_argument("--batch-rows", type=int, help="rows per record batch / chunk")
-    parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, less safe)")
-    parser.add_argument("--keep-existing", action="store_true",
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="never show a progress bar")
+    parser.add_argument("--no-fsync", dest="fsync", action="store_false", default=None,
+                        help="skip fsync (faster; atomic against a crash of the process only)")
+    parser.add_argument("--keep-existing", dest="overwrite", action="store_false", default=None,
                         help="refuse to replace a complete output instead of swapping it")
-    parser.add_argument("--copy-unchanged", action="store_true",
+    parser.add_argument("--copy-unchanged", dest="link_unchanged", action="store_false",
+                        default=None,
                         help="rethreshold: copy unchanged files instead of hard-linking them")
-    parser.add_argument("--full-verify", action="store_true",
+    parser.add_argument("--full-verify", dest="verify_full", action="store_true", default=None,
                         help="scan every value of the result before marking it complete")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def _convert_config(args: argparse.Namespace) -> ConvertConfig:
-    config = load_config(args.config).convert
-    changes: dict[str, Any] = {}
-    if args.workers is not None:
-        changes["workers"] = args.workers
-    if args.batch_rows is not None:
-        changes["batch_rows"] = args.batch_rows
-    if args.no_progress:
-        changes["progress"] = False
-    if args.no_fsync:
-        changes["fsync"] = False
-    if args.keep_existing:
-        changes["overwrite"] = False
-    if args.full_verify:
-        changes["verify_full"] = True
-    if args.copy_unchanged:
-        changes["link_unchanged"] = False
-    config = dataclasses.replace(config, **changes)
-    if config.batch_rows < 1:
-        raise UsageError(f" batch rows must be at least 1, not {config.batch_rows}")
-    return config
+    return flag_overrides(load_config(args.config).convert, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,14 +94,16 @@ def _run_convert(args: argparse.Namespace) -> int:
     elif args.parquet and args.output:
         parquet, output = args.parquet, args.output
     else:
-        raise UsageError(" give --workdir DIR, or both --parquet and --output")
-    summary = convert_parquet(parquet, output, _convert_config(args), args.threshold_spec)
+        raise UsageError("give --workdir DIR, or both --parquet and --output")
+    config = _convert_config(args)
+    with failing_as(ExitCode.CONVERT, DatasetError):
+        summary = convert_parquet(parquet, output, config, args.threshold_spec)
     _print_summary(summary, args.json)
     return 0
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from converters.verify import verify_dataset
+    from dlrm_contracts.verify import verify_dataset
 
     info = verify_dataset(args.dataset, full=not args.quick, workers=args.workers)
     summary = {"dataset": str(info.path), "ok": True, "mode": "quick" if args.quick else "full",
@@ -141,8 +120,10 @@ def _run_verify(args: argparse.Namespace) -> int:
 def _run_rethreshold(args: argparse.Namespace) -> int:
     from converters.rethreshold import rethreshold
 
-    summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output,
-                          _convert_config(args))
+    config = _convert_config(args)
+    with failing_as(ExitCode.CONVERT, DatasetError):
+        summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output,
+                              config)
     _print_summary(summary, args.json)
     return 0
 
@@ -151,10 +132,10 @@ def _run_plan(args: argparse.Namespace) -> int:
     from converters.planner import format_plan, plan
 
     if args.embedding_dim < 1 or args.dtype_bytes < 1:
-        raise UsageError(" --embedding-dim and --dtype-bytes must be at least 1")
+        raise UsageError("--embedding-dim and --dtype-bytes must be at least 1")
     specs = [t.strip() for t in args.thresholds.split(",") if t.strip()] + list(args.spec)
     if not specs:
-        raise UsageError(" give --thresholds 1,2,5,15 and/or --spec SPEC")
+        raise UsageError("give --thresholds 1,2,5,15 and/or --spec SPEC")
     rows = plan(args.counts, specs, args.embedding_dim, args.dtype_bytes)
     print(json.dumps(rows) if args.json else format_plan(rows))
     return 0
@@ -166,19 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = {"convert": _run_convert, "verify": _run_verify,
            "rethreshold": _run_rethreshold, "plan": _run_plan}[args.command]
-    from converters.rethreshold import LowerThresholdError
-
-    try:
-        return run(args)
-    except LowerThresholdError as exc:
-        print(f"converters {args.command}: {exc}", file=sys.stderr)
-        return EXIT_LOWER_THRESHOLD
-    except (DatasetError, ThresholdSpecError) as exc:
-        print(f"converters {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except UsageError as exc:
-        print(f"converters {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_cli(f"converters {args.command}", lambda: run(args))
 
 
 if __name__ == "__main__":

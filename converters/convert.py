@@ -7,7 +7,7 @@ multi-threaded, GIL released), a thread pool narrows the current one column by c
 appends it to the 28 output files (numpy casts and file writes release the GIL too): both
 cores work, and every byte is written once. Every id is checked against its table size before
 it is narrowed, so a bad id is an error, never a silently wrapped value. The output is atomic
-(see converters.atomic).
+(see dlrm_contracts.atomic).
 """
 
 from __future__ import annotations
@@ -24,21 +24,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from converters.atomic import atomic_directory, is_complete, refuse_overlap
-from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, MODEL_SIZE_JSON,
-                               NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
-                               cat_dtype, cat_file, describe, model_size_list, read_json,
-                               unreadable_parquet, write_json)
-from converters.progress import progress_bar
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, SPLITS
-from pipeline.thresholds import parse_threshold_spec
+from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
+from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
+                                          NUMERICAL_FILE, DatasetError, cat_dtype, cat_file,
+                                          describe, model_size_list, read_json, unreadable_parquet,
+                                          write_json)
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.thresholds import parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
 
-PREPROCESS_JSON = "preprocess.json"
-SOURCE_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
 
 
 def parquet_files(split_dir: Path) -> list[Path]:
@@ -90,10 +89,10 @@ def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
 
 
 def _check_schema(path: Path, schema: pa.Schema) -> None:
-    missing = [c for c in SOURCE_COLUMNS if c not in schema.names]
+    missing = [c for c in ALL_COLUMNS if c not in schema.names]
     if missing:
         raise DatasetError(f"{path}: missing columns {missing}")
-    for name in SOURCE_COLUMNS:
+    for name in ALL_COLUMNS:
         kind = schema.field(name).type
         ok = pa.types.is_floating(kind) if name in INT_COLUMNS else pa.types.is_integer(kind)
         if not ok:
@@ -161,7 +160,8 @@ class _CatOutput(_Output):
         return ids.astype(cat_dtype(self.table_size), copy=False)
 
 
-def _write_group(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
+def write_batch_columns(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
+    """Append one record batch to a group of output files (one worker's share of a batch)."""
     for output in outputs:
         output.handle.write(memoryview(output.encode(batch, where)).cast("B"))
 
@@ -186,7 +186,7 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
             raise unreadable_parquet(path, exc) from exc
         with reader:
             _check_schema(path, reader.schema_arrow)
-            batches = reader.iter_batches(batch_size=batch_rows, columns=list(SOURCE_COLUMNS),
+            batches = reader.iter_batches(batch_size=batch_rows, columns=list(ALL_COLUMNS),
                                           use_threads=use_threads)
             while True:
                 try:  # decoding errors (corrupt pages) name the file, like every other error
@@ -214,7 +214,7 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
         for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
             for future in pending:  # files are appended in batch order
                 future.result()
-            pending = [pool.submit(_write_group, g, batch, where) for g in groups]
+            pending = [pool.submit(write_batch_columns, g, batch, where) for g in groups]
             rows += batch.num_rows
             bar.update(batch.num_rows)
         for future in pending:
@@ -267,7 +267,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)
     refuse_overlap(binary_dir, {"parquet": parquet_dir})
     if not is_complete(parquet_dir):
-        raise DatasetError(f"{parquet_dir} has no _SUCCESS: the parquet is incomplete "
+        raise DatasetError(f"{parquet_dir} has no {SUCCESS}: the parquet is incomplete "
                            "(rerun spark_jobs)")
     table_sizes = model_size_list(read_json(parquet_dir / MODEL_SIZE_JSON),
                                   parquet_dir / MODEL_SIZE_JSON)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from converters.counts import embedding_bytes, export_bytes, read_histogram
-from converters.format import cat_dtype, dtype_name
-from pipeline.schema import CAT_COLUMNS
-from pipeline.thresholds import parse_threshold_spec
+from dlrm_contracts.binary_format import cat_dtype, dtype_name
+from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.table_sizes import embedding_bytes, export_bytes, read_histogram
+from dlrm_contracts.thresholds import parse_threshold_spec
 
 
 def plan(counts_dir: str | Path, specs: list[str], embedding_dim: int = 128,

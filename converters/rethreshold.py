@@ -20,49 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from converters.atomic import atomic_directory, refuse_overlap
-from converters.counts import read_histogram
-from converters.format import (DATASET_JSON, LABEL_FILE, MODEL_SIZE_JSON, NUMERICAL_FILE,
-                               DatasetError, cat_dtype, cat_file, describe, write_json)
-from converters.progress import progress_bar
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, SPLITS
-from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+from dlrm_contracts.atomic import atomic_directory, refuse_overlap
+from dlrm_contracts.binary_format import (LABEL_FILE, NUMERICAL_FILE, cat_dtype, cat_file, describe,
+                                          write_json)
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
+from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
+from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
+from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
-
-
-class LowerThresholdError(DatasetError):
-    """The requested threshold keeps values the source dataset has already merged into id 0."""
-
-
-def _base_spec(info_spec: str | None, source: Path) -> ThresholdSpec:
-    if info_spec is None:
-        raise DatasetError(f"{source / DATASET_JSON} records no threshold_spec, so it is unknown "
-                           "which values it kept; reconvert it from parquet with a known spec")
-    return parse_threshold_spec(info_spec)
-
-
-def new_table_sizes(counts_dir: str | Path, base: ThresholdSpec, new: ThresholdSpec,
-                    source_sizes: tuple[int, ...]) -> list[int]:
-    """Table sizes at ``new``; checks the counts agree with the source's sizes at ``base``."""
-    if not new.is_at_least(base):
-        lower = [f"{c}: {new.effective(c)} < {base.effective(c)}" for c in CAT_COLUMNS
-                 if new.effective(c) < base.effective(c)]
-        raise LowerThresholdError(
-            f"threshold {new} is below the dataset's base threshold {base} for "
-            f"{', '.join(lower[:6])}{' …' if len(lower) > 6 else ''}: the rarer values were "
-            "already merged into id 0, so this needs a Spark rerun "
-            f"(python -m spark_jobs ... --frequency-threshold '{new}')")
-    histogram = read_histogram(counts_dir)
-    base_sizes = histogram.table_sizes(base)
-    mismatched = [f"{c}: counts say {base_sizes[c]}, dataset has {s}"
-                  for c, s in zip(CAT_COLUMNS, source_sizes) if base_sizes[c] != s]
-    if mismatched:
-        raise DatasetError(f"the counts in {counts_dir} do not belong to this dataset (table "
-                           f"sizes at its threshold {base} differ: {'; '.join(mismatched[:4])})")
-    return [histogram.table_sizes(new)[c] for c in CAT_COLUMNS]
 
 
 def _link_or_copy(source: Path, target: Path, link: bool) -> None:
@@ -75,7 +44,7 @@ def _link_or_copy(source: Path, target: Path, link: bool) -> None:
     shutil.copyfile(source, target)
 
 
-def _clamp_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
+def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
                 chunk_rows: int) -> None:
     """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size."""
     new_dtype = cat_dtype(new_size)
@@ -118,7 +87,7 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     source, output = Path(source_binary_dir), Path(output_dir)
     refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
     info = verify_dataset(source, full=False)
-    base = _base_spec(info.threshold_spec, source)
+    base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     start = time.perf_counter()
@@ -138,7 +107,7 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                                  np.dtype(info.cat_dtypes[i]), new_size))
         with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
                 progress_bar(len(jobs), "rethreshold", config.progress) as bar:
-            futures = [pool.submit(_clamp_file, *job, config.batch_rows * 8) for job in jobs]
+            futures = [pool.submit(clamp_ids_file, *job, config.batch_rows * 8) for job in jobs]
             for future in futures:
                 future.result()
                 bar.update(1)

@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import TrainConfig  # noqa: E402
-from pipeline.schema import CAT_COLUMNS, NUM_INTEGER  # noqa: E402
+from dlrm_contracts.config import TrainConfig  # noqa: E402
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER  # noqa: E402
 from trainer.placement import plan_placement  # noqa: E402  (numpy only; no TensorFlow)
 
 GIB = 2**30

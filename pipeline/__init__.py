@@ -1,5 +1,5 @@
-"""Orchestration of the Criteo/DLRM pipeline: configuration, workdir layout, stages, reports.
+"""Orchestration of the Criteo/DLRM pipeline: stages, runner, preflight, lock, reports.
 
-Kept free of heavy imports (Spark, TensorFlow) so that every wing can use its small shared
-modules (schema, thresholds, config, layout) without pulling the others in.
+The top of the building: it imports the three wings (spark_jobs, converters, trainer) and the
+contracts package they share (dlrm_contracts); none of them imports it.
 """

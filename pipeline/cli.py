@@ -10,7 +10,7 @@
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
 
 Flag and stage names are an interface: schedulers call them. Flags override the YAML file,
-which overrides the defaults in pipeline/config.py.
+which overrides the defaults in dlrm_contracts/config.py.
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cluster_auth import SecretFileError, read_secret_file
-from pipeline.config import DEFAULT_STAGES, STAGES, ConfigError, PipelineConfig, config_to_dict, load_config
-from pipeline.errors import ExitCode, PipelineError
+from converters.cli import main as converters_main
+from dlrm_contracts.config import (DEFAULT_STAGES, STAGES, PipelineConfig, config_to_dict,
+                                   load_config, with_overrides)
+from dlrm_contracts.errors import ExitCode, PipelineError, UsageError
+from dlrm_contracts.layout import WorkdirLayout, histogram_path
+from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
-from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from pipeline.preflight import preflight_failed, report
+from pipeline.runner import run_pipeline
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
@@ -78,77 +83,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _items(text: str | None) -> list[str] | None:
+    return None if text is None else [item.strip() for item in text.split(",") if item.strip()]
+
+
 def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineConfig:
-    if args.input is not None:
-        config.input = args.input
-    if args.workdir is not None:
-        config.workdir = args.workdir
-    if args.frequency_threshold is not None:
-        config.preprocess.frequency_threshold = args.frequency_threshold
-    if args.hosts is not None:
-        config.launch.hosts = args.hosts
-        if args.np is None:  # every slot the host list offers, as horovodrun users expect
-            config.launch.np = host_slots(args.hosts)
-    if args.np is not None:
-        config.launch.np = args.np
-    if args.spark_master is not None:
-        config.spark.master = args.spark_master
-    if args.spark_secret_file is not None:
-        config.spark.auth_secret_file = args.spark_secret_file
-    if args.gpu:
-        config.spark.gpu = True
-    if args.max_steps is not None:
-        config.train.max_steps = args.max_steps
-    if args.stages is not None:
-        config.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    if args.score_input is not None:
-        config.score.input = [p.strip() for p in args.score_input.split(",") if p.strip()]
-    if args.force:
-        config.force = True
-    return config
+    """The run's flags over the configuration (each section's range checks run again)."""
+    if args.max_steps is not None and args.max_steps < 1:  # 0 trains nothing: not a run
+        raise UsageError("--max-steps must be at least 1")
+    # --hosts alone: every slot the host list offers, as horovodrun users expect
+    np = host_slots(args.hosts) if args.hosts is not None and args.np is None else args.np
+    return with_overrides(config, {
+        "input": args.input, "workdir": args.workdir, "stages": _items(args.stages),
+        "force": args.force or None,
+        "preprocess": with_overrides(config.preprocess,
+                                     {"frequency_threshold": args.frequency_threshold}),
+        "launch": with_overrides(config.launch, {"hosts": args.hosts, "np": np}),
+        "spark": with_overrides(config.spark, {"master": args.spark_master,
+                                               "auth_secret_file": args.spark_secret_file,
+                                               "gpu": args.gpu or None}),
+        "train": with_overrides(config.train, {"max_steps": args.max_steps}),
+        "score": with_overrides(config.score, {"input": _items(args.score_input)}),
+    })
 
 
 def validate(config: PipelineConfig) -> None:
     if not config.stages:
-        raise PipelineError(f"--stages names no stage; stages are {', '.join(STAGES)}", ExitCode.USAGE)
+        raise UsageError(f"--stages names no stage; stages are {', '.join(STAGES)}")
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
-        raise PipelineError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}",
-                            ExitCode.USAGE)
-    if config.launch.np < 1:
-        raise PipelineError("--np must be at least 1", ExitCode.USAGE)
-    if config.train.max_steps is not None and config.train.max_steps < 1:
-        raise PipelineError("--max-steps must be at least 1", ExitCode.USAGE)
+        raise UsageError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)
     if "score" in config.stages and not config.score.input:
-        raise PipelineError("the score stage needs --score-input FILE[,FILE...]", ExitCode.USAGE)
+        raise UsageError("the score stage needs --score-input FILE[,FILE...]")
     if "score" in config.stages:
         missing = [p for p in config.score.input if not Path(p).is_file()]
         if missing:
-            raise PipelineError(f"--score-input: not a file: {', '.join(missing)}", ExitCode.USAGE)
-    if config.score.batch_rows < 1:
-        raise PipelineError("score.batch_rows must be at least 1", ExitCode.USAGE)
+            raise UsageError(f"--score-input: not a file: {', '.join(missing)}")
     if config.spark.auth_secret_file and "preprocess" in config.stages:
         try:  # a missing or world-readable secret file: exit 2 before any stage runs
             read_secret_file(config.spark.auth_secret_file)
         except SecretFileError as exc:
-            raise PipelineError(f"--spark-secret-file: {exc}", ExitCode.USAGE) from None
+            raise UsageError(f"--spark-secret-file: {exc}") from None
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from converters.cli import main as converters_main
-    from converters.counts import histogram_path
-    from pipeline.layout import WorkdirLayout
-
     for item in args.thresholds.split(","):
         parse_threshold_spec(item)  # a bad list is a usage error (exit 2), not a crash
 
     counts = WorkdirLayout.at(args.workdir).counts
     if not histogram_path(counts).is_file():
-        raise PipelineError(f"no count histogram in {counts}: run the preprocess stage on this "
-                            "workdir first", ExitCode.USAGE)
+        raise UsageError(f"no count histogram in {counts}: run the preprocess stage on this "
+                            "workdir first")
     argv = ["plan", "--counts", str(counts),
             "--thresholds", args.thresholds, "--embedding-dim", str(args.embedding_dim)]
     return converters_main(argv + (["--json"] if args.json else []))
@@ -156,8 +144,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _preflight(config: PipelineConfig) -> int:
     """The run's preflight alone: its lines on stdout, its figures as the last (JSON) line."""
-    from pipeline.preflight import preflight_failed, report
-
     est = report(config, print)
     refusal = preflight_failed("; ".join(est.shortfalls)) if est.shortfalls else None
     status = {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}",
@@ -190,12 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         validate(config)
         if args.command == "preflight":
             return _preflight(config)
-        from pipeline.runner import run_pipeline
-
         return run_pipeline(config)
-    except (ConfigError, ThresholdSpecError) as exc:
-        return _refused(args, str(exc), ExitCode.USAGE)
-    except PipelineError as exc:
+    except PipelineError as exc:  # bad flags or settings, a held lock, a preflight refusal
         return _refused(args, str(exc), exc.code)
 
 

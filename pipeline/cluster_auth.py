@@ -23,25 +23,17 @@ import os
 import re
 import secrets
 import socket
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# Java's properties-file reader gives backslashes, '#', '!' and whitespace meanings of their
-# own, so a secret is kept to characters that mean nothing there (hex, base64, base64url).
-SECRET_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
-SECRET_MIN_CHARS = 32  # 128 bits as hex: a guessable secret is no secret
-SECRET_BYTES = 32      # what `prepare` generates: 256 random bits, 64 hex characters
+from dlrm_contracts.atomic import atomic_file
+from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+
+SECRET_BYTES = 32  # what `prepare` generates: 256 random bits, 64 hex characters
 # Spark's user lists (spark.admin.acls): names separated by commas; no backslash or blank,
 # which the properties-file reader would take for an escape or a separator.
 _USERS = re.compile(r"^[A-Za-z0-9._@$-]+(,[A-Za-z0-9._@$-]+)*$")
-
-
-class SecretFileError(ValueError):
-    """A secret file that is missing, readable by others, or not a usable secret.
-
-    The message names the file and the rule broken, never the file's content."""
 
 
 def is_loopback(host: str) -> bool:
@@ -59,47 +51,13 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
-def read_secret_file(path: str | Path) -> str:
-    """The secret held by ``path``: one line, owner-only permissions, at least
-    SECRET_MIN_CHARS characters of SECRET_CHARS."""
-    path = Path(path)
-    try:
-        info = path.stat()
-    except OSError as error:
-        raise SecretFileError(f"secret file {path} cannot be read: {error.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise SecretFileError(f"secret file {path} is not a regular file")
-    if info.st_mode & 0o077:
-        raise SecretFileError(f"secret file {path} has mode {stat.S_IMODE(info.st_mode):04o}: it "
-                              f"must be readable by its owner only (chmod 600 {path})")
-    if info.st_uid != os.geteuid():
-        raise SecretFileError(f"secret file {path} belongs to another user (uid {info.st_uid})")
-    try:
-        lines = path.read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
-        raise SecretFileError(f"secret file {path} is not ASCII text") from None
-    lines = [line.strip() for line in lines if line.strip()]
-    if len(lines) != 1:
-        raise SecretFileError(f"secret file {path} must hold exactly one non-empty line, "
-                              f"it has {len(lines)}")
-    secret = lines[0]
-    if len(secret) < SECRET_MIN_CHARS or not SECRET_CHARS.match(secret):
-        raise SecretFileError(
-            f"secret file {path}: the secret must be at least {SECRET_MIN_CHARS} characters "
-            "from A-Z a-z 0-9 . _ ~ + / = - (e.g. python -c 'import secrets; "
-            "print(secrets.token_hex(32))')")
-    return secret
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600 from the first byte (no window in which the
     file exists with the umask's mode), replacing any older file atomically."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as sink:
-        sink.write(text)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as sink:
+            sink.write(text)
 
 
 def private_dir(path: Path) -> Path:

@@ -7,17 +7,11 @@ becomes one line naming the stage, the path and the free space, with its own exi
 
 from __future__ import annotations
 
-import errno
 import shutil
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.errors import ExitCode, PipelineError
-
-# What the OS, the JVM, pyarrow and TensorFlow print for ENOSPC / EDQUOT.
-_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "enospc", "edquot")
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
+from dlrm_contracts.errors import ExitCode, PipelineError, disk_full_cause
 
 def existing_ancestor(path: Path) -> Path:
     path = Path(path).absolute()
@@ -41,25 +35,6 @@ def human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def says_disk_full(text: str) -> bool:
-    lowered = text.lower()
-    return any(words in lowered for words in _DISK_FULL_TEXT)
-
-
-def disk_full_cause(exc: BaseException) -> BaseException | None:
-    """The ENOSPC/EDQUOT error in ``exc``'s chain (causes and contexts), if there is one."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
-            return current
-        if says_disk_full(str(current)):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def disk_full_error(stage: str, path: str | Path) -> PipelineError:

@@ -7,12 +7,12 @@ section); flags override them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 
-from pipeline.config import GeneratorConfig, load_config
+from dlrm_contracts.config import GeneratorConfig, flag_overrides, load_config
+from dlrm_contracts.errors import run_cli
 from pipeline.synthetic import generate
 
 __all__ = ["generate", "main", "build_config"]
@@ -44,19 +44,17 @@ def _parser() -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> GeneratorConfig:
     """The config file's generator section (or the defaults), overridden by given flags."""
     config = load_config(args.config).generator if args.config else GeneratorConfig()
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(GeneratorConfig)
-                 if getattr(args, f.name, None) is not None}
-    return dataclasses.replace(config, **overrides)
+    return flag_overrides(config, args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return run_cli("generate", lambda: _generate(args))
+
+
+def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    try:
-        meta = generate(args.out, build_config(args))
-    except (ValueError, OSError, RuntimeError) as err:  # ConfigError is a ValueError
-        print(f"generate: error: {err}", file=sys.stderr)
-        return 2
+    meta = generate(args.out, build_config(args))
     elapsed = time.perf_counter() - start
     summary = {"out": args.out, "rows": meta["rows"], "days": len(meta["days"]),
                "click_rate": round(meta["click_rate"], 5),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import ExitCode, PipelineError
 
 _ITEM = re.compile(r"^([A-Za-z0-9_.-]+)(?::([0-9]+))?$")
 

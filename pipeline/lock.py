@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import ExitCode, PipelineError
 
 
 class WorkdirLock:

@@ -16,32 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrm_contracts.atomic import read_json, write_json_atomic
 from pipeline.fingerprint import stable_hash
-
-
-def write_json_atomic(path: Path, data: Any, sort_keys: bool = True) -> None:
-    """Temp file + fsync + rename: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=sort_keys, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not also be left a half-written temp file
-        raise
-
-
-def read_json(path: Path, default: Any = None) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return default
 
 
 @dataclass

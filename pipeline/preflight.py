@@ -23,14 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig
+from dlrm_contracts.atomic import read_json
+from dlrm_contracts.binary_format import cat_dtype
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.table_sizes import read_histogram
+from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
-from pipeline.errors import ExitCode, PipelineError
 from pipeline.fingerprint import tree_fingerprint
-from pipeline.layout import WorkdirLayout
-from pipeline.manifest import read_json
-from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
-from pipeline.thresholds import parse_threshold_spec
+from pipeline.hosts import horovodrun_hosts
+from pipeline.manifest import ManifestStore
+from spark_jobs.errors import PreprocessInputError
+from spark_jobs.inputs import discover_days
+from spark_jobs.session import _local_cores
+from trainer.dims import PRESETS, dense_parameters, model_dims
+from trainer.placement import plan_placement
 
 
 def preflight_failed(shortfall: str) -> PipelineError:
@@ -113,8 +122,6 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 
 
 def local_cores(master: str) -> int | None:
-    from spark_jobs.session import _local_cores  # pure: no pyspark import
-
     return _local_cores(master)
 
 
@@ -141,8 +148,6 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = {rows:,} rows "
                 f"(~{human(raw_bytes)} of text, written to the workdir)")
         return rows, g.rows_per_day, raw_bytes
-    from spark_jobs.errors import PreprocessInputError
-    from spark_jobs.inputs import discover_days
 
     raw = Path(config.input).resolve()
     try:
@@ -169,7 +174,7 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
 
 def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | None:
     """Rows per day from the data-quality report, when it was made from these very files."""
-    manifest = read_json(layout.manifests / "preprocess.json") or {}
+    manifest = ManifestStore(layout.manifests).load("preprocess") or {}
     quality = read_json(layout.data_quality) or {}
     now = tree_fingerprint(raw, ignore=("generator_meta.json",))
     if manifest.get("inputs", {}).get("raw") != now:
@@ -182,8 +187,6 @@ def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | N
 
 
 def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | None:
-    from converters.counts import histogram_path, read_histogram
-
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
@@ -194,14 +197,11 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
     if sizes is None:
         return config.preflight.binary_bytes_per_row_bound
-    from converters.format import cat_dtype
 
     return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize for s in sizes)
 
 
 def _dims(config: PipelineConfig):
-    from trainer.dims import dense_parameters, model_dims
-
     dims = model_dims(config.train)
     return dims, dense_parameters(dims)
 
@@ -210,7 +210,6 @@ def _ranks_here(config: PipelineConfig) -> int:
     """Ranks this machine runs (all of them without --hosts)."""
     if not config.launch.hosts:
         return config.launch.np
-    from pipeline.hosts import horovodrun_hosts
 
     local = {"localhost", "127.0.0.1", os.uname().nodename}
     slots = [item.split(":") for item in horovodrun_hosts(config.launch.hosts,
@@ -311,7 +310,6 @@ def _memory(config: PipelineConfig, est: Estimate, sizes: list[int] | None,
         est.say("memory: embedding tables per rank not known until the counts exist "
                 "(after preprocess; then `./run_pipeline.sh plan`)")
         return
-    from trainer.placement import plan_placement
 
     dims, _dense = _dims(config)
     world = config.launch.np
@@ -369,8 +367,6 @@ def _time(config: PipelineConfig, est: Estimate, rows: int | None, test_rows: in
                       f"{workers} workers"))
     train_rows = rows - (test_rows or 0)
     if {"train", "eval"} & wanted:
-        from trainer.dims import PRESETS, dense_parameters
-
         dims, dense = _dims(config)
         # The rates are the default model's: scale by the dense part's size.
         scale = dense_parameters(PRESETS["default"]) / max(1, dense)
@@ -461,7 +457,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     """What the first preflight could not tell before the counts existed: the tables per rank
     and the checkpoints' disk, from the binary dataset the train stage is about to read."""
     layout = WorkdirLayout.at(config.workdir)
-    info = read_json(layout.binary / "dataset.json") or {}
+    info = read_json(layout.binary / DATASET_JSON) or {}
     sizes = info.get("table_sizes")
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return

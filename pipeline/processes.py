@@ -44,10 +44,6 @@ def _last_json_line(lines: list[str]) -> dict[str, Any] | None:
     return None
 
 
-# Set for a child whose own stderr goes to the stage log while the pipeline runs on a
-# terminal: the child may draw its progress bar on /dev/tty.
-PROGRESS_TTY_ENV = "CRITEO_DLRM_PROGRESS_TTY"
-
 _current: subprocess.Popen | None = None
 
 

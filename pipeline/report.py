@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import STAGES
-from pipeline.layout import WorkdirLayout
-from pipeline.manifest import read_json
+from dlrm_contracts.atomic import read_json
+from dlrm_contracts.config import STAGES
+from dlrm_contracts.layout import WorkdirLayout
 
 
 def _plt():

@@ -12,20 +12,24 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.config import STAGES, PipelineConfig, config_to_dict
+from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
+from dlrm_contracts.thresholds import parse_threshold_spec
+from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
-from pipeline.errors import ExitCode, PipelineError
-from pipeline.layout import WorkdirLayout
 from pipeline.lock import WorkdirLock
-from pipeline.manifest import ManifestStore, StageRecord, read_json, write_json_atomic
+from pipeline.manifest import ManifestStore, StageRecord
 from pipeline.processes import terminate_current_child
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
-from pipeline.thresholds import parse_threshold_spec
+from pipeline.synthetic.writer import IN_PROGRESS_FILE
 
 log = logging.getLogger("pipeline")
 
@@ -88,7 +92,8 @@ class Interrupted(PipelineError):
         super().__init__(f"interrupted by signal {signum}", ExitCode.INTERRUPTED)
 
 
-def _install_signal_handlers() -> None:
+def install_signal_handlers() -> None:
+    """SIGINT / SIGTERM stop the running child and end the run as interrupted (exit 130)."""
     def handler(signum, _frame):
         terminate_current_child()
         raise Interrupted(signum)
@@ -154,7 +159,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
              status: str, ctx: StageContext | None = None) -> dict[str, Any]:
-    dataset = read_json(layout.binary / "dataset.json") or {}
+    dataset = read_json(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
@@ -175,15 +180,13 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
 
 
 def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
-    made_at = (read_json(ctx.layout.binary / "dataset.json") or {}).get("threshold_spec")
+    made_at = (read_json(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
     if made_at is not None and parse_threshold_spec(made_at) != ctx.threshold:
         log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
                     "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)
 
 
 def _generation_interrupted(layout: WorkdirLayout) -> bool:
-    from pipeline.synthetic.writer import IN_PROGRESS_FILE
-
     return (layout.raw / IN_PROGRESS_FILE).exists()
 
 
@@ -201,9 +204,7 @@ def _prepare_workdir(layout: WorkdirLayout) -> Path:
 
 def _spark_local_dirs(config: PipelineConfig) -> list[str]:
     """Where a local Spark job writes its shuffle files (a full disk there fails preprocess)."""
-    from pipeline.preflight import spark_local_dirs
-
-    return [str(p) for p in spark_local_dirs(config)]
+    return [str(p) for p in preflight.spark_local_dirs(config)]
 
 
 def _classify(exc: BaseException, stage: str, config: PipelineConfig,
@@ -231,76 +232,118 @@ def _save_quietly(what: str, write) -> None:
         log.warning("%s not saved: %s", what, exc.strerror or exc)
 
 
+@dataclass
+class RunState:
+    """What a run has done so far: its summary is made from it however the run ends."""
+
+    config: PipelineConfig
+    layout: WorkdirLayout
+    wanted: list[str]
+    records: list[StageRecord] = field(default_factory=list)
+    ctx: StageContext | None = None
+    running: tuple[str, float] | None = None  # the stage under way: name, start time
+    status: str = "ok"
+    code: ExitCode = ExitCode.OK
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
 def run_pipeline(config: PipelineConfig) -> int:
-    """Run the requested stages; return the process exit code (see pipeline.errors.ExitCode)."""
+    """Run the requested stages in their fixed order under the workdir's lock.
+
+    Args:
+        config: the whole configuration, flags applied (see pipeline.cli).
+
+    Returns:
+        The process exit code (dlrm_contracts.errors.ExitCode): 0, or the code of the failure.
+        The one-line JSON summary is printed last on stdout either way.
+    """
     layout = WorkdirLayout.at(config.workdir)
     log_path = _prepare_workdir(layout)
-    wanted = [s for s in STAGES if s in config.stages]
-    # export and score read the workdir's model and their own files, never the raw days
-    serving_only = set(wanted) <= {"export", "score"}
-    if not config.input and "generate" not in wanted and not serving_only and not layout.raw.exists():
-        raise PipelineError("no --input given and no generated data in the workdir: add the "
-                            "generate stage or pass --input RAW_DIR", ExitCode.USAGE)
-    if (not config.input and "generate" not in wanted and not serving_only
-            and _generation_interrupted(layout)):
-        raise PipelineError(f"the generated data in {layout.raw} is incomplete (a generate run was "
-                            "interrupted): add the generate stage", ExitCode.USAGE)
-    records: list[StageRecord] = []
-    ctx: StageContext | None = None
+    run = RunState(config, layout, [s for s in STAGES if s in config.stages])
+    _check_raw_input(run)
     with WorkdirLock(layout.lock_file):
-        _install_signal_handlers()
-        log.info("workdir %s, stages %s, log %s", layout.root, ",".join(wanted), log_path)
-        status, code = "ok", ExitCode.OK
-        current: tuple[str, float] | None = None
-        warned = False
+        install_signal_handlers()
+        log.info("workdir %s, stages %s, log %s", layout.root, ",".join(run.wanted), log_path)
         try:
-            preflight = None
-            if config.preflight.enabled:
-                from pipeline import preflight
-
-                # A shortfall refuses the run here, before any stage; what needs the counts
-                # (tables per rank, checkpoints) is checked again before train if unknown now.
-                tables_known = "embedding_bytes_per_rank" in preflight.check(config, log.info).facts
-            ctx = StageContext(config, layout, ManifestStore(layout.manifests),
-                               _write_effective_config(config, layout))
-            for name in wanted:
-                if name == "generate" and config.input:
-                    log.info("generate   not needed: --input %s given", config.input)
-                    continue
-                if name in ("train", "eval") and "convert" not in wanted and not warned:
-                    _warn_if_dataset_threshold_differs(ctx)
-                    warned = True
-                current = (name, time.time())
-                if name == "train" and preflight is not None and not tables_known:
-                    preflight.before_train(config, log.info)
-                records.append(_run_stage(name, ctx, config.force))
-                current = None
-        except Exception as exc:  # noqa: BLE001 — sorted below: known kinds, full disk, a bug
-            known = _classify(exc, current[0] if current else "setup", config, layout)
-            if known is None and isinstance(exc, PipelineError):
-                known = exc
-            if known is not None:
-                status, code = f"failed: {known.kind}", known.code
-                log.error("%s", known)
-            else:  # a bug: logged with its traceback, exit 1
-                status, code = "failed: failed", ExitCode.FAILED
-                log.exception("unexpected error: %s", exc)
+            _run_stages(run)
+        except Exception as exc:  # noqa: BLE001 — sorted by _record_failure: known kinds, a bug
+            _record_failure(run, exc)
         finally:
-            if current is not None:  # the stage that failed or was interrupted
-                name, started = current
-                action = "interrupted" if code == ExitCode.INTERRUPTED else "failed"
-                records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
-                                           seconds=time.time() - started))
-            summary = _summary(config, layout, records, status, ctx)
-            _save_quietly("run history", lambda: ManifestStore(layout.manifests).append_history(
-                {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}))
-            _save_quietly("summary.json", lambda: write_json_atomic(layout.root / "summary.json",
-                                                                    summary))
-            _write_report_safely(layout)
+            _close_run(run)
     log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
              layout.parquet, layout.binary, layout.checkpoints, layout.logs, layout.report)
-    print(json.dumps(summary, sort_keys=True), flush=True)
-    return int(code)
+    print(json.dumps(run.summary, sort_keys=True), flush=True)
+    return int(run.code)
+
+
+def _check_raw_input(run: RunState) -> None:
+    """Refuse a run that needs raw days the workdir does not have (before taking the lock)."""
+    config, layout = run.config, run.layout
+    # export and score read the workdir's model and their own files, never the raw days
+    if config.input or "generate" in run.wanted or set(run.wanted) <= {"export", "score"}:
+        return
+    if not layout.raw.exists():
+        raise PipelineError("no --input given and no generated data in the workdir: add the "
+                            "generate stage or pass --input RAW_DIR", ExitCode.USAGE)
+    if _generation_interrupted(layout):
+        raise PipelineError(f"the generated data in {layout.raw} is incomplete (a generate run was "
+                            "interrupted): add the generate stage", ExitCode.USAGE)
+
+
+def _run_stages(run: RunState) -> None:
+    config = run.config
+    # A shortfall refuses the run here, before any stage; what needs the counts (tables per
+    # rank, checkpoints) is checked again before train when it is unknown now.
+    check_before_train = config.preflight.enabled and not _tables_known(config)
+    run.ctx = StageContext(config, run.layout, ManifestStore(run.layout.manifests),
+                           _write_effective_config(config, run.layout))
+    first_model_stage = next((s for s in run.wanted if s in ("train", "eval")), None)
+    for name in run.wanted:
+        if name == "generate" and config.input:
+            log.info("generate   not needed: --input %s given", config.input)
+            continue
+        if name == first_model_stage and "convert" not in run.wanted:
+            _warn_if_dataset_threshold_differs(run.ctx)
+        run.running = (name, time.time())
+        if name == "train" and check_before_train:
+            preflight.before_train(config, log.info)
+        run.records.append(_run_stage(name, run.ctx, config.force))
+        run.running = None
+
+
+def _tables_known(config: PipelineConfig) -> bool:
+    """Run the preflight (raises on a shortfall); whether it could size the tables per rank."""
+    return "embedding_bytes_per_rank" in preflight.check(config, log.info).facts
+
+
+def _record_failure(run: RunState, exc: Exception) -> None:
+    """A full disk or a known failure: one line and its code; anything else is a bug, logged
+    with its traceback, exit 1. Called while ``exc`` is being handled."""
+    known = _classify(exc, run.running[0] if run.running else "setup", run.config, run.layout)
+    if known is None and isinstance(exc, PipelineError):
+        known = exc
+    if known is not None:
+        run.status, run.code = f"failed: {known.kind}", known.code
+        log.error("%s", known)
+    else:
+        run.status, run.code = "failed: failed", ExitCode.FAILED
+        log.exception("unexpected error: %s", exc)
+
+
+def _close_run(run: RunState) -> None:
+    """The record of a stage that failed or was interrupted, then history, summary, report."""
+    if run.running is not None:
+        name, started = run.running
+        action = "interrupted" if run.code == ExitCode.INTERRUPTED else "failed"
+        run.records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
+                                       seconds=time.time() - started))
+    summary = run.summary = _summary(run.config, run.layout, run.records, run.status, run.ctx)
+    history = ManifestStore(run.layout.manifests)
+    _save_quietly("run history", lambda: history.append_history(
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}))
+    _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json",
+                                                            summary))
+    _write_report_safely(run.layout)
 
 
 def _write_report_safely(layout: WorkdirLayout) -> None:

@@ -19,15 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import PipelineConfig, config_to_dict
-from pipeline.errors import ExitCode, PipelineError
+from converters.convert import convert_parquet
+from converters.rethreshold import rethreshold
+from dlrm_contracts.atomic import is_complete, read_json, replace_directory, write_json_atomic
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.config import PipelineConfig, config_to_dict
+from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
+from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout
+from dlrm_contracts.progress import PROGRESS_TTY_ENV
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprint
 from pipeline.hosts import horovodrun_hosts
-from pipeline.layout import WorkdirLayout
-from pipeline.manifest import ManifestStore, read_json, write_json_atomic
-from pipeline.processes import PROGRESS_TTY_ENV, run_child
-from pipeline.schema import SPLITS
-from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
+from pipeline.manifest import ManifestStore
+from pipeline.processes import run_child
 
 log = logging.getLogger("pipeline")
 
@@ -98,8 +104,8 @@ def _generate_run(ctx: StageContext) -> Outcome:
 
 # ---------------------------------------------------------------- preprocess
 def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.parquet / "preprocess.json")
-    if not meta or not (ctx.layout.parquet / "_SUCCESS").exists():
+    meta = read_json(ctx.layout.parquet / PREPROCESS_JSON)
+    if not meta or not is_complete(ctx.layout.parquet):
         return None
     return parse_threshold_spec(meta["threshold_spec"])
 
@@ -115,7 +121,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
     ignore = (ctx.layout.parquet_removed.name, *ignore)
-    return stable_hash([file_content_hash(ctx.layout.parquet / "preprocess.json"),
+    return stable_hash([file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
                         tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
 
 
@@ -186,27 +192,15 @@ def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
 
 
 def _convert_outputs(ctx: StageContext) -> str:
-    return stable_hash([file_content_hash(ctx.layout.binary / "dataset.json"),
+    return stable_hash([file_content_hash(ctx.layout.binary / DATASET_JSON),
                         tree_fingerprint(ctx.layout.binary)])
 
 
 def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.binary / "dataset.json")
-    if not meta or not (ctx.layout.binary / "_SUCCESS").exists():
+    meta = read_json(ctx.layout.binary / DATASET_JSON)
+    if not meta or not is_complete(ctx.layout.binary):
         return None
     return parse_threshold_spec(meta["threshold_spec"])
-
-
-def _swap_in(new_dir: Path, final_dir: Path) -> None:
-    """Replace ``final_dir`` by ``new_dir``; a crash in between leaves no _SUCCESS at final_dir."""
-    old = final_dir.with_name(final_dir.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final_dir.exists():
-        final_dir.rename(old)
-    new_dir.rename(final_dir)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def _derivable_from_binary(ctx: StageContext) -> bool:
@@ -224,8 +218,6 @@ def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
     splits = [ctx.layout.parquet_split(s) for s in SPLITS if ctx.layout.parquet_split(s).exists()]
     if ctx.config.preprocess.keep_parquet or not splits:
         return None
-    from converters.format import DatasetError
-    from converters.verify import verify_dataset
 
     try:
         verify_dataset(ctx.layout.binary, full=False)
@@ -266,44 +258,46 @@ def _convert_run(ctx: StageContext) -> Outcome:
 
 
 def _convert(ctx: StageContext) -> Outcome:
-    from converters.convert import convert_parquet
-    from converters.rethreshold import rethreshold
+    """Convert, rethreshold or both; the converters' typed errors fail the stage (exit 6),
+    anything else stays what it is (a bug: exit 1)."""
+    derived = ctx.layout.root / "binary.derived"
+    shutil.rmtree(derived, ignore_errors=True)
+    try:
+        with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
+            return _convert_or_derive(ctx, derived)
+    except BaseException:
+        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
+        raise
 
+
+def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     wanted = ctx.threshold
     previous = ctx.manifests.load("convert")
     have = _binary_spec(ctx)
     same_parquet = bool(previous) and previous["inputs"].get("parquet") == _convert_inputs(ctx)["parquet"]
-    derived = ctx.layout.root / "binary.derived"
-    if derived.exists():
-        shutil.rmtree(derived)
-    try:
-        if same_parquet and have is not None and wanted.is_at_least(have):
-            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
-            _swap_in(derived, ctx.layout.binary)
-            return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
-        made_at = _parquet_spec(ctx)
-        if made_at is not None and not wanted.is_at_least(made_at):
-            # Checked before converting: the existing binary dataset stays as it is.
-            raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
-                                "rarer values are already merged into id 0, so the preprocess "
-                                "stage must run again (add it: --stages preprocess,convert)",
-                                ExitCode.CONVERT)
-        _needs_parquet(ctx)
-        summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
-        if made_at is not None and wanted != made_at:
-            summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
-            _swap_in(derived, ctx.layout.binary)
-            return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
-        return Outcome("ran", "converters", summary)
-    except PipelineError:
-        raise
-    except Exception as exc:  # the converters raise typed errors with readable messages
-        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
-        raise PipelineError(f"convert failed: {exc}", ExitCode.CONVERT) from exc
+    if same_parquet and have is not None and wanted.is_at_least(have):
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+        return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+    made_at = _parquet_spec(ctx)
+    if made_at is not None and not wanted.is_at_least(made_at):
+        # Checked before converting: the existing binary dataset stays as it is.
+        raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
+                            "rarer values are already merged into id 0, so the preprocess "
+                            "stage must run again (add it: --stages preprocess,convert)",
+                            ExitCode.CONVERT)
+    _needs_parquet(ctx)
+    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
+    if made_at is not None and wanted != made_at:
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+        return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
+    return Outcome("ran", "converters", summary)
 
 
 # ---------------------------------------------------------------- train / eval
-def _launch_prefix(ctx: StageContext) -> list[str]:
+def launcher_argv(ctx: StageContext) -> list[str]:
+    """``horovodrun -np N -H HOSTS --gloo`` for several ranks; nothing for one process."""
     launch = ctx.config.launch
     if launch.np <= 1 and not launch.hosts:
         return []
@@ -312,8 +306,9 @@ def _launch_prefix(ctx: StageContext) -> list[str]:
     return [horovodrun, "-np", str(launch.np), "-H", hosts, "--gloo"]
 
 
-def _trainer_argv(ctx: StageContext, mode: str) -> list[str]:
-    argv = _launch_prefix(ctx) + [_python(), "-m", "trainer", "--mode", mode,
+def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
+    """The whole command line of the trainer in ``mode``, launcher included."""
+    argv = launcher_argv(ctx) + [_python(), "-m", "trainer", "--mode", mode,
                                   "--dataset", str(ctx.layout.binary),
                                   "--workdir", str(ctx.layout.root),
                                   "--config", str(ctx.config_path)]
@@ -322,8 +317,9 @@ def _trainer_argv(ctx: StageContext, mode: str) -> list[str]:
     return argv
 
 
-def _train_inputs(ctx: StageContext) -> dict[str, Any]:
-    return {"dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+def train_inputs(ctx: StageContext) -> dict[str, Any]:
+    """What the train stage's key is computed from (a change retrains from scratch)."""
+    return {"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "binary": tree_fingerprint(ctx.layout.binary),
             "train": config_to_dict(ctx.config.train), "np": ctx.config.launch.np}
 
@@ -332,14 +328,12 @@ def _train_outputs(ctx: StageContext) -> str:
     return tree_fingerprint(ctx.layout.checkpoints)
 
 
-def _verify_binary(ctx: StageContext) -> None:
+def verify_binary_dataset(ctx: StageContext) -> None:
     """The quick check (metadata, file sizes: milliseconds) before launching any rank, so that a
     missing, incomplete or damaged dataset exits with its own code (7) and a readable message
     rather than as a crashed horovodrun (8/9)."""
     if ctx.config.train.verify_dataset == "none":
         return
-    from converters.format import DatasetError
-    from converters.verify import verify_dataset
 
     try:
         verify_dataset(ctx.layout.binary, full=False)
@@ -348,10 +342,11 @@ def _verify_binary(ctx: StageContext) -> None:
                             "up to date)", ExitCode.DATASET_INVALID) from None
 
 
-def _train_run(ctx: StageContext) -> Outcome:
-    _verify_binary(ctx)
+def run_train(ctx: StageContext) -> Outcome:
+    """The train stage: resumes the checkpoints of the same configuration, else starts anew."""
+    verify_binary_dataset(ctx)
     started = read_json(ctx.layout.manifests / "train.started")
-    key = ManifestStore.key_of(_train_inputs(ctx))
+    key = ManifestStore.key_of(train_inputs(ctx))
     # Checkpoints of a different configuration must not be resumed; those of an interrupted
     # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
     # from the finished run's last checkpoint would train no step at all).
@@ -359,19 +354,19 @@ def _train_run(ctx: StageContext) -> Outcome:
                                             or started.get("key") != key):
         shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(_trainer_argv(ctx, "train"), ctx.stage_log("train"))
+    result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"))
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
             shutil.rmtree(partial, ignore_errors=True)
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
-    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary or {})
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoints": _train_outputs(ctx),
-            "dataset": file_content_hash(ctx.layout.binary / "dataset.json")}
+            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON)}
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -379,12 +374,12 @@ def _eval_outputs(ctx: StageContext) -> str:
 
 
 def _eval_run(ctx: StageContext) -> Outcome:
-    _verify_binary(ctx)
-    result = run_child(_trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
+    verify_binary_dataset(ctx)
+    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("eval", result, ExitCode.EVAL, ctx)
     write_json_atomic(ctx.layout.root / "eval.json", result.summary)
-    engine = "horovod" if _launch_prefix(ctx) else "tensorflow"
+    engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     return Outcome("ran", engine, result.summary)
 
 
@@ -395,7 +390,7 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoint": latest.name if latest else None,
             "checkpoint_files": tree_fingerprint(latest) if latest else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
-            "dataset": file_content_hash(ctx.layout.binary / "dataset.json"),
+            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "export": config_to_dict(ctx.config.export)}
 
 
@@ -467,7 +462,7 @@ STAGE_TABLE: dict[str, Stage] = {
     "preprocess": Stage("preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run,
                         _preprocess_satisfied),
     "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run),
-    "train": Stage("train", _train_inputs, _train_outputs, _train_run),
+    "train": Stage("train", train_inputs, _train_outputs, run_train),
     "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
     "export": Stage("export", _export_inputs, _export_outputs, _export_run),
     "score": Stage("score", _score_inputs, _score_outputs, _score_run),

@@ -16,11 +16,11 @@ import uuid
 from functools import partial
 from pathlib import Path
 
-from pipeline.config import PreprocessConfig
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs import arrow_tasks, counting, split_writer
-from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT, PADDED,
-                                    REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
+from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT,
+                                    PADDED, REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
 from spark_jobs.chunks import Chunk, plan_chunks
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
@@ -174,7 +174,7 @@ class ArrowEngine:
 
 
 def _ship_code(session) -> None:
-    """Executors unpickle the tasks by importing spark_jobs (and the pipeline modules it uses):
+    """Executors unpickle the tasks by importing spark_jobs (and the contracts package it uses):
     send both as a zip, so a cluster's Python needs only the pinned packages, not the project."""
     import tempfile
     import zipfile
@@ -182,7 +182,7 @@ def _ship_code(session) -> None:
     root = Path(__file__).resolve().parent.parent
     archive = Path(tempfile.mkdtemp(prefix="criteo-dlrm-code-")) / "criteo_dlrm_code.zip"
     with zipfile.ZipFile(archive, "w") as zf:
-        for package in ("spark_jobs", "pipeline"):
+        for package in ("spark_jobs", "dlrm_contracts"):
             for source in sorted((root / package).rglob("*.py")):
                 zf.write(source, source.relative_to(root))
     session.sparkContext.addPyFile(str(archive))
@@ -204,7 +204,7 @@ def _literal_lookup(mapping: dict, column: str):
 
 def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
     """DayStats from the summed statistics rows (column STAT) of the count pass."""
-    from pipeline.schema import INT_COLUMNS
+    from dlrm_contracts.schema import INT_COLUMNS
 
     stats = {d.day: DayStats(d.day) for d in days}
     for row in rows:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from pipeline.config import ConfigError, load_config
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.config import flag_overrides, load_config
+from dlrm_contracts.errors import run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,17 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting; repeatable")
     p.add_argument("--conf-file", help="spark-defaults style file of extra Spark settings")
-    p.add_argument("--gpu", action="store_true", help="RAPIDS accelerator profile (needs the jar)")
+    p.add_argument("--gpu", action="store_true", default=None,
+                   help="RAPIDS accelerator profile (needs the jar)")
     p.add_argument("--config", help="pipeline YAML config (sections spark, preprocess)")
-    p.add_argument("--seed", type=int, help="train shuffle seed")
+    p.add_argument("--seed", type=int, dest="shuffle_seed", help="train shuffle seed")
     p.add_argument("--max-reject-rate", type=float, help="fail above this rejected fraction")
     p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
     security = p.add_argument_group("cluster security (docs/cluster.md)")
     security.add_argument("--auth-secret-file", metavar="FILE",
                           help="file (mode 0600) with the authenticated cluster's shared secret")
-    security.add_argument("--no-rpc-encryption", action="store_true",
+    security.add_argument("--no-rpc-encryption", dest="rpc_encryption", action="store_false",
+                          default=None,
                           help="authenticate without encrypting RPC traffic")
-    security.add_argument("--io-encryption", action="store_true",
+    security.add_argument("--io-encryption", action="store_true", default=None,
                           help="encrypt shuffle and spill files (spark.io.encryption.enabled)")
     security.add_argument("--bind-address", metavar="ADDR",
                           help="address the driver and its web UI bind to (SPARK_LOCAL_IP)")
@@ -55,53 +56,25 @@ def configs_from_args(args: argparse.Namespace):
     from spark_jobs.session import parse_conf_pairs
 
     config = load_config(args.config)
-    spark, pre = config.spark, config.preprocess
-    if args.master:
-        spark.master = args.master
-    if args.conf_file:
-        spark.conf_file = args.conf_file
-    if args.conf:
-        spark.conf = {**(spark.conf or {}), **parse_conf_pairs(args.conf)}
-    if args.gpu:
-        spark.gpu = True
-    if args.driver_memory:
-        spark.driver_memory = args.driver_memory
-    if args.auth_secret_file:
-        spark.auth_secret_file = args.auth_secret_file
-    if args.no_rpc_encryption:
-        spark.rpc_encryption = False
-    if args.io_encryption:
-        spark.io_encryption = True
-    if args.bind_address:
-        spark.bind_address = args.bind_address
-    if args.ui_admin_users:
-        spark.ui_admin_users = _users(args.ui_admin_users)
-    if args.ui_view_users:
-        spark.ui_view_users = _users(args.ui_view_users)
-    if args.frequency_threshold is not None:
-        pre.frequency_threshold = args.frequency_threshold
-    if args.seed is not None:
-        pre.shuffle_seed = args.seed
-    if args.max_reject_rate is not None:
-        pre.max_reject_rate = args.max_reject_rate
-    return spark, pre
+    spark = flag_overrides(
+        config.spark, args,
+        conf={**config.spark.conf, **parse_conf_pairs(args.conf)} if args.conf else None,
+        ui_admin_users=_users(args.ui_admin_users) if args.ui_admin_users else None,
+        ui_view_users=_users(args.ui_view_users) if args.ui_view_users else None)
+    return spark, flag_overrides(config.preprocess, args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        spark, pre = configs_from_args(args)
-        from spark_jobs.preprocess import run_preprocess
-        from spark_jobs.session import check_spark_config
+    return run_cli("spark_jobs", lambda: _preprocess(args))
 
-        check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
 
-        summary = run_preprocess(args.input, args.workdir, spark, pre)
-    except PipelineError as error:
-        print(f"spark_jobs: error: {error}", file=sys.stderr)
-        return int(error.code)
-    except (ConfigError, OSError) as error:
-        print(f"spark_jobs: error: {error}", file=sys.stderr)
-        return int(ExitCode.USAGE if isinstance(error, ConfigError) else ExitCode.FAILED)
+def _preprocess(args: argparse.Namespace) -> int:
+    spark, pre = configs_from_args(args)
+    from spark_jobs.preprocess import run_preprocess
+    from spark_jobs.session import check_spark_config
+
+    check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
+    summary = run_preprocess(args.input, args.workdir, spark, pre)
     print(json.dumps(summary, separators=(",", ":")))
     return 0

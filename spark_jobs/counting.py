@@ -11,9 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.atomic import atomic_file, read_json, write_json_atomic
+from dlrm_contracts.layout import days_json_path, histogram_path, values_dir
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
-from spark_jobs.jsonio import read_json, write_json
 from spark_jobs.stats import (ROW_CLASS, DayStats, add_categorical_missing, row_class_sql,
                               stats_from_counts)
 
@@ -24,18 +25,6 @@ DAYS_FORMAT_VERSION = 2
 # categorical value, no day partition is written and schema inference would fail
 # (UNABLE_TO_INFER_SCHEMA).
 COUNTS_SCHEMA = "column STRING, value STRING, count LONG, day STRING"
-
-
-def values_dir(counts_dir: Path) -> Path:
-    return Path(counts_dir) / "values"
-
-
-def days_json_path(counts_dir: Path) -> Path:
-    return Path(counts_dir) / "days.json"
-
-
-def histogram_path(counts_dir: Path) -> Path:
-    return Path(counts_dir) / "histogram.parquet"
 
 
 def counted_days(counts_dir: Path) -> dict[int, dict]:
@@ -131,7 +120,8 @@ def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir:
         entries.append({"day": d.day, "file": d.name, "fingerprint": d.fingerprint(),
                         "rows_read": s.rows_read, "rows_counted": s.rows_valid,
                         "missing_rate": s.missing_rates()})
-    write_json(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries})
+    write_json_atomic(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries},
+                      sort_keys=False)
 
 
 def stored_counts(session, counts_dir: Path, days: list[int] | None = None):
@@ -166,9 +156,8 @@ def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]
                       "count": pa.array([r["count"] for r in rows], pa.int64()),
                       "num_values": pa.array([r["num_values"] for r in rows], pa.int64())})
     path = histogram_path(counts_dir)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
     histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
     for r in rows:
         histogram[r["column"]].append((r["count"], r["num_values"]))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.schema import CAT_COLUMNS
-from pipeline.thresholds import ThresholdSpec
+from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs.parse import value_key
 from spark_jobs.stats import PARTITION_SHIFT
 

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from pipeline.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import BadInputError, ExitCode, PipelineError, UsageError
 
 
-class PreprocessInputError(PipelineError):
+class PreprocessInputError(BadInputError):
     """The raw input is unusable: missing/empty/ambiguous day files, too many rejected lines."""
 
-    def __init__(self, message: str):
-        super().__init__(message, ExitCode.INPUT_DATA)
 
-
-class PreprocessConfigError(PipelineError):
+class PreprocessConfigError(UsageError):
     """A setting that cannot work (bad --conf, missing RAPIDS jar, bad threshold spec)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, ExitCode.USAGE)
 
 
 class PreprocessJobError(PipelineError):
     """Spark failed, or an output check (rows in = rows out + rejected) did not hold."""
 
-    def __init__(self, message: str):
-        super().__init__(message, ExitCode.PREPROCESS)
+    default_code = ExitCode.PREPROCESS

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
 
 # reason codes: 0 = valid, then docs/spark_jobs.md's reasons in their order of precedence
 REASON_CODES: tuple[str, ...] = ("", "too_many_fields", "bad_label", "non_integer", "non_hex_categorical")

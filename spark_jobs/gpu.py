@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config import SparkConfig
+from dlrm_contracts.config import SparkConfig
 from spark_jobs.errors import PreprocessConfigError
 
 RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"

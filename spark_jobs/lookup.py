@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.fastparse import parse_hex
 
 _CACHE: dict[str, "DictionaryIndex"] = {}

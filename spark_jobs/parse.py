@@ -24,7 +24,8 @@ on longs are several times cheaper than on strings.
 
 from __future__ import annotations
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from dlrm_contracts.schema import (CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_FIELDS,
+                                   NUM_INTEGER)
 
 REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
 

@@ -16,18 +16,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.config import PreprocessConfig, SparkConfig
-from pipeline.errors import PipelineError
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import SPLITS
-from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from dlrm_contracts.atomic import write_json_atomic
+from dlrm_contracts.config import PreprocessConfig, SparkConfig
+from dlrm_contracts.errors import PipelineError
+from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from spark_jobs import counting, quality, transform
+from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import build_dictionaries, table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
-from spark_jobs.jsonio import write_json
 from spark_jobs.session import get_session
-from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.sql_engine import SqlEngine
 from spark_jobs.stats import DayStats
 
@@ -156,30 +156,19 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         spec = parse_threshold_spec(preprocess.frequency_threshold)
     except ThresholdSpecError as error:
         raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
-    if not 0.0 <= preprocess.max_reject_rate <= 1.0:
-        raise PreprocessConfigError(f"max_reject_rate {preprocess.max_reject_rate} is not in [0, 1]")
     engine_id = engine_name(preprocess, spark)
-    if preprocess.dictionary_days not in DICTIONARY_DAYS:
-        raise PreprocessConfigError(f"preprocess.dictionary_days {preprocess.dictionary_days!r} is "
-                                    f"not one of {', '.join(DICTIONARY_DAYS)}")
     days = discover_days(input_dir)
     layout = WorkdirLayout.at(workdir)
     layout.parquet.mkdir(parents=True, exist_ok=True)
-    (layout.parquet / "_SUCCESS").unlink(missing_ok=True)
+    (layout.parquet / SUCCESS).unlink(missing_ok=True)
     with _spark_errors():
         session = get_session(spark)
         return _run(session, days, layout, spec, preprocess, engine_id)
 
 
-ENGINES = ("auto", "arrow", "sql")
-
-
 def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
     """The engine a run uses: ``auto`` is sql under the RAPIDS profile (it accelerates SQL, not
     Python), arrow otherwise."""
-    if preprocess.engine not in ENGINES:
-        raise PreprocessConfigError(f"preprocess.engine {preprocess.engine!r} is not one of "
-                                    f"{', '.join(ENGINES)}")
     if preprocess.engine == "auto":
         return "sql" if spark.gpu else "arrow"
     return preprocess.engine
@@ -210,7 +199,7 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         quality.check_days_not_empty(days, stats)
         engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
-        write_json(layout.data_quality, report)
+        write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
         counting.write_days_json(days, stats, layout.counts)
         totals = engine.value_totals(layout.counts, _dictionary_days(days, cfg)).persist()
@@ -219,11 +208,11 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         sizes = table_sizes(histogram, spec)
         build_dictionaries(totals, spec, dictionaries_dir(layout))
         totals.unpersist()
-        write_json(layout.parquet_model_size, sizes)
+        write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
     rows = _write_splits(session, engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
-    write_json(layout.data_quality, report)
+    write_json_atomic(layout.data_quality, report, sort_keys=False)
     quality.check_identity(report)
     summary = {
         "format_version": PREPROCESS_FORMAT_VERSION,
@@ -240,12 +229,9 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
         "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
-    write_json(layout.parquet / "preprocess.json", summary)
-    (layout.parquet / "_SUCCESS").write_text("")
+    write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
+    (layout.parquet / SUCCESS).write_text("")
     return summary
-
-
-DICTIONARY_DAYS = ("all", "train")
 
 
 def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | None:

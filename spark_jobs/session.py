@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from pipeline.cluster_auth import SecretFileError, read_secret_file
-from pipeline.config import SparkConfig
+from dlrm_contracts.config import SparkConfig
+from dlrm_contracts.secret_file import SecretFileError, read_secret_file
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 

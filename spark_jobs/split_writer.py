@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 
 ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
 ROW_BYTES = ROW_DTYPE.itemsize

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import reduce
 from pathlib import Path
 
-from pipeline.config import PreprocessConfig
+from dlrm_contracts.config import PreprocessConfig
 from spark_jobs import counting, quality, transform
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
 from spark_jobs.parse import REASONS
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition

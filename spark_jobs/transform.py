@@ -18,10 +18,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, LABEL
 from spark_jobs.parse import log_transform, value_key
 
-OUTPUT_COLUMNS: tuple[str, ...] = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
+OUTPUT_COLUMNS = ALL_COLUMNS  # the splits hold the whole record, in its order
 
 
 def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],

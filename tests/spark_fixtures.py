@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import PreprocessConfig, SparkConfig
-from pipeline.schema import CAT_COLUMNS
-from pipeline.thresholds import parse_threshold_spec
+from dlrm_contracts.config import PreprocessConfig, SparkConfig
+from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.thresholds import parse_threshold_spec
 
 _SESSION = None
 
@@ -161,7 +161,7 @@ def reference_parse(line: str):
 
 def reference_missing_rates(lines: list[str]) -> dict[str, float]:
     """Per column, the share of a day's valid rows whose value is missing (days.json)."""
-    from pipeline.schema import INT_COLUMNS
+    from dlrm_contracts.schema import INT_COLUMNS
 
     valid = [p for p in map(reference_parse, lines) if p[0] is None]
     rates = {}

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster_auth import SecretFileError, is_loopback, main as cluster_auth_main
-from pipeline.cluster_auth import read_secret_file
-from pipeline.config import SparkConfig
+from dlrm_contracts.config import SparkConfig
+from dlrm_contracts.secret_file import SecretFileError
+from dlrm_contracts.secret_file import read_secret_file
+from pipeline.cluster_auth import is_loopback, main as cluster_auth_main
 from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.session import check_spark_config, spark_settings
 

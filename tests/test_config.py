@@ -1,6 +1,7 @@
 import pytest
 
-from pipeline.config import ConfigError, PipelineConfig, config_from_dict, config_to_dict, load_config
+from dlrm_contracts.config import (ConfigError, PipelineConfig, config_from_dict, config_to_dict,
+                                   load_config)
 
 
 def test_yaml_sections_override_defaults(tmp_path):

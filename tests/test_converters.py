@@ -19,16 +19,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import converters.convert as convert_module
-from converters.atomic import remove_stale_temporaries
 from converters.convert import convert_parquet
-from converters.counts import read_histogram
-from converters.format import DatasetError, cat_dtype
+import converters.convert as convert_module
 from converters.planner import plan
-from converters.rethreshold import LowerThresholdError, rethreshold
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from converters.rethreshold import rethreshold
+from dlrm_contracts.atomic import remove_stale_temporaries
+from dlrm_contracts.binary_format import DatasetError, cat_dtype
+from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.errors import ExitCode
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.table_sizes import LowerThresholdError, read_histogram
+from dlrm_contracts.verify import verify_dataset
 
 # Sizes around every dtype boundary, plus ordinary ones.
 TABLE_SIZES = [1, 2, 127, 128, 129, 32767, 32768, 32769, 100_000, 40, 7, 3000,
@@ -246,7 +247,7 @@ def test_unreadable_parquet_cli_exit_code_without_traceback(tmp_path):
     part.write_bytes(part.read_bytes()[:-3])
     result = subprocess.run([sys.executable, "-m", "converters", "convert", "--workdir",
                              str(tmp_path), "--no-fsync"], capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == ExitCode.CONVERT
     assert "Traceback" not in result.stderr and part.name in result.stderr
 
 
@@ -279,7 +280,7 @@ def test_cli_refuses_zero_batch_rows_as_usage(tmp_path, command):
 
 # ------------------------------------------------------------------------------ atomicity
 def _fail_after(monkeypatch, calls: int) -> None:
-    real = convert_module._write_group
+    real = convert_module.write_batch_columns
     seen = []
 
     def flaky(*args, **kwargs):
@@ -288,7 +289,7 @@ def _fail_after(monkeypatch, calls: int) -> None:
             raise RuntimeError("disk on fire (injected)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(convert_module, "_write_group", flaky)
+    monkeypatch.setattr(convert_module, "write_batch_columns", flaky)
 
 
 def _siblings(root: Path) -> list[str]:
@@ -332,14 +333,14 @@ def test_a_killed_runs_temporary_is_removed_and_never_read_as_finished(tmp_path)
 KILL_SCRIPT = """
 import os, signal, sys
 import converters.convert as c
-from pipeline.config import ConvertConfig
-real, calls = c._write_group, []
+from dlrm_contracts.config import ConvertConfig
+real, calls = c.write_batch_columns, []
 def dying(*args):
     calls.append(1)
     if len(calls) > 12:
         os.kill(os.getpid(), signal.SIGKILL)  # a hard kill: no cleanup code runs
     return real(*args)
-c._write_group = dying
+c.write_batch_columns = dying
 c.convert_parquet(sys.argv[1], sys.argv[2],
                   ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False))
 """
@@ -369,7 +370,7 @@ def test_interrupted_rethreshold_leaves_no_output_and_the_source_intact(converte
     def broken(*args):
         raise OSError("no space left on device (injected)")
 
-    monkeypatch.setattr(rethreshold_module, "_clamp_file", broken)
+    monkeypatch.setattr(rethreshold_module, "clamp_ids_file", broken)
     with pytest.raises(OSError, match="injected"):
         rethreshold(root / "binary", root / "counts", "20", tmp_path / "t20", CONFIG)
     assert not (tmp_path / "t20").exists()
@@ -465,7 +466,7 @@ def test_verify_cli_exit_codes(converted):
     assert "OK (full check" in good.stdout
     (root / "binary" / "train" / "numerical.bin").write_bytes(b"\0" * 26)
     bad = subprocess.run(command + ["--quick"], capture_output=True, text=True)
-    assert bad.returncode == 1
+    assert bad.returncode == ExitCode.DATASET_INVALID
     assert "train/numerical.bin has 26 bytes; 5000 rows of 13 × float16 need 130000" in bad.stderr
 
 
@@ -536,8 +537,8 @@ def test_rethreshold_cli_refusal_exit_code(converted, tmp_path):
                              str(root / "binary"), "--counts", str(root / "counts"),
                              "--frequency-threshold", "1", "--output", str(tmp_path / "x")],
                             capture_output=True, text=True)
-    assert result.returncode == 3
-    assert "Spark rerun" in result.stderr
+    assert result.returncode == ExitCode.CONVERT
+    assert "Spark rerun" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("output", ["binary", "t20/../binary", ".", "counts"])
@@ -601,7 +602,7 @@ def test_a_corrupt_histogram_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
                              str(tmp_path / "counts"), "--thresholds", "2"],
                             capture_output=True, text=True)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == ExitCode.DATASET_INVALID and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("flag", ["--embedding-dim", "--dtype-bytes"])

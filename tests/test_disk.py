@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ExitCode
+from dlrm_contracts.errors import ExitCode
 from pipeline_helpers import run, same_tree
 
 SMALL = """
@@ -105,8 +105,8 @@ def fresh5(tmp_path_factory, raw):
     """The reference: Spark from scratch at threshold 5, then a conversion, parquet kept (in
     this process, on the shared local session: no second JVM start)."""
     from converters.convert import convert_parquet
-    from pipeline.config import ConvertConfig, PreprocessConfig, SparkConfig
-    from pipeline.layout import WorkdirLayout
+    from dlrm_contracts.config import ConvertConfig, PreprocessConfig, SparkConfig
+    from dlrm_contracts.layout import WorkdirLayout
     from spark_jobs.preprocess import run_preprocess
 
     layout = WorkdirLayout.at(tmp_path_factory.mktemp("fresh5"))
@@ -195,7 +195,7 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
     assert facts["rows"] == quality["totals"]["rows_read"] == 18_000
-    from converters.format import model_size_list
+    from dlrm_contracts.binary_format import model_size_list
 
     model_size = workdir / "parquet" / "model_size.json"  # the parquet's threshold: 2, as asked
     sizes = model_size_list(json.loads(model_size.read_text()), model_size)
@@ -342,7 +342,7 @@ def test_a_manifest_that_cannot_be_written_marks_nothing_done(tmp_path, monkeypa
 
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     monkeypatch.setattr(ManifestStore, "complete", no_space)
     code = main(["--workdir", str(tmp_path / "w"), "--config", str(config), "--stages", "generate"])
     captured = capsys.readouterr()
@@ -353,7 +353,7 @@ def test_a_manifest_that_cannot_be_written_marks_nothing_done(tmp_path, monkeypa
     assert summary["status"] == "failed: disk_full"
     assert not (tmp_path / "w" / "manifests" / "generate.done").exists()
     monkeypatch.undo()
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     assert main(["--workdir", str(tmp_path / "w"), "--config", str(config),
                  "--stages", "generate"]) == 0
     assert (tmp_path / "w" / "manifests" / "generate.done").exists()

@@ -328,7 +328,7 @@ def test_train_image_builds_horovod_from_the_tensorflow_pin_with_nccl_gloo_and_m
 
 
 def test_gpu_image_sets_the_jar_variable_the_gpu_profile_reads():
-    from pipeline.config import SparkConfig
+    from dlrm_contracts.config import SparkConfig
 
     dockerfile = load("Dockerfile.preprocess-gpu")
     env = " ".join(i.args for i in dockerfile.of("ENV"))

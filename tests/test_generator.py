@@ -19,16 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import GeneratorConfig
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.generate import main
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.synthetic import META_FILE, generate
-from pipeline.synthetic.planted_model import HEAD_RANKS, _hashed_main_effect
-from pipeline.synthetic.shape import (
-    CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER, TERABYTE_CARDINALITIES,
-    scaled_cardinality)
+from pipeline.synthetic.planted_model import HEAD_RANKS, hashed_main_effect
+from pipeline.synthetic.shape import (CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER,
+                                      TERABYTE_CARDINALITIES, scaled_cardinality)
 from pipeline.synthetic.source import SyntheticSource
-from pipeline.synthetic.writer import IN_PROGRESS_FILE, _pool_context
+from pipeline.synthetic.writer import IN_PROGRESS_FILE, pool_context
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 INTEGER = re.compile(r"^(0|-?[1-9][0-9]*)$")
@@ -248,7 +247,7 @@ def test_head_table_equals_the_hashed_weights(source):
     ranks = np.arange(0, HEAD_RANKS + 50)
     for c in (0, 5, 19):
         ranks_c = np.minimum(ranks, source.shapes.cardinalities[c])
-        hashed = _hashed_main_effect(ranks_c, source.model.categorical_salts[c],
+        hashed = hashed_main_effect(ranks_c, source.model.categorical_salts[c],
                                      source.model.categorical_amplitudes[c])
         np.testing.assert_array_equal(source.model.main_effect(c, ranks_c), hashed)
 
@@ -322,7 +321,7 @@ def test_same_bytes_from_a_threaded_caller(tmp_path):
     helper = threading.Thread(target=stop.wait, daemon=True)
     helper.start()
     try:
-        assert _pool_context().get_start_method() == "forkserver"
+        assert pool_context().get_start_method() == "forkserver"
         threaded = generate(tmp_path / "threaded", dataclasses.replace(SMALL, workers=2))
     finally:
         stop.set()
@@ -350,7 +349,7 @@ def test_refuses_foreign_day_files_and_cleans_its_own(tmp_path):
     assert (tmp_path / "real" / "day_0").read_text() == "precious\n"
     generate(tmp_path / "ours", dataclasses.replace(SMALL, days=3))
     (tmp_path / "ours" / ".day_1.chunk2.part").write_text("left by a killed run")
-    (tmp_path / "ours" / ".day_2.partial").write_text("left by a killed run")
+    (tmp_path / "ours" / ".day_2.tmp-4194305-0badcafe").write_text("left by a killed run")
     generate(tmp_path / "ours", SMALL)  # a smaller rerun leaves no stale day_2, no leftovers
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["day_0", "day_1", META_FILE]
 
@@ -393,7 +392,7 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
 
 def _peak_rss_mb(out: Path, rows: int) -> float:
     """Peak RSS of a fresh interpreter generating one day of ``rows`` rows in-process."""
-    code = ("import resource, sys; from pipeline.config import GeneratorConfig; "
+    code = ("import resource, sys; from dlrm_contracts.config import GeneratorConfig; "
             "from pipeline.synthetic import generate; "
             "generate(sys.argv[1], GeneratorConfig(days=1, rows_per_day=int(sys.argv[2]), "
             "chunk_rows=16384, workers=1)); "

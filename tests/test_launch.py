@@ -1,7 +1,7 @@
 """Multi-host launches go through one path: the pipeline's horovodrun prefix built from --hosts.
 
 The real run uses ``--hosts localhost:2``: the very code path a ``node1:4,node2:4`` run takes
-(pipeline.stages._launch_prefix → ``horovodrun -np N -H HOSTS --gloo python -m trainer``), with
+(pipeline.stages.launcher_argv → ``horovodrun -np N -H HOSTS --gloo python -m trainer``), with
 two real Horovod ranks training and evaluating a tiny binary dataset written with numpy as
 docs/architecture.md specifies. The SLURM batch script is checked to build that same command
 from the allocation's node list.
@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import PipelineConfig
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.manifest import ManifestStore
-from pipeline.schema import CAT_COLUMNS, SPLITS
-from pipeline.stages import StageContext, _launch_prefix, _trainer_argv
+from pipeline.stages import StageContext, launcher_argv, trainer_argv
 
 REPO = Path(__file__).resolve().parent.parent
 SBATCH = REPO / "docker" / "slurm" / "train.sbatch"
@@ -67,12 +67,12 @@ def _context(tmp_path: Path, np_: int, hosts: str | None) -> StageContext:
 
 def test_launch_prefix_names_every_host(tmp_path):
     horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-    assert _launch_prefix(_context(tmp_path, 8, "node1:4,node2:4")) == [
+    assert launcher_argv(_context(tmp_path, 8, "node1:4,node2:4")) == [
         horovodrun, "-np", "8", "-H", "node1:4,node2:4", "--gloo"]
-    assert _launch_prefix(_context(tmp_path, 2, "localhost:2")) == [
+    assert launcher_argv(_context(tmp_path, 2, "localhost:2")) == [
         horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
-    assert _launch_prefix(_context(tmp_path, 1, None)) == []  # one process: no launcher at all
-    argv = _trainer_argv(_context(tmp_path, 2, "localhost:2"), "train")
+    assert launcher_argv(_context(tmp_path, 1, None)) == []  # one process: no launcher at all
+    argv = trainer_argv(_context(tmp_path, 2, "localhost:2"), "train")
     assert argv[6:9] == [sys.executable, "-m", "trainer"]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ExitCode
+from dlrm_contracts.errors import ExitCode
 from pipeline_helpers import pipeline_cmd, run, same_tree
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.errors import ExitCode, PipelineError
 from pipeline.cli import apply_flags, build_parser, main, validate
-from pipeline.config import PipelineConfig
-from pipeline.errors import ExitCode, PipelineError
 from pipeline.hosts import horovodrun_hosts, host_slots
 
 
@@ -67,7 +67,7 @@ def test_export_alone_needs_no_input_and_names_the_missing_checkpoint(tmp_path, 
 
 def test_default_stages_end_at_eval_and_score_input_is_a_list(tmp_path):
     from pipeline.cli import apply_flags, build_parser
-    from pipeline.config import PipelineConfig
+    from dlrm_contracts.config import PipelineConfig
 
     assert PipelineConfig().stages == ["generate", "preprocess", "convert", "train", "eval"]
     args = build_parser().parse_args(["run", "--stages", "score", "--score-input", "a.gz, b"])
@@ -125,7 +125,7 @@ def test_config_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
 
 
 def test_numbers_still_fit_string_settings():
-    from pipeline.config import config_from_dict
+    from dlrm_contracts.config import config_from_dict
 
     assert config_from_dict({"preprocess": {"frequency_threshold": 15}}).preprocess.frequency_threshold == 15
 
@@ -202,7 +202,7 @@ def test_unexpected_error_still_prints_the_summary_with_the_failed_stage(tmp_pat
     def boom(ctx):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(runner, "_install_signal_handlers", lambda: None)
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
     monkeypatch.setitem(runner.STAGE_TABLE, "generate",
                         runner.STAGE_TABLE["generate"].__class__("generate", lambda ctx: {},
                                                                  lambda ctx: "", boom))
@@ -258,25 +258,26 @@ def test_interrupted_generate_is_not_preprocessed_as_if_complete(tmp_path):
 
 def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(tmp_path, monkeypatch):
     from pipeline import stages
-    from pipeline.layout import WorkdirLayout
-    from pipeline.manifest import ManifestStore, write_json_atomic
+    from dlrm_contracts.layout import WorkdirLayout
+    from dlrm_contracts.atomic import write_json_atomic
+    from pipeline.manifest import ManifestStore
     from pipeline.processes import ChildResult
 
     layout = WorkdirLayout.at(tmp_path / "w")
     config = PipelineConfig()
     ctx = stages.StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     seen = []
-    monkeypatch.setattr(stages, "_verify_binary", lambda ctx: None)
+    monkeypatch.setattr(stages, "verify_binary_dataset", lambda ctx: None)
     monkeypatch.setattr(stages, "run_child", lambda argv, log: (
         seen.append(layout.checkpoints.exists()) or ChildResult(0, {}, [])))
     final = layout.checkpoints / "step-000000020"
     final.mkdir(parents=True)
     write_json_atomic(layout.manifests / "train.started",
-                      {"key": ManifestStore.key_of(stages._train_inputs(ctx))})
-    stages._train_run(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
+                      {"key": ManifestStore.key_of(stages.train_inputs(ctx))})
+    stages.run_train(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
     assert seen == [True]
     config.force = True
-    stages._train_run(ctx)          # forced: the old checkpoints are gone before training
+    stages.run_train(ctx)          # forced: the old checkpoints are gone before training
     assert seen == [True, False]
 
 

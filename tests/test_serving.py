@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import ExitCode
+from dlrm_contracts.errors import ExitCode
 from tests.spark_fixtures import BAD_LINES, reference_parse
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
@@ -143,7 +143,7 @@ def serve(served, requests: dict) -> dict:
 
 
 def trainer_test_predictions(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
-    from pipeline.config import load_config
+    from dlrm_contracts.config import load_config
     from trainer.loop import Trainer
 
     config = load_config(workdir / "manifests" / "effective_config.yaml").train

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import ExportConfig
+from dlrm_contracts.config import ExportConfig
 from tests.spark_fixtures import BAD_LINES, reference_parse
 
 INTEGER_FIELDS = ["", "0", "-0", "007", "-3", "-2", "9223372036854775807", "9223372036854775808",

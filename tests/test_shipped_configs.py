@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import PipelineConfig, load_config
+from dlrm_contracts.config import PipelineConfig, load_config
+from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts
-from pipeline.thresholds import parse_threshold_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from pipeline.config import SparkConfig
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.config import SparkConfig
+from dlrm_contracts.layout import WorkdirLayout
 from spark_fixtures import random_days, write_days
 from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.gpu import RAPIDS_PLUGIN, rapids_conf

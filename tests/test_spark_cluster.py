@@ -28,7 +28,7 @@ SPLITS = ("train", "test", "validation")
 THRESHOLD = "2,C3:3"
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
     try:
         for s in sockets:
@@ -39,15 +39,15 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _env() -> dict[str, str]:
+def cluster_env() -> dict[str, str]:
     env = dict(os.environ, PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("SPARK_HOME", None)  # the scripts find the pip PySpark's own
     return env
 
 
-def _run(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd)
+def run_checked(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=cluster_env(), cwd=cwd)
     assert proc.returncode == 0, f"{argv[:3]} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -55,7 +55,7 @@ def _run(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.C
 @pytest.fixture(scope="module")
 def raw_input(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("cluster") / "raw"
-    _run([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "3",
+    run_checked([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "3",
           "--rows-per-day", "2000", "--seed", "7"], timeout=300)
     return raw
 
@@ -64,9 +64,9 @@ def raw_input(tmp_path_factory) -> Path:
 def cluster(tmp_path_factory):
     """(master URL, cluster dir): a master and one worker, stopped at teardown whatever happens."""
     directory = tmp_path_factory.mktemp("standalone")
-    port, webui, worker_webui = _free_ports(3)
+    port, webui, worker_webui = free_ports(3)
     try:
-        out = _run(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
+        out = run_checked(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
                     "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
                     "--worker-webui-port", str(worker_webui), "--workers", "1",
                     "--worker-cores", "2", "--worker-memory", "2g", "--timeout", "150"], timeout=200)
@@ -75,7 +75,7 @@ def cluster(tmp_path_factory):
         yield url, directory
     finally:
         subprocess.run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
-                       capture_output=True, text=True, timeout=120, env=_env())
+                       capture_output=True, text=True, timeout=120, env=cluster_env())
 
 
 def _split_rows(workdir: Path, split: str):
@@ -114,9 +114,9 @@ def test_submit_to_standalone_cluster_equals_local_mode(cluster, raw_input, tmp_
         [sys.executable, "-m", "spark_jobs", "--input", str(raw_input), "--workdir", str(local),
          "--frequency-threshold", THRESHOLD, "--master", "local[2]", "--driver-memory", "2g",
          "--conf", "spark.ui.enabled=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster_env(), cwd=tmp_path)
     try:
-        submitted = _run(["bash", str(CLUSTER / "submit.sh"), "--dir", str(directory),
+        submitted = run_checked(["bash", str(CLUSTER / "submit.sh"), "--dir", str(directory),
                           "--driver-memory", "1g", "--executor-memory", "1g",
                           "--conf", "spark.ui.enabled=false", "--",
                           "--input", str(raw_input), "--workdir", str(on_cluster),
@@ -150,10 +150,10 @@ def test_submit_to_standalone_cluster_equals_local_mode(cluster, raw_input, tmp_
 def test_a_second_master_on_a_used_port_is_refused(cluster, tmp_path):
     url, _ = cluster
     port = url.rsplit(":", 1)[1]
-    (webui,) = _free_ports(1)
+    (webui,) = free_ports(1)
     clash = subprocess.run(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(tmp_path / "d"),
                             "--port", port, "--webui-port", str(webui)],
-                           capture_output=True, text=True, timeout=60, env=_env())
+                           capture_output=True, text=True, timeout=60, env=cluster_env())
     assert clash.returncode != 0 and "port is in use" in clash.stderr, clash.stderr
     assert not list((tmp_path / "d" / "pids").glob("*.pid")), "nothing may start after the refusal"
 
@@ -163,7 +163,7 @@ def test_stop_cluster_stops_every_daemon(cluster):
     _, directory = cluster
     pids = _daemon_pids(directory)
     assert len(pids) == 2 and all(_alive(p) for p in pids)
-    _run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)], timeout=120)
+    run_checked(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)], timeout=120)
     assert not any(_alive(p) for p in pids)
     assert not list((directory / "pids").glob("*.pid"))
-    _run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)], timeout=60)
+    run_checked(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)], timeout=60)

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "docker" / "spark-cluster"
 SPLITS = ("train", "test", "validation")
 THRESHOLD = "2,C3:3"
-from test_spark_cluster import _env, _free_ports, _run
+from test_spark_cluster import cluster_env, free_ports, run_checked
 
 
 class CommandLineWatch(threading.Thread):
@@ -76,7 +76,7 @@ LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::
 @pytest.fixture(scope="module")
 def raw_input(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("auth_cluster") / "raw"
-    _run([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "2",
+    run_checked([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "2",
           "--rows-per-day", "1500", "--seed", "11"], timeout=300)
     return raw
 
@@ -85,9 +85,9 @@ def raw_input(tmp_path_factory) -> Path:
 def cluster(tmp_path_factory):
     """(master URL, cluster dir, ports): stopped at teardown whatever happens."""
     directory = tmp_path_factory.mktemp("auth_standalone")
-    port, webui, worker_webui = _free_ports(3)
+    port, webui, worker_webui = free_ports(3)
     try:
-        out = _run(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
+        out = run_checked(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
                     "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
                     "--worker-webui-port", str(worker_webui), "--workers", "1",
                     "--worker-cores", "2", "--worker-memory", "2g", "--timeout", "150",
@@ -99,14 +99,14 @@ def cluster(tmp_path_factory):
         yield url, directory, {port, webui, worker_webui}
     finally:
         subprocess.run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
-                       capture_output=True, text=True, timeout=120, env=_env())
+                       capture_output=True, text=True, timeout=120, env=cluster_env())
 
 
 def _popen(argv: list[str], cwd: Path, name: str) -> subprocess.Popen:
     """Output to files (among those searched for the secret): four processes writing into
     pipes read one after the other could block each other."""
     with open(cwd / f"{name}.stdout", "w") as out, open(cwd / f"{name}.stderr", "w") as err:
-        return subprocess.Popen(argv, stdout=out, stderr=err, env=_env(), cwd=cwd)
+        return subprocess.Popen(argv, stdout=out, stderr=err, env=cluster_env(), cwd=cwd)
 
 
 @pytest.fixture(scope="module")

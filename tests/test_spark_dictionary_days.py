@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_fixtures import random_days, read_split, run, spark, write_days  # noqa: F401
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.layout import WorkdirLayout
 from spark_fixtures import run, salted_days, spark, write_days  # noqa: F401
 from test_spark_exactness import check_against_reference
 
@@ -116,12 +116,12 @@ def test_broadcast_joins_instead_of_the_worker_index_give_the_same_bytes(tmp_pat
 
 
 def test_engine_choice():
-    from pipeline.config import PreprocessConfig, SparkConfig
-    from spark_jobs.errors import PreprocessConfigError
+    from dlrm_contracts.config import PreprocessConfig, SparkConfig
+    from dlrm_contracts.config import ConfigError
     from spark_jobs.preprocess import engine_name
 
     assert engine_name(PreprocessConfig(), SparkConfig()) == "arrow"
     assert engine_name(PreprocessConfig(), SparkConfig(gpu=True)) == "sql"   # RAPIDS runs SQL
     assert engine_name(PreprocessConfig(engine="arrow"), SparkConfig(gpu=True)) == "arrow"
-    with pytest.raises(PreprocessConfigError, match="preprocess.engine 'fast'"):
+    with pytest.raises(ConfigError, match="preprocess.engine 'fast'"):
         engine_name(PreprocessConfig(engine="fast"), SparkConfig())

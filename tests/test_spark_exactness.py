@@ -13,9 +13,9 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import GeneratorConfig
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS
 from spark_fixtures import (assert_rows_equal, read_split, reference_missing_rates,  # noqa: F401
                             reference_preprocess, run, random_days, sort_key, spark, write_days)
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.layout import WorkdirLayout
 from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,  # noqa: F401
                             reference_missing_rates, reference_preprocess, run, salted_days,
                             sort_key, spark, write_days)

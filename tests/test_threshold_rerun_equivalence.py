@@ -15,11 +15,12 @@ import json
 import pytest
 
 from converters.convert import convert_parquet
-from converters.rethreshold import LowerThresholdError, rethreshold
-from converters.verify import verify_dataset
-from pipeline.config import ConvertConfig, GeneratorConfig, PreprocessConfig, SparkConfig
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import SPLITS
+from converters.rethreshold import rethreshold
+from dlrm_contracts.config import ConvertConfig, GeneratorConfig, PreprocessConfig, SparkConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.table_sizes import LowerThresholdError
+from dlrm_contracts.verify import verify_dataset
 from pipeline.synthetic import generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

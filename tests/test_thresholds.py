@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.thresholds import ThresholdSpecError, parse_threshold_spec
+from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 
 
 def test_global_and_overrides():

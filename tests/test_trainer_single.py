@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from dlrm_contracts.errors import ExitCode
 from trainer.checkpoint import complete_checkpoints
 from trainer.loop import run
 from trainer.metrics import read_metrics, roc_auc
@@ -166,7 +167,7 @@ def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
     proc = subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(path),
                            "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == ExitCode.DATASET_INVALID
     assert "_SUCCESS" in proc.stderr and "incomplete" in proc.stderr
     assert not (tmp_path / "w" / "checkpoints").exists()
 
@@ -176,7 +177,7 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     from converters.rethreshold import rethreshold
     from test_trainer_units import write_histogram
     from trainer.synthetic import DEFAULT_TABLE_SIZES
-    from pipeline.schema import CAT_COLUMNS
+    from dlrm_contracts.schema import CAT_COLUMNS
 
     write_histogram(tmp_path / "counts", {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)}
                                           for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)})
@@ -244,5 +245,5 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path
                            "--workdir", str(tmp_path / "w"), "--mode", "eval",
                            *config_flags(small_config())],
                           capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 2 and "rank-0.npz is unreadable" in proc.stderr
+    assert proc.returncode == ExitCode.EVAL and "rank-0.npz is unreadable" in proc.stderr
     assert "Traceback" not in proc.stderr

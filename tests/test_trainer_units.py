@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from converters.format import DatasetError
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.schema import CAT_COLUMNS
 from trainer.data import RankView, SplitReader, batch_starts, open_dataset, prefetch
 from trainer.metrics import log_loss, roc_auc
 from trainer.optim import learning_rate

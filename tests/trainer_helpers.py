@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.config import TrainConfig
 from trainer.checkpoint import TABLE_KEY, CheckpointReader, latest_checkpoint
 from trainer.metrics import read_metrics
 
@@ -58,12 +58,12 @@ def checkpoint_arrays(workdir: Path) -> dict[str, np.ndarray]:
     try:
         out = {}
         tables: dict[int, tuple[int, int]] = {}
-        for key in reader._where:
+        for key in reader.keys():
             match = TABLE_KEY.match(key)
             if match is None:
                 out[key] = np.asarray(reader.value(key, ()))
             elif not match[4]:
-                rows = reader._where[key][key].shape[0]
+                rows = reader.saved(key).shape[0]
                 tables[int(match[1])] = (rows, max(tables.get(int(match[1]), (0, 0))[1], int(match[3])))
         for table, (rows, dim) in tables.items():
             out[f"table/{table}"] = reader.value(f"table/{table}/0-{dim}", (rows, dim))

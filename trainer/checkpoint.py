@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.atomic import fsync_tree, replace_directory
+from dlrm_contracts.config import TrainConfig
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
@@ -69,9 +70,8 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
     comm.barrier()
     if comm.rank == 0:
         (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        fsync_tree(tmp)  # every rank's file: the other ranks have passed the barrier above
+        replace_directory(tmp, final)
         for _, old in complete_checkpoints(root)[:-max(1, keep)]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
@@ -123,12 +123,20 @@ class CheckpointReader:
             raise CheckpointError(f"{self.path} was saved for model dims {self.meta.get('dims')}, "
                                   f"this run uses {dims}")
 
+    def keys(self) -> list[str]:
+        """Every array saved, a table slice under its own key (``table/<t>/<a>-<b>``)."""
+        return list(self._where)
+
+    def saved(self, key: str) -> np.ndarray:
+        """One array as saved (a slice stays a slice; :meth:`value` assembles tables)."""
+        if key not in self._where:
+            raise CheckpointError(f"{self.path} has no {key!r}")
+        return self._read(self._where[key], key)
+
     def value(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         match = TABLE_KEY.match(name)
         if match is None:
-            if name not in self._where:
-                raise CheckpointError(f"{self.path} has no {name!r}")
-            return self._read(self._where[name], name)
+            return self.saved(name)
         table, start, end, suffix = int(match[1]), int(match[2]), int(match[3]), match[4] or ""
         out = np.empty(shape, np.float32)
         covered = np.zeros(end - start, bool)

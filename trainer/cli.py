@@ -1,21 +1,28 @@
 """``python -m trainer``: train, evaluate or benchmark the DLRM on a split binary dataset.
 
-Settings come from the ``train`` section of pipeline/config.py: defaults, then ``--config
+Settings come from the ``train`` section of dlrm_contracts/config.py: defaults, then ``--config
 YAML``, then the flags below. Launch several ranks with
 ``horovodrun -np N -H hosts --gloo python -m trainer ...``. The last stdout line (rank 0) is a
 one-line JSON summary (test and validation AUC among it); progress goes to stderr.
+Exit codes are the pipeline's (dlrm_contracts.errors): 2 bad flags or settings, 7 a dataset
+that does not verify, 8/9/10 a checkpoint or export that fails in train/eval/export mode, 1 a
+bug (with its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from pipeline.config import TrainConfig, load_config
+from dlrm_contracts.config import TrainConfig, flag_overrides, load_config
+from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
+from dlrm_contracts.layout import WorkdirLayout
 
-EXIT_BAD_INPUT = 2
+# What a known failure of a mode (an unreadable or incompatible checkpoint, an export that
+# cannot be made) exits with: the pipeline stage that runs the mode.
+MODE_FAILURE = {"train": ExitCode.TRAIN, "eval": ExitCode.EVAL,
+                "inference_benchmark": ExitCode.TRAIN, "export": ExitCode.EXPORT}
 
 
 def _bool(text: str) -> bool:
@@ -31,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="split binary dataset (DIR/binary)")
     p.add_argument("--workdir", required=True, help="pipeline workdir: checkpoints/ and logs/ go here")
-    p.add_argument("--mode", default="train", choices=["train", "eval", "inference_benchmark", "export"],
+    p.add_argument("--mode", default="train", choices=list(MODE_FAILURE),
                    help="export: the latest checkpoint + dictionaries -> DIR/export/saved_model "
                         "(one process)")
     p.add_argument("--config", help="YAML file with a 'train' section")
@@ -74,48 +81,38 @@ def _list(text: str | None, kind=int) -> list | None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    config = load_config(args.config).train
-    overrides = {k: v for k, v in vars(args).items()
-                 if k in TrainConfig.__dataclass_fields__ and v is not None}
-    for key in ("bottom_mlp", "top_mlp"):
-        if key in overrides:
-            overrides[key] = _list(overrides[key])
-    if "force_column_split" in overrides:
-        overrides["force_column_split"] = _list(overrides["force_column_split"], str.strip)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
+    return flag_overrides(load_config(args.config).train, args,
+                          bottom_mlp=_list(args.bottom_mlp), top_mlp=_list(args.top_mlp),
+                          force_column_split=_list(args.force_column_split, str.strip))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return run_cli("trainer", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    from converters.format import DatasetError
     from trainer.data import open_dataset
 
-    try:  # the dataset check runs before TensorFlow is even imported: bad input fails fast
-        open_dataset(args.dataset, threshold=config.frequency_threshold,
-                     counts_dir=config.counts_dir or (Path(args.workdir) / "counts"),
-                     verify=config.verify_dataset)
-    except (DatasetError, ValueError) as exc:
-        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+    # The dataset check runs before TensorFlow is even imported: bad input fails fast.
+    open_dataset(args.dataset, threshold=config.frequency_threshold,
+                 counts_dir=config.counts_dir or WorkdirLayout.at(args.workdir).counts,
+                 verify=config.verify_dataset)
     from trainer.checkpoint import CheckpointError
+    from trainer.export import ExportError
     from trainer.loop import nan_to_none, run
 
-    try:
+    with failing_as(MODE_FAILURE[args.mode], CheckpointError, ExportError):
         if args.mode == "export":
             summary = _export(args)
         else:
             summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode)
-    except (DatasetError, CheckpointError, ValueError) as exc:
-        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
     if summary is not None and _rank() == 0:
         line = json.dumps(nan_to_none(summary))
         # horovodrun prefixes every forwarded line with "[0]<stdout>:", so the summary is also
         # left in a file for whoever launched the run.
-        logs = Path(args.workdir) / "logs"
+        logs = WorkdirLayout.at(args.workdir).logs
         logs.mkdir(parents=True, exist_ok=True)
         (logs / f"summary_{args.mode}.json").write_text(line + "\n")
         print(line, flush=True)
@@ -126,7 +123,7 @@ def _export(args: argparse.Namespace) -> dict:
     import os
 
     if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
-        raise ValueError("--mode export runs in one process (it reads every rank's checkpoint "
+        raise UsageError("--mode export runs in one process (it reads every rank's checkpoint "
                          "files); start it without horovodrun")
     from trainer.export import export_model
 

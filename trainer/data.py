@@ -23,11 +23,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from converters.format import (DATASET_JSON, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
-                               NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_file, read_info)
-from converters.verify import verify_dataset
-from pipeline.schema import NUM_CATEGORICAL
-from pipeline.thresholds import parse_threshold_spec
+from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
+                                          NUMERICAL_FILE, DatasetError, cat_file, read_info)
+from dlrm_contracts.layout import DATASET_JSON, counts_beside
+from dlrm_contracts.schema import NUM_CATEGORICAL
+from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
+from dlrm_contracts.thresholds import parse_threshold_spec
+from dlrm_contracts.verify import verify_dataset
 
 __all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
            "clamp_limits", "batch_starts", "prefetch"]
@@ -54,12 +56,10 @@ def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
                  counts_dir: str | Path, threshold: str) -> tuple[int, ...]:
     """Table sizes at ``threshold``, read off the counts histogram.
 
-    converters.rethreshold's rule, shared so that reading at T' equals rethresholding to T':
+    The rule of dlrm_contracts.table_sizes, which rethreshold uses too, so that reading at T' equals rethresholding to T':
     it also checks that the counts belong to this dataset and refuses a lower threshold.
     """
-    from converters.rethreshold import _base_spec, new_table_sizes
-
-    base = _base_spec(written_threshold, Path(counts_dir))
+    base = written_threshold_spec(written_threshold, Path(counts_dir))
     return tuple(new_table_sizes(counts_dir, base, parse_threshold_spec(threshold),
                                  tuple(written_sizes)))
 
@@ -95,7 +95,7 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
     written = tuple(int(t) for t in info.table_sizes)
     sizes = written
     if threshold is not None:
-        counts = Path(counts_dir) if counts_dir else path.parent / "counts"
+        counts = Path(counts_dir) if counts_dir else counts_beside(path)
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     return BinaryDataset(path, dict(info.splits), written, sizes,
                          tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.binary_format import NUM_NUMERICAL
+from dlrm_contracts.config import ConfigError, TrainConfig
+from dlrm_contracts.schema import NUM_CATEGORICAL
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ PRESETS = {
 
 def model_dims(config: TrainConfig) -> ModelDims:
     if config.preset not in PRESETS:
-        raise ValueError(f"unknown model preset {config.preset!r}; known: {sorted(PRESETS)}")
+        raise ConfigError(f"unknown model preset {config.preset!r}; known: {sorted(PRESETS)}")
     base = PRESETS[config.preset]
     dim = config.embedding_dim or base.embedding_dim
     bottom = tuple(config.bottom_mlp or base.bottom_mlp)
@@ -34,13 +36,14 @@ def model_dims(config: TrainConfig) -> ModelDims:
         bottom = bottom[:-1] + (dim,)
     top = tuple(config.top_mlp or base.top_mlp)
     if bottom[-1] != dim:
-        raise ValueError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
+        raise ConfigError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
     if top[-1] != 1:
-        raise ValueError(f"the top MLP must end in one logit, not {top[-1]}")
+        raise ConfigError(f"the top MLP must end in one logit, not {top[-1]}")
     return ModelDims(dim, bottom, top)
 
 
-def dense_parameters(dims: ModelDims, num_numerical: int = 13, num_tables: int = 26) -> int:
+def dense_parameters(dims: ModelDims, num_numerical: int = NUM_NUMERICAL,
+                     num_tables: int = NUM_CATEGORICAL) -> int:
     """Weights and biases of the two MLPs (the interaction has none)."""
     features = num_tables + 1
     widths = [num_numerical, *dims.bottom_mlp]

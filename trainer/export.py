@@ -11,7 +11,6 @@ renamed, so ``DIR/export`` holds either the previous export or the new complete 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -20,11 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from converters.atomic import remove_stale_temporaries
-from converters.counts import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
-from pipeline.config import ExportConfig
-from pipeline.layout import WorkdirLayout
-from pipeline.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.atomic import (fsync_tree, remove_stale_temporaries, replace_directory,
+                                   temporary_sibling)
+from dlrm_contracts.config import ExportConfig
+from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, latest_checkpoint
 from trainer.model import ModelDims
 
@@ -143,7 +143,7 @@ def _test_auc(layout: WorkdirLayout, step: int) -> float | None:
 
 def _dataset_description(dataset: Path) -> dict[str, Any]:
     try:
-        info = json.loads((dataset / "dataset.json").read_text())
+        info = json.loads((dataset / DATASET_JSON).read_text())
     except (OSError, ValueError):
         info = {}
     return {"path": str(dataset), "source_fingerprint": info.get("source_fingerprint"),
@@ -204,8 +204,7 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
                          tuple(dims_meta["top_mlp"]))
         size = check_export_fits(sizes, dims.embedding_dim, config)
         remove_stale_temporaries(layout.export)  # left by an export that was killed
-        temporary = layout.root / f".export.tmp-{os.getpid()}"
-        shutil.rmtree(temporary, ignore_errors=True)
+        temporary = temporary_sibling(layout.export)
         try:
             vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
             saved_model = temporary / "export" / "saved_model"
@@ -213,7 +212,8 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
             fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, dims, sizes,
                                        size, saved_model, config)
             (temporary / "export" / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
-            _replace(temporary / "export", layout.export)
+            fsync_tree(temporary / "export")
+            replace_directory(temporary / "export", layout.export)
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
     finally:
@@ -240,12 +240,3 @@ def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabular
                   "serve_lines": module.serve_lines.get_concrete_function()}
     tf.saved_model.save(module, str(out), signatures=signatures)
 
-
-def _replace(new: Path, final: Path) -> None:
-    """Rename ``new`` onto ``final``; the old export is removed only after the rename."""
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)

@@ -23,8 +23,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from pipeline.config import TrainConfig, config_to_dict
-from pipeline.layout import WorkdirLayout
+from dlrm_contracts.config import ConfigError, TrainConfig, config_to_dict
+from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import (CheckpointError, CheckpointReader, checkpoint_meta,
                                 latest_checkpoint, save_checkpoint)
 from trainer.comm import make_comm
@@ -78,21 +78,17 @@ def set_threads(config: TrainConfig, local_size: int) -> None:
 
 
 def checked_batch_sizes(config: TrainConfig, world: int) -> tuple[int, int]:
-    """The global train and eval batch sizes, refused unless each splits evenly over the ranks.
+    """The global train and eval batch sizes, refused unless each splits evenly over the ranks
+    (their ranges are TrainConfig's own checks).
 
     Returns:
         (train batch, eval batch); the eval batch defaults to the train batch.
     """
-    if config.batch_size < 1 or (config.eval_batch_size or 1) < 1:
-        raise ValueError(f"batch sizes must be at least 1 (batch size {config.batch_size}, "
-                         f"eval batch size {config.eval_batch_size})")
-    if config.max_steps is not None and config.max_steps < 0:
-        raise ValueError(f"max steps must be 0 or more, not {config.max_steps}")
     if config.batch_size % world:
-        raise ValueError(f"batch size {config.batch_size} must divide by {world} ranks")
+        raise ConfigError(f"batch size {config.batch_size} must divide by {world} ranks")
     eval_batch = config.eval_batch_size or config.batch_size
     if eval_batch % world:
-        raise ValueError(f"eval batch size {eval_batch} must divide by {world} ranks")
+        raise ConfigError(f"eval batch size {eval_batch} must divide by {world} ranks")
     return config.batch_size, eval_batch
 
 
@@ -335,8 +331,8 @@ class Trainer:
     def total_steps(self) -> tuple[int, int]:
         steps_per_epoch = self.dataset.rows["train"] // self.global_batch
         if steps_per_epoch == 0:
-            raise ValueError(f"the train split has {self.dataset.rows['train']} rows, fewer than "
-                             f"one global batch of {self.global_batch}")
+            raise ConfigError(f"the train split has {self.dataset.rows['train']} rows, fewer than "
+                              f"one global batch of {self.global_batch}")
         total = steps_per_epoch * self.config.epochs
         if self.config.max_steps is not None:
             total = min(total, self.config.max_steps)
@@ -447,7 +443,7 @@ class Trainer:
         reader = SplitReader(self.dataset, split)
         starts = batch_starts(reader.rows, self.eval_batch)
         if len(starts) == 0:
-            raise ValueError(f"the {split} split has fewer rows than one batch of {self.eval_batch}")
+            raise ConfigError(f"the {split} split has fewer rows than one batch of {self.eval_batch}")
         steps = max(2, self.config.inference_steps)
         plan = [(i, int(starts[i % len(starts)])) for i in range(steps)]
         first = None

@@ -23,10 +23,10 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from dlrm_contracts.binary_format import NUM_NUMERICAL
+from dlrm_contracts.config import ConfigError
 from trainer.dims import PRESETS, ModelDims, model_dims  # noqa: F401 — their home is TF-free
 from trainer.placement import Piece, Placement
-
-NUM_NUMERICAL = 13
 
 
 def interaction_pairs(num_features: int) -> np.ndarray:
@@ -105,7 +105,7 @@ class DLRM(tf.Module):
                  seed: int, comm, compute_dtype: tf.DType = tf.float32, xla: bool = False):
         super().__init__(name="dlrm")
         if global_batch % placement.world:
-            raise ValueError(f"global batch {global_batch} must divide by the {placement.world} ranks")
+            raise ConfigError(f"global batch {global_batch} must divide by the {placement.world} ranks")
         self.dims, self.placement, self.rank, self.comm = dims, placement, rank, comm
         self.compute_dtype = compute_dtype
         self.pieces = placement.pieces[rank]

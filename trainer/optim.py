@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from pipeline.config import TrainConfig
+from dlrm_contracts.config import TrainConfig
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:

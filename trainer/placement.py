@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import ConfigError
+from dlrm_contracts.schema import CAT_COLUMNS
 
 BOTTOM = -1  # the "table" index of the bottom-MLP output when it travels with the embeddings
 
@@ -96,7 +97,7 @@ def plan_placement(table_sizes: list[int] | tuple[int, ...], dim: int, world: in
         raise ValueError("world size must be at least 1")
     unknown = sorted(set(force_split) - set(CAT_COLUMNS))
     if unknown:
-        raise ValueError(f"force_column_split names unknown columns {unknown}")
+        raise ConfigError(f"force_column_split names unknown columns {unknown}")
     load = [0] * world
     owned: list[list[Piece]] = [[] for _ in range(world)]
     whole = []
@@ -114,7 +115,7 @@ def plan_placement(table_sizes: list[int] | tuple[int, ...], dim: int, world: in
         load[rank] += piece.rows * piece.width
     idle = [r for r in range(world) if not owned[r]]
     if idle:
-        raise ValueError(f"{world} ranks but rank(s) {idle} would hold no table: use fewer ranks "
-                         "or split tables column-wise (force_column_split)")
+        raise ConfigError(f"{world} ranks but rank(s) {idle} would hold no table: use fewer ranks "
+                          "or split tables column-wise (force_column_split)")
     return Placement(world, dim, tuple(tuple(sorted(p)) for p in owned),
                      None if bottom_data_parallel else 0)

@@ -18,7 +18,6 @@ import argparse
 import gzip
 import itertools
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -29,10 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.atomic import remove_stale_temporaries
-from converters.progress import progress_bar
-from pipeline.config import ScoreConfig, load_config
-from pipeline.schema import NUM_FIELDS
+from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
+from dlrm_contracts.config import ScoreConfig, load_config
+from dlrm_contracts.errors import ExitCode, failing_as, run_cli
+from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.schema import NUM_FIELDS
 
 # Lines read to decide whether a file carries the label (has_label unset).
 LABEL_SNIFF_LINES = 1000
@@ -85,45 +85,39 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
     has_label = config.has_label if config.has_label is not None else detect_label(path)
     name = output_name(path)
     final, final_rejects = out_dir / f"{name}.parquet", out_dir / "rejects" / f"{name}.jsonl"
-    tmp = out_dir / f".{name}.parquet.tmp-{os.getpid()}"
-    tmp_rejects = out_dir / "rejects" / f".{name}.jsonl.tmp-{os.getpid()}"
-    tmp_rejects.parent.mkdir(parents=True, exist_ok=True)
+    (out_dir / "rejects").mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)  # left by a scorer that was killed
     remove_stale_temporaries(final_rejects)
     schema = SCHEMA_LABELLED if has_label else SCHEMA_UNLABELLED
     signature = model.signatures["serve_lines"]
     lines_read, rejected = 0, {}
-    try:
-        with pq.ParquetWriter(tmp, schema) as writer, open(tmp_rejects, "w", encoding="utf-8") as rej, \
-                progress_bar(None, f"score {name}", config.progress) as bar:
-            lines = _lines(path)
-            while True:
-                batch = list(itertools.islice(lines, config.batch_rows))
-                if not batch:
-                    break
-                out = signature(lines=tf.constant(batch), has_label=tf.constant(has_label))
-                probability = out["probability"].numpy()
-                reasons = out["reject_reason"].numpy()
-                numbers = np.arange(lines_read + 1, lines_read + len(batch) + 1, dtype=np.int64)
-                keep = reasons == b""
-                columns = [pa.array(numbers[keep]), pa.array(probability[keep])]
-                if has_label:
-                    columns.append(pa.array(out["label"].numpy()[keep].astype(np.int8)))
-                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
-                for i in np.flatnonzero(~keep):
-                    reason = reasons[i].decode()
-                    rejected[reason] = rejected.get(reason, 0) + 1
-                    rej.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
-                                          "reason": reason,
-                                          "line": batch[i].rstrip(b"\n").decode("utf-8", "replace")})
-                              + "\n")
-                lines_read += len(batch)
-                bar.update(len(batch))
-        os.replace(tmp, final)
-        os.replace(tmp_rejects, final_rejects)
-    finally:
-        tmp.unlink(missing_ok=True)
-        tmp_rejects.unlink(missing_ok=True)
+    with atomic_file(final) as tmp, atomic_file(final_rejects) as tmp_rejects, \
+            pq.ParquetWriter(tmp, schema) as writer, \
+            open(tmp_rejects, "w", encoding="utf-8") as rej, \
+            progress_bar(None, f"score {name}", config.progress) as bar:
+        lines = _lines(path)
+        while True:
+            batch = list(itertools.islice(lines, config.batch_rows))
+            if not batch:
+                break
+            out = signature(lines=tf.constant(batch), has_label=tf.constant(has_label))
+            probability = out["probability"].numpy()
+            reasons = out["reject_reason"].numpy()
+            numbers = np.arange(lines_read + 1, lines_read + len(batch) + 1, dtype=np.int64)
+            keep = reasons == b""
+            columns = [pa.array(numbers[keep]), pa.array(probability[keep])]
+            if has_label:
+                columns.append(pa.array(out["label"].numpy()[keep].astype(np.int8)))
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+            for i in np.flatnonzero(~keep):
+                reason = reasons[i].decode()
+                rejected[reason] = rejected.get(reason, 0) + 1
+                rej.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
+                                      "reason": reason,
+                                      "line": batch[i].rstrip(b"\n").decode("utf-8", "replace")})
+                          + "\n")
+            lines_read += len(batch)
+            bar.update(len(batch))
     return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
             "has_label": has_label, "lines": lines_read,
             "scored": lines_read - sum(rejected.values()), "rejected": rejected}
@@ -151,8 +145,6 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     names = [output_name(p) for p in paths]
     if len(set(names)) != len(names):
         raise ScoreError(f"two inputs would write the same output name: {sorted(names)}")
-    if config.batch_rows < 1:
-        raise ScoreError(f"score.batch_rows must be at least 1, not {config.batch_rows}")
     if not (Path(model_dir) / "saved_model.pb").is_file():
         raise ScoreError(f"no SavedModel at {model_dir}: run the export stage first")
     started = time.perf_counter()
@@ -174,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", required=True, help="comma-separated raw files (plain or .gz)")
     parser.add_argument("--config", help="YAML file with a 'score' section")
     args = parser.parse_args(argv)
+    return run_cli("trainer.score", lambda: _score(args))
+
+
+def _score(args: argparse.Namespace) -> int:
     config = load_config(args.config).score
-    try:
+    with failing_as(ExitCode.SCORE, ScoreError):
         summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out, config)
-    except ScoreError as exc:
-        print(f"trainer.score: error: {exc}", file=sys.stderr, flush=True)
-        return 2
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from pipeline.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
 from trainer.model import MLP, ModelDims, dot_interaction
 
 INT64_MAX_TAIL = 223_372_036_854_775_807  # 2**63 - 1 = 9 * 10**18 + this

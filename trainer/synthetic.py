@@ -5,7 +5,7 @@ and, most strongly, on a *pairwise interaction* of two categorical columns: the 
 random ±1 sign per id of column A and per id of column B. That product has no main effect, so
 a logistic regression on one-hot ids cannot see it, while a DLRM's dot interaction of the two
 embeddings can: the learning test relies on that gap. The files follow docs/architecture.md
-exactly (converters.format names every file and dtype).
+exactly (dlrm_contracts.binary_format names every file and dtype).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.format import (LABEL_FILE, MODEL_SIZE_JSON, NUMERICAL_FILE, SUCCESS, DATASET_JSON,
-                               cat_dtype, cat_file, describe, write_json)
-from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
+from dlrm_contracts.binary_format import (LABEL_FILE, NUMERICAL_FILE, cat_dtype, cat_file, describe,
+                                          write_json)
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
 # Varied sizes: int8, int16 and int32 files all occur.
 DEFAULT_TABLE_SIZES = (3, 20, 20, 50, 200, 1000, 40_000, 7, 100, 300,

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import GeneratorConfig
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.schema import CAT_COLUMNS
 from pipeline.synthetic import hashing
 from pipeline.synthetic.shape import ColumnShapes, Features, sample_features
 
@@ -92,8 +92,6 @@ class PlantedModel:
         AUC, is nearly the same for every seed: otherwise a 3-value column's luck of the
         draw would move it by several points.
         """
-        if not 0.0 < config.click_rate < 1.0:
-            raise ValueError(f"click_rate must be in (0, 1), got {config.click_rate}")
         seed = config.seed
         cat_salts = tuple(hashing.salt(seed, _PURPOSE_CATEGORICAL, c)
                           for c in range(len(shapes.cardinalities)))
@@ -124,7 +122,7 @@ class PlantedModel:
             for j, (e, t) in enumerate(zip(unit_ints, int_targets)))
         pair_amps = tuple(_normalise(t, unit.pair_effect(p, sample.cat_ranks))
                           for p, t in enumerate(pair_targets))
-        heads = tuple(_hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
+        heads = tuple(hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
                       for size, salt, amp in zip(shapes.cardinalities, cat_salts, cat_amps))
         parts = (seed, cat_salts, cat_amps, int_effects, pair_salts, pair_amps)
         model = cls(*parts, head_effects=heads)
@@ -135,12 +133,12 @@ class PlantedModel:
         """a_c · w_c(rank) · decay(rank): from the head table, hashing only the tail."""
         salt, amp = self.categorical_salts[column], self.categorical_amplitudes[column]
         if not self.head_effects:
-            return _hashed_main_effect(ranks, salt, amp)
+            return hashed_main_effect(ranks, salt, amp)
         head = self.head_effects[column]
         effect = head[np.minimum(ranks, head.size - 1)]
         tail = ranks >= head.size
         if tail.any():
-            effect[tail] = _hashed_main_effect(ranks[tail], salt, amp)
+            effect[tail] = hashed_main_effect(ranks[tail], salt, amp)
         return effect
 
     def pair_effect(self, pair: int, cat_ranks: np.ndarray) -> np.ndarray:
@@ -176,7 +174,8 @@ class PlantedModel:
         }
 
 
-def _hashed_main_effect(ranks: np.ndarray, salt: int, amplitude: float) -> np.ndarray:
+def hashed_main_effect(ranks: np.ndarray, salt: int, amplitude: float) -> np.ndarray:
+    """The planted effect of the values of given ranks: a seeded hash, decaying with the rank."""
     return amplitude * hashing.hash_normal(ranks, salt) * decay(ranks)
 
 

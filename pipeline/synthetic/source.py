@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import GeneratorConfig
+from dlrm_contracts.config import GeneratorConfig
 from pipeline.synthetic import hashing
 from pipeline.synthetic.bayes_auc import SparseCounts
 from pipeline.synthetic.planted_model import PlantedModel, sigmoid
@@ -55,8 +55,6 @@ class SyntheticSource:
 
     @classmethod
     def from_config(cls, config: GeneratorConfig) -> "SyntheticSource":
-        if config.chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be >= 1, got {config.chunk_rows}")
         shapes = ColumnShapes.from_config(config)
         model = PlantedModel.build(config, shapes)
         salts = tuple(hashing.salt(config.seed, _PURPOSE_VALUES, c) & 0xFFFFFFFF

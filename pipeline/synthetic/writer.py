@@ -24,8 +24,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.config import GeneratorConfig
-from pipeline.schema import NUM_FIELDS
+from dlrm_contracts.atomic import atomic_file, write_text_atomic
+from dlrm_contracts.config import GeneratorConfig
+from dlrm_contracts.errors import UsageError
+from dlrm_contracts.schema import NUM_FIELDS
 from pipeline.synthetic.bayes_auc import BINS, LOGIT_MAX, LOGIT_MIN, LogitHistogram
 from pipeline.synthetic.source import Chunk, SyntheticSource
 
@@ -35,11 +37,18 @@ IN_PROGRESS_FILE = ".generator_in_progress.json"
 META_FORMAT_VERSION = 1
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 # What an interrupted run of ours leaves behind: day files and chunks being written.
-_LEFTOVER = re.compile(r"^\.day_\d+(\.gz)?\.partial$|^\.day_\d+\.chunk\d+\.part$"
-                       r"|^\.generator_meta\.json\.partial$"
-                       r"|^\.\.generator_in_progress\.json\.partial$")
+_LEFTOVER = re.compile(r"^\.(day_\d+(\.gz)?|generator_meta\.json|\.generator_in_progress\.json)"
+                       r"\.tmp-\d+-[0-9a-f]+$|^\.day_\d+\.chunk\d+\.part$")
 
 _worker_source: SyntheticSource | None = None
+
+
+class OutputDirectoryError(UsageError):
+    """The output directory holds files the generator cannot take over; choose another."""
+
+
+class ForeignDayFilesError(OutputDirectoryError, FileExistsError):
+    """Day files no run of the generator wrote: never overwritten."""
 
 
 def _init_worker(source: SyntheticSource) -> None:
@@ -81,7 +90,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
         for task in tasks:
             yield source.make_chunk(*task)
         return
-    context = _pool_context()
+    context = pool_context()
     window = 2 * config.workers
     # No more processes than chunks: --workers 64 on a 7-row run starts one.
     with ProcessPoolExecutor(min(config.workers, len(tasks)), mp_context=context,
@@ -95,7 +104,7 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
             yield pending.popleft().result()
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
+def pool_context() -> multiprocessing.context.BaseContext:
     """``fork`` when this process has a single thread (fast, and works from scripts without
     a ``__main__`` guard); ``forkserver`` otherwise, since forking a threaded process (a
     Spark gateway, a log reader) can deadlock the child. The output is the same either way.
@@ -118,8 +127,8 @@ def _our_day_files(out: Path) -> set[str]:
             try:
                 ours |= {d["file"] for d in json.loads(path.read_text())["days"]}
             except (ValueError, KeyError, TypeError) as err:
-                raise RuntimeError(f"{path} is unreadable ({err}); remove it or choose another "
-                                   f"output directory") from err
+                raise OutputDirectoryError(f"{path} is unreadable ({err}); remove it or choose "
+                                           "another output directory") from err
     return ours
 
 
@@ -129,7 +138,7 @@ def _check_directory(out: Path) -> None:
     existing = {p.name for p in out.iterdir() if _DAY_FILE.match(p.name)}
     foreign = sorted(existing - _our_day_files(out))
     if foreign:
-        raise FileExistsError(
+        raise ForeignDayFilesError(
             f"{out} already holds day files the generator did not write ({', '.join(foreign)}); "
             f"refusing to overwrite them: choose an empty directory")
     for name in sorted(existing):
@@ -142,35 +151,6 @@ def _remove_leftovers(out: Path) -> None:
     for leftover in out.iterdir():
         if _LEFTOVER.match(leftover.name):
             leftover.unlink(missing_ok=True)
-
-
-def _validate(config: GeneratorConfig) -> None:
-    """Reject every bad parameter before the output directory is touched (a rerun with a
-    typo must not delete the previous output) and with a message naming the parameter."""
-    if not 0 <= config.seed < 2**64:
-        # Salts are derived from the seed's low 64 bits: a larger seed would share the
-        # planted model and hex values of seed % 2**64.
-        raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {config.seed}")
-    if config.days < 1:
-        raise ValueError(f"days must be >= 1, got {config.days}")
-    if config.rows_per_day < 1:
-        raise ValueError(f"rows_per_day must be >= 1, got {config.rows_per_day}")
-    if config.workers < 1:
-        raise ValueError(f"workers must be >= 1, got {config.workers}")
-    if config.chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {config.chunk_rows}")
-    if config.cardinality_floor < 1:
-        raise ValueError(f"cardinality_floor must be >= 1, got {config.cardinality_floor}")
-    for name in ("cardinality_scale", "zipf_exponent"):
-        value = getattr(config, name)
-        if not 0 < value < math.inf:
-            raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    if not math.isfinite(config.signal_strength):
-        raise ValueError(f"signal_strength must be finite, got {config.signal_strength}")
-    if not 0.0 < config.click_rate < 1.0:
-        raise ValueError(f"click_rate must be in (0, 1), got {config.click_rate}")
-    if config.gzip and not 0 <= config.gzip_level <= 9:
-        raise ValueError(f"gzip_level must be 0..9, got {config.gzip_level}")
 
 
 def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) -> dict:
@@ -187,7 +167,6 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
         The metadata written to ``generator_meta.json`` (rows, click rate, Bayes AUC).
     """
     config = config or GeneratorConfig()
-    _validate(config)
     source = SyntheticSource.from_config(config)  # may still refuse: before any deletion
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +174,7 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     histogram = LogitHistogram()
     days: list[dict] = []
     names = [day_file_name(day, config.gzip) for day in range(config.days)]
-    _atomic_write(out / IN_PROGRESS_FILE, json.dumps({"days": [{"file": n} for n in names]}))
+    write_text_atomic(out / IN_PROGRESS_FILE, json.dumps({"days": [{"file": n} for n in names]}))
     chunks = _chunks_in_order(source, config, out)
     chunks_per_day = len(source.chunk_sizes(config.rows_per_day))
     try:
@@ -231,16 +210,17 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
         "shape": source.shapes.describe(),
         "planted_model": source.model.describe(),
     }
-    _atomic_write(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
     (out / IN_PROGRESS_FILE).unlink()
     return meta
 
 
 def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk],
                histogram: LogitHistogram) -> dict:
-    partial = out / f".{name}.partial"
     rows = clicks = size = 0
-    with open(partial, "wb", buffering=0) as fh:
+    # Day files are the bulk of the output and remade from the seed: not fsynced (the policy
+    # of dlrm_contracts.atomic); the metadata written after them is.
+    with atomic_file(out / name, fsync=False) as partial, open(partial, "wb", buffering=0) as fh:
         for _ in range(chunks_per_day):
             chunk = next(chunks)
             if chunk.part_file:
@@ -251,7 +231,6 @@ def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk
             rows += chunk.rows
             clicks += chunk.clicks
             size += chunk.size
-    os.replace(partial, out / name)
     return {"file": name, "rows": rows, "clicks": clicks, "bytes": size}
 
 
@@ -274,9 +253,3 @@ def _splice(part_file: str, fd: int, size: int) -> None:
     if left:
         raise RuntimeError(f"{part_file} is shorter than the {size} bytes its worker wrote")
     os.unlink(part_file)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)

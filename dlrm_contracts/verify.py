@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.format import (DATASET_JSON, FORMAT_VERSION, LABEL_DTYPE, LABEL_FILE,
-                               MODEL_SIZE_JSON, NUM_NUMERICAL, NUMERICAL_DTYPE, NUMERICAL_FILE,
-                               SUCCESS, DatasetError, DatasetInfo, all_files, cat_dtype,
-                               dtype_name, model_size_list, read_info, read_json, row_width)
-from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, SPLITS
+from dlrm_contracts.binary_format import (FORMAT_VERSION, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
+                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
+                                          DatasetInfo, all_files, cat_dtype, dtype_name,
+                                          model_size_list, read_info, read_json, row_width)
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, SPLITS
 
 __all__ = ["DatasetError", "DatasetInfo", "verify_dataset"]
 

@@ -15,22 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.layout import DATASET_JSON
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
 FORMAT_VERSION = 1
 LABEL_FILE = "label.bin"
 NUMERICAL_FILE = "numerical.bin"
-DATASET_JSON = "dataset.json"
-MODEL_SIZE_JSON = "model_size.json"
-SUCCESS = "_SUCCESS"
 LABEL_DTYPE = np.dtype("<u1")
 NUMERICAL_DTYPE = np.dtype("<f2")
 NUM_NUMERICAL = NUM_INTEGER
 MAX_TABLE_SIZE = 2**31  # ids must fit int32
 
 
-class DatasetError(ValueError):
+class DatasetError(PipelineError, ValueError):
     """A binary dataset (or its source) that breaks the format; the message says where."""
+
+    default_code = ExitCode.DATASET_INVALID
 
 
 def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:
@@ -156,7 +157,7 @@ def model_size_list(model_size: Any, where: Path) -> list[int]:
 
 
 def read_info(path: str | Path) -> DatasetInfo:
-    """Parse ``dataset.json`` (no checks against the files; see converters.verify)."""
+    """Parse ``dataset.json`` (no checks against the files; see dlrm_contracts.verify)."""
     path = Path(path)
     data = read_json(path / DATASET_JSON)
     known = {"format_version", "splits", "table_sizes", "cat_dtypes", "label_dtype",

@@ -1,10 +1,14 @@
-"""Where every artifact lives under a pipeline workdir.
+"""Where every artifact lives under a pipeline workdir, and every file name the wings share.
 
-One place names the paths so that stages, tests and users agree; the layout is part of the
-product's interface (schedulers read it), so change it only with a note in the README.
+One place names the paths so that stages, wings, tests and users agree; the layout is part of
+the product's interface (schedulers read it), so change it only with a note in the README.
 
     DIR/raw/                      generated day files (only when the generate stage runs)
-    DIR/counts/                   per-day categorical value counts (parquet) + count histograms
+    DIR/counts/values/day=<k>/    per-day categorical value counts (parquet)
+    DIR/counts/days.json          which days were counted, with their fingerprints
+    DIR/counts/histogram.parquet  distinct values per total count: the table size at any threshold
+    DIR/parquet/preprocess.json   what the Spark job did (threshold spec, rows, engine)
+    DIR/parquet/_SUCCESS          the parquet splits are complete
     DIR/parquet/{train,test,validation}/   transformed parquet
     DIR/parquet/model_size.json   table sizes of the parquet dataset
     DIR/parquet/data_quality.json rows read / written / padded / rejected per reason per day
@@ -24,6 +28,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+SUCCESS = "_SUCCESS"                 # marks a complete output directory; written last
+PREPROCESS_JSON = "preprocess.json"  # spark_jobs -> converters, pipeline
+MODEL_SIZE_JSON = "model_size.json"  # table sizes C1..C26 (parquet and binary dataset)
+DATASET_JSON = "dataset.json"        # the binary dataset's description (binary_format)
+DAYS_JSON = "days.json"
+HISTOGRAM_FILE = "histogram.parquet"
+COUNT_VALUES_DIR = "values"
+
+
+def values_dir(counts_dir: str | Path) -> Path:
+    """The per-day value counts (parquet, partitioned by day) under a counts directory."""
+    return Path(counts_dir) / COUNT_VALUES_DIR
+
+
+def days_json_path(counts_dir: str | Path) -> Path:
+    return Path(counts_dir) / DAYS_JSON
+
+
+def histogram_path(counts_dir: str | Path) -> Path:
+    """The count histogram of a counts directory (a path to the parquet file itself stays)."""
+    path = Path(counts_dir)
+    return path if path.suffix == ".parquet" else path / HISTOGRAM_FILE
+
+
+def counts_beside(binary_dir: str | Path) -> Path:
+    """The counts a binary dataset was made from, when it sits in a workdir (DIR/binary ->
+    DIR/counts): the default wherever a threshold raise needs the histogram."""
+    return Path(binary_dir).parent / "counts"
+
 
 @dataclass(frozen=True)
 class WorkdirLayout:
@@ -39,7 +72,7 @@ class WorkdirLayout:
 
     @property
     def counts(self) -> Path:
-        return self.root / "counts"
+        return counts_beside(self.binary)
 
     @property
     def parquet(self) -> Path:
@@ -50,7 +83,7 @@ class WorkdirLayout:
 
     @property
     def parquet_model_size(self) -> Path:
-        return self.parquet / "model_size.json"
+        return self.parquet / MODEL_SIZE_JSON
 
     @property
     def parquet_removed(self) -> Path:

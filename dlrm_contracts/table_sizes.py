@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from converters.format import DatasetError, unreadable_parquet
-from pipeline.schema import CAT_COLUMNS
-from pipeline.thresholds import ThresholdSpec, parse_threshold_spec
-
-HISTOGRAM_FILE = "histogram.parquet"
-
+from dlrm_contracts.binary_format import DatasetError, unreadable_parquet
+from dlrm_contracts.layout import DATASET_JSON
+from dlrm_contracts.errors import ExitCode
+from dlrm_contracts.layout import histogram_path
+from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 
 @dataclass(frozen=True)
 class CountHistogram:
@@ -42,11 +42,6 @@ class CountHistogram:
         """Table size (values kept + 1) of every column under a threshold spec."""
         spec = parse_threshold_spec(spec)
         return {c: self.values_kept(c, spec.effective(c)) + 1 for c in CAT_COLUMNS}
-
-
-def histogram_path(counts_dir: str | Path) -> Path:
-    path = Path(counts_dir)
-    return path if path.suffix == ".parquet" else path / HISTOGRAM_FILE
 
 
 def read_histogram(counts_dir: str | Path) -> CountHistogram:
@@ -98,3 +93,39 @@ def export_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int) ->
     sizes = list(table_sizes.values() if isinstance(table_sizes, dict) else table_sizes)
     values = sum(max(0, int(s) - 1) for s in sizes)
     return embedding_bytes(sizes, embedding_dim, 4) + values * VOCABULARY_LINE_BYTES
+
+
+class LowerThresholdError(DatasetError):
+    """The requested threshold keeps values the source dataset has already merged into id 0:
+    no conversion can make it (exit 6, as the pipeline's convert stage refusing it)."""
+
+    default_code = ExitCode.CONVERT
+
+
+def written_threshold_spec(info_spec: str | None, source: Path) -> ThresholdSpec:
+    """The threshold a dataset was written at (its dataset.json), needed to derive any other."""
+    if info_spec is None:
+        raise DatasetError(f"{source / DATASET_JSON} records no threshold_spec, so it is unknown "
+                           "which values it kept; reconvert it from parquet with a known spec")
+    return parse_threshold_spec(info_spec)
+
+
+def new_table_sizes(counts_dir: str | Path, base: ThresholdSpec, new: ThresholdSpec,
+                    source_sizes: tuple[int, ...]) -> list[int]:
+    """Table sizes at ``new``; checks the counts agree with the source's sizes at ``base``."""
+    if not new.is_at_least(base):
+        lower = [f"{c}: {new.effective(c)} < {base.effective(c)}" for c in CAT_COLUMNS
+                 if new.effective(c) < base.effective(c)]
+        raise LowerThresholdError(
+            f"threshold {new} is below the dataset's base threshold {base} for "
+            f"{', '.join(lower[:6])}{' …' if len(lower) > 6 else ''}: the rarer values were "
+            "already merged into id 0, so this needs a Spark rerun "
+            f"(python -m spark_jobs ... --frequency-threshold '{new}')")
+    histogram = read_histogram(counts_dir)
+    base_sizes = histogram.table_sizes(base)
+    mismatched = [f"{c}: counts say {base_sizes[c]}, dataset has {s}"
+                  for c, s in zip(CAT_COLUMNS, source_sizes) if base_sizes[c] != s]
+    if mismatched:
+        raise DatasetError(f"the counts in {counts_dir} do not belong to this dataset (table "
+                           f"sizes at its threshold {base} differ: {'; '.join(mismatched[:4])})")
+    return [histogram.table_sizes(new)[c] for c in CAT_COLUMNS]

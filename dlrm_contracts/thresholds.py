@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.schema import CAT_COLUMNS
+from dlrm_contracts.errors import UsageError
+from dlrm_contracts.schema import CAT_COLUMNS
 
 
-class ThresholdSpecError(ValueError):
+class ThresholdSpecError(UsageError, ValueError):
     """A threshold spec that cannot be parsed; the message says what was wrong."""
 
 

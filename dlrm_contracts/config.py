@@ -8,12 +8,24 @@ constants of its own. ``config_to_dict`` gives the plain form written into manif
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from dlrm_contracts.errors import UsageError
+
+Section = TypeVar("Section")
+
+# The choices of string settings, checked by the sections' __post_init__.
+PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
+DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 
 STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval", "export", "score")
 # What a run without --stages does: export and score are asked for by name (score needs
@@ -47,6 +59,22 @@ class GeneratorConfig:
     # Rows per independently seeded block; part of the output's identity, like the seed.
     chunk_rows: int = 65_536
     workers: int = 2
+
+    def __post_init__(self) -> None:
+        # Checked before the output directory is touched: a rerun with a typo must not delete
+        # the previous output. Salts are derived from the seed's low 64 bits, so a larger seed
+        # would share the planted model and hex values of seed % 2**64.
+        _check(0 <= self.seed < 2**64, f"seed must be in 0 .. 2**64 - 1, got {self.seed}")
+        for name in ("days", "rows_per_day", "workers", "chunk_rows", "cardinality_floor"):
+            _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("cardinality_scale", "zipf_exponent"):
+            value = getattr(self, name)
+            _check(0 < value < math.inf, f"{name} must be a finite number > 0, got {value}")
+        _check(math.isfinite(self.signal_strength),
+               f"signal_strength must be finite, got {self.signal_strength}")
+        _check(0.0 < self.click_rate < 1.0, f"click_rate must be in (0, 1), got {self.click_rate}")
+        _check(not self.gzip or 0 <= self.gzip_level <= 9,
+               f"gzip_level must be 0..9, got {self.gzip_level}")
 
 
 @dataclass
@@ -132,6 +160,12 @@ class PreprocessConfig:
     # data that arrives after training).
     dictionary_days: str = "all"
 
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.max_reject_rate <= 1.0,
+               f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
+        _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
+        _one_of("preprocess.dictionary_days", self.dictionary_days, DICTIONARY_DAYS)
+
 
 @dataclass
 class ConvertConfig:
@@ -153,6 +187,10 @@ class ConvertConfig:
     link_unchanged: bool = True
     # Check the finished dataset with the full scan (ids, labels, finiteness) before _SUCCESS.
     verify_full: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
+        _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
 
 
 @dataclass
@@ -201,7 +239,7 @@ class TrainConfig:
     # needs the counts histogram (DIR/counts, or counts_dir).
     frequency_threshold: str | None = None
     counts_dir: str | None = None
-    # converters.verify before reading: "quick" (metadata, file sizes), "full" (every value), "none"
+    # dlrm_contracts.verify before reading: "quick" (metadata, file sizes), "full" (every value), "none"
     verify_dataset: str = "quick"
     log_every: int = 20  # steps between metrics lines (and global-loss allreduces)
     prefetch_batches: int = 4
@@ -210,6 +248,15 @@ class TrainConfig:
     # TensorFlow's inter-op pool; 0 = max(2, intra-op threads): at least 2, so that --amp's
     # casts overlap the matmuls.
     inter_op_threads: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
+               f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
+               f"{self.eval_batch_size})")
+        _check(self.max_steps is None or self.max_steps >= 0,
+               f"max steps must be 0 or more, not {self.max_steps}")
+        _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
+        _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)
 
 
 @dataclass
@@ -235,6 +282,9 @@ class ScoreConfig:
     # lines (40 fields: labelled, 39: unlabelled; otherwise the stage asks for this setting).
     has_label: bool | None = None
     progress: bool = True  # tqdm bar, only when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        _check(self.batch_rows >= 1, f"score.batch_rows must be at least 1, not {self.batch_rows}")
 
 
 @dataclass
@@ -283,6 +333,9 @@ class LaunchConfig:
     np: int = 2
     hosts: str | None = None  # horovodrun -H, e.g. "host1:2,host2:2"; None = localhost:np
 
+    def __post_init__(self) -> None:
+        _check(self.np >= 1, f"launch.np (--np) must be at least 1, not {self.np}")
+
 
 @dataclass
 class PipelineConfig:
@@ -301,8 +354,17 @@ class PipelineConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
 
-class ConfigError(ValueError):
-    """A configuration file or override that does not fit the schema above."""
+class ConfigError(UsageError, ValueError):
+    """A configuration file, flag or setting that does not fit the schema above."""
+
+
+def _check(holds: bool, message: str) -> None:
+    if not holds:
+        raise ConfigError(message)
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
@@ -378,3 +440,31 @@ def load_config(path: str | Path | None) -> PipelineConfig:
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
+
+
+def with_overrides(section: Section, changes: dict[str, Any], where: str = "flags") -> Section:
+    """``section`` with ``changes`` applied; a change of None means "not given" and is skipped.
+
+    The one way the command lines put their flags over a config section: each value is checked
+    against the setting's type like a YAML value, and the section's range checks
+    (``__post_init__``) run again on the result.
+    """
+    given = {name: value for name, value in changes.items() if value is not None}
+    fields = {f.name for f in dataclasses.fields(section)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}")
+    hints = typing.get_type_hints(type(section))
+    for name, value in given.items():
+        _check_type(value, hints[name], f"{where}: {name}")
+    return dataclasses.replace(section, **given)
+
+
+def flag_overrides(section: Section, args: argparse.Namespace,
+                   **derived: Any) -> Section:
+    """``section`` with every flag of ``args`` whose destination is named like one of its
+    settings (and was given), then ``derived`` values (flags that need parsing first)."""
+    names = {f.name for f in dataclasses.fields(section)}
+    changes = {name: value for name, value in vars(args).items() if name in names}
+    return with_overrides(section, {**changes, **derived})
+

@@ -7,7 +7,10 @@ import sys
 from contextlib import contextmanager
 from typing import IO, Any, Iterator
 
-from pipeline.processes import PROGRESS_TTY_ENV
+# Set by the pipeline for a child whose own stderr goes to the stage log while the pipeline
+# runs on a terminal: the child may draw its progress bar on /dev/tty.
+PROGRESS_TTY_ENV = "CRITEO_DLRM_PROGRESS_TTY"
+
 
 
 @contextmanager

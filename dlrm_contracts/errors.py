@@ -1,0 +1,128 @@
+"""Failure kinds and their exit codes (documented in docs/pipeline.md), for every CLI.
+
+Schedulers branch on these: a held lock (another run is working) is not the same as bad
+input data, and neither is a crashed training job. Every command line (the pipeline,
+spark_jobs, converters, trainer, trainer.score, the generator) ends through :func:`run_cli`,
+so an exception means the same exit code whichever of them raised it:
+
+- a :class:`PipelineError` (and its subclasses: bad usage, bad input, a broken dataset ...)
+  exits with its ``code``, its message on one line, no traceback;
+- an OSError caused by a full disk (ENOSPC, EDQUOT) exits 12;
+- SIGINT exits 130;
+- anything else is a bug: exit 1, with its traceback on stderr (the stage log).
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import traceback
+from contextlib import contextmanager
+from enum import IntEnum
+from typing import Callable, Iterator
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1             # an unexpected error (a bug): see the log
+    USAGE = 2              # bad flags, config file or threshold spec
+    LOCKED = 3             # another run holds the workdir's lock
+    INPUT_DATA = 4         # missing/empty day files, reject rate over its limit
+    PREPROCESS = 5         # the Spark job failed
+    CONVERT = 6            # parquet → binary conversion or threshold raise failed
+    DATASET_INVALID = 7    # the binary dataset did not verify
+    TRAIN = 8              # training failed
+    EVAL = 9               # evaluation failed
+    EXPORT = 10            # the SavedModel export failed (or the model is too big to export)
+    SCORE = 11             # batch scoring failed
+    DISK_FULL = 12         # a write failed for lack of space (ENOSPC / quota) at any stage
+    INTERRUPTED = 130      # SIGINT / SIGTERM
+
+
+class PipelineError(Exception):
+    """A failure with a known kind: its message is meant for the user, without a traceback."""
+
+    default_code = ExitCode.FAILED
+
+    def __init__(self, message: str, code: ExitCode | None = None, kind: str | None = None):
+        super().__init__(message)
+        self.code = ExitCode(code if code is not None else self.default_code)
+        # The summary's status word; the exit code's name unless a finer one helps a scheduler
+        # (exit 4 is both bad input data and a preflight refusal).
+        self.kind = kind or self.code.name.lower()
+
+
+class UsageError(PipelineError):
+    """Flags, a config file or a setting that cannot work; the user changes the command."""
+
+    default_code = ExitCode.USAGE
+
+
+class BadInputError(PipelineError):
+    """Input data the user must fix or replace (missing, empty, malformed)."""
+
+    default_code = ExitCode.INPUT_DATA
+
+
+_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "enospc", "edquot")
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+def says_disk_full(text: str) -> bool:
+    """Whether a message reads like ENOSPC / EDQUOT (as the OS, the JVM, pyarrow and
+    TensorFlow print it)."""
+    lowered = text.lower()
+    return any(words in lowered for words in _DISK_FULL_TEXT)
+
+
+def disk_full_cause(exc: BaseException) -> BaseException | None:
+    """The ENOSPC/EDQUOT error in ``exc``'s chain (causes and contexts), if there is one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            return current
+        if says_disk_full(str(current)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def exit_code_of(exc: BaseException) -> ExitCode:
+    """The one exception -> exit code map (see the module docstring)."""
+    if isinstance(exc, PipelineError):
+        return exc.code
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    if isinstance(exc, Exception) and disk_full_cause(exc) is not None:
+        return ExitCode.DISK_FULL
+    return ExitCode.FAILED
+
+
+@contextmanager
+def failing_as(code: ExitCode, *kinds: type[BaseException], what: str = "") -> Iterator[None]:
+    """Known failures of a step (``kinds``) become that step's PipelineError with ``code``
+    (the message prefixed with ``what``); anything else passes through untouched, so a bug
+    stays a bug (exit 1)."""
+    try:
+        yield
+    except kinds as exc:
+        if isinstance(exc, PipelineError) and exc.code == code and not what:
+            raise
+        raise PipelineError(f"{what}: {exc}" if what else str(exc), code) from exc
+
+
+def run_cli(prog: str, body: Callable[[], int]) -> int:
+    """Run a command line's body and turn what it raises into its exit code."""
+    try:
+        return int(body())
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 — sorted by exit_code_of
+        code = exit_code_of(exc)
+        if code == ExitCode.FAILED:
+            traceback.print_exc(file=sys.stderr)
+            print(f"{prog}: unexpected error (a bug, traceback above): "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:
+            print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return int(code)
