@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from spark_jobs.split_writer import (ROW_BYTES, WriteSpec, commit, pack_rows, parquet_schema,
                                      unpack_rows, write_task)
 
