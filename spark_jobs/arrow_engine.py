@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class ArrowEngine:
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._counts = None            # the count pass's sums, cached until close()
         self._recounted: list[int] = []
+        self._writing = None           # the value counts' write, running beside later jobs
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
@@ -69,8 +71,18 @@ class ArrowEngine:
         self._recounted = list(recount)
         stats = _stats_from_rows(self._counts.where(F.col("column") == STAT).collect(), self.days)
         if recount:
-            _write_value_counts(self._counts, recount, counts_dir)
+            # Spark runs this write's tasks in the slots the next jobs leave idle (their
+            # scheduling gaps and one-task stages); finish_counts() waits for it
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="value-counts")
+            self._writing = pool.submit(_write_value_counts, self._counts, list(recount), counts_dir)
+            pool.shutdown(wait=False)
         return stats
+
+    def finish_counts(self) -> None:
+        """Wait for the value counts' write (raising its error, if it failed)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def value_totals(self, counts_dir: Path, days: list[int] | None):
         """(column, value, count) over the counted days (``days``: only those), ``value`` as
@@ -81,6 +93,8 @@ class ArrowEngine:
         wanted = [d.day for d in self.days] if days is None else list(days)
         fresh = [d for d in wanted if d in self._recounted]
         stored = [d for d in wanted if d not in self._recounted]
+        if stored:       # the stored partitions are listed while the write may be renaming its own
+            self.finish_counts()
         names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
         parts = []
         if fresh:
@@ -95,6 +109,11 @@ class ArrowEngine:
         return frame.groupBy("column", "value").agg(F.sum("count").cast("long").alias("count"))
 
     def close(self) -> None:
+        """Wait for the value counts' write, then drop the cached counts. Its error is raised
+        by finish_counts(); here another error is already on its way, or it was raised."""
+        if self._writing is not None:
+            self._writing.exception()
+            self._writing = None
         if self._counts is not None:
             self._counts.unpersist()
             self._counts = None

@@ -201,7 +201,6 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        counting.write_days_json(days, stats, layout.counts)
         totals = engine.value_totals(layout.counts, _dictionary_days(days, cfg)).persist()
         histogram = counting.write_histogram(totals, layout.counts)
     with timer.stage("dictionaries"):
@@ -209,6 +208,9 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         build_dictionaries(totals, spec, dictionaries_dir(layout))
         totals.unpersist()
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
+        # days.json only once the value counts are stored: it says they can be reused
+        engine.finish_counts()
+        counting.write_days_json(days, stats, layout.counts)
     rows = _write_splits(session, engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)

@@ -36,6 +36,9 @@ class SqlEngine:
         """(column, value, count) over the counted days, from the stored counts."""
         return counting.value_totals(self.session, counts_dir, days)
 
+    def finish_counts(self) -> None:
+        """The count pass wrote its value counts before returning."""
+
     def close(self) -> None:
         """Nothing cached."""
 
