@@ -37,7 +37,7 @@ from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore
 from spark_jobs.errors import PreprocessInputError
 from spark_jobs.inputs import discover_days
-from spark_jobs.session import _local_cores
+from spark_jobs.session import local_cores
 from trainer.dims import PRESETS, dense_parameters, model_dims
 from trainer.placement import plan_placement
 
@@ -122,7 +122,7 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 
 
 def local_cores(master: str) -> int | None:
-    return _local_cores(master)
+    return local_cores(master)
 
 
 # ---------------------------------------------------------------- the estimate

@@ -153,7 +153,9 @@ def security_settings(spark: SparkConfig) -> dict[str, str]:
     return conf
 
 
-def _local_cores(master: str) -> int | None:
+def local_cores(master: str) -> int | None:
+    """The cores a local master (``local``, ``local[N]``, ``local[*]``) runs on; None for a
+    cluster's master, whose cores this machine cannot see."""
     match = _LOCAL_CORES.match(master)
     if master == "local":
         return 1
@@ -171,7 +173,7 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
     spark-submit's (``spark.master`` here is ignored), so Spark's own default applies unless
     ``shuffle_partitions`` or a conf sets them.
     """
-    cores = None if under_spark_submit else _local_cores(spark.master)
+    cores = None if under_spark_submit else local_cores(spark.master)
     partitions = spark.shuffle_partitions or (max(4, 4 * cores) if cores else 0)
     conf = {
         "spark.master": spark.master,
@@ -227,7 +229,7 @@ def get_session(spark: SparkConfig):
                 except Exception:  # a static SQL conf: the running session keeps its own
                     pass
         return active
-    if not submitted and _local_cores(spark.master):
+    if not submitted and local_cores(spark.master):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
