@@ -1,14 +1,16 @@
-"""The Arrow engine: Spark schedules, shuffles, aggregates, joins, sorts and writes; the per-line
-work runs in Python tasks over whole blocks of lines (``spark_jobs.arrow_tasks``).
+"""The Arrow engine: Spark schedules, shuffles, aggregates, joins and sorts; the per-line work
+runs in Python tasks over whole blocks of lines (``spark_jobs.arrow_tasks``).
 
 Count pass: one task per chunk emits its statistics and partial value counts; one Spark
-aggregation sums them; value counts of recounted days are written as the SQL engine writes
-them (8-character hex strings). Transform pass: tasks emit the split rows with ids already
-looked up in the workers' dictionary index (``spark_jobs.lookup``: dictionaries within
-``broadcast_max_values``, smallest first up to ``arrow_index_max_values`` values); the others
-are joined by Spark on the integer value of the hex string, broadcast or shuffled.
+aggregation sums them and stays cached as integers: the recounted days' value counts are
+written from it (8-character hex strings, as the SQL engine writes them) in a background job,
+while the totals, histogram and dictionaries are computed from it. Transform pass: tasks emit
+the split rows packed (``spark_jobs.split_writer``), ids already looked up in the workers'
+dictionary index (``spark_jobs.lookup``: dictionaries within ``broadcast_max_values``,
+smallest first up to ``arrow_index_max_values`` values); the others are joined by Spark on the
+integer value of the hex string, broadcast or shuffled. Train is hash-partitioned and sorted by
+Spark; pyarrow encodes the parquet files inside the writer tasks.
 """
-
 from __future__ import annotations
 
 import shutil

@@ -1,7 +1,7 @@
 """The SQL engine: every per-line step is a Spark SQL expression (``spark_jobs.parse``).
 
 It is what the RAPIDS accelerator can run on GPUs (it runs SQL, not Python), so ``--gpu``
-uses it; on CPUs the Arrow engine (``spark_jobs.arrow_engine``) writes the same bytes faster.
+uses it; on CPUs the Arrow engine (``spark_jobs.arrow_engine``) writes the same data faster.
 Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per line
 (``spark_jobs.counting``, ``spark_jobs.stats``). Transform pass: categoricals become 64-bit
 keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.transform``).
