@@ -75,9 +75,10 @@ def dictionaries(session, counts: Path, threshold: str, out: Path) -> dict[str, 
     kept = {r["column"]: r["n"] for r in totals.groupBy("column").agg(
         F.sum((F.col("count") >= _threshold_of(F.col("column"), spec)).cast("long")).alias("n"))
         .collect()}
-    build_dictionaries(totals, spec, out)
+    sizes = {c: 1 + int(kept.get(c, 0)) for c in CAT_COLUMNS}
+    build_dictionaries(totals, spec, sizes, out)
     totals.unpersist()
-    return {c: 1 + int(kept.get(c, 0)) for c in CAT_COLUMNS}
+    return sizes
 
 
 def keyed_rows(session, raw: Path, day: int, seed: int):

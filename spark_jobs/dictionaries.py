@@ -49,11 +49,22 @@ def _literal_map(mapping: dict):
     return F.create_map(*items)
 
 
-def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
+def column_starts(sizes: dict[str, int]) -> dict[str, int]:
+    """Where each column's kept values start in the order (column, count desc, value): Spark
+    sorts the names as strings (C1, C10, ..., C19, C2, C20, ...), as Python does."""
+    starts, total = {}, 0
+    for c in sorted(CAT_COLUMNS):
+        starts[c] = total
+        total += sizes[c] - 1
+    return starts
+
+
+def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path) -> None:
     """Write (value, id, count, key) partitioned by ``column`` to ``out_dir``; ``key`` is the
     join key of the value (``parse.value_key``). ``totals``' values are 8-digit hex strings or
     their integers (the same order; an integer sorts faster and becomes its string only when
-    kept)."""
+    kept). ``sizes`` (``table_sizes`` of the same totals) place each column in the global
+    order, so no job has to look for where a column starts."""
     from pyspark.sql import functions as F
 
     kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
@@ -62,20 +73,20 @@ def build_dictionaries(totals, spec: ThresholdSpec, out_dir: Path) -> None:
                .persist())
     try:
         pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
-        sizes = ordered.groupBy(pid.alias("pid")).count().collect()
+        partition_sizes = ordered.groupBy(pid.alias("pid")).count().collect()
         offsets, total = {}, 0
-        for row in sorted(sizes, key=lambda r: r["pid"]):
+        for row in sorted(partition_sizes, key=lambda r: r["pid"]):
             offsets[int(row["pid"])] = total
             total += row["count"]
         if not offsets:
             offsets = {0: 0}
+        starts = column_starts(sizes)
+        if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
+            raise RuntimeError(f"{total} values kept, but the table sizes from the histogram "
+                               f"add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
         global_index = (F.element_at(_literal_map(offsets), pid)
                         + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)))
         indexed = ordered.withColumn("index", global_index.cast("long"))
-        starts = {r["column"]: int(r["start"])
-                  for r in indexed.groupBy("column").agg(F.min("index").alias("start")).collect()}
-        if not starts:
-            starts = {CAT_COLUMNS[0]: 0}
         value = F.col("value")
         if dict(totals.dtypes)["value"] != "string":
             value = F.lpad(F.lower(F.hex(value)), 8, "0")

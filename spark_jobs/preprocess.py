@@ -205,7 +205,7 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         histogram = counting.write_histogram(totals, layout.counts)
     with timer.stage("dictionaries"):
         sizes = table_sizes(histogram, spec)
-        build_dictionaries(totals, spec, dictionaries_dir(layout))
+        build_dictionaries(totals, spec, sizes, dictionaries_dir(layout))
         totals.unpersist()
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
         # days.json only once the value counts are stored: it says they can be reused
