@@ -152,10 +152,16 @@ class ArrowEngine:
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
                         row_group_rows=ROW_GROUP_ROWS, joined_columns=spec.joined_columns)
-        evaluation, shuffled = rows([c for c in self.chunks if c.day == last])
-        # a shuffle join lost the line order: a global sort restores it
-        evaluation = evaluation.orderBy("_k1") if shuffled else evaluation
-        results = split_writer.write_partitions(evaluation, write(eval_half=spec.eval_half))
+        eval_chunks = [c for c in self.chunks if c.day == last]
+        if spec.joined_columns:
+            evaluation, shuffled = rows(eval_chunks)
+            # a shuffle join lost the line order: a global sort restores it
+            evaluation = evaluation.orderBy("_k1") if shuffled else evaluation
+            results = split_writer.write_partitions(evaluation, write(eval_half=spec.eval_half))
+        else:
+            task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
+                                               write(eval_half=spec.eval_half))
+            results = self._over_chunks(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
         train, _ = rows([c for c in self.chunks if c.day != last])
         train = train.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
         results += split_writer.write_partitions(train, write(eval_half=None))

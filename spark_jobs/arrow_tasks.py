@@ -209,36 +209,82 @@ def _order_keys(spec: TransformSpec, day: int, lines: np.ndarray):
     return lines, np.zeros(len(lines), np.int64)
 
 
-def _output_batch(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index):
+@dataclass
+class _Rows:
+    """A block's valid rows, transformed: what the splits hold, before packing or writing."""
+
+    lines: np.ndarray          # line numbers within the day
+    label: np.ndarray
+    numericals: np.ndarray     # float32 [lines, 13]
+    cats: np.ndarray           # raw values [26, lines]
+    ids: np.ndarray            # int32 [26, lines]; 0 in the columns Spark joins
+
+
+def _transformed(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index) -> _Rows:
+    valid = np.flatnonzero(parsed.valid)
+    cats = parsed.cats.T[:, valid]            # [26, lines], one contiguous row per column
+    ids = np.zeros(cats.shape, np.int32)
+    if spec.cached_columns:
+        index.lookup_into(cats, ids)
+    return _Rows(lines=spec.chunk_first_line[(chunk.day, chunk.index)] + block.first + valid,
+                 label=parsed.label[valid],
+                 numericals=log_numericals(parsed.ints[valid], parsed.int_missing[valid]),
+                 cats=cats, ids=ids)
+
+
+def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     import pyarrow as pa
 
     from spark_jobs.split_writer import pack_rows
 
-    valid = np.flatnonzero(parsed.valid)
-    base = spec.chunk_first_line[(chunk.day, chunk.index)] + block.first
-    key, tie = _order_keys(spec, chunk.day, base + valid)
-    numericals = log_numericals(parsed.ints[valid], parsed.int_missing[valid])
-    cats = parsed.cats.T[:, valid]            # [26, lines], one contiguous row per column
-    ids = np.zeros(cats.shape, np.int32)      # joined columns: filled in by the writer
-    if spec.cached_columns:
-        index.lookup_into(cats, ids)
+    key, tie = _order_keys(spec, chunk.day, rows.lines)
     columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
-               "row": pack_rows(parsed.label[valid], numericals, ids.T)}
+               "row": pack_rows(rows.label, rows.numericals, rows.ids.T)}
     for j in spec.joined_columns:
-        columns[CAT_COLUMNS[j]] = pa.array(cats[j])
+        columns[CAT_COLUMNS[j]] = pa.array(rows.cats[j])
     return pa.record_batch(columns)
 
 
-def transform_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings):
-    """mapInArrow function: the valid rows of each chunk, ready for the split writer."""
+def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
+    """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
     from spark_jobs.lookup import dictionary_index
 
+    index = None
+    for chunk_id in _chunk_ids(batches):
+        chunk = chunks[int(chunk_id)]
+        if index is None and spec.cached_columns:
+            index = dictionary_index(spec.dict_dir, spec.cached_columns, spec.run_token)
+        for block in line_blocks(chunk, settings.block_bytes):
+            parsed = parse_block(block.data, block.starts, block.ends)
+            yield int(chunk_id), chunk, _transformed(spec, chunk, block, parsed, index)
+
+
+def transform_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings):
+    """mapInArrow function: the valid rows of each chunk, packed for the split writer."""
     def run(batches):
-        index = None
-        for chunk, blocks in _blocks(chunks, batches, settings):
-            if index is None and spec.cached_columns:
-                index = dictionary_index(spec.dict_dir, spec.cached_columns, spec.run_token)
-            for block in blocks:
-                parsed = parse_block(block.data, block.starts, block.ends)
-                yield _output_batch(spec, chunk, block, parsed, index)
+        for _, chunk, rows in _transformed_blocks(chunks, spec, settings, batches):
+            yield _output_batch(spec, chunk, rows)
+    return run
+
+
+def eval_write_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, write):
+    """mapInArrow function for the last day when every column is looked up in the task: each
+    chunk's rows go straight to its test and validation files (chunk k writes part k, so the
+    files' order is the lines' order); yields the files written (``split_writer.RESULT_SCHEMA``).
+    Nothing needs Spark between the parse and the file, so the rows do not cross to the JVM."""
+    from spark_jobs.split_writer import PartitionFiles, parquet_schema, split_table
+
+    schema = parquet_schema()
+
+    def run(batches):
+        files: dict[int, PartitionFiles] = {}
+        for part, _, rows in _transformed_blocks(chunks, spec, settings, batches):
+            if part not in files:
+                files[part] = PartitionFiles(write, part)
+            table = split_table(rows.label, np.ascontiguousarray(rows.numericals.T), rows.ids, schema)
+            files[part].add(table, rows.lines)
+        for partition in files.values():
+            results = partition.results()
+            if results is not None:
+                yield results
     return run

@@ -129,49 +129,77 @@ class _SplitFile:
         return self.split, self.part, str(self.path), self.rows
 
 
+def split_table(label: np.ndarray, numericals_by_column, ids_by_column, schema=None):
+    """The splits' table from one array per column."""
+    import pyarrow as pa
+
+    columns = [pa.array(label), *[pa.array(x) for x in numericals_by_column],
+               *[x if isinstance(x, pa.Array) else pa.array(x) for x in ids_by_column]]
+    return pa.Table.from_arrays(columns, schema=schema or parquet_schema())
+
+
 def _table(batch, spec: WriteSpec, schema):
     import pyarrow as pa
 
     rows = unpack_rows(batch.column("row"))
-    columns = [pa.array(rows["label"])]
-    numericals = np.ascontiguousarray(rows["num"].T)
-    columns += [pa.array(numericals[i]) for i in range(NUM_INTEGER)]
     cats = np.ascontiguousarray(rows["cat"].T)
-    for j, c in enumerate(CAT_COLUMNS):
-        columns.append(batch.column(c).cast(pa.int32()) if j in spec.joined_columns else pa.array(cats[j]))
-    return pa.Table.from_arrays(columns, schema=schema)
+    ids = [batch.column(c).cast(pa.int32()) if j in spec.joined_columns else cats[j]
+           for j, c in enumerate(CAT_COLUMNS)]
+    return split_table(rows["label"], np.ascontiguousarray(rows["num"].T), ids, schema)
+
+
+class PartitionFiles:
+    """The files one task writes for its partition: one per split, under this attempt's name."""
+
+    def __init__(self, spec: WriteSpec, part: int):
+        self.spec, self.part = spec, part
+        self.token = uuid.uuid4().hex
+        self.files: dict[str, _SplitFile] = {}
+
+    def add(self, table, lines: np.ndarray | None = None) -> None:
+        """Rows of the train split, or (``lines`` given) of the last day, in line order: those
+        below ``eval_half`` are test, the rest validation."""
+        if lines is None:
+            self._file("train").add(table)
+            return
+        test = int(np.count_nonzero(lines < self.spec.eval_half))
+        self._file("test").add(table.slice(0, test))
+        self._file("validation").add(table.slice(test))
+
+    def _file(self, split: str) -> _SplitFile:
+        if split not in self.files:
+            self.files[split] = _SplitFile(self.spec, split, self.part, self.token)
+        return self.files[split]
+
+    def results(self):
+        """Close the files; the result rows (split, part, path, rows) as one batch, or None."""
+        import pyarrow as pa
+
+        results = [r for r in (f.close() for f in self.files.values()) if r is not None]
+        if not results:
+            return None
+        split, part, path, rows = zip(*results)
+        return pa.record_batch({"split": pa.array(split, pa.string()), "part": pa.array(part, pa.int32()),
+                                "path": pa.array(path, pa.string()), "rows": pa.array(rows, pa.int64())})
 
 
 def write_task(spec: WriteSpec):
     """mapInArrow function over (_p, _k1, row, joined ids): writes this partition's rows, in
     the order they arrive, to one file per split; yields one result row per file written."""
-    import pyarrow as pa
-
     schema = parquet_schema()
 
     def run(batches):
-        token = uuid.uuid4().hex
-        files: dict[str, _SplitFile] = {}
+        files = None
         for batch in batches:
             if not batch.num_rows:
                 continue
-            part = int(batch.column("_p")[0].as_py())
-            table = _table(batch, spec, schema)
-            if spec.eval_half is None:
-                pieces = {"train": table}
-            else:
-                test = int(np.count_nonzero(batch.column("_k1").to_numpy() < spec.eval_half))
-                # rows arrive in line order: the test rows come first
-                pieces = {"test": table.slice(0, test), "validation": table.slice(test)}
-            for split, piece in pieces.items():
-                if split not in files:
-                    files[split] = _SplitFile(spec, split, part, token)
-                files[split].add(piece)
-        results = [r for r in (f.close() for f in files.values()) if r is not None]
-        if results:
-            split, part, path, rows = zip(*results)
-            yield pa.record_batch({"split": pa.array(split, pa.string()), "part": pa.array(part, pa.int32()),
-                                   "path": pa.array(path, pa.string()), "rows": pa.array(rows, pa.int64())})
+            if files is None:
+                files = PartitionFiles(spec, int(batch.column("_p")[0].as_py()))
+            lines = None if spec.eval_half is None else batch.column("_k1").to_numpy()
+            files.add(_table(batch, spec, schema), lines)
+        results = files.results() if files is not None else None
+        if results is not None:
+            yield results
     return run
 
 
