@@ -28,7 +28,7 @@ from spark_jobs.chunks import Chunk, plan_chunks
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats, line_number_column
-from spark_jobs.split_writer import RowLayout, WriteSpec
+from spark_jobs.split_writer import WriteSpec
 from spark_jobs.transform import map_categoricals
 
 # Valid lines whose values a task counts together before emitting partial counts: bounds a
@@ -151,8 +151,7 @@ class ArrowEngine:
 
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
-                        row_group_rows=ROW_GROUP_ROWS, joined_columns=spec.joined_columns,
-                        layout=spec.layout)
+                        row_group_rows=ROW_GROUP_ROWS, joined_columns=spec.joined_columns)
         eval_chunks = [c for c in self.chunks if c.day == last]
         if spec.joined_columns:
             evaluation, shuffled = rows(eval_chunks)
@@ -188,8 +187,7 @@ class ArrowEngine:
         return TransformSpec(dict_dir=str(dict_dir), run_token=uuid.uuid4().hex,
                              cached_columns=cached, joined_columns=joined,
                              seed=int(self.cfg.shuffle_seed), chunk_first_line=first_line,
-                             eval_day=last.day, eval_half=last.eval_half,
-                             layout=RowLayout.for_sizes(sizes, joined))
+                             eval_day=last.day, eval_half=last.eval_half)
 
     def _join_large(self, frame, spec: TransformSpec, sizes, dict_dir: Path):
         """Ids of the columns the workers did not look up: Spark joins on the integer value,

@@ -24,7 +24,6 @@ import numpy as np
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
-from spark_jobs.split_writer import RowLayout
 
 STAT = -1
 CODE_BITS = 8
@@ -183,7 +182,6 @@ class TransformSpec:
     chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
     eval_day: int
     eval_half: int                      # test = lines [0, eval_half) of the eval day
-    layout: RowLayout                   # how the output rows are packed
 
 
 def transform_schema(spec: TransformSpec) -> str:
@@ -237,9 +235,11 @@ def _transformed(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, in
 def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     import pyarrow as pa
 
+    from spark_jobs.split_writer import pack_rows
+
     key, tie = _order_keys(spec, chunk.day, rows.lines)
     columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
-               "row": spec.layout.pack(rows.label, rows.numericals, rows.ids)}
+               "row": pack_rows(rows.label, rows.numericals, rows.ids.T)}
     for j in spec.joined_columns:
         columns[CAT_COLUMNS[j]] = pa.array(rows.cats[j])
     return pa.record_batch(columns)

@@ -3,8 +3,8 @@ to parquet by pyarrow inside Spark's tasks.
 
 Why packed: between the transform task and the files, Spark only moves the rows (the train
 shuffle, the sort by the order keys). Forty typed columns cost the JVM a conversion per field
-at every step (Arrow → rows, shuffle, rows → parquet columns); one fixed-width value plus
-the keys costs it a conversion per row, and pyarrow encodes the columns in C++.
+at every step (Arrow → rows, shuffle, rows → parquet columns); one 160-byte value plus the
+keys costs it a conversion per row, and pyarrow encodes the columns in C++.
 
 Spark still schedules every task, shuffles, sorts and joins; only the encoding of the parquet
 files runs in Python. Tasks may be retried, so each attempt writes under a name of its own and
@@ -20,60 +20,40 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 
+ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
+ROW_BYTES = ROW_DTYPE.itemsize
 RESULT_SCHEMA = "split STRING, part INT, path STRING, rows LONG"
 # pyarrow's names for the codecs the config accepts
 _CODECS = {"uncompressed": "none", "none": "none"}
 
 
-@dataclass(frozen=True)
-class RowLayout:
-    """The packed row: label (int8), 13 float32, then each categorical's id in the narrowest
-    type its table needs (the binary dataset's rule). Fewer bytes a row is less for Spark to
-    copy, compress, shuffle and sort."""
+def pack_rows(label: np.ndarray, numericals: np.ndarray, ids: np.ndarray):
+    """One Arrow binary array of ROW_BYTES per row (label, 13 float32, 26 int32), zero-copy
+    over one numpy buffer."""
+    import pyarrow as pa
 
-    id_types: tuple[str, ...] = ("<i4",) * NUM_CATEGORICAL
+    n = len(label)
+    rows = np.empty(n, ROW_DTYPE)
+    rows["label"] = label
+    rows["num"] = numericals
+    rows["cat"] = ids
+    offsets = np.arange(0, (n + 1) * ROW_BYTES, ROW_BYTES, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
 
-    @classmethod
-    def for_sizes(cls, sizes: dict[str, int], joined: tuple[int, ...] = ()) -> "RowLayout":
-        """Ids of the ``joined`` columns arrive beside the row: one byte holds their place."""
-        return cls(tuple("|i1" if j in joined else cat_dtype(sizes[c]).str
-                         for j, c in enumerate(CAT_COLUMNS)))
 
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype([("label", "<i1"), ("num", "<f4", (NUM_INTEGER,)),
-                         *[(f"c{j}", t) for j, t in enumerate(self.id_types)]])
-
-    def pack(self, label: np.ndarray, numericals: np.ndarray, ids: np.ndarray):
-        """label [n], numericals [n, 13], ids [26, n] → one Arrow binary array of
-        ``dtype.itemsize`` bytes a row, zero-copy over one numpy buffer."""
-        import pyarrow as pa
-
-        dtype = self.dtype
-        n = len(label)
-        rows = np.empty(n, dtype)
-        rows["label"] = label
-        rows["num"] = numericals
-        for j in range(NUM_CATEGORICAL):
-            rows[f"c{j}"] = ids[j]
-        offsets = np.arange(0, (n + 1) * dtype.itemsize, dtype.itemsize, dtype=np.int32)
-        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
-
-    def unpack(self, array) -> np.ndarray:
-        """The structured rows behind a binary array of packed rows (whatever its slicing)."""
-        dtype = self.dtype
-        n = len(array)
-        if n == 0:
-            return np.empty(0, dtype)
-        _, offsets_buf, data = array.buffers()
-        offsets = np.frombuffer(offsets_buf, np.int32, n + 1, array.offset * 4)
-        if offsets[-1] - offsets[0] != n * dtype.itemsize:
-            raise ValueError(f"packed rows of {dtype.itemsize} bytes expected, got "
-                             f"{offsets[-1] - offsets[0]} bytes for {n} rows")
-        return np.frombuffer(data, dtype, n, int(offsets[0]))
+def unpack_rows(array) -> np.ndarray:
+    """The structured rows behind a binary array of packed rows (whatever its slicing)."""
+    n = len(array)
+    if n == 0:
+        return np.empty(0, ROW_DTYPE)
+    _, offsets_buf, data = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, array.offset * 4)
+    if offsets[-1] - offsets[0] != n * ROW_BYTES:
+        raise ValueError(f"packed rows of {ROW_BYTES} bytes expected, got {offsets[-1] - offsets[0]} "
+                         f"bytes for {n} rows")
+    return np.frombuffer(data, ROW_DTYPE, n, int(offsets[0]))
 
 
 def parquet_schema():
@@ -92,7 +72,6 @@ class WriteSpec:
     out_dir: str                     # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
     compression: str
     row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
-    layout: RowLayout                # how the rows are packed
     joined_columns: tuple[int, ...]  # categoricals whose ids arrive as columns, not in the rows
     eval_half: int | None            # None: every row is train; else test = _k1 < eval_half
 
@@ -162,10 +141,11 @@ def split_table(label: np.ndarray, numericals_by_column, ids_by_column, schema=N
 def _table(batch, spec: WriteSpec, schema):
     import pyarrow as pa
 
-    rows = spec.layout.unpack(batch.column("row"))
-    ids = [batch.column(c).cast(pa.int32()) if j in spec.joined_columns
-           else rows[f"c{j}"].astype(np.int32) for j, c in enumerate(CAT_COLUMNS)]
-    return split_table(rows["label"].astype(np.int32), np.ascontiguousarray(rows["num"].T), ids, schema)
+    rows = unpack_rows(batch.column("row"))
+    cats = np.ascontiguousarray(rows["cat"].T)
+    ids = [batch.column(c).cast(pa.int32()) if j in spec.joined_columns else cats[j]
+           for j, c in enumerate(CAT_COLUMNS)]
+    return split_table(rows["label"], np.ascontiguousarray(rows["num"].T), ids, schema)
 
 
 class PartitionFiles:

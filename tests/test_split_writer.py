@@ -9,40 +9,29 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.split_writer import RowLayout, WriteSpec, commit, parquet_schema, write_task
-
-# a narrow layout (int8, int16, int32 tables), as RowLayout.for_sizes picks them
-SIZES = {c: (100, 30000, 2**31 - 1)[j % 3] for j, c in enumerate(CAT_COLUMNS)}
-LAYOUT = RowLayout.for_sizes(SIZES)
+from spark_jobs.split_writer import (ROW_BYTES, WriteSpec, commit, pack_rows, parquet_schema,
+                                     unpack_rows, write_task)
 
 
 def _rows(n: int, seed: int = 0):
-    """label, numericals [n, 13], ids [26, n] within each column's table."""
     rng = np.random.default_rng(seed)
-    ids = np.stack([rng.integers(0, SIZES[c], n, dtype=np.int64).astype(np.int32) for c in CAT_COLUMNS])
-    return (rng.integers(0, 2, n, dtype=np.int32), rng.standard_normal((n, 13)).astype(np.float32), ids)
-
-
-def test_the_layout_takes_each_table_narrowest_type():
-    assert LAYOUT.id_types[:3] == ("|i1", "<i2", "<i4")
-    assert LAYOUT.dtype.itemsize == 1 + 52 + 9 * 1 + 9 * 2 + 8 * 4
-    assert RowLayout.for_sizes(SIZES, joined=(2,)).id_types[2] == "|i1"
+    return (rng.integers(0, 2, n, dtype=np.int32), rng.standard_normal((n, 13)).astype(np.float32),
+            rng.integers(0, 2**31 - 1, (n, 26), dtype=np.int32))
 
 
 def test_packed_rows_round_trip_even_when_sliced():
     label, numericals, ids = _rows(1000)
-    packed = LAYOUT.pack(label, numericals, ids)
-    assert packed.type == pa.binary() and len(packed[0].as_py()) == LAYOUT.dtype.itemsize
-    rows = LAYOUT.unpack(packed.slice(300, 200))
+    packed = pack_rows(label, numericals, ids)
+    assert packed.type == pa.binary() and len(packed[0].as_py()) == ROW_BYTES
+    rows = unpack_rows(packed.slice(300, 200))
     assert np.array_equal(rows["label"], label[300:500])
     assert np.array_equal(rows["num"], numericals[300:500])
-    for j in range(26):
-        assert np.array_equal(rows[f"c{j}"], ids[j, 300:500]), j
+    assert np.array_equal(rows["cat"], ids[300:500])
 
 
 def test_rows_of_another_width_are_refused():
-    with pytest.raises(ValueError, match=f"{LAYOUT.dtype.itemsize} bytes"):
-        LAYOUT.unpack(pa.array([b"x" * 7, b"y" * 7], pa.binary()))
+    with pytest.raises(ValueError, match="160 bytes"):
+        unpack_rows(pa.array([b"x" * 7, b"y" * 7], pa.binary()))
 
 
 def _batches(label, numericals, ids, part: int, lines: np.ndarray, size: int):
@@ -50,13 +39,13 @@ def _batches(label, numericals, ids, part: int, lines: np.ndarray, size: int):
         end = start + size
         yield pa.record_batch({"_p": pa.array(np.full(len(label[start:end]), part, np.int32)),
                                "_k1": pa.array(lines[start:end]),
-                               "row": LAYOUT.pack(label[start:end], numericals[start:end], ids[:, start:end])})
+                               "row": pack_rows(label[start:end], numericals[start:end], ids[start:end])})
 
 
 def test_a_retried_partition_keeps_one_file_with_every_row_in_order(tmp_path):
     label, numericals, ids = _rows(2500, seed=1)
     spec = WriteSpec(out_dir=str(tmp_path), compression="snappy", row_group_rows=500,
-                     layout=LAYOUT, joined_columns=(), eval_half=1200)
+                     joined_columns=(), eval_half=1200)
     lines = np.arange(2500, dtype=np.int64)
     first = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))   # "failed"
     second = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))
@@ -75,17 +64,17 @@ def test_a_retried_partition_keeps_one_file_with_every_row_in_order(tmp_path):
     both = pa.concat_tables([test, validation])
     assert np.array_equal(both[LABEL].to_numpy(), label)
     assert np.array_equal(np.stack([both[c].to_numpy() for c in INT_COLUMNS], 1), numericals)
-    assert np.array_equal(np.stack([both[c].to_numpy() for c in CAT_COLUMNS]), ids)
+    assert np.array_equal(np.stack([both[c].to_numpy() for c in CAT_COLUMNS], 1), ids)
 
 
 def test_joined_columns_come_from_their_own_column(tmp_path):
     label, numericals, ids = _rows(10, seed=2)
     spec = WriteSpec(out_dir=str(tmp_path), compression="none", row_group_rows=100,
-                     layout=LAYOUT, joined_columns=(4,), eval_half=None)
+                     joined_columns=(4,), eval_half=None)
     joined = np.arange(10, dtype=np.int32) + 77
     batch = pa.record_batch({"_p": pa.array(np.zeros(10, np.int32)), "_k1": pa.array(np.arange(10)),
-                             "row": LAYOUT.pack(label, numericals, ids), CAT_COLUMNS[4]: pa.array(joined)})
+                             "row": pack_rows(label, numericals, ids), CAT_COLUMNS[4]: pa.array(joined)})
     commit(pa.Table.from_batches(list(write_task(spec)([batch]))).to_pylist(), tmp_path)
     table = pq.read_table(tmp_path / "train" / "part-00000.parquet")
     assert table[CAT_COLUMNS[4]].to_pylist() == joined.tolist()
-    assert table[CAT_COLUMNS[5]].to_pylist() == ids[5].tolist()
+    assert table[CAT_COLUMNS[5]].to_pylist() == ids[:, 5].tolist()
