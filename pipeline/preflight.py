@@ -121,10 +121,6 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
     return [Path(p) for p in str(value).split(",") if p]
 
 
-def local_cores(master: str) -> int | None:
-    return local_cores(master)
-
-
 # ---------------------------------------------------------------- the estimate
 @dataclass
 class Estimate:
