@@ -11,6 +11,7 @@ smallest first up to ``arrow_index_max_values`` values); the others are joined b
 integer value of the hex string, broadcast or shuffled. Train is hash-partitioned and sorted by
 Spark; pyarrow encodes the parquet files inside the writer tasks.
 """
+
 from __future__ import annotations
 
 import shutil

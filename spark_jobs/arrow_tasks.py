@@ -47,9 +47,10 @@ def _chunk_ids(batches):
 
 
 def _blocks(chunks: list[Chunk], batches, settings: ReadSettings):
+    """(chunk number, chunk, its line blocks) for each chunk the task was given."""
     for chunk_id in _chunk_ids(batches):
         chunk = chunks[int(chunk_id)]
-        yield chunk, line_blocks(chunk, settings.block_bytes)
+        yield int(chunk_id), chunk, line_blocks(chunk, settings.block_bytes)
 
 
 # ---------------------------------------------------------------- count pass
@@ -127,7 +128,7 @@ def _add_stats(stats: np.ndarray, parsed) -> None:
 def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings):
     """mapInArrow function: statistics of every chunk, value counts of ``count_days``."""
     def run(batches):
-        for chunk, blocks in _blocks(chunks, batches, settings):
+        for _, chunk, blocks in _blocks(chunks, batches, settings):
             stats = np.zeros(STAT_CODES, np.int64)
             counter = _ValueCounter(settings.count_flush_lines) if chunk.day in count_days else None
             for block in blocks:
@@ -153,7 +154,7 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
     import pyarrow as pa
 
     def run(batches):
-        for chunk, blocks in _blocks(chunks, batches, settings):
+        for _, chunk, blocks in _blocks(chunks, batches, settings):
             for block in blocks:
                 parsed = parse_block(block.data, block.starts, block.ends)
                 bad = np.flatnonzero(~parsed.valid)
@@ -250,13 +251,12 @@ def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: Read
     from spark_jobs.lookup import dictionary_index
 
     index = None
-    for chunk_id in _chunk_ids(batches):
-        chunk = chunks[int(chunk_id)]
+    for chunk_id, chunk, blocks in _blocks(chunks, batches, settings):
         if index is None and spec.cached_columns:
             index = dictionary_index(spec.dict_dir, spec.cached_columns, spec.run_token)
-        for block in line_blocks(chunk, settings.block_bytes):
+        for block in blocks:
             parsed = parse_block(block.data, block.starts, block.ends)
-            yield int(chunk_id), chunk, _transformed(spec, chunk, block, parsed, index)
+            yield chunk_id, chunk, _transformed(spec, chunk, block, parsed, index)
 
 
 def transform_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings):

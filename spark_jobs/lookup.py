@@ -51,10 +51,6 @@ class DictionaryIndex:
             else:
                 out[j] = 0
 
-    @property
-    def size(self) -> int:
-        return sum(len(index) for index, _ in self.tables.values())
-
 
 def dictionary_index(dict_dir: str, columns: tuple[int, ...], token: str) -> DictionaryIndex:
     """The worker's index for this run (``token`` names the run); an older one is dropped."""

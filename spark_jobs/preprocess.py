@@ -28,6 +28,7 @@ from spark_jobs.dictionaries import build_dictionaries, table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
+from spark_jobs.split_writer import write_empty
 from spark_jobs.sql_engine import SqlEngine
 from spark_jobs.stats import DayStats
 
@@ -185,12 +186,12 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
     timer = _Timer()
     engine = _make_engine(engine_id, session, days, cfg)
     try:
-        return _run_stages(session, engine, days, layout, spec, cfg, timer)
+        return _run_stages(engine, days, layout, spec, cfg, timer)
     finally:
         engine.close()
 
 
-def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spec,
+def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
                 cfg: PreprocessConfig, timer: _Timer) -> dict:
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
@@ -211,7 +212,7 @@ def _run_stages(session, engine, days: list[DayFile], layout: WorkdirLayout, spe
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
         counting.write_days_json(days, stats, layout.counts)
-    rows = _write_splits(session, engine, days, layout, sizes, stats, cfg, timer)
+    rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
     write_json_atomic(layout.data_quality, report, sort_keys=False)
@@ -248,9 +249,8 @@ def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
     return max(1, -(-train_rows // max(1, cfg.train_rows_per_file)))
 
 
-def _write_splits(session, engine, days: list[DayFile], layout: WorkdirLayout,
-                  sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
-                  timer: _Timer) -> dict[str, int]:
+def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
+                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
     """Train, test and validation from a second read of every day; rows per split, counted
     from the written files' footers."""
     with timer.stage("transform"):
@@ -259,7 +259,7 @@ def _write_splits(session, engine, days: list[DayFile], layout: WorkdirLayout,
         engine.write_splits(stats, sizes, dictionaries_dir(layout), staging, partitions)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         for name in transform.move_split_dirs(staging, targets):
-            transform.write_empty_split(targets[name], cfg.compression)
+            write_empty(targets[name] / "part-00000.parquet", cfg.compression)
     return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 

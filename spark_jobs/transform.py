@@ -98,13 +98,6 @@ def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
     return empty
 
 
-def write_empty_split(path: Path, compression: str) -> None:
-    """A split without rows still gets a parquet file carrying the schema."""
-    from spark_jobs.split_writer import write_empty
-
-    write_empty(path / "part-00000.parquet", compression)
-
-
 def rows_in_files(split_dir: Path) -> int:
     """Rows of a split directory, from its parquet footers."""
     import pyarrow.parquet as pq
