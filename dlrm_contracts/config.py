@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
+from dlrm_contracts.schema import CAT_COLUMNS
 
 Section = TypeVar("Section")
 
@@ -59,6 +60,11 @@ class GeneratorConfig:
     # Rows per independently seeded block; part of the output's identity, like the seed.
     chunk_rows: int = 65_536
     workers: int = 2
+    # Columns drawn uniformly over this many values instead of the Zipf law over their scaled
+    # Terabyte vocabulary, e.g. {C1: 2500000}: every value about equally rare, so thresholding
+    # keeps millions of values per column, as the Terabyte's big columns do at threshold 15
+    # (the preprocessing benchmark's high-cardinality input).
+    uniform_columns: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Checked before the output directory is touched: a rerun with a typo must not delete
@@ -75,6 +81,11 @@ class GeneratorConfig:
         _check(0.0 < self.click_rate < 1.0, f"click_rate must be in (0, 1), got {self.click_rate}")
         _check(not self.gzip or 0 <= self.gzip_level <= 9,
                f"gzip_level must be 0..9, got {self.gzip_level}")
+        for column, size in self.uniform_columns.items():
+            _check(column in CAT_COLUMNS, f"uniform_columns: {column!r} is not one of C1..C26")
+            _check(isinstance(size, int) and 1 <= size <= 2**31 - 1,
+                   f"uniform_columns: {column} needs a whole number of values in 1 .. 2**31 - 1, "
+                   f"got {size!r}")
 
 
 @dataclass

@@ -143,22 +143,30 @@ def value_totals(session, counts_dir: Path, days: list[int] | None = None):
 
 
 def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
-    """(column, count, num_values) as one small parquet file; returns it per column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """(column, count, num_values) of a totals DataFrame, stored; returns it per column."""
     from pyspark.sql import functions as F
 
     rows = (totals.groupBy("column", "count").agg(F.count(F.lit(1)).cast("long").alias("num_values"))
             .collect())
-    order = {c: i for i, c in enumerate(CAT_COLUMNS)}
-    rows = sorted(rows, key=lambda r: (order[r["column"]], r["count"]))
-    table = pa.table({"column": pa.array([r["column"] for r in rows], pa.string()),
-                      "count": pa.array([r["count"] for r in rows], pa.int64()),
-                      "num_values": pa.array([r["num_values"] for r in rows], pa.int64())})
-    path = histogram_path(counts_dir)
-    with atomic_file(path) as tmp:
-        pq.write_table(table, tmp)
     histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
     for r in rows:
         histogram[r["column"]].append((r["count"], r["num_values"]))
-    return histogram
+    return write_histogram_file(histogram, counts_dir)
+
+
+def write_histogram_file(histogram: dict[str, list[tuple[int, int]]],
+                         counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
+    """Store (column, count, num_values) as one small parquet file, columns in their order and
+    counts ascending (both engines write the same bytes); returns it sorted the same way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ordered = {c: sorted(histogram.get(c, [])) for c in CAT_COLUMNS}
+    rows = [(c, count, n) for c in CAT_COLUMNS for count, n in ordered[c]]
+    table = pa.table({"column": pa.array([r[0] for r in rows], pa.string()),
+                      "count": pa.array([r[1] for r in rows], pa.int64()),
+                      "num_values": pa.array([r[2] for r in rows], pa.int64())})
+    path = histogram_path(counts_dir)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
+    return ordered

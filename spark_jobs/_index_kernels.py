@@ -1,0 +1,81 @@
+"""The dictionary index's compiled loops (numba): build a range's hash table, probe it.
+
+A slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
+``size`` slots is ``mix32(value) * size >> 32``, and linear probing wraps around the region.
+Compiled once per machine: ``cache=True`` keeps the machine code beside this file (or, for
+code shipped to executors in a zip, in numba's cache directory).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix32(value):
+    """MurmurHash3's 32-bit finaliser: spreads clustered values (small integers, shared
+    prefixes) over the region."""
+    h = np.uint64(value)
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _MASK32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _MASK32
+    h ^= h >> np.uint64(16)
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def build_region(values, ids, region):
+    """Insert distinct ``values`` (uint32) with their ``ids`` (int32 >= 1) into ``region``
+    (uint64, zeroed, more slots than values)."""
+    size = np.uint64(region.shape[0])
+    for i in range(values.shape[0]):
+        key = np.uint64(values[i])
+        s = (_mix32(key) * size) >> np.uint64(32)
+        while region[s] != 0:
+            s += np.uint64(1)
+            if s == size:
+                s = np.uint64(0)
+        region[s] = key | (np.uint64(ids[i]) << np.uint64(32))
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup_column(values, bounds, starts, sizes, slots, out):
+    """``out[i]`` = the id of ``values[i]`` (int64; negative = missing), 0 if absent.
+    ``bounds``: each range's lowest value (ascending, bounds[0] = 0); ``starts``/``sizes``:
+    its region of ``slots``."""
+    ranges = bounds.shape[0]
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v < 0:
+            out[i] = 0
+            continue
+        key = np.uint64(v)
+        lo, hi = 0, ranges                 # the last range whose bound is <= key
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if np.uint64(bounds[mid]) <= key:
+                lo = mid
+            else:
+                hi = mid
+        size = np.uint64(sizes[lo])
+        if size == 0:
+            out[i] = 0
+            continue
+        base = np.uint64(starts[lo])
+        s = (_mix32(key) * size) >> np.uint64(32)
+        found = 0
+        while True:
+            slot = slots[base + s]
+            if slot == 0:
+                break
+            if (slot & _MASK32) == key:
+                found = np.int32(slot >> np.uint64(32))
+                break
+            s += np.uint64(1)
+            if s == size:
+                s = np.uint64(0)
+        out[i] = found
