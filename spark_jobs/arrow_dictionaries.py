@@ -231,16 +231,16 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
                       "value": format_hex(counts.values),
                       "count": pa.array(counts.counts.astype(np.int64))})
     path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
-    _write_parquet_atomically(table, path)
+    _write_parquet_atomically(table, path, use_dictionary=["column", "count"])
 
 
-def _write_parquet_atomically(table, path: Path) -> None:
+def _write_parquet_atomically(table, path: Path, use_dictionary=True) -> None:
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
-        pq.write_table(table, temporary, compression="snappy")
+        pq.write_table(table, temporary, compression="snappy", use_dictionary=use_dictionary)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -281,14 +281,10 @@ def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
                class_first: np.ndarray) -> np.ndarray:
     """Ids of a group's kept values (ascending, their counts all in ``classes``): the class's
     first id plus the value's rank among the group's values of the same count."""
-    order = np.argsort(-counts, kind="stable")        # count descending, value ascending
-    ranked = counts[order]
-    change = np.ones(len(ranked), bool)
-    change[1:] = ranked[1:] != ranked[:-1]
-    run_start = np.maximum.accumulate(np.where(change, np.arange(len(ranked)), 0))
+    from spark_jobs.kernels import ranks_in_class
+
     ids = np.empty(len(values), np.int64)
-    ids[order] = (class_first[np.searchsorted(classes, ranked)]
-                  + np.arange(len(ranked)) - run_start)
+    ranks_in_class(np.searchsorted(classes, counts), np.ascontiguousarray(class_first, np.int64), ids)
     return ids
 
 
@@ -337,7 +333,9 @@ def _write_group(spec: WriteSpec, group: int, values, counts, classes) -> int:
     table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
                       "count": pa.array(counts.astype(np.int64)),
                       "key": pa.array(dictionary_key(values))})
-    _write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet")
+    # every value, id and key is distinct: only the counts gain from dictionary encoding
+    _write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+                              use_dictionary=["count"])
     start, size = spec.regions[group]
     dictionary_index.write_region(spec.index_dir, name, start, size, values, ids)
     return len(values)

@@ -46,6 +46,7 @@ ROW_GROUP_ROWS = 1 << 18
 
 class ArrowEngine:
     name = "arrow"
+    lookups = "dictionary index"     # how the transform finds ids (recorded in preprocess.json)
 
     def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
@@ -101,7 +102,7 @@ class ArrowEngine:
                                              dicts.COUNT_SCHEMA))
             samples += _samples(frame.where(F.col("kind") == dicts.KIND_SAMPLE).collect())
             partials = partials.unionByName(frame.where(F.col("kind") == dicts.KIND_PARTIAL))
-        self._plan = dicts.GroupPlan.from_samples(samples)
+        self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
         dicts.clear_day_counts(counts_dir, self._recounted)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
                                 str(counts_dir))
@@ -176,7 +177,7 @@ class ArrowEngine:
         the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
         order (chunk k writes part k)."""
-        spec = self._transform_spec(stats, index_dir)
+        spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
@@ -185,14 +186,18 @@ class ArrowEngine:
         task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
                                            write(eval_half=spec.eval_half))
         results = self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
-        train_chunks = [c for c in self.chunks if c.day != last]
-        train = (self._over(train_chunks, arrow_tasks.transform_task(train_chunks, spec, self.settings),
-                            TRANSFORM_SCHEMA)
-                 .repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2"))
-        results += split_writer.write_partitions(train, write(eval_half=None))
+        results += split_writer.write_partitions(self.train_rows(spec, train_files),
+                                                 write(eval_half=None))
         return split_writer.commit(results, staging)
 
-    def _transform_spec(self, stats, index_dir: Path) -> TransformSpec:
+    def train_rows(self, spec: TransformSpec, train_files: int):
+        """The train split's packed rows, hash-partitioned by their order key and sorted."""
+        chunks = [c for c in self.chunks if c.day != spec.eval_day]
+        rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
+                          TRANSFORM_SCHEMA)
+        return rows.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
+
+    def transform_spec(self, stats, index_dir: Path) -> TransformSpec:
         first_line = {(day, chunk): offset for day, s in stats.items()
                       for chunk, offset in s.line_offsets().items()}
         last = stats[self.days[-1].day]

@@ -24,6 +24,7 @@ from spark_jobs.stats import DayStats, line_number_column
 
 class SqlEngine:
     name = "sql"
+    lookups = "Spark joins"          # broadcast up to broadcast_max_values, shuffled above
 
     def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session

@@ -1,6 +1,8 @@
-"""The dictionary index's compiled loops (numba): build a range's hash table, probe it.
+"""The compiled loops of the Arrow engine's dictionaries (numba): ids within a value range,
+and the dictionary index's hash tables (build a range's table, probe it).
 
-A slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
+They are loops whose numpy formulations cost several passes over the data (bench/README.md,
+"Dictionary lookups"). In the index, a slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
 ``size`` slots is ``mix32(value) * size >> 32``, and linear probing wraps around the region.
 Compiled once per machine: ``cache=True`` keeps the machine code beside this file (or, for
 code shipped to executors in a zip, in numba's cache directory).
@@ -79,3 +81,25 @@ def lookup_column(values, bounds, starts, sizes, slots, out):
             if s == size:
                 s = np.uint64(0)
         out[i] = found
+
+
+@numba.njit(cache=True, nogil=True)
+def ranks_in_class(classes, first, out):
+    """``out[i] = first[classes[i]] + ``how many ``j < i`` share ``classes[i]``: with values
+    in ascending order, each value's id is its class's first id plus its rank in the class."""
+    seen = np.zeros(first.shape[0], np.int64)
+    for i in range(classes.shape[0]):
+        k = classes[i]
+        out[i] = first[k] + seen[k]
+        seen[k] += 1
+
+
+def warm_up() -> None:
+    """Call each loop once with the argument types the tasks use (read-only slots: the index
+    is memory-mapped read-only), loading its machine code from the cache or compiling it."""
+    slots = np.zeros(512, np.uint64)
+    build_region(np.arange(1, 3, dtype=np.uint32), np.arange(1, 3, dtype=np.int32), slots)
+    slots.setflags(write=False)
+    lookup_column(np.arange(-1, 3, dtype=np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
+                  np.full(1, 512, np.int64), slots, np.zeros(4, np.int32))
+    ranks_in_class(np.zeros(2, np.int64), np.ones(1, np.int64), np.zeros(2, np.int64))
