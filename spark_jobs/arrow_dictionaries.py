@@ -16,7 +16,8 @@ the values. The JVM never sees a value: it caches, shuffles and groups byte stri
    value ranges in order, that is ``first id of (group, count) + rank of the value among the
    group's values of that count``; the first ids come from the groups' histograms alone,
    summed on the driver. No global sort, no dictionary on the driver.
-4. **Write**: each group's task writes its part of the column's dictionary parquet and builds
+4. **Write**: each group's task writes its part of the column's dictionary parquet (value, id,
+   count) and builds
    its region of the column's index (``spark_jobs.dictionary_index``).
 """
 
@@ -34,8 +35,7 @@ from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import dictionary_index
-from spark_jobs.fastparse import format_hex, hex_bytes, parse_hex
-from spark_jobs.order import SPARK_SEED, hash_long
+from spark_jobs.fastparse import format_hex, parse_hex
 from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
                                      count_histogram, evenly_spaced, from_binary, merge_counts,
                                      slices_to_binary, to_binary)
@@ -288,12 +288,6 @@ def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
     return ids
 
 
-def dictionary_key(values: np.ndarray) -> np.ndarray:
-    """The SQL engine's join key of a value: Spark's xxhash64 of its 8-character string (for
-    8 bytes, XXH64 hashes them as one little-endian word, as hashLong does)."""
-    return hash_long(hex_bytes(values).view(np.int64), SPARK_SEED).astype(np.int64)
-
-
 @dataclass(frozen=True)
 class WriteSpec:
     plan: GroupPlan
@@ -331,9 +325,8 @@ def _write_group(spec: WriteSpec, group: int, values, counts, classes) -> int:
     ids = assign_ids(values, counts, *classes)
     name = CAT_COLUMNS[column]
     table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
-                      "count": pa.array(counts.astype(np.int64)),
-                      "key": pa.array(dictionary_key(values))})
-    # every value, id and key is distinct: only the counts gain from dictionary encoding
+                      "count": pa.array(counts.astype(np.int64))})
+    # every value and id is distinct: only the counts gain from dictionary encoding
     _write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
                               use_dictionary=["count"])
     start, size = spec.regions[group]

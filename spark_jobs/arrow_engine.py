@@ -106,8 +106,12 @@ class ArrowEngine:
         dicts.clear_day_counts(counts_dir, self._recounted)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
                                 str(counts_dir))
+        # an explicit partition count: adaptive execution would merge the small shuffle of an
+        # ordinary input into one task and leave the other cores idle
+        partitions = min(self._plan.groups, 4 * self.session.sparkContext.defaultParallelism)
         self._totals = self._persist(
             partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
+            .repartition(partitions, "group")
             .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA))
         rows = self._totals.select("group", "histogram_counts", "histogram_sizes").collect()
         self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),

@@ -149,18 +149,6 @@ def test_a_copy_per_node_is_made_once_and_used(tmp_path):
     assert out[:, 0].tolist() == [2] * 26 and not out[:, 1].any()
 
 
-@pytest.mark.spark
-def test_dictionary_keys_are_sparks_xxhash64_of_the_hex_string(spark):
-    from pyspark.sql import functions as F
-
-    from spark_jobs.fastparse import format_hex
-
-    values = np.array([0, 1, 0xDEADBEEF, 2**32 - 1, 0x00ABCDEF], np.uint32)
-    frame = spark.createDataFrame([(s,) for s in format_hex(values).to_pylist()], "value string")
-    want = [r[0] for r in frame.select(F.xxhash64("value")).collect()]
-    assert dicts.dictionary_key(values).tolist() == want
-
-
 # ---------------------------------------------------------------- real Spark runs
 
 spark_tests = pytest.mark.spark
