@@ -35,7 +35,7 @@ from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import dictionary_index
-from spark_jobs.fastparse import format_hex, parse_hex
+from spark_jobs.fastparse import format_hex
 from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
                                      count_histogram, evenly_spaced, from_binary, merge_counts,
                                      slices_to_binary, to_binary)
@@ -102,7 +102,7 @@ def stored_partials_task(files: list[tuple[int, str]]):
                 for j, name in enumerate(CAT_COLUMNS):
                     rows = table.filter(pc.equal(table["column"], name))
                     if rows.num_rows:
-                        values = parse_hex(rows["value"].combine_chunks()).astype(VALUE_DTYPE)
+                        values = rows["value"].to_numpy().astype(VALUE_DTYPE)
                         order = np.argsort(values, kind="stable")
                         counts = rows["count"].to_numpy().astype(DAY_COUNT_DTYPE)
                         by_column[j] = Counts(values[order], counts[order])
@@ -222,13 +222,12 @@ def merge_task(spec: MergeSpec):
 
 
 def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts: Counts) -> None:
-    """One group's counts of one day, as the SQL engine stores them (column, 8-digit hex
-    value, count). The name is the group's, so a retried task replaces its own file."""
+    """One group's counts of one day, as both engines store them (column, the value's
+    integer, count). The name is the group's, so a retried task replaces its own file."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = pa.table({"column": pa.repeat(pa.scalar(column, pa.string()), len(counts)),
-                      "value": format_hex(counts.values),
+                      "value": pa.array(counts.values.astype(np.int64)),
                       "count": pa.array(counts.counts.astype(np.int64))})
     path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
     _write_parquet_atomically(table, path, use_dictionary=["column", "count"])

@@ -18,13 +18,15 @@ from spark_jobs.inputs import DayFile
 from spark_jobs.stats import (ROW_CLASS, DayStats, add_categorical_missing, row_class_sql,
                               stats_from_counts)
 
-# 2: lines end at '\n' only and fields must match up to the end of the line (parse.py); counts
-# written under another version are recounted, not reused
-DAYS_FORMAT_VERSION = 2
+# 2: lines end at '\n' only and fields must match up to the end of the line (parse.py);
+# 3: a value is stored as its integer (the 8 hex digits' value), not as its string. Counts
+# written under another version are recounted, not reused.
+DAYS_FORMAT_VERSION = 3
 # The stored counts, read with an explicit schema: when no valid line of any day has a
 # categorical value, no day partition is written and schema inference would fail
-# (UNABLE_TO_INFER_SCHEMA).
-COUNTS_SCHEMA = "column STRING, value STRING, count LONG, day STRING"
+# (UNABLE_TO_INFER_SCHEMA). A value is the integer of its 8 hex digits (0 .. 2**32 - 1): it
+# sorts like the string, and is written and read several times faster.
+COUNTS_SCHEMA = "column STRING, value LONG, count LONG, day STRING"
 
 
 def counted_days(counts_dir: Path) -> dict[int, dict]:
@@ -83,7 +85,8 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
                 shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)
             values = counts.where((F.col("column") != ROW_CLASS)
                                   & F.col("day").isin([str(d) for d in recount]))
-            (values.select("day", "column", "value", "count").write.mode("overwrite")
+            (values.select("day", "column", F.conv("value", 16, 10).cast("long").alias("value"),
+                           "count").write.mode("overwrite")
              .option("partitionOverwriteMode", "dynamic")
              .partitionBy("day").parquet(str(values_dir(counts_dir))))
     finally:
@@ -135,7 +138,8 @@ def stored_counts(session, counts_dir: Path, days: list[int] | None = None):
 
 
 def value_totals(session, counts_dir: Path, days: list[int] | None = None):
-    """(column, value, count) summed over the counted days (``days``: only those)."""
+    """(column, value, count) summed over the counted days (``days``: only those); ``value``
+    is the integer of the hex string."""
     from pyspark.sql import functions as F
 
     return (stored_counts(session, counts_dir, days)
