@@ -119,6 +119,7 @@ class GroupPlan:
 
     bounds: tuple[np.ndarray, ...]     # per column: lowest value of each range, bounds[0] = 0
     first: tuple[int, ...]             # per column: the group of its first range
+    entries: int = 0                   # partial entries in all (what the merge will read)
 
     @property
     def groups(self) -> int:
@@ -141,7 +142,7 @@ class GroupPlan:
             bounds.append(column_bounds)
             first.append(next_group)
             next_group += len(column_bounds)
-        return cls(tuple(bounds), tuple(first))
+        return cls(tuple(bounds), tuple(first), sum(entries for _, entries, _ in samples))
 
 
 def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> np.ndarray:

@@ -106,9 +106,8 @@ class ArrowEngine:
         dicts.clear_day_counts(counts_dir, self._recounted)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
                                 str(counts_dir))
-        # an explicit partition count: adaptive execution would merge the small shuffle of an
-        # ordinary input into one task and leave the other cores idle
-        partitions = min(self._plan.groups, 4 * self.session.sparkContext.defaultParallelism)
+        partitions = _merge_partitions(self._plan, self.cfg.arrow_group_values,
+                                       self.session.sparkContext.defaultParallelism)
         self._totals = self._persist(
             partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
             .repartition(partitions, "group")
@@ -259,6 +258,15 @@ def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
         s.rows_valid = s.rows_read - s.rows_rejected
         s.rows_fast += s.rows_read
     return stats
+
+
+def _merge_partitions(plan: dicts.GroupPlan, group_values: int, cores: int) -> int:
+    """Tasks of the merge (and of the dictionary write, over its output): about one group's
+    worth of entries each, at least one per core (adaptive execution would fold a small
+    shuffle into one task and leave the other cores idle), at most four per core (each task
+    costs a Python call and a file per day), never more than the groups."""
+    by_work = -(-plan.entries // max(1, group_values))
+    return max(1, min(plan.groups, 4 * cores, max(cores, by_work)))
 
 
 def _samples(rows) -> list[tuple[int, int, np.ndarray]]:
