@@ -264,7 +264,7 @@ def _merge_partitions(plan: dicts.GroupPlan, group_values: int, cores: int) -> i
     """Tasks of the merge (and of the dictionary write, over its output): about one group's
     worth of entries each, at least one per core (adaptive execution would fold a small
     shuffle into one task and leave the other cores idle), at most four per core (each task
-    costs a Python call and a file per day), never more than the groups."""
+    has its start-up cost), never more than the groups."""
     by_work = -(-plan.entries // max(1, group_values))
     return max(1, min(plan.groups, 4 * cores, max(cores, by_work)))
 
