@@ -72,7 +72,9 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     got, want = step_losses(workdir), step_losses(tmp_path / "reference")
     np.testing.assert_allclose([got[s] for s in range(k + 1, k + 7)],
                                [want[s] for s in range(k + 1, k + 7)], rtol=1e-6)
-    assert summary["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-6)
+    # Weights agree to float rounding, not bit for bit (thread scheduling orders the sums), and
+    # one near-tied pair of the 1,000 test rows swapping order moves the AUC by ~5e-6.
+    assert summary["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-4)
     # The eval mode restores the latest checkpoint and reports the same AUC.
     evaluated, _ = run_trainer_cli(args[:4] + ["--mode", "eval", *config_flags(small_config())])
     assert evaluated["mode"] == "eval" and evaluated["step"] == k + 6
