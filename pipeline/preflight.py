@@ -374,7 +374,12 @@ def _time(config: PipelineConfig, est: Estimate, rows: int | None, test_rows: in
             samples = train_rows * config.train.epochs
         used = cores  # the ranks on one machine share its cores (intra-op threads = cores / ranks)
         if "train" in wanted:
-            parts.append(("train", samples / (rate * used), f"{used} cores of this machine, CPU"))
+            how = f"{used} cores of this machine, CPU"
+            if not config.train.max_steps:
+                how += f", {config.train.epochs} epochs"
+                if config.train.early_stopping_patience:
+                    how += " at most: early stopping usually ends it sooner"
+            parts.append(("train", samples / (rate * used), how))
         if "eval" in wanted and test_rows:
             parts.append(("eval", test_rows / (rate * pre.eval_speedup * used),
                           f"{used} cores, CPU"))
