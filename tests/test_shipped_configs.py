@@ -24,7 +24,7 @@ REFERENCE_TRAIN = {"preset": "default", "batch_size": 65_536, "optimizer": "sgd"
                    "decay_steps": 24_000, "decay_power": 2.0, "epochs": 1, "amp": True,
                    "embedding_dim": None, "bottom_mlp": None, "top_mlp": None,
                    "max_steps": None, "learning_rate_scaling": "none",
-                   "early_stopping_patience": 0}
+                   "early_stopping_patience": 0, "evals_per_epoch": 1}
 EXPECTED = {
     "criteo_terabyte_1gpu.yaml": {"threshold": "15", "np": 1},
     "criteo_terabyte_8gpu.yaml": {"threshold": "3", "np": 8},
