@@ -27,6 +27,8 @@ the product's interface (schedulers read it), so change it only with a note in t
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,8 @@ DATASET_JSON = "dataset.json"        # the binary dataset's description (binary_
 DAYS_JSON = "days.json"
 HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
+CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists
+CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 
 
 def values_dir(counts_dir: str | Path) -> Path:
@@ -58,6 +62,50 @@ def counts_beside(binary_dir: str | Path) -> Path:
     """The counts a binary dataset was made from, when it sits in a workdir (DIR/binary ->
     DIR/counts): the default wherever a threshold raise needs the histogram."""
     return Path(binary_dir).parent / "counts"
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step-{step:09d}"
+
+
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = CHECKPOINT_DIR.match(path.name)
+        if match and (path / CHECKPOINT_META).exists():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """Where training resumes: the newest complete checkpoint."""
+    found = complete_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def best_checkpoint(root: str | Path) -> Path | None:
+    """The run's model, which eval and export use: the checkpoint of the best validation AUC
+    when the latest checkpoint names one (a run with early stopping), else the latest.
+
+    A best checkpoint that is no longer complete (deleted by hand) falls back to the latest.
+    """
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return None
+    try:
+        meta = json.loads((latest / CHECKPOINT_META).read_text())
+    except (OSError, ValueError):
+        return latest  # the checkpoint reader reports the damage when it opens it
+    best = (meta.get("early_stopping") or {}).get("best_step") if isinstance(meta, dict) else None
+    if isinstance(best, int) and not isinstance(best, bool):
+        path = checkpoint_dir(root, best)
+        if (path / CHECKPOINT_META).exists():
+            return path
+    return latest
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from dlrm_contracts.atomic import read_json
 from dlrm_contracts.binary_format import cat_dtype
-from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
@@ -334,7 +334,7 @@ def _memory(config: PipelineConfig, est: Estimate, sizes: list[int] | None,
         where = f"this machine's {human(total)} / {here} ranks"
     usable = budget - config.preflight.rank_reserve_gib * 2**30
     est.facts["embedding_bytes_per_rank"] = per_rank
-    est.say(f"memory: embedding tables{' + Adam state' if state_factor > 1 else ''} per rank "
+    est.say(f"memory: embedding tables{' + optimizer state' if state_factor > 1 else ''} per rank "
             f"(planner, {world} ranks, dim {dims.embedding_dim}): fullest {human(fullest)}, "
             f"least {human(min(per_rank))}; {where}, {config.preflight.rank_reserve_gib:g} GiB "
             "of it kept for TensorFlow")
@@ -374,7 +374,12 @@ def _time(config: PipelineConfig, est: Estimate, rows: int | None, test_rows: in
             samples = train_rows * config.train.epochs
         used = cores  # the ranks on one machine share its cores (intra-op threads = cores / ranks)
         if "train" in wanted:
-            parts.append(("train", samples / (rate * used), f"{used} cores of this machine, CPU"))
+            how = f"{used} cores of this machine, CPU"
+            if not config.train.max_steps:
+                how += f", {config.train.epochs} epochs"
+                if config.train.early_stopping_patience:
+                    how += " at most: early stopping usually ends it sooner"
+            parts.append(("train", samples / (rate * used), how))
         if "eval" in wanted and test_rows:
             parts.append(("eval", test_rows / (rate * pre.eval_speedup * used),
                           f"{used} cores, CPU"))
@@ -417,7 +422,7 @@ def estimate(config: PipelineConfig) -> Estimate:
     if sizes is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows at threshold "
                 f"{parse_threshold_spec(config.preprocess.frequency_threshold)} (from the counts)")
-    state_factor = 3 if config.train.optimizer == "adam" else 1
+    state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]
     _disk(config, layout, est, rows, raw_bytes, generated, sizes, state_factor)
     _memory(config, est, sizes, state_factor)
     _time(config, est, rows, test_rows)
@@ -458,7 +463,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return
     est = Estimate()
-    state_factor = 3 if config.train.optimizer == "adam" else 1
+    state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]
     try:
         _memory(dataclasses.replace(config, stages=["train"]), est, sizes, state_factor)
         dims, dense = _dims(config)

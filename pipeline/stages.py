@@ -25,7 +25,7 @@ from dlrm_contracts.atomic import is_complete, read_json, replace_directory, wri
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
-from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout
+from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout, best_checkpoint
 from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -385,21 +385,13 @@ def _eval_run(ctx: StageContext) -> Outcome:
 
 # ---------------------------------------------------------------- export / score
 def _export_inputs(ctx: StageContext) -> dict[str, Any]:
-    """The latest checkpoint and the dictionaries: an unchanged pair is not exported again."""
-    latest = _latest_checkpoint_dir(ctx)
-    return {"checkpoint": latest.name if latest else None,
-            "checkpoint_files": tree_fingerprint(latest) if latest else "missing",
+    """The run's checkpoint and the dictionaries: an unchanged pair is not exported again."""
+    model = best_checkpoint(ctx.layout.checkpoints)
+    return {"checkpoint": model.name if model else None,
+            "checkpoint_files": tree_fingerprint(model) if model else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
             "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "export": config_to_dict(ctx.config.export)}
-
-
-def _latest_checkpoint_dir(ctx: StageContext) -> Path | None:
-    """Newest complete step-N directory (same rule as trainer.checkpoint, without importing it)."""
-    found = sorted((int(p.name.split("-", 1)[1]), p) for p in ctx.layout.checkpoints.glob("step-*")
-                   if p.name.split("-", 1)[1].isdigit() and (p / "meta.json").exists()) \
-        if ctx.layout.checkpoints.is_dir() else []
-    return found[-1][1] if found else None
 
 
 def _export_outputs(ctx: StageContext) -> str:
@@ -407,7 +399,7 @@ def _export_outputs(ctx: StageContext) -> str:
 
 
 def _export_run(ctx: StageContext) -> Outcome:
-    if _latest_checkpoint_dir(ctx) is None:
+    if best_checkpoint(ctx.layout.checkpoints) is None:
         raise PipelineError(f"no checkpoint under {ctx.layout.checkpoints} to export: run the "
                             "train stage first", ExitCode.EXPORT)
     argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),

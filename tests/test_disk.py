@@ -191,7 +191,9 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
                           capture_output=True, text=True)
     assert proc.returncode == ExitCode.INPUT_DATA, proc.stdout + proc.stderr
     assert "18,000 rows (counted by the last preprocess run)" in proc.stdout
-    assert "embedding tables per rank" in proc.stdout and "fullest rank" in proc.stderr
+    # The default optimizer's state (Adagrad's accumulators) is counted with the tables.
+    assert "embedding tables + optimizer state per rank" in proc.stdout
+    assert "fullest rank" in proc.stderr
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
     assert facts["rows"] == quality["totals"]["rows_read"] == 18_000
@@ -199,7 +201,11 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
 
     model_size = workdir / "parquet" / "model_size.json"  # the parquet's threshold: 2, as asked
     sizes = model_size_list(json.loads(model_size.read_text()), model_size)
-    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4  # small preset: dim 16
+    from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, TrainConfig
+
+    copies = OPTIMIZER_STATE_FACTOR[TrainConfig().optimizer]
+    assert copies == 2  # value + accumulator
+    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4 * copies  # dim 16
 
 
 @pytest.mark.spark

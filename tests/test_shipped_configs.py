@@ -23,7 +23,8 @@ REFERENCE_TRAIN = {"preset": "default", "batch_size": 65_536, "optimizer": "sgd"
                    "learning_rate": 24.0, "warmup_steps": 8_000, "decay_start_step": 48_000,
                    "decay_steps": 24_000, "decay_power": 2.0, "epochs": 1, "amp": True,
                    "embedding_dim": None, "bottom_mlp": None, "top_mlp": None,
-                   "max_steps": None}
+                   "max_steps": None, "learning_rate_scaling": "none",
+                   "early_stopping_patience": 0, "evals_per_epoch": 1}
 EXPECTED = {
     "criteo_terabyte_1gpu.yaml": {"threshold": "15", "np": 1},
     "criteo_terabyte_8gpu.yaml": {"threshold": "3", "np": 8},

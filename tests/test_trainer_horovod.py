@@ -102,3 +102,25 @@ def test_a_two_rank_run_resumes_in_one_process_with_its_optimizer_state(dataset,
     for name, value in expected_weights.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=2e-7, err_msg=name)
     assert resumed["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-4)
+
+
+def test_two_ranks_stop_early_at_the_same_step_as_one_process(dataset, tmp_path):
+    """Early stopping on two ranks: the AUC is computed on rank 0 only, the decision is shared,
+    so both ranks stop at the step one process stops at, and the run's result is the best
+    checkpoint (the summary and the eval mode say so)."""
+    config = small_config(optimizer="adam", learning_rate=0.01, epochs=20,
+                          early_stopping_patience=2, log_every=8)
+    multi, proc = run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"),
+                                   *config_flags(config)], ranks=2)
+    single = run(config, dataset, tmp_path / "single")
+    assert single["stopped_early"] and multi["stopped_early"]
+    assert (multi["step"], multi["last_step"]) == (single["step"], single["last_step"])
+    assert multi["step"] < multi["last_step"] < 20 * (8192 // config.batch_size)
+    np.testing.assert_allclose(multi["periodic_validation_auc"], single["periodic_validation_auc"],
+                               atol=1e-4)
+    assert multi["test_auc"] == pytest.approx(single["test_auc"], abs=1e-4)
+    assert "stopping at step" in proc.stderr and "restoring the best model" in proc.stderr
+    evaluated, _ = run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"),
+                                    "--mode", "eval", *config_flags(config)], ranks=2)
+    assert evaluated["step"] == multi["step"]
+    assert evaluated["test_auc"] == pytest.approx(multi["test_auc"], abs=1e-9)

@@ -249,3 +249,53 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == ExitCode.EVAL and "rank-0.npz is unreadable" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(dataset, tmp_path):
+    """Adam trains (the validation AUC rises well above chance within two epochs) and then
+    over-fits 4,096 rows (it falls); early stopping ends the run after two evaluations without
+    a better AUC, and the summary, the eval mode and a rerun all report the best model."""
+    config = small_config(optimizer="adam", learning_rate=0.01, epochs=20,
+                          early_stopping_patience=2, keep_checkpoints=1, log_every=8)
+    workdir = tmp_path / "adam"
+    summary = run(config, dataset, workdir)
+    curve = summary["periodic_validation_auc"]
+    steps_per_epoch = SMALL_ROWS["train"] // config.batch_size
+    assert max(curve) > 0.8, curve  # it trains
+    assert summary["stopped_early"] and summary["last_step"] < 20 * steps_per_epoch
+    assert curve[-1] < max(curve) - 0.02 and len(curve) == summary["last_step"] // steps_per_epoch
+    # The two evaluations after the best were no better: the run stopped at the second.
+    best_index = curve.index(max(curve))
+    assert len(curve) == best_index + 3
+    assert summary["step"] == (best_index + 1) * steps_per_epoch < summary["last_step"]
+    assert summary["best_validation_auc"] == max(curve)
+    assert summary["validation_auc"] == pytest.approx(max(curve), abs=1e-12)  # restored exactly
+    assert summary["checkpoint"].endswith(f"step-{summary['step']:09d}")
+    # The best checkpoint outlives keep_checkpoints=1; the last one is where a resume starts.
+    steps = [step for step, _ in complete_checkpoints(workdir / "checkpoints")]
+    assert steps == [summary["step"], summary["last_step"]]
+    evaluated = run(config, dataset, workdir, mode="eval")
+    assert evaluated["step"] == summary["step"]
+    assert evaluated["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-12)
+    # A rerun of the finished run trains nothing more and reports the same model.
+    again = run(config, dataset, workdir)
+    assert again["steps_run"] == 0 and again["step"] == summary["step"]
+    assert again["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-12)
+
+
+def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
+    """Adagrad's accumulators are optimizer state: a run stopped at step 7 and resumed gives
+    the losses and weights of an uninterrupted one."""
+    config = dict(optimizer="adagrad", learning_rate=0.05, epochs=2, warmup_steps=0)
+    whole = run(small_config(max_steps=22, **config), dataset, tmp_path / "whole")
+    run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
+    run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
+    losses, expected = step_losses(tmp_path / "resumed"), step_losses(tmp_path / "whole")
+    np.testing.assert_allclose([losses[s] for s in range(8, 23)],
+                               [expected[s] for s in range(8, 23)], rtol=1e-6)
+    assert expected[22] < expected[1]
+    weights = checkpoint_arrays(tmp_path / "resumed")
+    assert any(name.endswith("/adagrad") for name in weights)
+    for name, value in checkpoint_arrays(tmp_path / "whole").items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+    assert whole["test_auc"] > 0.55  # 22 steps of batch 256 on a planted signal

@@ -353,3 +353,59 @@ def test_a_save_removes_temporaries_left_by_a_run_killed_while_saving(tmp_path):
                     {}, {"table_sizes": [3]}, keep=2)
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [4]
     assert not stale.exists()
+
+
+# -- early stopping and the best checkpoint ----------------------------------------------------
+def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations():
+    from trainer.early_stopping import EarlyStopping
+
+    stopping = EarlyStopping(patience=2)
+    assert stopping.update(10, 0.70) and stopping.update(20, 0.72)
+    assert not stopping.update(30, 0.72)  # equal is no improvement
+    assert not stopping.stopped and stopping.evals_since_best == 1
+    assert stopping.update(40, 0.73) and stopping.evals_since_best == 0
+    assert not stopping.update(50, float("nan"))  # one class only: never the best
+    assert not stopping.update(60, None) and stopping.stopped
+    assert (stopping.best_step, stopping.best_auc) == (40, 0.73)
+    # The state a checkpoint carries: the same stop under the same patience; a larger patience
+    # lets a resumed run go on from it.
+    meta = stopping.to_meta()
+    assert EarlyStopping.from_meta(2, meta) == stopping
+    resumed = EarlyStopping.from_meta(5, meta)
+    assert not resumed.stopped and (resumed.best_step, resumed.evals_since_best) == (40, 2)
+    assert EarlyStopping.from_meta(2, None) == EarlyStopping(2)
+    assert not EarlyStopping(0).enabled
+
+
+def _meta_only_checkpoint(root, step, meta):
+    import json
+
+    path = root / f"step-{step:09d}"
+    path.mkdir(parents=True)
+    (path / "meta.json").write_text(json.dumps({"step": step, **meta}))
+    return path
+
+
+def test_best_checkpoint_is_the_one_the_latest_names_else_the_latest(tmp_path):
+    from dlrm_contracts.layout import best_checkpoint, latest_checkpoint
+
+    assert best_checkpoint(tmp_path / "none") is None
+    first = _meta_only_checkpoint(tmp_path, 10, {})
+    assert best_checkpoint(tmp_path) == first  # no early stopping: the latest
+    best = _meta_only_checkpoint(tmp_path, 20, {"early_stopping": {"best_step": 20}})
+    last = _meta_only_checkpoint(tmp_path, 40, {"early_stopping": {"best_step": 20}})
+    assert latest_checkpoint(tmp_path) == last and best_checkpoint(tmp_path) == best
+    (tmp_path / ".step-000000050.tmp").mkdir()  # incomplete: never a candidate
+    (best / "meta.json").unlink()  # the best was deleted by hand: the latest is left
+    assert best_checkpoint(tmp_path) == last
+
+
+def test_a_save_keeps_the_protected_best_beyond_the_newest(tmp_path):
+    from trainer.checkpoint import complete_checkpoints, save_checkpoint
+    from trainer.comm import LocalComm
+
+    state = {"table/0/0-4": np.ones((3, 4), np.float32)}
+    for step in (4, 8, 12, 16):
+        save_checkpoint(tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, keep=1,
+                        protect=8)
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [8, 16]

@@ -18,9 +18,11 @@ SMALL_ROWS = {"train": 4096, "test": 1000, "validation": 777}
 
 
 def small_config(**overrides) -> TrainConfig:
-    """A quick, deterministic config (small preset, every step logged)."""
-    base = dict(preset="small", batch_size=256, learning_rate=0.5, warmup_steps=5, epochs=1,
-                log_every=1, seed=7, shuffle_batches=True, intra_op_threads=1)
+    """A quick, deterministic config (small preset, SGD, every step logged, no early stopping)."""
+    base = dict(preset="small", batch_size=256, optimizer="sgd", learning_rate=0.5,
+                learning_rate_scaling="none", warmup_steps=5, epochs=1, evals_per_epoch=1,
+                early_stopping_patience=0, log_every=1, seed=7, shuffle_batches=True,
+                intra_op_threads=1)
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -32,7 +34,10 @@ def config_flags(config: TrainConfig) -> list[str]:
              "--epochs", str(config.epochs), "--log-every", str(config.log_every),
              "--seed", str(config.seed), "--shuffle-batches", str(config.shuffle_batches),
              "--bottom-mlp-data-parallel", str(config.bottom_mlp_data_parallel),
-             "--optimizer", config.optimizer]
+             "--optimizer", config.optimizer,
+             "--learning-rate-scaling", config.learning_rate_scaling,
+             "--evals-per-epoch", str(config.evals_per_epoch),
+             "--early-stopping-patience", str(config.early_stopping_patience)]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:

@@ -28,36 +28,25 @@ import numpy as np
 
 from dlrm_contracts.atomic import fsync_tree, replace_directory
 from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.layout import CHECKPOINT_META as META
+from dlrm_contracts.layout import (best_checkpoint, checkpoint_dir,  # noqa: F401 — re-exported
+                                   complete_checkpoints, latest_checkpoint)
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
 TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
-META = "meta.json"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that does not fit the model being restored."""
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    if not root.exists():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = STEP_DIR.match(path.name)
-        if match and (path / META).exists():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    found = complete_checkpoints(root)
-    return found[-1][1] if found else None
-
-
 def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
-                    replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int) -> Path:
-    """Collective: every rank calls it with its own state; returns the final directory."""
-    final = root / f"step-{step:09d}"
+                    replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int,
+                    protect: int | None = None) -> Path:
+    """Collective: every rank calls it with its own state; returns the final directory.
+
+    The newest ``keep`` checkpoints stay, and the one of step ``protect`` (the best so far).
+    """
+    final = checkpoint_dir(root, step)
     tmp = root / f".step-{step:09d}.tmp"
     if comm.rank == 0:
         if tmp.exists():
@@ -72,8 +61,9 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
         (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
         fsync_tree(tmp)  # every rank's file: the other ranks have passed the barrier above
         replace_directory(tmp, final)
-        for _, old in complete_checkpoints(root)[:-max(1, keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+        for old_step, old in complete_checkpoints(root)[:-max(1, keep)]:
+            if old_step != protect:
+                shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
             shutil.rmtree(stale, ignore_errors=True)
     comm.barrier()

@@ -15,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlrm_contracts.config import TrainConfig, flag_overrides, load_config
+from dlrm_contracts.config import (LEARNING_RATE_SCALINGS, OPTIMIZERS, TrainConfig, flag_overrides,
+                                   load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 
@@ -50,12 +51,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-batch-size", type=int)
     p.add_argument("--epochs", type=int)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in total")
-    p.add_argument("--optimizer", choices=["sgd", "adam"])
-    p.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate")
+    p.add_argument("--optimizer", choices=list(OPTIMIZERS))
+    p.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate",
+                   help="the rate at a global batch of learning_rate_batch (1024 by default)")
+    p.add_argument("--learning-rate-scaling", choices=list(LEARNING_RATE_SCALINGS),
+                   help="how the rate follows the global batch (default sqrt)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--decay-start-step", type=int)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--evals-per-epoch", type=int)
+    p.add_argument("--early-stopping-patience", type=int,
+                   help="validation evaluations without a better AUC before stopping (0 = off)")
     p.add_argument("--amp", action="store_const", const=True)
     p.add_argument("--xla", action="store_const", const=True)
     p.add_argument("--bottom-mlp-data-parallel", type=_bool, metavar="BOOL")

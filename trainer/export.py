@@ -1,4 +1,8 @@
-"""``python -m trainer --mode export``: the latest checkpoint + the dictionaries -> one SavedModel.
+"""``python -m trainer --mode export``: the run's checkpoint + the dictionaries -> one SavedModel.
+
+The run's checkpoint is ``best_checkpoint``: the best validation AUC's with early stopping,
+else the latest.
+
 
 Writes ``DIR/export/saved_model/`` (tables, MLPs, preprocessing, one vocabulary asset per
 column) and ``DIR/export/fingerprint.json`` beside it. The checkpoint may come from any number
@@ -25,7 +29,7 @@ from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
-from trainer.checkpoint import CheckpointError, CheckpointReader, latest_checkpoint
+from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
 from trainer.model import ModelDims
 
 FINGERPRINT = "fingerprint.json"
@@ -174,7 +178,7 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: d
 
 
 def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig) -> dict[str, Any]:
-    """Write ``DIR/export``: the latest checkpoint and the dictionaries as one SavedModel.
+    """Write ``DIR/export``: the run's checkpoint and the dictionaries as one SavedModel.
 
     Args:
         workdir: the workdir holding the checkpoints and the preprocess dictionaries.
@@ -187,7 +191,7 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     """
     started = time.perf_counter()
     layout = WorkdirLayout.at(workdir)
-    checkpoint = latest_checkpoint(layout.checkpoints)
+    checkpoint = best_checkpoint(layout.checkpoints)
     if checkpoint is None:
         raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
     if not layout.dictionaries.is_dir():

@@ -25,10 +25,11 @@ from tensorflow.core.framework import summary_pb2
 
 from dlrm_contracts.config import ConfigError, TrainConfig, config_to_dict
 from dlrm_contracts.layout import WorkdirLayout
-from trainer.checkpoint import (CheckpointError, CheckpointReader, checkpoint_meta,
-                                latest_checkpoint, save_checkpoint)
+from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
+                                checkpoint_meta, latest_checkpoint, save_checkpoint)
 from trainer.comm import make_comm
 from trainer.data import Batch, RankView, SplitReader, batch_starts, open_dataset, prefetch
+from trainer.early_stopping import EarlyStopping
 from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
@@ -176,6 +177,8 @@ class Trainer:
         self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
                                       trainable=False, name="loss_scale")
         self.step = 0
+        self.early_stopping = EarlyStopping(config.early_stopping_patience)
+        self._saved_step: int | None = None
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
     def _build_step_functions(self) -> None:
@@ -275,10 +278,15 @@ class Trainer:
                       if self.rank == 0 else {})
         meta = checkpoint_meta(self.config, self.placement.describe(),
                                list(self.dataset.table_sizes), self._dims_meta())
+        if self.early_stopping.enabled:
+            meta["early_stopping"] = self.early_stopping.to_meta()
+        self._saved_step = self.step
         return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
-                               meta, self.config.keep_checkpoints)
+                               meta, self.config.keep_checkpoints,
+                               protect=self.early_stopping.best_step)
 
-    def restore(self, path: Path) -> None:
+    def restore(self, path: Path) -> dict[str, Any]:
+        """Load a checkpoint's variables and step; returns its meta."""
         reader = CheckpointReader(path)
         try:
             reader.check_compatible(list(self.dataset.table_sizes), self._dims_meta())
@@ -288,9 +296,23 @@ class Trainer:
         finally:
             reader.close()
         self.comm.broadcast_variables([v for _, v in self._replicated_state()])
+        return reader.meta
 
     def restore_latest(self, required: bool = False) -> Path | None:
+        """The newest checkpoint (where training resumes), with its early-stopping state."""
         path = latest_checkpoint(self.layout.checkpoints)
+        if path is None:
+            if required:
+                raise CheckpointError(f"no complete checkpoint under {self.layout.checkpoints}")
+            return None
+        meta = self.restore(path)
+        self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
+                                                      meta.get("early_stopping"))
+        return path
+
+    def restore_best(self, required: bool = False) -> Path | None:
+        """The run's model (``best_checkpoint``: the best validation AUC's, else the latest)."""
+        path = best_checkpoint(self.layout.checkpoints)
         if path is None:
             if required:
                 raise CheckpointError(f"no complete checkpoint under {self.layout.checkpoints}")
@@ -348,6 +370,11 @@ class Trainer:
         """
         total, steps_per_epoch = self.total_steps()
         self._resume_if_asked()
+        if self.early_stopping.stopped:
+            self._progress(f"trainer: stopped early before (best validation AUC "
+                           f"{self.early_stopping.best_auc} at step "
+                           f"{self.early_stopping.best_step}): nothing to train")
+            total = self.step
         eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
         batches = self._train_batches(total, steps_per_epoch)
         clock = ThroughputClock(self.global_batch)
@@ -359,11 +386,40 @@ class Trainer:
             clock.step_done(loss)
             if self.step % max(1, self.config.log_every) == 0 or self.step == total:
                 last_loss = self._report_step(loss, lr, batch.step // steps_per_epoch, total, clock)
-            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
-                self.save()
-            if self.step % eval_every == 0 and self.step < total:  # the end has its own eval
+            if self._validates_at(self.step, total, eval_every):
                 evals.append(self.evaluate("validation"))
+                if self._stop_early(evals[-1]):
+                    batches.close()  # the read-ahead threads stop too
+                    break
+            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
+                    and self._saved_step != self.step:
+                self.save()
         return self._finish_training(clock, last_loss, evals, final_eval)
+
+    def _validates_at(self, step: int, total: int, eval_every: int) -> bool:
+        """Every ``eval_every`` steps. Without early stopping the end has its own evaluation;
+        with it, the last step's model is one of the candidates too."""
+        if self.early_stopping.enabled:
+            return step % eval_every == 0 or step == total
+        return step % eval_every == 0 and step < total
+
+    def _stop_early(self, result: EvalResult) -> bool:
+        """Early stopping's record of a validation AUC: a checkpoint when it is the best so far;
+        True when the run should stop. Every rank decides from rank 0's AUC (the only one
+        computed), so all of them stop at the same step."""
+        if not self.early_stopping.enabled:
+            return False
+        auc = math.nan if result.auc is None else result.auc
+        shared = self.comm.allreduce_sum([tf.constant(auc if self.rank == 0 else 0.0, tf.float64)],
+                                         name="dlrm_early_stopping")[0]
+        if self.early_stopping.update(self.step, float(shared)):
+            self.save()
+        elif self.early_stopping.stopped:
+            self._progress(f"trainer: validation AUC has not improved for "
+                           f"{self.early_stopping.patience} evaluations: stopping at step "
+                           f"{self.step}, best {self.early_stopping.best_auc} at step "
+                           f"{self.early_stopping.best_step}")
+        return self.early_stopping.stopped
 
     def _resume_if_asked(self) -> None:
         if self.config.resume:
@@ -394,13 +450,25 @@ class Trainer:
                          evals: list[EvalResult], final_eval: bool) -> dict[str, Any]:
         """Last checkpoint, final evaluations and the summary of the run."""
         samples_per_s = clock.run_rate()  # before the final save and evaluations
-        checkpoint = self.save() if clock.steps else latest_checkpoint(self.layout.checkpoints)
+        last_step = self.step
+        if clock.steps and self._saved_step != self.step:
+            self.save()
+        # The run's model: the best validation AUC's checkpoint with early stopping.
+        stopping = self.early_stopping
+        if stopping.best_step is not None and stopping.best_step != self.step:
+            self._progress(f"trainer: restoring the best model (validation AUC "
+                           f"{stopping.best_auc} at step {stopping.best_step})")
+            self.restore_best()
+        checkpoint = best_checkpoint(self.layout.checkpoints)
         finals = [self.evaluate("test"), self.evaluate("validation")] if final_eval else []
-        return self._summary_record("train", finals, {
-            "train_loss": last_loss, "steps_run": clock.steps,
-            "train_samples_per_s": samples_per_s,
-            "checkpoint": str(checkpoint) if checkpoint else None,
-            "periodic_validation_auc": [e.auc for e in evals]})
+        extra = {"train_loss": last_loss, "steps_run": clock.steps,
+                 "train_samples_per_s": samples_per_s,
+                 "checkpoint": str(checkpoint) if checkpoint else None,
+                 "periodic_validation_auc": [e.auc for e in evals]}
+        if stopping.enabled:
+            extra.update(last_step=last_step, stopped_early=stopping.stopped,
+                         best_validation_auc=stopping.best_auc)
+        return self._summary_record("train", finals, extra)
 
     def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(labels, probabilities) of a whole split in row order (on every rank)."""
@@ -434,11 +502,11 @@ class Trainer:
         return result
 
     def run_eval(self) -> dict[str, Any]:
-        self.restore_latest(required=True)
+        self.restore_best(required=True)
         return self._summary_record("eval", [self.evaluate("test"), self.evaluate("validation")], {})
 
     def run_inference_benchmark(self) -> dict[str, Any]:
-        self.restore_latest(required=False)
+        self.restore_best(required=False)
         split = "test" if self.dataset.rows["test"] >= self.eval_batch else "train"
         reader = SplitReader(self.dataset, split)
         starts = batch_starts(reader.rows, self.eval_batch)

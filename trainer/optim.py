@@ -8,9 +8,20 @@ the checkpoints save.
 
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 from dlrm_contracts.config import TrainConfig
+
+
+def base_learning_rate(config: TrainConfig) -> float:
+    """``learning_rate`` (set for a global batch of ``learning_rate_batch``) at this run's
+    global batch: a larger batch takes fewer steps per epoch, each with less noise, so it
+    can take larger ones."""
+    ratio = config.batch_size / config.learning_rate_batch
+    factor = {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[config.learning_rate_scaling]
+    return config.learning_rate * factor
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -18,9 +29,9 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
     Step s (0-based) of the warm-up uses base * (s + 1) / warmup_steps; from
     ``decay_start_step`` the rate is base * ((decay_steps - k) / decay_steps) ** power after k
-    decay steps, and 0 once the decay is over (as in the seed).
+    decay steps, and 0 once the decay is over (as in the seed). base = the batch-scaled rate.
     """
-    base = config.learning_rate
+    base = base_learning_rate(config)
     if config.warmup_steps and step < config.warmup_steps:
         return base * (step + 1) / config.warmup_steps
     if config.decay_start_step is not None and config.decay_steps:
@@ -88,8 +99,44 @@ class Adam:
                 var.assign_sub(step * m / (tf.sqrt(v) + self.epsilon))
 
 
+class Adagrad:
+    """Adagrad (one accumulator per value); sparse gradients touch only their rows' accumulators.
+
+    The sparse optimizer of TorchRec's and MLPerf DLRMv2's DLRM: a value's step shrinks as its
+    squared gradients add up, so the rows seen in every batch settle while the rare ones keep
+    a larger step. Duplicate ids of a batch are summed first, so a row's accumulator grows by
+    the square of its whole-batch gradient, as with a dense gradient.
+    """
+
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+        self.variables = variables
+        self.epsilon = config.adagrad_epsilon
+        self.accumulators = [tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator),
+                                         trainable=False) for _, v in variables]
+        self._by_name = {name: i for i, (name, _) in enumerate(variables)}
+
+    def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
+        return [(f"{name}/adagrad", self.accumulators[self._by_name[name]])]
+
+    def state(self) -> list[tuple[str, tf.Variable]]:
+        return []
+
+    def apply(self, grads: list, lr: tf.Tensor) -> None:
+        for (_, var), grad, acc in zip(self.variables, grads, self.accumulators):
+            if isinstance(grad, tf.IndexedSlices):
+                rows, where = tf.unique(grad.indices)
+                values = tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
+                acc_rows = tf.gather(acc, rows) + tf.square(values)
+                acc.scatter_update(tf.IndexedSlices(acc_rows, rows))
+                var.scatter_sub(tf.IndexedSlices(
+                    lr * values / (tf.sqrt(acc_rows) + self.epsilon), rows))
+            else:
+                acc.assign_add(tf.square(grad))
+                var.assign_sub(lr * grad / (tf.sqrt(acc) + self.epsilon))
+
+
 def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig):
-    kinds = {"sgd": SGD, "adam": Adam}
+    kinds = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}
     if config.optimizer not in kinds:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {sorted(kinds)}")
     return kinds[config.optimizer](variables, config)

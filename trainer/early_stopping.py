@@ -1,0 +1,59 @@
+"""Keep the best model: track validation AUC through a run and say when to stop.
+
+One more epoch than the data supports costs the model (a small dataset over-fits within a few
+epochs), so a run with ``early_stopping_patience`` > 0 evaluates the validation split at every
+evaluation point, saves a checkpoint whenever its AUC improves, and stops once it has not
+improved for ``patience`` evaluations in a row. The state travels in every checkpoint's
+``meta.json``, so a resumed run continues the same count and a finished run that stopped
+trains nothing more.
+
+Every rank must take the same decision (a rank that stops while the others train would hang
+their collectives), so the decision is taken from rank 0's AUC, broadcast to all ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class EarlyStopping:
+    patience: int  # 0 = off: every planned step is trained and the last model is the result
+    best_step: int | None = None
+    best_auc: float | None = None
+    evals_since_best: int = 0
+    stopped: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience > 0
+
+    def update(self, step: int, auc: float | None) -> bool:
+        """Record the validation AUC at ``step``; True when it is the best so far.
+
+        An undefined AUC (None or NaN: a split with one class) never counts as an improvement.
+        """
+        improved = auc is not None and not math.isnan(auc) and (
+            self.best_auc is None or auc > self.best_auc)
+        if improved:
+            self.best_step, self.best_auc, self.evals_since_best = step, float(auc), 0
+        else:
+            self.evals_since_best += 1
+            self.stopped = self.evals_since_best >= self.patience
+        return improved
+
+    def to_meta(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_meta(cls, patience: int, meta: dict[str, Any] | None) -> EarlyStopping:
+        """The state a checkpoint saved, under this run's patience (a resumed run with a
+        larger patience may go on after an earlier stop)."""
+        if not meta:
+            return cls(patience)
+        state = cls(patience, meta.get("best_step"), meta.get("best_auc"),
+                    int(meta.get("evals_since_best", 0)))
+        state.stopped = patience > 0 and state.evals_since_best >= patience
+        return state
