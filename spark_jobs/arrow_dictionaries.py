@@ -10,7 +10,10 @@ the values. The JVM never sees a value: it caches, shuffles and groups byte stri
    so a worker's memory is bounded whatever the number of distinct values.
 2. **Merge** (``groupBy(group).applyInArrow``): a group's partial counts are summed per day (the
    recounted days' counts are written, ``counts/values/day=<k>/``) and over the dictionary days
-   (the totals, kept cached), with the histogram of their counts.
+   (the totals, written as two flat arrays per group into ``counts/.totals/``, the shared
+   workdir, until the dictionaries are written), with the histogram of their counts. Only the
+   histogram goes back to Spark: the totals would cross the JVM twice (into its cache and back
+   to the dictionary tasks), which at millions of values per column cost more than the merge.
 3. **Ids.** A value's id is 1 + the number of kept values of its column with a higher count, or
    the same count and a lower value (count descending, value ascending). Because groups are
    value ranges in order, that is ``first id of (group, count) + rank of the value among the
@@ -47,8 +50,7 @@ KIND_STATS, KIND_PARTIAL, KIND_SAMPLE = 0, 1, 2
 COUNT_SCHEMA = ("kind INT, day INT, column INT, value LONG, count LONG, "
                 "values BINARY, counts BINARY")
 GROUP_SCHEMA = "group INT, day INT, values BINARY, counts BINARY"
-TOTALS_SCHEMA = ("group INT, values BINARY, counts BINARY, "
-                 "histogram_counts BINARY, histogram_sizes BINARY")
+TOTALS_SCHEMA = "group INT, entries LONG, histogram_counts BINARY, histogram_sizes BINARY"
 WRITTEN_SCHEMA = "group INT, kept LONG"
 SAMPLE_STEP = 1024
 # Partial entries per group: a merge holds ~40 bytes per entry at its peak, so ~80 MB.
@@ -192,6 +194,7 @@ class MergeSpec:
     recount: frozenset[int]            # days whose counts are written
     dictionary_days: frozenset[int]    # days summed into the totals
     counts_dir: str
+    totals_dir: str
 
 
 def merge_task(spec: MergeSpec):
@@ -213,10 +216,10 @@ def merge_task(spec: MergeSpec):
             if len(per_day[day]):
                 _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
         totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
+        write_totals(spec.totals_dir, group, totals)
         sizes_of = count_histogram(totals.counts)
         return pa.table({"group": pa.array([group], pa.int32()),
-                         "values": to_binary([totals.values]),
-                         "counts": to_binary([totals.counts.astype(TOTAL_COUNT_DTYPE)]),
+                         "entries": pa.array([len(totals)], pa.int64()),
                          "histogram_counts": to_binary([sizes_of[0]]),
                          "histogram_sizes": to_binary([sizes_of[1]])})
     return run
@@ -232,6 +235,37 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
                       "count": pa.array(counts.counts.astype(np.int64))})
     path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
     _write_parquet_atomically(table, path, use_dictionary=["column", "count"])
+
+
+def totals_dir(counts_dir: str | Path) -> Path:
+    """Where the merge leaves each group's totals for the dictionary tasks (removed after)."""
+    return Path(counts_dir) / ".totals"
+
+
+def _totals_paths(directory: str, group: int) -> tuple[Path, Path]:
+    base = Path(directory) / f"group-{group:07d}"
+    return base.with_suffix(".values.npy"), base.with_suffix(".counts.npy")
+
+
+def write_totals(directory: str, group: int, totals: Counts) -> None:
+    """A group's totals as two .npy files, each replaced whole (a retried task rewrites them)."""
+    for path, array in zip(_totals_paths(directory, group),
+                           (totals.values, totals.counts.astype(TOTAL_COUNT_DTYPE, copy=False))):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        try:
+            with open(temporary, "wb") as out:
+                np.save(out, array)
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def read_totals(directory: str, group: int) -> Counts:
+    values, counts = (np.load(path) for path in _totals_paths(directory, group))
+    if len(values) != len(counts):
+        raise ValueError(f"the totals of value group {group} in {directory} are damaged")
+    return Counts(values, counts)
 
 
 def _write_parquet_atomically(table, path: Path, use_dictionary=True) -> None:
@@ -295,29 +329,43 @@ class WriteSpec:
     dict_dir: str
     index_dir: str
     regions: dict[int, tuple[int, int]]   # group → (first slot, slots) in its column's index
+    totals_dir: str
 
 
-def dictionary_task(spec: WriteSpec, first_ids_broadcast):
-    """mapInArrow function over the totals: each group's dictionary part and index region."""
+def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_ids_broadcast):
+    """mapInArrow function over item numbers (one item = some groups): each group's totals
+    read from the merge's files, its dictionary part and index region written."""
     import pyarrow as pa
 
     def run(batches):
         firsts = first_ids_broadcast.value
         for batch in batches:
-            groups = batch.column("group").to_numpy()
-            values = from_binary(batch.column("values"), VALUE_DTYPE)
-            counts = from_binary(batch.column("counts"), TOTAL_COUNT_DTYPE)
-            written = [_write_group(spec, int(g), v, c, firsts.get(int(g)))
-                       for g, v, c in zip(groups, values, counts)]
-            yield pa.record_batch({"group": pa.array(groups, pa.int32()),
-                                   "kept": pa.array(written, pa.int64())})
+            for item in batch.column("id").to_numpy():
+                groups = batches_of_groups[int(item)]
+                written = [_write_group(spec, g, read_totals(spec.totals_dir, g), firsts.get(g))
+                           for g in groups]
+                yield pa.record_batch({"group": pa.array(groups, pa.int32()),
+                                       "kept": pa.array(written, pa.int64())})
     return run
 
 
-def _write_group(spec: WriteSpec, group: int, values, counts, classes) -> int:
+def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
+    """Groups dealt into ``batches`` lists of about equal entries (largest first, each to the
+    lightest list)."""
+    loads = [(0, k) for k in range(max(1, min(batches, len(entries))))]
+    out: list[list[int]] = [[] for _ in loads]
+    for group in sorted(entries, key=lambda g: -entries[g]):
+        load, k = min(loads)
+        out[k].append(group)
+        loads[k] = (load + entries[group], k)
+    return [sorted(b) for b in out if b]
+
+
+def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
     import pyarrow as pa
 
     column, rank = spec.plan.column_range(group)
+    values, counts = totals.values, totals.counts
     kept = counts >= spec.minimum[column]
     if classes is None or not kept.any():
         return 0

@@ -59,7 +59,8 @@ class ArrowEngine:
         self._cached: list = []        # DataFrames persisted until close()
         self._partials = None          # the count pass's rows (statistics, partial counts)
         self._samples: list = []       # (column, entries, sampled values) per partial
-        self._totals = None            # one row per group: totals and their histogram
+        self._entries: dict[int, int] = {}   # distinct values per group (totals on disk)
+        self._totals_dir: Path | None = None  # where the merge leaves the totals
         self._plan: dicts.GroupPlan | None = None
         self._histograms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if not session.sparkContext.master.startswith("local"):
@@ -104,18 +105,18 @@ class ArrowEngine:
             partials = partials.unionByName(frame.where(F.col("kind") == dicts.KIND_PARTIAL))
         self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
         dicts.clear_day_counts(counts_dir, self._recounted)
+        self._totals_dir = dicts.totals_dir(counts_dir)
+        shutil.rmtree(self._totals_dir, ignore_errors=True)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
-                                str(counts_dir))
-        partitions = _merge_partitions(self._plan, self.cfg.arrow_group_values,
-                                       self.session.sparkContext.defaultParallelism)
-        self._totals = self._persist(
-            partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
-            .repartition(partitions, "group")
-            .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA))
-        rows = self._totals.select("group", "histogram_counts", "histogram_sizes").collect()
+                                str(counts_dir), str(self._totals_dir))
+        rows = (partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
+                .repartition(self._tasks_per_group_pass(), "group")
+                .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA)
+                .collect())
         self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),
                                               np.frombuffer(r["histogram_sizes"], np.int64))
                             for r in rows}
+        self._entries = {int(r["group"]): int(r["entries"]) for r in rows}
         self._release(self._partials)
         return counting.write_histogram_file(_column_histogram(self._plan, self._histograms),
                                              counts_dir)
@@ -148,16 +149,22 @@ class ArrowEngine:
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
-            write = dicts.WriteSpec(self._plan, minimum, str(dict_dir), str(index_dir), regions)
-            written = (self._totals.mapInArrow(dicts.dictionary_task(write, broadcast),
-                                               dicts.WRITTEN_SCHEMA).collect())
+            write = dicts.WriteSpec(self._plan, minimum, str(dict_dir), str(index_dir), regions,
+                                    str(self._totals_dir))
+            batches = dicts.balanced_batches(self._entries, self._tasks_per_group_pass())
+            written = self._over(batches, dicts.dictionary_task(write, batches, broadcast),
+                                 dicts.WRITTEN_SCHEMA).collect()
         finally:
             broadcast.unpersist()
         kept = sum(r["kept"] for r in written)
         if kept != expected:
             raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
                                f"the histogram add up to {expected}")
-        self._release(self._totals)
+        shutil.rmtree(self._totals_dir, ignore_errors=True)
+
+    def _tasks_per_group_pass(self) -> int:
+        return _merge_partitions(self._plan, self.cfg.arrow_group_values,
+                                 self.session.sparkContext.defaultParallelism)
 
     # ------------------------------------------------------------ rejects
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
@@ -261,7 +268,7 @@ def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
 
 
 def _merge_partitions(plan: dicts.GroupPlan, group_values: int, cores: int) -> int:
-    """Tasks of the merge (and of the dictionary write, over its output): about one group's
+    """Tasks of the merge (and of the dictionary write after it): about one group's
     worth of entries each, at least one per core (adaptive execution would fold a small
     shuffle into one task and leave the other cores idle), at most four per core (each task
     has its start-up cost), never more than the groups."""

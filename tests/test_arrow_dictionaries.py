@@ -28,6 +28,27 @@ def _plan_with(column: int, bounds: np.ndarray) -> dicts.GroupPlan:
     return dicts.GroupPlan(tuple(all_bounds), tuple(int(x) for x in first))
 
 
+def test_totals_files_round_trip_and_a_damaged_pair_is_refused(tmp_path):
+    counts = count_values(np.array([7, 3, 7, 2**31, -1, 3, 7]))
+    dicts.write_totals(str(tmp_path), 12, counts)
+    back = dicts.read_totals(str(tmp_path), 12)
+    assert back.values.tolist() == [3, 7, 2**31] and back.counts.tolist() == [2, 3, 1]
+    assert back.counts.dtype == np.int64
+    dicts.write_totals(str(tmp_path), 13, counts)
+    np.save(tmp_path / "group-0000013.counts.npy", np.ones(2, np.int64))
+    with pytest.raises(ValueError, match="group 13"):
+        dicts.read_totals(str(tmp_path), 13)
+
+
+def test_balanced_batches_deal_every_group_once_by_entries():
+    entries = {g: n for g, n in enumerate([900, 10, 500, 480, 20, 5])}
+    batches = dicts.balanced_batches(entries, 2)
+    assert sorted(g for b in batches for g in b) == list(entries)
+    loads = sorted(sum(entries[g] for g in b) for b in batches)
+    assert loads == [935, 980]  # 900+20+10+5 and 500+480
+    assert dicts.balanced_batches({4: 1}, 8) == [[4]]  # never more batches than groups
+
+
 def _reference_ids(values: np.ndarray, counts: np.ndarray, threshold: int) -> dict[int, int]:
     """Ids by a global sort: count descending, value ascending, from 1; kept values only."""
     kept = sorted((-c, v) for v, c in zip(values.tolist(), counts.tolist()) if c >= threshold)
@@ -224,7 +245,8 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
             engine.write_dictionaries(parse_threshold_spec("2"), sizes,
                                       layout.parquet / engine.name / "dictionaries",
                                       layout.parquet / engine.name / "index")
-            if engine.name == "arrow":
+            if engine.name == "arrow":  # the merge's totals files are gone once used
+                assert not dicts.totals_dir(layout.counts / engine.name).exists()
                 spec = engine.transform_spec(stats, layout.parquet / engine.name / "index")
                 frame = engine.train_rows(spec, 2)
             else:
