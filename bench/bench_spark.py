@@ -120,12 +120,24 @@ def csv_parse_seconds(raw: Path) -> float:
     return time.perf_counter() - start
 
 
+def private_bytes(pid: int) -> int:
+    """A process's anonymous resident memory (RssAnon): its own, unlike the pages of files it
+    maps (the dictionary index, libraries), which the page cache shares between workers."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class WorkerMemory:
-    """Peak RSS of the Python workers (descendants of the JVM that run Python)."""
+    """Peak RSS of the Python workers (descendants of the JVM that run Python), and the peak
+    of their private part."""
 
     def __init__(self):
         self.peak_single = 0
         self.peak_total = 0
+        self.peak_private = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -134,14 +146,16 @@ class WorkerMemory:
 
         me = psutil.Process()
         while not self._stop.wait(0.2):
-            rss = []
+            rss, private = [], []
             for process in me.children(recursive=True):
                 try:
                     if "python" in process.name():
                         rss.append(process.memory_info().rss)
-                except psutil.Error:
+                        private.append(private_bytes(process.pid))
+                except (psutil.Error, OSError):
                     pass
             if rss:
+                self.peak_private = max(self.peak_private, max(private))
                 self.peak_single = max(self.peak_single, max(rss))
                 self.peak_total = max(self.peak_total, sum(rss))
 
@@ -182,6 +196,7 @@ def run_once(args) -> dict:
             "cpu_seconds": summary["cpu_seconds"],
             "worker_peak_rss_mb": round(memory.peak_single / 2**20),
             "workers_peak_rss_total_mb": round(memory.peak_total / 2**20),
+            "worker_peak_private_mb": round(memory.peak_private / 2**20),
             "max_table_size": max(summary["table_sizes"].values()),
             "kept_values": kept, "columns_over_2m": sum(
                 1 for size in summary["table_sizes"].values() if size > 2_000_000),
@@ -203,8 +218,9 @@ def print_run(result: dict, csv_seconds: float) -> None:
            f"{csv_seconds:.1f} s)" if csv_seconds == csv_seconds else "")
     print(f"  = {n / wall / REFERENCE_ROWS_PER_SECOND:.2f}x the reference's rows/s "
           f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s){csv}")
-    print(f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker, "
-          f"{result['workers_peak_rss_total_mb']} MB for all together")
+    print(f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker "
+          f"(private: {result.get('worker_peak_private_mb', '?')} MB at most; the rest is mapped "
+          f"files, the index among them), {result['workers_peak_rss_total_mb']} MB for all together")
     if result.get("index_bytes"):
         print(f"  dictionary index: {result['kept_values']:,} kept values "
               f"({result['columns_over_2m']} columns over 2M), {result['index_bytes'] / 2**20:.1f} MB "

@@ -16,8 +16,9 @@
 - The dictionary index (parquet/dictionary_index): its exact bytes per kept value, the
   Terabyte's index at threshold 1 (the published unique counts) and at thresholds 3 and 15
   (kept values estimated by a per-column Zipf law calibrated to those counts, see
-  ``kept_by_calibrated_zipf``), and, with ``--bench-json``, the preprocessing cost per node
-  from ``bench/bench_spark.py --high-cardinality`` results.
+  ``kept_by_calibrated_zipf``), the time to copy it to a node, and, with ``--bench-log``, the
+  preprocessing cost per node from the CPU seconds per row that ``bench/bench_spark.py
+  --high-cardinality`` printed.
 With ``--run-preprocess`` the script first runs ``python -m spark_jobs`` on RAW into W with the
 event log on, and records the wall time.
 """
@@ -38,13 +39,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dlrm_contracts.config import TrainConfig  # noqa: E402
+from dlrm_contracts.layout import WorkdirLayout  # noqa: E402
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER  # noqa: E402
 from trainer.placement import plan_placement  # noqa: E402  (numpy only; no TensorFlow)
 
 GIB = 2**30
 RUN_RECORD = lambda workdir: workdir / "make_sizing_preprocess.json"  # noqa: E731
 GPU_MEMORY_GIB = (16, 32, 40, 80)
-OPTIMIZER_STATE = {"sgd": 1, "adam": 3}  # weights (+ Adam's two moment tables per weight)
+# weights, + Adagrad's accumulator, + Adam's two moment tables per weight
+OPTIMIZER_STATE = {"sgd": 1, "adagrad": 2, "adam": 3}
+INDEX_THRESHOLDS = (1, 3, 15)
+NODE_CORES = (16, 32, 64)
 
 
 def default_dims() -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -251,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=REPO.parent / "shared" / "data" / "criteo_terabyte_facts.md")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "sizing.md")
     parser.add_argument("--note", default="", help="free text about the machine and its load")
+    parser.add_argument("--bench-log", type=Path, action="append", default=[],
+                        help="output of bench/bench_spark.py --high-cardinality (repeatable)")
     args = parser.parse_args(argv)
 
     preprocess_seconds, preprocess_command = None, None
@@ -278,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     text = render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
                   preprocess_seconds, preprocess_command, dims)
+    text += index_section(args.workdir, uniques, tb_rows, args.bench_log)
     args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0
@@ -293,6 +301,8 @@ def render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
                      + [f"**{terabyte['total_rows']:,}**"])
     size_rows.append([f"**fp32 tables, dim {dim}**"] + [f"**{gib(r['embedding_bytes'])}**" for r in generated]
                      + [f"**{gib(terabyte['embedding_bytes'])}**"])
+    size_rows.append(["Adagrad (x2)"] + [gib(2 * r["embedding_bytes"]) for r in generated]
+                     + [gib(2 * terabyte["embedding_bytes"])])
     size_rows.append(["Adam (x3)"] + [gib(3 * r["embedding_bytes"]) for r in generated]
                      + [gib(3 * terabyte["embedding_bytes"])])
     sizes_table = table(["column"] + [f"generated T={t}" for t in thresholds] + ["Terabyte T=1 (bound)"],
@@ -335,8 +345,9 @@ def render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
            f"{'-'.join(map(str, (dims[0] + features * (features - 1) // 2,) + dims[2]))}")
     tb_sizes = [terabyte["table_sizes"][c] for c in CAT_COLUMNS]
     tb80 = {o: ranks_needed(tb_sizes, dim, 80, args.reserve_gib, st) for o, st in OPTIMIZER_STATE.items()}
-    reading = (f"at threshold 1 the Terabyte tables need {tb80['sgd'][0]} GPUs of 80 GB with SGD "
-               f"and {tb80['adam'][0]} with Adam (its two moment tables triple the memory)")
+    reading = (f"at threshold 1 the Terabyte tables need {tb80['sgd'][0]} GPUs of 80 GB with SGD, "
+               f"{tb80['adagrad'][0]} with Adagrad (its accumulator doubles the memory) "
+               f"and {tb80['adam'][0]} with Adam (its two moment tables triple it)")
     ran = (f"`{preprocess_command}` took {preprocess_seconds:,.0f} s"
            if preprocess_seconds is not None else "(the preprocess run was made separately)")
     if preprocess_seconds is not None and not args.run_preprocess:
@@ -381,8 +392,8 @@ which ran the project's threshold planner (`{plan_command}`), the trainer's plac
 A value of column c is kept at threshold T when it occurs at least T times over all days; the
 table size is the number of kept values + 1 (id 0 = rare or missing):
 `size_c(T) = 1 + sum(num_values where count >= max(1, T))` over `DIR/counts/histogram.parquet`.
-The embedding tables hold `sum_c size_c(T) x dim x 4` bytes in float32 (Adam keeps two moment
-tables more: x3). The dense part of the default model ({mlp}) has {dense:,} parameters ({dense_mib:.1f} MiB), negligible
+The embedding tables hold `sum_c size_c(T) x dim x 4` bytes in float32 (Adagrad keeps an
+accumulator per weight: x2; Adam two moment tables: x3). The dense part of the default model ({mlp}) has {dense:,} parameters ({dense_mib:.1f} MiB), negligible
 next to the tables, and is replicated on every rank.
 
 Columns: a generated dataset ({rows:,} rows: {split}), preprocessed once by spark_jobs, at
@@ -426,6 +437,103 @@ Plan the disks as: raw text + parquet + binary + counts on the shared filesystem
 shuffle figure (plus its spill) on the executors' local disks (`spark.local.dir`,
 `SPARK_LOCAL_DIRS`, YARN `local-dirs`), spread over executors, with 2x headroom because a
 failed stage's retry writes its shuffle again before the old files are cleaned.
+"""
+
+
+def measure_index(workdir: Path) -> dict:
+    """The generated run's index: bytes, kept values, and one timed per-node copy of it (the
+    executors' copy, ``dictionary_index.local_copy``)."""
+    from spark_jobs import dictionary_index
+
+    index_dir = WorkdirLayout.at(workdir).dictionary_index
+    sizes = json.loads(WorkdirLayout.at(workdir).parquet_model_size.read_text())
+    kept = sum(int(sizes[c]) - 1 for c in CAT_COLUMNS)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        dictionary_index.local_copy(str(index_dir), tmp, "sizing")
+        seconds = time.perf_counter() - start
+    size = dictionary_index.index_bytes(index_dir)
+    return {"bytes": size, "kept": kept, "per_value": size / max(kept, 1),
+            "copy_mb_s": size / 2**20 / max(seconds, 1e-6)}
+
+
+def bench_figures(logs: list[Path]) -> list[dict]:
+    """The result lines (JSON) of bench_spark.py runs, in the order printed."""
+    results = []
+    for log in logs:
+        for line in log.read_text().splitlines():
+            if line.startswith("{") and '"cpu_seconds_total"' in line:
+                results.append(json.loads(line))
+    return results
+
+
+def index_section(workdir: Path, uniques: dict[str, int], tb_rows: int, logs: list[Path]) -> str:
+    from spark_jobs.dictionary_index import INDEX_LOAD
+
+    measured = measure_index(workdir)
+    kept = kept_by_calibrated_zipf(uniques, tb_rows, INDEX_THRESHOLDS)
+    per_value = 8 / INDEX_LOAD              # a slot is 8 bytes; page rounding vanishes at scale
+    rows = [[f"T={t}", f"{kept[t] / 1e6:,.0f}M" + (" (published)" if t == 1 else " (estimate)"),
+             gib(kept[t] * per_value),
+             f"{kept[t] * per_value / 2**20 / measured['copy_mb_s']:,.0f} s"] for t in INDEX_THRESHOLDS]
+    index_table = table(["threshold", "kept values", "index", "copy per node at the rate above"],
+                        rows)
+    text = INDEX_TEMPLATE.format(
+        bytes_mib=measured["bytes"] / 2**20, kept=measured["kept"], measured_per_value=measured["per_value"],
+        per_value=per_value, load=INDEX_LOAD, copy_mb_s=measured["copy_mb_s"], index_table=index_table)
+    return text + cost_section(bench_figures(logs), tb_rows)
+
+
+def cost_section(results: list[dict], tb_rows: int) -> str:
+    if not results:
+        return ("\nRun `python docs/make_sizing.py ... --bench-log LOG` with the output of "
+                "`python bench/bench_spark.py --high-cardinality > LOG` for the cost per node.\n")
+    rows = []
+    for r in results:
+        n = r["rows_in"]
+        cpu = r["cpu_seconds_total"] / n * 1e6
+        core_hours = cpu * tb_rows / 1e6 / 3600
+        label = "high-cardinality" if r.get("columns_over_2m") else "ordinary"
+        rows.append([f"{r['input']} ({label}, {r['kept_values']:,} kept)", f"{n:,}",
+                     f"{cpu:.2f}", f"{core_hours:,.0f}"]
+                    + [f"{core_hours / cores:,.1f} h" for cores in NODE_CORES])
+    cost_table = table(["input", "rows", "CPU-s per 1M rows", "Terabyte core-hours"]
+                       + [f"one {c}-core node" for c in NODE_CORES], rows)
+    return COST_TEMPLATE.format(cost_table=cost_table, tb_rows=tb_rows)
+
+
+INDEX_TEMPLATE = """
+## 4. The dictionary index, per node
+
+The Arrow engine looks every categorical value up in the dictionary index
+(`parquet/dictionary_index/`, docs/spark_jobs.md): per column an open-addressing table of
+8-byte slots at {load} kept values per slot, so **{per_value:.1f} bytes per kept value** (the
+generated run above: {bytes_mib:,.1f} MB for {kept:,} kept values, {measured_per_value:.2f}
+bytes per value with its page-aligned regions). Every Python worker memory-maps it, so a node
+holds one copy in its page cache whatever its number of workers; on a cluster each node first
+copies it from the workdir into its local directory (docs/cluster.md), timed here at
+{copy_mb_s:,.0f} MB/s from a warm page cache (a shared filesystem's read rate is the bound
+on a cluster).
+
+The Terabyte's index: at threshold 1 from the published unique counts; at 3 and 15 from a
+per-column Zipf law calibrated to those counts (an estimate: per-value counts are not published).
+Plan the page cache of every executor node for it, beside the executors' heaps.
+
+{index_table}
+"""
+
+COST_TEMPLATE = """
+## 5. Preprocessing cost per node
+
+From `bench/bench_spark.py --high-cardinality` (ordinary and high-cardinality inputs of the same
+rows, run alternately; CPU seconds of the driver, executors and Python workers per 1M input rows,
+end to end), scaled to the Terabyte's {tb_rows:,} rows. The cost per row does not grow with the
+dictionaries' size (bench/README.md: doubling the big columns' values on twice the rows), so the
+high-cardinality figure is the one for the Terabyte's big columns. Node hours assume the job
+keeps every core busy and the cluster's cores are as fast as this machine's; shuffle and shared
+filesystem bandwidth are not in them.
+
+{cost_table}
 """
 
 
