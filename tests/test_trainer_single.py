@@ -247,3 +247,27 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == ExitCode.EVAL and "rank-0.npz is unreadable" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(dataset, tmp_path,
+                                                                             monkeypatch):
+    from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
+
+    channel = tmp_path / "train.progress.jsonl"
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
+    # 16 steps an epoch, two epochs, a validation every 8 steps: 3 periodic evaluations + 2 final
+    summary = run(small_config(epochs=2, evals_per_epoch=2), dataset, tmp_path / "w")
+    records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
+    assert all(r is not None and r.stage == "train" for r in records)
+    assert records[0].phase == "train" and records[0].fraction is None  # before the first step
+    fractions = [r.fraction for r in records[1:]]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    steps = [r for r in records if r.phase == "train" and r.fraction is not None]
+    assert steps[-1].done == 32 and steps[-1].total == 32 and steps[-1].rows == 32 * 256
+    assert {r.phase for r in records} == {"train", "eval validation", "eval test"}
+    last = records[-1].metrics
+    assert last["loss"] == pytest.approx(summary["train_loss"], abs=1e-5)
+    assert last["test AUC"] == f"{summary['test_auc']:.5f} (step 32)"
+    assert last["validation AUC"] == f"{summary['validation_auc']:.5f} (step 32)"
+    # the evaluations weigh in: the last training step is not the end of the stage
+    assert steps[-1].fraction < 0.99
