@@ -350,12 +350,19 @@ class ProgressConfig:
     # transform 83.2 s). A phase not named here counts for nothing.
     preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
         "count": 0.41, "dictionaries": 0.05, "transform": 0.54})
+    # Within the count and the transform, the share of the phase spent in the tasks that read
+    # the input (one per chunk); the rest is the count's sums and collects and the transform's
+    # train-file writes (Terabyte shape on a busy 2-core machine: count 0.54, transform 0.70;
+    # bench/README.md, "Progress and ETA").
+    preprocess_read_share: float = 0.6
 
     def __post_init__(self) -> None:
         _check(0 < self.interval_s < math.inf,
                f"progress.interval_s must be a number of seconds > 0, not {self.interval_s}")
         _check(0 < self.rate_window_s < math.inf,
                f"progress.rate_window_s must be a number of seconds > 0, not {self.rate_window_s}")
+        _check(0 < self.preprocess_read_share < 1,
+               f"progress.preprocess_read_share must be in (0, 1), not {self.preprocess_read_share}")
         shares = self.preprocess_phase_shares
         _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
                    for v in shares.values()) and sum(shares.values()) > 0,

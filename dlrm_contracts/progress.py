@@ -212,7 +212,7 @@ class StageEstimate:
             phase = f"{phase} {approx}{_number(p.done)}{of} {p.unit}".strip()
         if phase:
             parts.append(phase)
-        rate = self.rate()
+        rate = self.rate() if p.rows else None  # nothing done yet: no rate to speak of
         if rate is not None:
             parts.append(f"{'~' if p.estimated else ''}{_number(rate)} {p.rows_unit}/s")
         for key, value in p.metrics.items():

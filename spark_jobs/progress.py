@@ -4,10 +4,11 @@ A thread beside the session polls Spark's status tracker once a second, and the 
 a phase starts (``phase(name)``, from preprocess's stage timer). The Spark stages that become
 active during a phase count for it. A phase's fraction is its tasks done over those planned:
 the input's tasks (one per chunk for the Arrow engine, per file split for the SQL engine) for
-the count, those plus one write task per train file for the transform; stages beyond the plan
-add to it. Rows are estimated from that fraction and the input's rows (each file's size over
-the bytes per line of its start; once counted, the count). The job's fraction weighs the
-phases by ``progress.preprocess_phase_shares`` and never goes back.
+the count and the transform, then the transform's one write task per train file; the count's
+small stages after its reading go by time (``_Phase``). Rows read are estimated from the
+reading tasks done and the input's rows (each file's size over the bytes per line of its
+start; once counted, the count). The job's fraction weighs the phases by
+``progress.preprocess_phase_shares`` and never goes back.
 
 Spark's own console bar stays off (``spark.ui.showConsoleProgress``, spark_jobs.session).
 Progress never fails the job: a poll that fails is skipped.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,22 +54,52 @@ def phase(name: str) -> None:
 
 @dataclass
 class _Phase:
+    """One phase's Spark tasks and how far that puts it.
+
+    The count and the transform first read the input, one task per chunk (``read_tasks``),
+    then do the rest: the transform one task per train file (``after_tasks``); the count
+    sums, writes and collects in small stages whose number the plan does not know, so their
+    progress is the time since the reading ended over the time they should take
+    (``progress.preprocess_read_share`` of the phase is reading). A phase without a plan (the
+    dictionaries) goes by its tasks done of those Spark has shown.
+    """
+
     name: str
     detail: str
-    planned: int                 # tasks expected
-    rows: float | None           # rows the phase goes through
+    read_tasks: int
+    after_tasks: int
+    rows: float | None           # rows the phase reads
+    started: float
     stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (tasks, done)
     finished: set[int] = field(default_factory=set)
+    read_done_at: float | None = None
 
     def tasks(self) -> tuple[int, int]:
         """(done, total): the total is the plan, or what Spark showed when that is more."""
         done = sum(d for _, d in self.stages.values())
         seen = sum(n for n, _ in self.stages.values())
-        return done, max(self.planned, seen)
+        return done, max(self.read_tasks + self.after_tasks, seen)
 
-    def fraction(self) -> float:
+    def read_fraction(self) -> float:
+        done, _ = self.tasks()
+        return min(1.0, done / self.read_tasks) if self.read_tasks else 0.0
+
+    def fraction(self, read_share: float, now: float) -> float:
+        """Below 1 while the phase runs (1 only when the next one starts)."""
         done, total = self.tasks()
-        return min(0.99, done / total) if total else 0.0  # 1.0 only when the phase ends
+        if not self.read_tasks:
+            return min(0.99, done / total) if total else 0.0
+        read = self.read_fraction()
+        if read < 1.0:
+            return read_share * read
+        if self.read_done_at is None:
+            self.read_done_at = now
+        if self.after_tasks:
+            after = (done - self.read_tasks) / self.after_tasks
+        else:
+            reading = max(1e-3, self.read_done_at - self.started)
+            after = (now - self.read_done_at) / (reading * (1 - read_share) / read_share)
+        return min(0.99, read_share + (1 - read_share) * max(0.0, after))
 
 
 class PreprocessProgress:
@@ -78,6 +110,7 @@ class PreprocessProgress:
                  reporter: Reporter | None = None):
         self.cfg = cfg
         self.shares = settings.preprocess_phase_shares
+        self.read_share = settings.preprocess_read_share
         self.engine = engine
         self.sample_bytes = sample_bytes
         self.layout = WorkdirLayout.at(workdir)
@@ -131,8 +164,9 @@ class PreprocessProgress:
     def phase(self, name: str) -> None:
         with self._lock:
             self._end_current()
-            self._current = _Phase(name, self._detail(name), self._planned_tasks(name),
-                                   self._phase_rows(name))
+            read, after = self._planned_tasks(name)
+            self._current = _Phase(name, self._detail(name), read, after,
+                                   self._phase_rows(name), time.time())
             self._send()
 
     def _end_current(self) -> None:
@@ -163,15 +197,15 @@ class PreprocessProgress:
         return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
                    for d in self.days)
 
-    def _planned_tasks(self, name: str) -> int:
+    def _planned_tasks(self, name: str) -> tuple[int, int]:
+        """(tasks reading the input, tasks after them) of the phase."""
         if not self.days or name not in ("count", "transform"):
-            return 0
-        tasks = self._input_tasks()
-        if name == "transform":
-            from spark_jobs.preprocess import train_files
+            return 0, 0
+        if name == "count":
+            return self._input_tasks(), 0
+        from spark_jobs.preprocess import train_files
 
-            tasks += train_files(self.cfg, int(self._counted_train_rows() or 0))
-        return tasks
+        return self._input_tasks(), train_files(self.cfg, int(self._counted_train_rows() or 0))
 
     def _counted(self) -> list[dict] | None:
         """The count's rows per day (data_quality.json, written by the count phase)."""
@@ -224,10 +258,16 @@ class PreprocessProgress:
             if current is self._current:
                 self._send()
 
+    @staticmethod
+    def _rows_read(phase: _Phase) -> float | None:
+        """Rows read so far while the phase reads (after that, no rate to show)."""
+        read = phase.read_fraction()
+        return None if phase.rows is None or read >= 1.0 else read * phase.rows
+
     def _send(self) -> None:
         """The current state to the reporter (under the lock)."""
         current = self._current
-        within = current.fraction()
+        within = current.fraction(self.read_share, time.time())
         total_share = sum(self.shares.values())
         share = 0.0 if current.name in self._finished else self.shares.get(current.name, 0.0)
         self._fraction = max(self._fraction,
@@ -235,5 +275,5 @@ class PreprocessProgress:
         done, total = current.tasks()
         self.reporter.report(phase=current.name, detail=current.detail, done=done,
                              total=total or None, unit="tasks", estimated=True,
-                             rows=None if current.rows is None else within * current.rows,
+                             rows=self._rows_read(current),
                              fraction=self._fraction)

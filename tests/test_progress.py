@@ -240,11 +240,31 @@ def test_the_console_leaves_progress_lines_out_only_while_a_bar_is_drawn():
     assert ConsoleFilter(display_has_bar=False).filter(record)
 
 
+def test_a_preprocess_phase_reads_then_writes_or_sums_and_its_fraction_follows():
+    from spark_jobs.progress import _Phase
+
+    count = _Phase("count", "", read_tasks=10, after_tasks=0, rows=1000.0, started=0.0)
+    count.stages = {1: (10, 5)}
+    assert count.fraction(0.6, now=50.0) == pytest.approx(0.3) and count.read_fraction() == 0.5
+    count.stages = {1: (10, 10), 2: (8, 3)}       # reading took 100 s: the sums should take 66.7
+    assert count.fraction(0.6, now=100.0) == pytest.approx(0.6)
+    assert count.fraction(0.6, now=100.0 + 100 / 3) == pytest.approx(0.8)
+    assert count.fraction(0.6, now=1000.0) == 0.99  # late: held below 1 until the phase ends
+    transform = _Phase("transform", "", read_tasks=10, after_tasks=5, rows=1000.0, started=0.0)
+    transform.stages = {1: (1, 1), 2: (9, 9), 3: (5, 2)}
+    assert transform.fraction(0.6, now=10.0) == pytest.approx(0.6 + 0.4 * 2 / 5)
+    assert transform.tasks() == (12, 15)
+    dictionaries = _Phase("dictionaries", "", read_tasks=0, after_tasks=0, rows=None, started=0.0)
+    dictionaries.stages = {4: (4, 3)}
+    assert dictionaries.fraction(0.6, now=1.0) == pytest.approx(0.75)
+
+
 @pytest.mark.parametrize("section, message", [
     ({"interval_s": 0}, "interval_s"),
     ({"interval_s": "often"}, "interval_s"),
     ({"preprocess_phase_shares": {"count": -1}}, "preprocess_phase_shares"),
     ({"preprocess_phase_shares": {"count": 0}}, "preprocess_phase_shares"),
+    ({"preprocess_read_share": 1.0}, "preprocess_read_share"),
     ({"every": 3}, "unknown setting"),
 ])
 def test_bad_progress_settings_are_refused(section, message):

@@ -164,7 +164,7 @@ def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(tmp_
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     count = [r for r in records if r.phase == "count"]
     assert count[-1].unit == "tasks" and count[-1].done >= 3 and count[-1].estimated
-    assert 0 < count[-1].rows <= 600
+    assert all(r.rows is None or 0 <= r.rows < 600 for r in count)  # rows read, while reading
     # the Spark event log, for the History Server (Spark 4: a rolling log, zstd-compressed)
     import pyarrow as pa
 
