@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,20 @@ class FallbackFileHandler(logging.FileHandler):
               f"({exc.strerror or exc}); logging to stderr only", file=sys.stderr, flush=True)
 
 
+class IsoTimeFormatter(logging.Formatter):
+    """ISO 8601 local time with milliseconds and the UTC offset (2026-11-24T02:17:45.120+00:00):
+    whole seconds cannot show whether progress lines came every 30 s."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+
+
 def _setup_logging(layout: WorkdirLayout, display: Display) -> Path:
     """Log to stderr, and to a timestamped file under logs/ while that can be written.
 
     Progress lines go to both, except to a terminal where the display draws a bar instead."""
     path = layout.logs / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+    fmt = IsoTimeFormatter("%(asctime)s %(levelname)s %(message)s")
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False

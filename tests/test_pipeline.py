@@ -108,8 +108,9 @@ def _log_lines(workdir: Path) -> list[tuple[datetime, str]]:
     for path in sorted((workdir / "logs").glob("pipeline-*.log")):
         text = path.read_text()
         if "train      ran" in text:
-            return [(datetime.strptime(line[:24], "%Y-%m-%dT%H:%M:%S%z"), line[30:])
-                    for line in text.splitlines() if line[24:30] == " INFO "]
+            return [(datetime.fromisoformat(stamp), message) for stamp, level, message in
+                    (line.split(" ", 2) for line in text.splitlines() if line.count(" ") >= 2)
+                    if level == "INFO"]
     raise AssertionError("no log of the e2e run")
 
 
@@ -124,15 +125,14 @@ def test_every_stage_says_where_it_is_and_the_summary_keeps_its_rate(e2e):
         records = [Progress.from_line(line) for line in
                    (workdir / "logs" / f"{name}.progress.jsonl").read_text().splitlines()]
         assert records and records[-1].fraction == pytest.approx(1.0), name
-        # from "running" to "ran": a progress line at least every interval_s (5 s here; the
-        # log's clock has whole seconds)
+        # from "running" to "ran": a progress line at least every interval_s (5 s here)
         start = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} running"))
         end = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} ran"))
         times = [t for t, m in lines[start:end + 1]
                  if m.startswith(f"{name:<10} r") or (m.startswith(name) and " · elapsed" in m)]
         assert len(times) >= 3, (name, lines[start:end + 1])
         gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
-        assert max(gaps) <= 6, (name, gaps)
+        assert max(gaps) <= 5.2, (name, gaps)
 
 
 def test_second_concurrent_run_refuses_with_its_own_exit_code(e2e):
