@@ -186,21 +186,28 @@ class StageEstimate:
     def line(self, now: float | None = None, quiet_after_s: float = 90.0) -> str:
         """The plain line: stage, percent, phase, done of total, rate, metrics, elapsed, ETA."""
         now = time.time() if now is None else now
-        parts = [self.stage]
+        head = self.stage
         p = self.latest
-        if p is None:
-            parts.append("running")
-        else:
-            if p.fraction is not None:
-                parts[0] += f" {100 * min(1.0, p.fraction):3.0f}%"
-            parts += self._phase_parts(p)
-        parts.append(f"elapsed {duration(now - self.started)}")
+        if p is not None and p.fraction is not None:
+            head += f" {100 * min(1.0, p.fraction):3.0f}%"
         eta = self.eta(now)
-        if eta is not None:
-            parts.append(f"ETA {duration(eta)}")
+        return " · ".join([head, *self._body(now, quiet_after_s),
+                           *([f"ETA {duration(eta)}"] if eta is not None else [])])
+
+    def status(self, now: float | None = None, quiet_after_s: float = 90.0) -> str:
+        """A bar's text: the ETA first, so that a narrow terminal cuts the details instead."""
+        now = time.time() if now is None else now
+        eta = self.eta(now)
+        return " · ".join([*([f"ETA {duration(eta)}"] if eta is not None else []),
+                           *self._body(now, quiet_after_s)])
+
+    def _body(self, now: float, quiet_after_s: float) -> list[str]:
+        p = self.latest
+        parts = ["running"] if p is None else self._phase_parts(p)
+        parts.append(f"elapsed {duration(now - self.started)}")
         if p is not None and self.silent_for(now) > quiet_after_s:
             parts.append(f"no report for {duration(self.silent_for(now))}")
-        return " · ".join(parts)
+        return parts
 
     def _phase_parts(self, p: Progress) -> list[str]:
         parts = []
@@ -227,8 +234,8 @@ class Display:
     """Shows one stage at a time: a tqdm bar on a terminal, plain lines through ``emit``.
 
     Plain lines go out when a phase starts and on a fixed grid of ``interval_s`` seconds from
-    the stage's start (``tick`` must be called often: the pipeline's watcher does it twice a
-    second; a standalone tool's reports do it). ``emit`` is None where nobody wants lines (a
+    the stage's start (``tick`` must be called then: the pipeline's watcher wakes for each
+    point of the grid and twice a second besides; a standalone tool's reports call it). ``emit`` is None where nobody wants lines (a
     terminal with a bar, when run standalone).
     """
 
@@ -271,6 +278,13 @@ class Display:
                 self._line(now)  # a new phase is worth a line of its own
             self.tick(now)
 
+    def seconds_to_next_line(self, now: float | None = None) -> float:
+        """How long until the next line is due (a caller's tick can wait exactly that long)."""
+        with self._lock:
+            if self._estimate is None:
+                return self.settings.interval_s
+            return max(0.0, self._next_line - (time.time() if now is None else now))
+
     def tick(self, now: float | None = None) -> None:
         with self._lock:
             if self._estimate is None:
@@ -302,8 +316,7 @@ class Display:
             self.emit(self._estimate.line(now, quiet_after_s=max(90.0, 3 * self.settings.interval_s)))
 
     def _status(self, now: float) -> str:
-        text = self._estimate.line(now, quiet_after_s=max(90.0, 3 * self.settings.interval_s))
-        return text.split(" · ", 1)[1] if " · " in text else ""  # the bar shows stage and %
+        return self._estimate.status(now, quiet_after_s=max(90.0, 3 * self.settings.interval_s))
 
     def _refresh(self, now: float, force: bool = False) -> None:
         if self._bar is None or (not force and now - self._last_refresh < 0.5):
@@ -311,7 +324,7 @@ class Display:
         self._last_refresh = now
         p = self._estimate.latest
         if p is not None and p.fraction is not None:
-            self._bar.bar_format = "{desc} {percentage:3.0f}%|{bar}| {status}"
+            self._bar.bar_format = "{desc} {percentage:3.0f}%|{bar:20}| {status}"
             self._bar.n = int(1000 * min(1.0, max(0.0, p.fraction)))
         self._bar.status = self._status(now)
         self._bar.refresh()

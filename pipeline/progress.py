@@ -31,6 +31,7 @@ from dlrm_contracts.progress import PROGRESS_FILE_ENV, Display, Progress, channe
 
 log = logging.getLogger("pipeline")
 TICK_SECONDS = 0.5
+CPU_SAMPLE_SECONDS = 2.0  # cheap, and a JVM or a rank lives far longer
 # A log record carrying this attribute is a progress line: the console leaves it out while a
 # bar is on screen (the log file keeps it).
 PROGRESS_RECORD = "progress_line"
@@ -110,8 +111,9 @@ class StageWatch:
     """``with StageWatch(stage, logs, display) as watch:`` run the stage; ``watch.env()`` for
     a child; ``watch.cpu_seconds`` afterwards."""
 
-    def __init__(self, stage: str, logs: Path, display: Display):
+    def __init__(self, stage: str, logs: Path, display: Display, started: float | None = None):
         self.stage = stage
+        self.started = time.time() if started is None else started
         self.path = channel_path(logs, stage)
         self.display = display
         self.cpu_seconds: float | None = None
@@ -134,7 +136,7 @@ class StageWatch:
             log.warning("progress channel %s cannot be written (%s): no progress for this "
                         "stage beyond its elapsed time", self.path, exc.strerror or exc)
         self._cpu = CpuMeter()
-        self.display.start(self.stage)
+        self.display.start(self.stage, self.started)
         self._channel = channel(self.path)  # the stages run in this process report here too
         self._channel.__enter__()
         self._thread.start()
@@ -152,11 +154,12 @@ class StageWatch:
         self.display.finish(outcome)
 
     def _run(self) -> None:
-        samples = 0
-        while not self._stop.wait(TICK_SECONDS):
+        last_sample = time.time()
+        # wakes twice a second, and exactly when a line is due: lines keep their interval
+        while not self._stop.wait(min(TICK_SECONDS, self.display.seconds_to_next_line())):
             self._read()
-            samples += 1
-            if samples % 4 == 0:  # every 2 s: cheap, and a JVM lives far longer
+            if time.time() - last_sample >= CPU_SAMPLE_SECONDS:
+                last_sample = time.time()
                 try:
                     self._cpu.sample()
                 except psutil.Error:

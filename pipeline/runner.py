@@ -132,9 +132,10 @@ def _run_stage(name: str, ctx: StageContext, force: bool, display: Display) -> S
     if not force and stage.satisfied_without_rerun is not None:
         outcome = stage.satisfied_without_rerun(ctx)
     if outcome is None:
+        running = time.time()  # progress lines count their interval from this line
         log.info("%-10s running", name)
         ctx.manifests.invalidate(name)
-        with StageWatch(name, ctx.layout.logs, display) as watch:
+        with StageWatch(name, ctx.layout.logs, display, running) as watch:
             ctx.child_env = watch.env()
             outcome = stage.run(ctx)
         ctx.child_env = {}

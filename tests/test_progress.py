@@ -283,3 +283,43 @@ def test_event_log_setting_turns_the_spark_event_log_on(tmp_path):
     assert on["spark.eventLog.dir"] == (tmp_path / "events").resolve().as_uri()
     remote = spark_settings(SparkConfig(event_log_dir="hdfs://namenode:8020/spark-events"))
     assert remote["spark.eventLog.dir"] == "hdfs://namenode:8020/spark-events"
+
+
+PIPELINE_ON_A_TERMINAL = """
+import subprocess, sys, time
+from pathlib import Path
+from dlrm_contracts.config import ProgressConfig
+from dlrm_contracts.layout import WorkdirLayout
+from pipeline import runner
+from pipeline.progress import StageWatch, make_display
+
+layout = WorkdirLayout.at(sys.argv[1])
+display = make_display(ProgressConfig(interval_s=0.5))
+runner._setup_logging(layout, display)
+child = ("import time\\nfrom dlrm_contracts.progress import open_reporter\\n"
+         "r = open_reporter('convert')\\n"
+         "for i in range(31):\\n"
+         "    r.report(phase='convert', done=i * 100, total=3000, unit='rows', rows=i * 100,"
+         " fraction=i / 30)\\n"
+         "    time.sleep(0.1)\\n")
+runner.log.info("convert    running")
+with StageWatch("convert", layout.logs, display) as watch:
+    subprocess.run([sys.executable, "-c", child], check=True, env={**__import__("os").environ,
+                                                                    **watch.env()})
+runner.log.info("convert    ran")
+"""
+
+
+def test_the_pipeline_draws_a_bar_per_stage_on_a_terminal_and_keeps_lines_in_its_log(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != PROGRESS_FILE_ENV}
+    screen = _run_on_a_terminal([sys.executable, "-c", PIPELINE_ON_A_TERMINAL, str(tmp_path)],
+                                env)
+    frames = screen.replace("\r\n", "\r").split("\r")
+    bars = [f for f in frames if f.startswith("convert") and "%|" in f]
+    assert any("ETA" in f and "rows/s" in f for f in bars), screen[-2000:]
+    assert "100%|" in bars[-1]
+    assert "[pipeline] convert    running" in screen and "[pipeline] convert    ran" in screen
+    assert "[pipeline] convert " not in screen.replace("[pipeline] convert    r", "")  # no lines
+    [log] = (tmp_path / "logs").glob("pipeline-*.log")
+    lines = [x for x in log.read_text().splitlines() if " INFO convert " in x and "elapsed" in x]
+    assert len(lines) >= 4 and any("ETA" in x for x in lines)  # ~3 s at a line every 0.5 s
