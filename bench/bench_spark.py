@@ -12,6 +12,18 @@ prints end to end / that parse (the "CSV ratio"; 6x the reference is about 5x he
     .venv/bin/python bench/bench_spark.py --terabyte-shape         # 24 days x 1M rows, day_23 eval
     .venv/bin/python bench/bench_spark.py --input /data/criteo     # your own day files
     .venv/bin/python bench/bench_spark.py --repeat 3               # 3 fresh JVMs per engine
+    .venv/bin/python bench/bench_spark.py --high-cardinality       # 4 x 2.5M rows, ordinary vs five
+                                                                   # columns uniform over 2.5M values
+    .venv/bin/python bench/bench_spark.py --high-cardinality --rows-per-day 5000000 \
+        --uniform-values 5000000                                   # the same, twice the values
+
+High-cardinality mode (Arrow engine): two inputs of the same rows, one of the generator's
+ordinary cardinality and one whose columns ``--uniform-columns`` (default C1, C10, C11, C21, C23:
+big columns that are rarely missing) are drawn uniformly over ``--uniform-values`` values, so
+at threshold 2 each keeps ~90% of them (as the Terabyte's big columns keep millions at
+threshold 15). They run alternately in fresh processes; the script prints both rates per
+phase, their ratio, CPU-s per 1M rows, the Python workers' peak RSS and the dictionary
+index's bytes on disk and resident in the page cache after the run.
 
 Each engine runs in a fresh process (cold JVM) on a wiped workdir, so every day is counted from
 scratch. CPU seconds are those of the process tree (JVM + Python workers) per stage. The Python
@@ -39,14 +51,55 @@ REFERENCE_SECONDS_8M = (355.5, 397.0)        # the seed's flow, 8M rows, this ma
 REFERENCE_ROWS_PER_SECOND = 8_000_000 / REFERENCE_SECONDS_8M[0]
 
 
-def ensure_input(root: Path, days: int, rows_per_day: int, seed: int) -> Path:
-    raw = root / f"raw_{days}x{rows_per_day}_s{seed}"
+HIGH_CARDINALITY_COLUMNS = ("C1", "C10", "C11", "C21", "C23")
+
+
+def ensure_input(root: Path, days: int, rows_per_day: int, seed: int,
+                 uniform: tuple[tuple[str, int], ...] = ()) -> Path:
+    """The generated input (made once): ``uniform`` columns drawn uniformly over N values."""
+    name = f"raw_{days}x{rows_per_day}_s{seed}"
+    if uniform:
+        sizes = {n for _, n in uniform}
+        name += f"_uniform{sizes.pop()}" if len(sizes) == 1 else "_uniform" + "_".join(
+            f"{c}{n}" for c, n in uniform)
+    raw = root / name
     if not (raw / f"day_{days - 1}").exists():
         shutil.rmtree(raw, ignore_errors=True)
+        flags = [f"--uniform-column={c}={n}" for c, n in uniform]
         subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(raw),
                         "--days", str(days), "--rows-per-day", str(rows_per_day),
-                        "--seed", str(seed)], check=True, cwd=REPO)
+                        "--seed", str(seed), *flags], check=True, cwd=REPO)
     return raw
+
+
+def resident_bytes(paths) -> int:
+    """Bytes of these files in the page cache: mincore over a read-only mapping of each."""
+    import ctypes
+    import mmap
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if not size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            pages = -(-size // mmap.PAGESIZE)
+            vector = (ctypes.c_ubyte * pages)()
+            libc.mincore(address, size, vector)
+            libc.munmap(address, size)
+        finally:
+            os.close(fd)
+        total += sum(b & 1 for b in bytes(vector)) * mmap.PAGESIZE
+    return total
 
 
 def csv_parse_seconds(raw: Path) -> float:
@@ -117,14 +170,23 @@ def run_once(args) -> dict:
         summary = run_preprocess(raw, work, spark, cfg)
     wall = time.perf_counter() - start
     total_cpu = process_tree_cpu_seconds() - cpu
+    slots = sorted((work / "parquet" / "dictionary_index").glob("*.slots"))
+    index_bytes = sum(p.stat().st_size for p in slots)
+    index_resident = resident_bytes(slots)
     shutil.rmtree(work, ignore_errors=True)
-    return {"engine": summary["engine"], "rows_in": summary["data_quality"]["rows_read"],
+    kept = sum(size - 1 for size in summary["table_sizes"].values())
+    return {"engine": summary["engine"], "input": raw.name,
+            "rows_in": summary["data_quality"]["rows_read"],
             "rows": summary["rows"], "wall_seconds": round(wall, 1),
             "cpu_seconds_total": round(total_cpu, 1), "timings": summary["timings"],
             "cpu_seconds": summary["cpu_seconds"],
             "worker_peak_rss_mb": round(memory.peak_single / 2**20),
             "workers_peak_rss_total_mb": round(memory.peak_total / 2**20),
-            "max_table_size": max(summary["table_sizes"].values())}
+            "max_table_size": max(summary["table_sizes"].values()),
+            "kept_values": kept, "columns_over_2m": sum(
+                1 for size in summary["table_sizes"].values() if size > 2_000_000),
+            "index_bytes": index_bytes, "index_resident_bytes": index_resident,
+            "index_bytes_per_kept_value": round(index_bytes / max(kept, 1), 2)}
 
 
 def print_run(result: dict, csv_seconds: float) -> None:
@@ -137,11 +199,73 @@ def print_run(result: dict, csv_seconds: float) -> None:
     wall = result["wall_seconds"]
     print(f"  {'end to end':13s} {wall:7.1f} s {n / wall:>12,.0f} rows/s "
           f"{result['cpu_seconds_total'] / n * 1e6:7.2f} CPU-s per 1M rows (session start included)")
+    csv = (f"; CSV ratio {wall / csv_seconds:.2f} (end to end / pyarrow CSV parse "
+           f"{csv_seconds:.1f} s)" if csv_seconds == csv_seconds else "")
     print(f"  = {n / wall / REFERENCE_ROWS_PER_SECOND:.2f}x the reference's rows/s "
-          f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s); "
-          f"CSV ratio {wall / csv_seconds:.2f} (end to end / pyarrow CSV parse {csv_seconds:.1f} s)")
+          f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s){csv}")
     print(f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker, "
           f"{result['workers_peak_rss_total_mb']} MB for all together")
+    if result.get("index_bytes"):
+        print(f"  dictionary index: {result['kept_values']:,} kept values "
+              f"({result['columns_over_2m']} columns over 2M), {result['index_bytes'] / 2**20:.1f} MB "
+              f"on disk = {result['index_bytes_per_kept_value']} bytes per kept value, "
+              f"{result['index_resident_bytes'] / 2**20:.1f} MB resident after the run")
+
+
+def child_run(args, raw: str, engine: str) -> dict:
+    """One preprocessing run in a fresh process (cold JVM); its result dict."""
+    argv = ["--input", raw, "--engine", engine, "--threshold", args.threshold,
+            "--master", args.master, "--driver-memory", args.driver_memory,
+            "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once"]
+    out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+PHASES = ("count", "dictionaries", "transform")
+
+
+def high_cardinality(args) -> int:
+    """Ordinary and high-cardinality inputs of the same rows, alternately: rates and ratios."""
+    root = Path(args.data_root)
+    uniform = tuple((c, args.uniform_values) for c in args.uniform_columns.split(","))
+    inputs = {"ordinary": ensure_input(root, args.days, args.rows_per_day, args.seed),
+              "high-cardinality": ensure_input(root, args.days, args.rows_per_day, args.seed, uniform)}
+    print(f"inputs {', '.join(str(p) for p in inputs.values())}; threshold {args.threshold}, "
+          f"master {args.master}, driver memory {args.driver_memory}", flush=True)
+    pairs = []
+    for _ in range(args.repeat):
+        pair = {}
+        for label, raw in inputs.items():
+            pair[label] = result = child_run(args, str(raw), "arrow")
+            print(f"[{label}]", end=" ")
+            print_run(result, float("nan"))
+            print(json.dumps(result), flush=True)
+        pairs.append(pair)
+        print_ratios(pair)
+    if len(pairs) > 1:
+        for phase in (*PHASES, "end to end"):
+            ratios = [_ratio(p, phase) for p in pairs]
+            print(f"{phase}: rate ratio median {statistics.median(ratios):.2f} "
+                  f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    return 0
+
+
+def _seconds(result: dict, phase: str) -> float:
+    return result["wall_seconds"] if phase == "end to end" else result["timings"][phase]
+
+
+def _ratio(pair: dict, phase: str) -> float:
+    """High-cardinality rate / ordinary rate (same rows): ordinary seconds / high seconds."""
+    return _seconds(pair["ordinary"], phase) / _seconds(pair["high-cardinality"], phase)
+
+
+def print_ratios(pair: dict) -> None:
+    n = pair["ordinary"]["rows_in"]
+    print("high-cardinality rate / ordinary rate, same rows:")
+    for phase in (*PHASES, "end to end"):
+        o, h = _seconds(pair["ordinary"], phase), _seconds(pair["high-cardinality"], phase)
+        print(f"  {phase:13s} {n / o:>11,.0f} vs {n / h:>11,.0f} rows/s = {o / h:.2f}")
 
 
 def main() -> int:
@@ -158,11 +282,19 @@ def main() -> int:
     p.add_argument("--driver-memory", default="12g")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--repeat", type=int, default=1, help="fresh processes per engine")
+    p.add_argument("--high-cardinality", action="store_true",
+                   help="ordinary vs high-cardinality input of the same rows (Arrow engine)")
+    p.add_argument("--uniform-columns", default=",".join(HIGH_CARDINALITY_COLUMNS))
+    p.add_argument("--uniform-values", type=int, default=2_500_000)
     p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.once:
         print(json.dumps(run_once(args)))
         return 0
+    if args.high_cardinality:
+        if args.rows_per_day == 2_000_000:      # the default shape: 4 x 2.5M
+            args.rows_per_day = 2_500_000
+        return high_cardinality(args)
     if args.terabyte_shape:
         args.days, args.rows_per_day = 24, 1_000_000
     if not args.input:
@@ -174,12 +306,7 @@ def main() -> int:
     for _ in range(args.repeat):
         for engine in engines:
             csv_seconds = csv_parse_seconds(Path(args.input))
-            argv = ["--input", args.input, "--engine", engine, "--threshold", args.threshold,
-                    "--master", args.master, "--driver-memory", args.driver_memory,
-                    "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once"]
-            out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
-                                 stdout=subprocess.PIPE, text=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
+            result = child_run(args, args.input, engine)
             result["csv_parse_seconds"] = round(csv_seconds, 2)
             results.setdefault(engine, []).append(result)
             print_run(result, csv_seconds)

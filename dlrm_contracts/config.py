@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
+from dlrm_contracts.schema import CAT_COLUMNS
 
 Section = TypeVar("Section")
 
@@ -59,6 +60,11 @@ class GeneratorConfig:
     # Rows per independently seeded block; part of the output's identity, like the seed.
     chunk_rows: int = 65_536
     workers: int = 2
+    # Columns drawn uniformly over this many values instead of the Zipf law over their scaled
+    # Terabyte vocabulary, e.g. {C1: 2500000}: every value about equally rare, so thresholding
+    # keeps millions of values per column, as the Terabyte's big columns do at threshold 15
+    # (the preprocessing benchmark's high-cardinality input).
+    uniform_columns: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Checked before the output directory is touched: a rerun with a typo must not delete
@@ -75,6 +81,11 @@ class GeneratorConfig:
         _check(0.0 < self.click_rate < 1.0, f"click_rate must be in (0, 1), got {self.click_rate}")
         _check(not self.gzip or 0 <= self.gzip_level <= 9,
                f"gzip_level must be 0..9, got {self.gzip_level}")
+        for column, size in self.uniform_columns.items():
+            _check(column in CAT_COLUMNS, f"uniform_columns: {column!r} is not one of C1..C26")
+            _check(isinstance(size, int) and 1 <= size <= 2**31 - 1,
+                   f"uniform_columns: {column} needs a whole number of values in 1 .. 2**31 - 1, "
+                   f"got {size!r}")
 
 
 @dataclass
@@ -134,8 +145,9 @@ class PreprocessConfig:
     # Test and validation files follow the read partitions (their order is the line order).
     output_files: int = 0
     train_rows_per_file: int = 1_000_000
-    # Dictionaries with at most this many kept values are broadcast to the transform; larger
-    # (skewed, Terabyte-sized) ones are joined with a shuffle and never collected to the driver.
+    # SQL engine: dictionaries with at most this many kept values are broadcast to the
+    # transform; larger ones are joined with a shuffle and never collected to the driver. (The
+    # Arrow engine joins nothing: every column is looked up in its memory-mapped index.)
     broadcast_max_values: int = 2_000_000
     # parquet compression of the splits (snappy, zstd, none).
     compression: str = "snappy"
@@ -148,10 +160,10 @@ class PreprocessConfig:
     # parsing it in blocks of arrow_block_kb of text (small enough to stay in the CPU cache).
     arrow_chunk_mb: int = 256
     arrow_block_kb: int = 1024
-    # Arrow engine: each Python worker keeps one hash index of the dictionaries it looks up
-    # itself (~40 bytes per value); smallest first, at most this many values in all. Columns
-    # left out (or above broadcast_max_values) are joined by Spark with a shuffle instead.
-    arrow_index_max_values: int = 20_000_000
+    # Arrow engine: partial counts (distinct values of a chunk) merged by one task at a time:
+    # a column with more is split into value ranges. Bounds a Python worker's memory (~40
+    # bytes per entry at the merge's peak) whatever the number of distinct values.
+    arrow_group_values: int = 2_000_000
     # False: the lean-disk mode. The parquet splits are deleted once the binary dataset made
     # from them is complete and verified (the counts, dictionary sizes and data-quality report
     # stay), saving ~57 bytes per row (231 GB on the Terabyte logs, docs/sizing.md). Raising
@@ -169,6 +181,8 @@ class PreprocessConfig:
                f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
         _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
         _one_of("preprocess.dictionary_days", self.dictionary_days, DICTIONARY_DAYS)
+        _check(self.arrow_group_values >= 1,
+               f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
 
 
 @dataclass
@@ -412,10 +426,22 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
+# Settings an older version had, with what to do instead: an old config file gets that
+# sentence rather than a bare "unknown setting".
+REMOVED_SETTINGS: dict[str, str] = {
+    "config.preprocess.arrow_index_max_values":
+        "the Arrow engine now looks every column up in its memory-mapped dictionary index, "
+        "whatever its size (docs/spark_jobs.md); delete the setting",
+}
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in sorted(set(data) - set(fields)):
+        if f"{where}.{name}" in REMOVED_SETTINGS:
+            raise ConfigError(f"{where}.{name} was removed: {REMOVED_SETTINGS[f'{where}.{name}']}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; "

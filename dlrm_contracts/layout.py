@@ -11,6 +11,8 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/parquet/_SUCCESS          the parquet splits are complete
     DIR/parquet/{train,test,validation}/   transformed parquet
     DIR/parquet/model_size.json   table sizes of the parquet dataset
+    DIR/parquet/dictionaries/     value → id per column (parquet, partitioned by column)
+    DIR/parquet/dictionary_index/ the same as memory-mapped hash tables (Arrow engine)
     DIR/parquet/data_quality.json rows read / written / padded / rejected per reason per day
     DIR/parquet/_REMOVED.json     the splits were deleted after conversion (keep_parquet: false)
     DIR/rejects/                  rejected raw lines with their reason
@@ -109,6 +111,12 @@ class WorkdirLayout:
     @property
     def dictionaries(self) -> Path:
         return self.parquet / "dictionaries"
+
+    @property
+    def dictionary_index(self) -> Path:
+        """value → id of every column as memory-mapped hash tables (the Arrow engine's
+        transform reads them; spark_jobs.dictionary_index)."""
+        return self.parquet / "dictionary_index"
 
     @property
     def export(self) -> Path:

@@ -15,7 +15,7 @@ case "${1:-}" in
     # Preprocessing never imports TensorFlow or Horovod (docs/architecture.md), so they stay out.
     "$VENV/bin/python" docker/pins.py requirements --exclude tensorflow >/tmp/requirements.txt
     "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check -q -r /tmp/requirements.txt
-    "$VENV/bin/python" docker/pins.py check-installed pyspark pyarrow numpy pandas pyyaml
+    "$VENV/bin/python" docker/pins.py check-installed pyspark pyarrow numpy pandas numba pyyaml
     ;;
   project)
     "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check -q --no-deps -e "$ROOT"

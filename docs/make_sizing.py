@@ -13,6 +13,11 @@
   fullest rank fits a GPU's memory minus a reserve.
 - Disk and shuffle: measured on W (file sizes; Spark's event log for shuffle bytes written and
   spilled) and scaled per row to the Terabyte row count.
+- The dictionary index (parquet/dictionary_index): its exact bytes per kept value, the
+  Terabyte's index at threshold 1 (the published unique counts) and at thresholds 3 and 15
+  (kept values estimated by a per-column Zipf law calibrated to those counts, see
+  ``kept_by_calibrated_zipf``), and, with ``--bench-json``, the preprocessing cost per node
+  from ``bench/bench_spark.py --high-cardinality`` results.
 With ``--run-preprocess`` the script first runs ``python -m spark_jobs`` on RAW into W with the
 event log on, and records the wall time.
 """
@@ -61,6 +66,50 @@ def terabyte_facts(path: Path) -> tuple[int, dict[str, int]]:
     if len(uniques) != len(CAT_COLUMNS):
         raise ValueError(f"{path}: expected {len(CAT_COLUMNS)} unique counts, found {len(uniques)}")
     return rows, dict(zip(CAT_COLUMNS, uniques))
+
+
+def _kept_fraction_sum(size: int, occurrences: float, exponent: float, threshold: int) -> float:
+    """Expected number of a column's values seen at least ``threshold`` times, when
+    ``occurrences`` draws follow a bounded Zipf law over ``size`` values (each value's count
+    is Poisson). Summed over log-spaced blocks of ranks: the summand varies slowly with the rank."""
+    import math
+
+    import numpy as np
+
+    edges = np.unique(np.floor(np.concatenate([np.arange(1, min(size, 2000) + 1),
+                                               np.geomspace(2000, size + 1, 20000)])))
+    edges = np.append(edges[edges <= size], size + 1)
+    lo, hi = edges[:-1], edges[1:]
+    rank = np.sqrt(lo * hi)
+    a, top = 1.0 - exponent, size + 1.0
+    share = (rank ** a - (rank + 1) ** a) / (1 - top ** a) if abs(a) > 1e-9 else \
+        np.log1p(1 / rank) / np.log(top)
+    lam = occurrences * share
+    below = sum(np.exp(-lam) * lam ** i / math.factorial(i) for i in range(threshold))
+    return float(((1 - below) * (hi - lo)).sum())
+
+
+def kept_by_calibrated_zipf(uniques: dict[str, int], rows: int, thresholds=(1, 3, 15)) -> dict:
+    """Kept values per threshold, summed over columns: for each column whose values cannot all
+    be frequent, the Zipf exponent is chosen so that the expected distinct values over all rows
+    is the published unique count; smaller columns keep every value. An estimate: the real
+    counts are not published."""
+    from pipeline.synthetic.shape import CATEGORICAL_MISSING_RATES
+
+    kept = {t: 0.0 for t in thresholds}
+    for column, missing in zip(CAT_COLUMNS, CATEGORICAL_MISSING_RATES):
+        size, occurrences = uniques[column], rows * (1 - missing)
+        if size * 100 < occurrences:          # each value seen ~100+ times on average
+            for t in thresholds:
+                kept[t] += size
+            continue
+        lo, hi = 0.05, 3.0                    # a flatter law (lower exponent) has more distinct values
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _kept_fraction_sum(size, occurrences, mid, 1) > 0.99 * size else (lo, mid)
+        for t in thresholds:
+            kept[t] += size if t == 1 else _kept_fraction_sum(size, occurrences, (lo + hi) / 2, t)
+    return kept
 
 
 def write_lower_bound_histogram(uniques: dict[str, int], directory: Path) -> Path:

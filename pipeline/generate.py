@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from dlrm_contracts.config import GeneratorConfig, flag_overrides, load_config
+from dlrm_contracts.config import ConfigError, GeneratorConfig, flag_overrides, load_config
 from dlrm_contracts.errors import run_cli
 from pipeline.synthetic import generate
 
@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--click-rate", type=float)
     p.add_argument("--signal-strength", type=float)
     p.add_argument("--chunk-rows", type=int)
+    p.add_argument("--uniform-column", action="append", metavar="COLUMN=VALUES", default=None,
+                   help="draw COLUMN uniformly over VALUES values (repeatable), e.g. C1=2500000")
     p.add_argument("--workers", type=int, help="processes (does not change the output)")
     return p
 
@@ -44,7 +46,17 @@ def _parser() -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> GeneratorConfig:
     """The config file's generator section (or the defaults), overridden by given flags."""
     config = load_config(args.config).generator if args.config else GeneratorConfig()
-    return flag_overrides(config, args)
+    uniform = None
+    if args.uniform_column:
+        uniform = {**config.uniform_columns, **dict(_column_size(x) for x in args.uniform_column)}
+    return flag_overrides(config, args, uniform_columns=uniform)
+
+
+def _column_size(flag: str) -> tuple[str, int]:
+    column, sep, size = flag.partition("=")
+    if not sep or not size.strip().isdigit():
+        raise ConfigError(f"--uniform-column {flag!r} must look like C1=2500000")
+    return column.strip(), int(size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,39 +1,43 @@
-"""The Arrow engine: Spark schedules, shuffles, aggregates, joins and sorts; the per-line work
-runs in Python tasks over whole blocks of lines (``spark_jobs.arrow_tasks``).
+"""The Arrow engine: Spark schedules, caches, shuffles, groups and sorts; the per-line and
+per-value work runs in Python tasks over whole blocks of lines and whole arrays of values.
 
-Count pass: one task per chunk emits its statistics and partial value counts; one Spark
-aggregation sums them and stays cached as integers: the recounted days' value counts are
-written from it (8-character hex strings, as the SQL engine writes them) in a background job,
-while the totals, histogram and dictionaries are computed from it. Transform pass: tasks emit
-the split rows packed (``spark_jobs.split_writer``), ids already looked up in the workers'
-dictionary index (``spark_jobs.lookup``: dictionaries within ``broadcast_max_values``,
-smallest first up to ``arrow_index_max_values`` values); the others are joined by Spark on the
-integer value of the hex string, broadcast or shuffled. Train is hash-partitioned and sorted by
-Spark; pyarrow encodes the parquet files inside the writer tasks.
+Count pass: one task per chunk emits its statistics and, per column, its distinct values and
+their counts as binary values, cached by Spark. Totals and dictionaries
+(``spark_jobs.arrow_dictionaries``): the partial counts are grouped by (column, value range)
+and merged, the recounted days' counts written, the totals' histograms collected; then each
+group writes its part of the dictionaries and of the dictionary index. Transform pass: tasks
+look every categorical up in the memory-mapped index (``spark_jobs.dictionary_index``; no Spark
+join) and emit the split rows packed (``spark_jobs.split_writer``); the last day's tasks write
+test and validation themselves, train is hash-partitioned and sorted by Spark and written by
+pyarrow inside the writer tasks.
 """
 
 from __future__ import annotations
 
 import shutil
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs import arrow_tasks, counting, split_writer
-from spark_jobs.arrow_tasks import (CODE_BITS, COUNT_SCHEMA, LINES, MISSING_CAT, MISSING_INT,
-                                    PADDED, REJECT_SCHEMA, SLOW, STAT, ReadSettings, TransformSpec)
+from dlrm_contracts.thresholds import ThresholdSpec
+from spark_jobs import arrow_dictionaries as dicts
+from spark_jobs import arrow_tasks, counting, dictionary_index, split_writer
+from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
+                                    REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
+                                    TransformSpec)
 from spark_jobs.chunks import Chunk, plan_chunks
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
-from spark_jobs.stats import DayStats, line_number_column
 from spark_jobs.split_writer import WriteSpec
-from spark_jobs.transform import map_categoricals
+from spark_jobs.stats import DayStats, line_number_column
+from spark_jobs.value_counts import VALUE_DTYPE
 
-# Valid lines whose values a task counts together before emitting partial counts: bounds a
-# task's memory (26 int64 per line) whatever the chunk size.
+# Valid lines whose values a task counts together before merging them into the chunk's counts:
+# bounds a task's memory (26 int64 per line) whatever the chunk size.
 COUNT_FLUSH_LINES = 1 << 18
 # Rows a writer task buffers per parquet row group: 40 MB of packed rows, bounding a worker's
 # memory whatever the file size.
@@ -42,6 +46,7 @@ ROW_GROUP_ROWS = 1 << 18
 
 class ArrowEngine:
     name = "arrow"
+    lookups = "dictionary index"     # how the transform finds ids (recorded in preprocess.json)
 
     def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
@@ -50,76 +55,109 @@ class ArrowEngine:
         self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
                                      count_flush_lines=COUNT_FLUSH_LINES)
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
-        self._counts = None            # the count pass's sums, cached until close()
         self._recounted: list[int] = []
-        self._writing = None           # the value counts' write, running beside later jobs
+        self._cached: list = []        # DataFrames persisted until close()
+        self._partials = None          # the count pass's rows (statistics, partial counts)
+        self._samples: list = []       # (column, entries, sampled values) per partial
+        self._totals = None            # one row per group: totals and their histogram
+        self._plan: dicts.GroupPlan | None = None
+        self._histograms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
-    def _over_chunks(self, chunks: list[Chunk], task, schema: str):
-        """One partition (and so one task) per chunk."""
-        return self.session.range(0, len(chunks), 1, max(1, len(chunks))).mapInArrow(task, schema)
+    def _over(self, items: list, task, schema: str):
+        """One partition (and so one task) per item (a chunk, a stored counts file)."""
+        return self.session.range(0, len(items), 1, max(1, len(items))).mapInArrow(task, schema)
+
+    def _persist(self, frame):
+        from pyspark import StorageLevel
+
+        self._cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return self._cached[-1]
 
     # ------------------------------------------------------------ count pass
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
-        """Statistics of every day; value counts of ``recount`` written to their partitions.
-        The summed counts stay cached (as integers) for ``value_totals`` until ``close``."""
-        from pyspark import StorageLevel
+        """Statistics of every day; the partial value counts of ``recount`` stay cached for
+        ``count_totals``."""
         from pyspark.sql import functions as F
 
         task = arrow_tasks.count_task(self.chunks, frozenset(recount), self.settings)
-        self._counts = (self._over_chunks(self.chunks, task, COUNT_SCHEMA)
-                        .groupBy("day", "column", "value").agg(F.sum("count").alias("count"))
-                        .persist(StorageLevel.MEMORY_AND_DISK))
+        self._partials = self._persist(self._over(self.chunks, task, dicts.COUNT_SCHEMA))
         self._recounted = list(recount)
-        stats = _stats_from_rows(self._counts.where(F.col("column") == STAT).collect(), self.days)
-        if recount:
-            # Spark runs this write's tasks in the slots the next jobs leave idle (their
-            # scheduling gaps and one-task stages); finish_counts() waits for it
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="value-counts")
-            self._writing = pool.submit(_write_value_counts, self._counts, list(recount), counts_dir)
-            pool.shutdown(wait=False)
-        return stats
+        rows = self._partials.where(F.col("kind") != dicts.KIND_PARTIAL).collect()
+        self._samples = _samples(rows)
+        return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], self.days)
 
-    def finish_counts(self) -> None:
-        """Wait for the value counts' write (raising its error, if it failed)."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
-
-    def value_totals(self, counts_dir: Path, days: list[int] | None):
-        """(column, value, count) over the counted days (``days``: only those), ``value`` as
-        its integer (whose order is the 8-digit hex strings' order): the recounted days come
-        from the cached integer counts, the others from their stored partitions."""
+    def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
+        """Write the recounted days' value counts, cache the totals over ``days`` (None: all)
+        by group, and return (and store) their count histogram per column."""
         from pyspark.sql import functions as F
 
         wanted = [d.day for d in self.days] if days is None else list(days)
-        fresh = [d for d in wanted if d in self._recounted]
-        stored = [d for d in wanted if d not in self._recounted]
-        if stored:       # the stored partitions are listed while the write may be renaming its own
-            self.finish_counts()
-        names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
-        parts = []
-        if fresh:
-            parts.append(self._counts.where((F.col("column") >= 0) & F.col("day").isin(fresh))
-                         .select(names.alias("column"), "value", "count"))
+        partials = self._partials.where(F.col("kind") == dicts.KIND_PARTIAL)
+        samples = list(self._samples)
+        stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
-            parts.append(counting.stored_counts(self.session, counts_dir, stored)
-                         .select("column", _hex_value(F.col("value")).alias("value"), "count"))
-        if not parts:
-            return self.session.createDataFrame([], "column STRING, value LONG, count LONG")
-        frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        return frame.groupBy("column", "value").agg(F.sum("count").cast("long").alias("count"))
+            frame = self._persist(self._over(stored, dicts.stored_partials_task(stored),
+                                             dicts.COUNT_SCHEMA))
+            samples += _samples(frame.where(F.col("kind") == dicts.KIND_SAMPLE).collect())
+            partials = partials.unionByName(frame.where(F.col("kind") == dicts.KIND_PARTIAL))
+        self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
+        dicts.clear_day_counts(counts_dir, self._recounted)
+        merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
+                                str(counts_dir))
+        partitions = _merge_partitions(self._plan, self.cfg.arrow_group_values,
+                                       self.session.sparkContext.defaultParallelism)
+        self._totals = self._persist(
+            partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
+            .repartition(partitions, "group")
+            .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA))
+        rows = self._totals.select("group", "histogram_counts", "histogram_sizes").collect()
+        self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),
+                                              np.frombuffer(r["histogram_sizes"], np.int64))
+                            for r in rows}
+        self._release(self._partials)
+        return counting.write_histogram_file(_column_histogram(self._plan, self._histograms),
+                                             counts_dir)
+
+    def finish_counts(self) -> None:
+        """The merge wrote the recounted days' value counts before count_totals returned."""
 
     def close(self) -> None:
-        """Wait for the value counts' write, then drop the cached counts. Its error is raised
-        by finish_counts(); here another error is already on its way, or it was raised."""
-        if self._writing is not None:
-            self._writing.exception()
-            self._writing = None
-        if self._counts is not None:
-            self._counts.unpersist()
-            self._counts = None
+        """Drop what is cached."""
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached = []
+
+    def _release(self, frame) -> None:
+        if frame is not None and any(f is frame for f in self._cached):
+            frame.unpersist()
+            self._cached = [f for f in self._cached if f is not frame]
+
+    # ------------------------------------------------------------ dictionaries
+    def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
+                           index_dir: Path) -> None:
+        """Each group writes its values' part of the dictionaries (value, id, count, key) and
+        builds its region of the dictionary index."""
+        minimum = dicts.thresholds(spec)
+        first_ids = dicts.first_ids(self._plan, self._histograms, minimum)
+        layouts, regions = dicts.index_layouts(self._plan, self._histograms, minimum)
+        expected = sum(sizes[c] - 1 for c in CAT_COLUMNS)
+        shutil.rmtree(dict_dir, ignore_errors=True)
+        dict_dir.mkdir(parents=True)
+        dictionary_index.create_index(index_dir, layouts)
+        broadcast = self.session.sparkContext.broadcast(first_ids)
+        try:
+            write = dicts.WriteSpec(self._plan, minimum, str(dict_dir), str(index_dir), regions)
+            written = (self._totals.mapInArrow(dicts.dictionary_task(write, broadcast),
+                                               dicts.WRITTEN_SCHEMA).collect())
+        finally:
+            broadcast.unpersist()
+        kept = sum(r["kept"] for r in written)
+        if kept != expected:
+            raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
+                               f"the histogram add up to {expected}")
+        self._release(self._totals)
 
     # ------------------------------------------------------------ rejects
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
@@ -129,7 +167,7 @@ class ArrowEngine:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             return
         chunks = [c for c in self.chunks if c.day in dirty]
-        rows = self._over_chunks(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
+        rows = self._over(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
         names = {d.day: d.name for d in self.days}
         rows.select(_literal_lookup(names, "day").alias("file"),
                     (line_number_column(stats, dirty) + 1).alias("line_number"),
@@ -137,68 +175,40 @@ class ArrowEngine:
 
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     staging: Path, train_files: int) -> dict[str, int]:
-        """Write ``staging/<split>/part-*.parquet``; returns rows per split. Train is
-        hash-partitioned into ``train_files`` by its order key and sorted within each file;
-        the last day's rows keep their line order (test first)."""
-        spec = self._transform_spec(stats, sizes, dict_dir)
-        schema = arrow_tasks.transform_schema(spec)
+                     index_dir: Path, staging: Path, train_files: int) -> dict[str, int]:
+        """Write ``staging/<split>/part-*.parquet``; returns rows per split. Every id comes from
+        the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
+        and sorted within each file; the last day's tasks write test and validation in line
+        order (chunk k writes part k)."""
+        spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
-
-        def rows(chunks):
-            frame = self._over_chunks(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
-                                      schema)
-            return self._join_large(frame, spec, sizes, dict_dir)
-
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
-                        row_group_rows=ROW_GROUP_ROWS, joined_columns=spec.joined_columns)
+                        row_group_rows=ROW_GROUP_ROWS)
         eval_chunks = [c for c in self.chunks if c.day == last]
-        if spec.joined_columns:
-            evaluation, shuffled = rows(eval_chunks)
-            # a shuffle join lost the line order: a global sort restores it
-            evaluation = evaluation.orderBy("_k1") if shuffled else evaluation
-            results = split_writer.write_partitions(evaluation, write(eval_half=spec.eval_half))
-        else:
-            task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
-                                               write(eval_half=spec.eval_half))
-            results = self._over_chunks(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
-        train, _ = rows([c for c in self.chunks if c.day != last])
-        train = train.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
-        results += split_writer.write_partitions(train, write(eval_half=None))
+        task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
+                                           write(eval_half=spec.eval_half))
+        results = self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
+        results += split_writer.write_partitions(self.train_rows(spec, train_files),
+                                                 write(eval_half=None))
         return split_writer.commit(results, staging)
 
-    def _indexed_columns(self, sizes: dict[str, int]) -> tuple[int, ...]:
-        """Columns the workers look up themselves: each within broadcast_max_values, smallest
-        first while the index stays within arrow_index_max_values (bounds a worker's memory)."""
-        chosen, total = [], 0
-        for j in sorted(range(len(CAT_COLUMNS)), key=lambda j: sizes[CAT_COLUMNS[j]]):
-            kept = sizes[CAT_COLUMNS[j]] - 1
-            if kept <= self.cfg.broadcast_max_values and total + kept <= self.cfg.arrow_index_max_values:
-                chosen.append(j)
-                total += kept
-        return tuple(sorted(chosen))
+    def train_rows(self, spec: TransformSpec, train_files: int):
+        """The train split's packed rows, hash-partitioned by their order key and sorted."""
+        chunks = [c for c in self.chunks if c.day != spec.eval_day]
+        rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
+                          TRANSFORM_SCHEMA)
+        return rows.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
 
-    def _transform_spec(self, stats, sizes, dict_dir) -> TransformSpec:
-        cached = self._indexed_columns(sizes)
-        joined = tuple(j for j in range(len(CAT_COLUMNS)) if j not in cached)
+    def transform_spec(self, stats, index_dir: Path) -> TransformSpec:
         first_line = {(day, chunk): offset for day, s in stats.items()
                       for chunk, offset in s.line_offsets().items()}
         last = stats[self.days[-1].day]
-        return TransformSpec(dict_dir=str(dict_dir), run_token=uuid.uuid4().hex,
-                             cached_columns=cached, joined_columns=joined,
-                             seed=int(self.cfg.shuffle_seed), chunk_first_line=first_line,
-                             eval_day=last.day, eval_half=last.eval_half)
-
-    def _join_large(self, frame, spec: TransformSpec, sizes, dict_dir: Path):
-        """Ids of the columns the workers did not look up: Spark joins on the integer value,
-        broadcast up to broadcast_max_values (columns left out of the index by its budget),
-        shuffled above (never collected to the driver). Returns (rows, shuffled?)."""
-        columns = [CAT_COLUMNS[j] for j in spec.joined_columns]
-        if not columns:
-            return frame, False
-        return map_categoricals(frame, self.session, dict_dir, sizes, self.cfg.broadcast_max_values,
-                                columns=columns, dictionary_key=_hex_value)
+        on_cluster = not self.session.sparkContext.master.startswith("local")
+        return TransformSpec(index_dir=str(index_dir), run_token=uuid.uuid4().hex,
+                             index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
+                             chunk_first_line=first_line, eval_day=last.day,
+                             eval_half=last.eval_half)
 
 
 def _ship_code(session) -> None:
@@ -214,13 +224,6 @@ def _ship_code(session) -> None:
             for source in sorted((root / package).rglob("*.py")):
                 zf.write(source, source.relative_to(root))
     session.sparkContext.addPyFile(str(archive))
-
-
-def _hex_value(value):
-    """The dictionary's join key for the Arrow engine: the integer value of the hex string."""
-    from pyspark.sql import functions as F
-
-    return F.conv(value, 16, 10).cast("long")
 
 
 def _literal_lookup(mapping: dict, column: str):
@@ -257,20 +260,36 @@ def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
     return stats
 
 
-def _write_value_counts(counts, recount: list[int], counts_dir: Path) -> None:
-    """The recounted days' value counts, stored as the SQL engine stores them."""
-    from pyspark.sql import functions as F
+def _merge_partitions(plan: dicts.GroupPlan, group_values: int, cores: int) -> int:
+    """Tasks of the merge (and of the dictionary write, over its output): about one group's
+    worth of entries each, at least one per core (adaptive execution would fold a small
+    shuffle into one task and leave the other cores idle), at most four per core (each task
+    has its start-up cost), never more than the groups."""
+    by_work = -(-plan.entries // max(1, group_values))
+    return max(1, min(plan.groups, 4 * cores, max(cores, by_work)))
 
-    for day in recount:
-        shutil.rmtree(counting.values_dir(counts_dir) / f"day={day}", ignore_errors=True)
-    names = F.element_at(F.array(*[F.lit(c) for c in CAT_COLUMNS]), F.col("column") + 1)
-    # day stays an INT: the writer sorts rows by the partition column, and an int sorts by
-    # radix on its prefix where a string needs full comparisons (the directories are the same)
-    values = (counts.where((F.col("column") >= 0) & F.col("day").isin(list(recount)))
-              .select("day", names.alias("column"),
-                      F.lpad(F.lower(F.hex("value")), 8, "0").alias("value"), "count"))
-    (values.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-     .partitionBy("day").parquet(str(counting.values_dir(counts_dir))))
+
+def _samples(rows) -> list[tuple[int, int, np.ndarray]]:
+    """(column, entries, sampled values) of the sample rows among ``rows``."""
+    return [(int(r["column"]), int(r["value"]), np.frombuffer(r["values"], VALUE_DTYPE))
+            for r in rows if r["kind"] == dicts.KIND_SAMPLE]
+
+
+def _column_histogram(plan, histograms) -> dict[str, list[tuple[int, int]]]:
+    """(count, number of values) per column, summed over its groups, counts ascending."""
+    out = {}
+    for j, name in enumerate(CAT_COLUMNS):
+        groups = [plan.first[j] + r for r in range(len(plan.bounds[j]))]
+        parts = [histograms[g] for g in groups if g in histograms]
+        if not parts:
+            out[name] = []
+            continue
+        counts = np.concatenate([p[0] for p in parts])
+        sizes = np.concatenate([p[1] for p in parts])
+        unique, inverse = np.unique(counts, return_inverse=True)
+        summed = np.bincount(inverse, weights=sizes).astype(np.int64) if len(counts) else sizes
+        out[name] = [(int(c), int(n)) for c, n in zip(unique, summed)]
+    return out
 
 
 __all__ = ["ArrowEngine"]

@@ -5,13 +5,15 @@ Each task gets chunk numbers (``spark.range``, one per partition), reads its chu
 Arrow record batches:
 
 - ``count_task``: per chunk, the statistics as a few coded rows and, for days being counted,
-  partial value counts (column, value, count). Spark sums them;
+  each column's distinct values and their counts as binary values
+  (``spark_jobs.arrow_dictionaries`` merges them);
 - ``reject_task``: the rejected lines with their position and reason;
-- ``transform_task``: the output rows of the splits, ids looked up in the worker's cached
-  dictionary index (``spark_jobs.lookup``), with the train order keys of ``spark_jobs.order``.
+- ``transform_task``: the output rows of the splits, ids looked up in the memory-mapped
+  dictionary index (``spark_jobs.dictionary_index``), with the train order keys of
+  ``spark_jobs.order``.
 
 Statistics rows have ``column = STAT`` and ``value = chunk << CODE_BITS | code``; the codes
-are below. Everything a task emits is a sum over its lines, so Spark's ``sum`` gives the
+are below. Every statistic a task emits is a sum over its lines, so summing them gives the
 day's totals whatever the chunking.
 """
 
@@ -23,7 +25,9 @@ import numpy as np
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.chunks import Chunk, LineBlock, line_blocks
+from spark_jobs.arrow_dictionaries import KIND_STATS, partial_rows
 from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
+from spark_jobs.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
 
 STAT = -1
 CODE_BITS = 8
@@ -31,7 +35,6 @@ LINES, PADDED, SLOW = 0, 5, 6          # 1..4: rejected, by reason code
 MISSING_INT, MISSING_CAT = 16, 32      # + column index
 STAT_CODES = 64
 
-COUNT_SCHEMA = "day INT, column INT, value LONG, count LONG"
 REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING"
 
 
@@ -61,24 +64,27 @@ def _stat_rows(day: int, chunk: int, stats: np.ndarray):
     codes = np.flatnonzero(stats)
     if stats[LINES] and LINES not in codes:
         codes = np.append(codes, LINES)
+    n = len(codes)
     return pa.record_batch({
-        "day": pa.array(np.full(len(codes), day, np.int32)),
-        "column": pa.array(np.full(len(codes), STAT, np.int32)),
+        "kind": pa.array(np.full(n, KIND_STATS, np.int32)),
+        "day": pa.array(np.full(n, day, np.int32)),
+        "column": pa.array(np.full(n, STAT, np.int32)),
         "value": pa.array((np.int64(chunk) << CODE_BITS) | codes.astype(np.int64)),
-        "count": pa.array(stats[codes].astype(np.int64))})
+        "count": pa.array(stats[codes].astype(np.int64)),
+        "values": pa.nulls(n, pa.binary()),
+        "counts": pa.nulls(n, pa.binary())})
 
 
 class _ValueCounter:
     """A chunk's value counts per column. Raw values are counted every ``flush_lines`` valid
     lines (bounding memory); the partial counts are merged once at the end, so each distinct
-    value of the chunk reaches Spark's aggregation once (most values of the large columns are
-    rare: re-emitting them per flush multiplied the rows Spark had to sum)."""
+    value of the chunk leaves the task once."""
 
     def __init__(self, flush_lines: int):
         self.flush_lines = flush_lines
         self.pending: list[np.ndarray] = []      # [26, lines] blocks, column-major
         self.pending_lines = 0
-        self.partials: list[list] = [[] for _ in range(NUM_CATEGORICAL)]
+        self.partials: list[list[Counts]] = [[] for _ in range(NUM_CATEGORICAL)]
 
     def add(self, cats: np.ndarray) -> None:
         """cats [26, lines]: the valid lines' values, by column."""
@@ -88,31 +94,19 @@ class _ValueCounter:
             self._flush()
 
     def _flush(self) -> None:
-        import pandas as pd
-
         if not self.pending:
             return
         values = np.concatenate(self.pending, axis=1)
         self.pending, self.pending_lines = [], 0
         for j in range(NUM_CATEGORICAL):
-            column = values[j]
-            self.partials[j].append(pd.Series(column[column != MISSING]).value_counts(sort=False))
+            self.partials[j].append(count_values(values[j]))
 
-    def batches(self, day: int):
-        import pandas as pd
-        import pyarrow as pa
-
+    def batch(self, day: int):
+        """The chunk's partial and sample rows (``arrow_dictionaries.COUNT_SCHEMA``), or None."""
         self._flush()
-        for j, partials in enumerate(self.partials):
-            if not partials:             # the chunk had no valid line
-                continue
-            counts = partials[0] if len(partials) == 1 else pd.concat(partials).groupby(level=0).sum()
-            if len(counts):
-                yield pa.record_batch({
-                    "day": pa.array(np.full(len(counts), day, np.int32)),
-                    "column": pa.array(np.full(len(counts), j, np.int32)),
-                    "value": pa.array(counts.index.to_numpy(np.int64)),
-                    "count": pa.array(counts.to_numpy(np.int64))})
+        merged = {j: merge_counts(parts, DAY_COUNT_DTYPE) for j, parts in enumerate(self.partials)}
+        merged = {j: c for j, c in merged.items() if len(c)}
+        return partial_rows(day, merged) if merged else None
 
 
 def _add_stats(stats: np.ndarray, parsed) -> None:
@@ -136,8 +130,8 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 _add_stats(stats, parsed)
                 if counter is not None:
                     counter.add(parsed.cats.T[:, parsed.valid])
-            if counter is not None:
-                yield from counter.batches(chunk.day)
+            if counter is not None and (rows := counter.batch(chunk.day)) is not None:
+                yield rows
             if stats[LINES]:
                 yield _stat_rows(chunk.day, chunk.index, stats)
     return run
@@ -175,21 +169,17 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
 class TransformSpec:
     """What a transform task needs besides its chunks; small, pickled with the task."""
 
-    dict_dir: str
+    index_dir: str                      # the dictionary index (``spark_jobs.dictionary_index``)
     run_token: str
-    cached_columns: tuple[int, ...]     # looked up in the worker's index (ids out)
-    joined_columns: tuple[int, ...]     # joined by Spark afterwards (values out, -1 = missing)
+    index_on_node: bool                 # copy the index into the node's local dir first
     seed: int
     chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
     eval_day: int
     eval_half: int                      # test = lines [0, eval_half) of the eval day
 
 
-def transform_schema(spec: TransformSpec) -> str:
-    """The order keys, the packed row (``spark_jobs.split_writer``) and the raw values of the
-    columns Spark joins."""
-    joined = [f"{CAT_COLUMNS[j]} LONG NOT NULL" for j in spec.joined_columns]
-    return ", ".join(["_k1 LONG NOT NULL", "_k2 LONG NOT NULL", "row BINARY NOT NULL", *joined])
+# The order keys and the packed row (``spark_jobs.split_writer``).
+TRANSFORM_SCHEMA = "_k1 LONG NOT NULL, _k2 LONG NOT NULL, row BINARY NOT NULL"
 
 
 def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
@@ -217,20 +207,18 @@ class _Rows:
     lines: np.ndarray          # line numbers within the day
     label: np.ndarray
     numericals: np.ndarray     # float32 [lines, 13]
-    cats: np.ndarray           # raw values [26, lines]
-    ids: np.ndarray            # int32 [26, lines]; 0 in the columns Spark joins
+    ids: np.ndarray            # int32 [26, lines]
 
 
 def _transformed(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index) -> _Rows:
     valid = np.flatnonzero(parsed.valid)
     cats = parsed.cats.T[:, valid]            # [26, lines], one contiguous row per column
-    ids = np.zeros(cats.shape, np.int32)
-    if spec.cached_columns:
-        index.lookup_into(cats, ids)
+    ids = np.empty(cats.shape, np.int32)
+    index.lookup_into(cats, ids)
     return _Rows(lines=spec.chunk_first_line[(chunk.day, chunk.index)] + block.first + valid,
                  label=parsed.label[valid],
                  numericals=log_numericals(parsed.ints[valid], parsed.int_missing[valid]),
-                 cats=cats, ids=ids)
+                 ids=ids)
 
 
 def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
@@ -239,21 +227,19 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     from spark_jobs.split_writer import pack_rows
 
     key, tie = _order_keys(spec, chunk.day, rows.lines)
-    columns = {"_k1": pa.array(key), "_k2": pa.array(tie),
-               "row": pack_rows(rows.label, rows.numericals, rows.ids.T)}
-    for j in spec.joined_columns:
-        columns[CAT_COLUMNS[j]] = pa.array(rows.cats[j])
-    return pa.record_batch(columns)
+    return pa.record_batch({"_k1": pa.array(key), "_k2": pa.array(tie),
+                            "row": pack_rows(rows.label, rows.numericals, rows.ids.T)})
 
 
 def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
     """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
-    from spark_jobs.lookup import dictionary_index
+    from spark_jobs.dictionary_index import node_local_root, worker_index
 
     index = None
     for chunk_id, chunk, blocks in _blocks(chunks, batches, settings):
-        if index is None and spec.cached_columns:
-            index = dictionary_index(spec.dict_dir, spec.cached_columns, spec.run_token)
+        if index is None:
+            local = node_local_root() if spec.index_on_node else None
+            index = worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
         for block in blocks:
             parsed = parse_block(block.data, block.starts, block.ends)
             yield chunk_id, chunk, _transformed(spec, chunk, block, parsed, index)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs.parse import value_key
 from spark_jobs.stats import PARTITION_SHIFT
 
 
@@ -60,8 +59,7 @@ def column_starts(sizes: dict[str, int]) -> dict[str, int]:
 
 
 def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path) -> None:
-    """Write (value, id, count, key) partitioned by ``column`` to ``out_dir``; ``key`` is the
-    join key of the value (``parse.value_key``). ``totals``' values are 8-digit hex strings or
+    """Write (value, id, count) partitioned by ``column`` to ``out_dir``. ``totals``' values are 8-digit hex strings or
     their integers (the same order; an integer sorts faster and becomes its string only when
     kept). ``sizes`` (``table_sizes`` of the same totals) place each column in the global
     order, so no job has to look for where a column starts."""
@@ -94,8 +92,7 @@ def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_d
             "column", value.alias("value"),
             (F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1)
             .cast("int").alias("id"),
-            "count",
-            value_key(value).alias("key")))
+            "count"))
         ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
     finally:
         ordered.unpersist()

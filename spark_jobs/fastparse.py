@@ -268,9 +268,34 @@ def parse_line_exact(line: bytes) -> tuple[int, bool, int, list, list]:
             [int(f, 16) if f else None for f in raw_cats])
 
 
-def format_hex(values: np.ndarray) -> np.ndarray:
-    """Categorical values → their normalised strings (8 lowercase hex digits)."""
-    return np.char.mod("%08x", np.asarray(values, np.int64))
+def hex_bytes(values: np.ndarray) -> np.ndarray:
+    """Categorical values (0 .. 2**32 - 1) → their normalised strings, 8 ASCII bytes each, as
+    one uint64 per value (first character in the lowest byte). SWAR, like the parse: the
+    nibbles are spread one per byte, then each becomes '0'..'9' or 'a'..'f'."""
+    x = np.asarray(values).astype(np.uint64)
+    t = np.empty_like(x)
+    for shift, mask in ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F)):
+        np.left_shift(x, np.uint64(shift), out=t)
+        x |= t
+        x &= np.uint64(mask)                                      # then: byte i = nibble i
+    np.add(x, np.uint64(0x0606060606060606), out=t)
+    t >>= np.uint64(4)
+    t &= _ONES                                                    # 1 in the bytes >= 10
+    t *= np.uint64(ord("a") - ord("0") - 10)
+    x += t
+    x += _ZEROS
+    return x.byteswap(inplace=True)     # the most significant nibble is the first character
+
+
+def format_hex(values: np.ndarray):
+    """Categorical values → their normalised strings (8 lowercase hex digits), an Arrow string
+    array built from one buffer (no Python string per value)."""
+    import pyarrow as pa
+
+    data = hex_bytes(values)
+    offsets = np.arange(0, 8 * len(data) + 1, 8, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets),
+                                                          pa.py_buffer(data)])
 
 
 def parse_hex(strings) -> np.ndarray:

@@ -24,7 +24,7 @@ from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from spark_jobs import counting, progress, quality, transform
 from spark_jobs.arrow_engine import ArrowEngine
-from spark_jobs.dictionaries import build_dictionaries, table_sizes
+from spark_jobs.dictionaries import table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
@@ -203,12 +203,10 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        totals = engine.value_totals(layout.counts, _dictionary_days(days, cfg)).persist()
-        histogram = counting.write_histogram(totals, layout.counts)
+        histogram = engine.count_totals(layout.counts, _dictionary_days(days, cfg))
     with timer.stage("dictionaries"):
         sizes = table_sizes(histogram, spec)
-        build_dictionaries(totals, spec, sizes, dictionaries_dir(layout))
-        totals.unpersist()
+        engine.write_dictionaries(spec, sizes, dictionaries_dir(layout), layout.dictionary_index)
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
@@ -223,6 +221,7 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         "threshold_spec": str(spec),
         "seed": cfg.shuffle_seed,
         "engine": engine.name,
+        "lookups": engine.lookups,
         "dictionary_days": cfg.dictionary_days,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
@@ -257,7 +256,8 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
     with timer.stage("transform"):
         staging = layout.parquet / ".splits-staging"
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        engine.write_splits(stats, sizes, dictionaries_dir(layout), staging, partitions)
+        engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
+                            staging, partitions)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         for name in transform.move_split_dirs(staging, targets):
             write_empty(targets[name] / "part-00000.parquet", cfg.compression)

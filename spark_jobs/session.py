@@ -184,12 +184,16 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
         "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
+        # the Arrow engine's binary values (partial counts, totals) are large: bound a batch
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(64 << 20),
         "spark.driver.extraJavaOptions": JVM_OPTIONS,
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
         **CODEGEN_OPTIONS,
     }
     if partitions:
         conf["spark.sql.shuffle.partitions"] = str(partitions)
+    if cores:
+        conf["spark.python.daemon.module"] = "spark_jobs.python_daemon"
     if spark.executor_memory:
         conf["spark.executor.memory"] = spark.executor_memory
     if spark.local_dir:

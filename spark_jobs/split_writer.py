@@ -72,7 +72,6 @@ class WriteSpec:
     out_dir: str                     # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
     compression: str
     row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
-    joined_columns: tuple[int, ...]  # categoricals whose ids arrive as columns, not in the rows
     eval_half: int | None            # None: every row is train; else test = _k1 < eval_half
 
 
@@ -138,14 +137,10 @@ def split_table(label: np.ndarray, numericals_by_column, ids_by_column, schema=N
     return pa.Table.from_arrays(columns, schema=schema or parquet_schema())
 
 
-def _table(batch, spec: WriteSpec, schema):
-    import pyarrow as pa
-
+def _table(batch, schema):
     rows = unpack_rows(batch.column("row"))
-    cats = np.ascontiguousarray(rows["cat"].T)
-    ids = [batch.column(c).cast(pa.int32()) if j in spec.joined_columns else cats[j]
-           for j, c in enumerate(CAT_COLUMNS)]
-    return split_table(rows["label"], np.ascontiguousarray(rows["num"].T), ids, schema)
+    return split_table(rows["label"], np.ascontiguousarray(rows["num"].T),
+                       np.ascontiguousarray(rows["cat"].T), schema)
 
 
 class PartitionFiles:
@@ -184,7 +179,7 @@ class PartitionFiles:
 
 
 def write_task(spec: WriteSpec):
-    """mapInArrow function over (_p, _k1, row, joined ids): writes this partition's rows, in
+    """mapInArrow function over (_p, _k1, row): writes this partition's rows, in
     the order they arrive, to one file per split; yields one result row per file written."""
     schema = parquet_schema()
 
@@ -196,7 +191,7 @@ def write_task(spec: WriteSpec):
             if files is None:
                 files = PartitionFiles(spec, int(batch.column("_p")[0].as_py()))
             lines = None if spec.eval_half is None else batch.column("_k1").to_numpy()
-            files.add(_table(batch, spec, schema), lines)
+            files.add(_table(batch, schema), lines)
         results = files.results() if files is not None else None
         if results is not None:
             yield results
@@ -207,8 +202,7 @@ def write_partitions(frame, spec: WriteSpec) -> list:
     """Run the writer over ``frame``'s partitions (their order is the files' order)."""
     from pyspark.sql import functions as F
 
-    columns = ["_k1", "row", *[CAT_COLUMNS[j] for j in spec.joined_columns]]
-    return (frame.select(F.spark_partition_id().alias("_p"), *columns)
+    return (frame.select(F.spark_partition_id().alias("_p"), "_k1", "row")
             .mapInArrow(write_task(spec), RESULT_SCHEMA).collect())
 
 

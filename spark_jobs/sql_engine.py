@@ -13,7 +13,9 @@ from functools import reduce
 from pathlib import Path
 
 from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import counting, quality, transform
+from spark_jobs.dictionaries import build_dictionaries
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
 from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
@@ -22,25 +24,38 @@ from spark_jobs.stats import DayStats, line_number_column
 
 class SqlEngine:
     name = "sql"
+    lookups = "Spark joins"          # broadcast up to broadcast_max_values, shuffled above
 
     def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
         self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
+        self._totals = None
 
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
         return counting.count_pass(self.parsed, recount, counts_dir)
 
-    def value_totals(self, counts_dir: Path, days: list[int] | None):
-        """(column, value, count) over the counted days, from the stored counts."""
-        return counting.value_totals(self.session, counts_dir, days)
+    def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
+        """Cache (column, value, count) over the counted days (None: all), from the stored
+        counts; return (and store) their count histogram per column."""
+        self._totals = counting.value_totals(self.session, counts_dir, days).persist()
+        return counting.write_histogram(self._totals, counts_dir)
+
+    def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
+                           index_dir: Path) -> None:
+        """The dictionaries by one global sort of the kept values (the transform joins them;
+        no index is needed)."""
+        build_dictionaries(self._totals, spec, sizes, dict_dir)
+        self.close()
 
     def finish_counts(self) -> None:
         """The count pass wrote its value counts before returning."""
 
     def close(self) -> None:
-        """Nothing cached."""
+        if self._totals is not None:
+            self._totals.unpersist()
+            self._totals = None
 
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
         quality.write_rejects(self.parsed, self.days, stats, out_dir)
@@ -53,7 +68,7 @@ class SqlEngine:
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     staging: Path, train_files: int) -> None:
+                     index_dir: Path, staging: Path, train_files: int) -> None:
         """``staging/<split>/part-*.parquet`` by Spark's writer: test and validation from one
         split-partitioned write, then train hash-partitioned into ``train_files``."""
         train, evaluation, shuffled = self._split_rows(stats, sizes, dict_dir)

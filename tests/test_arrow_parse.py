@@ -107,9 +107,9 @@ def test_crlf_lines_parse_as_their_lf_twins():
 def test_hex_values_round_trip_through_the_normalised_strings():
     rng = np.random.default_rng(0)
     values = np.concatenate([[0, 1, 0xFFFFFFFF], rng.integers(0, 2**32, 1000)]).astype(np.int64)
-    strings = format_hex(values)
-    assert all(len(s) == 8 and s == s.lower() for s in strings)
-    assert np.array_equal(parse_hex(list(strings)), values)
+    strings = format_hex(values).to_pylist()
+    assert strings == [f"{v:08x}" for v in values.tolist()]
+    assert np.array_equal(parse_hex(strings), values)
     with pytest.raises(ValueError):
         parse_hex(["0000000G"])
     with pytest.raises(ValueError):
@@ -160,7 +160,8 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     statistics rows count every line, the short and the rejected ones included."""
     import pyarrow as pa
 
-    from spark_jobs.arrow_tasks import CODE_BITS, LINES, STAT, ReadSettings, count_task
+    from spark_jobs.arrow_dictionaries import KIND_PARTIAL, KIND_SAMPLE, KIND_STATS
+    from spark_jobs.arrow_tasks import CODE_BITS, LINES, ReadSettings, count_task
 
     lines = _lines(5)[:800]
     path = tmp_path / "day_0"
@@ -168,14 +169,22 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     chunks = plan_chunks([DayFile(0, path)], 10_000)
     task = count_task(chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines))
     ids = pa.record_batch({"id": pa.array(range(len(chunks)), pa.int64())})
-    got, lines_seen = {}, 0
+    got, lines_seen, partials = {}, 0, {}
     for batch in task([ids]):
         for row in batch.to_pylist():
-            if row["column"] == STAT:
+            if row["kind"] == KIND_STATS:
                 lines_seen += row["count"] if row["value"] & ((1 << CODE_BITS) - 1) == LINES else 0
-            else:
-                key = (row["column"], "%08x" % row["value"])
-                got[key] = got.get(key, 0) + row["count"]
+                continue
+            values = np.frombuffer(row["values"], np.uint32)
+            assert np.all(np.diff(values.astype(np.int64)) > 0)     # distinct, ascending
+            if row["kind"] == KIND_SAMPLE:                           # a subset of the partial
+                assert set(values.tolist()) <= set(partials[row["column"]].tolist())
+                continue
+            assert row["kind"] == KIND_PARTIAL and row["value"] == len(values)
+            partials[row["column"]] = values
+            for value, count in zip(values.tolist(), np.frombuffer(row["counts"], np.uint32).tolist()):
+                key = (row["column"], "%08x" % value)
+                got[key] = got.get(key, 0) + count
     expected = {}
     for line in lines:
         parsed = reference_parse(_without_cr(line))

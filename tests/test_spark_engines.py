@@ -104,17 +104,6 @@ def test_order_keys_are_sparks_xxhash64(spark):
         assert [r["tie"] for r in got] == want_tie.tolist()
 
 
-def test_broadcast_joins_instead_of_the_worker_index_give_the_same_bytes(tmp_path, spark):
-    """arrow_index_max_values=0: no worker index, every column joined by Spark (broadcast)."""
-    days = salted_days(43, 3, 300)
-    raw = write_days(tmp_path / "raw", days)
-    run(spark, raw, tmp_path / "indexed", "2", engine="arrow", max_reject_rate=0.5)
-    run(spark, raw, tmp_path / "joined", "2", engine="arrow", max_reject_rate=0.5,
-        arrow_index_max_values=0)
-    for split in SPLITS:
-        assert _split_files(tmp_path / "indexed", split) == _split_files(tmp_path / "joined", split)
-
-
 def test_engine_choice():
     from dlrm_contracts.config import PreprocessConfig, SparkConfig
     from dlrm_contracts.config import ConfigError

@@ -45,7 +45,7 @@ def _batches(label, numericals, ids, part: int, lines: np.ndarray, size: int):
 def test_a_retried_partition_keeps_one_file_with_every_row_in_order(tmp_path):
     label, numericals, ids = _rows(2500, seed=1)
     spec = WriteSpec(out_dir=str(tmp_path), compression="snappy", row_group_rows=500,
-                     joined_columns=(), eval_half=1200)
+                     eval_half=1200)
     lines = np.arange(2500, dtype=np.int64)
     first = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))   # "failed"
     second = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))
@@ -65,16 +65,3 @@ def test_a_retried_partition_keeps_one_file_with_every_row_in_order(tmp_path):
     assert np.array_equal(both[LABEL].to_numpy(), label)
     assert np.array_equal(np.stack([both[c].to_numpy() for c in INT_COLUMNS], 1), numericals)
     assert np.array_equal(np.stack([both[c].to_numpy() for c in CAT_COLUMNS], 1), ids)
-
-
-def test_joined_columns_come_from_their_own_column(tmp_path):
-    label, numericals, ids = _rows(10, seed=2)
-    spec = WriteSpec(out_dir=str(tmp_path), compression="none", row_group_rows=100,
-                     joined_columns=(4,), eval_half=None)
-    joined = np.arange(10, dtype=np.int32) + 77
-    batch = pa.record_batch({"_p": pa.array(np.zeros(10, np.int32)), "_k1": pa.array(np.arange(10)),
-                             "row": pack_rows(label, numericals, ids), CAT_COLUMNS[4]: pa.array(joined)})
-    commit(pa.Table.from_batches(list(write_task(spec)([batch]))).to_pylist(), tmp_path)
-    table = pq.read_table(tmp_path / "train" / "part-00000.parquet")
-    assert table[CAT_COLUMNS[4]].to_pylist() == joined.tolist()
-    assert table[CAT_COLUMNS[5]].to_pylist() == ids[:, 5].tolist()

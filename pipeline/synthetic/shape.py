@@ -112,12 +112,15 @@ class ColumnShapes:
     categorical_missing: tuple[float, ...]
     integers: tuple[IntegerShape, ...]
     zipf_exponent: float
+    uniform: tuple[bool, ...] = (False,) * len(CAT_COLUMNS)  # drawn uniformly, not by Zipf
 
     @classmethod
     def from_config(cls, config: GeneratorConfig) -> "ColumnShapes":
-        sizes = tuple(scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
-                      for t in TERABYTE_CARDINALITIES)
-        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent)
+        sizes = tuple(config.uniform_columns.get(c) or
+                      scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
+                      for c, t in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES))
+        uniform = tuple(c in config.uniform_columns for c in CAT_COLUMNS)
+        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent, uniform)
 
     def describe(self) -> dict:
         """The plain form written into generator_meta.json."""
@@ -130,6 +133,7 @@ class ColumnShapes:
                 for name, s in zip(INT_COLUMNS, self.integers)},
             "missing_together": [list(group) for group in MISSING_TOGETHER],
             "zipf_exponent": self.zipf_exponent,
+            "uniform_columns": [c for c, u in zip(CAT_COLUMNS, self.uniform) if u],
         }
 
 
@@ -152,9 +156,12 @@ def zipf_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
 
 
 def sample_categorical_ranks(rng: np.random.Generator, rows: int, size: int,
-                             exponent: float) -> np.ndarray:
+                             exponent: float, uniform: bool = False) -> np.ndarray:
     """Ranks 1..size of one categorical column for ``rows`` rows (missing applied later)."""
-    return zipf_ranks(rng.random(rows), size, exponent)
+    u = rng.random(rows)
+    if uniform:
+        return np.minimum((u * size).astype(np.int64), size - 1) + 1
+    return zipf_ranks(u, size, exponent)
 
 
 def sample_integers(rng: np.random.Generator, rows: int, shape: IntegerShape) -> np.ndarray:
@@ -211,8 +218,8 @@ class Features:
 def sample_features(rng: np.random.Generator, rows: int, shapes: ColumnShapes) -> Features:
     """Draw ``rows`` rows of all columns (integers, categoricals, then missing fields)."""
     int_values = np.stack([sample_integers(rng, rows, shape) for shape in shapes.integers])
-    cat_ranks = np.stack([sample_categorical_ranks(rng, rows, size, shapes.zipf_exponent)
-                          for size in shapes.cardinalities])
+    cat_ranks = np.stack([sample_categorical_ranks(rng, rows, size, shapes.zipf_exponent, uniform)
+                          for size, uniform in zip(shapes.cardinalities, shapes.uniform)])
     missing = sample_missing(rng, rows, shapes)
     int_missing = missing[:len(shapes.integers)]
     cat_ranks[missing[len(shapes.integers):]] = 0

@@ -1,0 +1,355 @@
+"""The Arrow engine's value totals, dictionaries and dictionary index, for columns of any size.
+
+The count tasks (``spark_jobs.arrow_tasks``) emit, per chunk and column, its distinct values and
+their counts as two binary values (``spark_jobs.value_counts``), plus an evenly spaced sample of
+the values. The JVM never sees a value: it caches, shuffles and groups byte strings. Then:
+
+1. **Groups.** Each column's values are split into ranges of about ``GROUP_VALUES`` partial
+   entries, with bounds from the samples (so a skewed column splits as evenly as a uniform
+   one). A group is one (column, value range); every later step works on one group at a time,
+   so a worker's memory is bounded whatever the number of distinct values.
+2. **Merge** (``groupBy(group).applyInArrow``): a group's partial counts are summed per day (the
+   recounted days' counts are written, ``counts/values/day=<k>/``) and over the dictionary days
+   (the totals, kept cached), with the histogram of their counts.
+3. **Ids.** A value's id is 1 + the number of kept values of its column with a higher count, or
+   the same count and a lower value (count descending, value ascending). Because groups are
+   value ranges in order, that is ``first id of (group, count) + rank of the value among the
+   group's values of that count``; the first ids come from the groups' histograms alone,
+   summed on the driver. No global sort, no dictionary on the driver.
+4. **Write**: each group's task writes its part of the column's dictionary parquet (value, id,
+   count) and builds
+   its region of the column's index (``spark_jobs.dictionary_index``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlrm_contracts.layout import values_dir
+from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.thresholds import ThresholdSpec
+from spark_jobs import dictionary_index
+from spark_jobs.fastparse import format_hex
+from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
+                                     count_histogram, evenly_spaced, from_binary, merge_counts,
+                                     slices_to_binary, to_binary)
+
+KIND_STATS, KIND_PARTIAL, KIND_SAMPLE = 0, 1, 2
+# What the count tasks emit. Statistics rows: value = chunk << CODE_BITS | code, count = lines.
+# Partial rows: a (chunk, column)'s distinct values and their counts, value = how many. Sample
+# rows: every SAMPLE_STEP-th of those values, value = how many the sample stands for.
+COUNT_SCHEMA = ("kind INT, day INT, column INT, value LONG, count LONG, "
+                "values BINARY, counts BINARY")
+GROUP_SCHEMA = "group INT, day INT, values BINARY, counts BINARY"
+TOTALS_SCHEMA = ("group INT, values BINARY, counts BINARY, "
+                 "histogram_counts BINARY, histogram_sizes BINARY")
+WRITTEN_SCHEMA = "group INT, kept LONG"
+SAMPLE_STEP = 1024
+# Partial entries per group: a merge holds ~40 bytes per entry at its peak, so ~80 MB.
+GROUP_VALUES = 2_000_000
+_MAX_COUNT = 2**63 - 1
+
+
+# ---------------------------------------------------------------- partial counts as rows
+
+def partial_rows(day: int, counts_by_column: dict[int, Counts]):
+    """One record batch: a partial row and a sample row per column with values."""
+    import pyarrow as pa
+
+    columns = [j for j, c in counts_by_column.items() if len(c)]
+    parts = [counts_by_column[j] for j in columns]
+    samples = [evenly_spaced(p.values, SAMPLE_STEP) for p in parts]
+    n = len(columns)
+    empty = np.zeros(0, DAY_COUNT_DTYPE)
+    return pa.record_batch({
+        "kind": pa.array([KIND_PARTIAL] * n + [KIND_SAMPLE] * n, pa.int32()),
+        "day": pa.array([day] * (2 * n), pa.int32()),
+        "column": pa.array(columns * 2, pa.int32()),
+        "value": pa.array([len(p) for p in parts] * 2, pa.int64()),
+        "count": pa.array([int(p.counts.sum()) for p in parts] + [0] * n, pa.int64()),
+        "values": to_binary([p.values for p in parts] + samples),
+        "counts": to_binary([p.counts.astype(DAY_COUNT_DTYPE, copy=False) for p in parts]
+                            + [empty] * n)})
+
+
+def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
+    """(day, parquet file) of the stored value counts of ``days``."""
+    files = []
+    for day in days:
+        folder = values_dir(counts_dir) / f"day={day}"
+        files += [(day, str(p)) for p in sorted(folder.glob("*.parquet"))
+                  if not p.name.startswith((".", "_"))]
+    return files
+
+
+def stored_partials_task(files: list[tuple[int, str]]):
+    """mapInArrow function: stored value counts (either engine's files) → partial rows."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    def run(batches):
+        for batch in batches:
+            for k in batch.column(0).to_numpy():
+                day, path = files[int(k)]
+                table = pq.read_table(path, columns=["column", "value", "count"])
+                by_column = {}
+                for j, name in enumerate(CAT_COLUMNS):
+                    rows = table.filter(pc.equal(table["column"], name))
+                    if rows.num_rows:
+                        values = rows["value"].to_numpy().astype(VALUE_DTYPE)
+                        order = np.argsort(values, kind="stable")
+                        counts = rows["count"].to_numpy().astype(DAY_COUNT_DTYPE)
+                        by_column[j] = Counts(values[order], counts[order])
+                if by_column:
+                    yield partial_rows(day, by_column)
+    return run
+
+
+# ---------------------------------------------------------------- groups
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Each column's value ranges and their group numbers: group = first[column] + range."""
+
+    bounds: tuple[np.ndarray, ...]     # per column: lowest value of each range, bounds[0] = 0
+    first: tuple[int, ...]             # per column: the group of its first range
+    entries: int = 0                   # partial entries in all (what the merge will read)
+
+    @property
+    def groups(self) -> int:
+        return self.first[-1] + len(self.bounds[-1])
+
+    def column_range(self, group: int) -> tuple[int, int]:
+        column = int(np.searchsorted(self.first, group, side="right")) - 1
+        return column, group - self.first[column]
+
+    @classmethod
+    def from_samples(cls, samples: list[tuple[int, int, np.ndarray]],
+                     group_values: int = GROUP_VALUES) -> "GroupPlan":
+        """``samples``: (column, entries the sample stands for, sampled values) per partial."""
+        by_column: dict[int, list] = {j: [] for j in range(len(CAT_COLUMNS))}
+        for column, entries, values in samples:
+            by_column[column].append((entries, values))
+        bounds, first, next_group = [], [], 0
+        for j in range(len(CAT_COLUMNS)):
+            column_bounds = _range_bounds(by_column[j], group_values)
+            bounds.append(column_bounds)
+            first.append(next_group)
+            next_group += len(column_bounds)
+        return cls(tuple(bounds), tuple(first), sum(entries for _, entries, _ in samples))
+
+
+def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> np.ndarray:
+    """Lower bounds of ranges holding about ``group_values`` entries each (weighted quantiles
+    of the samples; each sampled value stands for entries / len(sample) entries)."""
+    total = sum(entries for entries, _ in samples)
+    ranges = -(-total // group_values)
+    if ranges <= 1:
+        return np.zeros(1, VALUE_DTYPE)
+    values = np.concatenate([v for _, v in samples if len(v)])
+    weights = np.concatenate([np.full(len(v), entries / len(v)) for entries, v in samples if len(v)])
+    order = np.argsort(values, kind="stable")
+    values, cumulative = values[order], np.cumsum(weights[order])
+    targets = total * np.arange(1, ranges) / ranges
+    cuts = values[np.minimum(np.searchsorted(cumulative, targets), len(values) - 1)]
+    return np.unique(np.concatenate([[0], cuts]).astype(VALUE_DTYPE))
+
+
+def split_task(plan: GroupPlan):
+    """mapInArrow function: partial rows → one row per (group, day), slices of the partials."""
+    import pyarrow as pa
+
+    def run(batches):
+        for batch in batches:
+            days = batch.column("day").to_numpy()
+            columns = batch.column("column").to_numpy()
+            values = from_binary(batch.column("values"), VALUE_DTYPE)
+            counts = from_binary(batch.column("counts"), DAY_COUNT_DTYPE)
+            for k in range(batch.num_rows):
+                j = int(columns[k])
+                cuts = np.searchsorted(values[k], plan.bounds[j][1:])
+                positions = np.concatenate([[0], cuts, [len(values[k])]])
+                ranges = len(positions) - 1
+                yield pa.record_batch({
+                    "group": pa.array(plan.first[j] + np.arange(ranges), pa.int32()),
+                    "day": pa.array(np.full(ranges, days[k]), pa.int32()),
+                    "values": slices_to_binary(values[k], positions),
+                    "counts": slices_to_binary(counts[k], positions)})
+    return run
+
+
+# ---------------------------------------------------------------- merge
+
+@dataclass(frozen=True)
+class MergeSpec:
+    plan: GroupPlan
+    recount: frozenset[int]            # days whose counts are written
+    dictionary_days: frozenset[int]    # days summed into the totals
+    counts_dir: str
+
+
+def merge_task(spec: MergeSpec):
+    """applyInArrow function over one group's rows: the recounted days' counts written, the
+    totals over the dictionary days and their histogram returned."""
+    import pyarrow as pa
+
+    def run(table):
+        group = int(table.column("group")[0].as_py())
+        days = table.column("day").to_numpy()
+        values = from_binary(table.column("values"), VALUE_DTYPE)
+        counts = from_binary(table.column("counts"), DAY_COUNT_DTYPE)
+        per_day = {}
+        for day in np.unique(days):
+            parts = [Counts(values[k], counts[k]) for k in np.flatnonzero(days == day)]
+            per_day[int(day)] = merge_counts(parts)
+        column, rank = spec.plan.column_range(group)
+        for day in sorted(spec.recount & per_day.keys()):
+            if len(per_day[day]):
+                _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
+        totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
+        sizes_of = count_histogram(totals.counts)
+        return pa.table({"group": pa.array([group], pa.int32()),
+                         "values": to_binary([totals.values]),
+                         "counts": to_binary([totals.counts.astype(TOTAL_COUNT_DTYPE)]),
+                         "histogram_counts": to_binary([sizes_of[0]]),
+                         "histogram_sizes": to_binary([sizes_of[1]])})
+    return run
+
+
+def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts: Counts) -> None:
+    """One group's counts of one day, as both engines store them (column, the value's
+    integer, count). The name is the group's, so a retried task replaces its own file."""
+    import pyarrow as pa
+
+    table = pa.table({"column": pa.repeat(pa.scalar(column, pa.string()), len(counts)),
+                      "value": pa.array(counts.values.astype(np.int64)),
+                      "count": pa.array(counts.counts.astype(np.int64))})
+    path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
+    _write_parquet_atomically(table, path, use_dictionary=["column", "count"])
+
+
+def _write_parquet_atomically(table, path: Path, use_dictionary=True) -> None:
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        pq.write_table(table, temporary, compression="snappy", use_dictionary=use_dictionary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- ids and writing
+
+def thresholds(spec: ThresholdSpec) -> tuple[int, ...]:
+    """Each column's effective threshold (a count is a LONG: a higher one keeps nothing)."""
+    return tuple(min(spec.effective(c), _MAX_COUNT) for c in CAT_COLUMNS)
+
+
+def first_ids(plan: GroupPlan, histograms: dict[int, tuple[np.ndarray, np.ndarray]],
+              minimum: tuple[int, ...]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per group: its kept counts (ascending) and the id of the first (lowest) value of each
+    among the group's values. Ordered by (count descending, group ascending), a column's
+    (group, count) classes are its ids in blocks: each block starts after the ones before."""
+    out = {}
+    for j in range(len(CAT_COLUMNS)):
+        groups = [plan.first[j] + r for r in range(len(plan.bounds[j]))]
+        entries = [(g, c, n) for g in groups if g in histograms
+                   for c, n in zip(*histograms[g]) if c >= minimum[j]]
+        if not entries:
+            continue
+        group, count, size = (np.array(x, np.int64) for x in zip(*entries))
+        order = np.lexsort((group, -count))
+        start = np.zeros(len(order), np.int64)
+        np.cumsum(size[order][:-1], out=start[1:])
+        first = np.empty_like(start)
+        first[order] = 1 + start
+        for g in np.unique(group):
+            mine = np.flatnonzero(group == g)          # counts ascending, as in the histogram
+            out[int(g)] = (count[mine], first[mine])
+    return out
+
+
+def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
+               class_first: np.ndarray) -> np.ndarray:
+    """Ids of a group's kept values (ascending, their counts all in ``classes``): the class's
+    first id plus the value's rank among the group's values of the same count."""
+    from spark_jobs.kernels import ranks_in_class
+
+    ids = np.empty(len(values), np.int64)
+    ranks_in_class(np.searchsorted(classes, counts), np.ascontiguousarray(class_first, np.int64), ids)
+    return ids
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    plan: GroupPlan
+    minimum: tuple[int, ...]           # each column's threshold
+    dict_dir: str
+    index_dir: str
+    regions: dict[int, tuple[int, int]]   # group → (first slot, slots) in its column's index
+
+
+def dictionary_task(spec: WriteSpec, first_ids_broadcast):
+    """mapInArrow function over the totals: each group's dictionary part and index region."""
+    import pyarrow as pa
+
+    def run(batches):
+        firsts = first_ids_broadcast.value
+        for batch in batches:
+            groups = batch.column("group").to_numpy()
+            values = from_binary(batch.column("values"), VALUE_DTYPE)
+            counts = from_binary(batch.column("counts"), TOTAL_COUNT_DTYPE)
+            written = [_write_group(spec, int(g), v, c, firsts.get(int(g)))
+                       for g, v, c in zip(groups, values, counts)]
+            yield pa.record_batch({"group": pa.array(groups, pa.int32()),
+                                   "kept": pa.array(written, pa.int64())})
+    return run
+
+
+def _write_group(spec: WriteSpec, group: int, values, counts, classes) -> int:
+    import pyarrow as pa
+
+    column, rank = spec.plan.column_range(group)
+    kept = counts >= spec.minimum[column]
+    if classes is None or not kept.any():
+        return 0
+    values, counts = values[kept], counts[kept]
+    ids = assign_ids(values, counts, *classes)
+    name = CAT_COLUMNS[column]
+    table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
+                      "count": pa.array(counts.astype(np.int64))})
+    # every value and id is distinct: only the counts gain from dictionary encoding
+    _write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+                              use_dictionary=["count"])
+    start, size = spec.regions[group]
+    dictionary_index.write_region(spec.index_dir, name, start, size, values, ids)
+    return len(values)
+
+
+def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:
+    """Per column its index layout, and per group its region (first slot, slots)."""
+    layouts, regions = {}, {}
+    for j, name in enumerate(CAT_COLUMNS):
+        groups = [plan.first[j] + r for r in range(len(plan.bounds[j]))]
+        kept = [int(histograms[g][1][histograms[g][0] >= minimum[j]].sum()) if g in histograms
+                else 0 for g in groups]
+        layout = dictionary_index.ColumnLayout.of(plan.bounds[j], kept)
+        layouts[name] = layout
+        for r, g in enumerate(groups):
+            regions[g] = (int(layout.starts[r]), int(layout.sizes[r]))
+    return layouts, regions
+
+
+def clear_day_counts(counts_dir: Path, days) -> None:
+    """Drop the recounted days' stored counts (a day left with no value gets no folder, as
+    the SQL engine's partitioned write leaves none)."""
+    for day in days:
+        shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)

@@ -1,0 +1,105 @@
+"""The compiled loops of the Arrow engine's dictionaries (numba): ids within a value range,
+and the dictionary index's hash tables (build a range's table, probe it).
+
+They are loops whose numpy formulations cost several passes over the data (bench/README.md,
+"Dictionary lookups"). In the index, a slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
+``size`` slots is ``mix32(value) * size >> 32``, and linear probing wraps around the region.
+Compiled once per machine: ``cache=True`` keeps the machine code beside this file (or, for
+code shipped to executors in a zip, in numba's cache directory).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix32(value):
+    """MurmurHash3's 32-bit finaliser: spreads clustered values (small integers, shared
+    prefixes) over the region."""
+    h = np.uint64(value)
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _MASK32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _MASK32
+    h ^= h >> np.uint64(16)
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def build_region(values, ids, region):
+    """Insert distinct ``values`` (uint32) with their ``ids`` (int32 >= 1) into ``region``
+    (uint64, zeroed, more slots than values)."""
+    size = np.uint64(region.shape[0])
+    for i in range(values.shape[0]):
+        key = np.uint64(values[i])
+        s = (_mix32(key) * size) >> np.uint64(32)
+        while region[s] != 0:
+            s += np.uint64(1)
+            if s == size:
+                s = np.uint64(0)
+        region[s] = key | (np.uint64(ids[i]) << np.uint64(32))
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup_column(values, bounds, starts, sizes, slots, out):
+    """``out[i]`` = the id of ``values[i]`` (int64; negative = missing), 0 if absent.
+    ``bounds``: each range's lowest value (ascending, bounds[0] = 0); ``starts``/``sizes``:
+    its region of ``slots``."""
+    ranges = bounds.shape[0]
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v < 0:
+            out[i] = 0
+            continue
+        key = np.uint64(v)
+        lo, hi = 0, ranges                 # the last range whose bound is <= key
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if np.uint64(bounds[mid]) <= key:
+                lo = mid
+            else:
+                hi = mid
+        size = np.uint64(sizes[lo])
+        if size == 0:
+            out[i] = 0
+            continue
+        base = np.uint64(starts[lo])
+        s = (_mix32(key) * size) >> np.uint64(32)
+        found = 0
+        while True:
+            slot = slots[base + s]
+            if slot == 0:
+                break
+            if (slot & _MASK32) == key:
+                found = np.int32(slot >> np.uint64(32))
+                break
+            s += np.uint64(1)
+            if s == size:
+                s = np.uint64(0)
+        out[i] = found
+
+
+@numba.njit(cache=True, nogil=True)
+def ranks_in_class(classes, first, out):
+    """``out[i] = first[classes[i]] + ``how many ``j < i`` share ``classes[i]``: with values
+    in ascending order, each value's id is its class's first id plus its rank in the class."""
+    seen = np.zeros(first.shape[0], np.int64)
+    for i in range(classes.shape[0]):
+        k = classes[i]
+        out[i] = first[k] + seen[k]
+        seen[k] += 1
+
+
+def warm_up() -> None:
+    """Call each loop once with the argument types the tasks use (read-only slots: the index
+    is memory-mapped read-only), loading its machine code from the cache or compiling it."""
+    slots = np.zeros(512, np.uint64)
+    build_region(np.arange(1, 3, dtype=np.uint32), np.arange(1, 3, dtype=np.int32), slots)
+    slots.setflags(write=False)
+    lookup_column(np.arange(-1, 3, dtype=np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
+                  np.full(1, 512, np.int64), slots, np.zeros(4, np.int32))
+    ranks_in_class(np.zeros(2, np.int64), np.ones(1, np.int64), np.zeros(2, np.int64))
