@@ -233,7 +233,7 @@ class StageEstimate:
 class Display:
     """Shows one stage at a time: a tqdm bar on a terminal, plain lines through ``emit``.
 
-    Plain lines go out when a phase starts and on a fixed grid of ``interval_s`` seconds from
+    Plain lines go out when a phase starts (not the first) and on a fixed grid of ``interval_s`` seconds from
     the stage's start (``tick`` must be called then: the pipeline's watcher wakes for each
     point of the grid and twice a second besides; a standalone tool's reports call it). ``emit`` is None where nobody wants lines (a
     terminal with a bar, when run standalone).
@@ -274,7 +274,8 @@ class Display:
             if self._estimate is None or self._estimate.stage != progress.stage:
                 self.start(progress.stage)
             now = time.time()
-            if self._estimate.update(progress, now) and progress.phase:
+            first = self._estimate.latest is None
+            if self._estimate.update(progress, now) and progress.phase and not first:
                 self._line(now)  # a new phase is worth a line of its own
             self.tick(now)
 
@@ -376,8 +377,9 @@ class DisplaySink:
     def send(self, progress: Progress) -> None:
         self.display.update(progress)
 
-    def close(self) -> None:
-        self.display.finish(last_line=True)
+    def close(self, ok: bool = True) -> None:
+        """A last line of how far it got, unless it failed (its error line comes next)."""
+        self.display.finish(last_line=ok)
 
 
 # ---------------------------------------------------------------- producers
@@ -426,10 +428,16 @@ class Reporter:
                 self._sent = now
                 self.sink.send(Progress(**{**asdict(self.state), "metrics": dict(self.state.metrics)}))
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         close = getattr(self.sink, "close", None)
         if close is not None:
-            close()
+            close(ok)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(ok=exc_type is None)
 
 
 def open_reporter(stage: str, enabled: bool = True,
@@ -457,10 +465,7 @@ def counting(stage: str, total: float | None, unit: str = "rows", phase: str = "
              rows_unit: str | None = None) -> Iterator[RowCounter]:
     """``with counting("convert", rows) as bar: ... bar.update(n)`` reports rows done of
     ``total`` (and, standalone on a terminal, draws the bar)."""
-    reporter = open_reporter(stage, enabled, settings)
-    reporter.report(phase=phase, unit=unit, rows_unit=rows_unit or unit, total=total, done=0,
-                    rows=0, fraction=0.0 if total else None, force=True)
-    try:
+    with open_reporter(stage, enabled, settings) as reporter:
+        reporter.report(phase=phase, unit=unit, rows_unit=rows_unit or unit, total=total,
+                        done=0, rows=0, fraction=0.0 if total else None, force=True)
         yield RowCounter(reporter, total, unit)
-    finally:
-        reporter.close()

@@ -151,7 +151,7 @@ class PreprocessProgress:
             with self._lock:
                 self._fraction = 1.0
                 self.reporter.report(fraction=1.0, force=True)
-        self.reporter.close()
+        self.reporter.close(ok=exc_type is None)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):

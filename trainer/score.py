@@ -191,12 +191,10 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = tf.saved_model.load(str(model_dir))
-    progress = ScanProgress(paths, open_reporter("score", config.progress, progress_settings))
-    try:
+    with open_reporter("score", config.progress, progress_settings) as reporter:
+        progress = ScanProgress(paths, reporter)
         files = [score_file(model, p, out_dir, config, progress) for p in paths]
         progress.finish()
-    finally:
-        progress.reporter.close()
     return {"files": files, "lines": sum(f["lines"] for f in files),
             "scored": sum(f["scored"] for f in files),
             "rejected": sum(sum(f["rejected"].values()) for f in files),
