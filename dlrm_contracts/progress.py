@@ -233,10 +233,12 @@ class StageEstimate:
 class Display:
     """Shows one stage at a time: a tqdm bar on a terminal, plain lines through ``emit``.
 
-    Plain lines go out when a phase starts (not the first) and on a fixed grid of ``interval_s`` seconds from
-    the stage's start (``tick`` must be called then: the pipeline's watcher wakes for each
-    point of the grid and twice a second besides; a standalone tool's reports call it). ``emit`` is None where nobody wants lines (a
-    terminal with a bar, when run standalone).
+    Plain lines go out when a phase starts (not the first) and on a fixed grid of
+    ``interval_s`` seconds from the stage's start (``tick`` must be called then: the pipeline's
+    watcher wakes for each point of the grid and twice a second besides; a standalone tool's
+    reports call it). ``emit`` is None where nobody wants lines (a terminal with a bar, when
+    run standalone). A stage that reported and then says nothing for three intervals (at
+    least 90 s) gets "no report for ..." in its lines.
     """
 
     def __init__(self, stream: IO[str] | None, settings: ProgressConfig,
@@ -312,12 +314,16 @@ class Display:
                 self._bar = None
             self._estimate = None
 
+    @property
+    def _quiet_after(self) -> float:
+        return max(90.0, 3 * self.settings.interval_s)
+
     def _line(self, now: float) -> None:
         if self.emit is not None:
-            self.emit(self._estimate.line(now, quiet_after_s=max(90.0, 3 * self.settings.interval_s)))
+            self.emit(self._estimate.line(now, self._quiet_after))
 
     def _status(self, now: float) -> str:
-        return self._estimate.status(now, quiet_after_s=max(90.0, 3 * self.settings.interval_s))
+        return self._estimate.status(now, self._quiet_after)
 
     def _refresh(self, now: float, force: bool = False) -> None:
         if self._bar is None or (not force and now - self._last_refresh < 0.5):
@@ -426,7 +432,8 @@ class Reporter:
             if force or new_phase or now - self._sent >= self.min_gap_s:
                 self.state.time = now
                 self._sent = now
-                self.sink.send(Progress(**{**asdict(self.state), "metrics": dict(self.state.metrics)}))
+                sent = {**asdict(self.state), "metrics": dict(self.state.metrics)}
+                self.sink.send(Progress(**sent))
 
     def close(self, ok: bool = True) -> None:
         close = getattr(self.sink, "close", None)

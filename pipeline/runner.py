@@ -73,7 +73,8 @@ class IsoTimeFormatter(logging.Formatter):
     whole seconds cannot show whether progress lines came every 30 s."""
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        return datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        local = datetime.fromtimestamp(record.created).astimezone()
+        return local.isoformat(timespec="milliseconds")
 
 
 def _setup_logging(layout: WorkdirLayout, display: Display) -> Path:

@@ -367,8 +367,8 @@ def run_train(ctx: StageContext) -> Outcome:
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
     engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     summary = result.summary or {}
-    return Outcome("ran", engine, summary,
-                   rows=(summary.get("steps_run") or 0) * (summary.get("global_batch") or 0) or None)
+    samples = (summary.get("steps_run") or 0) * (summary.get("global_batch") or 0)
+    return Outcome("ran", engine, summary, rows=samples or None)
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:

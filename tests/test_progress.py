@@ -146,7 +146,8 @@ SCRIPT = """
 import time
 from dlrm_contracts.config import ProgressConfig
 from dlrm_contracts.progress import counting
-with counting("convert", 4000, "rows", phase="convert", settings=ProgressConfig(interval_s=0.3)) as bar:
+settings = ProgressConfig(interval_s=0.3)
+with counting("convert", 4000, "rows", phase="convert", settings=settings) as bar:
     for _ in range(40):
         time.sleep(0.05)
         bar.update(100)
