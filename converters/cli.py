@@ -26,7 +26,7 @@ def _add_convert_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="threads (default: config, 2)")
     parser.add_argument("--batch-rows", type=int, help="rows per record batch / chunk")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                        help="never show a progress bar")
+                        help="report no progress (no bar on a terminal, no lines on stderr)")
     parser.add_argument("--no-fsync", dest="fsync", action="store_false", default=None,
                         help="skip fsync (faster; atomic against a crash of the process only)")
     parser.add_argument("--keep-existing", dest="overwrite", action="store_false", default=None,

@@ -31,7 +31,7 @@ from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL
                                           write_json)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
-from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
@@ -281,7 +281,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     rows: dict[str, int] = {}
     with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp, \
             ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
-            progress_bar(sum(expected.values()), "convert", config.progress) as bar:
+            counting("convert", sum(expected.values()), "rows", phase="convert",
+                     enabled=config.progress) as bar:
         for split in SPLITS:
             rows[split] = _convert_split(files[split], tmp / split, table_sizes, config, pool, bar)
             if rows[split] != expected[split]:

@@ -25,7 +25,7 @@ from dlrm_contracts.binary_format import (LABEL_FILE, NUMERICAL_FILE, cat_dtype,
                                           write_json)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
-from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -106,7 +106,8 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                     jobs.append((info.file(split, name), tmp / split / name,
                                  np.dtype(info.cat_dtypes[i]), new_size))
         with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
-                progress_bar(len(jobs), "rethreshold", config.progress) as bar:
+                counting("convert", len(jobs), "files", phase="rethreshold",
+                         enabled=config.progress) as bar:
             futures = [pool.submit(clamp_ids_file, *job, config.batch_rows * 8) for job in jobs]
             for future in futures:
                 future.result()

@@ -130,6 +130,10 @@ class SparkConfig:
     ui_admin_users: list[str] = field(default_factory=list)  # spark.admin.acls
     ui_view_users: list[str] = field(default_factory=list)   # spark.ui.view.acls
     ui_kill_enabled: bool = False  # spark.ui.killEnabled: kill buttons on the web UI
+    # A directory (or URL: hdfs://, s3a://) for Spark's event log, which the Spark History
+    # Server reads (spark.eventLog.enabled/dir); None = no event log. A local directory is
+    # created when missing.
+    event_log_dir: str | None = None
 
 
 @dataclass
@@ -193,7 +197,8 @@ class ConvertConfig:
     workers: int = 2
     # Rows per record batch (convert) and per chunk (rethreshold, verify): bounds memory.
     batch_rows: int = 131_072
-    # tqdm bar, shown only when stderr is a terminal.
+    # Report progress (to the pipeline; run alone: a bar on a terminal, else a line every
+    # progress.interval_s on stderr); False reports nothing.
     progress: bool = True
     # Replace an existing complete output (one with _SUCCESS; the swap is atomic and the old
     # dataset stays until the new one is complete); False refuses instead.
@@ -321,7 +326,7 @@ class ScoreConfig:
     # Whether the files' lines start with the label: None = decide per file from its first
     # lines (40 fields: labelled, 39: unlabelled; otherwise the stage asks for this setting).
     has_label: bool | None = None
-    progress: bool = True  # tqdm bar, only when stderr is a terminal
+    progress: bool = True  # report progress, as convert.progress
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"score.batch_rows must be at least 1, not {self.batch_rows}")
@@ -367,6 +372,45 @@ class PreflightConfig:
 
 
 @dataclass
+class ProgressConfig:
+    """How long stages say where they are (dlrm_contracts/progress.py, docs/pipeline.md).
+
+    Never part of a stage's key: it changes what is shown, not what is written.
+    """
+
+    # A plain progress line every this many seconds when the output is not a terminal (the
+    # run's log file always gets them): what a cron or Airflow log shows.
+    interval_s: float = 30.0
+    # A bar per stage, with its ETA, when stderr is a terminal; False: plain lines there too.
+    bar: bool = True
+    # Rows per second are measured over this last stretch of a phase.
+    rate_window_s: float = 60.0
+    # The preprocess stage's fraction done weighs its phases by their share of its time
+    # (bench/README.md, Arrow engine at the Terabyte shape: count 62.5 s, dictionaries 6.9 s,
+    # transform 83.2 s). A phase not named here counts for nothing.
+    preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
+        "count": 0.41, "dictionaries": 0.05, "transform": 0.54})
+    # Within the count and the transform, the share of the phase spent in the tasks that read
+    # the input (one per chunk); the rest is the count's sums and collects and the transform's
+    # train-file writes (Terabyte shape on a busy 2-core machine: count 0.54, transform 0.70;
+    # bench/README.md, "Progress and ETA").
+    preprocess_read_share: float = 0.6
+
+    def __post_init__(self) -> None:
+        _check(0 < self.interval_s < math.inf,
+               f"progress.interval_s must be a number of seconds > 0, not {self.interval_s}")
+        _check(0 < self.rate_window_s < math.inf,
+               f"progress.rate_window_s must be a number of seconds > 0, not {self.rate_window_s}")
+        _check(0 < self.preprocess_read_share < 1,
+               f"progress.preprocess_read_share must be in (0, 1), not {self.preprocess_read_share}")
+        shares = self.preprocess_phase_shares
+        _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+                   for v in shares.values()) and sum(shares.values()) > 0,
+               f"progress.preprocess_phase_shares must map phases to shares >= 0, not all 0: "
+               f"{shares}")
+
+
+@dataclass
 class LaunchConfig:
     """How the trainer is started: one process, or horovodrun over ranks and hosts."""
 
@@ -392,6 +436,7 @@ class PipelineConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
 
 
 class ConfigError(UsageError, ValueError):

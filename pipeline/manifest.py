@@ -33,13 +33,19 @@ class StageRecord:
     outputs_fingerprint: str = ""
     started: float = 0.0
     seconds: float = 0.0
+    rows: int | None = None             # rows (samples, lines) it went through
+    cpu_seconds: float | None = None    # this machine's processes (a cluster's executors not)
+
+    def rows_per_s(self) -> float | None:
+        return round(self.rows / self.seconds, 1) if self.rows and self.seconds > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "key": self.key, "inputs": self.inputs, "action": self.action,
                 "engine": self.engine, "summary": self.summary,
                 "outputs_fingerprint": self.outputs_fingerprint,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "rows": self.rows,
+                "rows_per_s": self.rows_per_s(), "cpu_seconds": self.cpu_seconds}
 
 
 class ManifestStore:

@@ -14,11 +14,9 @@ A shortfall refuses the run up front with exit 4 and one line; ``--force`` runs 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
 import re
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from pipeline.fingerprint import tree_fingerprint
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore
 from spark_jobs.errors import PreprocessInputError
-from spark_jobs.inputs import discover_days
+from spark_jobs.inputs import bytes_per_line, discover_days
 from spark_jobs.session import local_cores
 from trainer.dims import PRESETS, dense_parameters, model_dims
 from trainer.placement import plan_placement
@@ -90,22 +88,6 @@ def tree_bytes(path: Path) -> int:
             except OSError:
                 continue
     return total
-
-
-def bytes_per_line(path: Path, sample_bytes: int) -> float:
-    """Bytes of the file per line, from its first ``sample_bytes`` (compressed bytes for .gz).
-
-    A file no longer than the sample is counted whole, so its estimate is its line count.
-    """
-    with open(path, "rb") as fh:
-        chunk = fh.read(sample_bytes)
-    whole = len(chunk) < sample_bytes
-    if path.suffix == ".gz":
-        text = gzip.decompress(chunk) if whole else zlib.decompressobj(wbits=47).decompress(chunk)
-    else:
-        text = chunk
-    lines = text.count(b"\n") + (1 if whole and text and not text.endswith(b"\n") else 0)
-    return len(chunk) / lines if lines else float(len(chunk))
 
 
 def spark_local_dirs(config: PipelineConfig) -> list[Path]:

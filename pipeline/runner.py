@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
+from dlrm_contracts.progress import Display
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
 from pipeline.lock import WorkdirLock
 from pipeline.manifest import ManifestStore, StageRecord
 from pipeline.processes import terminate_current_child
+from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
 from pipeline.synthetic.writer import IN_PROGRESS_FILE
 
@@ -65,14 +68,26 @@ class FallbackFileHandler(logging.FileHandler):
               f"({exc.strerror or exc}); logging to stderr only", file=sys.stderr, flush=True)
 
 
-def _setup_logging(layout: WorkdirLayout) -> Path:
-    """Log to stderr, and to a timestamped file under logs/ while that can be written."""
+class IsoTimeFormatter(logging.Formatter):
+    """ISO 8601 local time with milliseconds and the UTC offset (2026-11-24T02:17:45.120+00:00):
+    whole seconds cannot show whether progress lines came every 30 s."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        local = datetime.fromtimestamp(record.created).astimezone()
+        return local.isoformat(timespec="milliseconds")
+
+
+def _setup_logging(layout: WorkdirLayout, display: Display) -> Path:
+    """Log to stderr, and to a timestamped file under logs/ while that can be written.
+
+    Progress lines go to both, except to a terminal where the display draws a bar instead."""
     path = layout.logs / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+    fmt = IsoTimeFormatter("%(asctime)s %(levelname)s %(message)s")
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
-    console = logging.StreamHandler(sys.stderr)
+    console = BarAwareStreamHandler(sys.stderr)
+    console.addFilter(ConsoleFilter(display.use_bar))
     console.setFormatter(logging.Formatter("[pipeline] %(message)s"))
     log.addHandler(console)
     try:
@@ -102,7 +117,7 @@ def install_signal_handlers() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _run_stage(name: str, ctx: StageContext, force: bool) -> StageRecord:
+def _run_stage(name: str, ctx: StageContext, force: bool, display: Display) -> StageRecord:
     stage = STAGE_TABLE[name]
     inputs = stage.inputs(ctx)
     key = ManifestStore.key_of(inputs)
@@ -118,17 +133,32 @@ def _run_stage(name: str, ctx: StageContext, force: bool) -> StageRecord:
     if not force and stage.satisfied_without_rerun is not None:
         outcome = stage.satisfied_without_rerun(ctx)
     if outcome is None:
+        running = time.time()  # progress lines count their interval from this line
         log.info("%-10s running", name)
         ctx.manifests.invalidate(name)
-        outcome = stage.run(ctx)
+        with StageWatch(name, ctx.layout.logs, display, running) as watch:
+            ctx.child_env = watch.env()
+            outcome = stage.run(ctx)
+        ctx.child_env = {}
+        record.cpu_seconds = watch.cpu_seconds
     record.action, record.engine, record.summary = outcome.action, outcome.engine, outcome.summary
     record.seconds = time.time() - record.started
+    record.rows = outcome.rows
     record.outputs_fingerprint = stage.outputs_fingerprint(ctx)
     # A satisfied-without-rerun stage keeps its original manifest key semantics: record the new
     # key so the next run with the same request skips straight away.
     ctx.manifests.complete(record)
-    log.info("%-10s %s (%s) in %.1f s", name, outcome.action, outcome.engine, record.seconds)
+    log.info("%-10s %s (%s) in %.1f s%s", name, outcome.action, outcome.engine, record.seconds,
+             _throughput(record))
     return record
+
+
+def _throughput(record: StageRecord) -> str:
+    rate = record.rows_per_s()
+    text = f", {record.rows:,} rows, {rate:,.0f} rows/s" if rate else ""
+    if record.cpu_seconds is not None:
+        text += f", {record.cpu_seconds:,.1f} CPU-s"
+    return text
 
 
 def _write_effective_config(config: PipelineConfig, layout: WorkdirLayout) -> Path:
@@ -168,7 +198,9 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
         # The threshold of the binary dataset in the workdir (what train/eval used); differs
         # from "threshold" when the convert stage was not part of the run.
         "dataset_threshold": dataset.get("threshold_spec"),
-        "stages": {r.stage: {"action": r.action, "engine": r.engine, "seconds": round(r.seconds, 2)}
+        "stages": {r.stage: {"action": r.action, "engine": r.engine, "seconds": round(r.seconds, 2),
+                             "rows": r.rows, "rows_per_s": r.rows_per_s(),
+                             "cpu_seconds": r.cpu_seconds}
                    for r in records},
         "seconds": round(sum(r.seconds for r in records), 2),
         "rows": dataset.get("splits"),
@@ -190,7 +222,7 @@ def _generation_interrupted(layout: WorkdirLayout) -> bool:
     return (layout.raw / IN_PROGRESS_FILE).exists()
 
 
-def _prepare_workdir(layout: WorkdirLayout) -> Path:
+def _prepare_workdir(layout: WorkdirLayout, display: Display) -> Path:
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -199,7 +231,7 @@ def _prepare_workdir(layout: WorkdirLayout) -> Path:
             raise full from None
         raise PipelineError(f"workdir {layout.root} cannot be created or written: "
                             f"{exc.strerror or exc}", ExitCode.USAGE) from None
-    return _setup_logging(layout)
+    return _setup_logging(layout, display)
 
 
 def _spark_local_dirs(config: PipelineConfig) -> list[str]:
@@ -242,6 +274,7 @@ class RunState:
     records: list[StageRecord] = field(default_factory=list)
     ctx: StageContext | None = None
     running: tuple[str, float] | None = None  # the stage under way: name, start time
+    display: Display | None = None
     status: str = "ok"
     code: ExitCode = ExitCode.OK
     summary: dict[str, Any] = field(default_factory=dict)
@@ -258,8 +291,9 @@ def run_pipeline(config: PipelineConfig) -> int:
         The one-line JSON summary is printed last on stdout either way.
     """
     layout = WorkdirLayout.at(config.workdir)
-    log_path = _prepare_workdir(layout)
-    run = RunState(config, layout, [s for s in STAGES if s in config.stages])
+    display = make_display(config.progress)
+    log_path = _prepare_workdir(layout, display)
+    run = RunState(config, layout, [s for s in STAGES if s in config.stages], display=display)
     _check_raw_input(run)
     with WorkdirLock(layout.lock_file):
         install_signal_handlers()
@@ -307,7 +341,7 @@ def _run_stages(run: RunState) -> None:
         run.running = (name, time.time())
         if name == "train" and check_before_train:
             preflight.before_train(config, log.info)
-        run.records.append(_run_stage(name, run.ctx, config.force))
+        run.records.append(_run_stage(name, run.ctx, config.force, run.display))
         run.running = None
 
 

@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +26,6 @@ from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
 from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout, best_checkpoint
-from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
@@ -44,6 +43,8 @@ class StageContext:
     layout: WorkdirLayout
     manifests: ManifestStore
     config_path: Path  # the effective config, written as YAML for the child processes
+    # What a child needs in its environment: the running stage's progress channel.
+    child_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def raw_dir(self) -> Path:
@@ -64,6 +65,7 @@ class Outcome:
     action: str            # ran | derived | skipped
     engine: str
     summary: dict[str, Any]
+    rows: int | None = None  # rows (samples, lines) the stage went through: its rows/s
 
 
 @dataclass
@@ -99,7 +101,7 @@ def _generate_run(ctx: StageContext) -> Outcome:
         shutil.rmtree(ctx.layout.raw)
     meta = generate(ctx.layout.raw, ctx.config.generator)
     return Outcome("ran", "python", {"rows": meta.get("rows"), "days": ctx.config.generator.days,
-                                     "bayes_auc": meta.get("bayes_auc")})
+                                     "bayes_auc": meta.get("bayes_auc")}, rows=meta.get("rows"))
 
 
 # ---------------------------------------------------------------- preprocess
@@ -178,12 +180,14 @@ SPARK_KNOWN_CODES = (ExitCode.USAGE, ExitCode.INPUT_DATA, ExitCode.PREPROCESS)
 
 def _preprocess_run(ctx: StageContext) -> Outcome:
     ctx.layout.parquet_removed.unlink(missing_ok=True)  # Spark writes the splits anew
-    result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"))
+    result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"), env=ctx.child_env)
     if result.returncode != 0:
         code = (ExitCode(result.returncode) if result.returncode in SPARK_KNOWN_CODES
                 else ExitCode.PREPROCESS)
         raise _child_failed("preprocess", result, code, ctx)
-    return Outcome("ran", "spark", result.summary or {})
+    summary = result.summary or {}
+    return Outcome("ran", "spark", summary,
+                   rows=summary.get("data_quality", {}).get("rows_read"))
 
 
 # ---------------------------------------------------------------- convert
@@ -251,6 +255,7 @@ def _needs_parquet(ctx: StageContext) -> None:
 
 def _convert_run(ctx: StageContext) -> Outcome:
     outcome = _convert(ctx)
+    outcome.rows = sum((outcome.summary.get("rows") or {}).values()) or None
     removed = _drop_parquet_when_lean(ctx)
     if removed:
         outcome.summary = {**outcome.summary, "parquet_removed": removed}
@@ -354,14 +359,16 @@ def run_train(ctx: StageContext) -> Outcome:
                                             or started.get("key") != key):
         shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"))
+    result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"), env=ctx.child_env)
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
             shutil.rmtree(partial, ignore_errors=True)
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
     engine = "horovod" if launcher_argv(ctx) else "tensorflow"
-    return Outcome("ran", engine, result.summary or {})
+    summary = result.summary or {}
+    samples = (summary.get("steps_run") or 0) * (summary.get("global_batch") or 0)
+    return Outcome("ran", engine, summary, rows=samples or None)
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
@@ -375,12 +382,13 @@ def _eval_outputs(ctx: StageContext) -> str:
 
 def _eval_run(ctx: StageContext) -> Outcome:
     verify_binary_dataset(ctx)
-    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"))
+    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("eval", result, ExitCode.EVAL, ctx)
     write_json_atomic(ctx.layout.root / "eval.json", result.summary)
     engine = "horovod" if launcher_argv(ctx) else "tensorflow"
-    return Outcome("ran", engine, result.summary)
+    rows = sum(result.summary.get(f"{split}_rows") or 0 for split in ("test", "validation"))
+    return Outcome("ran", engine, result.summary, rows=rows or None)
 
 
 # ---------------------------------------------------------------- export / score
@@ -405,7 +413,7 @@ def _export_run(ctx: StageContext) -> Outcome:
     argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),
             "--workdir", str(ctx.layout.root), "--config", str(ctx.config_path),
             "--verify-dataset", "none"]
-    result = run_child(argv, ctx.stage_log("export"))
+    result = run_child(argv, ctx.stage_log("export"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("export", result, ExitCode.EXPORT, ctx)
     keep = ("checkpoint_step", "test_auc", "saved_model", "saved_model_bytes", "seconds")
@@ -440,12 +448,10 @@ def _score_run(ctx: StageContext) -> Outcome:
     argv = [_python(), "-m", "trainer.score", "--model", str(ctx.layout.saved_model),
             "--out", str(ctx.layout.scores), "--config", str(ctx.config_path),
             "--input", ",".join(str(p) for p in files)]
-    # The child's output goes to the stage log; its progress bar goes to the terminal, if any.
-    env = {PROGRESS_TTY_ENV: "1"} if sys.stderr.isatty() else {}
-    result = run_child(argv, ctx.stage_log("score"), env=env)
+    result = run_child(argv, ctx.stage_log("score"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("score", result, ExitCode.SCORE, ctx)
-    return Outcome("ran", "tensorflow", result.summary)
+    return Outcome("ran", "tensorflow", result.summary, rows=result.summary.get("lines"))
 
 
 STAGE_TABLE: dict[str, Stage] = {

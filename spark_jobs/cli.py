@@ -71,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     spark, pre = configs_from_args(args)
-    from spark_jobs.preprocess import run_preprocess
+    from spark_jobs.preprocess import engine_name, run_preprocess
+    from spark_jobs.progress import PreprocessProgress
     from spark_jobs.session import check_spark_config
 
     check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
-    summary = run_preprocess(args.input, args.workdir, spark, pre)
+    config = load_config(args.config)
+    with PreprocessProgress(args.input, args.workdir, pre, config.progress,
+                            engine_name(pre, spark), config.preflight.sample_bytes):
+        summary = run_preprocess(args.input, args.workdir, spark, pre)
     print(json.dumps(summary, separators=(",", ":")))
     return 0

@@ -1,4 +1,4 @@
-"""Finding the day files of a raw input directory and fingerprinting them.
+"""Finding the day files of a raw input directory, fingerprinting them, sizing their lines.
 
 Day files are ``day_<k>`` or ``day_<k>.gz`` for k = 0..N-1. A gap, a duplicate (``day_3`` and
 ``day_3.gz``), an empty file or fewer than two days is an input error: training on a silently
@@ -7,7 +7,9 @@ shortened log is worse than stopping.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,3 +72,19 @@ def discover_days(input_dir: str | Path) -> list[DayFile]:
                     raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
                                                "(no gzip header); decompress it or drop '.gz'")
     return days
+
+
+def bytes_per_line(path: Path, sample_bytes: int) -> float:
+    """Bytes of the file per line, from its first ``sample_bytes`` (compressed bytes for .gz).
+
+    A file no longer than the sample is counted whole, so its estimate is its line count.
+    """
+    with open(path, "rb") as fh:
+        chunk = fh.read(sample_bytes)
+    whole = len(chunk) < sample_bytes
+    if path.suffix == ".gz":
+        text = gzip.decompress(chunk) if whole else zlib.decompressobj(wbits=47).decompress(chunk)
+    else:
+        text = chunk
+    lines = text.count(b"\n") + (1 if whole and text and not text.endswith(b"\n") else 0)
+    return len(chunk) / lines if lines else float(len(chunk))

@@ -22,7 +22,7 @@ from dlrm_contracts.errors import PipelineError
 from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
-from spark_jobs import counting, quality, transform
+from spark_jobs import counting, progress, quality, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
@@ -66,6 +66,7 @@ class _Timer:
 
     @contextmanager
     def stage(self, name: str):
+        progress.phase(name)
         start, cpu = time.perf_counter(), process_tree_cpu_seconds()
         try:
             yield

@@ -198,6 +198,9 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
         conf["spark.executor.memory"] = spark.executor_memory
     if spark.local_dir:
         conf["spark.local.dir"] = spark.local_dir
+    if spark.event_log_dir:
+        conf["spark.eventLog.enabled"] = "true"
+        conf["spark.eventLog.dir"] = event_log_url(spark.event_log_dir)
     conf.update(security_settings(spark))
     if spark.gpu:
         conf.update(rapids_conf(spark))
@@ -206,6 +209,32 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
     conf.update({str(k): str(v) for k, v in (spark.conf or {}).items()})
     _refuse_secret_settings(conf)
     return conf
+
+
+def _local_event_log_dir(directory: str) -> Path | None:
+    """The event log's directory on this machine; None for a URL (hdfs://, s3a://)."""
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", directory) and not directory.startswith("file:"):
+        return None
+    return Path(re.sub(r"^file:(//)?", "", directory)).expanduser().resolve()
+
+
+def event_log_url(directory: str) -> str:
+    """A local event-log directory as an absolute file: URL (the driver's working directory is
+    not the History Server's); a URL as it is."""
+    local = _local_event_log_dir(directory)
+    return directory if local is None else local.as_uri()
+
+
+def _make_event_log_dir(spark: SparkConfig) -> None:
+    """Spark refuses to start when the event log's local directory is missing: make it."""
+    local = _local_event_log_dir(spark.event_log_dir)
+    if local is None:
+        return
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PreprocessConfigError(f"spark.event_log_dir {spark.event_log_dir} cannot be "
+                                    f"created: {error.strerror or error}") from None
 
 
 # Under spark-submit the JVM already runs with spark-submit's master and driver memory.
@@ -239,6 +268,8 @@ def get_session(spark: SparkConfig):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if spark.bind_address and not submitted:
         os.environ["SPARK_LOCAL_IP"] = spark.bind_address  # inherited by the JVM pyspark starts
+    if spark.event_log_dir:
+        _make_event_log_dir(spark)
     if spark.auth_secret_file:
         _start_jvm_with_secret(spark, settings)
     builder = SparkSession.builder

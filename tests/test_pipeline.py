@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from dlrm_contracts.errors import ExitCode
+from dlrm_contracts.progress import Progress
 from pipeline_helpers import pipeline_cmd, run, same_tree
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
@@ -39,6 +41,8 @@ train:
   learning_rate: 0.2
 launch:
   np: 2
+progress:
+  interval_s: 5
 """
 
 
@@ -97,6 +101,38 @@ def test_end_to_end_with_two_ranks(e2e):
                  "report/report.md", "report/stage_times.png", "summary.json"):
         assert (workdir / path).exists(), path
     assert list((workdir / "logs").glob("pipeline-*.log"))
+
+
+def _log_lines(workdir: Path) -> list[tuple[datetime, str]]:
+    """(time, message) of the e2e run's log (the refused second run leaves a log too)."""
+    for path in sorted((workdir / "logs").glob("pipeline-*.log")):
+        text = path.read_text()
+        if "train      ran" in text:
+            return [(datetime.fromisoformat(stamp), message) for stamp, level, message in
+                    (line.split(" ", 2) for line in text.splitlines() if line.count(" ") >= 2)
+                    if level == "INFO"]
+    raise AssertionError("no log of the e2e run")
+
+
+def test_every_stage_says_where_it_is_and_the_summary_keeps_its_rate(e2e):
+    workdir, summary, _ = e2e
+    for name, stage in summary["stages"].items():
+        assert stage["rows"] > 0 and stage["rows_per_s"] > 0 and stage["cpu_seconds"] > 0, name
+    history = json.loads((workdir / "manifests" / "history.jsonl").read_text().splitlines()[0])
+    assert history["stages"]["preprocess"]["cpu_seconds"] == summary["stages"]["preprocess"]["cpu_seconds"]
+    lines = _log_lines(workdir)
+    for name in ("preprocess", "convert", "train", "eval"):
+        records = [Progress.from_line(line) for line in
+                   (workdir / "logs" / f"{name}.progress.jsonl").read_text().splitlines()]
+        assert records and records[-1].fraction == pytest.approx(1.0), name
+        # from "running" to "ran": a progress line at least every interval_s (5 s here)
+        start = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} running"))
+        end = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} ran"))
+        times = [t for t, m in lines[start:end + 1]
+                 if m.startswith(f"{name:<10} r") or (m.startswith(name) and " · elapsed" in m)]
+        assert len(times) >= 2, (name, lines[start:end + 1])
+        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+        assert max(gaps) <= 5.2, (name, gaps)
 
 
 def test_second_concurrent_run_refuses_with_its_own_exit_code(e2e):

@@ -268,7 +268,7 @@ def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(t
     ctx = stages.StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     seen = []
     monkeypatch.setattr(stages, "verify_binary_dataset", lambda ctx: None)
-    monkeypatch.setattr(stages, "run_child", lambda argv, log: (
+    monkeypatch.setattr(stages, "run_child", lambda argv, log, **_: (
         seen.append(layout.checkpoints.exists()) or ChildResult(0, {}, [])))
     final = layout.checkpoints / "step-000000020"
     final.mkdir(parents=True)

@@ -272,6 +272,14 @@ def test_score_stage_writes_scores_and_rejects(served):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert summary["stages"]["export"]["action"] == "skipped"  # checkpoint, dictionaries unchanged
     assert summary["stages"]["score"]["action"] == "ran"
+    scored_lines = len(lines) + plain.read_text().count("\n")
+    assert summary["stages"]["score"]["rows"] == scored_lines
+    from dlrm_contracts.progress import Progress
+
+    reports = [Progress.from_line(x) for x in
+               (root / "work" / "logs" / "score.progress.jsonl").read_text().splitlines()]
+    assert reports[0].fraction == 0.0 and reports[-1].fraction == pytest.approx(1.0)
+    assert reports[-1].rows == scored_lines and reports[-1].detail == "unlabelled"
     scores = pq.read_table(root / "work" / "scores" / "day_9.parquet").to_pydict()
     rejects = [json.loads(r) for r in
                (root / "work" / "scores" / "rejects" / "day_9.jsonl").read_text().splitlines()]

@@ -136,3 +136,43 @@ def test_bad_settings_exit_2_before_the_workdir_is_touched(tmp_path):
             assert proc.returncode == 2, (flags, proc.stderr[-2000:])
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
             assert success.exists(), flags
+
+
+@pytest.mark.spark
+def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(tmp_path):
+    from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
+
+    raw = write_days(tmp_path / "raw", random_days(5, 3, 200))
+    events = tmp_path / "spark-events"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"spark:\n  event_log_dir: {events}\n  driver_memory: 1g\n")
+    channel = tmp_path / "preprocess.progress.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir",
+                           str(tmp_path / "work"), "--config", str(config), "--master", "local[2]",
+                           "--frequency-threshold", "1"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, PROGRESS_FILE_ENV: str(channel)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
+    assert all(r is not None and r.stage == "preprocess" for r in records)
+    phases = list(dict.fromkeys(r.phase for r in records))
+    assert phases == ["session", "count", "dictionaries", "transform"]
+    details = {r.phase: r.detail for r in records}
+    assert details["count"].startswith("days 0-2, ") and details["dictionaries"] == "from days 0-2"
+    assert details["transform"] == "train days 0-1, test/validation day 2"
+    fractions = [r.fraction for r in records if r.fraction is not None]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    count = [r for r in records if r.phase == "count"]
+    assert count[-1].unit == "tasks" and count[-1].done >= 3 and count[-1].estimated
+    assert all(r.rows is None or 0 <= r.rows < 600 for r in count)  # rows read, while reading
+    # the Spark event log, for the History Server (Spark 4: a rolling log, zstd-compressed)
+    import pyarrow as pa
+
+    [app] = list(events.iterdir())
+    assert not list(app.glob("appstatus_*.inprogress"))  # the application was closed
+    text = b""
+    for part in sorted(app.glob("events_*")):
+        with pa.CompressedInputStream(str(part), "zstd") as stream:
+            text += stream.read()
+    assert b'"Event":"SparkListenerApplicationStart"' in text
+    assert b'"Event":"SparkListenerApplicationEnd"' in text

@@ -299,3 +299,27 @@ def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     for name, value in checkpoint_arrays(tmp_path / "whole").items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
     assert whole["test_auc"] > 0.55  # 22 steps of batch 256 on a planted signal
+
+
+def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(dataset, tmp_path,
+                                                                             monkeypatch):
+    from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
+
+    channel = tmp_path / "train.progress.jsonl"
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
+    # 16 steps an epoch, two epochs, a validation every 8 steps: 3 periodic evaluations + 2 final
+    summary = run(small_config(epochs=2, evals_per_epoch=2), dataset, tmp_path / "w")
+    records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
+    assert all(r is not None and r.stage == "train" for r in records)
+    assert records[0].phase == "train" and records[0].fraction is None  # before the first step
+    fractions = [r.fraction for r in records[1:]]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    steps = [r for r in records if r.phase == "train" and r.fraction is not None]
+    assert steps[-1].done == 32 and steps[-1].total == 32 and steps[-1].rows == 32 * 256
+    assert {r.phase for r in records} == {"train", "eval validation", "eval test"}
+    last = records[-1].metrics
+    assert last["loss"] == pytest.approx(summary["train_loss"], abs=1e-5)
+    assert last["test AUC"] == f"{summary['test_auc']:.5f} (step 32)"
+    assert last["validation AUC"] == f"{summary['validation_auc']:.5f} (step 32)"
+    # the evaluations weigh in: the last training step is not the end of the stage
+    assert steps[-1].fraction < 0.99

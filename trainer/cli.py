@@ -113,7 +113,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.mode == "export":
             summary = _export(args)
         else:
-            summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode)
+            summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode,
+                          eval_speedup=load_config(args.config).preflight.eval_speedup)
     if summary is not None and _rank() == 0:
         line = json.dumps(nan_to_none(summary))
         # horovodrun prefixes every forwarded line with "[0]<stdout>:", so the summary is also

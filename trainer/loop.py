@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from dlrm_contracts.config import ConfigError, TrainConfig, config_to_dict
+from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
 from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
                                 checkpoint_meta, latest_checkpoint, save_checkpoint)
@@ -34,6 +34,7 @@ from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
 from trainer.placement import plan_placement
+from trainer.progress import NoProgress, make_progress
 
 MODES = ("train", "eval", "inference_benchmark")
 # TensorBoard's scalar plugin tag, written with TensorFlow's own summary op so that the
@@ -156,6 +157,7 @@ class Trainer:
         self._build_step_functions()
         self.metrics = MetricsLog(self.layout.logs / "metrics.jsonl" if self.rank == 0 else None)
         self._summary = None
+        self.reporter = NoProgress()  # run() gives rank 0 one (trainer/progress.py)
 
     def _build_model(self) -> None:
         """Placement, this rank's variables and data view, the optimizer; replicas start equal."""
@@ -377,6 +379,7 @@ class Trainer:
             total = self.step
         eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
         batches = self._train_batches(total, steps_per_epoch)
+        self.reporter.start_training(self.step, total, eval_every, final_eval)
         clock = ThroughputClock(self.global_batch)
         last_loss, evals = None, []
         for batch in batches:
@@ -384,6 +387,7 @@ class Trainer:
             loss = self.train_on_batch(batch, lr)
             self.step = batch.step + 1
             clock.step_done(loss)
+            self.reporter.step(self.step)
             if self.step % max(1, self.config.log_every) == 0 or self.step == total:
                 last_loss = self._report_step(loss, lr, batch.step // steps_per_epoch, total, clock)
             if self._validates_at(self.step, total, eval_every):
@@ -440,6 +444,7 @@ class Trainer:
         rate = clock.window_rate()
         self._log({"step": self.step, "epoch": epoch, "loss": value, "lr": lr,
                    "samples_per_s": round(rate, 1)})
+        self.reporter.loss(value)
         eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
         self._progress(f"step {self.step}/{total} epoch {epoch} loss {value:.5f} lr {lr:.4g} "
                        f"{rate:,.0f} samples/s eta {eta:,.0f}s")
@@ -481,6 +486,7 @@ class Trainer:
             probabilities, gathered = self._predict_step(categorical, numerical, label)
             scores.append(probabilities.numpy()[: batch.valid])
             labels.append(gathered.numpy()[: batch.valid])
+            self.reporter.eval_rows(split, sum(map(len, scores)), reader.rows)
         if not scores:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
         return np.concatenate(labels), np.concatenate(scores)
@@ -494,6 +500,7 @@ class Trainer:
             auc = None  # one class only: the AUC is undefined, reported as null, never a number
         loss = log_loss(labels, scores) if self.rank == 0 else None
         result = EvalResult(split, int(labels.size), auc, loss)
+        self.reporter.evaluated_split(split, self.step, auc)
         self._log({"event": "eval", "split": split, "step": self.step, "rows": result.rows,
                    "auc": auc, "logloss": loss})
         shown = "undefined (the split has one class only)" if auc is None else auc
@@ -539,7 +546,7 @@ class Trainer:
 
 
 def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str = "train",
-        comm=None) -> dict[str, Any]:
+        comm=None, eval_speedup: float = PreflightConfig().eval_speedup) -> dict[str, Any]:
     """Train, evaluate or benchmark inference: this process's share of the run.
 
     Args:
@@ -548,6 +555,8 @@ def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str
         workdir: checkpoints and logs go in its layout (``logs/trainer_config.json`` first).
         mode: "train", "eval" (the latest checkpoint) or "inference_benchmark".
         comm: the collectives; None = Horovod under horovodrun, else a world of one.
+        eval_speedup: evaluation's rate over training's, which weighs the evaluations in the
+            progress reported to the pipeline (preflight.eval_speedup).
 
     Returns:
         The mode's summary. Read it on rank 0: the AUCs and log losses are computed there only.
@@ -555,6 +564,8 @@ def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     trainer = Trainer(config, dataset, workdir, comm=comm)
+    trainer.reporter = make_progress(trainer.rank, mode, trainer.global_batch,
+                                     dict(trainer.dataset.rows), eval_speedup)
     if trainer.rank == 0:
         logs = trainer.layout.logs
         logs.mkdir(parents=True, exist_ok=True)

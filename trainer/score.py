@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -29,9 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
-from dlrm_contracts.config import ScoreConfig, load_config
+from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
-from dlrm_contracts.progress import progress_bar
+from dlrm_contracts.progress import Reporter, open_reporter
 from dlrm_contracts.schema import NUM_FIELDS
 
 # Lines read to decide whether a file carries the label (has_label unset).
@@ -46,15 +47,23 @@ def output_name(path: Path) -> str:
     return path.name[:-3] if path.name.endswith(".gz") else path.name
 
 
-def _open(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+@contextmanager
+def _open(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """(the file's text, the file itself): the second's position is how many of its bytes
+    (compressed ones for .gz) were read, the progress of a scan."""
+    with open(path, "rb") as raw:
+        if not path.name.endswith(".gz"):
+            yield raw, raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as text:
+            yield text, raw
 
 
 def _lines(path: Path) -> Iterator[bytes]:
     """Lines ending at b"\\n" only (a lone \\r is data, as in the Spark job); the model drops
     the trailing \\n and \\r itself."""
-    with _open(path) as fh:
-        yield from fh
+    with _open(path) as (text, _):
+        yield from text
 
 
 def detect_label(path: Path) -> bool:
@@ -73,12 +82,41 @@ def detect_label(path: Path) -> bool:
                      "score.has_label in the config")
 
 
+class ScanProgress:
+    """The score stage's progress: bytes of the input files read of their total size (the
+    fraction; compressed bytes for .gz), lines scored so far."""
+
+    def __init__(self, paths: list[Path], reporter: Reporter):
+        self.reporter = reporter
+        self.sizes = {output_name(p): p.stat().st_size for p in paths}
+        self.total = sum(self.sizes.values())
+        self.finished = 0   # bytes of the files already scored
+        self.lines = 0
+        self._current: str | None = None
+        reporter.report(phase="score", unit="MiB", total=self.total / 2**20, done=0.0,
+                        fraction=0.0, rows=0, rows_unit="lines", force=True)
+
+    def scanned(self, name: str, lines: int, position: int) -> None:
+        if name != self._current:
+            if self._current is not None:
+                self.finished += self.sizes[self._current]
+            self._current = name
+        self.lines += lines
+        done = self.finished + position
+        self.reporter.report(detail=name, done=done / 2**20, rows=self.lines,
+                             fraction=done / self.total if self.total else None)
+
+    def finish(self) -> None:
+        self.reporter.report(done=self.total / 2**20, rows=self.lines, fraction=1.0, force=True)
+
+
 SCHEMA_LABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32()),
                              ("label", pa.int8())])
 SCHEMA_UNLABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32())])
 
 
-def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
+def score_file(model, path: Path, out_dir: Path, config: ScoreConfig,
+               progress: ScanProgress | None = None) -> dict:
     """Score one file into OUT/<name>.parquet + OUT/rejects/<name>.jsonl (atomically)."""
     import tensorflow as tf
 
@@ -94,8 +132,8 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
     with atomic_file(final) as tmp, atomic_file(final_rejects) as tmp_rejects, \
             pq.ParquetWriter(tmp, schema) as writer, \
             open(tmp_rejects, "w", encoding="utf-8") as rej, \
-            progress_bar(None, f"score {name}", config.progress) as bar:
-        lines = _lines(path)
+            _open(path) as (text, raw):
+        lines = iter(text)
         while True:
             batch = list(itertools.islice(lines, config.batch_rows))
             if not batch:
@@ -117,14 +155,15 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig) -> dict:
                                       "line": batch[i].rstrip(b"\n").decode("utf-8", "replace")})
                           + "\n")
             lines_read += len(batch)
-            bar.update(len(batch))
+            if progress is not None:
+                progress.scanned(name, len(batch), raw.tell())
     return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
             "has_label": has_label, "lines": lines_read,
             "scored": lines_read - sum(rejected.values()), "rejected": rejected}
 
 
 def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | Path,
-                config: ScoreConfig) -> dict:
+                config: ScoreConfig, progress_settings: ProgressConfig | None = None) -> dict:
     """Score raw day files with an exported SavedModel, one output file per input.
 
     Args:
@@ -132,6 +171,7 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
         inputs: raw day files, plain or ``.gz``, with or without the label field.
         out_dir: where ``<name>.parquet`` and ``rejects/<name>.jsonl`` go.
         config: lines per model call, whether the files are labelled.
+        progress_settings: how progress is shown when run alone (the pipeline shows its own).
 
     Returns:
         Per file and in total: lines read, scored and rejected; seconds.
@@ -151,7 +191,10 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = tf.saved_model.load(str(model_dir))
-    files = [score_file(model, p, out_dir, config) for p in paths]
+    with open_reporter("score", config.progress, progress_settings) as reporter:
+        progress = ScanProgress(paths, reporter)
+        files = [score_file(model, p, out_dir, config, progress) for p in paths]
+        progress.finish()
     return {"files": files, "lines": sum(f["lines"] for f in files),
             "scored": sum(f["scored"] for f in files),
             "rejected": sum(sum(f["rejected"].values()) for f in files),
@@ -170,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    config = load_config(args.config).score
+    config = load_config(args.config)
     with failing_as(ExitCode.SCORE, ScoreError):
-        summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out, config)
+        summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out,
+                              config.score, config.progress)
     print(json.dumps(summary), flush=True)
     return 0
 

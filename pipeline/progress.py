@@ -1,0 +1,184 @@
+"""The pipeline's view of a running stage: its progress shown, its CPU counted.
+
+Every stage has a channel file, ``logs/<stage>.progress.jsonl``: a child finds its path in
+``CRITEO_DLRM_PROGRESS_FILE``, a stage run in this process writes it through
+``dlrm_contracts.progress.channel``. A :class:`StageWatch` follows that file twice a second and
+feeds the run's :class:`~dlrm_contracts.progress.Display`: a bar on a terminal, and a plain line
+every ``progress.interval_s`` seconds in the run's log (and on stderr when it is not a
+terminal), also while the stage reports nothing (start-up, a stage without reports), so a log
+never goes quiet for longer. The file stays after the run: the record the ETA is checked from.
+
+It also counts the stage's CPU seconds on this machine: this process's own, plus its children's
+(sampled process by process while they run, since a JVM whose parent never waits for it is
+missing from the kernel's accounting of children, and the kernel's figure after they end,
+which holds the short-lived ones the sampling missed; the larger of the two).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from dlrm_contracts.config import ProgressConfig
+from dlrm_contracts.errors import ExitCode
+from dlrm_contracts.progress import PROGRESS_FILE_ENV, Display, Progress, channel
+
+log = logging.getLogger("pipeline")
+TICK_SECONDS = 0.5
+CPU_SAMPLE_SECONDS = 2.0  # cheap, and a JVM or a rank lives far longer
+# A log record carrying this attribute is a progress line: the console leaves it out while a
+# bar is on screen (the log file keeps it).
+PROGRESS_RECORD = "progress_line"
+
+
+def channel_path(logs: Path, stage: str) -> Path:
+    return logs / f"{stage}.progress.jsonl"
+
+
+def _log_line(text: str) -> None:
+    log.info("%s", text, extra={PROGRESS_RECORD: True})
+
+
+def make_display(settings: ProgressConfig) -> Display:
+    """The run's display: a bar per stage on a terminal, lines to the log (and so to stderr
+    when it is not a terminal, where the console handler lets them through)."""
+    return Display(sys.stderr, settings, emit=_log_line, bar=settings.bar and sys.stderr.isatty())
+
+
+class ConsoleFilter(logging.Filter):
+    """On the console, progress lines are left out when the display draws a bar instead."""
+
+    def __init__(self, display_has_bar: bool):
+        super().__init__()
+        self.display_has_bar = display_has_bar
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.display_has_bar and getattr(record, PROGRESS_RECORD, False))
+
+
+class BarAwareStreamHandler(logging.StreamHandler):
+    """Writes around an open tqdm bar (clears it, writes, redraws) instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 — logging's own way of reporting a handler's failure
+            self.handleError(record)
+
+
+class CpuMeter:
+    """CPU seconds used on this machine since it was made, this process and its descendants."""
+
+    def __init__(self):
+        self._me = psutil.Process()
+        self._own = self._own_seconds()
+        self._waited = self._children_seconds()
+        self._seen: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+
+    def _own_seconds(self) -> float:
+        t = self._me.cpu_times()
+        return t.user + t.system
+
+    @staticmethod
+    def _children_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def sample(self) -> None:
+        for child in self._me.children(recursive=True):
+            try:
+                with child.oneshot():
+                    t = child.cpu_times()
+                    self._seen[(child.pid, child.create_time())] = t.user + t.system
+            except psutil.Error:
+                continue
+
+    def seconds(self) -> float:
+        self.sample()
+        children = max(sum(self._seen.values()), self._children_seconds() - self._waited)
+        return round(self._own_seconds() - self._own + children, 2)
+
+
+class StageWatch:
+    """``with StageWatch(stage, logs, display) as watch:`` run the stage; ``watch.env()`` for
+    a child; ``watch.cpu_seconds`` afterwards."""
+
+    def __init__(self, stage: str, logs: Path, display: Display, started: float | None = None):
+        self.stage = stage
+        self.started = time.time() if started is None else started
+        self.path = channel_path(logs, stage)
+        self.display = display
+        self.cpu_seconds: float | None = None
+        self.latest: Progress | None = None
+        self._offset = 0
+        self._partial = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{stage}", daemon=True)
+        self._channel = None
+        self._cpu: CpuMeter | None = None
+
+    def env(self) -> dict[str, str]:
+        return {PROGRESS_FILE_ENV: str(self.path)}
+
+    def __enter__(self) -> StageWatch:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(b"")  # this run's reports only
+        except OSError as exc:
+            log.warning("progress channel %s cannot be written (%s): no progress for this "
+                        "stage beyond its elapsed time", self.path, exc.strerror or exc)
+        self._cpu = CpuMeter()
+        self.display.start(self.stage, self.started)
+        self._channel = channel(self.path)  # the stages run in this process report here too
+        self._channel.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._channel.__exit__(None, None, None)
+        self._read()
+        self.cpu_seconds = self._cpu.seconds()
+        interrupted = isinstance(exc, KeyboardInterrupt) or \
+            getattr(exc, "code", None) == ExitCode.INTERRUPTED
+        outcome = None if exc_type is None else "interrupted" if interrupted else "failed"
+        self.display.finish(outcome)
+
+    def _run(self) -> None:
+        last_sample = time.time()
+        # wakes twice a second, and exactly when a line is due: lines keep their interval
+        while not self._stop.wait(min(TICK_SECONDS, self.display.seconds_to_next_line())):
+            self._read()
+            if time.time() - last_sample >= CPU_SAMPLE_SECONDS:
+                last_sample = time.time()
+                try:
+                    self._cpu.sample()
+                except psutil.Error:
+                    pass
+            self.display.tick()
+
+    def _read(self) -> None:
+        """The channel's new whole lines, in order, to the display."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # a line still being written
+        for line in lines:
+            progress = Progress.from_line(line.decode("utf-8", "replace"))
+            if progress is not None and progress.stage == self.stage:
+                self.latest = progress
+                self.display.update(progress)

@@ -1,0 +1,279 @@
+"""The preprocess job's progress: its phase, Spark tasks done, rows/s and the job's fraction.
+
+A thread beside the session polls Spark's status tracker once a second, and the job says when
+a phase starts (``phase(name)``, from preprocess's stage timer). The Spark stages that become
+active during a phase count for it. A phase's fraction is its tasks done over those planned:
+the input's tasks (one per chunk for the Arrow engine, per file split for the SQL engine) for
+the count and the transform, then the transform's one write task per train file; the count's
+small stages after its reading go by time (``_Phase``). Rows read are estimated from the
+reading tasks done and the input's rows (each file's size over the bytes per line of its
+start; once counted, the count). The job's fraction weighs the phases by
+``progress.preprocess_phase_shares`` and never goes back.
+
+Spark's own console bar stays off (``spark.ui.showConsoleProgress``, spark_jobs.session).
+Progress never fails the job: a poll that fails is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlrm_contracts.config import PreprocessConfig, ProgressConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.progress import Reporter, open_reporter
+from spark_jobs.chunks import plan_chunks
+from spark_jobs.inputs import DayFile, bytes_per_line, discover_days
+
+# Spark's default spark.sql.files.maxPartitionBytes: the SQL engine's reads split plain files
+# into tasks of at most this many bytes.
+SPARK_SPLIT_BYTES = 128 << 20
+POLL_SECONDS = 1.0
+
+_active: PreprocessProgress | None = None
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:,.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
+def phase(name: str) -> None:
+    """A phase of the job starts (called by preprocess's stage timer; nothing without a
+    tracker, e.g. when run_preprocess is called as a library)."""
+    if _active is not None:
+        _active.phase(name)
+
+
+@dataclass
+class _Phase:
+    """One phase's Spark tasks and how far that puts it.
+
+    The count and the transform first read the input, one task per chunk (``read_tasks``),
+    then do the rest: the transform one task per train file (``after_tasks``); the count
+    sums, writes and collects in small stages whose number the plan does not know, so their
+    progress is the time since the reading ended over the time they should take
+    (``progress.preprocess_read_share`` of the phase is reading). A phase without a plan (the
+    dictionaries) goes by its tasks done of those Spark has shown.
+    """
+
+    name: str
+    detail: str
+    read_tasks: int
+    after_tasks: int
+    rows: float | None           # rows the phase reads
+    started: float
+    stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (tasks, done)
+    finished: set[int] = field(default_factory=set)
+    read_done_at: float | None = None
+
+    def tasks(self) -> tuple[int, int]:
+        """(done, total): the total is the plan, or what Spark showed when that is more."""
+        done = sum(d for _, d in self.stages.values())
+        seen = sum(n for n, _ in self.stages.values())
+        return done, max(self.read_tasks + self.after_tasks, seen)
+
+    def read_fraction(self) -> float:
+        done, _ = self.tasks()
+        return min(1.0, done / self.read_tasks) if self.read_tasks else 0.0
+
+    def fraction(self, read_share: float, now: float) -> float:
+        """Below 1 while the phase runs (1 only when the next one starts)."""
+        done, total = self.tasks()
+        if not self.read_tasks:
+            return min(0.99, done / total) if total else 0.0
+        read = self.read_fraction()
+        if read < 1.0:
+            return read_share * read
+        if self.read_done_at is None:
+            self.read_done_at = now
+        if self.after_tasks:
+            after = (done - self.read_tasks) / self.after_tasks
+        else:
+            reading = max(1e-3, self.read_done_at - self.started)
+            after = (now - self.read_done_at) / (reading * (1 - read_share) / read_share)
+        return min(0.99, read_share + (1 - read_share) * max(0.0, after))
+
+
+class PreprocessProgress:
+    """``with PreprocessProgress(...): run_preprocess(...)``: reports the job's progress."""
+
+    def __init__(self, input_dir: str | Path, workdir: str | Path, cfg: PreprocessConfig,
+                 settings: ProgressConfig, engine: str, sample_bytes: int,
+                 reporter: Reporter | None = None):
+        self.cfg = cfg
+        self.shares = settings.preprocess_phase_shares
+        self.read_share = settings.preprocess_read_share
+        self.engine = engine
+        self.sample_bytes = sample_bytes
+        self.layout = WorkdirLayout.at(workdir)
+        self.input_dir = input_dir
+        self.reporter = reporter or open_reporter("preprocess", settings=settings)
+        self.days: list[DayFile] = []
+        self.input_rows: float | None = None
+        self._current: _Phase | None = None
+        self._finished_share = 0.0
+        self._finished: set[str] = set()
+        self._owner: dict[int, _Phase] = {}
+        self._fraction = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="preprocess-progress",
+                                        daemon=True)
+
+    # -------------------------------------------------------------- lifetime
+    def __enter__(self) -> PreprocessProgress:
+        global _active
+        try:
+            self.days = discover_days(self.input_dir)
+            self.input_rows = sum(d.path.stat().st_size / bytes_per_line(d.path, self.sample_bytes)
+                                  for d in self.days)
+        except Exception:  # noqa: BLE001 — the job itself reports bad input, with its own code
+            self.days, self.input_rows = [], None
+        _active = self
+        self.reporter.report(phase="session", detail="starting Spark", force=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        global _active
+        _active = None
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if exc_type is None:
+            with self._lock:
+                self._fraction = 1.0
+                self.reporter.report(fraction=1.0, force=True)
+        self.reporter.close(ok=exc_type is None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001 — a gateway going away, a stage gone from the store
+                pass
+
+    # -------------------------------------------------------------- phases
+    def phase(self, name: str) -> None:
+        with self._lock:
+            self._end_current()
+            read, after = self._planned_tasks(name)
+            self._current = _Phase(name, self._detail(name), read, after,
+                                   self._phase_rows(name), time.time())
+            self._send()
+
+    def _end_current(self) -> None:
+        if self._current is not None and self._current.name not in self._finished:
+            self._finished.add(self._current.name)
+            self._finished_share += self.shares.get(self._current.name, 0.0)
+
+    def _days_text(self, days: list[DayFile]) -> str:
+        return f"days {days[0].day}-{days[-1].day}" if len(days) > 1 else f"day {days[0].day}"
+
+    def _detail(self, name: str) -> str:
+        if not self.days:
+            return ""
+        if name == "count":
+            size = sum(d.path.stat().st_size for d in self.days)
+            return f"{self._days_text(self.days)}, {_size(size)}"
+        if name == "dictionaries":
+            chosen = self.days[:-1] if self.cfg.dictionary_days == "train" else self.days
+            return f"from {self._days_text(chosen)}"
+        if name == "transform":
+            return (f"train {self._days_text(self.days[:-1])}, test/validation "
+                    f"day {self.days[-1].day}")
+        return ""
+
+    def _input_tasks(self) -> int:
+        if self.engine == "arrow":
+            return len(plan_chunks(self.days, max(1, self.cfg.arrow_chunk_mb) << 20))
+        return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
+                   for d in self.days)
+
+    def _planned_tasks(self, name: str) -> tuple[int, int]:
+        """(tasks reading the input, tasks after them) of the phase."""
+        if not self.days or name not in ("count", "transform"):
+            return 0, 0
+        if name == "count":
+            return self._input_tasks(), 0
+        from spark_jobs.preprocess import train_files
+
+        return self._input_tasks(), train_files(self.cfg, int(self._counted_train_rows() or 0))
+
+    def _counted(self) -> list[dict] | None:
+        """The count's rows per day (data_quality.json, written by the count phase)."""
+        try:
+            report = json.loads(self.layout.data_quality.read_text())
+            return sorted(report["days"], key=lambda d: d["day"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _counted_train_rows(self) -> float | None:
+        days = self._counted()
+        if days is None:
+            return self.input_rows * (1 - 1 / len(self.days)) if self.input_rows else None
+        return sum(d["rows_read"] - d["rows_rejected"] for d in days[:-1])
+
+    def _phase_rows(self, name: str) -> float | None:
+        if name == "count":
+            return self.input_rows
+        if name == "transform":
+            days = self._counted()
+            return sum(d["rows_read"] for d in days) if days else self.input_rows
+        return None
+
+    # -------------------------------------------------------------- polling
+    def _poll(self) -> None:
+        from pyspark import SparkContext
+
+        context = SparkContext._active_spark_context
+        if context is None:
+            return
+        tracker = context.statusTracker()
+        active = set(tracker.getActiveStageIds())
+        with self._lock:
+            current = self._current
+            if current is None:
+                return
+            for stage_id in active - set(self._owner):
+                self._owner[stage_id] = current
+            open_ids = [s for s, p in self._owner.items() if p is current
+                        and s not in current.finished]
+        for stage_id in open_ids:
+            info = tracker.getStageInfo(stage_id)
+            if info is None:
+                continue
+            with self._lock:
+                current.stages[stage_id] = (info.numTasks, info.numCompletedTasks)
+                if stage_id not in active:
+                    current.finished.add(stage_id)
+        with self._lock:
+            if current is self._current:
+                self._send()
+
+    @staticmethod
+    def _rows_read(phase: _Phase) -> float | None:
+        """Rows read so far while the phase reads (after that, no rate to show)."""
+        read = phase.read_fraction()
+        return None if phase.rows is None or read >= 1.0 else read * phase.rows
+
+    def _send(self) -> None:
+        """The current state to the reporter (under the lock)."""
+        current = self._current
+        within = current.fraction(self.read_share, time.time())
+        total_share = sum(self.shares.values())
+        share = 0.0 if current.name in self._finished else self.shares.get(current.name, 0.0)
+        self._fraction = max(self._fraction,
+                             min(1.0, (self._finished_share + share * within) / total_share))
+        done, total = current.tasks()
+        self.reporter.report(phase=current.name, detail=current.detail, done=done,
+                             total=total or None, unit="tasks", estimated=True,
+                             rows=self._rows_read(current),
+                             fraction=self._fraction)
