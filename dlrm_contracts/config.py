@@ -28,6 +28,9 @@ DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
 DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 
+# The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
+MISSING_INTEGER_MAX = -3
+
 STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval", "export", "score")
 # What a run without --stages does: export and score are asked for by name (score needs
 # --score-input; export is only wanted where the model is served).
@@ -281,8 +284,17 @@ class ExportConfig:
     # 80% of the memory available now (MemAvailable); otherwise the limit in MiB.
     max_memory_mb: float = 0.0
     # Integer value that ``serve_features`` reads as missing (int64 min). Any value <= -3 gives
-    # the same result, since missing and x <= -3 both map to 0 after the log transform.
+    # the same result, since missing and x <= -3 both map to 0 after the log transform; a
+    # larger one would be served as a real value (0 as log(3)) where Spark wrote 0.
     missing_integer: int = -(2**63)
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.max_memory_mb) and self.max_memory_mb >= 0,
+               f"export.max_memory_mb must be 0 (automatic) or a size in MiB, got "
+               f"{self.max_memory_mb}")
+        _check(-(2**63) <= self.missing_integer <= MISSING_INTEGER_MAX,
+               f"export.missing_integer must be an int64 <= {MISSING_INTEGER_MAX} (any such value "
+               f"reads as missing, as Spark writes it), got {self.missing_integer}")
 
 
 @dataclass
@@ -459,6 +471,9 @@ def load_config(path: str | Path | None) -> PipelineConfig:
             data = yaml.safe_load(fh)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}): save it as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     return config_from_dict(data or {})

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,8 @@ import yaml
 
 from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
-from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
+                                   permission_cause)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
@@ -193,6 +196,7 @@ def _generation_interrupted(layout: WorkdirLayout) -> bool:
 def _prepare_workdir(layout: WorkdirLayout) -> Path:
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
+        _check_writable(layout.root)
     except OSError as exc:
         full = as_disk_full(exc, "setup", layout.root)
         if full is not None:
@@ -200,6 +204,14 @@ def _prepare_workdir(layout: WorkdirLayout) -> Path:
         raise PipelineError(f"workdir {layout.root} cannot be created or written: "
                             f"{exc.strerror or exc}", ExitCode.USAGE) from None
     return _setup_logging(layout)
+
+
+def _check_writable(directory: Path) -> None:
+    """Create and remove a file in ``directory``: a read-only workdir (permissions, a read-only
+    mount, an immutable directory) is refused here, before the lock, the log or any stage."""
+    fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _spark_local_dirs(config: PipelineConfig) -> list[str]:
@@ -216,6 +228,11 @@ def _classify(exc: BaseException, stage: str, config: PipelineConfig,
         outputs = {"generate": layout.raw, "preprocess": layout.parquet, "convert": layout.binary,
                    "train": layout.checkpoints}
         default = layout.manifests if stage == "setup" else layout.root
+        cause = None if isinstance(exc, PipelineError) else permission_cause(exc)
+        if cause is not None:
+            return PipelineError(not_permitted_message(cause, f"stage {stage}",
+                                                       str(outputs.get(stage, default))),
+                                 ExitCode.USAGE)
         candidates = [str(outputs.get(stage, default))]
         if stage == "preprocess":
             candidates += _spark_local_dirs(config)
