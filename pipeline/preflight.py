@@ -96,16 +96,34 @@ def bytes_per_line(path: Path, sample_bytes: int) -> float:
     """Bytes of the file per line, from its first ``sample_bytes`` (compressed bytes for .gz).
 
     A file no longer than the sample is counted whole, so its estimate is its line count.
+    Raises UnreadableSample for a gzip file that is truncated or corrupt within the sample.
     """
     with open(path, "rb") as fh:
         chunk = fh.read(sample_bytes)
     whole = len(chunk) < sample_bytes
     if path.suffix == ".gz":
-        text = gzip.decompress(chunk) if whole else zlib.decompressobj(wbits=47).decompress(chunk)
+        text = _gunzip_sample(path, chunk, whole)
     else:
         text = chunk
     lines = text.count(b"\n") + (1 if whole and text and not text.endswith(b"\n") else 0)
     return len(chunk) / lines if lines else float(len(chunk))
+
+
+class UnreadableSample(ValueError):
+    """A day file whose sample cannot be decompressed; the message names the file."""
+
+
+def _gunzip_sample(path: Path, chunk: bytes, whole: bool) -> bytes:
+    """The decompressed sample; a whole file must end its gzip stream (else it is truncated)."""
+    stream = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+    try:
+        text = stream.decompress(chunk)
+    except zlib.error as exc:
+        raise UnreadableSample(f"{path} is not a readable gzip file (corrupt: {exc})") from None
+    if whole and chunk and not stream.eof:
+        raise UnreadableSample(f"{path} is not a readable gzip file (truncated: its stream ends "
+                               f"before the end-of-stream marker, at {len(chunk):,} bytes)")
+    return text
 
 
 def spark_local_dirs(config: PipelineConfig) -> list[Path]:
@@ -160,7 +178,13 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         return rows, last, raw_bytes
     per_day = []
     for day in days:
-        per_line = bytes_per_line(day.path, pre.sample_bytes)
+        try:
+            per_line = bytes_per_line(day.path, pre.sample_bytes)
+        except UnreadableSample as exc:
+            # The Spark job refuses it with exit 5 naming the file (spark_jobs.chunks); the
+            # preflight says so and sizes the run from the other days.
+            est.say(f"input: {exc}: the preprocess stage will refuse it")
+            per_line = 0.0
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)
     rows = sum(per_day)
     est.say(f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "

@@ -12,6 +12,7 @@ stage derives the dataset from the existing binary one.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import sys
 import time
@@ -24,7 +25,7 @@ from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, read_json, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import PipelineConfig, config_to_dict
-from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
+from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout
 from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
@@ -81,7 +82,18 @@ def _python() -> str:
     return sys.executable
 
 
+# The one line every command prints for a known failure (dlrm_contracts.errors.run_cli).
+_CHILD_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
+
+
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
+    """A known failure of the child is its own one line (it names the file and the fix) and
+    the log's path; anything else (a crash, a kill) shows the last lines of the log."""
+    errors = [m.group(1) for m in map(_CHILD_ERROR.match, result.tail) if m]
+    # A full disk is recognised from the whole tail (the JVM says it in its own words).
+    if errors and "unexpected error" not in errors[-1] and not says_disk_full("\n".join(result.tail)):
+        return PipelineError(f"{stage} failed (exit {result.returncode}): {errors[-1]} "
+                             f"(log: {ctx.stage_log(stage)})", code)
     tail = "\n    ".join(result.tail[-12:])
     return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "
                          f"{ctx.stage_log(stage)}:\n    {tail}", code)

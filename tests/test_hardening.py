@@ -121,3 +121,60 @@ def test_export_missing_integer_must_read_as_missing(tmp_path, value):
                                  "--stages", "export")
     assert_refused(proc, summary, ExitCode.USAGE, "missing_integer")
     assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------ damaged day files
+def _day_lines(rows: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(rows):
+        ints = [str(v) for v in rng.integers(0, 50, 13)]
+        cats = ["%08x" % v for v in rng.integers(0, 40, 26)]
+        lines.append("\t".join([str(rng.integers(0, 2))] + ints + cats))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def damaged_gzip_days(raw: Path) -> dict[str, Path]:
+    """day_0.gz intact, day_1.gz cut at two thirds, day_2.gz with a gzip header and garbage
+    after it (a file with no gzip header is refused earlier, by the input check)."""
+    raw.mkdir(parents=True)
+    for day in range(3):
+        (raw / f"day_{day}.gz").write_bytes(gzip.compress(_day_lines(3000, day)))
+    truncated = raw / "day_1.gz"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size * 2 // 3])
+    corrupt = raw / "day_2.gz"
+    data = bytearray(corrupt.read_bytes())
+    data[20:4000] = b"\xff" * 3980
+    corrupt.write_bytes(bytes(data))
+    return {"truncated": truncated, "corrupt": corrupt}
+
+
+def test_preflight_names_damaged_gzip_days_instead_of_a_traceback(tmp_path):
+    damaged = damaged_gzip_days(tmp_path / "raw")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--input",
+                           str(tmp_path / "raw"), "--workdir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for path in damaged.values():
+        line = next(l for l in proc.stdout.splitlines() if str(path) in l)
+        assert "not a readable gzip file" in line and "will refuse it" in line, line
+    assert "truncated" in proc.stdout and "corrupt" in proc.stdout and json.loads(proc.stdout.splitlines()[-1])["status"] == "ok"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_damaged_gzip_day_fails_preprocess_with_exit_5_naming_it(tmp_path):
+    """The preflight notes the damage and sizes the run from the rest; the Spark job then
+    refuses the file (exit 5, one line naming it), before any output is marked done."""
+    damaged = damaged_gzip_days(tmp_path / "raw")
+    config = tmp_path / "c.yaml"
+    config.write_text("spark: {driver_memory: 1g}\n")
+    proc, summary = run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir",
+                                 str(tmp_path / "w"), "--config", str(config),
+                                 "--stages", "preprocess")
+    assert_refused(proc, summary, ExitCode.PREPROCESS, "will refuse it")
+    headline = next(l for l in proc.stderr.splitlines() if "preprocess failed" in l)
+    assert any(path.name in headline for path in damaged.values()), headline
+    assert summary["stages"]["preprocess"]["action"] == "failed"
+    assert not (tmp_path / "w" / "manifests" / "preprocess.done").exists()
