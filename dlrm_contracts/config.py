@@ -204,6 +204,10 @@ class ConvertConfig:
     link_unchanged: bool = True
     # Check the finished dataset with the full scan (ids, labels, finiteness) before _SUCCESS.
     verify_full: bool = False
+    # Before a threshold raise reuses the binary dataset's files, check each against the
+    # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
+    # bench/README.md). False trusts files whose size and modification time are unchanged.
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")

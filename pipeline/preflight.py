@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.atomic import read_json
 from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.errors import ExitCode, PipelineError
@@ -34,7 +33,7 @@ from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
 from pipeline.fingerprint import tree_fingerprint
 from pipeline.hosts import horovodrun_hosts
-from pipeline.manifest import ManifestStore
+from pipeline.manifest import ManifestStore, read_record
 from spark_jobs.errors import PreprocessInputError
 from spark_jobs.inputs import discover_days
 from spark_jobs.session import local_cores
@@ -195,7 +194,7 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
 def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | None:
     """Rows per day from the data-quality report, when it was made from these very files."""
     manifest = ManifestStore(layout.manifests).load("preprocess") or {}
-    quality = read_json(layout.data_quality) or {}
+    quality = read_record(layout.data_quality) or {}
     now = tree_fingerprint(raw, ignore=("generator_meta.json",))
     if manifest.get("inputs", {}).get("raw") != now:
         return None
@@ -477,7 +476,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     """What the first preflight could not tell before the counts existed: the tables per rank
     and the checkpoints' disk, from the binary dataset the train stage is about to read."""
     layout = WorkdirLayout.at(config.workdir)
-    info = read_json(layout.binary / DATASET_JSON) or {}
+    info = read_record(layout.binary / DATASET_JSON) or {}
     sizes = info.get("table_sizes")
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
                                    permission_cause)
@@ -28,8 +28,9 @@ from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
+from pipeline.fingerprint import file_stats
 from pipeline.lock import WorkdirLock
-from pipeline.manifest import ManifestStore, StageRecord
+from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
 from pipeline.synthetic.writer import IN_PROGRESS_FILE
@@ -115,6 +116,7 @@ def _run_stage(name: str, ctx: StageContext, force: bool) -> StageRecord:
         record.action, record.engine = "skipped", "-"
         record.summary = {**previous.get("summary", {}), "reason": "up to date"}
         record.outputs_fingerprint = previous.get("outputs_fingerprint", "")
+        record.output_files = previous.get("output_files")
         log.info("%-10s up to date, skipped", name)
         return record
     outcome: Outcome | None = None
@@ -127,6 +129,8 @@ def _run_stage(name: str, ctx: StageContext, force: bool) -> StageRecord:
     record.action, record.engine, record.summary = outcome.action, outcome.engine, outcome.summary
     record.seconds = time.time() - record.started
     record.outputs_fingerprint = stage.outputs_fingerprint(ctx)
+    if stage.output_dir is not None:
+        record.output_files = file_stats(stage.output_dir(ctx))
     # A satisfied-without-rerun stage keeps its original manifest key semantics: record the new
     # key so the next run with the same request skips straight away.
     ctx.manifests.complete(record)
@@ -148,7 +152,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
     model or dataset; the summary must not pass it off as this run's result.
     """
     try:
-        evaluation = read_json(layout.root / "eval.json") or {}
+        evaluation = read_record(layout.root / "eval.json") or {}
         if not evaluation or ctx is None:
             return {}
         stage = STAGE_TABLE["eval"]
@@ -162,7 +166,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
              status: str, ctx: StageContext | None = None) -> dict[str, Any]:
-    dataset = read_json(layout.binary / DATASET_JSON) or {}
+    dataset = read_record(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
@@ -183,8 +187,12 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
 
 
 def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
-    made_at = (read_json(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
-    if made_at is not None and parse_threshold_spec(made_at) != ctx.threshold:
+    made_at = (read_record(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
+    try:
+        differs = made_at is not None and parse_threshold_spec(made_at) != ctx.threshold
+    except PipelineError:  # a damaged description: the stages that read it say so
+        return
+    if differs:
         log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
                     "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)
 

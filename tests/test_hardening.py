@@ -178,3 +178,175 @@ def test_a_damaged_gzip_day_fails_preprocess_with_exit_5_naming_it(tmp_path):
     assert any(path.name in headline for path in damaged.values()), headline
     assert summary["stages"]["preprocess"]["action"] == "failed"
     assert not (tmp_path / "w" / "manifests" / "preprocess.done").exists()
+
+
+# ------------------------------------------------------------------ damaged workdirs
+# Small tables (every dtype boundary is tested in test_converters.py): the convert stage runs
+# in a second or two, with no Spark and no TensorFlow.
+SMALL_TABLES = [3, 40, 130, 7, 2, 90, 200, 5, 60, 33000] + [11] * 16
+SMALL_ROWS = {"train": 3000, "test": 800, "validation": 700}
+PREFLIGHT_OFF = "preflight: {enabled: false}\nconvert: {progress: false}\n"
+
+
+@pytest.fixture(scope="module")
+def converted_workdir(tmp_path_factory):
+    """A workdir whose parquet (written here, threshold 2) went through the convert stage."""
+    from tests.test_converters import write_workdir
+
+    root = tmp_path_factory.mktemp("converted")
+    write_workdir(root / "w", table_sizes=SMALL_TABLES, split_rows=SMALL_ROWS)
+    (root / "raw").mkdir()
+    config = root / "c.yaml"
+    config.write_text(PREFLIGHT_OFF)
+    proc, summary = run_pipeline(root, "--input", str(root / "raw"), "--workdir", str(root / "w"),
+                                 "--config", str(config), "--stages", "convert")
+    assert proc.returncode == 0 and summary["stages"]["convert"]["action"] == "ran", proc.stderr
+    return root
+
+
+def workdir_copy(converted_workdir: Path, tmp_path: Path, config_text: str = PREFLIGHT_OFF):
+    """(copy of the converted workdir, its config, the raw dir): mtimes kept, so it is up to
+    date as it is."""
+    shutil.copytree(converted_workdir / "w", tmp_path / "w")
+    (tmp_path / "raw").mkdir()
+    config = tmp_path / "c.yaml"
+    config.write_text(config_text)
+    return tmp_path / "w", config
+
+
+def convert(tmp_path: Path, workdir: Path, config: Path, *extra: str):
+    return run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir", str(workdir),
+                        "--config", str(config), "--stages", "convert", *extra)
+
+
+def flip_bit(path: Path, offset: int = 100, keep_mtime: bool = False) -> None:
+    """One bit of ``path`` flipped in place: a disk's error (mtime kept) or a rewrite."""
+    info = path.stat()
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    if keep_mtime:
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_an_untouched_copy_is_up_to_date(converted_workdir, tmp_path):
+    workdir, config = workdir_copy(converted_workdir, tmp_path)
+    proc, summary = convert(tmp_path, workdir, config)
+    assert proc.returncode == 0 and summary["stages"]["convert"]["action"] == "skipped", proc.stderr
+
+
+@pytest.mark.parametrize("record", ["convert.done", "convert.json"])
+def test_a_damaged_manifest_reruns_its_stage_with_a_warning_naming_it(converted_workdir, tmp_path,
+                                                                     record):
+    workdir, config = workdir_copy(converted_workdir, tmp_path)
+    (workdir / "manifests" / record).write_bytes(b"{\x00 not json")
+    proc, summary = convert(tmp_path, workdir, config)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    warning = next(l for l in proc.stderr.splitlines() if record in l)
+    assert "not valid JSON" in warning
+    assert summary["status"] == "ok" and summary["stages"]["convert"]["action"] in ("ran", "derived")
+    assert same_tree(converted_workdir / "w" / "binary", workdir / "binary",
+                     ignore=("dataset.json",)) == []
+    again, summary = convert(tmp_path, workdir, config)
+    assert summary["stages"]["convert"]["action"] == "skipped"
+
+
+def _damage(workdir: Path, kind: str) -> str:
+    """Damage the binary dataset; returns the file's name the run must report."""
+    binary = workdir / "binary"
+    if kind == "dataset.json not JSON":
+        (binary / "dataset.json").write_text("{oops")
+        return "dataset.json"
+    if kind == "dataset.json edited":
+        data = json.loads((binary / "dataset.json").read_text())
+        data["splits"]["train"] += 1
+        (binary / "dataset.json").write_text(json.dumps(data))
+        return "dataset.json"
+    if kind == "file deleted":
+        (binary / "train" / "cat_3.bin").unlink()
+        return "train/cat_3.bin"
+    if kind == "bit flipped, file rewritten":
+        flip_bit(binary / "train" / "numerical.bin")
+        return "train/numerical.bin"
+    if kind == "bit flipped, mtime kept":
+        flip_bit(binary / "validation" / "cat_9.bin", keep_mtime=True)
+        return "validation/cat_9.bin"
+    raise AssertionError(kind)
+
+
+# (damage, threshold asked for): the dataset is at 2, so 2 reruns the stage over changed files
+# and 5 is a raise derived from them. A bit flipped with size and mtime kept is found when a
+# derivation checks the checksums; a run at the same threshold skips the stage by size and
+# mtime, without reading the dataset (docs/pipeline.md).
+DAMAGE = [(kind, threshold)
+          for kind in ("dataset.json not JSON", "dataset.json edited", "file deleted",
+                       "bit flipped, file rewritten") for threshold in ("2", "5")]
+DAMAGE.append(("bit flipped, mtime kept", "5"))
+
+
+@pytest.fixture(scope="module")
+def intact_at(converted_workdir, tmp_path_factory):
+    """threshold -> the binary dataset the intact workdir gives at it (made once each)."""
+    made: dict[str, Path] = {}
+
+    def binary(threshold: str) -> Path:
+        if threshold not in made:
+            root = tmp_path_factory.mktemp(f"intact{threshold}")
+            workdir, config = workdir_copy(converted_workdir, root)
+            proc, _ = convert(root, workdir, config, "--frequency-threshold", threshold)
+            assert proc.returncode == 0, proc.stderr
+            made[threshold] = workdir / "binary"
+        return made[threshold]
+
+    return binary
+
+
+@pytest.mark.parametrize("kind, threshold", DAMAGE)
+def test_a_damaged_binary_dataset_is_rebuilt_from_the_parquet(converted_workdir, intact_at,
+                                                             tmp_path, kind, threshold):
+    """Never derived from the damaged files (a raise to 5 would hard-link them, a rerun at 2
+    would keep them): rebuilt from the parquet, with a warning naming the file; the result is
+    byte for byte what the intact dataset gives. Nothing outside the workdir is touched."""
+    workdir, config = workdir_copy(converted_workdir, tmp_path)
+    name = _damage(workdir, kind)
+    outside = files_under(tmp_path)
+    outside = {k: v for k, v in outside.items() if not k.startswith("w/")}
+    proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", threshold)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert summary["status"] == "ok"
+    assert summary["stages"]["convert"]["engine"].startswith("converters"), summary
+    warning = next(l for l in proc.stderr.splitlines() if name in l)
+    assert "rebuilding it from the parquet" in warning, warning
+    assert same_tree(intact_at(threshold), workdir / "binary", ignore=("dataset.json",)) == []
+    now = {k: v for k, v in files_under(tmp_path).items() if not k.startswith("w/")}
+    assert now == outside
+
+
+def test_lean_mode_cannot_rebuild_a_damaged_dataset_and_says_what_to_run(converted_workdir,
+                                                                        tmp_path):
+    workdir, config = workdir_copy(converted_workdir, tmp_path,
+                                   PREFLIGHT_OFF + "preprocess: {keep_parquet: false}\n")
+    proc, summary = convert(tmp_path, workdir, config, "--force")
+    assert proc.returncode == 0 and not (workdir / "parquet" / "train").exists(), proc.stderr
+    before = (workdir / "binary" / "train" / "numerical.bin").read_bytes()
+    flip_bit(workdir / "binary" / "train" / "numerical.bin")
+    damaged = (workdir / "binary" / "train" / "numerical.bin").read_bytes()
+    proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5")
+    assert_refused(proc, summary, ExitCode.CONVERT, "train/numerical.bin",
+                   "--stages preprocess,convert --force")
+    assert (workdir / "binary" / "train" / "numerical.bin").read_bytes() == damaged != before
+
+
+@pytest.mark.parametrize("stage", ["train", "eval"])
+def test_train_and_eval_refuse_a_dataset_changed_since_convert_wrote_it(converted_workdir,
+                                                                       tmp_path, stage):
+    """Before any rank starts (no TensorFlow, no stage log): exit 7 naming the file and the
+    stage that checks and rebuilds it."""
+    workdir, config = workdir_copy(converted_workdir, tmp_path)
+    flip_bit(workdir / "binary" / "test" / "label.bin", offset=3)
+    proc, summary = run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir",
+                                 str(workdir), "--config", str(config), "--stages", stage)
+    assert_refused(proc, summary, ExitCode.DATASET_INVALID, "test/label.bin", "convert")
+    assert not (workdir / "logs" / f"{stage}.log").exists()
