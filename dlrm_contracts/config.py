@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
+from dlrm_contracts.security import refuse_secret_settings
 from dlrm_contracts.schema import CAT_COLUMNS
 
 Section = TypeVar("Section")
@@ -129,6 +130,11 @@ class SparkConfig:
     ui_admin_users: list[str] = field(default_factory=list)  # spark.admin.acls
     ui_view_users: list[str] = field(default_factory=list)   # spark.ui.view.acls
     ui_kill_enabled: bool = False  # spark.ui.killEnabled: kill buttons on the web UI
+
+    def __post_init__(self) -> None:
+        # Settings are recorded (effective_config.yaml) and reach the JVM's command line: a
+        # secret among them is refused here, before anything is written or started.
+        refuse_secret_settings(self.conf or {}, "spark.conf")
 
 
 @dataclass
@@ -309,12 +315,19 @@ class ScoreConfig:
     # Lines per model call (bounds memory: one batch of lines and its scores at a time).
     batch_rows: int = 65_536
     # Whether the files' lines start with the label: None = decide per file from its first
-    # lines (40 fields: labelled, 39: unlabelled; otherwise the stage asks for this setting).
+    # lines, read both ways by the Spark job's rules: one way must fit all but max_reject_rate
+    # of them and the other must not; otherwise (say every line has 39 fields, which fits
+    # both) the stage refuses the file and asks for this setting.
     has_label: bool | None = None
+    # Refuse a file with a larger fraction of rejected lines (as preprocess.max_reject_rate):
+    # its rejects are kept, its scores are not written.
+    max_reject_rate: float = 0.01
     progress: bool = True  # tqdm bar, only when stderr is a terminal
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"score.batch_rows must be at least 1, not {self.batch_rows}")
+        _check(0.0 <= self.max_reject_rate <= 1.0,
+               f"score.max_reject_rate {self.max_reject_rate} is not in [0, 1]")
 
 
 @dataclass

@@ -28,10 +28,12 @@ from dlrm_contracts.config import (DEFAULT_STAGES, STAGES, PipelineConfig, confi
 from dlrm_contracts.errors import ExitCode, PipelineError, UsageError
 from dlrm_contracts.layout import WorkdirLayout, histogram_path
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import refuse_secret_settings
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.preflight import preflight_failed, report
 from pipeline.runner import run_pipeline
+from spark_jobs.session import read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
@@ -122,6 +124,10 @@ def validate(config: PipelineConfig) -> None:
         missing = [p for p in config.score.input if not Path(p).is_file()]
         if missing:
             raise UsageError(f"--score-input: not a file: {', '.join(missing)}")
+    if config.spark.conf_file and "preprocess" in config.stages:
+        # read here too: a bad file, or a secret in it, is refused before the workdir is touched
+        refuse_secret_settings(read_conf_file(config.spark.conf_file), "--conf-file "
+                               f"{config.spark.conf_file}")
     if config.spark.auth_secret_file and "preprocess" in config.stages:
         try:  # a missing or world-readable secret file: exit 2 before any stage runs
             read_secret_file(config.spark.auth_secret_file)

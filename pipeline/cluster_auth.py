@@ -18,37 +18,21 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import ipaddress
 import os
 import re
 import secrets
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm_contracts.atomic import atomic_file
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import is_loopback
 
 SECRET_BYTES = 32  # what `prepare` generates: 256 random bits, 64 hex characters
 # Spark's user lists (spark.admin.acls): names separated by commas; no backslash or blank,
 # which the properties-file reader would take for an escape or a separator.
 _USERS = re.compile(r"^[A-Za-z0-9._@$-]+(,[A-Za-z0-9._@$-]+)*$")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` stands for is a loopback one. A name that does not
-    resolve counts as routable: when in doubt, the cluster authenticates."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    addresses = {info[4][0].split("%", 1)[0] for info in infos}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dlrm_contracts.config import SparkConfig
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import refuse_secret_settings
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
@@ -118,12 +119,16 @@ SECRET_KEY = "spark.authenticate.secret"
 
 
 def _refuse_secret_settings(conf: dict[str, str]) -> None:
+    """A cluster's shared secret has its own way in (the secret file); any other setting
+    whose name says it holds a secret (a password, a token, a key) is refused too, since
+    settings reach the JVM's command line (dlrm_contracts.security)."""
     for key in conf:
         if _SECRET_KEYS.match(key):
             raise PreprocessConfigError(
                 f"{key} may not be given as a Spark setting (settings appear on command lines "
                 "and in the run's records): put the secret in a file of mode 0600 and name it "
                 "with --auth-secret-file (spark.auth_secret_file)")
+    refuse_secret_settings(conf, "Spark settings (--conf, --conf-file, spark.conf)")
 
 
 def _read_secret(spark: SparkConfig) -> str:
