@@ -110,6 +110,15 @@ def cluster_env_lines(security: ClusterSecurity, daemon_conf: Path) -> list[str]
             f"DAEMON_CONF={daemon_conf}"]
 
 
+# Spark hands each executor its driver's configuration over RPC (RetrieveSparkAppConfig), the
+# shared secret and the I/O encryption key included: without RPC encryption that crosses the
+# network in clear, and whoever reads it can join the cluster.
+NO_ENCRYPTION_OFF_LOOPBACK = (
+    "--no-rpc-encryption on {host}, which is not a loopback address, would send the cluster's "
+    "shared secret to every executor unencrypted (Spark passes executors the driver's "
+    "settings, the secret among them, over RPC): drop --no-rpc-encryption, or on a network "
+    "you trust entirely run without authentication (--insecure)")
+
 INSECURE_WARNING = """\
 WARNING: --insecure: the Spark cluster on {host} runs WITHOUT authentication.
 WARNING: anyone who can reach {host} can submit a job to it, which runs arbitrary code as
@@ -128,6 +137,8 @@ def prepare(args: argparse.Namespace) -> int:
     if args.secret_file and not authenticate:
         return _usage("--secret-file is for an authenticated cluster (drop --insecure, or add "
                       "--authenticate on a loopback address)")
+    if authenticate and args.no_rpc_encryption and not loopback:
+        return _usage(NO_ENCRYPTION_OFF_LOOPBACK.format(host=args.host))
     if args.insecure and not loopback:
         print(INSECURE_WARNING.format(host=args.host, user=getpass.getuser()), end="",
               file=sys.stderr)

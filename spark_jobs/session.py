@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dlrm_contracts.config import SparkConfig
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
-from dlrm_contracts.security import refuse_secret_settings
+from dlrm_contracts.security import is_loopback, refuse_secret_settings
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
@@ -105,6 +105,7 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
     settings = spark_settings(spark)
     if spark.auth_secret_file:
         _read_secret(spark)
+        _refuse_clear_secret(spark, settings)
     elif settings.get("spark.authenticate", "").lower() == "true" and master.startswith("spark://"):
         raise PreprocessConfigError(
             "spark.authenticate is on but no secret file is named: give the cluster's secret "
@@ -129,6 +130,25 @@ def _refuse_secret_settings(conf: dict[str, str]) -> None:
                 "and in the run's records): put the secret in a file of mode 0600 and name it "
                 "with --auth-secret-file (spark.auth_secret_file)")
     refuse_secret_settings(conf, "Spark settings (--conf, --conf-file, spark.conf)")
+
+
+def _master_host(master: str) -> str | None:
+    """The host of a ``spark://HOST:PORT[,HOST:PORT]`` master URL (the first), else None."""
+    match = re.match(r"^spark://\[?([^\]/:,]+)\]?(?::\d+)?", master)
+    return match.group(1) if match else None
+
+
+def _refuse_clear_secret(spark: SparkConfig, settings: dict[str, str]) -> None:
+    """Authentication without RPC encryption off loopback: the driver would send the secret to
+    its executors in clear (start-cluster.sh refuses such a cluster too)."""
+    encrypted = settings.get("spark.network.crypto.enabled", "false").lower() == "true"
+    host = _master_host(spark.master or "")
+    if not encrypted and host is not None and not is_loopback(host):
+        raise PreprocessConfigError(
+            f"--no-rpc-encryption (spark.rpc_encryption: false) with an authenticated cluster "
+            f"at {host}, which is not a loopback address: Spark would send the shared secret "
+            "to every executor unencrypted (executors get the driver's settings over RPC); "
+            "keep RPC encryption on")
 
 
 def _read_secret(spark: SparkConfig) -> str:

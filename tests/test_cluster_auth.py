@@ -234,3 +234,26 @@ def test_a_secret_setting_is_refused_before_anything_is_written_or_started(tmp_p
         assert not (tmp_path / "w").exists()
     with pytest.raises(SecretSettingError):
         SparkConfig(conf={name: value})
+
+
+def test_authentication_without_rpc_encryption_is_refused_off_loopback(tmp_path, capsys):
+    """Executors get the driver's settings, the shared secret among them, over RPC
+    (RetrieveSparkAppConfig): unencrypted, the secret crosses the network in clear."""
+    code, _, err = _prepare(tmp_path / "a", capsys, "--host", "10.1.2.3", "--no-rpc-encryption")
+    assert code == 2 and "--no-rpc-encryption" in err and "unencrypted" in err
+    assert not (tmp_path / "a" / "auth" / "daemon.conf").exists()
+    code, _, err = _prepare(tmp_path / "b", capsys, "--host", "10.1.2.3", "--authenticate",
+                            "--no-rpc-encryption")
+    assert code == 2 and "--no-rpc-encryption" in err
+    code, env, err = _prepare(tmp_path / "c", capsys, "--host", "10.1.2.3", "--insecure",
+                              "--no-rpc-encryption")
+    assert code == 0 and env["AUTH"] == "off" and "WARNING" in err
+    code, env, _ = _prepare(tmp_path / "d", capsys, "--host", "127.0.0.1", "--authenticate",
+                            "--no-rpc-encryption")
+    assert code == 0 and env["AUTH"] == "on" and env["RPC_ENCRYPTION"] == "off"
+    secret_file = _secret_file(tmp_path / "secret")
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        check_spark_config(SparkConfig(master="spark://10.0.0.1:7077", rpc_encryption=False,
+                                       auth_secret_file=str(secret_file)))
+    check_spark_config(SparkConfig(master="spark://127.0.0.1:7077", rpc_encryption=False,
+                                   auth_secret_file=str(secret_file)))
