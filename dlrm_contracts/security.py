@@ -63,7 +63,7 @@ def is_loopback(host: str) -> bool:
     """Whether every address ``host`` stands for is a loopback one. A name that does not
     resolve counts as routable: when in doubt, the cluster authenticates."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return _loopback_address(host)
     except ValueError:
         pass
     try:
@@ -71,4 +71,10 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     addresses = {info[4][0].split("%", 1)[0] for info in infos}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+    return bool(addresses) and all(_loopback_address(a) for a in addresses)
+
+
+def _loopback_address(text: str) -> bool:
+    """An IP address's loopback-ness, IPv4-mapped IPv6 (::ffff:127.0.0.1) included."""
+    ip = ipaddress.ip_address(text)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -241,6 +242,46 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# Where the driver's web UI listens: Spark binds every UI to SPARK_LOCAL_IP, else to every
+# interface (WebUI.initServer, Spark 4.0.1), and its ACLs restrict nobody without an
+# authentication filter. Reach it through an SSH tunnel (docs/cluster.md §2.2).
+UI_ADDRESS = "127.0.0.1"
+
+
+def driver_network(spark: SparkConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """(environment, settings) that put the driver's web UI on loopback and its RPC endpoint
+    where the executors reach it.
+
+    Local mode: everything on loopback. A standalone or Kubernetes master: the RPC endpoint on
+    ``bind_address``, else on this machine's address towards the master, set explicitly
+    (spark.driver.host/bindAddress) since SPARK_LOCAL_IP, which the UI follows, says loopback.
+    YARN: Spark's own choice (or ``bind_address``), as YARN's web proxy must reach the UI.
+    """
+    master = spark.master or ""
+    if master.startswith("local"):
+        return {"SPARK_LOCAL_IP": UI_ADDRESS}, {}
+    if master.startswith("yarn"):
+        return ({"SPARK_LOCAL_IP": spark.bind_address} if spark.bind_address else {}), {}
+    address = spark.bind_address or _address_towards(master)
+    return ({"SPARK_LOCAL_IP": UI_ADDRESS},
+            {"spark.driver.host": address, "spark.driver.bindAddress": address})
+
+
+def _address_towards(master: str) -> str:
+    """This machine's address on the route to the master's host (no packet is sent)."""
+    match = re.match(r"^[a-z0-9+]+://(?:[a-z]+://)?\[?([^\]/:,]+)", master)
+    host = match.group(1) if match else None
+    try:
+        family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except (OSError, TypeError):
+        raise PreprocessConfigError(
+            f"cannot tell which address of this machine reaches the master {master}: name it "
+            "with --bind-address (spark.bind_address)") from None
+
+
 def get_session(spark: SparkConfig):
     """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
     from pyspark.sql import SparkSession
@@ -262,8 +303,10 @@ def get_session(spark: SparkConfig):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if spark.bind_address and not submitted:
-        os.environ["SPARK_LOCAL_IP"] = spark.bind_address  # inherited by the JVM pyspark starts
+    if not submitted:
+        environment, network = driver_network(spark)
+        os.environ.update(environment)  # inherited by the JVM pyspark starts
+        settings = {**settings, **network}
     if spark.auth_secret_file:
         _start_jvm_with_secret(spark, settings)
     builder = SparkSession.builder

@@ -177,7 +177,9 @@ def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     assert args[args.index("--auth-secret-file") + 1] == str(secret_file)
     assert "--io-encryption" in args and "--no-rpc-encryption" not in args
     assert args[args.index("--ui-admin-users") + 1] == "alice"
-    assert "SPARK_LOCAL_IP=10.0.0.1" in args
+    assert "SPARK_LOCAL_IP=127.0.0.1" in args  # the driver's web UI: loopback only
+    assert args[args.index("spark.driver.host=10.0.0.1") - 1] == "--conf"
+    assert "spark.driver.bindAddress=10.0.0.1" in args
     assert SECRET not in proc.stdout + proc.stderr
     secret_file.unlink()
     proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
