@@ -350,3 +350,36 @@ def test_train_and_eval_refuse_a_dataset_changed_since_convert_wrote_it(converte
                                  str(workdir), "--config", str(config), "--stages", stage)
     assert_refused(proc, summary, ExitCode.DATASET_INVALID, "test/label.bin", "convert")
     assert not (workdir / "logs" / f"{stage}.log").exists()
+
+
+# ------------------------------------------------------------------ settings out of range
+@pytest.mark.parametrize("text, words", [
+    ("spark: {shuffle_partitions: -4}", "spark.shuffle_partitions must be >= 0"),
+    ("spark: {log_level: LOUD}", "spark.log_level"),
+    ("spark: {conf: {spark.sql.shuffle.partitions: [1, 2]}}", "spark.conf"),
+    ("preprocess: {compression: bogus}", "preprocess.compression"),
+    ("preprocess: {train_rows_per_file: 0}", "preprocess.train_rows_per_file"),
+    ("preprocess: {arrow_chunk_mb: 0}", "preprocess.arrow_chunk_mb"),
+    ("train: {preset: huge}", "train.preset"),
+    ("train: {epochs: 0}", "train.epochs"),
+    ("train: {learning_rate: .nan}", "train.learning_rate"),
+    ("train: {top_mlp: [8, 2]}", "train.top_mlp"),
+    ("train: {bottom_mlp: [0, 4]}", "train.bottom_mlp"),
+    ("train: {force_column_split: [C99]}", "train.force_column_split"),
+    ("train: {frequency_threshold: 'C99:1'}", "threshold spec"),
+    ("train: {keep_checkpoints: 0}", "train.keep_checkpoints"),
+    ("preflight: {sample_bytes: -1}", "preflight.sample_bytes"),
+    ("preflight: {disk_headroom: 2}", "preflight.disk_headroom"),
+])
+def test_settings_out_of_range_are_refused_at_load(tmp_path, text, words):
+    """Each section's ranges are checked when it is made (YAML, flags, code), so a bad value is
+    one line and exit 2 before any stage, not a failure deep inside one (a negative
+    preflight.sample_bytes read whole day files into memory; a bad codec failed in Spark)."""
+    from pipeline.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(text + "\n")
+    proc, summary = run_pipeline(tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"))
+    assert_refused(proc, summary, ExitCode.USAGE, words)
+    assert not (tmp_path / "w").exists()
+    assert main(["show-config", "--config", str(config)]) == ExitCode.USAGE
