@@ -84,10 +84,15 @@ def file_key(split: str, name: str) -> str:
     return f"{split}/{name}"
 
 
+class UnreadableParquetError(DatasetError):
+    """A parquet file (split, counts) that cannot be read: the stage that wrote it must run
+    again."""
+
+
 def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:
     """pyarrow's own errors do not name the file; ours do."""
-    return DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
-                        f"{type(exc).__name__}: {exc}")
+    return UnreadableParquetError(f"{path} is not a readable parquet file (corrupt or "
+                                  f"truncated?): {type(exc).__name__}: {exc}")
 
 
 def cat_file(index: int) -> str:

@@ -24,7 +24,8 @@ from typing import Any, Callable
 from converters.convert import convert_parquet
 from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
-from dlrm_contracts.binary_format import DamagedDatasetError, DatasetError
+from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
+                                          UnreadableParquetError)
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout
@@ -287,7 +288,11 @@ def _convert(ctx: StageContext) -> Outcome:
     shutil.rmtree(derived, ignore_errors=True)
     try:
         with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
-            return _convert_or_derive(ctx, derived)
+            try:
+                return _convert_or_derive(ctx, derived)
+            except UnreadableParquetError as exc:  # written by preprocess: it runs again
+                raise UnreadableParquetError(f"{exc}; rebuild it with --stages preprocess,"
+                                             "convert --force (the raw days are read again)") from exc
     except BaseException:
         shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise

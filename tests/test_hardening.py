@@ -383,3 +383,28 @@ def test_settings_out_of_range_are_refused_at_load(tmp_path, text, words):
     assert_refused(proc, summary, ExitCode.USAGE, words)
     assert not (tmp_path / "w").exists()
     assert main(["show-config", "--config", str(config)]) == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("inside", ["", "work"])
+def test_a_workdir_in_the_input_directory_is_refused(tmp_path, inside):
+    """Outputs written into the input would be part of its fingerprint: every run would see a
+    changed input and preprocess again, and the day files sit beside the parquet."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "day_0").write_text("0\t1\n")
+    before = files_under(tmp_path)
+    proc, summary = run_pipeline(tmp_path, "--input", str(raw), "--workdir", str(raw / inside),
+                                 "--stages", "preprocess")
+    assert_refused(proc, summary, ExitCode.USAGE, "inside it")
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("damaged", ["parquet/train", "counts"])
+def test_damaged_parquet_or_counts_name_the_file_and_the_stage_to_rerun(converted_workdir,
+                                                                       tmp_path, damaged):
+    workdir, config = workdir_copy(converted_workdir, tmp_path)
+    victim = sorted((workdir / damaged).glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5", "--force")
+    assert_refused(proc, summary, ExitCode.CONVERT, str(victim),
+                   "--stages preprocess,convert --force")
