@@ -31,7 +31,10 @@ from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE
                                           model_size_list, new_checksum, read_json,
                                           unreadable_parquet, write_json)
 from dlrm_contracts.config import ConvertConfig
-from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
+                                             parquet_footer)
+from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON,
+                                   SUCCESS)
 from dlrm_contracts.progress import progress_bar
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
@@ -50,25 +53,6 @@ def parquet_files(split_dir: Path) -> list[Path]:
                   key=lambda p: p.name)
 
 
-def _footer(path: Path) -> bytes:
-    """The parquet footer (metadata: schema, row groups, offsets, statistics) of one file."""
-    with open(path, "rb") as fh:
-        fh.seek(0, 2)
-        size = fh.tell()
-        if size < 12:
-            raise DatasetError(f"{path} is not a parquet file ({size} bytes)")
-        fh.seek(size - 8)
-        tail = fh.read(8)
-        if tail[4:] != b"PAR1":
-            raise DatasetError(f"{path} is not a parquet file (no PAR1 trailer)")
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            raise DatasetError(f"{path} is not a parquet file (footer length {length} does not "
-                               f"fit in {size} bytes)")
-        fh.seek(size - 8 - length)
-        return fh.read(length)
-
-
 def _num_rows(path: Path) -> int:
     try:
         return pq.read_metadata(path).num_rows
@@ -85,7 +69,7 @@ def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
     for split in SPLITS:
         for path in files[split]:
             digest.update(f"{split}/{path.name}:{path.stat().st_size}\n".encode())
-            digest.update(_footer(path))
+            digest.update(parquet_footer(path))
     return "xxh3_128:" + digest.hexdigest()
 
 
@@ -300,6 +284,9 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                                    f"{expected[split]}")
         info = describe(tmp, rows, table_sizes, spec, fingerprint,
                         {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
+                         # what a model trained on it must be served with (trainer.export)
+                         DICTIONARIES_FINGERPRINT_KEY:
+                             dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
                          CHECKSUMS_KEY: dict(sorted(checksums.items()))})
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())

@@ -26,6 +26,7 @@ from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_F
                                           cat_dtype, cat_file, checksum_text, describe, file_key,
                                           new_checksum, write_json)
 from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
 from dlrm_contracts.progress import progress_bar
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
@@ -145,7 +146,9 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
         extra = {"source": {"kind": "binary", "path": str(source.absolute()),
                             "threshold_spec": info.threshold_spec,
                             "source_fingerprint": info.source_fingerprint},
-                 "counts": str(Path(counts_dir).absolute())}
+                 "counts": str(Path(counts_dir).absolute()),
+                 # same dictionaries: the kept values are a prefix of their ids
+                 DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY)}
         if info.checksums:  # all or none: a dataset without them cannot be shown intact
             extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)

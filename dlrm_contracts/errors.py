@@ -27,16 +27,16 @@ from typing import Callable, Iterator
 class ExitCode(IntEnum):
     OK = 0
     FAILED = 1             # an unexpected error (a bug): see the log
-    USAGE = 2              # bad flags, config file or threshold spec
+    USAGE = 2              # bad flags, config file or threshold spec; a path not writable
     LOCKED = 3             # another run holds the workdir's lock
     INPUT_DATA = 4         # missing/empty day files, reject rate over its limit
     PREPROCESS = 5         # the Spark job failed
     CONVERT = 6            # parquet → binary conversion or threshold raise failed
-    DATASET_INVALID = 7    # the binary dataset did not verify
+    DATASET_INVALID = 7    # the binary dataset did not verify, or changed since it was written
     TRAIN = 8              # training failed
     EVAL = 9               # evaluation failed
-    EXPORT = 10            # the SavedModel export failed (or the model is too big to export)
-    SCORE = 11             # batch scoring failed
+    EXPORT = 10            # the export failed (too big, other dictionaries, damaged checkpoint)
+    SCORE = 11             # batch scoring failed (unreadable input, label unknown, rejects)
     DISK_FULL = 12         # a write failed for lack of space (ENOSPC / quota) at any stage
     INTERRUPTED = 130      # SIGINT / SIGTERM
 

@@ -37,6 +37,7 @@ DATASET_JSON = "dataset.json"        # the binary dataset's description (binary_
 DAYS_JSON = "days.json"
 HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
+DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
 
 
 def values_dir(counts_dir: str | Path) -> Path:
@@ -110,7 +111,7 @@ class WorkdirLayout:
 
     @property
     def dictionaries(self) -> Path:
-        return self.parquet / "dictionaries"
+        return self.parquet / DICTIONARIES_DIR
 
     @property
     def dictionary_index(self) -> Path:

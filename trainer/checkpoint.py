@@ -28,6 +28,7 @@ import numpy as np
 
 from dlrm_contracts.atomic import fsync_tree, replace_directory
 from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.dataset_identity import IDENTITY_KEY
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
@@ -159,6 +160,8 @@ class CheckpointReader:
 
 
 def checkpoint_meta(config: TrainConfig, placement_description: dict, table_sizes: list[int],
-                    dims: dict[str, Any]) -> dict[str, Any]:
+                    dims: dict[str, Any], dataset_identity: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     return {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
-            "optimizer": config.optimizer, "seed": config.seed}
+            "optimizer": config.optimizer, "seed": config.seed,
+            IDENTITY_KEY: dict(dataset_identity or {})}

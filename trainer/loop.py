@@ -274,7 +274,8 @@ class Trainer:
         replicated = ({name: v.numpy() for name, v in self._replicated_state()}
                       if self.rank == 0 else {})
         meta = checkpoint_meta(self.config, self.placement.describe(),
-                               list(self.dataset.table_sizes), self._dims_meta())
+                               list(self.dataset.table_sizes), self._dims_meta(),
+                               self.dataset.identity)
         return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
                                meta, self.config.keep_checkpoints)
 
