@@ -581,7 +581,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                     "log_level": SPARK_LOG_LEVELS},
     "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
                          "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
-                         "arrow_block_kb": AT_LEAST_1, "arrow_index_max_values": AT_LEAST_0,
+                         "arrow_block_kb": AT_LEAST_1,
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,
