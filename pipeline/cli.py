@@ -115,12 +115,11 @@ def validate(config: PipelineConfig) -> None:
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
-    if config.input:
-        raw, workdir = Path(config.input).resolve(), Path(config.workdir).resolve()
-        if workdir == raw or raw in workdir.parents:
-            raise UsageError(f"--workdir {config.workdir} is --input {config.input} or inside it: "
-                             "the run's outputs would become part of its input (and change it "
-                             "on every run); choose a workdir outside the input directory")
+    if config.input and Path(config.workdir).resolve() == Path(config.input).resolve():
+        # (a workdir inside the input is fine: only the files directly in it are input)
+        raise UsageError(f"--workdir {config.workdir} is the --input directory: the run's own "
+                         "files (summary.json, the lock) would sit among the day files and change "
+                         "the input on every run; use a subdirectory or another directory")
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)

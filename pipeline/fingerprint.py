@@ -40,6 +40,17 @@ def tree_fingerprint(path: Path, ignore: tuple[str, ...] = ()) -> str:
     return stable_hash([(rel, *stat) for rel, stat in file_stats(path, ignore).items()])
 
 
+def input_fingerprint(raw_dir: Path, ignore: tuple[str, ...] = ("generator_meta.json",)) -> str:
+    """Names, sizes and mtimes of the files directly in the input directory, the day files
+    the preprocess job reads: a subdirectory (a workdir kept inside the input, say) is not
+    input. Equal to tree_fingerprint for a directory without subdirectories."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        return tree_fingerprint(raw_dir, ignore)
+    stats = {rel: stat for rel, stat in file_stats(raw_dir, ignore).items() if "/" not in rel}
+    return stable_hash([(rel, *stat) for rel, stat in stats.items()])
+
+
 def changed_files(recorded: dict[str, list[int]], path: Path) -> list[str]:
     """Files under ``path`` whose size or mtime differ from ``recorded``, or that are missing
     or new: what was changed after the stage that wrote them finished."""

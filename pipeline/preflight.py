@@ -31,7 +31,7 @@ from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import read_histogram
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
-from pipeline.fingerprint import tree_fingerprint
+from pipeline.fingerprint import input_fingerprint
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from spark_jobs.errors import PreprocessInputError
@@ -195,7 +195,7 @@ def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | N
     """Rows per day from the data-quality report, when it was made from these very files."""
     manifest = ManifestStore(layout.manifests).load("preprocess") or {}
     quality = read_record(layout.data_quality) or {}
-    now = tree_fingerprint(raw, ignore=("generator_meta.json",))
+    now = input_fingerprint(raw)
     if manifest.get("inputs", {}).get("raw") != now:
         return None
     per_day = {d.get("file"): d.get("rows_read") for d in quality.get("days", [])}

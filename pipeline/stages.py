@@ -33,7 +33,8 @@ from dlrm_contracts.progress import PROGRESS_TTY_ENV
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
-from pipeline.fingerprint import changed_files, file_content_hash, stable_hash, tree_fingerprint
+from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
+                                  tree_fingerprint)
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import run_child
@@ -136,7 +137,7 @@ def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
 
 def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     p = ctx.config.preprocess
-    return {"raw": tree_fingerprint(ctx.raw_dir, ignore=("generator_meta.json",)),
+    return {"raw": input_fingerprint(ctx.raw_dir),
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
             "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
             "dictionary_days": p.dictionary_days,

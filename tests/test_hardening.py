@@ -385,18 +385,38 @@ def test_settings_out_of_range_are_refused_at_load(tmp_path, text, words):
     assert main(["show-config", "--config", str(config)]) == ExitCode.USAGE
 
 
-@pytest.mark.parametrize("inside", ["", "work"])
-def test_a_workdir_in_the_input_directory_is_refused(tmp_path, inside):
-    """Outputs written into the input would be part of its fingerprint: every run would see a
-    changed input and preprocess again, and the day files sit beside the parquet."""
+def test_the_input_directory_itself_is_refused_as_workdir(tmp_path):
+    """The run's own files (summary.json, the lock) would sit among the day files."""
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "day_0").write_text("0\t1\n")
     before = files_under(tmp_path)
-    proc, summary = run_pipeline(tmp_path, "--input", str(raw), "--workdir", str(raw / inside),
+    proc, summary = run_pipeline(tmp_path, "--input", str(raw), "--workdir", str(raw),
                                  "--stages", "preprocess")
-    assert_refused(proc, summary, ExitCode.USAGE, "inside it")
+    assert_refused(proc, summary, ExitCode.USAGE, "is the --input directory")
     assert files_under(tmp_path) == before
+
+
+def test_a_workdir_inside_the_input_is_not_input(tmp_path):
+    """Only the files directly in the input directory are the preprocess stage's input: a
+    workdir kept inside it (outputs changing on every run) leaves the input unchanged, so the
+    stage is not redone each time; a changed day file is noticed."""
+    from pipeline.fingerprint import input_fingerprint, tree_fingerprint
+
+    raw = tmp_path / "raw"
+    (raw / "work" / "parquet").mkdir(parents=True)
+    for day in range(2):
+        (raw / f"day_{day}").write_text(f"{day}\t1\n")
+    (raw / "generator_meta.json").write_text("{}")
+    before = input_fingerprint(raw)
+    (raw / "work" / "summary.json").write_text("{}")
+    (raw / "work" / "parquet" / "part-0.parquet").write_text("x")
+    assert input_fingerprint(raw) == before
+    (raw / "day_1").write_text("1\t1\n0\t1\n")
+    assert input_fingerprint(raw) != before
+    flat = tmp_path / "flat"
+    shutil.copytree(raw, flat, ignore=shutil.ignore_patterns("work"))
+    assert input_fingerprint(flat) == tree_fingerprint(flat, ignore=("generator_meta.json",))
 
 
 @pytest.mark.parametrize("damaged", ["parquet/train", "counts"])
