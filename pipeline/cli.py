@@ -36,7 +36,8 @@ from pipeline.runner import run_pipeline
 from spark_jobs.session import read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
-EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or unwritable workdir, "
+EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or "
+                   "unwritable workdir, "
                    "3 workdir locked by another run, 4 input data or preflight shortfall, "
                    "5 Spark job, 6 convert, 7 dataset did not verify, 8 train, 9 eval, "
                    "10 export, 11 score, 12 disk full, 130 interrupted "

@@ -89,7 +89,8 @@ def _python() -> str:
 
 
 # The one line every command prints for a known failure (dlrm_contracts.errors.run_cli).
-_CHILD_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
+_CHILD_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?"                     # horovodrun's prefix
+                          r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
 
 
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
@@ -97,7 +98,8 @@ def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> Pipe
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
     errors = [m.group(1) for m in map(_CHILD_ERROR.match, result.tail) if m]
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
-    if errors and "unexpected error" not in errors[-1] and not says_disk_full("\n".join(result.tail)):
+    known = errors and "unexpected error" not in errors[-1]
+    if known and not says_disk_full("\n".join(result.tail)):
         return PipelineError(f"{stage} failed (exit {result.returncode}): {errors[-1]} "
                              f"(log: {ctx.stage_log(stage)})", code)
     tail = "\n    ".join(result.tail[-12:])
@@ -292,8 +294,9 @@ def _convert(ctx: StageContext) -> Outcome:
             try:
                 return _convert_or_derive(ctx, derived)
             except UnreadableParquetError as exc:  # written by preprocess: it runs again
-                raise UnreadableParquetError(f"{exc}; rebuild it with --stages preprocess,"
-                                             "convert --force (the raw days are read again)") from exc
+                raise UnreadableParquetError(
+                    f"{exc}; rebuild it with --stages preprocess,convert --force (the raw days "
+                    "are read again)") from exc
     except BaseException:
         shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise
@@ -338,10 +341,12 @@ def _damage_report(exc: DamagedDatasetError, previous: dict[str, Any], binary: P
     recorded = previous.get("output_files")
     changed = changed_files(recorded, binary) if isinstance(recorded, dict) else []
     found = exc.one_line()
-    if not changed:
-        return found
-    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-    return f"changed since it was written: {shown}; {found}"
+    return f"changed since it was written: {_listed(changed)}; {found}" if changed else found
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, Any]
@@ -416,11 +421,10 @@ def verify_binary_dataset(ctx: StageContext) -> None:
     recorded = (ctx.manifests.load("convert") or {}).get("output_files")
     changed = changed_files(recorded, ctx.layout.binary) if isinstance(recorded, dict) else []
     if changed:
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        raise PipelineError(f"{shown} in {ctx.layout.binary} changed after the convert stage "
-                            "wrote it (size or modification time): add the convert stage (e.g. "
-                            "--stages convert,train,eval) to check it and rebuild what is "
-                            "damaged", ExitCode.DATASET_INVALID)
+        raise PipelineError(f"{_listed(changed)} in {ctx.layout.binary} changed after the "
+                            "convert stage wrote it (size or modification time): add the convert "
+                            "stage (e.g. --stages convert,train,eval) to check it and rebuild "
+                            "what is damaged", ExitCode.DATASET_INVALID)
     try:
         verify_dataset(ctx.layout.binary, full=False)
     except DatasetError as exc:
