@@ -72,7 +72,8 @@ def agreement(workdir: Path, lines: list[bytes]) -> dict:
 
     run([sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--stages", "export"])
     model = tf.saved_model.load(str(workdir / "export" / "saved_model"))
-    out = model.signatures["serve_lines"](lines=tf.constant(lines), has_label=tf.constant(True))
+    out = model.signatures["serve_lines"](lines=tf.constant(lines),
+                                          has_label=tf.fill([len(lines)], True))
     probability = out["probability"].numpy()
     kept = probability[out["reject_reason"].numpy() == b""]
     config = load_config(workdir / "manifests" / "effective_config.yaml").train
@@ -126,10 +127,11 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
                                 np.int64))
     cats = tf.constant(np.array([row[14:40] for row in fields], object))
     text = tf.constant(batch_lines)
+    labelled = tf.fill([len(batch_lines)], True)
     features, parse = model.signatures["serve_features"], model.signatures["serve_lines"]
     calls = {
         "serve_features": lambda: features(int_features=ints, cat_features=cats)["probability"].numpy(),
-        "serve_lines": lambda: parse(lines=text, has_label=tf.constant(True))["probability"].numpy(),
+        "serve_lines": lambda: parse(lines=text, has_label=labelled)["probability"].numpy(),
     }
     figures: dict[str, list] = {}
     for _ in range(rounds):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -25,12 +25,16 @@ import pyarrow.parquet as pq
 import xxhash
 
 from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
-from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
-                                          NUMERICAL_FILE, DatasetError, cat_dtype, cat_file,
-                                          describe, model_size_list, read_json, unreadable_parquet,
-                                          write_json)
+from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
+                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_dtype,
+                                          cat_file, checksum_text, describe, file_key,
+                                          model_size_list, new_checksum, read_json,
+                                          unreadable_parquet, write_json)
 from dlrm_contracts.config import ConvertConfig
-from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
+                                             parquet_footer)
+from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON,
+                                   SUCCESS)
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
@@ -49,25 +53,6 @@ def parquet_files(split_dir: Path) -> list[Path]:
                   key=lambda p: p.name)
 
 
-def _footer(path: Path) -> bytes:
-    """The parquet footer (metadata: schema, row groups, offsets, statistics) of one file."""
-    with open(path, "rb") as fh:
-        fh.seek(0, 2)
-        size = fh.tell()
-        if size < 12:
-            raise DatasetError(f"{path} is not a parquet file ({size} bytes)")
-        fh.seek(size - 8)
-        tail = fh.read(8)
-        if tail[4:] != b"PAR1":
-            raise DatasetError(f"{path} is not a parquet file (no PAR1 trailer)")
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            raise DatasetError(f"{path} is not a parquet file (footer length {length} does not "
-                               f"fit in {size} bytes)")
-        fh.seek(size - 8 - length)
-        return fh.read(length)
-
-
 def _num_rows(path: Path) -> int:
     try:
         return pq.read_metadata(path).num_rows
@@ -84,7 +69,7 @@ def source_fingerprint(parquet_dir: Path, files: dict[str, list[Path]]) -> str:
     for split in SPLITS:
         for path in files[split]:
             digest.update(f"{split}/{path.name}:{path.stat().st_size}\n".encode())
-            digest.update(_footer(path))
+            digest.update(parquet_footer(path))
     return "xxh3_128:" + digest.hexdigest()
 
 
@@ -110,10 +95,11 @@ def _values(batch: pa.RecordBatch, index: int, where: str) -> np.ndarray:
 
 @dataclass
 class _Output:
-    """One output file and how a batch becomes its bytes."""
+    """One output file, how a batch becomes its bytes, and the checksum of what was written."""
 
     name: str
     handle: BinaryIO
+    digest: Any = field(default_factory=new_checksum)
     cost = 1  # relative work per row, for balancing the thread pool
 
     def encode(self, batch: pa.RecordBatch, where: str) -> np.ndarray:
@@ -161,9 +147,12 @@ class _CatOutput(_Output):
 
 
 def write_batch_columns(outputs: list[_Output], batch: pa.RecordBatch, where: str) -> None:
-    """Append one record batch to a group of output files (one worker's share of a batch)."""
+    """Append one record batch to a group of output files (one worker's share of a batch);
+    each file's checksum follows its bytes (the same thread, in batch order)."""
     for output in outputs:
-        output.handle.write(memoryview(output.encode(batch, where)).cast("B"))
+        data = memoryview(output.encode(batch, where)).cast("B")
+        output.handle.write(data)
+        output.digest.update(data)
 
 
 def _balanced_groups(outputs: list[_Output], workers: int) -> list[list[_Output]]:
@@ -199,7 +188,9 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
 
 
 def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
-                   config: ConvertConfig, pool: ThreadPoolExecutor, bar: Any) -> int:
+                   config: ConvertConfig, pool: ThreadPoolExecutor, bar: Any,
+                   checksums: dict[str, str]) -> int:
+    """Write one split's files; their checksums go into ``checksums``. Returns the rows."""
     out_dir.mkdir()
     handles = [open(out_dir / name, "wb") for name in
                [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
@@ -207,7 +198,7 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
     try:
         outputs: list[_Output] = [_LabelOutput(LABEL_FILE, handles[0]),
                                   _NumericalOutput(NUMERICAL_FILE, handles[1])]
-        outputs += [_CatOutput(cat_file(i), handles[2 + i], i, size)
+        outputs += [_CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size)
                     for i, size in enumerate(table_sizes)]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
@@ -219,6 +210,8 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
             bar.update(batch.num_rows)
         for future in pending:
             future.result()
+        checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest)
+                          for o in outputs})
         return rows
     finally:
         for future in pending:  # on an error, let running writes end before closing files
@@ -279,17 +272,23 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     fingerprint = source_fingerprint(parquet_dir, files)
     start = time.perf_counter()
     rows: dict[str, int] = {}
+    checksums: dict[str, str] = {}
     with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp, \
             ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
             counting("convert", sum(expected.values()), "rows", phase="convert",
                      enabled=config.progress) as bar:
         for split in SPLITS:
-            rows[split] = _convert_split(files[split], tmp / split, table_sizes, config, pool, bar)
+            rows[split] = _convert_split(files[split], tmp / split, table_sizes, config, pool, bar,
+                                         checksums)
             if rows[split] != expected[split]:
                 raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
                                    f"{expected[split]}")
         info = describe(tmp, rows, table_sizes, spec, fingerprint,
-                        {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())}})
+                        {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
+                         # what a model trained on it must be served with (trainer.export)
+                         DICTIONARIES_FINGERPRINT_KEY:
+                             dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
+                         CHECKSUMS_KEY: dict(sorted(checksums.items()))})
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)

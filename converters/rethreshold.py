@@ -21,15 +21,18 @@ from typing import Any
 import numpy as np
 
 from dlrm_contracts.atomic import atomic_directory, refuse_overlap
-from dlrm_contracts.binary_format import (LABEL_FILE, NUMERICAL_FILE, cat_dtype, cat_file, describe,
-                                          write_json)
+from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_FILE,
+                                          DamagedDatasetError, DatasetError, DatasetInfo,
+                                          cat_dtype, cat_file, checksum_text, describe, file_key,
+                                          new_checksum, write_json)
 from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
-from dlrm_contracts.verify import verify_dataset
+from dlrm_contracts.verify import verify_checksums, verify_dataset
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,11 @@ def _link_or_copy(source: Path, target: Path, link: bool) -> None:
 
 
 def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
-                chunk_rows: int) -> None:
-    """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size."""
+                chunk_rows: int) -> str:
+    """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size; returns
+    the checksum of what was written."""
     new_dtype = cat_dtype(new_size)
+    digest = new_checksum()
     ids = np.memmap(source, dtype=old_dtype, mode="r") if source.stat().st_size else \
         np.empty(0, old_dtype)
     with open(target, "wb") as out:
@@ -56,7 +61,28 @@ def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: in
             dropped = chunk >= new_size
             narrowed = chunk.astype(new_dtype)  # dropped ids may wrap here; zeroed next
             narrowed[dropped] = 0
-            out.write(memoryview(narrowed).cast("B"))
+            data = memoryview(narrowed).cast("B")
+            out.write(data)
+            digest.update(data)
+    return checksum_text(digest)
+
+
+def _intact_source(source: Path, config: ConvertConfig) -> DatasetInfo:
+    """The source dataset, shown intact before any of its files is reused: the quick check,
+    then (``config.verify_checksums``) every file against its recorded checksum.
+
+    Raises:
+        DamagedDatasetError: the source is incomplete, unreadable or not what was written
+            (rebuild it from the parquet, never derive from it).
+    """
+    try:
+        if config.verify_checksums:
+            return verify_checksums(source, config.workers)
+        return verify_dataset(source, full=False)
+    except DamagedDatasetError:
+        raise
+    except DatasetError as exc:
+        raise DamagedDatasetError(str(exc)) from None
 
 
 def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
@@ -81,17 +107,22 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
 
     Raises:
         LowerThresholdError: ``spec`` would need values already merged into id 0 (rerun Spark).
+        DamagedDatasetError: the source is incomplete or its files are not what was written
+            (rebuild it from the parquet).
         DatasetError: the source has no threshold, or the counts belong to another dataset.
     """
     config = config or ConvertConfig()
     source, output = Path(source_binary_dir), Path(output_dir)
     refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
-    info = verify_dataset(source, full=False)
+    info = _intact_source(source, config)
     base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     start = time.perf_counter()
     jobs = []
+    # Files reused as they are keep the source's checksums (recorded when it was written;
+    # checked above when config.verify_checksums), the rewritten ones get their own below.
+    checksums = dict(info.checksums)
     with atomic_directory(output, overwrite=config.overwrite, fsync=config.fsync) as tmp:
         for split in SPLITS:
             (tmp / split).mkdir()
@@ -109,14 +140,18 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                 counting("convert", len(jobs), "files", phase="rethreshold",
                          enabled=config.progress) as bar:
             futures = [pool.submit(clamp_ids_file, *job, config.batch_rows * 8) for job in jobs]
-            for future in futures:
-                future.result()
+            for job, future in zip(jobs, futures):
+                checksums[file_key(job[1].parent.name, job[1].name)] = future.result()
                 bar.update(1)
         written = sum(job[1].stat().st_size for job in jobs)
         extra = {"source": {"kind": "binary", "path": str(source.absolute()),
                             "threshold_spec": info.threshold_spec,
                             "source_fingerprint": info.source_fingerprint},
-                 "counts": str(Path(counts_dir).absolute())}
+                 "counts": str(Path(counts_dir).absolute()),
+                 # same dictionaries: the kept values are a prefix of their ids
+                 DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY)}
+        if info.checksums:  # all or none: a dataset without them cannot be shown intact
+            extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)
         write_json(tmp / MODEL_SIZE_JSON, result.model_size)
         write_json(tmp / DATASET_JSON, result.to_json())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON
@@ -26,6 +27,11 @@ LABEL_DTYPE = np.dtype("<u1")
 NUMERICAL_DTYPE = np.dtype("<f2")
 NUM_NUMERICAL = NUM_INTEGER
 MAX_TABLE_SIZE = 2**31  # ids must fit int32
+# dataset.json maps each file ("train/label.bin") to the checksum of the bytes written into it,
+# computed while writing; a derivation reuses a file only if it still has it (verify.py).
+CHECKSUMS_KEY = "checksums"
+CHECKSUM_PREFIX = "xxh3_128:"
+CHECKSUM_CHUNK_BYTES = 8 * 2**20
 
 
 class DatasetError(PipelineError, ValueError):
@@ -34,10 +40,59 @@ class DatasetError(PipelineError, ValueError):
     default_code = ExitCode.DATASET_INVALID
 
 
+class DamagedDatasetError(DatasetError):
+    """A dataset whose files are not what its writer wrote (missing, resized, another checksum,
+    an unreadable description): rebuild it from its source, never derive from it.
+
+    ``problems`` lists each finding on its own (file named), for one-line reports."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [message])
+
+    def one_line(self, limit: int = 3) -> str:
+        shown = "; ".join(self.problems[:limit])
+        return shown + (f"; and {len(self.problems) - limit} more" if len(self.problems) > limit
+                        else "")
+
+
+def new_checksum():
+    """A streaming checksum of a file's bytes (xxh3-128: ~9 GB/s on one core)."""
+    return xxhash.xxh3_128()
+
+
+def checksum_text(digest) -> str:
+    return CHECKSUM_PREFIX + digest.hexdigest()
+
+
+def file_checksum(path: Path) -> str:
+    """The checksum of a file as written, read in CHECKSUM_CHUNK_BYTES pieces."""
+    digest = new_checksum()
+    with open(path, "rb", buffering=0) as fh:
+        buffer = bytearray(CHECKSUM_CHUNK_BYTES)
+        view = memoryview(buffer)
+        while True:
+            n = fh.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+    return checksum_text(digest)
+
+
+def file_key(split: str, name: str) -> str:
+    """A file's name in ``checksums``: ``<split>/<file>``."""
+    return f"{split}/{name}"
+
+
+class UnreadableParquetError(DatasetError):
+    """A parquet file (split, counts) that cannot be read: the stage that wrote it must run
+    again."""
+
+
 def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:
     """pyarrow's own errors do not name the file; ours do."""
-    return DatasetError(f"{path} is not a readable parquet file (corrupt or truncated?): "
-                        f"{type(exc).__name__}: {exc}")
+    return UnreadableParquetError(f"{path} is not a readable parquet file (corrupt or "
+                                  f"truncated?): {type(exc).__name__}: {exc}")
 
 
 def cat_file(index: int) -> str:
@@ -87,6 +142,12 @@ class DatasetInfo:
     threshold_spec: str | None
     source_fingerprint: str
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def checksums(self) -> dict[str, str]:
+        """``<split>/<file>`` -> checksum recorded when written (empty for older datasets)."""
+        recorded = self.extra.get(CHECKSUMS_KEY)
+        return dict(recorded) if isinstance(recorded, dict) else {}
 
     @property
     def model_size(self) -> dict[str, int]:

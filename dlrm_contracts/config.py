@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
+from dlrm_contracts.security import refuse_secret_settings
 from dlrm_contracts.schema import CAT_COLUMNS
 
 Section = TypeVar("Section")
@@ -31,6 +32,13 @@ LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 # moments (what the preflight sizes a rank's tables with).
 OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 1, "adagrad": 2, "adam": 3}
 DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
+
+# The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
+MISSING_INTEGER_MAX = -3
+
+MODEL_PRESETS: tuple[str, ...] = ("default", "small")  # trainer/dims.py's
+PARQUET_CODECS: tuple[str, ...] = ("snappy", "zstd", "gzip", "none", "uncompressed")
+SPARK_LOG_LEVELS: tuple[str, ...] = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
 STAGES: tuple[str, ...] = ("generate", "preprocess", "convert", "train", "eval", "export", "score")
 # What a run without --stages does: export and score are asked for by name (score needs
@@ -135,6 +143,14 @@ class SparkConfig:
     # created when missing.
     event_log_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        _check_limits(self)
+        # Settings are recorded (effective_config.yaml) and reach the JVM's command line: a
+        # secret among them is refused here, before anything is written or started.
+        refuse_secret_settings(self.conf or {}, "spark.conf")
+        odd = {k: v for k, v in (self.conf or {}).items() if not isinstance(v, (str, int, float))}
+        _check(not odd, f"spark.conf: each value must be a string or a number, got {odd}")
+
 
 @dataclass
 class PreprocessConfig:
@@ -181,6 +197,7 @@ class PreprocessConfig:
     dictionary_days: str = "all"
 
     def __post_init__(self) -> None:
+        _check_limits(self)
         _check(0.0 <= self.max_reject_rate <= 1.0,
                f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
         _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
@@ -210,6 +227,10 @@ class ConvertConfig:
     link_unchanged: bool = True
     # Check the finished dataset with the full scan (ids, labels, finiteness) before _SUCCESS.
     verify_full: bool = False
+    # Before a threshold raise reuses the binary dataset's files, check each against the
+    # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
+    # bench/README.md). False trusts files whose size and modification time are unchanged.
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
@@ -290,6 +311,7 @@ class TrainConfig:
     inter_op_threads: int = 0
 
     def __post_init__(self) -> None:
+        _check_limits(self)
         _check(self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
                f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
                f"{self.eval_batch_size})")
@@ -302,6 +324,12 @@ class TrainConfig:
         _check(self.learning_rate_batch >= 1,
                f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}")
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)
+        _check(not self.top_mlp or self.top_mlp[-1] == 1,
+               f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
+        if self.frequency_threshold is not None:
+            from dlrm_contracts.thresholds import parse_threshold_spec
+
+            parse_threshold_spec(self.frequency_threshold)  # a bad spec: exit 2 here
 
 
 @dataclass
@@ -312,8 +340,17 @@ class ExportConfig:
     # 80% of the memory available now (MemAvailable); otherwise the limit in MiB.
     max_memory_mb: float = 0.0
     # Integer value that ``serve_features`` reads as missing (int64 min). Any value <= -3 gives
-    # the same result, since missing and x <= -3 both map to 0 after the log transform.
+    # the same result, since missing and x <= -3 both map to 0 after the log transform; a
+    # larger one would be served as a real value (0 as log(3)) where Spark wrote 0.
     missing_integer: int = -(2**63)
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.max_memory_mb) and self.max_memory_mb >= 0,
+               f"export.max_memory_mb must be 0 (automatic) or a size in MiB, got "
+               f"{self.max_memory_mb}")
+        _check(-(2**63) <= self.missing_integer <= MISSING_INTEGER_MAX,
+               f"export.missing_integer must be an int64 <= {MISSING_INTEGER_MAX} (any such value "
+               f"reads as missing, as Spark writes it), got {self.missing_integer}")
 
 
 @dataclass
@@ -324,12 +361,20 @@ class ScoreConfig:
     # Lines per model call (bounds memory: one batch of lines and its scores at a time).
     batch_rows: int = 65_536
     # Whether the files' lines start with the label: None = decide per file from its first
-    # lines (40 fields: labelled, 39: unlabelled; otherwise the stage asks for this setting).
+    # lines, read both ways by the Spark job's rules: the way that keeps more lines, unless the
+    # other keeps all but max_reject_rate of them too (say every line has 39 fields, which fits
+    # both), or the better keeps fewer than half; then the stage refuses the file and asks for
+    # this setting.
     has_label: bool | None = None
+    # Refuse a file with a larger fraction of rejected lines (as preprocess.max_reject_rate):
+    # its rejects are kept, its scores are not written.
+    max_reject_rate: float = 0.01
     progress: bool = True  # report progress, as convert.progress
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"score.batch_rows must be at least 1, not {self.batch_rows}")
+        _check(0.0 <= self.max_reject_rate <= 1.0,
+               f"score.max_reject_rate {self.max_reject_rate} is not in [0, 1]")
 
 
 @dataclass
@@ -369,6 +414,9 @@ class PreflightConfig:
     # for GPU ranks. rank_reserve_gib is kept for TensorFlow, buffers and the dense part.
     rank_memory_gib: float | None = None
     rank_reserve_gib: float = 6.0
+
+    def __post_init__(self) -> None:
+        _check_limits(self)
 
 
 @dataclass
@@ -530,6 +578,9 @@ def load_config(path: str | Path | None) -> PipelineConfig:
             data = yaml.safe_load(fh)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}): save it as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     return config_from_dict(data or {})
@@ -565,3 +616,82 @@ def flag_overrides(section: Section, args: argparse.Namespace,
     changes = {name: value for name, value in vars(args).items() if name in names}
     return with_overrides(section, {**changes, **derived})
 
+
+
+# ------------------------------------------------------------------ ranges of the settings
+@dataclass(frozen=True)
+class Limit:
+    """The values a number (or each element of a list of numbers) may take; None = any."""
+
+    low: float | None = None
+    high: float | None = None
+    above: bool = False   # low itself is excluded
+    below: bool = False   # high itself is excluded
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return ((self.low is None or value > self.low or (not self.above and value == self.low))
+                and (self.high is None or value < self.high
+                     or (not self.below and value == self.high)))
+
+    def __str__(self) -> str:
+        low = "" if self.low is None else f"{'>' if self.above else '>='} {self.low:g}"
+        high = "" if self.high is None else f"{'<' if self.below else '<='} {self.high:g}"
+        return " and ".join(part for part in (low, high) if part) or "finite"
+
+
+AT_LEAST_1, AT_LEAST_0, POSITIVE = Limit(1), Limit(0), Limit(0, above=True)
+UNIT = Limit(0, 1, below=True)  # [0, 1)
+
+# Checked whenever a section is made (YAML, flags, code): a setting out of its range is one line
+# and exit 2 before anything is written or started, not a failure deep inside a stage.
+_LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
+    "SparkConfig": {"shuffle_partitions": AT_LEAST_0, "gpu_per_executor": AT_LEAST_1,
+                    "gpu_tasks_per_gpu": AT_LEAST_1, "gpu_concurrent_tasks": AT_LEAST_1,
+                    "log_level": SPARK_LOG_LEVELS},
+    "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
+                         "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
+                         "arrow_block_kb": AT_LEAST_1,
+                         "compression": PARQUET_CODECS},
+    "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
+                    "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,
+                    "learning_rate": POSITIVE, "adam_beta1": UNIT, "adam_beta2": UNIT,
+                    "adam_epsilon": POSITIVE, "warmup_steps": AT_LEAST_0,
+                    "decay_start_step": AT_LEAST_0, "decay_steps": AT_LEAST_0,
+                    "decay_power": AT_LEAST_0, "evals_per_epoch": AT_LEAST_0,
+                    "column_split_threshold_mb": POSITIVE, "force_column_split": CAT_COLUMNS,
+                    "checkpoint_every": AT_LEAST_0, "keep_checkpoints": AT_LEAST_1,
+                    "log_every": AT_LEAST_1, "prefetch_batches": AT_LEAST_1,
+                    "inference_steps": AT_LEAST_1, "intra_op_threads": AT_LEAST_0,
+                    "inter_op_threads": AT_LEAST_0},
+    "PreflightConfig": {"sample_bytes": Limit(1024), "disk_headroom": UNIT,
+                        "generated_bytes_per_row": POSITIVE, "parquet_bytes_per_row": POSITIVE,
+                        "shuffle_bytes_per_row": AT_LEAST_0, "counts_bytes_per_row": AT_LEAST_0,
+                        "binary_bytes_per_row_bound": POSITIVE,
+                        "spark_rows_per_core_s": POSITIVE, "convert_rows_per_core_s": POSITIVE,
+                        "train_samples_per_core_s": POSITIVE,
+                        "train_samples_per_core_s_bf16": POSITIVE, "eval_speedup": POSITIVE,
+                        "spark_startup_s": AT_LEAST_0, "trainer_startup_s": AT_LEAST_0,
+                        "rank_memory_gib": POSITIVE, "rank_reserve_gib": AT_LEAST_0},
+}
+
+
+def _check_limits(section: Any) -> None:
+    """Every setting of ``section`` named in _LIMITS within its range or among its choices
+    (None, where a setting allows it, means "not set" and passes)."""
+    where = {"SparkConfig": "spark", "PreprocessConfig": "preprocess", "TrainConfig": "train",
+             "PreflightConfig": "preflight"}[type(section).__name__]
+    for name, rule in _LIMITS[type(section).__name__].items():
+        value = getattr(section, name)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if isinstance(rule, Limit):
+            bad = [v for v in values if isinstance(v, (int, float)) and not rule.holds(v)]
+            _check(not bad, f"{where}.{name} must be {rule}, got {value!r}")
+        else:
+            shown = [str(v).upper() if rule is SPARK_LOG_LEVELS else v for v in values]
+            bad = [v for v in shown if v not in rule]
+            _check(not bad, f"{where}.{name}: {', '.join(map(repr, bad))} is not one of "
+                            f"{', '.join(rule)}")

@@ -8,6 +8,8 @@ so an exception means the same exit code whichever of them raised it:
 - a :class:`PipelineError` (and its subclasses: bad usage, bad input, a broken dataset ...)
   exits with its ``code``, its message on one line, no traceback;
 - an OSError caused by a full disk (ENOSPC, EDQUOT) exits 12;
+- an OSError for a path this user may not write or read (EACCES, EPERM, EROFS) exits 2, the
+  path named: the user fixes permissions or picks another directory;
 - SIGINT exits 130;
 - anything else is a bug: exit 1, with its traceback on stderr (the stage log).
 """
@@ -25,16 +27,16 @@ from typing import Callable, Iterator
 class ExitCode(IntEnum):
     OK = 0
     FAILED = 1             # an unexpected error (a bug): see the log
-    USAGE = 2              # bad flags, config file or threshold spec
+    USAGE = 2              # bad flags, config file or threshold spec; a path not writable
     LOCKED = 3             # another run holds the workdir's lock
     INPUT_DATA = 4         # missing/empty day files, reject rate over its limit
     PREPROCESS = 5         # the Spark job failed
     CONVERT = 6            # parquet → binary conversion or threshold raise failed
-    DATASET_INVALID = 7    # the binary dataset did not verify
+    DATASET_INVALID = 7    # the binary dataset did not verify, or changed since it was written
     TRAIN = 8              # training failed
     EVAL = 9               # evaluation failed
-    EXPORT = 10            # the SavedModel export failed (or the model is too big to export)
-    SCORE = 11             # batch scoring failed
+    EXPORT = 10            # the export failed (too big, other dictionaries, damaged checkpoint)
+    SCORE = 11             # batch scoring failed (unreadable input, label unknown, rejects)
     DISK_FULL = 12         # a write failed for lack of space (ENOSPC / quota) at any stage
     INTERRUPTED = 130      # SIGINT / SIGTERM
 
@@ -89,6 +91,33 @@ def disk_full_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
+_NOT_PERMITTED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def permission_cause(exc: BaseException) -> OSError | None:
+    """The EACCES/EPERM/EROFS error in ``exc``'s chain (causes and contexts), if there is one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _NOT_PERMITTED_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def not_permitted_message(cause: OSError, what: str = "", under: str | None = None) -> str:
+    """One line: which path, what the OS said, what to do. ``under``: the directory a
+    relative file name is in (shutil.rmtree reports names relative to the one it walks)."""
+    path = str(cause.filename or "a path")
+    if under and not path.startswith("/"):
+        path = f"{path} (under {under})"
+    prefix = f"{what}: " if what else ""
+    return (f"{prefix}{path} cannot be written or read ({cause.strerror or cause}): the workdir "
+            "and everything under it must be writable by this user (check its permissions, "
+            "or a read-only mount)")
+
+
 def exit_code_of(exc: BaseException) -> ExitCode:
     """The one exception -> exit code map (see the module docstring)."""
     if isinstance(exc, PipelineError):
@@ -97,6 +126,8 @@ def exit_code_of(exc: BaseException) -> ExitCode:
         return ExitCode.INTERRUPTED
     if isinstance(exc, Exception) and disk_full_cause(exc) is not None:
         return ExitCode.DISK_FULL
+    if isinstance(exc, Exception) and permission_cause(exc) is not None:
+        return ExitCode.USAGE
     return ExitCode.FAILED
 
 
@@ -123,6 +154,9 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
             traceback.print_exc(file=sys.stderr)
             print(f"{prog}: unexpected error (a bug, traceback above): "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        elif not isinstance(exc, PipelineError) and permission_cause(exc) is not None:
+            print(f"{prog}: error: {not_permitted_message(permission_cause(exc))}",
+                  file=sys.stderr, flush=True)
         else:
             print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return int(code)

@@ -41,6 +41,7 @@ HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
 CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
 
 
 def values_dir(counts_dir: str | Path) -> Path:
@@ -158,7 +159,7 @@ class WorkdirLayout:
 
     @property
     def dictionaries(self) -> Path:
-        return self.parquet / "dictionaries"
+        return self.parquet / DICTIONARIES_DIR
 
     @property
     def dictionary_index(self) -> Path:

@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.binary_format import (FORMAT_VERSION, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
-                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
-                                          DatasetInfo, all_files, cat_dtype, dtype_name,
-                                          model_size_list, read_info, read_json, row_width)
+                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DamagedDatasetError,
+                                          DatasetError, DatasetInfo, all_files, cat_dtype,
+                                          dtype_name, file_checksum, file_key, model_size_list,
+                                          read_info, read_json, row_width)
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, SPLITS
 
-__all__ = ["DatasetError", "DatasetInfo", "verify_dataset"]
+__all__ = ["DatasetError", "DamagedDatasetError", "DatasetInfo", "verify_dataset",
+           "verify_checksums"]
 
 CHUNK_ELEMENTS = 8 * 1024 * 1024
 MAX_PROBLEMS = 20
@@ -122,6 +124,39 @@ def _value_problems(info: DatasetInfo, workers: int) -> list[str]:
         return [f"{split}/{name}: {problem}" for split, name, problem in results if problem]
 
 
+def checksum_problems(info: DatasetInfo, workers: int = 2) -> list[str]:
+    """Files whose bytes differ from the checksum recorded when they were written (reads
+    every file once; I/O bound, threads overlap the reads)."""
+    recorded = info.checksums
+    if not recorded:
+        return [f"{DATASET_JSON} records no checksums (written before they were recorded), so "
+                "its files cannot be shown intact"]
+    names = [file_key(split, name) for split in SPLITS for name in all_files()]
+    missing = [name for name in names if name not in recorded]
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="checksum") as pool:
+        found = pool.map(lambda name: file_checksum(info.path / name)
+                         if (info.path / name).is_file() else None, names)
+        differ = [f"{name} is missing" if now is None else
+                  f"{name} differs from what was written (checksum)"
+                  for name, now in zip(names, found) if now != recorded.get(name, now)]
+    return [f"{name} has no recorded checksum" for name in missing] + differ
+
+
+def verify_checksums(path: str | Path, workers: int = 2) -> DatasetInfo:
+    """The quick check, then every file's checksum against the one recorded when it was
+    written: what a derivation checks before it reuses a dataset's files.
+
+    Raises:
+        DamagedDatasetError: listing what differs (files named).
+    """
+    info = verify_dataset(path, full=False)
+    problems = checksum_problems(info, workers)
+    if problems:
+        raise DamagedDatasetError(f"dataset {path} is not what was written: "
+                                  + "; ".join(problems[:MAX_PROBLEMS]), problems)
+    return info
+
+
 def verify_dataset(path: str | Path, full: bool = True, workers: int = 2,
                    require_success: bool = True) -> DatasetInfo:
     """Check a split binary dataset before it is trusted; every problem is reported at once.
@@ -142,18 +177,27 @@ def verify_dataset(path: str | Path, full: bool = True, workers: int = 2,
     """
     path = Path(path)
     if not path.is_dir():
-        raise DatasetError(f"{path} is not a directory")
+        raise DamagedDatasetError(f"{path} is not a directory")
     if require_success and not (path / SUCCESS).is_file():
-        raise DatasetError(f"{path} has no {SUCCESS}: the dataset is incomplete (a conversion "
-                           "was interrupted or is still running); convert it again")
-    info = read_info(path)
-    problems = _description_problems(info, read_json(path / MODEL_SIZE_JSON))
+        raise DamagedDatasetError(f"{path} has no {SUCCESS}: the dataset is incomplete (a "
+                                  "conversion was interrupted or is still running); convert it "
+                                  "again")
+    try:
+        info = read_info(path)
+        problems = _description_problems(info, read_json(path / MODEL_SIZE_JSON))
+    except DamagedDatasetError:
+        raise
+    except DatasetError as exc:  # dataset.json or model_size.json unreadable or incomplete
+        raise DamagedDatasetError(str(exc)) from None
     if not problems:
         problems = _size_problems(info)
     if not problems and full:
         problems = _value_problems(info, workers)
+        if not problems and info.checksums:  # the scan read every file: check what was written
+            problems = checksum_problems(info, workers)
     if problems:
         shown = problems[:MAX_PROBLEMS]
         more = f"\n  … and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
-        raise DatasetError(f"dataset {path} is not valid:\n  " + "\n  ".join(shown) + more)
+        raise DamagedDatasetError(f"dataset {path} is not valid:\n  " + "\n  ".join(shown)
+                                  + more, problems)
     return info

@@ -28,13 +28,16 @@ from dlrm_contracts.config import (DEFAULT_STAGES, STAGES, PipelineConfig, confi
 from dlrm_contracts.errors import ExitCode, PipelineError, UsageError
 from dlrm_contracts.layout import WorkdirLayout, histogram_path
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import refuse_secret_settings
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.preflight import preflight_failed, report
 from pipeline.runner import run_pipeline
+from spark_jobs.session import read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
-EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec, "
+EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or "
+                   "unwritable workdir, "
                    "3 workdir locked by another run, 4 input data or preflight shortfall, "
                    "5 Spark job, 6 convert, 7 dataset did not verify, 8 train, 9 eval, "
                    "10 export, 11 score, 12 disk full, 130 interrupted "
@@ -113,6 +116,11 @@ def validate(config: PipelineConfig) -> None:
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+    if config.input and Path(config.workdir).resolve() == Path(config.input).resolve():
+        # (a workdir inside the input is fine: only the files directly in it are input)
+        raise UsageError(f"--workdir {config.workdir} is the --input directory: the run's own "
+                         "files (summary.json, the lock) would sit among the day files and change "
+                         "the input on every run; use a subdirectory or another directory")
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)
@@ -122,6 +130,10 @@ def validate(config: PipelineConfig) -> None:
         missing = [p for p in config.score.input if not Path(p).is_file()]
         if missing:
             raise UsageError(f"--score-input: not a file: {', '.join(missing)}")
+    if config.spark.conf_file and "preprocess" in config.stages:
+        # read here too: a bad file, or a secret in it, is refused before the workdir is touched
+        refuse_secret_settings(read_conf_file(config.spark.conf_file), "--conf-file "
+                               f"{config.spark.conf_file}")
     if config.spark.auth_secret_file and "preprocess" in config.stages:
         try:  # a missing or world-readable secret file: exit 2 before any stage runs
             read_secret_file(config.spark.auth_secret_file)

@@ -18,37 +18,22 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import ipaddress
 import os
 import re
 import secrets
-import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm_contracts.atomic import atomic_file
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import is_loopback
 
 SECRET_BYTES = 32  # what `prepare` generates: 256 random bits, 64 hex characters
 # Spark's user lists (spark.admin.acls): names separated by commas; no backslash or blank,
 # which the properties-file reader would take for an escape or a separator.
 _USERS = re.compile(r"^[A-Za-z0-9._@$-]+(,[A-Za-z0-9._@$-]+)*$")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` stands for is a loopback one. A name that does not
-    resolve counts as routable: when in doubt, the cluster authenticates."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    addresses = {info[4][0].split("%", 1)[0] for info in infos}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -126,6 +111,15 @@ def cluster_env_lines(security: ClusterSecurity, daemon_conf: Path) -> list[str]
             f"DAEMON_CONF={daemon_conf}"]
 
 
+# Spark hands each executor its driver's configuration over RPC (RetrieveSparkAppConfig), the
+# shared secret and the I/O encryption key included: without RPC encryption that crosses the
+# network in clear, and whoever reads it can join the cluster.
+NO_ENCRYPTION_OFF_LOOPBACK = (
+    "--no-rpc-encryption on {host}, which is not a loopback address, would send the cluster's "
+    "shared secret to every executor unencrypted (Spark passes executors the driver's "
+    "settings, the secret among them, over RPC): drop --no-rpc-encryption, or on a network "
+    "you trust entirely run without authentication (--insecure)")
+
 INSECURE_WARNING = """\
 WARNING: --insecure: the Spark cluster on {host} runs WITHOUT authentication.
 WARNING: anyone who can reach {host} can submit a job to it, which runs arbitrary code as
@@ -133,41 +127,131 @@ WARNING: user '{user}' on every node. Use this only on a network where you trust
 """
 
 
-def prepare(args: argparse.Namespace) -> int:
+class Refused(Exception):
+    """A combination of flags that cannot run (exit 2, one line)."""
+
+
+def decide_security(args: argparse.Namespace) -> ClusterSecurity:
+    """Who authenticates, with what, and what is encrypted: the rules of docs/cluster.md §2.2,
+    the same for start-cluster.sh and the image's daemon modes. Prints the --insecure warning."""
     if args.authenticate and args.insecure:
-        return _usage("--authenticate and --insecure contradict each other")
+        raise Refused("--authenticate and --insecure contradict each other")
     for flag, users in (("--admin-users", args.admin_users), ("--view-users", args.view_users)):
         if users and not _USERS.match(users):
-            return _usage(f"{flag} must be user names separated by commas, got {users!r}")
+            raise Refused(f"{flag} must be user names separated by commas, got {users!r}")
     loopback = is_loopback(args.host)
     authenticate = args.authenticate or not (loopback or args.insecure)
     if args.secret_file and not authenticate:
-        return _usage("--secret-file is for an authenticated cluster (drop --insecure, or add "
+        raise Refused("--secret-file is for an authenticated cluster (drop --insecure, or add "
                       "--authenticate on a loopback address)")
+    if authenticate and args.no_rpc_encryption and not loopback:
+        raise Refused(NO_ENCRYPTION_OFF_LOOPBACK.format(host=args.host))
     if args.insecure and not loopback:
         print(INSECURE_WARNING.format(host=args.host, user=getpass.getuser()), end="",
               file=sys.stderr)
-    auth_dir = private_dir(Path(args.dir))
-    security = ClusterSecurity(authenticate=authenticate,
-                               rpc_encryption=not args.no_rpc_encryption,
-                               io_encryption=args.io_encryption,
-                               admin_users=args.admin_users or getpass.getuser(),
-                               view_users=args.view_users or "")
+    return ClusterSecurity(authenticate=authenticate, rpc_encryption=not args.no_rpc_encryption,
+                           io_encryption=args.io_encryption,
+                           admin_users=args.admin_users or getpass.getuser(),
+                           view_users=args.view_users or "")
+
+
+def write_daemon_conf(security: ClusterSecurity, auth_dir: Path,
+                      secret_file: str | None) -> Path:
+    """The daemons' properties file (mode 0600, in ``auth_dir``, mode 0700); with
+    authentication, the secret of ``secret_file`` (else of ``auth_dir``/secret, created)."""
+    auth_dir = private_dir(auth_dir)
     secret = None
-    if authenticate:
+    if security.authenticate:
         try:
-            security.secret_file, secret = ensure_secret(auth_dir, args.secret_file)
+            security.secret_file, secret = ensure_secret(auth_dir, secret_file)
         except SecretFileError as error:
-            return _usage(str(error))
+            raise Refused(str(error)) from None
     daemon_conf = auth_dir / "daemon.conf"
     _write_private(daemon_conf, daemon_properties(security, secret))
+    return daemon_conf
+
+
+def prepare(args: argparse.Namespace) -> int:
+    security = decide_security(args)
+    daemon_conf = write_daemon_conf(security, Path(args.dir), args.secret_file)
     print("\n".join(cluster_env_lines(security, daemon_conf)))
     return 0
 
 
-def _usage(message: str) -> int:
-    print(f"start-cluster.sh: error: {message}", file=sys.stderr)
-    return 2
+# ------------------------------------------------------------------ the image's daemon modes
+DAEMON_CLASSES = {"master": "org.apache.spark.deploy.master.Master",
+                  "worker": "org.apache.spark.deploy.worker.Worker"}
+# Every daemon web UI binds here (Spark binds UIs to SPARK_LOCAL_IP, else every interface):
+# reach them with an SSH tunnel (docs/cluster.md §2.2).
+UI_ADDRESS = "127.0.0.1"
+
+
+def daemon_command(args: argparse.Namespace, spark_home: str) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of a standalone master or worker in the foreground, prepared as
+    start-cluster.sh prepares its daemons: authenticated off loopback with a mounted secret
+    file, REST server and kill buttons off, ACLs on, web UIs on loopback only."""
+    if os.geteuid() == 0 and not args.allow_root:
+        raise Refused("a Spark daemon runs the code of every job it accepts as its own user: not "
+                      "as root (the image's user is 'spark', uid 10001: drop --user 0 / "
+                      "runAsUser: 0), or say --allow-root")
+    security = decide_security(args)
+    if security.authenticate and not args.secret_file:
+        raise Refused(f"a daemon on {args.host} authenticates: mount the cluster's secret file "
+                      "(mode 0600, owned by the daemon's user) and name it with --secret-file "
+                      "FILE, the same file on every node (or --insecure on a network you trust "
+                      "entirely)")
+    auth_dir = Path(args.dir or Path(tempfile.gettempdir()) / f"criteo-spark-{os.geteuid()}")
+    daemon_conf = write_daemon_conf(security, auth_dir, args.secret_file)
+    argv = [str(Path(spark_home) / "bin" / "spark-class"), DAEMON_CLASSES[args.role],
+            "--host", args.host, "--webui-port", str(args.webui_port),
+            "--properties-file", str(daemon_conf)]
+    if args.role == "master":
+        argv += ["--port", str(args.port)]
+    else:
+        work = Path(args.work_dir) if args.work_dir else auth_dir / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        argv += ["--cores", str(args.cores), "--memory", args.memory, "--work-dir", str(work),
+                 args.master_url]
+    return argv, {"SPARK_LOCAL_IP": UI_ADDRESS, "SPARK_MASTER_HOST": args.host}
+
+
+def daemon(args: argparse.Namespace) -> int:
+    """Replace this process with the daemon (the container's main process)."""
+    spark_home = os.environ.get("SPARK_HOME") or "/opt/spark"
+    argv, environment = daemon_command(args, spark_home)
+    sys.stdout.flush()
+    os.execve(argv[0], argv, {**os.environ, **environment})
+    return 1  # not reached
+
+
+# ------------------------------------------------------------------ command line
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", required=True, help="the address the daemons bind to")
+    p.add_argument("--authenticate", action="store_true", help="authenticate on loopback too")
+    p.add_argument("--insecure", action="store_true", help="no authentication off loopback")
+    p.add_argument("--no-rpc-encryption", action="store_true",
+                   help="authenticate without encrypting RPC (loopback only)")
+    p.add_argument("--io-encryption", action="store_true")
+    p.add_argument("--admin-users", help="spark.admin.acls (default: the current user)")
+    p.add_argument("--view-users", help="spark.ui.view.acls")
+
+
+def _master_url(text: str) -> str:
+    if not re.match(r"^spark://[^\s/]+:[0-9]+$", text):
+        raise argparse.ArgumentTypeError(f"must be a master URL spark://HOST:PORT, got {text!r}")
+    return text
+
+
+def _size(text: str) -> str:
+    if not re.match(r"^[1-9][0-9]*[kKmMgGtT]$", text):
+        raise argparse.ArgumentTypeError(f"must be a size like 4g or 512m, got {text!r}")
+    return text
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port 1-65535, got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,20 +259,37 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="secret + daemon properties; prints cluster.env lines")
     p.add_argument("--dir", required=True, help="the cluster's private directory (mode 0700)")
-    p.add_argument("--host", required=True, help="the address the daemons bind to")
-    p.add_argument("--authenticate", action="store_true", help="authenticate on loopback too")
-    p.add_argument("--insecure", action="store_true", help="no authentication off loopback")
     p.add_argument("--secret-file", help="use this secret (mode 0600) instead of creating one")
-    p.add_argument("--no-rpc-encryption", action="store_true")
-    p.add_argument("--io-encryption", action="store_true")
-    p.add_argument("--admin-users", help="spark.admin.acls (default: the current user)")
-    p.add_argument("--view-users", help="spark.ui.view.acls")
+    _security_flags(p)
+    for role in ("master", "worker"):
+        d = sub.add_parser(role, prog=f"entrypoint.sh {role}",
+                           help=f"a standalone {role} in the foreground (the image's {role} mode)")
+        if role == "worker":
+            d.add_argument("master_url", type=_master_url, metavar="spark://MASTER:PORT")
+            d.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+            d.add_argument("--memory", type=_size, default="4g")
+            d.add_argument("--work-dir", help="executors' scratch (default: DIR/work)")
+        else:
+            d.add_argument("--port", type=_port, default=7077)
+        d.add_argument("--webui-port", type=_port, default=8080 if role == "master" else 8081)
+        d.add_argument("--secret-file", help="the cluster's secret, mounted (mode 0600)")
+        d.add_argument("--dir", help="private directory for the properties file (mode 0700; "
+                                     "default: a directory of this user's under /tmp)")
+        d.add_argument("--allow-root", action="store_true",
+                       help="run as root anyway (not recommended)")
+        _security_flags(d)
+        d.set_defaults(role=role)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return prepare(args)
+    prog = "start-cluster.sh" if args.command == "prepare" else f"entrypoint.sh {args.command}"
+    try:
+        return prepare(args) if args.command == "prepare" else daemon(args)
+    except Refused as refusal:
+        print(f"{prog}: error: {refusal}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

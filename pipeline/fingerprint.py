@@ -18,20 +18,45 @@ def stable_hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tree_fingerprint(path: Path, ignore: tuple[str, ...] = ()) -> str:
-    """Hash of relative names, sizes and mtimes of every file under ``path`` (or of one file)."""
+def file_stats(path: Path, ignore: tuple[str, ...] = ()) -> dict[str, list[int]]:
+    """Relative name -> [size, mtime_ns] of every file under ``path`` (or of one file)."""
     path = Path(path)
-    if not path.exists():
-        return "missing"
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    entries = []
+    stats = {}
     for file in files:
         rel = file.name if file == path else str(file.relative_to(path))
         if any(part in ignore for part in Path(rel).parts):
             continue
         st = file.stat()
-        entries.append((rel, st.st_size, st.st_mtime_ns))
-    return stable_hash(entries)
+        stats[rel] = [st.st_size, st.st_mtime_ns]
+    return stats
+
+
+def tree_fingerprint(path: Path, ignore: tuple[str, ...] = ()) -> str:
+    """Hash of relative names, sizes and mtimes of every file under ``path`` (or of one file)."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    return stable_hash([(rel, *stat) for rel, stat in file_stats(path, ignore).items()])
+
+
+def input_fingerprint(raw_dir: Path, ignore: tuple[str, ...] = ("generator_meta.json",)) -> str:
+    """Names, sizes and mtimes of the files directly in the input directory, the day files
+    the preprocess job reads: a subdirectory (a workdir kept inside the input, say) is not
+    input. Equal to tree_fingerprint for a directory without subdirectories."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        return tree_fingerprint(raw_dir, ignore)
+    stats = {rel: stat for rel, stat in file_stats(raw_dir, ignore).items() if "/" not in rel}
+    return stable_hash([(rel, *stat) for rel, stat in stats.items()])
+
+
+def changed_files(recorded: dict[str, list[int]], path: Path) -> list[str]:
+    """Files under ``path`` whose size or mtime differ from ``recorded``, or that are missing
+    or new: what was changed after the stage that wrote them finished."""
+    now = file_stats(path) if Path(path).exists() else {}
+    return sorted(name for name in set(recorded) | set(now)
+                  if recorded.get(name) != now.get(name))
 
 
 def file_content_hash(path: Path) -> str:

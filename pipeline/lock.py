@@ -23,8 +23,13 @@ class WorkdirLock:
         self._fh = None
 
     def __enter__(self) -> "WorkdirLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+", encoding="utf-8")
+        except OSError as exc:  # a lock file of another user, a read-only workdir
+            raise PipelineError(f"workdir {self.path.parent} cannot be written: its lock file "
+                                f"{self.path} cannot be opened ({exc.strerror or exc})",
+                                ExitCode.USAGE) from None
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -10,14 +10,39 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import write_json_atomic
 from pipeline.fingerprint import stable_hash
+
+log = logging.getLogger("pipeline")
+_warned: set[str] = set()  # damaged records already reported in this run
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A JSON object the stages wrote (manifest, marker, dataset description), or None when it
+    is missing or damaged (not JSON, not an object): a damaged record says nothing, so the
+    stage that wrote it counts as not done and runs again. A warning names the file."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if not isinstance(exc, IsADirectoryError) and str(path) not in _warned:
+            _warned.add(str(path))
+            log.warning("%s is not valid JSON (%s): ignored, the stage that writes it runs "
+                        "again", path, exc.__class__.__name__)
+        return None
+    if not isinstance(data, dict):
+        _warned.add(str(path))
+        log.warning("%s is not a JSON object: ignored, the stage that writes it runs again", path)
+        return None
+    return data
 
 
 @dataclass
@@ -35,6 +60,9 @@ class StageRecord:
     seconds: float = 0.0
     rows: int | None = None             # rows (samples, lines) it went through
     cpu_seconds: float | None = None    # this machine's processes (a cluster's executors not)
+    # Name -> [size, mtime_ns] of each output file, for the stages whose outputs later stages
+    # check by name (the binary dataset): which file changed, not only that one did.
+    output_files: dict[str, list[int]] | None = None
 
     def rows_per_s(self) -> float | None:
         return round(self.rows / self.seconds, 1) if self.rows and self.seconds > 0 else None
@@ -45,7 +73,8 @@ class StageRecord:
                 "outputs_fingerprint": self.outputs_fingerprint,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
                 "seconds": round(self.seconds, 3), "rows": self.rows,
-                "rows_per_s": self.rows_per_s(), "cpu_seconds": self.cpu_seconds}
+                "rows_per_s": self.rows_per_s(), "cpu_seconds": self.cpu_seconds,
+                **({"output_files": self.output_files} if self.output_files is not None else {})}
 
 
 class ManifestStore:
@@ -63,10 +92,10 @@ class ManifestStore:
         return stable_hash(inputs)
 
     def load(self, stage: str) -> dict[str, Any] | None:
-        return read_json(self.manifest_path(stage))
+        return read_record(self.manifest_path(stage))
 
     def is_done(self, stage: str, key: str, outputs_fingerprint: str) -> bool:
-        marker = read_json(self.marker_path(stage))
+        marker = read_record(self.marker_path(stage))
         manifest = self.load(stage)
         return bool(marker and manifest and marker.get("key") == key
                      and manifest.get("key") == key

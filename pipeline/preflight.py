@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.atomic import read_json
 from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig
 from dlrm_contracts.errors import ExitCode, PipelineError
@@ -30,11 +29,11 @@ from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import read_histogram
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
-from pipeline.fingerprint import tree_fingerprint
+from pipeline.fingerprint import input_fingerprint
 from pipeline.hosts import horovodrun_hosts
-from pipeline.manifest import ManifestStore
+from pipeline.manifest import ManifestStore, read_record
 from spark_jobs.errors import PreprocessInputError
-from spark_jobs.inputs import bytes_per_line, discover_days
+from spark_jobs.inputs import UnreadableSample, bytes_per_line, discover_days
 from spark_jobs.session import local_cores
 from trainer.dims import PRESETS, dense_parameters, model_dims
 from trainer.placement import plan_placement
@@ -142,7 +141,13 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         return rows, last, raw_bytes
     per_day = []
     for day in days:
-        per_line = bytes_per_line(day.path, pre.sample_bytes)
+        try:
+            per_line = bytes_per_line(day.path, pre.sample_bytes)
+        except UnreadableSample as exc:
+            # The Spark job refuses it with exit 5 naming the file (spark_jobs.chunks); the
+            # preflight says so and sizes the run from the other days.
+            est.say(f"input: {exc}: the preprocess stage will refuse it")
+            per_line = 0.0
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)
     rows = sum(per_day)
     est.say(f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "
@@ -153,8 +158,8 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
 def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | None:
     """Rows per day from the data-quality report, when it was made from these very files."""
     manifest = ManifestStore(layout.manifests).load("preprocess") or {}
-    quality = read_json(layout.data_quality) or {}
-    now = tree_fingerprint(raw, ignore=("generator_meta.json",))
+    quality = read_record(layout.data_quality) or {}
+    now = input_fingerprint(raw)
     if manifest.get("inputs", {}).get("raw") != now:
         return None
     per_day = {d.get("file"): d.get("rows_read") for d in quality.get("days", [])}
@@ -440,7 +445,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     """What the first preflight could not tell before the counts existed: the tables per rank
     and the checkpoints' disk, from the binary dataset the train stage is about to read."""
     layout = WorkdirLayout.at(config.workdir)
-    info = read_json(layout.binary / DATASET_JSON) or {}
+    info = read_record(layout.binary / DATASET_JSON) or {}
     sizes = info.get("table_sizes")
     if not isinstance(sizes, list) or len(sizes) != len(CAT_COLUMNS):
         return

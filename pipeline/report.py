@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.atomic import read_json
 from dlrm_contracts.config import STAGES
 from dlrm_contracts.layout import WorkdirLayout
+from pipeline.manifest import read_record
 
 
 def _plt():
@@ -72,7 +72,7 @@ def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
 def _stage_seconds(layout: WorkdirLayout) -> dict[str, float]:
     seconds = {}
     for stage in STAGES:
-        manifest = read_json(layout.manifests / f"{stage}.json")
+        manifest = read_record(layout.manifests / f"{stage}.json")
         if manifest:
             seconds[stage] = float(manifest.get("seconds", 0.0))
     return seconds
@@ -119,7 +119,7 @@ def _plot_quality(quality: dict[str, Any], out: Path) -> bool:
 def _stage_table(layout: WorkdirLayout) -> list[str]:
     lines = ["| stage | action | engine | seconds |", "|---|---|---|---|"]
     for stage in STAGES:
-        manifest = read_json(layout.manifests / f"{stage}.json")
+        manifest = read_record(layout.manifests / f"{stage}.json")
         if manifest:
             lines.append(f"| {stage} | {manifest.get('action')} | {manifest.get('engine')} | "
                          f"{manifest.get('seconds')} |")
@@ -128,8 +128,8 @@ def _stage_table(layout: WorkdirLayout) -> list[str]:
 
 def write_report(layout: WorkdirLayout) -> Path:
     layout.report.mkdir(parents=True, exist_ok=True)
-    summary = read_json(layout.root / "summary.json") or {}
-    quality = read_json(layout.data_quality) or {}
+    summary = read_record(layout.root / "summary.json") or {}
+    quality = read_record(layout.data_quality) or {}
     metrics = _read_metrics(layout.logs / "metrics.jsonl")
     lines = ["# Pipeline run report", "", f"Workdir: `{layout.root}`", "",
              f"Status: **{summary.get('status', 'unknown')}** — threshold "

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,16 +21,18 @@ from typing import Any
 
 import yaml
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
-from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
+                                   permission_cause)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.progress import Display
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
+from pipeline.fingerprint import file_stats
 from pipeline.lock import WorkdirLock
-from pipeline.manifest import ManifestStore, StageRecord
+from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext
@@ -127,6 +131,7 @@ def _run_stage(name: str, ctx: StageContext, force: bool, display: Display) -> S
         record.action, record.engine = "skipped", "-"
         record.summary = {**previous.get("summary", {}), "reason": "up to date"}
         record.outputs_fingerprint = previous.get("outputs_fingerprint", "")
+        record.output_files = previous.get("output_files")
         log.info("%-10s up to date, skipped", name)
         return record
     outcome: Outcome | None = None
@@ -145,6 +150,8 @@ def _run_stage(name: str, ctx: StageContext, force: bool, display: Display) -> S
     record.seconds = time.time() - record.started
     record.rows = outcome.rows
     record.outputs_fingerprint = stage.outputs_fingerprint(ctx)
+    if stage.output_dir is not None:
+        record.output_files = file_stats(stage.output_dir(ctx))
     # A satisfied-without-rerun stage keeps its original manifest key semantics: record the new
     # key so the next run with the same request skips straight away.
     ctx.manifests.complete(record)
@@ -175,7 +182,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
     model or dataset; the summary must not pass it off as this run's result.
     """
     try:
-        evaluation = read_json(layout.root / "eval.json") or {}
+        evaluation = read_record(layout.root / "eval.json") or {}
         if not evaluation or ctx is None:
             return {}
         stage = STAGE_TABLE["eval"]
@@ -189,7 +196,7 @@ def _current_evaluation(ctx: StageContext | None, layout: WorkdirLayout) -> dict
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
              status: str, ctx: StageContext | None = None) -> dict[str, Any]:
-    dataset = read_json(layout.binary / DATASET_JSON) or {}
+    dataset = read_record(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
@@ -212,8 +219,12 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
 
 
 def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
-    made_at = (read_json(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
-    if made_at is not None and parse_threshold_spec(made_at) != ctx.threshold:
+    made_at = (read_record(ctx.layout.binary / DATASET_JSON) or {}).get("threshold_spec")
+    try:
+        differs = made_at is not None and parse_threshold_spec(made_at) != ctx.threshold
+    except PipelineError:  # a damaged description: the stages that read it say so
+        return
+    if differs:
         log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
                     "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)
 
@@ -225,6 +236,7 @@ def _generation_interrupted(layout: WorkdirLayout) -> bool:
 def _prepare_workdir(layout: WorkdirLayout, display: Display) -> Path:
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
+        _check_writable(layout.root)
     except OSError as exc:
         full = as_disk_full(exc, "setup", layout.root)
         if full is not None:
@@ -232,6 +244,14 @@ def _prepare_workdir(layout: WorkdirLayout, display: Display) -> Path:
         raise PipelineError(f"workdir {layout.root} cannot be created or written: "
                             f"{exc.strerror or exc}", ExitCode.USAGE) from None
     return _setup_logging(layout, display)
+
+
+def _check_writable(directory: Path) -> None:
+    """Create and remove a file in ``directory``: a read-only workdir (permissions, a read-only
+    mount, an immutable directory) is refused here, before the lock, the log or any stage."""
+    fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _spark_local_dirs(config: PipelineConfig) -> list[str]:
@@ -248,6 +268,11 @@ def _classify(exc: BaseException, stage: str, config: PipelineConfig,
         outputs = {"generate": layout.raw, "preprocess": layout.parquet, "convert": layout.binary,
                    "train": layout.checkpoints}
         default = layout.manifests if stage == "setup" else layout.root
+        cause = None if isinstance(exc, PipelineError) else permission_cause(exc)
+        if cause is not None:
+            return PipelineError(not_permitted_message(cause, f"stage {stage}",
+                                                       str(outputs.get(stage, default))),
+                                 ExitCode.USAGE)
         candidates = [str(outputs.get(stage, default))]
         if stage == "preprocess":
             candidates += _spark_local_dirs(config)

@@ -11,7 +11,9 @@ stage derives the dataset from the existing binary one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import shutil
 import sys
 import time
@@ -21,17 +23,19 @@ from typing import Any, Callable
 
 from converters.convert import convert_parquet
 from converters.rethreshold import rethreshold
-from dlrm_contracts.atomic import is_complete, read_json, replace_directory, write_json_atomic
-from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
+from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
+                                          UnreadableParquetError)
 from dlrm_contracts.config import PipelineConfig, config_to_dict
-from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
+from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout, best_checkpoint
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
-from pipeline.fingerprint import file_content_hash, stable_hash, tree_fingerprint
+from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
+                                  tree_fingerprint)
 from pipeline.hosts import horovodrun_hosts
-from pipeline.manifest import ManifestStore
+from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import run_child
 
 log = logging.getLogger("pipeline")
@@ -77,13 +81,29 @@ class Stage:
     # Extra condition under which existing outputs already satisfy the request even though the
     # recorded key differs (the threshold raise). Returns an Outcome to record, or None.
     satisfied_without_rerun: Callable[[StageContext], Outcome | None] | None = None
+    # Outputs whose files later stages check by name (ManifestStore records each file's size
+    # and mtime): the binary dataset.
+    output_dir: Callable[[StageContext], Path] | None = None
 
 
 def _python() -> str:
     return sys.executable
 
 
+# The one line every command prints for a known failure (dlrm_contracts.errors.run_cli).
+_CHILD_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?"                     # horovodrun's prefix
+                          r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
+
+
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
+    """A known failure of the child is its own one line (it names the file and the fix) and
+    the log's path; anything else (a crash, a kill) shows the last lines of the log."""
+    errors = [m.group(1) for m in map(_CHILD_ERROR.match, result.tail) if m]
+    # A full disk is recognised from the whole tail (the JVM says it in its own words).
+    known = errors and "unexpected error" not in errors[-1]
+    if known and not says_disk_full("\n".join(result.tail)):
+        return PipelineError(f"{stage} failed (exit {result.returncode}): {errors[-1]} "
+                             f"(log: {ctx.stage_log(stage)})", code)
     tail = "\n    ".join(result.tail[-12:])
     return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "
                          f"{ctx.stage_log(stage)}:\n    {tail}", code)
@@ -105,16 +125,23 @@ def _generate_run(ctx: StageContext) -> Outcome:
 
 
 # ---------------------------------------------------------------- preprocess
-def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.parquet / PREPROCESS_JSON)
-    if not meta or not is_complete(ctx.layout.parquet):
+def _recorded_spec(meta: dict[str, Any] | None) -> ThresholdSpec | None:
+    """The threshold a stage's description records; None when it is missing or damaged."""
+    try:
+        return parse_threshold_spec((meta or {})["threshold_spec"])
+    except (KeyError, TypeError, PipelineError):
         return None
-    return parse_threshold_spec(meta["threshold_spec"])
+
+
+def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
+    if not is_complete(ctx.layout.parquet):
+        return None
+    return _recorded_spec(read_record(ctx.layout.parquet / PREPROCESS_JSON))
 
 
 def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     p = ctx.config.preprocess
-    return {"raw": tree_fingerprint(ctx.raw_dir, ignore=("generator_meta.json",)),
+    return {"raw": input_fingerprint(ctx.raw_dir),
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
             "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
             "dictionary_days": p.dictionary_days,
@@ -129,7 +156,7 @@ def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str
 
 def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
     """The lean mode's record, when the splits it deleted are all that is missing."""
-    record = read_json(ctx.layout.parquet_removed)
+    record = read_record(ctx.layout.parquet_removed)
     if record and record.get("remaining") == _parquet_fingerprint(ctx):
         return record
     return None
@@ -201,10 +228,9 @@ def _convert_outputs(ctx: StageContext) -> str:
 
 
 def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
-    meta = read_json(ctx.layout.binary / DATASET_JSON)
-    if not meta or not is_complete(ctx.layout.binary):
+    if not is_complete(ctx.layout.binary):
         return None
-    return parse_threshold_spec(meta["threshold_spec"])
+    return _recorded_spec(read_record(ctx.layout.binary / DATASET_JSON))
 
 
 def _derivable_from_binary(ctx: StageContext) -> bool:
@@ -244,13 +270,14 @@ def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
     return record
 
 
-def _needs_parquet(ctx: StageContext) -> None:
-    removed = read_json(ctx.layout.parquet_removed)
+def _needs_parquet(ctx: StageContext, damage: str | None = None) -> None:
+    removed = read_record(ctx.layout.parquet_removed)
     if removed and not all(ctx.layout.parquet_split(s).exists() for s in SPLITS):
-        raise PipelineError(f"this conversion needs the parquet splits, which were removed on "
-                            f"{removed.get('time')} (preprocess.keep_parquet: false): rebuild them "
-                            "with --stages preprocess,convert --force (the counts are reused)",
-                            ExitCode.CONVERT)
+        why = f"the binary dataset is damaged ({damage}) and " if damage else ""
+        raise PipelineError(f"{why}this conversion needs the parquet splits, which were removed "
+                            f"on {removed.get('time')} (preprocess.keep_parquet: false): rebuild "
+                            "them with --stages preprocess,convert --force (the counts are "
+                            "reused)", ExitCode.CONVERT)
 
 
 def _convert_run(ctx: StageContext) -> Outcome:
@@ -269,7 +296,12 @@ def _convert(ctx: StageContext) -> Outcome:
     shutil.rmtree(derived, ignore_errors=True)
     try:
         with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
-            return _convert_or_derive(ctx, derived)
+            try:
+                return _convert_or_derive(ctx, derived)
+            except UnreadableParquetError as exc:  # written by preprocess: it runs again
+                raise UnreadableParquetError(
+                    f"{exc}; rebuild it with --stages preprocess,convert --force (the raw days "
+                    "are read again)") from exc
     except BaseException:
         shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise
@@ -277,13 +309,19 @@ def _convert(ctx: StageContext) -> Outcome:
 
 def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     wanted = ctx.threshold
-    previous = ctx.manifests.load("convert")
-    have = _binary_spec(ctx)
-    same_parquet = bool(previous) and previous["inputs"].get("parquet") == _convert_inputs(ctx)["parquet"]
-    if same_parquet and have is not None and wanted.is_at_least(have):
-        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
-        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
-        return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+    previous = ctx.manifests.load("convert") or {}
+    same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
+    if same_parquet and ctx.layout.binary.exists():
+        try:
+            outcome = _derive_from_binary(ctx, derived, previous)
+            if outcome is not None:
+                return outcome
+        except DamagedDatasetError as exc:
+            # Never derive from (or keep) files that are not what the convert stage wrote.
+            damage = _damage_report(exc, previous, ctx.layout.binary)
+            log.warning("convert    the binary dataset %s is not what the convert stage wrote "
+                        "(%s): rebuilding it from the parquet", ctx.layout.binary, damage)
+            _needs_parquet(ctx, damage)
     made_at = _parquet_spec(ctx)
     if made_at is not None and not wanted.is_at_least(made_at):
         # Checked before converting: the existing binary dataset stays as it is.
@@ -294,10 +332,53 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     _needs_parquet(ctx)
     summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
     if made_at is not None and wanted != made_at:
-        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, ctx.config.convert)
+        # The dataset was just written and checked: no need to read it back for its checksums.
+        fresh = dataclasses.replace(ctx.config.convert, verify_checksums=False)
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh)
         replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
         return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
     return Outcome("ran", "converters", summary)
+
+
+def _damage_report(exc: DamagedDatasetError, previous: dict[str, Any], binary: Path) -> str:
+    """One line: the files changed since the convert stage (by size and mtime, which names an
+    edited dataset.json too), then what the check found."""
+    recorded = previous.get("output_files")
+    changed = changed_files(recorded, binary) if isinstance(recorded, dict) else []
+    found = exc.one_line()
+    return f"changed since it was written: {_listed(changed)}; {found}" if changed else found
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
+def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, Any]
+                        ) -> Outcome | None:
+    """The requested threshold from the binary dataset in the workdir (a raise, or the same
+    threshold after its files changed), once it is shown intact; None when the request is not
+    a raise of it.
+
+    Raises:
+        DamagedDatasetError: the dataset is incomplete, unreadable, or a file differs from what
+            was written (its checksum; or its size or mtime with convert.verify_checksums off).
+    """
+    info = verify_dataset(ctx.layout.binary, full=False)
+    have = _recorded_spec({"threshold_spec": info.threshold_spec})
+    if have is None or not ctx.threshold.is_at_least(have):
+        return None
+    recorded = previous.get("output_files")
+    if not ctx.config.convert.verify_checksums and isinstance(recorded, dict):
+        changed = changed_files(recorded, ctx.layout.binary)
+        if changed:
+            raise DamagedDatasetError(f"{', '.join(changed)} changed after the convert stage",
+                                      [f"{name} changed (size or modification time)"
+                                       for name in changed])
+    summary = rethreshold(ctx.layout.binary, ctx.layout.counts, ctx.threshold, derived,
+                          ctx.config.convert)  # checks every file's checksum first
+    replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+    return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
 
 
 # ---------------------------------------------------------------- train / eval
@@ -336,10 +417,19 @@ def _train_outputs(ctx: StageContext) -> str:
 def verify_binary_dataset(ctx: StageContext) -> None:
     """The quick check (metadata, file sizes: milliseconds) before launching any rank, so that a
     missing, incomplete or damaged dataset exits with its own code (7) and a readable message
-    rather than as a crashed horovodrun (8/9)."""
+    rather than as a crashed horovodrun (8/9). A file whose size or mtime changed after the
+    convert stage wrote it is refused too (naming it): the convert stage checks it and rebuilds
+    what is damaged."""
     if ctx.config.train.verify_dataset == "none":
         return
 
+    recorded = (ctx.manifests.load("convert") or {}).get("output_files")
+    changed = changed_files(recorded, ctx.layout.binary) if isinstance(recorded, dict) else []
+    if changed:
+        raise PipelineError(f"{_listed(changed)} in {ctx.layout.binary} changed after the "
+                            "convert stage wrote it (size or modification time): add the convert "
+                            "stage (e.g. --stages convert,train,eval) to check it and rebuild "
+                            "what is damaged", ExitCode.DATASET_INVALID)
     try:
         verify_dataset(ctx.layout.binary, full=False)
     except DatasetError as exc:
@@ -350,7 +440,7 @@ def verify_binary_dataset(ctx: StageContext) -> None:
 def run_train(ctx: StageContext) -> Outcome:
     """The train stage: resumes the checkpoints of the same configuration, else starts anew."""
     verify_binary_dataset(ctx)
-    started = read_json(ctx.layout.manifests / "train.started")
+    started = read_record(ctx.layout.manifests / "train.started")
     key = ManifestStore.key_of(train_inputs(ctx))
     # Checkpoints of a different configuration must not be resumed; those of an interrupted
     # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
@@ -373,7 +463,8 @@ def run_train(ctx: StageContext) -> Outcome:
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoints": _train_outputs(ctx),
-            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON)}
+            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
+            "binary": tree_fingerprint(ctx.layout.binary)}
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -459,7 +550,8 @@ STAGE_TABLE: dict[str, Stage] = {
                       _generate_run),
     "preprocess": Stage("preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run,
                         _preprocess_satisfied),
-    "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run),
+    "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run,
+                     output_dir=lambda ctx: ctx.layout.binary),
     "train": Stage("train", train_inputs, _train_outputs, run_train),
     "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
     "export": Stage("export", _export_inputs, _export_outputs, _export_run),

@@ -7,7 +7,6 @@ shortened log is worse than stopping.
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from dataclasses import dataclass
@@ -78,13 +77,31 @@ def bytes_per_line(path: Path, sample_bytes: int) -> float:
     """Bytes of the file per line, from its first ``sample_bytes`` (compressed bytes for .gz).
 
     A file no longer than the sample is counted whole, so its estimate is its line count.
+    Raises UnreadableSample for a gzip file that is truncated or corrupt within the sample.
     """
     with open(path, "rb") as fh:
         chunk = fh.read(sample_bytes)
     whole = len(chunk) < sample_bytes
     if path.suffix == ".gz":
-        text = gzip.decompress(chunk) if whole else zlib.decompressobj(wbits=47).decompress(chunk)
+        text = _gunzip_sample(path, chunk, whole)
     else:
         text = chunk
     lines = text.count(b"\n") + (1 if whole and text and not text.endswith(b"\n") else 0)
     return len(chunk) / lines if lines else float(len(chunk))
+
+
+class UnreadableSample(ValueError):
+    """A day file whose sample cannot be decompressed; the message names the file."""
+
+
+def _gunzip_sample(path: Path, chunk: bytes, whole: bool) -> bytes:
+    """The decompressed sample; a whole file must end its gzip stream (else it is truncated)."""
+    stream = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+    try:
+        text = stream.decompress(chunk)
+    except zlib.error as exc:
+        raise UnreadableSample(f"{path} is not a readable gzip file (corrupt: {exc})") from None
+    if whole and chunk and not stream.eof:
+        raise UnreadableSample(f"{path} is not a readable gzip file (truncated: its stream ends "
+                               f"before the end-of-stream marker, at {len(chunk):,} bytes)")
+    return text

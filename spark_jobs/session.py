@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
 from dlrm_contracts.config import SparkConfig
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
+from dlrm_contracts.security import is_loopback, refuse_secret_settings
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
@@ -104,6 +106,7 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
     settings = spark_settings(spark)
     if spark.auth_secret_file:
         _read_secret(spark)
+        _refuse_clear_secret(spark, settings)
     elif settings.get("spark.authenticate", "").lower() == "true" and master.startswith("spark://"):
         raise PreprocessConfigError(
             "spark.authenticate is on but no secret file is named: give the cluster's secret "
@@ -118,12 +121,35 @@ SECRET_KEY = "spark.authenticate.secret"
 
 
 def _refuse_secret_settings(conf: dict[str, str]) -> None:
+    """A cluster's shared secret has its own way in (the secret file); any other setting
+    whose name says it holds a secret (a password, a token, a key) is refused too, since
+    settings reach the JVM's command line (dlrm_contracts.security)."""
     for key in conf:
         if _SECRET_KEYS.match(key):
             raise PreprocessConfigError(
                 f"{key} may not be given as a Spark setting (settings appear on command lines "
                 "and in the run's records): put the secret in a file of mode 0600 and name it "
                 "with --auth-secret-file (spark.auth_secret_file)")
+    refuse_secret_settings(conf, "Spark settings (--conf, --conf-file, spark.conf)")
+
+
+def _master_host(master: str) -> str | None:
+    """The host of a ``spark://HOST:PORT[,HOST:PORT]`` master URL (the first), else None."""
+    match = re.match(r"^spark://\[?([^\]/:,]+)\]?(?::\d+)?", master)
+    return match.group(1) if match else None
+
+
+def _refuse_clear_secret(spark: SparkConfig, settings: dict[str, str]) -> None:
+    """Authentication without RPC encryption off loopback: the driver would send the secret to
+    its executors in clear (start-cluster.sh refuses such a cluster too)."""
+    encrypted = settings.get("spark.network.crypto.enabled", "false").lower() == "true"
+    host = _master_host(spark.master or "")
+    if not encrypted and host is not None and not is_loopback(host):
+        raise PreprocessConfigError(
+            f"--no-rpc-encryption (spark.rpc_encryption: false) with an authenticated cluster "
+            f"at {host}, which is not a loopback address: Spark would send the shared secret "
+            "to every executor unencrypted (executors get the driver's settings over RPC); "
+            "keep RPC encryption on")
 
 
 def _read_secret(spark: SparkConfig) -> str:
@@ -245,6 +271,46 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# Where the driver's web UI listens: Spark binds every UI to SPARK_LOCAL_IP, else to every
+# interface (WebUI.initServer, Spark 4.0.1), and its ACLs restrict nobody without an
+# authentication filter. Reach it through an SSH tunnel (docs/cluster.md §2.2).
+UI_ADDRESS = "127.0.0.1"
+
+
+def driver_network(spark: SparkConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """(environment, settings) that put the driver's web UI on loopback and its RPC endpoint
+    where the executors reach it.
+
+    Local mode: everything on loopback. A standalone or Kubernetes master: the RPC endpoint on
+    ``bind_address``, else on this machine's address towards the master, set explicitly
+    (spark.driver.host/bindAddress) since SPARK_LOCAL_IP, which the UI follows, says loopback.
+    YARN: Spark's own choice (or ``bind_address``), as YARN's web proxy must reach the UI.
+    """
+    master = spark.master or ""
+    if master.startswith("local"):
+        return {"SPARK_LOCAL_IP": UI_ADDRESS}, {}
+    if master.startswith("yarn"):
+        return ({"SPARK_LOCAL_IP": spark.bind_address} if spark.bind_address else {}), {}
+    address = spark.bind_address or _address_towards(master)
+    return ({"SPARK_LOCAL_IP": UI_ADDRESS},
+            {"spark.driver.host": address, "spark.driver.bindAddress": address})
+
+
+def _address_towards(master: str) -> str:
+    """This machine's address on the route to the master's host (no packet is sent)."""
+    match = re.match(r"^[a-z0-9+]+://(?:[a-z]+://)?\[?([^\]/:,]+)", master)
+    host = match.group(1) if match else None
+    try:
+        family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except (OSError, TypeError):
+        raise PreprocessConfigError(
+            f"cannot tell which address of this machine reaches the master {master}: name it "
+            "with --bind-address (spark.bind_address)") from None
+
+
 def get_session(spark: SparkConfig):
     """The active session (with our SQL options applied) or a new one from ``spark_settings``."""
     from pyspark.sql import SparkSession
@@ -266,8 +332,10 @@ def get_session(spark: SparkConfig):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if spark.bind_address and not submitted:
-        os.environ["SPARK_LOCAL_IP"] = spark.bind_address  # inherited by the JVM pyspark starts
+    if not submitted:
+        environment, network = driver_network(spark)
+        os.environ.update(environment)  # inherited by the JVM pyspark starts
+        settings = {**settings, **network}
     if spark.event_log_dir:
         _make_event_log_dir(spark)
     if spark.auth_secret_file:

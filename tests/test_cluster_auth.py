@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from dlrm_contracts.config import SparkConfig
+from dlrm_contracts.errors import ExitCode, UsageError
 from dlrm_contracts.secret_file import SecretFileError
+from dlrm_contracts.security import SecretSettingError, secret_setting
 from dlrm_contracts.secret_file import read_secret_file
 from pipeline.cluster_auth import is_loopback, main as cluster_auth_main
 from spark_jobs.errors import PreprocessConfigError
@@ -127,10 +129,10 @@ def test_job_settings_carry_security_but_never_the_secret(tmp_path):
 def test_the_secret_is_refused_as_a_setting(tmp_path):
     conf_file = tmp_path / "extra.conf"
     conf_file.write_text(f"spark.authenticate.secret {SECRET}\n")
-    for spark in (SparkConfig(conf={"spark.authenticate.secret": SECRET}),
-                  SparkConfig(conf_file=str(conf_file))):
-        with pytest.raises(PreprocessConfigError, match="--auth-secret-file") as caught:
-            check_spark_config(spark)
+    for make in (lambda: SparkConfig(conf={"spark.authenticate.secret": SECRET}),
+                 lambda: SparkConfig(conf_file=str(conf_file))):
+        with pytest.raises(UsageError, match="--auth-secret-file") as caught:
+            check_spark_config(make())
         assert SECRET not in str(caught.value)
     with pytest.raises(PreprocessConfigError, match="no secret file"):
         check_spark_config(SparkConfig(master="spark://h:7077", conf={"spark.authenticate": "true"}))
@@ -175,9 +177,85 @@ def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     assert args[args.index("--auth-secret-file") + 1] == str(secret_file)
     assert "--io-encryption" in args and "--no-rpc-encryption" not in args
     assert args[args.index("--ui-admin-users") + 1] == "alice"
-    assert "SPARK_LOCAL_IP=10.0.0.1" in args
+    assert "SPARK_LOCAL_IP=127.0.0.1" in args  # the driver's web UI: loopback only
+    assert args[args.index("spark.driver.host=10.0.0.1") - 1] == "--conf"
+    assert "spark.driver.bindAddress=10.0.0.1" in args
     assert SECRET not in proc.stdout + proc.stderr
     secret_file.unlink()
     proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert proc.returncode == 1 and "secret file" in proc.stderr
+
+
+SECRET_NAMED = ["spark.org.apache.spark.ui.JWSFilter.param.secretKey", "spark.ssl.keyPassword",
+                "spark.ssl.keyStorePassword", "spark.ssl.ui.trustStorePassword",
+                "spark.hadoop.fs.s3a.secret.key", "spark.hadoop.fs.s3a.access.key",
+                "spark.hadoop.fs.s3a.session.token", "spark.kubernetes.authenticate.oauthToken",
+                "spark.executorEnv.AWS_SECRET_ACCESS_KEY", "spark.executorEnv.GITHUB_TOKEN",
+                "spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net",
+                "spark.hadoop.fs.gs.auth.service.account.private.key",
+                "spark.hadoop.fs.azure.account.oauth2.client.secret", "spark.authenticate.secret"]
+NOT_SECRET_NAMED = ["spark.ssl.keyStore", "spark.ssl.keyStoreType", "spark.kerberos.keytab",
+                    "spark.authenticate", "spark.authenticate.secretBitLength",
+                    "spark.network.crypto.keyLength", "spark.network.crypto.keyFactoryAlgorithm",
+                    "spark.io.encryption.keySizeBits", "spark.io.encryption.keygen.algorithm",
+                    "spark.kubernetes.driver.secrets.spark-auth",
+                    "spark.kubernetes.executor.secretKeyRef.ENV_NAME",
+                    "spark.kubernetes.authenticate.oauthTokenFile",
+                    "spark.hadoop.fs.s3a.security.credential.provider.path",
+                    "spark.security.credentials.hive.enabled", "spark.redaction.regex",
+                    "spark.sql.shuffle.partitions", "spark.ui.filters"]
+
+
+def test_secret_settings_are_known_by_their_names():
+    assert [name for name in SECRET_NAMED if not secret_setting(name)] == []
+    assert [name for name in NOT_SECRET_NAMED if secret_setting(name)] == []
+
+
+@pytest.mark.parametrize("name", ["spark.org.apache.spark.ui.JWSFilter.param.secretKey",
+                                  "spark.ssl.keyStorePassword", "spark.hadoop.fs.s3a.secret.key"])
+def test_a_secret_setting_is_refused_before_anything_is_written_or_started(tmp_path, name):
+    """In the YAML's spark.conf, in a --conf-file, or as spark_jobs' --conf: exit 2, the
+    setting named, its value nowhere (stdout, stderr, any file), no workdir."""
+    value = "s3cr3t-" + SECRET
+    yaml_config = tmp_path / "inline.yaml"
+    yaml_config.write_text(f"spark:\n  conf:\n    {name}: {value}\n")
+    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
+    file_config = tmp_path / "file.yaml"
+    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
+    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
+             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
+            for config in (yaml_config, file_config)]
+    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
+                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
+    for argv in runs:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert f"{name} looks like a secret" in proc.stderr and "Traceback" not in proc.stderr
+        assert value not in proc.stdout + proc.stderr
+        assert not (tmp_path / "w").exists()
+    with pytest.raises(SecretSettingError):
+        SparkConfig(conf={name: value})
+
+
+def test_authentication_without_rpc_encryption_is_refused_off_loopback(tmp_path, capsys):
+    """Executors get the driver's settings, the shared secret among them, over RPC
+    (RetrieveSparkAppConfig): unencrypted, the secret crosses the network in clear."""
+    code, _, err = _prepare(tmp_path / "a", capsys, "--host", "10.1.2.3", "--no-rpc-encryption")
+    assert code == 2 and "--no-rpc-encryption" in err and "unencrypted" in err
+    assert not (tmp_path / "a" / "auth" / "daemon.conf").exists()
+    code, _, err = _prepare(tmp_path / "b", capsys, "--host", "10.1.2.3", "--authenticate",
+                            "--no-rpc-encryption")
+    assert code == 2 and "--no-rpc-encryption" in err
+    code, env, err = _prepare(tmp_path / "c", capsys, "--host", "10.1.2.3", "--insecure",
+                              "--no-rpc-encryption")
+    assert code == 0 and env["AUTH"] == "off" and "WARNING" in err
+    code, env, _ = _prepare(tmp_path / "d", capsys, "--host", "127.0.0.1", "--authenticate",
+                            "--no-rpc-encryption")
+    assert code == 0 and env["AUTH"] == "on" and env["RPC_ENCRYPTION"] == "off"
+    secret_file = _secret_file(tmp_path / "secret")
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        check_spark_config(SparkConfig(master="spark://10.0.0.1:7077", rpc_encryption=False,
+                                       auth_secret_file=str(secret_file)))
+    check_spark_config(SparkConfig(master="spark://127.0.0.1:7077", rpc_encryption=False,
+                                   auth_secret_file=str(secret_file)))

@@ -28,7 +28,8 @@ from dlrm_contracts.thresholds import ThresholdSpecError
     (LowerThresholdError("needs a Spark rerun"), ExitCode.CONVERT),
     (PipelineError("locked", ExitCode.LOCKED), ExitCode.LOCKED),
     (OSError(errno.ENOSPC, "No space left on device"), ExitCode.DISK_FULL),
-    (OSError(errno.EACCES, "Permission denied"), ExitCode.FAILED),
+    (OSError(errno.EACCES, "Permission denied"), ExitCode.USAGE),  # a path the user must fix
+    (OSError(errno.EROFS, "Read-only file system"), ExitCode.USAGE),
     (ValueError("a bug"), ExitCode.FAILED),
     (KeyError("a bug"), ExitCode.FAILED),
     (KeyboardInterrupt(), ExitCode.INTERRUPTED),

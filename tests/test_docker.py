@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -456,3 +457,79 @@ def test_build_script_fails_when_pins_cannot_be_read(tmp_path):
 def test_entrypoint_kubernetes_modes_name_a_missing_variable(tmp_path, mode):
     proc = _script([DOCKER / "spark" / "entrypoint.sh", mode], tmp_path, SPARK_HOME="/nonexistent")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not set" in proc.stderr
+
+
+# ---------------------------------------------------------------- the image's daemon modes
+@pytest.mark.parametrize("name", ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu"])
+def test_preprocess_images_run_as_an_unprivileged_user(name):
+    """A numeric non-root USER (Kubernetes' runAsNonRoot checks numbers), created in the image,
+    set after the last RUN (the build itself runs as root) and in force at the entrypoint."""
+    dockerfile = load(name)
+    users = dockerfile.of("USER")
+    assert users, "no USER: the daemons and jobs would run as root"
+    uid = users[-1].args.split(":")[0]
+    assert uid.isdigit() and int(uid) >= 1000, users[-1].args
+    runs = dockerfile.of("RUN")
+    assert any(f"--uid {uid}" in r.args and "useradd" in r.args for r in runs)
+    position = dockerfile.instructions.index
+    assert position(users[-1]) > max(position(r) for r in runs)
+    assert position(users[-1]) < position(dockerfile.of("ENTRYPOINT")[-1])
+
+
+def _fake_spark_home(tmp_path: Path) -> Path:
+    """A SPARK_HOME whose spark-class prints its arguments and the UI address it would use."""
+    home = tmp_path / "spark"
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    script = home / "bin" / "spark-class"
+    script.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
+                      'echo "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
+    script.chmod(0o755)
+    return home
+
+
+def _daemon(tmp_path: Path, *args: str):
+    root = [] if os.geteuid() else ["--allow-root"]  # this test may run as root
+    return _script([DOCKER / "spark" / "entrypoint.sh", *args, *root, "--dir", tmp_path / "auth"],
+                   tmp_path, SPARK_HOME=str(_fake_spark_home(tmp_path)),
+                   PYTHONPATH=str(REPO))
+
+
+def test_image_daemons_authenticate_off_loopback_with_a_mounted_secret(tmp_path):
+    """The image's master and worker modes go through the same preparation as
+    start-cluster.sh; the real daemons are started in tests/test_spark_security.py."""
+    proc = _daemon(tmp_path, "master", "--host", "10.1.2.3")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--secret-file" in proc.stderr and proc.stdout == ""
+    secret = "0123456789abcdef" * 4
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret + "\n")
+    secret_file.chmod(0o600)
+    proc = _daemon(tmp_path, "worker", "spark://10.1.2.3:7077", "--host", "10.1.2.4",
+                   "--secret-file", str(secret_file), "--cores", "3", "--memory", "2g")
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.splitlines()
+    assert argv[0] == "org.apache.spark.deploy.worker.Worker" and "spark://10.1.2.3:7077" in argv
+    assert argv[argv.index("--host") + 1] == "10.1.2.4" and "SPARK_LOCAL_IP=127.0.0.1" in argv
+    conf = Path(argv[argv.index("--properties-file") + 1])
+    assert (conf.stat().st_mode & 0o777) == 0o600 and conf.parent == tmp_path / "auth"
+    settings = set(conf.read_text().splitlines())
+    assert {"spark.authenticate true", f"spark.authenticate.secret {secret}",
+            "spark.network.crypto.enabled true", "spark.master.rest.enabled false",
+            "spark.ui.killEnabled false", "spark.acls.enable true"} <= settings
+    assert secret not in proc.stdout + proc.stderr
+    proc = _daemon(tmp_path, "master", "--host", "10.1.2.3", "--insecure")
+    assert proc.returncode == 0 and "WITHOUT authentication" in proc.stderr
+    for bad in (["worker", "--host", "10.1.2.4"], ["worker", "nowhere", "--host", "h"],
+                ["master", "--host", "10.1.2.3", "--port", "99999"],
+                ["master", "--host", "10.1.2.3", "--secret-file", str(secret_file),
+                 "--no-rpc-encryption"], ["master", "--bogus"]):
+        proc = _daemon(tmp_path, *bad)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
+
+
+def test_image_daemons_refuse_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to check the refusal of root")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cluster_auth", "master", "--host",
+                           "127.0.0.1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "not as root" in proc.stderr and "--allow-root" in proc.stderr

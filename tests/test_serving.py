@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -58,22 +59,28 @@ SERVE_SCRIPT = textwrap.dedent("""
     requests = json.load(open(sys.argv[2]))
     out = {}
     for name, request in requests.items():
-        if request["signature"] == "serve_lines":
-            result = model.signatures["serve_lines"](
-                lines=tf.constant([line.encode("latin-1") for line in request["lines"]], tf.string),
-                has_label=tf.constant(request["has_label"]))
+        if request["signature"] in ("serve_lines", "serving_default"):
+            lines = [line.encode("latin-1") for line in request["lines"]]
+            result = model.signatures[request["signature"]](
+                lines=tf.constant(lines, tf.string),
+                has_label=tf.constant([request["has_label"]] * len(lines)))
         else:
             result = model.signatures["serve_features"](
                 int_features=tf.constant(request["ints"], tf.int64),
                 cat_features=tf.constant(request["cats"], tf.string))
-        out[name] = {"probability": [None if np.isnan(p) else float(p)
-                                     for p in result["probability"].numpy()],
+        out[name] = {"probability": [float(p) for p in result["probability"].numpy()],
                      "reject_reason": [r.decode() for r in result["reject_reason"].numpy()]}
         if "label" in result:
             out[name]["label"] = result["label"].numpy().tolist()
+    # What TensorFlow Serving's batching needs: a batch dimension first on every tensor.
+    out["_signatures"] = {
+        name: {"inputs": {k: v.shape.as_list() for k, v in fn.structured_input_signature[1].items()},
+               "outputs": {k: v.shape.as_list() for k, v in fn.structured_outputs.items()}}
+        for name, fn in model.signatures.items()}
     project = sorted(m for m in sys.modules if m.split(".")[0] in ("trainer", "pipeline", "converters"))
     out["_project_modules"] = project
-    json.dump(out, open(sys.argv[3], "w"))
+    # a strict JSON writer: no NaN or infinity anywhere in a response
+    json.dump(out, open(sys.argv[3], "w"), allow_nan=False)
 """)
 
 
@@ -139,6 +146,7 @@ def serve(served, requests: dict) -> dict:
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(answer.read_text())
     assert out.pop("_project_modules") == []
+    served["signatures"] = out.pop("_signatures")
     return out
 
 
@@ -157,13 +165,13 @@ def test_serve_lines_equal_trainer_predictions_and_auc(served):
 
     lines = served["test_lines"]
     out = serve(served, {"test": {"signature": "serve_lines", "lines": lines, "has_label": True}})
-    probability = np.array([np.nan if p is None else p for p in out["test"]["probability"]])
+    probability = np.array(out["test"]["probability"])
     reasons = out["test"]["reject_reason"]
     # every line decided as the Spark job decides it (the reference of its rules)
     expected = [reference_parse(line.removesuffix("\r"))[0] or "" for line in lines]
     assert reasons == expected
     assert sum(r != "" for r in reasons) == 19  # the bad lines _salt_test_day inserts
-    assert np.isnan(probability[np.array(reasons) != ""]).all()
+    assert (probability[np.array(reasons) != ""] == -1.0).all()  # valid JSON, not a probability
     labels, predictions = trainer_test_predictions(served["workdir"])
     kept = probability[np.array(reasons) == ""]
     assert kept.shape == predictions.shape
@@ -218,7 +226,7 @@ def test_serve_features_and_line_variants_agree(served):
                                 "cats": [rows[0][14:25] + ["0x1"] + rows[0][26:], rows[1][14:]]}
     out = serve(served, requests)
     base = out["canonical"]["probability"]
-    assert all(p is not None and 0 < p < 1 for p in base)
+    assert all(0 < p < 1 for p in base)
     for name in ("upper", "unpadded", "crlf", "unlabelled", "features"):
         assert out[name]["probability"] == base, name
     assert out["unseen"]["probability"] == out["blank"]["probability"]
@@ -227,7 +235,7 @@ def test_serve_features_and_line_variants_agree(served):
     assert out["short"]["probability"] == out["short_padded"]["probability"]
     assert out["unlabelled"]["label"] == [-1] * len(rows)
     assert out["bad_features"]["reject_reason"] == ["non_hex_categorical", ""]
-    assert out["bad_features"]["probability"][0] is None
+    assert out["bad_features"]["probability"][0] == -1.0
     # another batch size: the matmuls may round differently
     assert out["bad_features"]["probability"][1] == pytest.approx(base[1], rel=1e-5)
 
@@ -288,9 +296,11 @@ def test_score_stage_writes_scores_and_rejects(served):
     assert [(r["line_number"], r["reason"]) for r in rejects] == [
         (i + 1, r) for i, r in enumerate(expected) if r is not None]
     assert len(scores["line_number"]) + len(rejects) == len(lines)
+    assert [r["line"] for r in rejects] == [  # as Spark reads them: no line end, no \r
+        line.removesuffix("\r") for line, r in zip(lines, expected) if r is not None]
     served_now = serve(served, {"t": {"signature": "serve_lines", "lines": lines, "has_label": True}})
     assert scores["probability"] == pytest.approx(
-        [p for p in served_now["t"]["probability"] if p is not None], abs=1e-7)
+        [p for p, r in zip(served_now["t"]["probability"], expected) if r is None], abs=1e-7)
     assert scores["label"] == [int(line[0]) for line, r in zip(lines, expected) if r is None]
     unlabelled = pq.read_table(root / "work" / "scores" / "unlabelled.parquet")
     assert unlabelled.column_names == ["line_number", "probability"]
@@ -326,3 +336,127 @@ def test_planner_prints_export_size(served):
                            str(served["workdir"] / "counts"), "--thresholds", "2,5"],
                           capture_output=True, text=True).stdout
     assert "export (SavedModel)" in text
+
+
+def test_signatures_suit_tensorflow_serving(served):
+    """serving_default is serve_lines; every input and output has the batch dimension first
+    (TensorFlow Serving's batching concatenates along it and refuses a scalar input); a
+    rejected row's probability is -1, which a strict JSON writer accepts (NaN is not JSON)."""
+    lines = served["test_lines"][:200]
+    out = serve(served, {"default": {"signature": "serving_default", "lines": lines,
+                                     "has_label": True},
+                         "named": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    assert out["default"] == out["named"]
+    signatures = served["signatures"]
+    assert {"serving_default", "serve_lines", "serve_features"} <= set(signatures)
+    for name, signature in signatures.items():
+        for kind in ("inputs", "outputs"):
+            for tensor, shape in signature[kind].items():
+                assert shape and shape[0] is None, (name, kind, tensor, shape)
+    assert signatures["serving_default"]["inputs"] == {"lines": [None], "has_label": [None]}
+    fingerprint = json.loads((served["workdir"] / "export" / "fingerprint.json").read_text())
+    assert "serving_default" in fingerprint["signatures"]
+
+
+def _score_cli(served, files: list[Path], config_text: str = "", timeout: int = 300):
+    """``python -m trainer.score`` on the export, into a fresh output directory."""
+    out = served["root"] / f"scores-{len(list(served['root'].glob('scores-*')))}"
+    config = out.with_suffix(".yaml")
+    config.write_text(config_text or "score: {}\n")
+    proc = subprocess.run([sys.executable, "-m", "trainer.score", "--model",
+                           str(served["workdir"] / "export" / "saved_model"), "--out", str(out),
+                           "--config", str(config), "--input", ",".join(map(str, files))],
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, out
+
+
+def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
+    """A truncated .gz, a file that fits both readings (every line 39 fields), a file with too
+    many rejected lines: exit 11 and one line naming the file; the rejects of the last are
+    kept, its scores are not written."""
+    root = served["root"] / "bad_inputs"
+    root.mkdir()
+    good = [l for l in served["test_lines"] if reference_parse(l.removesuffix("\r"))[0] is None]
+    truncated = root / "day_t.gz"
+    data = gzip.compress(("\n".join(good) + "\n").encode("latin-1"))
+    truncated.write_bytes(data[: len(data) * 2 // 3])
+    ambiguous = root / "day_a"
+    ambiguous.write_text("".join("\t".join(l.split("\t")[:39]) + "\n" for l in good[:300]))
+    noisy = root / "day_n"
+    noisy.write_text("".join(l + "\n" for l in good[:200]) + "1\tnot a number\r\n" * 5)
+    for path, words in [(truncated, "is not a readable gzip file"),
+                        (ambiguous, "set score.has_label"),
+                        (noisy, "more than score.max_reject_rate")]:
+        proc, out = _score_cli(served, [path])
+        assert proc.returncode == ExitCode.SCORE, (path, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        errors = [l for l in proc.stderr.splitlines() if l.startswith("trainer.score: error:")]
+        assert len(errors) == 1 and str(path) in errors[0] and words in errors[0], proc.stderr
+    assert not (out / "day_n.parquet").exists()
+    rejects = [json.loads(l) for l in (out / "rejects" / "day_n.jsonl").read_text().splitlines()]
+    assert [(r["line_number"], r["reason"], r["line"]) for r in rejects] == [
+        (201 + i, "non_integer", "1\tnot a number") for i in range(5)]
+
+
+def test_score_input_edge_cases_that_are_fine(served):
+    """An empty file (label unknown) scores nothing; a labelled file whose lines mostly lost
+    their empty last field is read as labelled; the same file with score.has_label set too."""
+    root = served["root"] / "edge_inputs"
+    root.mkdir()
+    empty = root / "empty"
+    empty.write_text("")
+    good = [l.removesuffix("\r") for l in served["test_lines"]
+            if reference_parse(l.removesuffix("\r"))[0] is None and len(l.split("\t")) == 40]
+    short = [l[:-1] if l.endswith("\t") else l for l in good[:400]]  # empty C26 dropped
+    assert sum(l.count("\t") == 38 for l in short) > len(short) // 4
+    labelled = root / "labelled39"
+    labelled.write_text("".join(l + "\n" for l in short))
+    proc, out = _score_cli(served, [empty, labelled])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    files = {Path(f["file"]).name: f for f in summary["files"]}
+    assert files["empty"]["lines"] == 0 and files["empty"]["has_label"] is None
+    assert files["labelled39"]["has_label"] is True and files["labelled39"]["scored"] == len(short)
+    scored = pq.read_table(out / "labelled39.parquet").to_pydict()
+    assert scored["label"] == [int(l[0]) for l in short]
+    proc, forced = _score_cli(served, [labelled], "score: {has_label: true}\n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert pq.read_table(forced / "labelled39.parquet").to_pydict() == scored
+
+
+def _workdir_copy(served, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    shutil.copytree(served["workdir"], work)
+    return work
+
+
+def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_path):
+    """A new day moves the ids (they follow the counts): `--stages preprocess,export` must
+    not export yesterday's weights with today's dictionaries. Exit 10, one line; the previous
+    export stays as it was."""
+    raw = tmp_path / "raw"
+    shutil.copytree(served["raw"], raw)
+    shutil.copyfile(raw / "day_0", raw / "day_3")  # the new day: every day-0 value counts twice
+    work = _workdir_copy(served, tmp_path)
+    before = (work / "export" / "fingerprint.json").read_text()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw), "--workdir",
+                           str(work), "--config", str(served["config"]), "--stages",
+                           "preprocess,export"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["stages"]["preprocess"]["action"] == "ran"
+    assert summary["stages"]["export"]["action"] == "failed"
+    headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
+    assert "another preprocess run's dictionaries" in headline and "Traceback" not in proc.stderr
+    assert (work / "export" / "fingerprint.json").read_text() == before
+
+
+def test_export_names_a_missing_dictionary(served, tmp_path):
+    work = _workdir_copy(served, tmp_path)
+    shutil.rmtree(work / "parquet" / "dictionaries" / "column=C5")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(work), "--config",
+                           str(served["config"]), "--stages", "export", "--force"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
+    headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
+    assert "the dictionary of C5 is missing" in headline and "column=C5" in headline

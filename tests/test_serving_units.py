@@ -3,6 +3,8 @@ and the export's vocabulary files and size check (no pipeline run needed)."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -103,3 +105,79 @@ def test_size_check_refuses_before_reading():
     check_export_fits(sizes, 16, ExportConfig(max_memory_mb=10))
     with pytest.raises(ExportError, match="needs about .* export.max_memory_mb = 1"):
         check_export_fits(sizes, 16, ExportConfig(max_memory_mb=1))
+
+
+def test_export_names_a_missing_dictionary_and_refuses_another_runs_dictionaries(tmp_path):
+    """The ids of a checkpoint mean the values of the dictionaries of one preprocess run: a
+    missing column is named, rewritten dictionaries (a new day) are refused."""
+    from dlrm_contracts.dataset_identity import IDENTITY_KEY, dictionaries_fingerprint
+    from trainer.export import ExportError, check_dataset_identity, write_vocabularies
+
+    dictionaries = tmp_path / "dictionaries"
+    _dictionary(dictionaries, "C1", [("0000000a", 1), ("0000000b", 2)])
+    with pytest.raises(ExportError, match=r"dictionary of C2 is missing \(.*column=C2 does not "
+                                          r"exist\).*--stages preprocess,convert,train"):
+        write_vocabularies(dictionaries, [3, 2] + [1] * 24, tmp_path / "out")
+    checkpoint = tmp_path / "step-000000010"
+    meta = {IDENTITY_KEY: {"dictionaries_fingerprint": dictionaries_fingerprint(dictionaries)}}
+    assert check_dataset_identity(checkpoint, meta, dictionaries) == meta[IDENTITY_KEY]
+    # the next preprocess run: the same values, their ids swapped by new counts
+    shutil.rmtree(dictionaries / "column=C1")
+    _dictionary(dictionaries, "C1", [("0000000b", 1), ("0000000a", 2)])
+    with pytest.raises(ExportError, match="another preprocess run's dictionaries"):
+        check_dataset_identity(checkpoint, meta, dictionaries)
+    with pytest.raises(ExportError, match="records no dictionaries"):
+        check_dataset_identity(checkpoint, {"step": 10}, dictionaries)
+
+
+def _criteo_lines(rows: int, seed: int, labelled: bool, drop_empty_last: float) -> list[bytes]:
+    """Lines shaped like the logs: I1 often empty or small, 8-digit hex categoricals, C26 empty
+    in about half the rows; ``drop_empty_last`` of those lines lost their trailing tab."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(rows):
+        ints = [("" if rng.random() < 0.4 else str(rng.integers(0, 20))) for _ in range(13)]
+        cats = ["%08x" % rng.integers(0, 2**32) for _ in range(25)]
+        cats.append("" if rng.random() < 0.5 else "%08x" % rng.integers(0, 2**32))
+        fields = ([str(rng.integers(0, 2))] if labelled else []) + ints + cats
+        line = "\t".join(fields)
+        if cats[-1] == "" and rng.random() < drop_empty_last:
+            line = line[:-1]  # the empty last field and its tab are gone
+        lines.append(line.encode())
+    return lines
+
+
+def test_label_detection_reads_both_ways_and_refuses_what_fits_both(tmp_path):
+    """A labelled file whose short lines lost their empty last field mostly has 39 fields, as an
+    unlabelled one: the most common field count would read it unlabelled, shifted by a
+    column. Both readings are tried with the Spark job's rules instead."""
+    from trainer.score import ScoreError, detect_label
+
+    def file(name: str, lines: list[bytes]) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        return path
+
+    assert detect_label(file("labelled", _criteo_lines(800, 1, True, 1.0)), 0.01) is True
+    assert detect_label(file("crlf", [l + b"\r" for l in _criteo_lines(800, 2, True, 0.0)]),
+                        0.01) is True
+    assert detect_label(file("unlabelled", _criteo_lines(800, 3, False, 0.0)), 0.01) is False
+    # every line has 39 fields and fits both readings: refused, naming the setting
+    only_39 = [l for l in _criteo_lines(1600, 4, True, 1.0) if l.count(b"\t") == 38][:500]
+    with pytest.raises(ScoreError, match="score.has_label"):
+        detect_label(file("ambiguous", only_39), 0.01)
+    assert detect_label(file("empty", []), 0.01) is None
+    (tmp_path / "blank").write_bytes(b"\n\n")
+    assert detect_label(tmp_path / "blank", 0.01) is None
+
+
+def test_a_truncated_gzip_score_input_is_a_score_error_naming_it(tmp_path):
+    import gzip
+
+    from trainer.score import ScoreError, detect_label
+
+    path = tmp_path / "day_9.gz"
+    data = gzip.compress(b"\n".join(_criteo_lines(600, 5, True, 0.0)) + b"\n")
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ScoreError, match=r"day_9.gz is not a readable gzip file \(truncated"):
+        detect_label(path, 0.01)

@@ -28,6 +28,7 @@ import numpy as np
 
 from dlrm_contracts.atomic import fsync_tree, replace_directory
 from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.dataset_identity import IDENTITY_KEY
 from dlrm_contracts.layout import CHECKPOINT_META as META
 from dlrm_contracts.layout import (best_checkpoint, checkpoint_dir,  # noqa: F401 — re-exported
                                    complete_checkpoints, latest_checkpoint)
@@ -149,6 +150,8 @@ class CheckpointReader:
 
 
 def checkpoint_meta(config: TrainConfig, placement_description: dict, table_sizes: list[int],
-                    dims: dict[str, Any]) -> dict[str, Any]:
+                    dims: dict[str, Any], dataset_identity: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     return {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
-            "optimizer": config.optimizer, "seed": config.seed}
+            "optimizer": config.optimizer, "seed": config.seed,
+            IDENTITY_KEY: dict(dataset_identity or {})}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
                                           NUMERICAL_FILE, DatasetError, cat_file, read_info)
+from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
@@ -44,6 +45,9 @@ class BinaryDataset:
     written_table_sizes: tuple[int, ...]
     table_sizes: tuple[int, ...]  # after clamping to a higher threshold; else the written ones
     cat_dtypes: tuple[np.dtype, ...]
+    # What a checkpoint trained on it records (dlrm_contracts.dataset_identity): the export
+    # serves it only with the dictionaries it was made from.
+    identity: dict = field(default_factory=dict, compare=False)
 
     @property
     def clamp(self) -> tuple[int | None, ...]:
@@ -98,7 +102,8 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     return BinaryDataset(path, dict(info.splits), written, sizes,
-                         tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes))
+                         tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
+                         dataset_identity(info, threshold))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 from dlrm_contracts.atomic import (fsync_tree, remove_stale_temporaries, replace_directory,
                                    temporary_sibling)
 from dlrm_contracts.config import ExportConfig
+from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
+                                             dictionaries_fingerprint)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
@@ -40,6 +42,34 @@ HASH_ENTRY_BYTES = 64
 
 class ExportError(ValueError):
     """An export that cannot be made (no checkpoint, dictionaries that do not fit, too big)."""
+
+
+# New dictionaries mean new ids: the model must be trained again on what they give.
+REBUILD_DICTIONARIES = ("the dictionaries are damaged; rebuild them and the model with "
+                        "--stages preprocess,convert,train,eval,export --force")
+
+
+def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path) -> dict[str, Any]:
+    """The checkpoint's dataset identity, once it is shown to be the dictionaries' own.
+
+    A new preprocess run (a new day) rewrites the dictionaries and moves the ids; exporting an
+    older checkpoint with them would serve every value with another value's embedding row.
+    """
+    identity = meta.get(IDENTITY_KEY)
+    recorded = identity.get(DICTIONARIES_FINGERPRINT_KEY) if isinstance(identity, dict) else None
+    if recorded is None:
+        raise ExportError(f"{checkpoint / 'meta.json'} records no dictionaries its ids belong to "
+                          "(saved before checkpoints recorded their dataset, or trained on a "
+                          "dataset converted without parquet/dictionaries beside it): train it "
+                          "again on the current dataset (--stages convert,train,eval,export)")
+    current = dictionaries_fingerprint(dictionaries)
+    if current != recorded:
+        raise ExportError(f"checkpoint {checkpoint.name} was trained on another preprocess "
+                          f"run's dictionaries than those in {dictionaries} (a later preprocess "
+                          "rewrote them, and ids follow the counts): exporting would pair its "
+                          "embedding rows with other values. Train on the current dataset first "
+                          "(--stages convert,train,eval,export)")
+    return identity
 
 
 def export_size(table_sizes: list[int], embedding_dim: int) -> dict[str, int]:
@@ -95,15 +125,20 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
     """
     from trainer.serving import VOCABULARY_HEADER
 
+    _check_dictionary_folders(dictionaries, table_sizes)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for column, size in zip(CAT_COLUMNS, table_sizes):
         folder = dictionaries / f"column={column}"
         if folder.is_dir():
-            table = pq.read_table(folder, columns=["value", "id"])
+            try:
+                table = pq.read_table(folder, columns=["value", "id"])
+            except (OSError, ValueError) as exc:  # pyarrow's errors are both
+                raise ExportError(f"the dictionary of {column} in {folder} cannot be read "
+                                  f"({exc}): {REBUILD_DICTIONARIES}") from None
             ids = table.column("id").to_numpy()
             values = np.asarray(table.column("value").to_pylist(), dtype=object)
-        else:
+        else:  # a table of id 0 alone (_check_dictionary_folders refused any other)
             ids, values = np.zeros(0, np.int64), np.zeros(0, object)
         order = np.argsort(ids, kind="stable")
         ids, values = ids[order], values[order]
@@ -145,20 +180,36 @@ def _test_auc(layout: WorkdirLayout, step: int) -> float | None:
     return None
 
 
-def _dataset_description(dataset: Path) -> dict[str, Any]:
+def _dataset_description(dataset: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """The dataset the checkpoint was trained on (its identity); the path and rows of the one
+    at ``dataset`` only when it is that dataset."""
     try:
         info = json.loads((dataset / DATASET_JSON).read_text())
     except (OSError, ValueError):
         info = {}
-    return {"path": str(dataset), "source_fingerprint": info.get("source_fingerprint"),
-            "rows": info.get("splits"), "threshold_spec": info.get("threshold_spec")}
+    same = isinstance(info, dict) and info.get("source_fingerprint") == identity.get(
+        "source_fingerprint")
+    return {"path": str(dataset) if same else None,
+            "source_fingerprint": identity.get("source_fingerprint"),
+            DICTIONARIES_FINGERPRINT_KEY: identity.get(DICTIONARIES_FINGERPRINT_KEY),
+            "rows": info.get("splits") if same else None,
+            "threshold_spec": identity.get("threshold_spec")}
+
+
+def _check_dictionary_folders(dictionaries: Path, sizes: list[int]) -> None:
+    """Name a missing column's dictionary before anything else is said about them."""
+    for column, size in zip(CAT_COLUMNS, sizes):
+        folder = dictionaries / f"column={column}"
+        if size > 1 and not folder.is_dir():
+            raise ExportError(f"the dictionary of {column} is missing ({folder} does not exist): "
+                              f"{REBUILD_DICTIONARIES}")
 
 
 def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: dict,
-                 dims: ModelDims, sizes: list[int], size: dict, saved_model: Path,
-                 config: ExportConfig) -> dict[str, Any]:
+                 identity: dict[str, Any], dims: ModelDims, sizes: list[int], size: dict,
+                 saved_model: Path, config: ExportConfig) -> dict[str, Any]:
     """What the export was made from and what it holds (fingerprint.json)."""
-    description = _dataset_description(dataset)
+    description = _dataset_description(dataset, identity)
     return {
         "format_version": 1,
         "dataset": description,
@@ -169,7 +220,7 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: d
         "dims": {"embedding_dim": dims.embedding_dim, "bottom_mlp": list(dims.bottom_mlp),
                  "top_mlp": list(dims.top_mlp)},
         "table_sizes": sizes,
-        "signatures": ["serve_features", "serve_lines"],
+        "signatures": ["serve_features", "serve_lines", "serving_default"],
         "missing_integer": config.missing_integer,
         "size": size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()),
@@ -206,6 +257,8 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
             raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
         dims = ModelDims(int(dims_meta["embedding_dim"]), tuple(dims_meta["bottom_mlp"]),
                          tuple(dims_meta["top_mlp"]))
+        _check_dictionary_folders(layout.dictionaries, sizes)
+        identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
         size = check_export_fits(sizes, dims.embedding_dim, config)
         remove_stale_temporaries(layout.export)  # left by an export that was killed
         temporary = temporary_sibling(layout.export)
@@ -213,8 +266,8 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
             vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
             saved_model = temporary / "export" / "saved_model"
             _save(reader, dims, sizes, vocabularies, saved_model, config)
-            fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, dims, sizes,
-                                       size, saved_model, config)
+            fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, identity, dims,
+                                       sizes, size, saved_model, config)
             (temporary / "export" / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
             fsync_tree(temporary / "export")
             replace_directory(temporary / "export", layout.export)
@@ -240,7 +293,9 @@ def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabular
                          _mlp_weights(reader, "top", dims.top_mlp,
                                       dims.embedding_dim + features * (features - 1) // 2),
                          vocabularies, config.missing_integer)
+    lines = module.serve_lines.get_concrete_function()
+    # serving_default: what TensorFlow Serving answers when a request names no signature.
     signatures = {"serve_features": module.serve_features.get_concrete_function(),
-                  "serve_lines": module.serve_lines.get_concrete_function()}
+                  "serve_lines": lines, "serving_default": lines}
     tf.saved_model.save(module, str(out), signatures=signatures)
 

@@ -279,7 +279,8 @@ class Trainer:
         replicated = ({name: v.numpy() for name, v in self._replicated_state()}
                       if self.rank == 0 else {})
         meta = checkpoint_meta(self.config, self.placement.describe(),
-                               list(self.dataset.table_sizes), self._dims_meta())
+                               list(self.dataset.table_sizes), self._dims_meta(),
+                               self.dataset.identity)
         if self.early_stopping.enabled:
             meta["early_stopping"] = self.early_stopping.to_meta()
         self._saved_step = self.step

@@ -3,8 +3,11 @@
 For each input file (plain or .gz) it writes ``OUT/<name>.parquet`` with ``line_number``
 (int64, 1-based, as in the preprocess rejects), ``probability`` (float32) and, for labelled
 files, ``label`` (int8), one row per scored line in line order; and ``OUT/rejects/<name>.jsonl``
-with one record per line the model refused (``file``, ``line_number``, ``reason``, ``line``), as
-the Spark job writes its rejects. Every line is one or the other: the summary counts both.
+with one record per line the model refused (``file``, ``line_number``, ``reason``, ``line``
+without its line end), as the Spark job writes its rejects. Every line is one or the other: the
+summary counts both. A file with more than ``score.max_reject_rate`` of its lines rejected
+keeps its rejects and gets no scores (exit 11, as a truncated .gz or a file that does not say
+whether it is labelled).
 
 Lines are read ``batch_rows`` at a time and written as one parquet row group each, so memory
 is bounded whatever the file size. Each file is written under a temporary name and renamed
@@ -18,9 +21,10 @@ import argparse
 import gzip
 import itertools
 import json
+import re
 import sys
 import time
-from collections import Counter
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
@@ -33,10 +37,14 @@ from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
 from dlrm_contracts.progress import Reporter, open_reporter
-from dlrm_contracts.schema import NUM_FIELDS
+from dlrm_contracts.schema import NUM_FIELDS, NUM_INTEGER
 
 # Lines read to decide whether a file carries the label (has_label unset).
 LABEL_SNIFF_LINES = 1000
+# The Spark job's field rules (docs/spark_jobs.md), on bytes.
+_INTEGER = re.compile(rb"-?[0-9]{1,19}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,8}")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class ScoreError(ValueError):
@@ -61,25 +69,65 @@ def _open(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
 
 def _lines(path: Path) -> Iterator[bytes]:
     """Lines ending at b"\\n" only (a lone \\r is data, as in the Spark job); the model drops
-    the trailing \\n and \\r itself."""
-    with _open(path) as (text, _):
-        yield from text
+    the trailing \\n and \\r itself. A truncated or corrupt .gz is a ScoreError naming it."""
+    with _reading(path):
+        with _open(path) as (text, _):
+            yield from text
 
 
-def detect_label(path: Path) -> bool:
-    """Most of the first lines have 40 tab-separated fields: labelled; 39: not.
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A truncated or corrupt .gz read inside becomes a ScoreError naming the file."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise ScoreError(f"{path} is not a readable gzip file (truncated or corrupt: {exc}); "
+                         "nothing was written for it") from None
 
-    The most common width, not the largest: a day file holds short lines (missing trailing
-    fields) and the odd line with too many fields, neither of which says what the file is.
+
+def line_text(line: bytes) -> bytes:
+    """A line without its end: one trailing \\n, then one trailing \\r (as Spark reads it)."""
+    line = line[:-1] if line.endswith(b"\n") else line
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def _integer(field: bytes) -> bool:
+    return not field or (_INTEGER.fullmatch(field) is not None
+                         and _INT64[0] <= int(field) <= _INT64[1])
+
+
+def fits_rules(line: bytes, labelled: bool) -> bool:
+    """Whether the Spark job would keep ``line`` read with (or without) a label field."""
+    fields = line_text(line).split(b"\t")
+    if not labelled:
+        fields = [b"0", *fields]
+    if len(fields) > NUM_FIELDS or fields[0] not in (b"0", b"1"):
+        return False
+    ints, cats = fields[1:1 + NUM_INTEGER], fields[1 + NUM_INTEGER:]
+    return all(map(_integer, ints)) and all(not f or _HEX.fullmatch(f) for f in cats)
+
+
+def detect_label(path: Path, max_reject_rate: float) -> bool | None:
+    """Whether the file's lines start with the label, from its first lines read both ways.
+
+    The field count alone cannot tell: a labelled line that lost its empty last field has 39
+    fields, like an unlabelled one. The reading that keeps more lines by the Spark job's rules
+    wins, unless the other keeps all but ``max_reject_rate`` of them too (then either could be
+    meant) or the winner keeps fewer than half (then the file is not of this format): both are
+    refused, asking for score.has_label. None for a file with no lines.
     """
-    widths = Counter(line.rstrip(b"\r\n").count(b"\t") + 1
-                     for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES))
-    usual = widths.most_common(1)[0][0] if widths else 0
-    if usual in (NUM_FIELDS, NUM_FIELDS - 1):
-        return usual == NUM_FIELDS
-    raise ScoreError(f"cannot tell whether {path} has a label column (most of its first "
-                     f"{sum(widths.values())} lines have {usual} fields, neither 40 nor 39); set "
-                     "score.has_label in the config")
+    lines = [line for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES) if line_text(line)]
+    if not lines:
+        return None
+    fit = {labelled: sum(fits_rules(line, labelled) for line in lines) / len(lines)
+           for labelled in (True, False)}
+    winner = fit[True] >= fit[False]
+    if fit[not winner] < 1.0 - max_reject_rate and fit[winner] >= 0.5:
+        return winner
+    raise ScoreError(f"cannot tell whether the lines of {path} start with the label: of its "
+                     f"first {len(lines)} lines, {fit[True]:.1%} are valid read as labelled and "
+                     f"{fit[False]:.1%} read as unlabelled (a line of 39 fields can be either); "
+                     "set score.has_label: true or false in the config")
 
 
 class ScanProgress:
@@ -118,27 +166,64 @@ SCHEMA_UNLABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.f
 def score_file(model, path: Path, out_dir: Path, config: ScoreConfig,
                progress: ScanProgress | None = None) -> dict:
     """Score one file into OUT/<name>.parquet + OUT/rejects/<name>.jsonl (atomically)."""
-    import tensorflow as tf
-
-    has_label = config.has_label if config.has_label is not None else detect_label(path)
+    has_label = (config.has_label if config.has_label is not None
+                 else detect_label(path, config.max_reject_rate))
     name = output_name(path)
     final, final_rejects = out_dir / f"{name}.parquet", out_dir / "rejects" / f"{name}.jsonl"
     (out_dir / "rejects").mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)  # left by a scorer that was killed
     remove_stale_temporaries(final_rejects)
     schema = SCHEMA_LABELLED if has_label else SCHEMA_UNLABELLED
+    too_many = None
+    with atomic_file(final_rejects) as tmp_rejects:
+        try:
+            with atomic_file(final) as tmp, pq.ParquetWriter(tmp, schema) as writer, \
+                    open(tmp_rejects, "w", encoding="utf-8") as rejects:
+                lines_read, rejected = _score_lines(model, path, bool(has_label), writer,
+                                                    rejects, config, progress)
+                _check_reject_rate(path, lines_read, rejected, final_rejects, config)
+        except TooManyRejects as exc:  # the scores are dropped, the rejects kept
+            too_many = exc
+    if too_many is not None:
+        raise too_many
+    return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
+            "has_label": has_label, "lines": lines_read,
+            "scored": lines_read - sum(rejected.values()), "rejected": rejected}
+
+
+class TooManyRejects(ScoreError):
+    """More lines refused than score.max_reject_rate allows."""
+
+
+def _check_reject_rate(path: Path, lines: int, rejected: dict[str, int], rejects_file: Path,
+                       config: ScoreConfig) -> None:
+    count = sum(rejected.values())
+    rate = count / lines if lines else 0.0
+    if rate > config.max_reject_rate:
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(rejected.items()))
+        raise TooManyRejects(f"{path}: {count:,} of {lines:,} lines rejected ({rate:.2%}: "
+                             f"{reasons}), more than score.max_reject_rate "
+                             f"{config.max_reject_rate:.2%}: no scores written; the lines are "
+                             f"in {rejects_file}")
+
+
+def _score_lines(model, path: Path, has_label: bool, writer, rejects, config: ScoreConfig,
+                 progress: ScanProgress | None) -> tuple[int, dict[str, int]]:
+    """Every line of ``path``, ``batch_rows`` at a time: scores to ``writer``, refused lines to
+    ``rejects``. Returns the lines read and the rejects per reason."""
+    import tensorflow as tf
+
     signature = model.signatures["serve_lines"]
     lines_read, rejected = 0, {}
-    with atomic_file(final) as tmp, atomic_file(final_rejects) as tmp_rejects, \
-            pq.ParquetWriter(tmp, schema) as writer, \
-            open(tmp_rejects, "w", encoding="utf-8") as rej, \
-            _open(path) as (text, raw):
+    name = output_name(path)
+    with _reading(path), _open(path) as (text, raw):
         lines = iter(text)
         while True:
             batch = list(itertools.islice(lines, config.batch_rows))
             if not batch:
                 break
-            out = signature(lines=tf.constant(batch), has_label=tf.constant(has_label))
+            out = signature(lines=tf.constant(batch),
+                            has_label=tf.fill([len(batch)], tf.constant(has_label)))
             probability = out["probability"].numpy()
             reasons = out["reject_reason"].numpy()
             numbers = np.arange(lines_read + 1, lines_read + len(batch) + 1, dtype=np.int64)
@@ -146,20 +231,18 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig,
             columns = [pa.array(numbers[keep]), pa.array(probability[keep])]
             if has_label:
                 columns.append(pa.array(out["label"].numpy()[keep].astype(np.int8)))
-            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+            writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
             for i in np.flatnonzero(~keep):
                 reason = reasons[i].decode()
                 rejected[reason] = rejected.get(reason, 0) + 1
-                rej.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
-                                      "reason": reason,
-                                      "line": batch[i].rstrip(b"\n").decode("utf-8", "replace")})
-                          + "\n")
+                rejects.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
+                                          "reason": reason,
+                                          "line": line_text(batch[i]).decode("utf-8", "replace")})
+                              + "\n")
             lines_read += len(batch)
             if progress is not None:
                 progress.scanned(name, len(batch), raw.tell())
-    return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
-            "has_label": has_label, "lines": lines_read,
-            "scored": lines_read - sum(rejected.values()), "rejected": rejected}
+    return lines_read, rejected
 
 
 def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | Path,

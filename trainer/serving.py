@@ -13,14 +13,18 @@ TensorFlow Serving) without this project's code. The rules are those of the Spar
   values get id 0;
 - lines: a trailing ``\\n`` and then one trailing ``\\r`` are dropped; fields are split on tabs;
   fewer than 40 fields are padded with missing values; a line the Spark job would reject gets
-  probability NaN and the Spark job's reason (``too_many_fields``, ``bad_label``,
+  probability REJECTED_PROBABILITY (-1: not a probability, and valid JSON where NaN is not)
+  and the Spark job's reason (``too_many_fields``, ``bad_label``,
   ``non_integer``, ``non_hex_categorical``), the first that applies.
 
 The two signatures (names and tensors are the serving interface, documented in docs/trainer.md):
 ``serve_features(int_features int64 [n, 13], cat_features string [n, 26])`` and
-``serve_lines(lines string [n], has_label bool [])``; both return ``probability`` float32 [n]
+``serve_lines(lines string [n], has_label bool [n])``, which is also ``serving_default``; both
+return ``probability`` float32 [n]
 and ``reject_reason`` string [n] ("" for a scored row); ``serve_lines`` also returns ``label``
-int32 [n] (-1 when absent or rejected).
+int32 [n] (-1 when absent or rejected). Every input and output has the batch as its first
+dimension, so TensorFlow Serving's server-side batching can concatenate requests (it refuses
+scalar inputs), and a REST response holds no NaN (which its JSON writer prints bare).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ _HEX = "[0-9a-fA-F]{1,8}"
 # First line of every vocabulary file: takes line number (= id) 0, never equal to a normalised
 # value (8 lowercase hex digits), so only unknown values get id 0 from the table's default.
 VOCABULARY_HEADER = "<id 0: rare or missing>"
+# The probability of a row the Spark job would reject: outside [0, 1], and valid JSON.
+REJECTED_PROBABILITY = -1.0
 
 
 def fits_int64(integers: tf.Tensor) -> tf.Tensor:
@@ -91,12 +97,12 @@ def normalise_categoricals(fields: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.
 def split_lines(lines: tf.Tensor, has_label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Raw lines -> (string fields [n, 40] padded with "", per row: more than 40 fields).
 
-    A line without its label is read as if the label field were there (and valid), so the same
-    40-field rules apply to both kinds of input.
+    A line without its label (``has_label`` false for that row) is read as if the label field
+    were there (and valid), so the same 40-field rules apply to both kinds of input.
     """
     lines = tf.strings.regex_replace(lines, "\n\\z", "")
     lines = tf.strings.regex_replace(lines, "\r\\z", "")
-    lines = tf.cond(has_label, lambda: lines, lambda: tf.strings.join(["0\t", lines]))
+    lines = tf.where(has_label, lines, tf.strings.join(["0\t", lines]))
     ragged = tf.strings.split(lines, "\t")
     too_many = ragged.row_lengths() > NUM_FIELDS
     fields = ragged.to_tensor(default_value="", shape=[None, NUM_FIELDS])
@@ -157,7 +163,8 @@ class ServingDLRM(tf.Module):
                reason: tf.Tensor) -> tf.Tensor:
         normalised, unusable, _ = normalise_categoricals(categoricals)
         probability = self._probability(integers, self._ids(normalised, unusable))
-        return tf.where(tf.equal(reason, ""), probability, tf.fill(tf.shape(probability), np.nan))
+        return tf.where(tf.equal(reason, ""), probability,
+                        tf.fill(tf.shape(probability), REJECTED_PROBABILITY))
 
     @tf.function(input_signature=[tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
                                   tf.TensorSpec([None, NUM_CATEGORICAL], tf.string,
@@ -169,7 +176,7 @@ class ServingDLRM(tf.Module):
                 "reject_reason": reason}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="lines"),
-                                  tf.TensorSpec([], tf.bool, name="has_label")])
+                                  tf.TensorSpec([None], tf.bool, name="has_label")])
     def serve_lines(self, lines, has_label):
         fields, too_many = split_lines(lines, has_label)
         label_text = fields[:, 0]

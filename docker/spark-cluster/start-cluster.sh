@@ -10,8 +10,9 @@
 #
 # Off a loopback --host the cluster authenticates every connection with a shared secret
 # (DIR/auth/secret, mode 0600, created once; or --secret-file FILE) and encrypts RPC traffic;
-# --insecure turns that off, --authenticate turns it on for a loopback address too. Web UIs bind
-# to --host only, with ACLs on and no kill buttons; the REST submission server stays off.
+# --insecure turns that off, --authenticate turns it on for a loopback address too (off loopback
+# --no-rpc-encryption needs --insecure). Web UIs bind to 127.0.0.1 only, with ACLs on and no
+# kill buttons; the REST submission server stays off.
 # --join URL starts only workers, for the master at URL (another node; same --secret-file).
 # Logs go to DIR/logs, pid files to DIR/pids; DIR/cluster.env records the master URL and the
 # (non-secret) security settings for submit.sh and stop-cluster.sh. Prints the master URL when
@@ -24,7 +25,7 @@ JOIN="" AUTH_ARGS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in  # switches first: they take no value
     --authenticate|--insecure|--no-rpc-encryption|--io-encryption) AUTH_ARGS+=("$1"); shift; continue ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   esac
   [[ $# -ge 2 ]] || usage_error "$1 needs a value (see --help)"
   case "$1" in
@@ -79,14 +80,16 @@ DAEMON_CONF="$(sed -n 's/^DAEMON_CONF=//p' <<<"$SECURITY")"
 
 cat >"$CLUSTER_DIR/cluster.env" <<ENV
 MASTER_URL=$MASTER_URL
-MASTER_WEBUI=http://$HOST:$WEBUI_PORT
+MASTER_WEBUI=http://127.0.0.1:$WEBUI_PORT
 HOST=$HOST
 WORKERS=$WORKERS
 $SECURITY
 ENV
 
-# Every daemon and web UI binds to --host only (Spark's UIs otherwise listen on 0.0.0.0).
-export SPARK_MASTER_HOST="$HOST" SPARK_LOCAL_IP="$HOST"
+# Every daemon binds to --host only, every web UI to 127.0.0.1 (Spark binds UIs to
+# SPARK_LOCAL_IP, else to 0.0.0.0; its ACLs restrict nobody without an authentication filter):
+# an SSH tunnel reaches them (docs/cluster.md §2.2).
+export SPARK_MASTER_HOST="$HOST" SPARK_LOCAL_IP=127.0.0.1
 if [[ -z "$JOIN" ]]; then
   "$DAEMON" start "$MASTER_CLASS" 1 --host "$HOST" --port "$PORT" --webui-port "$WEBUI_PORT" \
     --properties-file "$DAEMON_CONF" >/dev/null

@@ -7,7 +7,8 @@
 # --total-executor-cores 4 --conf k=v); everything after it to spark_jobs/main.py.
 # On an authenticated cluster (cluster.env AUTH=on) the job gets the cluster's secret *file*
 # (--auth-secret-file; the job hands the secret to its JVM itself, never on a command line) and
-# the cluster's encryption and UI ACL settings. The driver binds to the cluster's --host.
+# the cluster's encryption and UI ACL settings. The driver binds to the cluster's --host, its
+# web UI to 127.0.0.1.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -38,7 +39,12 @@ ADMIN_USERS="$(setting ADMIN_USERS)" VIEW_USERS="$(setting VIEW_USERS)"
 [[ -n "$ADMIN_USERS" ]] && APP_ARGS+=(--ui-admin-users "$ADMIN_USERS")
 [[ -n "$VIEW_USERS" ]] && APP_ARGS+=(--ui-view-users "$VIEW_USERS")
 HOST="$(setting HOST)"
-# The driver's RPC endpoint and web UI bind to the cluster's address, not to every interface.
-[[ -n "$HOST" ]] && export SPARK_LOCAL_IP="$HOST"
+# The driver's RPC endpoint binds to the cluster's address, its web UI to loopback only (Spark
+# binds UIs to SPARK_LOCAL_IP, else to every interface): an SSH tunnel reaches it (cluster.md).
+if [[ -n "$HOST" ]]; then
+  export SPARK_LOCAL_IP=127.0.0.1
+  SUBMIT_OPTS=(--conf "spark.driver.host=$HOST" --conf "spark.driver.bindAddress=$HOST"
+               ${SUBMIT_OPTS[@]+"${SUBMIT_OPTS[@]}"})
+fi
 exec "$SPARK_HOME/bin/spark-submit" --master "$MASTER_URL" "${SUBMIT_OPTS[@]}" \
   "$ROOT/spark_jobs/main.py" "${APP_ARGS[@]}"

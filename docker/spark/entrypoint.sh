@@ -3,7 +3,10 @@
 #   driver|executor ARGS  Spark on Kubernetes starts its pods with these (the same contract as
 #                         Apache Spark's own image entrypoint), so this image can be
 #                         spark.kubernetes.container.image.
-#   master|worker ARGS    a standalone master or worker in the foreground (docs/cluster.md).
+#   master|worker ARGS    a standalone master or worker in the foreground, prepared as
+#                         start-cluster.sh prepares its daemons (python -m pipeline.cluster_auth:
+#                         authenticated off loopback with a mounted --secret-file, --insecure to
+#                         opt out loudly, web UIs on loopback, never as root; docs/cluster.md).
 #   anything else         the preprocess command: python -m spark_jobs ARGS.
 set -euo pipefail
 : "${SPARK_HOME:=/opt/spark}"
@@ -29,12 +32,9 @@ case "${1:-}" in
       --cores "$SPARK_EXECUTOR_CORES" --app-id "$SPARK_APPLICATION_ID" \
       --hostname "$SPARK_EXECUTOR_POD_IP" --resourceProfileId "${SPARK_RESOURCE_PROFILE_ID:-0}" \
       --podName "${SPARK_EXECUTOR_POD_NAME:-}" "$@" ;;
-  master)
-    shift
-    exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master "$@" ;;
-  worker)
-    shift
-    exec "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker "$@" ;;
+  master|worker)
+    export SPARK_HOME
+    exec python -m pipeline.cluster_auth "$@" ;;
   *)
     exec python -m spark_jobs "$@" ;;
 esac
