@@ -82,6 +82,9 @@ class CpuMeter:
         self._own = self._own_seconds()
         self._waited = self._children_seconds()
         self._seen: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+        # Descendants already running (a test's Spark JVM, say) count from now, not from birth.
+        self.sample()
+        self._before, self._seen = self._seen, {}
 
     def _own_seconds(self) -> float:
         t = self._me.cpu_times()
@@ -103,8 +106,11 @@ class CpuMeter:
 
     def seconds(self) -> float:
         self.sample()
-        children = max(sum(self._seen.values()), self._children_seconds() - self._waited)
-        return round(self._own_seconds() - self._own + children, 2)
+        seen = sum(cpu - self._before.get(key, 0.0) for key, cpu in self._seen.items())
+        # Children reaped meanwhile are in RUSAGE_CHILDREN whole, the ones already running too.
+        reaped = self._children_seconds() - self._waited - sum(
+            cpu for key, cpu in self._before.items() if key not in self._seen)
+        return round(self._own_seconds() - self._own + max(seen, reaped), 2)
 
 
 class StageWatch:

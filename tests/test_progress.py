@@ -322,3 +322,21 @@ def test_the_pipeline_draws_a_bar_per_stage_on_a_terminal_and_keeps_lines_in_its
     [log] = (tmp_path / "logs").glob("pipeline-*.log")
     lines = [x for x in log.read_text().splitlines() if " INFO convert " in x and "elapsed" in x]
     assert len(lines) >= 4 and any("ETA" in x for x in lines)  # ~3 s at a line every 0.5 s
+
+
+def test_the_cpu_meter_counts_a_child_that_was_already_running_from_its_own_start():
+    """A descendant running before the stage (a Spark JVM kept by a test session, say) adds
+    only what it burns during the stage, not its whole life's CPU time."""
+    from pipeline.progress import CpuMeter
+
+    code = ("import time\nend = time.process_time() + 1.0\n"
+            "while time.process_time() < end: pass\nprint('burnt', flush=True)\ntime.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "burnt"
+        meter = CpuMeter()
+        time.sleep(0.3)
+        assert meter.seconds() < 0.5
+    finally:
+        child.kill()
+        child.wait()
