@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_contracts.binary_format import (LABEL_FILE, NUMERICAL_FILE, cat_dtype, cat_file, describe,
-                                          write_json)
+from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_FILE, cat_dtype,
+                                          cat_file, describe, file_checksum, file_key, write_json)
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
@@ -76,8 +76,11 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
         p = 1.0 / (1.0 + np.exp(-signal.logit(numerical.astype(np.float32), cats)))
         label = (split_rng.random(n) < p).astype(np.uint8)
         write_split(path / split, label, numerical, cats, table_sizes)
+    # recorded as convert records them, so the dataset can be derived from (rethreshold)
+    checksums = {file_key(split, f.name): file_checksum(f)
+                 for split in SPLITS for f in sorted((path / split).iterdir())}
     info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), threshold_spec,
-                    f"synthetic-planted-seed{seed}")
+                    f"synthetic-planted-seed{seed}", {CHECKSUMS_KEY: checksums})
     write_json(path / DATASET_JSON, info.to_json())
     write_json(path / MODEL_SIZE_JSON, dict(zip(CAT_COLUMNS, table_sizes)))
     (path / SUCCESS).write_text("")
