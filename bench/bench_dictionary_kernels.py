@@ -11,7 +11,11 @@ It prints nanoseconds per value for:
   and pandas ``Index.get_indexer`` (a hash table built by pandas); ids checked equal;
 - counting one chunk's column of 256k values: the project's sort-based ``count_values``
   against pandas ``value_counts``;
-- one value group's dictionary write, step by step (ids, hex strings, parquet, index region).
+- one value group's dictionary write, step by step (ids, hex strings, parquet, index region);
+- the same group under another design, where the merge (before the ids are known) writes the
+  group's rows and index region with group-local ranks, and only the ids are applied after the
+  barrier: what would remain of the dictionaries phase per value. Its catch: a dictionary part
+  then holds ranks, not ids, so the reference's (value, id, count) rows need a second file.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,6 +128,47 @@ def group_write(rng, kept: int) -> str:
     return f"{kept:>12,} kept: {total / kept * 1e9:.0f} ns per value ({parts})"
 
 
+@numba.njit(cache=False, nogil=True)
+def _ranks_to_ids(region, rank_to_id):
+    """Each filled slot's group-local rank (high 32 bits) replaced by its id."""
+    for s in range(region.shape[0]):
+        slot = region[s]
+        if slot != 0:
+            rank = np.int64(slot >> np.uint64(32)) - 1
+            region[s] = (slot & np.uint64(0xFFFFFFFF)) | (np.uint64(rank_to_id[rank]) << np.uint64(32))
+
+
+def group_ids_after_barrier(rng, kept: int) -> str:
+    """The other design's dictionaries phase for one group: ranks (in count-descending,
+    value-ascending order) → ids from the class offsets, applied to the index region built by
+    the merge, and the ids written as a file of their own beside the merge's rows."""
+    values, _, _ = dictionary(rng, kept)
+    counts = rng.poisson(4, kept).astype(np.int64) + 2
+    order = np.lexsort((values, -counts))
+    ranks = np.empty(kept, np.int32)
+    ranks[order] = np.arange(1, kept + 1, dtype=np.int32)
+    classes, sizes = np.unique(-counts, return_counts=True)        # count descending
+    class_first = np.arange(len(classes), dtype=np.int64) * kept + 1  # as if interleaved with other groups
+    slots = dictionary_index.region_slots(kept)
+    built = np.zeros(slots, np.uint64)
+    build_region(values, ranks, built)
+    steps = {}
+
+    def rank_to_id():
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return (np.arange(kept, dtype=np.int64) + np.repeat(class_first - starts, sizes)).astype(np.int32)
+    steps["ids of ranks"] = best_seconds(rank_to_id, 3)
+    mapping = rank_to_id()
+    _ranks_to_ids(built.copy(), mapping)
+    steps["index ids"] = best_seconds(lambda: _ranks_to_ids(built.copy(), mapping), 3)
+    steps["index ids"] -= best_seconds(lambda: built.copy(), 3)    # the copy is the timing's own
+    with tempfile.TemporaryDirectory() as tmp:
+        steps["ids file"] = best_seconds(lambda: np.save(f"{tmp}/ids.npy", mapping), 3)
+    total = sum(steps.values())
+    parts = ", ".join(f"{k} {v / kept * 1e9:.1f}" for k, v in steps.items())
+    return f"{kept:>12,} kept: {total / kept * 1e9:.1f} ns per value ({parts})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,6 +186,9 @@ def main() -> int:
     print("one value group's dictionary write:")
     for kept in (k for k in sizes if k <= 2_500_000):
         print("  " + group_write(rng, kept), flush=True)
+    print("the other design: one value group's ids applied after the barrier:")
+    for kept in (k for k in sizes if k <= 2_500_000):
+        print("  " + group_ids_after_barrier(rng, kept), flush=True)
     return 0
 
 
