@@ -90,27 +90,43 @@ def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
     return files
 
 
-def stored_partials_task(files: list[tuple[int, str]]):
-    """mapInArrow function: stored value counts (either engine's files) → partial rows."""
+def stored_batches(files: list[tuple[int, str]], tasks: int) -> list[list[tuple[int, str]]]:
+    """The stored files dealt into about ``tasks`` lists of equal bytes: a task per file
+    cost more than the reading (the Arrow engine stores a file per day, column and value
+    group: 720 for 24 days)."""
+    sizes = {k: os.path.getsize(path) for k, (_, path) in enumerate(files)}
+    return [[files[k] for k in batch] for batch in balanced_batches(sizes, tasks)]
+
+
+def stored_partials_task(batches: list[list[tuple[int, str]]]):
+    """mapInArrow function: stored value counts (either engine's files) → partial rows, one
+    batch of files per item, one file at a time (a file is one group's or one day's counts:
+    a worker's memory stays bounded whatever the batch)."""
+    def run(items):
+        for item in items:
+            for k in item.column(0).to_numpy():
+                for day, path in batches[int(k)]:
+                    by_column = _stored_counts(path)
+                    if by_column:
+                        yield partial_rows(day, by_column)
+    return run
+
+
+def _stored_counts(path: str) -> dict[int, Counts]:
+    """One stored file's counts per column, values ascending."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    def run(batches):
-        for batch in batches:
-            for k in batch.column(0).to_numpy():
-                day, path = files[int(k)]
-                table = pq.read_table(path, columns=["column", "value", "count"])
-                by_column = {}
-                for j, name in enumerate(CAT_COLUMNS):
-                    rows = table.filter(pc.equal(table["column"], name))
-                    if rows.num_rows:
-                        values = rows["value"].to_numpy().astype(VALUE_DTYPE)
-                        order = np.argsort(values, kind="stable")
-                        counts = rows["count"].to_numpy().astype(DAY_COUNT_DTYPE)
-                        by_column[j] = Counts(values[order], counts[order])
-                if by_column:
-                    yield partial_rows(day, by_column)
-    return run
+    table = pq.read_table(path, columns=["column", "value", "count"])
+    by_column = {}
+    names = pc.unique(table["column"]).to_pylist()
+    for name in names:
+        rows = table if len(names) == 1 else table.filter(pc.equal(table["column"], name))
+        values = rows["value"].to_numpy().astype(VALUE_DTYPE)
+        order = np.argsort(values, kind="stable")
+        counts = rows["count"].to_numpy().astype(DAY_COUNT_DTYPE)
+        by_column[CAT_COLUMNS.index(name)] = Counts(values[order], counts[order])
+    return by_column
 
 
 # ---------------------------------------------------------------- groups

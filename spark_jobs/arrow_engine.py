@@ -99,7 +99,8 @@ class ArrowEngine:
         samples = list(self._samples)
         stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
-            frame = self._persist(self._over(stored, dicts.stored_partials_task(stored),
+            batches = dicts.stored_batches(stored, 4 * self.session.sparkContext.defaultParallelism)
+            frame = self._persist(self._over(batches, dicts.stored_partials_task(batches),
                                              dicts.COUNT_SCHEMA))
             samples += _samples(frame.where(F.col("kind") == dicts.KIND_SAMPLE).collect())
             partials = partials.unionByName(frame.where(F.col("kind") == dicts.KIND_PARTIAL))

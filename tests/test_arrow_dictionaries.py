@@ -218,6 +218,16 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     assert again["days_counted"] == [3] and again["days_reused"] == [0, 1, 2]
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
+    # a fifth day, each engine on the other's workdir: the SQL engine's stored counts (a file
+    # per day holding every column) read by the Arrow engine's batched tasks, and the reverse
+    days.append(salted_days(49, 1, 300)[0])
+    (raw / "day_4").write_text("".join(line + "\n" for line in days[4]))
+    swapped = run(spark, raw, tmp_path / "sql", "2,C7:1", engine="arrow", max_reject_rate=0.5,
+                  arrow_group_values=40)
+    assert swapped["days_counted"] == [4] and swapped["days_reused"] == [0, 1, 2, 3]
+    run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="sql", max_reject_rate=0.5)
+    _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
+    check_against_reference(days, tmp_path / "sql", swapped, "2,C7:1")
 
 
 @spark_tests
