@@ -434,23 +434,29 @@ class ProgressConfig:
     # Rows per second are measured over this last stretch of a phase.
     rate_window_s: float = 60.0
     # The preprocess stage's fraction done weighs its phases by their share of its time
-    # (bench/README.md, Arrow engine at the Terabyte shape: count 62.5 s, dictionaries 6.9 s,
-    # transform 83.2 s). A phase not named here counts for nothing.
+    # (bench/README.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
+    # count 42.2 s, dictionaries 1.0 s, transform 75.6 s). A phase not named here counts for
+    # nothing.
     preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
-        "count": 0.41, "dictionaries": 0.05, "transform": 0.54})
+        "count": 0.36, "dictionaries": 0.02, "transform": 0.62})
     # Within the count and the transform, the share of the phase spent in the tasks that read
-    # the input (one per chunk); the rest is the count's sums and collects and the transform's
-    # train-file writes (Terabyte shape on a busy 2-core machine: count 0.54, transform 0.70;
-    # bench/README.md, "Progress and ETA").
-    preprocess_read_share: float = 0.6
+    # the input (one per chunk); the rest is the count's merge and collects and the
+    # transform's train-file writes (the same run's event log: count 33.6 of 42.2 s,
+    # transform 44.1 of 75.6 s).
+    preprocess_read_shares: dict[str, float] = field(default_factory=lambda: {
+        "count": 0.8, "transform": 0.6})
 
     def __post_init__(self) -> None:
         _check(0 < self.interval_s < math.inf,
                f"progress.interval_s must be a number of seconds > 0, not {self.interval_s}")
         _check(0 < self.rate_window_s < math.inf,
                f"progress.rate_window_s must be a number of seconds > 0, not {self.rate_window_s}")
-        _check(0 < self.preprocess_read_share < 1,
-               f"progress.preprocess_read_share must be in (0, 1), not {self.preprocess_read_share}")
+        reads = self.preprocess_read_shares
+        _check(set(reads) == {"count", "transform"} and all(
+                   isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
+                   for v in reads.values()),
+               f"progress.preprocess_read_shares must map count and transform to a share in "
+               f"(0, 1), not {reads}")
         shares = self.preprocess_phase_shares
         _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
                    for v in shares.values()) and sum(shares.values()) > 0,

@@ -60,8 +60,9 @@ class _Phase:
     then do the rest: the transform one task per train file (``after_tasks``); the count
     sums, writes and collects in small stages whose number the plan does not know, so their
     progress is the time since the reading ended over the time they should take
-    (``progress.preprocess_read_share`` of the phase is reading). A phase without a plan (the
-    dictionaries) goes by its tasks done of those Spark has shown.
+    (``progress.preprocess_read_shares`` of the phase is reading). A phase without a plan (the
+    dictionaries) goes by its tasks done of those Spark has shown. A running task counts as
+    half done: the fraction moves by whole tasks otherwise, and lags by half a wave of them.
     """
 
     name: str
@@ -70,15 +71,19 @@ class _Phase:
     after_tasks: int
     rows: float | None           # rows the phase reads
     started: float
-    stages: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (tasks, done)
+    stages: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # id -> (tasks, done, running)
     finished: set[int] = field(default_factory=set)
     read_done_at: float | None = None
 
     def tasks(self) -> tuple[int, int]:
         """(done, total): the total is the plan, or what Spark showed when that is more."""
-        done = sum(d for _, d in self.stages.values())
-        seen = sum(n for n, _ in self.stages.values())
+        done = sum(d for _, d, _ in self.stages.values())
+        seen = sum(n for n, _, _ in self.stages.values())
         return done, max(self.read_tasks + self.after_tasks, seen)
+
+    def work_done(self) -> float:
+        """Tasks done, a running one counting half."""
+        return sum(d + 0.5 * r for _, d, r in self.stages.values())
 
     def read_fraction(self) -> float:
         done, _ = self.tasks()
@@ -86,12 +91,12 @@ class _Phase:
 
     def fraction(self, read_share: float, now: float) -> float:
         """Below 1 while the phase runs (1 only when the next one starts)."""
-        done, total = self.tasks()
+        _, total = self.tasks()
+        done = self.work_done()
         if not self.read_tasks:
             return min(0.99, done / total) if total else 0.0
-        read = self.read_fraction()
-        if read < 1.0:
-            return read_share * read
+        if self.read_fraction() < 1.0:
+            return read_share * min(1.0, done / self.read_tasks)
         if self.read_done_at is None:
             self.read_done_at = now
         if self.after_tasks:
@@ -110,7 +115,7 @@ class PreprocessProgress:
                  reporter: Reporter | None = None):
         self.cfg = cfg
         self.shares = settings.preprocess_phase_shares
-        self.read_share = settings.preprocess_read_share
+        self.read_shares = settings.preprocess_read_shares
         self.engine = engine
         self.sample_bytes = sample_bytes
         self.layout = WorkdirLayout.at(workdir)
@@ -251,7 +256,8 @@ class PreprocessProgress:
             if info is None:
                 continue
             with self._lock:
-                current.stages[stage_id] = (info.numTasks, info.numCompletedTasks)
+                current.stages[stage_id] = (info.numTasks, info.numCompletedTasks,
+                                            info.numActiveTasks)
                 if stage_id not in active:
                     current.finished.add(stage_id)
         with self._lock:
@@ -267,7 +273,8 @@ class PreprocessProgress:
     def _send(self) -> None:
         """The current state to the reporter (under the lock)."""
         current = self._current
-        within = current.fraction(self.read_share, time.time())
+        # a phase that reads no input (the dictionaries) has no read share: 1.0 is never used
+        within = current.fraction(self.read_shares.get(current.name, 1.0), time.time())
         total_share = sum(self.shares.values())
         share = 0.0 if current.name in self._finished else self.shares.get(current.name, 0.0)
         self._fraction = max(self._fraction,

@@ -240,18 +240,20 @@ def test_a_preprocess_phase_reads_then_writes_or_sums_and_its_fraction_follows()
     from spark_jobs.progress import _Phase
 
     count = _Phase("count", "", read_tasks=10, after_tasks=0, rows=1000.0, started=0.0)
-    count.stages = {1: (10, 5)}
+    count.stages = {1: (10, 5, 0)}
     assert count.fraction(0.6, now=50.0) == pytest.approx(0.3) and count.read_fraction() == 0.5
-    count.stages = {1: (10, 10), 2: (8, 3)}       # reading took 100 s: the sums should take 66.7
+    count.stages = {1: (10, 5, 2)}                # two running: a task's worth more done
+    assert count.fraction(0.6, now=50.0) == pytest.approx(0.36) and count.tasks() == (5, 10)
+    count.stages = {1: (10, 10, 0), 2: (8, 3, 1)}  # reading took 100 s: the sums should take 66.7
     assert count.fraction(0.6, now=100.0) == pytest.approx(0.6)
     assert count.fraction(0.6, now=100.0 + 100 / 3) == pytest.approx(0.8)
     assert count.fraction(0.6, now=1000.0) == 0.99  # late: held below 1 until the phase ends
     transform = _Phase("transform", "", read_tasks=10, after_tasks=5, rows=1000.0, started=0.0)
-    transform.stages = {1: (1, 1), 2: (9, 9), 3: (5, 2)}
+    transform.stages = {1: (1, 1, 0), 2: (9, 9, 0), 3: (5, 2, 0)}
     assert transform.fraction(0.6, now=10.0) == pytest.approx(0.6 + 0.4 * 2 / 5)
     assert transform.tasks() == (12, 15)
     dictionaries = _Phase("dictionaries", "", read_tasks=0, after_tasks=0, rows=None, started=0.0)
-    dictionaries.stages = {4: (4, 3)}
+    dictionaries.stages = {4: (4, 3, 0)}
     assert dictionaries.fraction(0.6, now=1.0) == pytest.approx(0.75)
 
 
@@ -260,7 +262,8 @@ def test_a_preprocess_phase_reads_then_writes_or_sums_and_its_fraction_follows()
     ({"interval_s": "often"}, "interval_s"),
     ({"preprocess_phase_shares": {"count": -1}}, "preprocess_phase_shares"),
     ({"preprocess_phase_shares": {"count": 0}}, "preprocess_phase_shares"),
-    ({"preprocess_read_share": 1.0}, "preprocess_read_share"),
+    ({"preprocess_read_shares": {"count": 1.0, "transform": 0.5}}, "preprocess_read_shares"),
+    ({"preprocess_read_shares": {"count": 0.8}}, "preprocess_read_shares"),
     ({"every": 3}, "unknown setting"),
 ])
 def test_bad_progress_settings_are_refused(section, message):
