@@ -117,7 +117,11 @@ def _stored_counts(path: str) -> dict[int, Counts]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["column", "value", "count"])
+    try:
+        table = pq.read_table(path, columns=["column", "value", "count"])
+    except Exception as error:      # named here: the task's traceback reaches the user as one line
+        raise ValueError(f"the stored value counts {path} are damaged ({error}); delete "
+                         f"{Path(path).parent} and run again to count that day again") from error
     by_column = {}
     names = pc.unique(table["column"]).to_pylist()
     for name in names:

@@ -43,10 +43,31 @@ def counted_days(counts_dir: Path) -> dict[int, dict]:
 
 
 def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
-    """Days that are new or whose file changed since they were counted."""
+    """Days that are new, whose file changed since they were counted, or whose stored counts
+    are damaged (counted again from the day file, which is at hand)."""
     known = counted_days(counts_dir)
     return [d.day for d in days
-            if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()]
+            if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()
+            or not _stored_counts_intact(counts_dir, d.day)]
+
+
+def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
+    """Every stored counts file of ``day`` opens as parquet (a truncated or overwritten file
+    fails here, on its footer, for the cost of one small read per file)."""
+    import sys
+
+    import pyarrow.parquet as pq
+
+    for path in sorted((values_dir(counts_dir) / f"day={day}").glob("*.parquet")):
+        if path.name.startswith((".", "_")):
+            continue
+        try:
+            pq.read_metadata(path)
+        except Exception as error:   # ArrowInvalid, OSError: whatever makes it unreadable
+            print(f"spark_jobs: the stored value counts {path} are damaged "
+                  f"({type(error).__name__}): day {day} is counted again", file=sys.stderr)
+            return False
+    return True
 
 
 def _pairs(parsed, recount: bool):

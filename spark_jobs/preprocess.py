@@ -104,7 +104,8 @@ def _spark_error_message(error: Exception) -> str:
     return f"Spark job failed: {first[:500]}"
 
 
-_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (.*)$")
+# pyarrow's exceptions are named ArrowInvalid, ArrowTypeError, ...
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)|Arrow\w+): (.*)$")
 
 
 def _python_worker_error(lines: list[str]) -> str | None:

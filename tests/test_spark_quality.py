@@ -227,3 +227,30 @@ def test_broken_gzip_days_are_clear_errors(tmp_path, spark):
     (raw / "day_1.gz").write_bytes(gzip.compress(data)[:-200])  # truncated
     with pytest.raises(PreprocessJobError, match=r"day_1\.gz.*EOFException: Unexpected end"):
         run(spark, raw, tmp_path / "w2")
+
+
+def test_damaged_stored_counts_are_counted_again_from_the_day_file(tmp_path, spark):
+    """A truncated stored counts file (a disk, a copy cut short) makes its day counted again,
+    not a failed job: the day file is at hand, and the outputs equal the reference's."""
+    days = random_days(27, 3, 120)
+    raw = write_days(tmp_path / "raw", days)
+    work = tmp_path / "work"
+    run(spark, raw, work, "2")
+    damaged = sorted((WorkdirLayout.at(work).counts / "values" / "day=1").glob("*.parquet"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    again = run(spark, raw, work, "2")
+    assert again["days_counted"] == [1] and again["days_reused"] == [0, 2]
+    ref = reference_preprocess(days, "2")
+    assert again["table_sizes"] == ref.sizes
+    assert_rows_equal(read_split(WorkdirLayout.at(work).parquet_split("test")), ref.splits["test"], "test")
+
+
+def test_a_python_tasks_error_reaches_the_user_as_its_own_line():
+    from spark_jobs.preprocess import _python_worker_error
+
+    trace = ["An exception was thrown from the Python worker. Please see the stack trace below.",
+             "Traceback (most recent call last):", 'File "x.py", line 1, in run',
+             "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer."]
+    assert _python_worker_error(trace) == "ArrowInvalid: Parquet magic bytes not found in footer."
+    trace[-1] = "ValueError: the stored value counts /w/c.parquet are damaged"
+    assert _python_worker_error(trace) == "ValueError: the stored value counts /w/c.parquet are damaged"
