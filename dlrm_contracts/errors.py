@@ -8,8 +8,9 @@ so an exception means the same exit code whichever of them raised it:
 - a :class:`PipelineError` (and its subclasses: bad usage, bad input, a broken dataset ...)
   exits with its ``code``, its message on one line, no traceback;
 - an OSError caused by a full disk (ENOSPC, EDQUOT) exits 12;
-- an OSError for a path this user may not write or read (EACCES, EPERM, EROFS) exits 2, the
-  path named: the user fixes permissions or picks another directory;
+- an OSError for a path this user may not write or read (EACCES, EPERM, EROFS), or where a
+  file stands in place of a directory or the reverse (ENOTDIR, EISDIR: a damaged workdir
+  layout) exits 2, the path named: the user fixes it or picks another directory;
 - SIGINT exits 130;
 - anything else is a bug: exit 1, with its traceback on stderr (the stage log).
 """
@@ -92,15 +93,17 @@ def disk_full_cause(exc: BaseException) -> BaseException | None:
 
 
 _NOT_PERMITTED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+_WRONG_KIND_ERRNOS = {errno.ENOTDIR, errno.EISDIR}   # a file where a directory belongs, or the reverse
 
 
 def permission_cause(exc: BaseException) -> OSError | None:
-    """The EACCES/EPERM/EROFS error in ``exc``'s chain (causes and contexts), if there is one."""
+    """The EACCES/EPERM/EROFS (or ENOTDIR/EISDIR) error in ``exc``'s chain (causes and
+    contexts), if there is one: a path the user must fix, not a bug."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _NOT_PERMITTED_ERRNOS:
+        if isinstance(current, OSError) and current.errno in _NOT_PERMITTED_ERRNOS | _WRONG_KIND_ERRNOS:
             return current
         current = current.__cause__ or current.__context__
     return None
@@ -113,6 +116,9 @@ def not_permitted_message(cause: OSError, what: str = "", under: str | None = No
     if under and not path.startswith("/"):
         path = f"{path} (under {under})"
     prefix = f"{what}: " if what else ""
+    if cause.errno in _WRONG_KIND_ERRNOS:
+        return (f"{prefix}{path}: {cause.strerror or cause}: a file stands where the workdir's "
+                "layout needs a directory, or the reverse (move it away, or pick another workdir)")
     return (f"{prefix}{path} cannot be written or read ({cause.strerror or cause}): the workdir "
             "and everything under it must be writable by this user (check its permissions, "
             "or a read-only mount)")

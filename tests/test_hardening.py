@@ -110,6 +110,21 @@ def test_a_read_only_output_inside_the_workdir_is_one_line_and_exit_2(tmp_path):
     assert summary["stages"]["generate"]["action"] == "failed"
 
 
+@pytest.mark.parametrize("where", ["raw", "parquet"])
+def test_a_file_where_the_workdir_needs_a_directory_is_one_line_and_exit_2(tmp_path, where):
+    """A damaged layout (a file named like one of the workdir's directories): one line naming
+    it, exit 2, never a traceback, and the file left as it was."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / where).write_text("not a directory\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("generator: {days: 2, rows_per_day: 100}\npreflight: {enabled: false}\n")
+    proc, summary = run_pipeline(tmp_path, "--workdir", str(workdir), "--config", str(config),
+                                 "--stages", "generate,preprocess")
+    assert_refused(proc, summary, ExitCode.USAGE, where, "a file stands where")
+    assert (workdir / where).read_text() == "not a directory\n"
+
+
 # ------------------------------------------------------------------ settings
 @pytest.mark.parametrize("value", [0, -2, 5, 2**63])
 def test_export_missing_integer_must_read_as_missing(tmp_path, value):
