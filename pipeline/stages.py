@@ -99,10 +99,12 @@ def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> Pipe
     """A known failure of the child is its own one line (it names the file and the fix) and
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
     errors = [m.group(1) for m in map(_CHILD_ERROR.match, result.tail) if m]
+    # Of several ranks, the first to fail with a known error is the cause: the others then
+    # fail in a collective (an "unexpected error" with a traceback) because it left.
+    known = [e for e in errors if "unexpected error" not in e]
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
-    known = errors and "unexpected error" not in errors[-1]
     if known and not says_disk_full("\n".join(result.tail)):
-        return PipelineError(f"{stage} failed (exit {result.returncode}): {errors[-1]} "
+        return PipelineError(f"{stage} failed (exit {result.returncode}): {known[0]} "
                              f"(log: {ctx.stage_log(stage)})", code)
     tail = "\n    ".join(result.tail[-12:])
     return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "

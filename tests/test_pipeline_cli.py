@@ -291,3 +291,26 @@ def test_missing_or_damaged_dataset_exits_with_the_dataset_code_before_any_rank(
     assert proc.returncode == ExitCode.DATASET_INVALID, proc.stderr
     assert "incomplete" in proc.stderr
     assert not (workdir / "logs" / f"{stage}.log").exists()  # no horovodrun was started
+
+
+def test_a_failed_multi_rank_child_is_reported_by_the_first_ranks_own_line(tmp_path):
+    """horovodrun's output of a real failure (one rank's known error, then the other rank's
+    traceback when the collective broke, then horovodrun's own): the stage's line is the
+    first rank's error, not the traceback's last lines."""
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline.processes import ChildResult
+    from pipeline.stages import StageContext, _child_failed
+
+    tail = ["[1]<stderr>:trainer: error: /w/checkpoints/step-000000078 does not hold all columns of 'table/0/0-16'",
+            "[0]<stderr>:Traceback (most recent call last):",
+            '[0]<stderr>:  File "/work/main/dlrm_contracts/errors.py", line 150, in run_cli',
+            "[0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: Gloo: connection closed",
+            "[0]<stderr>:trainer: unexpected error (a bug, traceback above): UnavailableError: closed",
+            "RuntimeError: Horovod detected that one or more processes exited with non-zero status"]
+    ctx = StageContext(PipelineConfig(), WorkdirLayout.at(tmp_path), None, tmp_path / "c.yaml")
+    error = _child_failed("train", ChildResult(1, None, tail), ExitCode.TRAIN, ctx)
+    assert error.code == ExitCode.TRAIN
+    assert str(error).startswith("train failed (exit 1): trainer: error: /w/checkpoints/step-000000078")
+    assert "Traceback" not in str(error)
+    only_a_crash = ChildResult(1, None, tail[1:])      # no known error: the log's last lines
+    assert "last lines of" in str(_child_failed("train", only_a_crash, ExitCode.TRAIN, ctx))
