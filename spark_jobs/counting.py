@@ -32,14 +32,20 @@ COUNTS_SCHEMA = "column STRING, value LONG, count LONG, day STRING"
 def counted_days(counts_dir: Path) -> dict[int, dict]:
     """days.json entries whose counts partition still exists, by day number (none when the
     counts were written by another DAYS_FORMAT_VERSION)."""
-    data = read_json(days_json_path(counts_dir), default={}) or {}
-    if data.get("format_version") != DAYS_FORMAT_VERSION:  # counted under other parsing rules
+    path = days_json_path(counts_dir)
+    try:
+        data = read_json(path, default={}) or {}
+        if data.get("format_version") != DAYS_FORMAT_VERSION:  # counted under other parsing rules
+            return {}
+        return {int(entry["day"]): entry for entry in data.get("days", [])
+                if (values_dir(counts_dir) / f"day={entry['day']}").is_dir()}
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        # our own bookkeeping, damaged (a disk, a hand edit): every day is counted again
+        import sys
+
+        print(f"spark_jobs: {path} is damaged ({type(error).__name__}: {error}): every day is "
+              "counted again", file=sys.stderr)
         return {}
-    entries = {}
-    for entry in data.get("days", []):
-        if (values_dir(counts_dir) / f"day={entry['day']}").is_dir():
-            entries[int(entry["day"])] = entry
-    return entries
 
 
 def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:

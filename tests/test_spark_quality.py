@@ -243,6 +243,10 @@ def test_damaged_stored_counts_are_counted_again_from_the_day_file(tmp_path, spa
     ref = reference_preprocess(days, "2")
     assert again["table_sizes"] == ref.sizes
     assert_rows_equal(read_split(WorkdirLayout.at(work).parquet_split("test")), ref.splits["test"], "test")
+    # days.json, the record of what was counted, damaged: every day is counted again
+    (WorkdirLayout.at(work).counts / "days.json").write_text('{"format_version": 3, "days": [{"da')
+    again = run(spark, raw, work, "2")
+    assert again["days_counted"] == [0, 1, 2] and again["table_sizes"] == ref.sizes
 
 
 def test_a_python_tasks_error_reaches_the_user_as_its_own_line():
