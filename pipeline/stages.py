@@ -300,10 +300,13 @@ def _convert(ctx: StageContext) -> Outcome:
         with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
             try:
                 return _convert_or_derive(ctx, derived)
-            except UnreadableParquetError as exc:  # written by preprocess: it runs again
-                raise UnreadableParquetError(
-                    f"{exc}; rebuild it with --stages preprocess,convert --force (the raw days "
-                    "are read again)") from exc
+            except DatasetError as exc:
+                # a damaged or missing file that preprocess writes: running it again rebuilds it
+                if not any(str(d) in str(exc) for d in (ctx.layout.parquet, ctx.layout.counts)):
+                    raise
+                rebuilt = UnreadableParquetError if isinstance(exc, UnreadableParquetError) else DatasetError
+                raise rebuilt(f"{exc}; rebuild it with --stages preprocess,convert --force (the "
+                              "raw days are read again)") from exc
     except BaseException:
         shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise

@@ -434,12 +434,15 @@ def test_a_workdir_inside_the_input_is_not_input(tmp_path):
     assert input_fingerprint(flat) == tree_fingerprint(flat, ignore=("generator_meta.json",))
 
 
-@pytest.mark.parametrize("damaged", ["parquet/train", "counts"])
+@pytest.mark.parametrize("damaged", ["parquet/train", "counts", "parquet/model_size.json",
+                                     "parquet/preprocess.json"])
 def test_damaged_parquet_or_counts_name_the_file_and_the_stage_to_rerun(converted_workdir,
                                                                        tmp_path, damaged):
     workdir, config = workdir_copy(converted_workdir, tmp_path)
-    victim = sorted((workdir / damaged).glob("*.parquet"))[0]
-    victim.write_bytes(victim.read_bytes()[:100])
+    victim = workdir / damaged
+    if victim.is_dir():
+        victim = sorted(victim.glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:5])
     proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5", "--force")
     assert_refused(proc, summary, ExitCode.CONVERT, str(victim),
                    "--stages preprocess,convert --force")
