@@ -324,3 +324,28 @@ def test_the_report_lists_the_next_day_auc_of_every_daily_run(tmp_path):
     assert "| day 2 | ok | previous | 0.74 | 0.72 | 2 |" in section
     assert "day 3" not in section  # no next-day AUC measured
     assert (layout.report / "next_day_auc.png").stat().st_size > 0
+
+
+def test_no_export_version_is_one_line_for_the_score_stage_and_the_scorer(tmp_path):
+    from dlrm_contracts.errors import ExitCode, PipelineError
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline import stages
+    from pipeline.manifest import ManifestStore
+    from trainer.score import ScoreError, score_files
+
+    layout = WorkdirLayout.at(tmp_path / "w")
+    (layout.export / "saved_model").mkdir(parents=True)  # an export made before versions
+    (layout.export / "saved_model" / "saved_model.pb").write_bytes(b"")
+    (layout.export / ".4.tmp-1-abc").mkdir()  # a temporary is no version either
+    assert layout.latest_export is None
+    raw = tmp_path / "day"
+    raw.write_text("")
+    pipeline_config = PipelineConfig()
+    pipeline_config.score.input = [str(raw)]
+    ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests),
+                              tmp_path / "c.yaml")
+    with pytest.raises(PipelineError, match=r"no exported model under .*<N>/") as refused:
+        stages.STAGE_TABLE["score"].run(ctx)
+    assert refused.value.code == ExitCode.SCORE
+    with pytest.raises(ScoreError, match="nor a version directory"):
+        score_files(layout.export, [raw], tmp_path / "scores", pipeline_config.score)
