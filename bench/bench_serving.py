@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dlrm_contracts.layout import latest_export  # noqa: E402 — after the path set-up
+
 
 def child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -71,7 +73,7 @@ def agreement(workdir: Path, lines: list[bytes]) -> dict:
     from trainer.metrics import roc_auc
 
     run([sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--stages", "export"])
-    model = tf.saved_model.load(str(workdir / "export" / "saved_model"))
+    model = tf.saved_model.load(str(latest_export(workdir / "export")))
     out = model.signatures["serve_lines"](lines=tf.constant(lines),
                                           has_label=tf.fill([len(lines)], True))
     probability = out["probability"].numpy()
@@ -120,7 +122,7 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
     config = TrainConfig(preset="default", batch_size=batch, eval_batch_size=batch,
                          inference_steps=steps)
     trainer = Trainer(config, workdir / "binary", scratch)  # first: it sets the thread pools
-    model = tf.saved_model.load(str(scratch / "export" / "saved_model"))
+    model = tf.saved_model.load(str(latest_export(scratch / "export")))
     batch_lines = (lines * (batch // len(lines) + 1))[:batch]
     fields = [line.rstrip(b"\r").split(b"\t") + [b""] * 40 for line in batch_lines]
     ints = tf.constant(np.array([[int(f) if f else -(2**63) for f in row[1:14]] for row in fields],

@@ -32,6 +32,9 @@ LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 # moments (what the preflight sizes a rank's tables with).
 OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 1, "adagrad": 2, "adam": 3}
 DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
+# Where a training run starts (train.init) and what a warm start keeps of the optimizer.
+TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
+INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
 
 # The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
 MISSING_INTEGER_MAX = -3
@@ -255,7 +258,9 @@ class TrainConfig:
     # stops improving, so the data's size, not this number, sets how many run (2-5 on the
     # 60k-600k-row datasets measured in bench/README.md, "Model quality").
     epochs: int = 20
-    max_steps: int | None = None  # total steps of the run, counted from step 0
+    # Steps of the run, counted from its first step: step 0 from scratch, the previous model's
+    # step after a warm start (train.init: previous); a resumed run counts from the same start.
+    max_steps: int | None = None
     # "adagrad" (tables and MLPs; TorchRec's and MLPerf DLRMv2's choice for the tables),
     # "sgd" (the seed's and NVIDIA's reference, the Terabyte configs) or "adam".
     optimizer: str = "adagrad"
@@ -296,6 +301,23 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps; 0 = only at the end of the run
     keep_checkpoints: int = 2
     resume: bool = True  # continue from the latest checkpoint in the workdir
+    # Where a new run (a dataset no checkpoint of the workdir was trained on) starts:
+    # "scratch" = fresh weights; "previous" = the workdir's newest model (the previous run's
+    # best checkpoint, trained on an earlier dataset, e.g. yesterday's window), each table grown
+    # to its new size (new rows initialised as at the start; a table may only grow, as with
+    # preprocess.ids: stable). What a daily job uses: one day of training instead of the window
+    # from scratch. An interrupted run of the same dataset is resumed either way (resume).
+    init: str = "scratch"
+    # With init: previous: "continue" carries the optimizer state (Adagrad accumulators, Adam
+    # moments and counter) and the learning-rate schedule on from the previous model's step, as
+    # if training had never stopped: rows already trained keep their small steps. "restart"
+    # takes the weights only: fresh optimizer state, the schedule (warm-up) from its start
+    # (for another optimizer, or SGD with a warm-up).
+    init_optimizer: str = "continue"
+    # After a warm start, score the previous model on this run's test split before training,
+    # as it is served (values it has no row for read as id 0): the model being replaced on
+    # the same rows as the new one (summary: previous_model_test_auc). One pass of the test split.
+    evaluate_previous: bool = True
     # Read the dataset at a higher threshold than it was written at (ids above k' -> 0);
     # needs the counts histogram (DIR/counts, or counts_dir).
     frequency_threshold: str | None = None
@@ -324,6 +346,8 @@ class TrainConfig:
         _check(self.learning_rate_batch >= 1,
                f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}")
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)
+        _one_of("train.init", self.init, TRAIN_INITS)
+        _one_of("train.init_optimizer", self.init_optimizer, INIT_OPTIMIZERS)
         _check(not self.top_mlp or self.top_mlp[-1] == 1,
                f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
         if self.frequency_threshold is not None:
@@ -343,8 +367,14 @@ class ExportConfig:
     # the same result, since missing and x <= -3 both map to 0 after the log transform; a
     # larger one would be served as a real value (0 as log(3)) where Spark wrote 0.
     missing_integer: int = -(2**63)
+    # Each export is a new version DIR/export/<N>/ (TensorFlow Serving's layout: a server
+    # watching DIR/export loads the newest without a restart); the newest keep_versions stay,
+    # so a bad version can be rolled back by pinning an older one in the server's config.
+    keep_versions: int = 3
 
     def __post_init__(self) -> None:
+        _check(self.keep_versions >= 1,
+               f"export.keep_versions must be at least 1, not {self.keep_versions}")
         _check(math.isfinite(self.max_memory_mb) and self.max_memory_mb >= 0,
                f"export.max_memory_mb must be 0 (automatic) or a size in MiB, got "
                f"{self.max_memory_mb}")

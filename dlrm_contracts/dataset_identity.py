@@ -67,3 +67,14 @@ def dataset_identity(info: DatasetInfo, read_threshold: str | None = None) -> di
     return {"source_fingerprint": info.source_fingerprint,
             DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
             "threshold_spec": read_threshold or info.threshold_spec}
+
+
+def trained_on(checkpoint_meta: dict[str, Any], identity: dict[str, Any]) -> bool:
+    """Whether a checkpoint (its meta.json) was trained on the dataset of ``identity``.
+
+    What tells a run of this dataset (resumed, or replaced by a rerun) from the previous model
+    a warm start begins from. A checkpoint that records no dataset (saved before checkpoints
+    did) counts as this one, as resuming always treated it.
+    """
+    recorded = checkpoint_meta.get(IDENTITY_KEY)
+    return not recorded or not identity or recorded == identity

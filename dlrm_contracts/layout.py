@@ -19,7 +19,8 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/binary/{train,test,validation}/    split binary dataset (+ model_size.json, dataset.json)
     DIR/checkpoints/              trainer checkpoints (one subfolder per rank for its tables)
     DIR/logs/                     timestamped run logs, metrics.jsonl, TensorBoard events
-    DIR/export/saved_model/       the SavedModel for serving (+ DIR/export/fingerprint.json)
+    DIR/export/<N>/               export version N (N = 1, 2, ...): the SavedModel for serving
+                                  and its fingerprint.json; the newest keep_versions are kept
     DIR/scores/<name>.parquet     scores of a raw file (score stage; rejects in DIR/scores/rejects/)
     DIR/manifests/                one manifest + completion marker per stage
     DIR/report/                   run report (Markdown + PNG plots)
@@ -41,6 +42,9 @@ HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
 CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version directories
+SAVED_MODEL_PB = "saved_model.pb"
+EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
 DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
 
 
@@ -109,6 +113,27 @@ def best_checkpoint(root: str | Path) -> Path | None:
     return latest
 
 
+def export_versions(export_dir: str | Path) -> list[tuple[int, Path]]:
+    """(version, directory) of every export version under ``export_dir``, oldest first.
+
+    A version directory only ever appears whole (it is renamed into place), so any integer
+    name holding a ``saved_model.pb`` is one; other names (temporaries) are not versions.
+    """
+    root = Path(export_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(p.name), p) for p in root.iterdir()
+             if EXPORT_VERSION_DIR.match(p.name) and (p / SAVED_MODEL_PB).is_file()]
+    return sorted(found)
+
+
+def latest_export(export_dir: str | Path) -> Path | None:
+    """The newest export version: what a server watching ``export_dir`` serves, and what the
+    score stage scores with."""
+    found = export_versions(export_dir)
+    return found[-1][1] if found else None
+
+
 @dataclass(frozen=True)
 class WorkdirLayout:
     root: Path
@@ -172,12 +197,9 @@ class WorkdirLayout:
         return self.root / "export"
 
     @property
-    def saved_model(self) -> Path:
-        return self.export / "saved_model"
-
-    @property
-    def export_fingerprint(self) -> Path:
-        return self.export / "fingerprint.json"
+    def latest_export(self) -> Path | None:
+        """The newest export version directory (DIR/export/<N>), None before any export."""
+        return latest_export(self.export)
 
     @property
     def scores(self) -> Path:

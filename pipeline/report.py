@@ -43,6 +43,8 @@ def _auc_points(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
         for key, value in row.items():
             if "auc" in key and isinstance(value, (int, float)) and "step" in row:
                 name = f"{row['split']} {key}" if "split" in row else key
+                if row.get("model"):  # the previous model, scored before a warm start
+                    name += f" ({row['model']} model)"
                 series.setdefault(name, []).append((row["step"], float(value)))
     return series
 
@@ -116,6 +118,14 @@ def _plot_quality(quality: dict[str, Any], out: Path) -> bool:
     return True
 
 
+def _previous_model_words(summary: dict[str, Any]) -> str:
+    """After a warm start: the model it replaced, on the same rows."""
+    if summary.get("init") != "previous":
+        return ""
+    return (f" (warm start; the previous model scored {summary.get('previous_model_test_auc')} "
+            "on the same rows before training)")
+
+
 def _stage_table(layout: WorkdirLayout) -> list[str]:
     lines = ["| stage | action | engine | seconds |", "|---|---|---|---|"]
     for stage in STAGES:
@@ -126,6 +136,50 @@ def _stage_table(layout: WorkdirLayout) -> list[str]:
     return lines
 
 
+DAILY_COLUMNS = ("time", "status", "init", "next_day_auc", "previous_model_test_auc",
+                 "export_version")
+
+
+def _daily_runs(layout: WorkdirLayout, limit: int = 30) -> list[dict[str, Any]]:
+    """The runs of history.jsonl that measured a next-day AUC, oldest first (the last
+    ``limit``): a scheduled job's record, one line per day."""
+    runs = [r for r in _read_metrics(layout.manifests / "history.jsonl")
+            if isinstance(r.get("next_day_auc"), (int, float))]
+    return runs[-limit:]
+
+
+def _daily_section(layout: WorkdirLayout) -> list[str]:
+    runs = _daily_runs(layout)
+    if not runs:
+        return []
+    lines = ["", "## Daily runs", "",
+             "next-day AUC: the model trained through day k scored on day k+1 (the test half "
+             "of the newest day, never trained on); previous model: the model the run "
+             "replaced, on the same rows before training (after a warm start).", "",
+             "| " + " | ".join(DAILY_COLUMNS) + " |", "|" + "---|" * len(DAILY_COLUMNS)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in DAILY_COLUMNS) + " |" for r in runs]
+    if len(runs) > 1 and _plot_daily(runs, layout.report / "next_day_auc.png"):
+        lines += ["", "![next-day AUC per run](next_day_auc.png)"]
+    return lines
+
+
+def _plot_daily(runs: list[dict[str, Any]], out: Path) -> bool:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot(range(1, len(runs) + 1), [r["next_day_auc"] for r in runs], marker="o",
+            label="next-day AUC")
+    previous = [(i + 1, r["previous_model_test_auc"]) for i, r in enumerate(runs)
+                if isinstance(r.get("previous_model_test_auc"), (int, float))]
+    if previous:
+        ax.plot(*zip(*previous), marker="x", ls="--", label="previous model, same rows")
+    ax.set(title="next-day AUC per run", xlabel="run (oldest first)", ylabel="AUC")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def write_report(layout: WorkdirLayout) -> Path:
     layout.report.mkdir(parents=True, exist_ok=True)
     summary = read_record(layout.root / "summary.json") or {}
@@ -134,7 +188,9 @@ def write_report(layout: WorkdirLayout) -> Path:
     lines = ["# Pipeline run report", "", f"Workdir: `{layout.root}`", "",
              f"Status: **{summary.get('status', 'unknown')}** — threshold "
              f"`{summary.get('threshold')}`, test AUC {summary.get('test_auc')}, "
-             f"validation AUC {summary.get('validation_auc')}", "", "## Stages", ""]
+             f"validation AUC {summary.get('validation_auc')}, next-day AUC "
+             f"{summary.get('next_day_auc')}" + _previous_model_words(summary),
+             "", "## Stages", ""]
     lines += _stage_table(layout)
     if _plot_stage_times(_stage_seconds(layout), layout.report / "stage_times.png"):
         lines += ["", "![time per stage](stage_times.png)"]
@@ -149,6 +205,7 @@ def write_report(layout: WorkdirLayout) -> Path:
         lines += ["![loss and AUC](training.png)"]
     else:
         lines += ["No training metrics yet."]
+    lines += _daily_section(layout)
     path = layout.report / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

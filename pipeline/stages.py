@@ -25,10 +25,12 @@ from converters.convert import convert_parquet
 from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
-                                          UnreadableParquetError)
+                                          UnreadableParquetError, read_info)
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
-from dlrm_contracts.layout import DATASET_JSON, PREPROCESS_JSON, WorkdirLayout, best_checkpoint
+from dlrm_contracts.dataset_identity import dataset_identity, trained_on
+from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, PREPROCESS_JSON, WorkdirLayout,
+                                   best_checkpoint, complete_checkpoints)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
@@ -442,6 +444,18 @@ def verify_binary_dataset(ctx: StageContext) -> None:
                             "up to date)", ExitCode.DATASET_INVALID) from None
 
 
+def _drop_checkpoints_of_this_dataset(ctx: StageContext) -> None:
+    """Delete the checkpoints trained on the binary dataset now in the workdir (an earlier
+    configuration's run of it), keeping the earlier datasets' (the previous model)."""
+    identity = dataset_identity(read_info(ctx.layout.binary), ctx.config.train.frequency_threshold)
+    for _step, path in complete_checkpoints(ctx.layout.checkpoints):
+        meta = read_record(path / CHECKPOINT_META) or {}
+        if trained_on(meta, identity):
+            shutil.rmtree(path)
+    for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def run_train(ctx: StageContext) -> Outcome:
     """The train stage: resumes the checkpoints of the same configuration, else starts anew."""
     verify_binary_dataset(ctx)
@@ -449,10 +463,15 @@ def run_train(ctx: StageContext) -> Outcome:
     key = ManifestStore.key_of(train_inputs(ctx))
     # Checkpoints of a different configuration must not be resumed; those of an interrupted
     # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
-    # from the finished run's last checkpoint would train no step at all).
+    # from the finished run's last checkpoint would train no step at all). With train.init:
+    # previous, the checkpoints of earlier datasets are the model the run starts from: only
+    # this dataset's go.
     if ctx.layout.checkpoints.exists() and (ctx.config.force or not started
                                             or started.get("key") != key):
-        shutil.rmtree(ctx.layout.checkpoints)
+        if ctx.config.train.init == "previous":
+            _drop_checkpoints_of_this_dataset(ctx)
+        else:
+            shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
     result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"), env=ctx.child_env)
     if result.returncode != 0:
@@ -495,11 +514,25 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
             "checkpoint_files": tree_fingerprint(model) if model else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
             "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
-            "export": config_to_dict(ctx.config.export)}
+            "export": _export_settings(ctx)}
+
+
+def _export_settings(ctx: StageContext) -> dict[str, Any]:
+    """The export settings that change what a version holds (how many are kept does not)."""
+    settings = config_to_dict(ctx.config.export)
+    settings.pop("keep_versions")
+    return settings
+
+
+def _newest_export_fingerprint(ctx: StageContext) -> str:
+    """The newest version only: deleting an old version by hand (or keep_versions doing it)
+    does not make the current model look out of date."""
+    newest = ctx.layout.latest_export
+    return tree_fingerprint(newest) if newest else "missing"
 
 
 def _export_outputs(ctx: StageContext) -> str:
-    return tree_fingerprint(ctx.layout.export)
+    return _newest_export_fingerprint(ctx)
 
 
 def _export_run(ctx: StageContext) -> Outcome:
@@ -512,7 +545,8 @@ def _export_run(ctx: StageContext) -> Outcome:
     result = run_child(argv, ctx.stage_log("export"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("export", result, ExitCode.EXPORT, ctx)
-    keep = ("checkpoint_step", "test_auc", "saved_model", "saved_model_bytes", "seconds")
+    keep = ("version", "checkpoint_step", "test_auc", "saved_model", "saved_model_bytes",
+            "removed_versions", "seconds")
     return Outcome("ran", "tensorflow", {k: result.summary.get(k) for k in keep})
 
 
@@ -524,7 +558,7 @@ def _score_inputs(ctx: StageContext) -> dict[str, Any]:
     settings = config_to_dict(ctx.config.score)
     settings.pop("progress")
     settings.pop("input")
-    return {"model": tree_fingerprint(ctx.layout.export),
+    return {"model": _newest_export_fingerprint(ctx),
             "files": {str(p): tree_fingerprint(p) for p in _score_files(ctx)},
             "score": settings}
 
@@ -538,10 +572,12 @@ def _score_run(ctx: StageContext) -> Outcome:
     if not files:
         raise PipelineError("the score stage needs --score-input FILE[,FILE...] (or "
                             "score.input in the config)", ExitCode.USAGE)
-    if not (ctx.layout.saved_model / "saved_model.pb").is_file():
-        raise PipelineError(f"no exported model at {ctx.layout.saved_model}: add the export "
-                            "stage (--stages export,score)", ExitCode.SCORE)
-    argv = [_python(), "-m", "trainer.score", "--model", str(ctx.layout.saved_model),
+    model = ctx.layout.latest_export  # the newest version, as a server watching DIR/export
+    if model is None:
+        raise PipelineError(f"no exported model under {ctx.layout.export} (no version "
+                            "directory <N>/ with a saved_model.pb): add the export stage "
+                            "(--stages export,score)", ExitCode.SCORE)
+    argv = [_python(), "-m", "trainer.score", "--model", str(model),
             "--out", str(ctx.layout.scores), "--config", str(ctx.config_path),
             "--input", ",".join(str(p) for p in files)]
     result = run_child(argv, ctx.stage_log("score"), env=ctx.child_env)

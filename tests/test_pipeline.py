@@ -97,6 +97,9 @@ def test_end_to_end_with_two_ranks(e2e):
     assert abs(rows["test"] - rows["validation"]) <= 1
     assert len(summary["table_sizes"]) == 26 and min(summary["table_sizes"]) >= 2
     assert 0.0 <= summary["test_auc"] <= 1.0 and 0.0 <= summary["validation_auc"] <= 1.0
+    # the newest day is held out: its test half's AUC is the model's next-day AUC
+    assert summary["next_day_auc"] == summary["test_auc"] and summary["init"] == "scratch"
+    assert summary["previous_model_test_auc"] is None and summary["export_version"] is None
     for path in ("parquet/model_size.json", "binary/model_size.json", "binary/_SUCCESS",
                  "report/report.md", "report/stage_times.png", "summary.json"):
         assert (workdir / path).exists(), path

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.errors import ExitCode
+from dlrm_contracts.layout import export_versions, latest_export
 from tests.spark_fixtures import BAD_LINES, reference_parse
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
@@ -133,6 +134,11 @@ def served(tmp_path_factory):
             "test_lines": salted[:(len(salted) + 1) // 2]}
 
 
+def newest_fingerprint(workdir: Path) -> Path:
+    """The fingerprint of the newest export version (what a server watching DIR/export serves)."""
+    return latest_export(workdir / "export") / "fingerprint.json"
+
+
 def serve(served, requests: dict) -> dict:
     """Score ``requests`` in a new Python process that imports TensorFlow only."""
     root = served["root"]
@@ -140,7 +146,8 @@ def serve(served, requests: dict) -> dict:
     answer = root / "answer.json"
     script.write_text(SERVE_SCRIPT)
     request_file.write_text(json.dumps(requests))
-    proc = subprocess.run([sys.executable, str(script), str(served["workdir"] / "export" / "saved_model"),
+    model = latest_export(served["workdir"] / "export")
+    proc = subprocess.run([sys.executable, str(script), str(model),
                            str(request_file), str(answer)], capture_output=True, text=True,
                           timeout=300, cwd=root, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -242,8 +249,10 @@ def test_serve_features_and_line_variants_agree(served):
 
 def test_fingerprint_names_what_was_exported(served):
     workdir = served["workdir"]
-    fingerprint = json.loads((workdir / "export" / "fingerprint.json").read_text())
+    assert [v for v, _ in export_versions(workdir / "export")] == [1]  # TF Serving's layout
+    fingerprint = json.loads((workdir / "export" / "1" / "fingerprint.json").read_text())
     evaluation = json.loads((workdir / "eval.json").read_text())
+    assert fingerprint["version"] == 1
     dataset = json.loads((workdir / "binary" / "dataset.json").read_text())
     assert fingerprint["checkpoint_step"] == evaluation["step"]
     assert fingerprint["test_auc"] == evaluation["test_auc"]
@@ -253,7 +262,7 @@ def test_fingerprint_names_what_was_exported(served):
     assert fingerprint["dims"] == {"embedding_dim": 16, "bottom_mlp": [64, 32, 16],
                                    "top_mlp": [128, 64, 1]}
     assert fingerprint["table_sizes"] == dataset["table_sizes"]
-    vocab = workdir / "export" / "saved_model" / "assets" / "C1.vocab"
+    vocab = workdir / "export" / "1" / "assets" / "C1.vocab"
     assert len(vocab.read_text().splitlines()) == dataset["table_sizes"][0]
 
 
@@ -279,6 +288,7 @@ def test_score_stage_writes_scores_and_rejects(served):
                                  "--score-input", f"{day},{plain}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert summary["stages"]["export"]["action"] == "skipped"  # checkpoint, dictionaries unchanged
+    assert summary["export_version"] == 1  # no new version for an unchanged model
     assert summary["stages"]["score"]["action"] == "ran"
     scored_lines = len(lines) + plain.read_text().count("\n")
     assert summary["stages"]["score"]["rows"] == scored_lines
@@ -312,14 +322,14 @@ def test_score_stage_writes_scores_and_rejects(served):
 def test_export_too_big_is_refused_before_reading(served):
     config = served["root"] / "tiny.yaml"
     config.write_text(CONFIG + "export:\n  max_memory_mb: 0.01\n")
-    before = (served["workdir"] / "export" / "fingerprint.json").read_text()
+    before = newest_fingerprint(served["workdir"]).read_text()
     proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(served["workdir"]),
                            "--config", str(config), "--stages", "export", "--force"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == ExitCode.EXPORT
     assert "the export needs about" in proc.stderr and "max_memory_mb" in proc.stderr
     # the previous export is untouched
-    assert (served["workdir"] / "export" / "fingerprint.json").read_text() == before
+    assert newest_fingerprint(served["workdir"]).read_text() == before
 
 
 def test_planner_prints_export_size(served):
@@ -354,7 +364,7 @@ def test_signatures_suit_tensorflow_serving(served):
             for tensor, shape in signature[kind].items():
                 assert shape and shape[0] is None, (name, kind, tensor, shape)
     assert signatures["serving_default"]["inputs"] == {"lines": [None], "has_label": [None]}
-    fingerprint = json.loads((served["workdir"] / "export" / "fingerprint.json").read_text())
+    fingerprint = json.loads(newest_fingerprint(served["workdir"]).read_text())
     assert "serving_default" in fingerprint["signatures"]
 
 
@@ -364,7 +374,7 @@ def _score_cli(served, files: list[Path], config_text: str = "", timeout: int = 
     config = out.with_suffix(".yaml")
     config.write_text(config_text or "score: {}\n")
     proc = subprocess.run([sys.executable, "-m", "trainer.score", "--model",
-                           str(served["workdir"] / "export" / "saved_model"), "--out", str(out),
+                           str(latest_export(served["workdir"] / "export")), "--out", str(out),
                            "--config", str(config), "--input", ",".join(map(str, files))],
                           capture_output=True, text=True, timeout=timeout)
     return proc, out
@@ -438,7 +448,7 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     shutil.copytree(served["raw"], raw)
     shutil.copyfile(raw / "day_0", raw / "day_3")  # the new day: every day-0 value counts twice
     work = _workdir_copy(served, tmp_path)
-    before = (work / "export" / "fingerprint.json").read_text()
+    before = newest_fingerprint(work).read_text()
     proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw), "--workdir",
                            str(work), "--config", str(served["config"]), "--stages",
                            "preprocess,export"], capture_output=True, text=True, timeout=900)
@@ -448,7 +458,7 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     assert summary["stages"]["export"]["action"] == "failed"
     headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
     assert "another preprocess run's dictionaries" in headline and "Traceback" not in proc.stderr
-    assert (work / "export" / "fingerprint.json").read_text() == before
+    assert newest_fingerprint(work).read_text() == before
 
 
 def test_export_names_a_missing_dictionary(served, tmp_path):

@@ -18,8 +18,8 @@ from trainer.loop import run
 from trainer.model import initial_table_piece
 from trainer.placement import Piece
 from trainer.synthetic import write_planted_dataset
-from trainer_helpers import (checkpoint_arrays, config_flags, run_trainer_cli, small_config,
-                             step_losses)
+from trainer_helpers import (STREAM_SIZES_2, checkpoint_arrays, config_flags, run_trainer_cli,
+                             small_config, step_losses, stream_day)
 
 pytestmark = pytest.mark.horovod
 STEPS = 20
@@ -124,3 +124,52 @@ def test_two_ranks_stop_early_at_the_same_step_as_one_process(dataset, tmp_path)
                                     "--mode", "eval", *config_flags(config)], ranks=2)
     assert evaluated["step"] == multi["step"]
     assert evaluated["test_auc"] == pytest.approx(multi["test_auc"], abs=1e-9)
+
+
+def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
+    """The daily job on two ranks: day 1 trained with C7 split over both ranks and the bottom
+    MLP on rank 0; day 2 (tables grown, C7 among them) warm-started from that checkpoint, each
+    rank growing its own pieces. Losses of both days, every final weight, C7's optimizer slot
+    and the previous model's AUC equal the two days trained in one process."""
+    variant = dict(optimizer="adagrad", learning_rate=0.05, bottom_mlp_data_parallel=False,
+                   force_column_split=["C7"])
+    rows = {"train": 8192, "test": 1000, "validation": 777}
+    day1 = stream_day(tmp_path / "day1", 1, rows=rows)
+    day2 = stream_day(tmp_path / "day2", 2, STREAM_SIZES_2, rows=rows)
+    first = small_config(max_steps=STEPS // 2, **variant)
+    warm = small_config(max_steps=STEPS // 2, init="previous", **variant)
+    multi = tmp_path / "multi"
+    run_trainer_cli(["--dataset", str(day1), "--workdir", str(multi), *config_flags(first)],
+                    ranks=2)
+    multi_summary, proc = run_trainer_cli(
+        ["--dataset", str(day2), "--workdir", str(multi), *config_flags(warm)], ranks=2)
+    assert "warm start from the previous model" in proc.stderr
+    placement = json.loads((multi / "logs" / "trainer_config.json").read_text())["placement"]
+    assert "C7[0:8]" in placement["ranks"][0]["pieces"]
+    assert "C7[8:16]" in placement["ranks"][1]["pieces"]
+    run(first, day1, tmp_path / "single")
+    single_summary = run(warm, day2, tmp_path / "single")
+    init_1, init_2 = single_summary["init"], multi_summary["init"]
+    assert init_2.pop("from").endswith("step-000000010") and init_1.pop("from").endswith(
+        "step-000000010")
+    assert init_2 == init_1 and init_2["mode"] == "previous"
+    assert multi_summary["init"]["grown_tables"]["C7"] == [3000, 3500]
+    losses_1, losses_2 = step_losses(tmp_path / "single"), step_losses(multi)
+    assert sorted(losses_1) == sorted(losses_2) == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()),
+                               rtol=2e-6, atol=1e-7)
+    weights_1, weights_2 = checkpoint_arrays(tmp_path / "single"), checkpoint_arrays(multi)
+    assert sorted(weights_1) == sorted(weights_2)
+    assert weights_1["table/6"].shape == (3500, 16)
+    for name, value in weights_1.items():
+        np.testing.assert_allclose(weights_2[name], value, rtol=1e-5, atol=2e-7, err_msg=name)
+    from trainer.checkpoint import CheckpointReader, latest_checkpoint
+
+    slots = []  # C7's Adagrad accumulators: grown on two ranks, one half each
+    for workdir in (tmp_path / "single", multi):
+        reader = CheckpointReader(latest_checkpoint(workdir / "checkpoints"))
+        slots.append(reader.value("table/6/0-16/adagrad", (3500, 16)))
+        reader.close()
+    np.testing.assert_allclose(slots[1], slots[0], rtol=1e-5, atol=2e-7)
+    for key in ("previous_model_test_auc", "test_auc"):
+        assert multi_summary[key] == pytest.approx(single_summary[key], abs=1e-4), key

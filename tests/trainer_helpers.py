@@ -10,11 +10,52 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
+from dlrm_contracts.schema import CAT_COLUMNS
 from trainer.checkpoint import TABLE_KEY, CheckpointReader, latest_checkpoint
 from trainer.metrics import read_metrics
+from trainer.synthetic import write_planted_dataset
 
 VENV_BIN = Path(sys.executable).parent
 SMALL_ROWS = {"train": 4096, "test": 1000, "validation": 777}
+
+# The days of one stream with stable ids: day 2's tables are day 1's, some grown.
+STREAM_SIZES_1 = (3, 20, 20, 50, 200, 300, 3000, 7, 100, 300, 128, 129, 2, 60, 500, 500, 900,
+                  10, 30, 90, 400, 15, 250, 700, 4, 1500)
+STREAM_GROWN = {1: 24, 4: 260, 6: 3500, 16: 1000}  # C2 (planted interaction), C5, C7, C17
+STREAM_SIZES_2 = tuple(STREAM_GROWN.get(i, s) for i, s in enumerate(STREAM_SIZES_1))
+STREAM_SIGNAL = 99  # one planted signal for every day of the stream
+
+
+def stream_day(path: Path, seed: int, sizes: tuple[int, ...] = STREAM_SIZES_1,
+               rows: dict[str, int] = SMALL_ROWS, dictionaries: Path | None = None) -> Path:
+    """One day of the stream; with ``dictionaries``, append-only dictionaries for these sizes
+    are written there and their fingerprint recorded, as convert records it."""
+    extra = {}
+    if dictionaries is not None:
+        write_stable_dictionaries(dictionaries, sizes)
+        extra = {DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(dictionaries)}
+    write_planted_dataset(path, rows, seed=seed, table_sizes=sizes, signal_seed=STREAM_SIGNAL,
+                          extra=extra)
+    return path
+
+
+def write_stable_dictionaries(root: Path, sizes: tuple[int, ...]) -> None:
+    """Dictionaries whose id i has the same value whatever the sizes (stable ids)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(root, ignore_errors=True)
+    for c, (column, size) in enumerate(zip(CAT_COLUMNS, sizes)):
+        if size <= 1:
+            continue
+        folder = root / f"column={column}"
+        folder.mkdir(parents=True)
+        ids = np.arange(1, size, dtype=np.int64)
+        pq.write_table(pa.table({"value": [f"{c:02x}{i:06x}" for i in ids], "id": ids}),
+                       folder / "part-0.parquet")
 
 
 def small_config(**overrides) -> TrainConfig:
@@ -48,6 +89,8 @@ def config_flags(config: TrainConfig) -> list[str]:
         flags += ["--xla"]
     if config.intra_op_threads:
         flags += ["--intra-op-threads", str(config.intra_op_threads)]
+    if config.init != "scratch":
+        flags += ["--init", config.init, "--init-optimizer", config.init_optimizer]
     return flags
 
 

@@ -10,10 +10,11 @@ One code path serves one process and N ranks: embedding tables live on the rank 
 - :mod:`trainer.model`      the DLRM variables, dot interaction, forward pass
 - :mod:`trainer.optim`      SGD / Adam and the warm-up + polynomial-decay schedule
 - :mod:`trainer.checkpoint` per-rank checkpoints that survive a kill and a change of ranks
+- :mod:`trainer.warm_start` where a run starts: scratch, resume, or the previous model grown
 - :mod:`trainer.metrics`    exact ROC AUC and log loss (numpy), metrics log
 - :mod:`trainer.loop`       the training / evaluation / inference-benchmark loops
 - :mod:`trainer.serving`    the servable module: line rules, lookups, model, two signatures
-- :mod:`trainer.export`     ``--mode export``: checkpoint + dictionaries -> one SavedModel
+- :mod:`trainer.export`     ``--mode export``: checkpoint + dictionaries -> a SavedModel version
 - :mod:`trainer.score`      ``python -m trainer.score``: raw files -> scores, streaming
 - :mod:`trainer.cli`        ``python -m trainer``
 """

@@ -22,7 +22,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -42,11 +42,13 @@ class CheckpointError(RuntimeError):
 
 def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
                     replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int,
-                    protect: int | None = None) -> Path:
+                    protect: Iterable[int | None] = ()) -> Path:
     """Collective: every rank calls it with its own state; returns the final directory.
 
-    The newest ``keep`` checkpoints stay, and the one of step ``protect`` (the best so far).
+    The newest ``keep`` checkpoints stay, and those of the steps in ``protect`` (the best so
+    far; the previous model a warm-started run began from).
     """
+    kept = {p for p in protect if p is not None}
     final = checkpoint_dir(root, step)
     tmp = root / f".step-{step:09d}.tmp"
     if comm.rank == 0:
@@ -63,7 +65,7 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
         fsync_tree(tmp)  # every rank's file: the other ranks have passed the barrier above
         replace_directory(tmp, final)
         for old_step, old in complete_checkpoints(root)[:-max(1, keep)]:
-            if old_step != protect:
+            if old_step not in kept:
                 shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
             shutil.rmtree(stale, ignore_errors=True)

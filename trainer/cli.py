@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlrm_contracts.config import (LEARNING_RATE_SCALINGS, OPTIMIZERS, TrainConfig, flag_overrides,
-                                   load_config)
+from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
+                                   TRAIN_INITS, TrainConfig, flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 
@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="split binary dataset (DIR/binary)")
     p.add_argument("--workdir", required=True, help="pipeline workdir: checkpoints/ and logs/ go here")
     p.add_argument("--mode", default="train", choices=list(MODE_FAILURE),
-                   help="export: the latest checkpoint + dictionaries -> DIR/export/saved_model "
-                        "(one process)")
+                   help="export: the run's checkpoint + dictionaries -> a new version "
+                        "DIR/export/<N> (one process)")
     p.add_argument("--config", help="YAML file with a 'train' section")
     p.add_argument("--preset", choices=["default", "small"])
     p.add_argument("--embedding-dim", type=int)
@@ -72,6 +72,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--keep-checkpoints", type=int)
     p.add_argument("--no-resume", dest="resume", action="store_const", const=False)
+    p.add_argument("--init", choices=list(TRAIN_INITS),
+                   help="a new run starts from scratch or from the workdir's previous model "
+                        "(tables grown; docs/trainer.md, 'Warm start')")
+    p.add_argument("--init-optimizer", choices=list(INIT_OPTIMIZERS),
+                   help="with --init previous: continue the optimizer state and schedule, or "
+                        "restart them (weights only)")
     p.add_argument("--frequency-threshold", help="read the dataset at this higher threshold")
     p.add_argument("--counts-dir", help="counts for --frequency-threshold (default WORKDIR/counts)")
     p.add_argument("--verify-dataset", choices=["quick", "full", "none"])

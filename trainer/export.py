@@ -4,12 +4,14 @@ The run's checkpoint is ``best_checkpoint``: the best validation AUC's with earl
 else the latest.
 
 
-Writes ``DIR/export/saved_model/`` (tables, MLPs, preprocessing, one vocabulary asset per
-column) and ``DIR/export/fingerprint.json`` beside it. The checkpoint may come from any number
-of ranks: tables are reassembled whole from their column slices (``CheckpointReader``). The
-size is checked before anything is read, so a model too big for one process is refused with
-a message instead of running out of memory halfway. Written into a temporary sibling and
-renamed, so ``DIR/export`` holds either the previous export or the new complete one.
+Writes a new version ``DIR/export/<N>/`` (N one more than the newest; TensorFlow Serving's
+layout, so a server watching ``DIR/export`` picks it up without a restart): the SavedModel
+(tables, MLPs, preprocessing, one vocabulary asset per column) and its ``fingerprint.json``.
+The checkpoint may come from any number of ranks: tables are reassembled whole from their
+column slices (``CheckpointReader``). The size is checked before anything is read, so a model
+too big for one process is refused with a message instead of running out of memory halfway.
+A version is written into a temporary directory beside it and renamed into place, so a server
+never sees a partial one; then all but the newest ``export.keep_versions`` are deleted.
 """
 
 from __future__ import annotations
@@ -23,18 +25,19 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from dlrm_contracts.atomic import (fsync_tree, remove_stale_temporaries, replace_directory,
+from dlrm_contracts.atomic import (fsync_path, fsync_tree, remove_stale_temporaries,
                                    temporary_sibling)
 from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
                                              dictionaries_fingerprint)
-from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout
+from dlrm_contracts.layout import (DATASET_JSON, EXPORT_FINGERPRINT, WorkdirLayout,
+                                   export_versions)
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
 from trainer.model import ModelDims
 
-FINGERPRINT = "fingerprint.json"
+FINGERPRINT = EXPORT_FINGERPRINT
 # Memory of one kept value in a serving process's hash table (std::string key + int64 value +
 # bucket), a generous estimate; used only for the size check.
 HASH_ENTRY_BYTES = 64
@@ -207,11 +210,12 @@ def _check_dictionary_folders(dictionaries: Path, sizes: list[int]) -> None:
 
 def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: dict,
                  identity: dict[str, Any], dims: ModelDims, sizes: list[int], size: dict,
-                 saved_model: Path, config: ExportConfig) -> dict[str, Any]:
+                 saved_model: Path, config: ExportConfig, version: int) -> dict[str, Any]:
     """What the export was made from and what it holds (fingerprint.json)."""
     description = _dataset_description(dataset, identity)
     return {
         "format_version": 1,
+        "version": version,
         "dataset": description,
         "threshold_spec": description["threshold_spec"],
         "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
@@ -223,13 +227,34 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: d
         "signatures": ["serve_features", "serve_lines", "serving_default"],
         "missing_integer": config.missing_integer,
         "size": size,
-        "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()),
+        "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
+                                 and p.name != FINGERPRINT),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
+def next_version(export_dir: Path) -> int:
+    """One more than the newest version (1 for the first): versions only increase, so the
+    newest directory is always the newest model, which is what a server loads."""
+    found = export_versions(export_dir)
+    return found[-1][0] + 1 if found else 1
+
+
+def prune_versions(export_dir: Path, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` versions; returns the versions deleted.
+
+    The oldest go first: a server may still be unloading the previous newest one.
+    """
+    removed = []
+    for version, path in export_versions(export_dir)[:-max(1, keep)]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(version)
+    return removed
+
+
 def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig) -> dict[str, Any]:
-    """Write ``DIR/export``: the run's checkpoint and the dictionaries as one SavedModel.
+    """Write a new version ``DIR/export/<N>``: the run's checkpoint and the dictionaries as one
+    SavedModel, with its fingerprint.json.
 
     Args:
         workdir: the workdir holding the checkpoints and the preprocess dictionaries.
@@ -237,8 +262,8 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         config: the memory limit and the integer that reads as missing.
 
     Returns:
-        The fingerprint written beside the SavedModel, plus seconds and its path (the CLI's
-        JSON summary).
+        The fingerprint written beside the SavedModel, plus seconds, its path and the
+        versions deleted (the CLI's JSON summary).
     """
     started = time.perf_counter()
     layout = WorkdirLayout.at(workdir)
@@ -260,23 +285,29 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         _check_dictionary_folders(layout.dictionaries, sizes)
         identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
         size = check_export_fits(sizes, dims.embedding_dim, config)
-        remove_stale_temporaries(layout.export)  # left by an export that was killed
-        temporary = temporary_sibling(layout.export)
+        layout.export.mkdir(parents=True, exist_ok=True)
+        version = next_version(layout.export)
+        final = layout.export / str(version)
+        remove_stale_temporaries(final)  # left by an export of this version that was killed
+        # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
+        temporary = temporary_sibling(final)
         try:
             vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
-            saved_model = temporary / "export" / "saved_model"
+            saved_model = temporary / "model"
             _save(reader, dims, sizes, vocabularies, saved_model, config)
             fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, identity, dims,
-                                       sizes, size, saved_model, config)
-            (temporary / "export" / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
-            fsync_tree(temporary / "export")
-            replace_directory(temporary / "export", layout.export)
+                                       sizes, size, saved_model, config, version)
+            (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
+            fsync_tree(saved_model)
+            saved_model.rename(final)  # a new name: never replaces a version a server loaded
+            fsync_path(layout.export)
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
     finally:
         reader.close()
+    removed = prune_versions(layout.export, config.keep_versions)
     return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
-            "saved_model": str(layout.saved_model)}
+            "saved_model": str(final), "removed_versions": removed}
 
 
 def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],

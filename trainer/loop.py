@@ -10,6 +10,7 @@ global batch, up to float rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -28,13 +29,17 @@ from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
                                 checkpoint_meta, latest_checkpoint, save_checkpoint)
 from trainer.comm import make_comm
-from trainer.data import Batch, RankView, SplitReader, batch_starts, open_dataset, prefetch
+from trainer.data import (Batch, BinaryDataset, RankView, SplitReader, batch_starts, open_dataset,
+                          prefetch)
 from trainer.early_stopping import EarlyStopping
 from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
 from trainer.placement import plan_placement
 from trainer.progress import NoProgress, make_progress
+from trainer.warm_start import (RUN_START_KEY, WARM_START_KEY, StartPlan, WarmStart,
+                                check_schedule, check_warm_start, load_grown, plan_start,
+                                remove_superseded)
 
 MODES = ("train", "eval", "inference_benchmark")
 # TensorBoard's scalar plugin tag, written with TensorFlow's own summary op so that the
@@ -179,6 +184,10 @@ class Trainer:
         self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
                                       trainable=False, name="loss_scale")
         self.step = 0
+        # The run's first step: 0 from scratch, the previous model's step after a warm start.
+        # Epochs, evaluations and max_steps count from it; the checkpoints' numbers go on.
+        self.run_start = 0
+        self.warm_start: WarmStart | None = None
         self.early_stopping = EarlyStopping(config.early_stopping_patience)
         self._saved_step: int | None = None
         self.comm.broadcast_variables([v for _, v in self.replicated])
@@ -283,10 +292,16 @@ class Trainer:
                                self.dataset.identity)
         if self.early_stopping.enabled:
             meta["early_stopping"] = self.early_stopping.to_meta()
+        meta[RUN_START_KEY] = self.run_start
+        # The previous model outlives keep_checkpoints while this run is not over: a rerun of
+        # this dataset (another setting, --force) starts from it again.
+        protect = [self.early_stopping.best_step]
+        if self.warm_start is not None:
+            meta[WARM_START_KEY] = self.warm_start.to_meta()
+            protect.append(self.warm_start.source_step)
         self._saved_step = self.step
         return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
-                               meta, self.config.keep_checkpoints,
-                               protect=self.early_stopping.best_step)
+                               meta, self.config.keep_checkpoints, protect=protect)
 
     def restore(self, path: Path) -> dict[str, Any]:
         """Load a checkpoint's variables and step; returns its meta."""
@@ -296,10 +311,41 @@ class Trainer:
             for name, var in self._owned_state() + self._replicated_state():
                 var.assign(reader.value(name, tuple(var.shape)).astype(var.dtype.as_numpy_dtype))
             self.step = int(reader.meta["step"])
+            self.run_start = int(reader.meta.get(RUN_START_KEY, 0))
+            self.warm_start = WarmStart.from_meta(reader.meta.get(WARM_START_KEY))
         finally:
             reader.close()
         self.comm.broadcast_variables([v for _, v in self._replicated_state()])
         return reader.meta
+
+    def restore_previous(self, path: Path) -> WarmStart:
+        """Start a new run from the previous model at ``path`` (trained on another dataset):
+        tables grown to this dataset's sizes, the MLPs copied, the optimizer state and the
+        step continued or restarted (train.init_optimizer). See trainer/warm_start.py."""
+        reader = CheckpointReader(path)
+        try:
+            meta = reader.meta
+            grown = check_warm_start(meta, path, list(self.dataset.table_sizes),
+                                     self._dims_meta(), self.config)
+            source_step = int(meta["step"])
+            check_schedule(source_step, self.config)
+            continued = self.config.init_optimizer == "continue"
+            variables = (self._owned_state() + self._replicated_state() if continued
+                         else list(self.owned) + list(self.replicated))
+            old_sizes = [int(s) for s in meta["table_sizes"]]
+            load_grown(reader, variables, old_sizes)
+        finally:
+            reader.close()
+        self.comm.broadcast_variables([v for _, v in self._replicated_state()])
+        self.step = self.run_start = source_step
+        self.early_stopping = EarlyStopping(self.config.early_stopping_patience)
+        self.warm_start = WarmStart(str(path), source_step, self.config.init_optimizer,
+                                    old_sizes, grown)
+        self.comm.barrier()  # every rank has read the checkpoints before any is removed
+        if self.rank == 0:
+            remove_superseded(self.layout.checkpoints, source_step, self._progress)
+        self.comm.barrier()
+        return self.warm_start
 
     def restore_latest(self, required: bool = False) -> Path | None:
         """The newest checkpoint (where training resumes), with its early-stopping state."""
@@ -344,16 +390,19 @@ class Trainer:
 
     # -- loops -----------------------------------------------------------------------------
     def _train_plan(self, total: int, steps_per_epoch: int) -> list[tuple[int, int]]:
+        """(global step, first row) of every batch left; epochs count from the run's start."""
         plan, starts, epoch = [], None, None
         for step in range(self.step, total):
-            if step // steps_per_epoch != epoch:
-                epoch = step // steps_per_epoch
+            local = step - self.run_start
+            if local // steps_per_epoch != epoch:
+                epoch = local // steps_per_epoch
                 starts = batch_starts(self.dataset.rows["train"], self.global_batch, epoch=epoch,
                                       seed=self.config.seed, shuffle=self.config.shuffle_batches)
-            plan.append((step, int(starts[step % steps_per_epoch])))
+            plan.append((step, int(starts[local % steps_per_epoch])))
         return plan
 
     def total_steps(self) -> tuple[int, int]:
+        """(steps this run trains, steps per epoch): epochs or max_steps from the run's start."""
         steps_per_epoch = self.dataset.rows["train"] // self.global_batch
         if steps_per_epoch == 0:
             raise ConfigError(f"the train split has {self.dataset.rows['train']} rows, fewer than "
@@ -364,42 +413,56 @@ class Trainer:
         return total, steps_per_epoch
 
     def train(self, final_eval: bool = True) -> dict[str, Any]:
-        """Train from step 0 (or the latest checkpoint with resume) to the planned total.
+        """Train this run's planned steps: from scratch, from where an interrupted run of this
+        dataset stopped (resume), or from the previous model (train.init: previous).
 
         Args:
             final_eval: evaluate the test and validation splits at the end (the summary's AUCs).
         Returns:
-            The summary record: step, losses, samples/s, the last checkpoint, the AUCs.
+            The summary record: step, losses, samples/s, the last checkpoint, the AUCs, how the
+            run started (``init``) and, after a warm start, the previous model's test AUC.
         """
-        total, steps_per_epoch = self.total_steps()
-        self._resume_if_asked()
+        planned, steps_per_epoch = self.total_steps()
+        start = self._start()
+        total = self.run_start + planned
         if self.early_stopping.stopped:
             self._progress(f"trainer: stopped early before (best validation AUC "
                            f"{self.early_stopping.best_auc} at step "
                            f"{self.early_stopping.best_step}): nothing to train")
             total = self.step
         eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
+        warm = start.kind == "previous" and self.config.evaluate_previous
+        self.reporter.start_training(self.step - self.run_start, total - self.run_start,
+                                     eval_every, final_eval,
+                                     self.dataset.rows.get("test", 0) if warm else 0)
+        if warm:
+            self.warm_start.previous_test_auc = self._evaluate_previous()
         batches = self._train_batches(total, steps_per_epoch)
-        self.reporter.start_training(self.step, total, eval_every, final_eval)
         clock = ThroughputClock(self.global_batch)
         last_loss, evals = None, []
         for batch in batches:
-            lr = learning_rate(batch.step, self.config)
+            lr = learning_rate(self._schedule_step(batch.step), self.config)
             loss = self.train_on_batch(batch, lr)
             self.step = batch.step + 1
+            done = self.step - self.run_start  # steps of this run
             clock.step_done(loss)
-            self.reporter.step(self.step)
-            if self.step % max(1, self.config.log_every) == 0 or self.step == total:
-                last_loss = self._report_step(loss, lr, batch.step // steps_per_epoch, total, clock)
-            if self._validates_at(self.step, total, eval_every):
+            self.reporter.step(done)
+            if done % max(1, self.config.log_every) == 0 or self.step == total:
+                last_loss = self._report_step(loss, lr, (done - 1) // steps_per_epoch, total,
+                                              clock)
+            if self._validates_at(done, total - self.run_start, eval_every):
                 evals.append(self.evaluate("validation"))
                 if self._stop_early(evals[-1]):
                     batches.close()  # the read-ahead threads stop too
                     break
-            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
+            if self.config.checkpoint_every and done % self.config.checkpoint_every == 0 \
                     and self._saved_step != self.step:
                 self.save()
-        return self._finish_training(clock, last_loss, evals, final_eval)
+        summary = self._finish_training(clock, last_loss, evals, final_eval)
+        summary["init"] = self._init_record(start)
+        if self.warm_start is not None:
+            summary["previous_model_test_auc"] = self.warm_start.previous_test_auc
+        return summary
 
     def _validates_at(self, step: int, total: int, eval_every: int) -> bool:
         """Every ``eval_every`` steps. Without early stopping the end has its own evaluation;
@@ -426,11 +489,45 @@ class Trainer:
                            f"{self.early_stopping.best_step}")
         return self.early_stopping.stopped
 
-    def _resume_if_asked(self) -> None:
-        if self.config.resume:
-            path = self.restore_latest()
-            if path is not None:
-                self._progress(f"trainer: resumed from {path} at step {self.step}")
+    def _start(self) -> StartPlan:
+        """Scratch, resume or warm start (trainer/warm_start.py decides from the checkpoints)."""
+        plan = plan_start(self.layout.checkpoints, self.dataset.identity, self.config)
+        if plan.note:
+            self._progress(f"trainer: {plan.note}")
+        if plan.kind == "resume":
+            self.restore_latest(required=True)
+            self._progress(f"trainer: resumed from {plan.path} at step {self.step}")
+        elif plan.kind == "previous":
+            warm = self.restore_previous(plan.path)
+            grown = ", ".join(f"{c} {o}->{n}" for c, (o, n) in warm.grown.items()) or "none"
+            self._progress(f"trainer: warm start from the previous model {plan.path} (step "
+                           f"{warm.source_step}), optimizer state {warm.optimizer}; tables grown: "
+                           f"{grown}")
+        return plan
+
+    def _schedule_step(self, step: int) -> int:
+        """The step the learning-rate schedule is at: counted over every run when a warm
+        start continues the optimizer, from this run's start when it restarts it."""
+        restarted = self.warm_start is not None and self.warm_start.optimizer == "restart"
+        return step - self.run_start if restarted else step
+
+    def _evaluate_previous(self) -> float | None:
+        """The previous model (just loaded, before any step) on this run's test split, as it
+        is served: a value it had no row for reads as id 0, not as a fresh row."""
+        if self.dataset.rows.get("test", 0) == 0:
+            return None
+        sizes = tuple(self.warm_start.old_table_sizes)
+        as_served = dataclasses.replace(self.dataset, table_sizes=tuple(
+            min(a, b) for a, b in zip(sizes, self.dataset.table_sizes)))
+        return self.evaluate("test", dataset=as_served, model="previous").auc
+
+    def _init_record(self, start: StartPlan) -> dict[str, Any]:
+        """How the run started, for the summary (a resumed warm start says both)."""
+        record: dict[str, Any] = {"mode": start.kind, "run_start_step": self.run_start}
+        if self.warm_start is not None:
+            record.update(self.warm_start.to_meta())
+            record.pop("previous_model_test_auc")  # a summary field of its own
+        return record
 
     def _train_batches(self, total: int, steps_per_epoch: int) -> Iterable[Batch]:
         """This rank's batches from the current step to ``total``, read ahead by a thread."""
@@ -476,9 +573,11 @@ class Trainer:
                          best_validation_auc=stopping.best_auc)
         return self._summary_record("train", finals, extra)
 
-    def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        """(labels, probabilities) of a whole split in row order (on every rank)."""
-        reader = SplitReader(self.dataset, split)
+    def predictions(self, split: str, dataset: BinaryDataset | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, probabilities) of a whole split in row order (on every rank); ``dataset``
+        reads it at other table sizes (ids past them as 0)."""
+        reader = SplitReader(dataset or self.dataset, split)
         starts = batch_starts(reader.rows, self.eval_batch, drop_remainder=False)
         labels, scores = [], []
         for batch in prefetch(reader, self.view, list(enumerate(starts.tolist())),
@@ -492,8 +591,11 @@ class Trainer:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
         return np.concatenate(labels), np.concatenate(scores)
 
-    def evaluate(self, split: str) -> EvalResult:
-        labels, scores = self.predictions(split)
+    def evaluate(self, split: str, dataset: BinaryDataset | None = None,
+                 model: str | None = None) -> EvalResult:
+        """AUC and log loss of a split (on rank 0); ``model`` names a model other than the
+        run's own in the log (the previous model before a warm-started run trains)."""
+        labels, scores = self.predictions(split, dataset)
         if labels.size == 0:
             return EvalResult(split, 0, None, None)
         auc = roc_auc(labels, scores) if self.rank == 0 else None
@@ -502,10 +604,12 @@ class Trainer:
         loss = log_loss(labels, scores) if self.rank == 0 else None
         result = EvalResult(split, int(labels.size), auc, loss)
         self.reporter.evaluated_split(split, self.step, auc)
-        self._log({"event": "eval", "split": split, "step": self.step, "rows": result.rows,
-                   "auc": auc, "logloss": loss})
+        record = {"event": "eval", "split": split, "step": self.step, "rows": result.rows,
+                  "auc": auc, "logloss": loss}
+        self._log({**record, "model": model} if model else record)
         shown = "undefined (the split has one class only)" if auc is None else auc
-        self._progress(f"eval {split} at step {self.step}: auc {shown} logloss {loss} "
+        whose = f" ({model} model)" if model else ""
+        self._progress(f"eval {split}{whose} at step {self.step}: auc {shown} logloss {loss} "
                        f"({result.rows} rows)")
         return result
 

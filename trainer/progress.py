@@ -50,12 +50,15 @@ class TrainProgress(NoProgress):
                                             + split_rows.get("validation", 0))
 
     def start_training(self, first_step: int, total_steps: int, eval_every: int,
-                       final_eval: bool) -> None:
+                       final_eval: bool, first_eval_rows: int = 0) -> None:
+        """Steps are the run's own (a warm-started run counts from its start);
+        ``first_eval_rows``: rows evaluated before the first step (the previous model)."""
         self.first_step, self.total_steps = first_step, total_steps
         periodic = sum(1 for s in range(first_step + 1, total_steps) if s % eval_every == 0)
         finals = self.work_total if final_eval else 0.0
         self.work_total = ((total_steps - first_step) * self.batch + finals
-                           + self.eval_cost * periodic * self.split_rows.get("validation", 0))
+                           + self.eval_cost * periodic * self.split_rows.get("validation", 0)
+                           + self.eval_cost * first_eval_rows)
         # no fraction yet: the first step traces the step function, which the ETA leaves out
         self.reporter.report(phase="train", unit="steps", done=first_step, total=total_steps,
                              rows_unit="samples", force=True)

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
+from dlrm_contracts.layout import SAVED_MODEL_PB, latest_export
 from dlrm_contracts.progress import Reporter, open_reporter
 from dlrm_contracts.schema import NUM_FIELDS, NUM_INTEGER
 
@@ -250,7 +251,8 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     """Score raw day files with an exported SavedModel, one output file per input.
 
     Args:
-        model_dir: the SavedModel (``DIR/export/saved_model``).
+        model_dir: the SavedModel (an export version ``DIR/export/<N>``), or a directory of
+            versions (``DIR/export``): its newest, as a server watching it would load.
         inputs: raw day files, plain or ``.gz``, with or without the label field.
         out_dir: where ``<name>.parquet`` and ``rejects/<name>.jsonl`` go.
         config: lines per model call, whether the files are labelled.
@@ -268,8 +270,13 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     names = [output_name(p) for p in paths]
     if len(set(names)) != len(names):
         raise ScoreError(f"two inputs would write the same output name: {sorted(names)}")
-    if not (Path(model_dir) / "saved_model.pb").is_file():
-        raise ScoreError(f"no SavedModel at {model_dir}: run the export stage first")
+    model_dir = Path(model_dir)
+    if not (model_dir / SAVED_MODEL_PB).is_file():
+        newest = latest_export(model_dir)
+        if newest is None:
+            raise ScoreError(f"no SavedModel at {model_dir} (no saved_model.pb, nor a version "
+                             "directory <N>/ holding one): run the export stage first")
+        model_dir = newest
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -287,7 +294,9 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.score", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="SavedModel directory (DIR/export/saved_model)")
+    parser.add_argument("--model", required=True,
+                        help="SavedModel: an export version (DIR/export/<N>), or DIR/export for "
+                             "its newest version")
     parser.add_argument("--out", required=True, help="output directory (DIR/scores)")
     parser.add_argument("--input", required=True, help="comma-separated raw files (plain or .gz)")
     parser.add_argument("--config", help="YAML file with a 'score' section")

@@ -57,17 +57,41 @@ def write_split(folder: Path, label: np.ndarray, numerical: np.ndarray, cats: li
         ids.astype(cat_dtype(size)).tofile(folder / cat_file(i))
 
 
-def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int = 0,
-                          table_sizes: tuple[int, ...] = DEFAULT_TABLE_SIZES,
-                          strength: float = 3.0, threshold_spec: str = "1") -> PlantedSignal:
-    """Write a complete dataset (with ``_SUCCESS``) at ``path``; returns the planted signal."""
-    path = Path(path)
-    assert len(table_sizes) == NUM_CATEGORICAL
+# With a signal seed, the planted effects are drawn for this many ids whatever the table
+# sizes, so that datasets whose tables grew (later days, stable ids) share one signal.
+SIGNAL_IDS = 4096
+
+
+def planted_signal(table_sizes: tuple[int, ...], seed: int, strength: float,
+                   stable: bool) -> PlantedSignal:
+    """The planted effects; ``stable``: id i's effect does not depend on the table sizes."""
     rng = np.random.default_rng(seed)
     a, b = INTERACTING
-    signal = PlantedSignal(rng.choice([-1.0, 1.0], table_sizes[a]),
-                           rng.choice([-1.0, 1.0], table_sizes[b]),
-                           rng.normal(0.0, 0.8, table_sizes[MAIN_EFFECT]), strength, -1.0)
+    sizes = [table_sizes[a], table_sizes[b], table_sizes[MAIN_EFFECT]]
+    if stable:
+        assert max(sizes) <= SIGNAL_IDS, f"planted columns hold at most {SIGNAL_IDS} ids"
+        drawn = [rng.choice([-1.0, 1.0], SIGNAL_IDS), rng.choice([-1.0, 1.0], SIGNAL_IDS),
+                 rng.normal(0.0, 0.8, SIGNAL_IDS)]
+        return PlantedSignal(*(d[:n] for d, n in zip(drawn, sizes)), strength, -1.0)
+    return PlantedSignal(rng.choice([-1.0, 1.0], sizes[0]), rng.choice([-1.0, 1.0], sizes[1]),
+                         rng.normal(0.0, 0.8, sizes[2]), strength, -1.0)
+
+
+def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int = 0,
+                          table_sizes: tuple[int, ...] = DEFAULT_TABLE_SIZES,
+                          strength: float = 3.0, threshold_spec: str = "1",
+                          signal_seed: int | None = None,
+                          extra: dict | None = None) -> PlantedSignal:
+    """Write a complete dataset (with ``_SUCCESS``) at ``path``; returns the planted signal.
+
+    ``signal_seed``: draw the signal from it, independently of ``seed`` (which then draws the
+    rows only) and of the table sizes: the days of one stream whose tables grow. ``extra``:
+    more dataset.json keys (a dictionaries fingerprint, as convert records it).
+    """
+    path = Path(path)
+    assert len(table_sizes) == NUM_CATEGORICAL
+    signal = planted_signal(table_sizes, seed if signal_seed is None else signal_seed, strength,
+                            stable=signal_seed is not None)
     for split in SPLITS:
         n = rows.get(split, 0)
         split_rng = np.random.default_rng([seed, SPLITS.index(split) + 1])
@@ -80,7 +104,7 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
     checksums = {file_key(split, f.name): file_checksum(f)
                  for split in SPLITS for f in sorted((path / split).iterdir())}
     info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), threshold_spec,
-                    f"synthetic-planted-seed{seed}", {CHECKSUMS_KEY: checksums})
+                    f"synthetic-planted-seed{seed}", {**(extra or {}), CHECKSUMS_KEY: checksums})
     write_json(path / DATASET_JSON, info.to_json())
     write_json(path / MODEL_SIZE_JSON, dict(zip(CAT_COLUMNS, table_sizes)))
     (path / SUCCESS).write_text("")

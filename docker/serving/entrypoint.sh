@@ -2,8 +2,9 @@
 # TensorFlow Serving for the exported DLRM: checks the mounted model first, so a missing or
 # misplaced export is one clear line (exit 2), not a server waiting forever for a version.
 #   MODEL_NAME (dlrm), MODEL_BASE_PATH (/models): the model is $MODEL_BASE_PATH/$MODEL_NAME/<N>/
-# with N a number (the export's saved_model/ directory mounted as, e.g., /models/dlrm/1).
-# Extra arguments go to tensorflow_model_server.
+# with N a number: the workdir's DIR/export (one version directory per export) mounted as
+# /models/dlrm. The server loads the newest version and, polling the directory, each newer one
+# the export stage adds, without a restart. Extra arguments go to tensorflow_model_server.
 set -euo pipefail
 MODEL_NAME="${MODEL_NAME:-dlrm}"
 MODEL_BASE_PATH="${MODEL_BASE_PATH:-/models}"
@@ -15,7 +16,7 @@ for candidate in "$model_dir"/*/saved_model.pb; do
   [[ "$version" =~ ^[0-9]+$ ]] && versions+=("$version")
 done
 if [[ ${#versions[@]} -eq 0 ]]; then
-  echo "serving: no SavedModel under $model_dir/<number>/ (mount DIR/export/saved_model as $model_dir/1)" >&2
+  echo "serving: no SavedModel under $model_dir/<number>/ (mount the workdir's DIR/export as $model_dir)" >&2
   exit 2
 fi
 exec tensorflow_model_server --port=8500 --rest_api_port=8501 \
