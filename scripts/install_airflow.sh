@@ -72,7 +72,9 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade "pip>=24" "setuptools>=68" wheel
+# Best effort: with the wheels cached, the install below needs no network, and neither must this.
+"${PIP[@]}" install -q --upgrade "pip>=24" "setuptools>=68" wheel 2>/dev/null ||
+  log "pip, setuptools and wheel not upgraded (no network?); going on with the virtualenv's own"
 
 if [[ $FREEZE -eq 1 ]]; then
   log "resolving apache-airflow==$FREEZE_VERSION afresh on Python $PY_MINOR"
