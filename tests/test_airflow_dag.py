@@ -283,6 +283,17 @@ def test_a_bad_config_fails_without_retry(daily, site, tmp_path):
     assert not (workdir / "summary.json").exists()  # refused before the workdir was touched
 
 
+
+def test_a_missing_setting_fails_without_retry_and_runs_nothing(site, tmp_path):
+    workdir = tmp_path / "workdir"
+    proc = site["airflow"].dags_test("2026-11-07", criteo_dlrm_input="",
+                                     criteo_dlrm_workdir=str(workdir))
+    task = site["airflow"].latest_task()
+    out = proc.stdout + proc.stderr
+    assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]
+    assert "set the Airflow Variable criteo_dlrm_input" in out
+    assert not workdir.exists()
+
 PROBE = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("criteo_dlrm_daily", sys.argv[1])
