@@ -1,0 +1,339 @@
+"""The shipped DAG (pipeline/dags/criteo_dlrm_daily.py) run by a real Airflow.
+
+Airflow is installed by scripts/install_airflow.sh into its own virtualenv (cached; instant when
+done) and runs on SQLite in a temporary AIRFLOW_HOME, each DAG run through ``airflow dags test``
+(the scheduler's own dependency and retry loop, in one process). The pipeline it calls is the
+real one (local Spark, TensorFlow) of the virtualenv running these tests.
+
+Day files land in a directory one after another, as a daily job sees them: two days first (the
+least the pipeline trains on), then one new day before each of two more runs, then none. What
+each run did is read from the pipeline's own outputs (the preprocess manifest's days counted,
+counts/days.json, summary.json, history.jsonl) and the task's state from Airflow's database.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrm_contracts.errors import ExitCode
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+AIRFLOW_VENV = Path(os.environ.get("CRITEO_DLRM_AIRFLOW_VENV", REPO / ".venv-airflow"))
+DAG_FILE = REPO / "pipeline" / "dags" / "criteo_dlrm_daily.py"
+DAG_ID = "criteo_dlrm_daily"
+TASK_ID = "run_pipeline"
+STAGES = "preprocess,convert,train,eval,export"  # the DAG's default
+ROWS_PER_DAY = 2500
+
+# Small and quick: one rank, a few steps. Stable ids, warm start and versioned exports, once
+# they exist, are switched on here, in the pipeline's config file: the DAG passes it unchanged.
+DAILY_CONFIG = """
+spark:
+  driver_memory: 1g
+preprocess:
+  frequency_threshold: "2"
+convert:
+  batch_rows: 512
+train:
+  preset: small
+  batch_size: 256
+  max_steps: 12
+  evals_per_epoch: 1
+launch:
+  np: 1
+progress:
+  interval_s: 5
+"""
+# MERGE (issue 25, stable ids / warm start / versioned exports): add to DAILY_CONFIG
+#   preprocess: {ids: stable}   train: {init: previous}
+# and the assertions marked MERGE below.
+
+
+class Airflow:
+    """One AIRFLOW_HOME on SQLite with the DAGs folder of this checkout."""
+
+    def __init__(self, bin_dir: Path, home: Path, variables: dict[str, str]):
+        self.bin_dir, self.home = bin_dir, home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        self.env.update({
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            # a retry comes seconds later here (the DAG's default is 15 minutes)
+            "CRITEO_DLRM_RETRIES": "2",
+            "CRITEO_DLRM_RETRY_DELAY_S": "4",
+        })
+        self.env.update({f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()})
+
+    def cli(self, *args: str, extra_env: dict[str, str] | None = None,
+            timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.bin_dir / "airflow"), *args], capture_output=True,
+                              text=True, env={**self.env, **(extra_env or {})}, timeout=timeout)
+
+    def dags_test(self, date: str, **variables: str) -> subprocess.CompletedProcess:
+        extra = {f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()}
+        return self.cli("dags", "test", DAG_ID, date, extra_env=extra, timeout=900)
+
+    def query(self, sql: str, *params) -> list[tuple]:
+        for attempt in range(50):  # Airflow may hold a write lock on the database for a moment
+            try:
+                with sqlite3.connect(self.home / "airflow.db", timeout=10) as db:
+                    return db.execute(sql, params).fetchall()
+            except sqlite3.OperationalError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.2)
+        return []
+
+    def latest_task(self) -> dict:
+        """State and try number of the task in the newest run of the DAG, and its XCom."""
+        rows = self.query("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+                          DAG_ID)
+        if not rows:
+            return {}
+        run_id = rows[0][0]
+        ti = self.query("SELECT state, try_number FROM task_instance WHERE dag_id = ? AND "
+                        "run_id = ? AND task_id = ?", DAG_ID, run_id, TASK_ID)
+        xcom = self.query("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND "
+                          "task_id = ? AND key = 'summary'", DAG_ID, run_id, TASK_ID)
+        state, tries = ti[0] if ti else (None, 0)
+        return {"run_id": run_id, "state": state, "try_number": tries,
+                "summary": _xcom_value(xcom[0][0]) if xcom else None}
+
+
+def _xcom_value(raw) -> dict:
+    value = json.loads(raw)
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@pytest.fixture(scope="module")
+def airflow_bin() -> Path:
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install_airflow.sh")],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (AIRFLOW_VENV / "bin" / "airflow").is_file()
+    return AIRFLOW_VENV / "bin"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, airflow_bin):
+    """Generated days waiting to land, an empty landing directory, the DAG's settings and an
+    Airflow with its database made."""
+    root = tmp_path_factory.mktemp("airflow_dag")
+    staging = root / "staging"
+    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(staging),
+                    "--days", "4", "--rows-per-day", str(ROWS_PER_DAY), "--seed", "2525"],
+                   check=True, capture_output=True)
+    (root / "landing").mkdir()
+    (root / "daily.yaml").write_text(DAILY_CONFIG)
+    airflow = Airflow(airflow_bin, root / "airflow_home", {
+        "criteo_dlrm_input": str(root / "landing"),
+        "criteo_dlrm_config": str(root / "daily.yaml"),
+        "criteo_dlrm_python": sys.executable,
+    })
+    migrate = airflow.cli("db", "migrate")
+    assert migrate.returncode == 0, migrate.stderr[-4000:]
+    # The workdir as a Variable of the metastore (the others come from the environment): both
+    # of Airflow's ways reach the task.
+    workdir = root / "workdir"
+    setting = airflow.cli("variables", "set", "criteo_dlrm_workdir", str(workdir))
+    assert setting.returncode == 0, setting.stderr[-4000:]
+    return {"root": root, "staging": staging, "landing": root / "landing", "workdir": workdir,
+            "airflow": airflow}
+
+
+def land(site: dict, day: int) -> None:
+    """A day file arrives whole: copied beside the landing directory, then renamed into it."""
+    name = f"day_{day}"
+    partial = site["root"] / f".{name}.partial"
+    shutil.copyfile(site["staging"] / name, partial)
+    os.replace(partial, site["landing"] / name)
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def _history(workdir: Path) -> list[dict]:
+    path = workdir / "manifests" / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_day(site: dict, date: str) -> dict:
+    """One DAG run; what Airflow and the pipeline recorded right after it."""
+    proc = site["airflow"].dags_test(date)
+    workdir = site["workdir"]
+    record = {"proc": proc, "task": site["airflow"].latest_task(), "history": _history(workdir)}
+    if (workdir / "summary.json").exists():
+        record["summary"] = _json(workdir / "summary.json")
+        record["preprocess"] = _json(workdir / "manifests" / "preprocess.json")
+        record["days"] = _json(workdir / "counts" / "days.json")
+        record["quality"] = _json(workdir / "parquet" / "data_quality.json")
+    return record
+
+
+@pytest.fixture(scope="module")
+def daily(site) -> list[dict]:
+    """Days 0 and 1, then day 2, then day 3 land, a DAG run after each; then a run with
+    nothing new."""
+    runs = []
+    for date, days in (("2026-11-01", (0, 1)), ("2026-11-02", (2,)), ("2026-11-03", (3,)),
+                       ("2026-11-04", ())):
+        for day in days:
+            land(site, day)
+        runs.append(run_day(site, date))
+    return runs
+
+
+def _explain(record: dict) -> str:
+    return (f"task {record['task']}\n--- stdout\n{record['proc'].stdout[-3000:]}"
+            f"\n--- stderr\n{record['proc'].stderr[-6000:]}")
+
+
+def test_three_days_land_and_each_run_counts_only_the_new_day(daily, site):
+    counted = [[0, 1], [2], [3]]
+    for n, record in enumerate(daily[:3]):
+        assert record["task"]["state"] == "success", _explain(record)
+        assert record["task"]["try_number"] == 1
+        summary = record["summary"]
+        assert summary["status"] == "ok"
+        # every stage the DAG asks for ran: the new day changed the dictionaries and the splits
+        assert set(summary["stages"]) == set(STAGES.split(","))
+        assert all(stage["action"] == "ran" for stage in summary["stages"].values()), summary
+        # the count stage reused the days counted by earlier runs (counts/days.json)
+        days_in = sorted(d for run in counted[:n + 1] for d in run)
+        assert record["preprocess"]["summary"]["days_counted"] == counted[n]
+        assert record["preprocess"]["summary"]["days_reused"] == days_in[:len(days_in) - len(counted[n])]
+        assert [d["day"] for d in record["days"]["days"]] == days_in
+        assert record["quality"]["totals"]["rows_read"] == ROWS_PER_DAY * len(days_in)
+        # the task's XCom is the pipeline's own summary, and the history has one line per run
+        assert record["task"]["summary"] == summary
+        assert [h["status"] for h in record["history"]] == ["ok"] * (n + 1)
+        # MERGE (stable ids): every value's id in run n-1's dictionaries is the same in run n's.
+        # MERGE (warm start): run n > 0 trained from run n-1's newest checkpoint (train summary).
+        # MERGE (versioned exports): DIR/export/<version>/ of run n exists, version n+1 newest.
+    workdir = site["workdir"]
+    assert (workdir / "export" / "saved_model" / "saved_model.pb").is_file()
+    assert daily[2]["summary"]["rows"]["train"] > daily[0]["summary"]["rows"]["train"]
+
+
+def test_a_run_with_no_new_day_is_skipped(daily):
+    record = daily[3]
+    assert record["task"]["state"] == "skipped", _explain(record)
+    assert record["task"]["try_number"] == 1
+    summary = record["summary"]
+    assert summary["status"] == "ok"
+    assert all(stage["action"] == "skipped" for stage in summary["stages"].values()), summary
+    assert record["task"]["summary"] == summary
+    assert len(record["history"]) == 4  # the pipeline ran, and said there was nothing to do
+
+
+def test_a_locked_workdir_is_retried_until_the_other_run_ends(daily, site):
+    airflow, workdir = site["airflow"], site["workdir"]
+    before, previous_run = len(_history(workdir)), airflow.latest_task()["run_id"]
+    with open(workdir / ".pipeline.lock", "a+") as held:  # another run holds the workdir
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = subprocess.Popen([str(airflow.bin_dir / "airflow"), "dags", "test", DAG_ID,
+                                 "2026-11-05"], env=airflow.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 300
+        first: dict = {}
+        while time.time() < deadline and proc.poll() is None:
+            task = airflow.latest_task()
+            if task.get("run_id") != previous_run and task.get("state") == "up_for_retry":
+                first = task  # the first attempt failed and waits for its retry
+                break
+            time.sleep(0.2)
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    out, _ = proc.communicate(timeout=600)
+    assert first.get("try_number") == 1, out[-6000:]
+    assert "exited 3 (locked)" in out
+    final = airflow.latest_task()
+    # the retry found the workdir free and up to date (nothing new since the last run)
+    assert final["state"] == "skipped" and final["try_number"] == 2, out[-6000:]
+    history = _history(workdir)
+    assert len(history) == before + 1 and history[-1]["status"] == "ok"
+
+
+def test_a_bad_config_fails_without_retry(daily, site, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  no_such_setting: 1\n")
+    workdir = tmp_path / "workdir"
+    proc = site["airflow"].dags_test("2026-11-06", criteo_dlrm_config=str(bad),
+                                     criteo_dlrm_workdir=str(workdir))
+    task = site["airflow"].latest_task()
+    out = proc.stdout + proc.stderr
+    assert task["state"] == "failed", out[-6000:]
+    assert task["try_number"] == 1  # retries are 2, yet no second attempt
+    assert "exited 2 (usage)" in out and "no_such_setting" in out
+    assert task["summary"]["status"] == "failed: usage"
+    assert not (workdir / "summary.json").exists()  # refused before the workdir was touched
+
+
+
+def test_a_missing_setting_fails_without_retry_and_runs_nothing(site, tmp_path):
+    workdir = tmp_path / "workdir"
+    proc = site["airflow"].dags_test("2026-11-07", criteo_dlrm_input="",
+                                     criteo_dlrm_workdir=str(workdir))
+    task = site["airflow"].latest_task()
+    out = proc.stdout + proc.stderr
+    assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]
+    assert "set the Airflow Variable criteo_dlrm_input" in out
+    assert not workdir.exists()
+
+PROBE = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("criteo_dlrm_daily", sys.argv[1])
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+dag = module.dag
+ran = {"stages": {"preprocess": {"action": "ran"}, "train": {"action": "skipped"}}}
+reused = {"stages": {"preprocess": {"action": "skipped"}, "train": {"action": "skipped"}}}
+verdicts = {code: module.verdict(code, {"status": "x", "error": "e", "stages": {}}).state
+            for code in [*module.EXIT_CODES, -9, 77] if code != 0}
+verdicts[0] = module.verdict(0, ran).state
+verdicts["0-reused"] = module.verdict(0, reused).state
+task = dag.get_task("run_pipeline")
+print(json.dumps({
+    "exit_codes": module.EXIT_CODES, "verdicts": verdicts,
+    "schedule": str(dag.schedule), "catchup": dag.catchup,
+    "max_active_runs": dag.max_active_runs, "tasks": [t.task_id for t in dag.tasks],
+    "retries": task.retries, "retry_delay_s": task.retry_delay.total_seconds(),
+}))
+"""
+
+
+def test_the_dag_maps_every_exit_code_of_the_pipeline(airflow_bin, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CRITEO_DLRM_"))}
+    env["AIRFLOW_HOME"] = str(tmp_path)
+    proc = subprocess.run([str(airflow_bin / "python"), "-c", PROBE, str(DAG_FILE)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the DAG's table is the pipeline's (a new exit code must be given a state there)
+    assert {int(k): v for k, v in facts["exit_codes"].items()} == {
+        int(code): code.name.lower() for code in ExitCode}
+    verdicts = facts["verdicts"]
+    retried = {ExitCode.LOCKED, ExitCode.PREPROCESS, ExitCode.TRAIN, ExitCode.EVAL,
+               ExitCode.DISK_FULL, ExitCode.INTERRUPTED}
+    for code in ExitCode:
+        if code != ExitCode.OK:
+            assert verdicts[str(int(code))] == ("retry" if code in retried else "failed"), code
+    assert verdicts["-9"] == "retry" and verdicts["77"] == "failed"
+    assert verdicts["0"] == "success" and verdicts["0-reused"] == "skipped"
+    assert facts["schedule"] == "@daily" and facts["catchup"] is False
+    assert facts["max_active_runs"] == 1 and facts["tasks"] == ["run_pipeline"]
+    assert facts["retries"] == 3 and facts["retry_delay_s"] == 900
