@@ -123,9 +123,11 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         days = min(g.days, config.preprocess.window_days or g.days)  # the window's days
         rows = days * g.rows_per_day
         raw_bytes = int(g.days * g.rows_per_day * pre.generated_bytes_per_row)
-        window = f", the newest {days} of them the data" if days < g.days else ""
-        est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows (~{human(raw_bytes)} "
-                f"of text, written to the workdir){window}: {rows:,} rows")
+        window = (f"; the newest {days} (preprocess.window_days): {rows:,} rows"
+                  if days < g.days else "")
+        est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
+                f"{g.days * g.rows_per_day:,} rows (~{human(raw_bytes)} of text, written to the "
+                f"workdir){window}")
         return rows, g.rows_per_day, raw_bytes
 
     raw = Path(config.input).resolve()
