@@ -326,3 +326,21 @@ def test_old_entries_read_only_their_value_range(tmp_path):
     previous = stable_ids.Previous(str(tmp_path), "2", {c: 1 for c in CAT_COLUMNS})
     samples = stable_ids.dictionary_samples(previous)
     assert [(j, n, s.tolist()) for j, n, s in samples] == [(6, 2, [5]), (6, 3, [10])]
+
+
+def test_flags_and_settings_of_ids_and_window(tmp_path):
+    """--ids and --window-days map onto preprocess.ids and preprocess.window_days; a window of
+    fewer than two days (no train day) and an unknown id mode are refused as usage errors."""
+    from dlrm_contracts.config import ConfigError, PreprocessConfig
+    from spark_jobs.cli import build_parser, configs_from_args
+
+    args = build_parser().parse_args(["--input", "raw", "--workdir", "w", "--ids", "stable",
+                                      "--window-days", "3"])
+    _, pre = configs_from_args(args)
+    assert (pre.ids, pre.window_days) == ("stable", 3)
+    assert (PreprocessConfig().ids, PreprocessConfig().window_days) == ("frequency", None)
+    with pytest.raises(ConfigError, match="window_days must be >= 2"):
+        configs_from_args(build_parser().parse_args(["--input", "r", "--workdir", "w",
+                                                     "--window-days", "1"]))
+    with pytest.raises(ConfigError, match="preprocess.ids 'sometimes' is not one of"):
+        PreprocessConfig(ids="sometimes")
