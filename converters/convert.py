@@ -233,6 +233,14 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
     return None
 
 
+def _stable_ids(parquet_dir: Path) -> bool:
+    """Whether preprocess gave stable ids (preprocess.ids: stable): recorded in dataset.json,
+    since a threshold raise is then no prefix of the ids (rethreshold refuses it)."""
+    preprocess = parquet_dir / PREPROCESS_JSON
+    data = read_json(preprocess) if preprocess.exists() else {}
+    return isinstance(data, dict) and data.get("ids") == "stable"
+
+
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                     config: ConvertConfig | None = None,
                     threshold_spec: str | None = None) -> dict[str, Any]:
@@ -288,6 +296,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                          # what a model trained on it must be served with (trainer.export)
                          DICTIONARIES_FINGERPRINT_KEY:
                              dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
+                         **({"ids": "stable"} if _stable_ids(parquet_dir) else {}),
                          CHECKSUMS_KEY: dict(sorted(checksums.items()))})
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())

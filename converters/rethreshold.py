@@ -117,6 +117,10 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     info = _intact_source(source, config)
     base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
+    if info.extra.get("ids") == "stable" and new != base:
+        raise DatasetError(f"{source} has stable ids (preprocess.ids: stable), which are not "
+                           f"ordered by count: threshold {new} is no prefix of its ids at {base}. "
+                           "A stable workdir keeps its threshold; use a new workdir for another")
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     start = time.perf_counter()
     jobs = []
@@ -149,7 +153,8 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                             "source_fingerprint": info.source_fingerprint},
                  "counts": str(Path(counts_dir).absolute()),
                  # same dictionaries: the kept values are a prefix of their ids
-                 DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY)}
+                 DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
+                 **({"ids": info.extra["ids"]} if "ids" in info.extra else {})}
         if info.checksums:  # all or none: a dataset without them cannot be shown intact
             extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)

@@ -26,6 +26,7 @@ Section = TypeVar("Section")
 # The choices of string settings, checked by the sections' __post_init__.
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
+ID_MODES: tuple[str, ...] = ("frequency", "stable")
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 # Copies of every variable an optimizer keeps: the value, + Adagrad's accumulator, + Adam's two
@@ -198,6 +199,17 @@ class PreprocessConfig:
     # (every day but the last: a value seen only on the last day maps to 0, as it would for
     # data that arrives after training).
     dictionary_days: str = "all"
+    # How ids are given. "frequency" (the reference's way): every run numbers the kept values
+    # 1..k by count descending, value ascending, so a new day may move every id. "stable" (a
+    # scheduled job's way): the workdir's dictionaries are append-only, a value keeps its id in
+    # every later run (even once rare) and values that newly pass the threshold get the next
+    # free ids, so yesterday's model and datasets stay valid. Stable refuses a threshold change
+    # (docs/spark_jobs.md, "Stable ids and a rolling window").
+    ids: str = "frequency"
+    # The newest N day files of the input are the data (the newest is test/validation, the
+    # others train); older day files are ignored, never deleted. None = every day file. At
+    # least 2 (a train day and the test/validation day).
+    window_days: int | None = None
 
     def __post_init__(self) -> None:
         _check_limits(self)
@@ -205,6 +217,7 @@ class PreprocessConfig:
                f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
         _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
         _one_of("preprocess.dictionary_days", self.dictionary_days, DICTIONARY_DAYS)
+        _one_of("preprocess.ids", self.ids, ID_MODES)
         _check(self.arrow_group_values >= 1,
                f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
 
@@ -688,7 +701,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                     "log_level": SPARK_LOG_LEVELS},
     "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
                          "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
-                         "arrow_block_kb": AT_LEAST_1,
+                         "arrow_block_kb": AT_LEAST_1, "window_days": Limit(2),
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,

@@ -120,15 +120,19 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
     pre = config.preflight
     if generated:
         g = config.generator
-        rows = g.days * g.rows_per_day
-        raw_bytes = int(rows * pre.generated_bytes_per_row)
-        est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = {rows:,} rows "
-                f"(~{human(raw_bytes)} of text, written to the workdir)")
+        days = min(g.days, config.preprocess.window_days or g.days)  # the window's days
+        rows = days * g.rows_per_day
+        raw_bytes = int(g.days * g.rows_per_day * pre.generated_bytes_per_row)
+        window = (f"; the newest {days} (preprocess.window_days): {rows:,} rows"
+                  if days < g.days else "")
+        est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
+                f"{g.days * g.rows_per_day:,} rows (~{human(raw_bytes)} of text, written to the "
+                f"workdir){window}")
         return rows, g.rows_per_day, raw_bytes
 
     raw = Path(config.input).resolve()
     try:
-        days = discover_days(raw)
+        days = discover_days(raw, config.preprocess.window_days)
     except PreprocessInputError as exc:
         est.say(f"input: {exc} (the preprocess stage will refuse it)")
         return None, None, 0

@@ -149,7 +149,10 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
             "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
             "dictionary_days": p.dictionary_days,
-            "threshold": str(ctx.threshold)}
+            "threshold": str(ctx.threshold),
+            # only when set, so that a workdir made before these settings keeps its key
+            **({"ids": p.ids} if p.ids != "frequency" else {}),
+            **({"window_days": p.window_days} if p.window_days is not None else {})}
 
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
@@ -174,7 +177,10 @@ def _preprocess_outputs(ctx: StageContext) -> str:
 
 
 def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
-    """Parquet made from the same raw data at a lower threshold serves a raised one."""
+    """Parquet made from the same raw data at a lower threshold serves a raised one (never
+    with stable ids: their threshold cannot change, the Spark job says so)."""
+    if ctx.config.preprocess.ids == "stable":
+        return None
     previous = ctx.manifests.load("preprocess")
     made_at = _parquet_spec(ctx)
     if not previous or made_at is None:
@@ -314,8 +320,21 @@ def _convert(ctx: StageContext) -> Outcome:
         raise
 
 
+def _refuse_stable_raise(ctx: StageContext) -> None:
+    """Stable ids are not ordered by count, so a threshold raise is no prefix of them: the
+    binary dataset is never derived at another threshold than the parquet's."""
+    record = read_record(ctx.layout.parquet / PREPROCESS_JSON) or {}
+    made_at = _parquet_spec(ctx)
+    if record.get("ids") == "stable" and made_at is not None and ctx.threshold != made_at:
+        raise PipelineError(f"threshold {ctx.threshold} differs from {made_at}, the threshold of "
+                            "this workdir's stable ids (preprocess.ids: stable): a stable "
+                            "workdir keeps its threshold (docs/spark_jobs.md, \"Stable ids\")",
+                            ExitCode.USAGE)
+
+
 def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     wanted = ctx.threshold
+    _refuse_stable_raise(ctx)
     previous = ctx.manifests.load("convert") or {}
     same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
     if same_parquet and ctx.layout.binary.exists():

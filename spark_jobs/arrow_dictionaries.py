@@ -254,7 +254,7 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
                       "value": pa.array(counts.values.astype(np.int64)),
                       "count": pa.array(counts.counts.astype(np.int64))})
     path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
-    _write_parquet_atomically(table, path, use_dictionary=["column", "count"])
+    write_parquet_atomically(table, path, use_dictionary=["column", "count"])
 
 
 def totals_dir(counts_dir: str | Path) -> Path:
@@ -288,13 +288,15 @@ def read_totals(directory: str, group: int) -> Counts:
     return Counts(values, counts)
 
 
-def _write_parquet_atomically(table, path: Path, use_dictionary=True) -> None:
+def write_parquet_atomically(table, path: Path, use_dictionary=True,
+                             row_group_size: int | None = None) -> None:
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
-        pq.write_table(table, temporary, compression="snappy", use_dictionary=use_dictionary)
+        pq.write_table(table, temporary, compression="snappy", use_dictionary=use_dictionary,
+                       row_group_size=row_group_size)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -395,7 +397,7 @@ def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
     table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
                       "count": pa.array(counts.astype(np.int64))})
     # every value and id is distinct: only the counts gain from dictionary encoding
-    _write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+    write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
                               use_dictionary=["count"])
     start, size = spec.regions[group]
     dictionary_index.write_region(spec.index_dir, name, start, size, values, ids)
@@ -404,12 +406,19 @@ def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
 
 def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:
     """Per column its index layout, and per group its region (first slot, slots)."""
+    kept = {}
+    for g, (counts, sizes) in histograms.items():
+        column, _ = plan.column_range(g)
+        kept[g] = int(sizes[counts >= minimum[column]].sum())
+    return layouts_of(plan, kept)
+
+
+def layouts_of(plan: GroupPlan, kept: dict[int, int]) -> tuple[dict, dict]:
+    """Index layouts and regions from the values each group keeps (absent: none)."""
     layouts, regions = {}, {}
     for j, name in enumerate(CAT_COLUMNS):
         groups = [plan.first[j] + r for r in range(len(plan.bounds[j]))]
-        kept = [int(histograms[g][1][histograms[g][0] >= minimum[j]].sum()) if g in histograms
-                else 0 for g in groups]
-        layout = dictionary_index.ColumnLayout.of(plan.bounds[j], kept)
+        layout = dictionary_index.ColumnLayout.of(plan.bounds[j], [kept.get(g, 0) for g in groups])
         layouts[name] = layout
         for r, g in enumerate(groups):
             regions[g] = (int(layout.starts[r]), int(layout.sizes[r]))

@@ -25,7 +25,7 @@ from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import arrow_tasks, counting, dictionary_index, split_writer
+from spark_jobs import arrow_tasks, counting, dictionary_index, split_writer, stable_ids
 from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
                                     REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
                                     TransformSpec)
@@ -63,6 +63,8 @@ class ArrowEngine:
         self._totals_dir: Path | None = None  # where the merge leaves the totals
         self._plan: dicts.GroupPlan | None = None
         self._histograms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._previous: stable_ids.Previous | None = None   # stable ids: what they extend
+        self._previous_samples: list = []
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
@@ -96,7 +98,7 @@ class ArrowEngine:
 
         wanted = [d.day for d in self.days] if days is None else list(days)
         partials = self._partials.where(F.col("kind") == dicts.KIND_PARTIAL)
-        samples = list(self._samples)
+        samples = list(self._samples) + self._previous_samples
         stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
             batches = dicts.stored_batches(stored, 4 * self.session.sparkContext.defaultParallelism)
@@ -162,6 +164,62 @@ class ArrowEngine:
             raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
                                f"the histogram add up to {expected}")
         shutil.rmtree(self._totals_dir, ignore_errors=True)
+
+    def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
+        """Stable ids: extend ``previous`` (None: the first run); its entries count in the
+        value ranges' sizes, so a range holds about ``arrow_group_values`` of old and new."""
+        self._previous = previous
+        self._previous_samples = stable_ids.dictionary_samples(previous)
+
+    def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
+                                  index_dir: Path) -> dict[str, int]:
+        """Stable ids (``spark_jobs.stable_ids``): every group reads its range of the previous
+        dictionaries and finds its kept newcomers (a survey pass: their count histograms and
+        the old entries per group, collected), the newcomers' first ids are summed on the
+        driver as in the frequency mode, after each column's previous ids; then every group
+        writes its part (old ids kept, newcomers numbered) into a staging directory and its
+        index region, and the staging directory replaces the dictionaries. Returns the table
+        sizes (each column's highest id + 1)."""
+        minimum = dicts.thresholds(spec)
+        previous = self._previous
+        before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
+        ids = stable_ids.StableSpec(self._plan, minimum, previous.directory if previous else None,
+                                    str(self._totals_dir), frozenset(self._entries))
+        # every group, not only those with counts this run: old entries must be carried over
+        weights = {g: self._entries.get(g, 0) + 1 for g in range(self._plan.groups)}
+        batches = dicts.balanced_batches(weights, self._tasks_per_group_pass())
+        survey = {int(r["group"]): r for r in
+                  self._over(batches, stable_ids.survey_task(ids, batches),
+                             stable_ids.SURVEY_SCHEMA).collect()}
+        stable_ids.check_old_entries(self._plan, survey, before)
+        histograms = {g: (np.frombuffer(r["histogram_counts"], np.int64),
+                          np.frombuffer(r["histogram_sizes"], np.int64)) for g, r in survey.items()}
+        kept = {g: int(r["old"]) + int(histograms[g][1].sum()) for g, r in survey.items()}
+        sizes = dict(before)
+        for g, (_, added) in histograms.items():
+            sizes[CAT_COLUMNS[self._plan.column_range(g)[0]]] += int(added.sum())
+        first_ids = stable_ids.newcomer_first_ids(self._plan, histograms, minimum, before)
+        layouts, regions = dicts.layouts_of(self._plan, kept)
+        staging = stable_ids.staging_dir(dict_dir)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        dictionary_index.create_index(index_dir, layouts)
+        broadcast = self.session.sparkContext.broadcast(first_ids)
+        try:
+            write = stable_ids.StableWriteSpec(ids, str(staging), str(index_dir), regions)
+            batches = dicts.balanced_batches({g: n + 1 for g, n in kept.items()},
+                                             self._tasks_per_group_pass())
+            written = self._over(batches, stable_ids.write_task(write, batches, broadcast),
+                                 stable_ids.WRITTEN_SCHEMA).collect()
+        finally:
+            broadcast.unpersist()
+        total = sum(r["kept"] for r in written)
+        if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
+            raise RuntimeError(f"{total} values written to the stable dictionaries, but their "
+                               f"ids add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
+        stable_ids.commit(staging, dict_dir, spec, sizes)
+        shutil.rmtree(self._totals_dir, ignore_errors=True)
+        return sizes
 
     def _tasks_per_group_pass(self) -> int:
         return _merge_partitions(self._plan, self.cfg.arrow_group_values,

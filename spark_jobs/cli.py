@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, dest="shuffle_seed", help="train shuffle seed")
     p.add_argument("--max-reject-rate", type=float, help="fail above this rejected fraction")
     p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
+    p.add_argument("--ids", choices=("frequency", "stable"),
+                   help="frequency: ids by count each run; stable: ids never move across runs")
+    p.add_argument("--window-days", type=int, metavar="N",
+                   help="only the newest N day files are the data (default: every day file)")
     security = p.add_argument_group("cluster security (docs/cluster.md)")
     security.add_argument("--auth-secret-file", metavar="FILE",
                           help="file (mode 0600) with the authenticated cluster's shared secret")

@@ -58,11 +58,16 @@ def column_starts(sizes: dict[str, int]) -> dict[str, int]:
     return starts
 
 
-def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path) -> None:
+def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path,
+                       after: dict[str, int] | None = None, carried=None) -> None:
     """Write (value, id, count) partitioned by ``column`` to ``out_dir``. ``totals``' values are 8-digit hex strings or
     their integers (the same order; an integer sorts faster and becomes its string only when
     kept). ``sizes`` (``table_sizes`` of the same totals) place each column in the global
-    order, so no job has to look for where a column starts."""
+    order, so no job has to look for where a column starts.
+
+    Stable ids: ``totals`` are the newcomers, numbered after ``after`` (per column, the highest
+    previous id), and ``carried`` (column, value, id, count: the previous entries) is written
+    with them."""
     from pyspark.sql import functions as F
 
     kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
@@ -88,11 +93,13 @@ def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_d
         value = F.col("value")
         if dict(totals.dtypes)["value"] != "string":
             value = F.lpad(F.lower(F.hex(value)), 8, "0")
-        ids = (indexed.select(
-            "column", value.alias("value"),
-            (F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1)
-            .cast("int").alias("id"),
-            "count"))
+        number = F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1
+        if after:
+            number = number + F.element_at(_literal_map(after), F.col("column"))
+        ids = indexed.select("column", value.alias("value"), number.cast("int").alias("id"), "count")
+        if carried is not None:
+            ids = ids.unionByName(carried.select("column", "value", F.col("id").cast("int"),
+                                                 F.col("count").cast("long")))
         ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
     finally:
         ordered.unpersist()

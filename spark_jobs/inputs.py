@@ -1,8 +1,8 @@
 """Finding the day files of a raw input directory, fingerprinting them, sizing their lines.
 
-Day files are ``day_<k>`` or ``day_<k>.gz`` for k = 0..N-1. A gap, a duplicate (``day_3`` and
-``day_3.gz``), an empty file or fewer than two days is an input error: training on a silently
-shortened log is worse than stopping.
+Day files are ``day_<k>`` or ``day_<k>.gz`` for k = 0..N-1 (with a window of W days, the newest
+W of them). A gap, a duplicate (``day_3`` and ``day_3.gz``), an empty file or fewer than two
+days is an input error: training on a silently shortened log is worse than stopping.
 """
 
 from __future__ import annotations
@@ -36,8 +36,15 @@ class DayFile:
         return f"{self.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def discover_days(input_dir: str | Path) -> list[DayFile]:
-    """The day files of ``input_dir`` ordered by day number, or a PreprocessInputError."""
+def discover_days(input_dir: str | Path, window_days: int | None = None) -> list[DayFile]:
+    """The day files of ``input_dir`` ordered by day number, or a PreprocessInputError.
+
+    ``window_days`` (``preprocess.window_days``): only the newest N days are the data, the
+    one place the window is applied (the job, its progress and the preflight all call this).
+    Older day files are ignored as they are (never read, checked or deleted): a scheduled job
+    may archive them. The window itself must be whole: days k-N+1..k for the newest k, or
+    0..k while fewer than N exist.
+    """
     root = Path(input_dir)
     if not root.is_dir():
         raise PreprocessInputError(f"input directory {root} does not exist or is not a directory")
@@ -48,16 +55,21 @@ def discover_days(input_dir: str | Path) -> list[DayFile]:
             by_day.setdefault(int(match.group(1)), []).append(path)
     if not by_day:
         raise PreprocessInputError(f"no day files (day_0, day_1, ... or day_<k>.gz) in {root}")
+    first = 0 if window_days is None else max(0, max(by_day) - window_days + 1)
+    by_day = {d: paths for d, paths in by_day.items() if d >= first}
     duplicates = {d: ps for d, ps in by_day.items() if len(ps) > 1}
     if duplicates:
         day, paths = min(duplicates.items())
         names = " and ".join(sorted(p.name for p in paths))
         raise PreprocessInputError(f"day {day} is given twice in {root}: {names}; keep one")
-    missing = sorted(set(range(max(by_day) + 1)) - set(by_day))
+    missing = sorted(set(range(first, max(by_day) + 1)) - set(by_day))
     if missing:
         listed = ", ".join(f"day_{d}" for d in missing[:5])
-        raise PreprocessInputError(f"missing day file(s) {listed} in {root}: days must run "
-                                   f"from day_0 to day_{max(by_day)} without gaps")
+        scope = (f"days must run from day_0 to day_{max(by_day)} without gaps"
+                 if window_days is None else
+                 f"the window of {window_days} days (preprocess.window_days) is day_{first} to "
+                 f"day_{max(by_day)}, without gaps")
+        raise PreprocessInputError(f"missing day file(s) {listed} in {root}: {scope}")
     if len(by_day) < 2:
         raise PreprocessInputError(f"only one day file in {root}: need at least two "
                                    "(train days, then the last day for test/validation)")

@@ -22,7 +22,7 @@ from dlrm_contracts.errors import PipelineError
 from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
-from spark_jobs import counting, progress, quality, transform
+from spark_jobs import counting, progress, quality, stable_ids, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
@@ -134,7 +134,8 @@ def _spark_errors():
 
 
 def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig) -> dict:
-    """Run count → dictionaries → transform over every day file of ``input_dir``.
+    """Run count → dictionaries → transform over the day files of ``input_dir`` (every one,
+    or the newest ``preprocess.window_days``).
 
     A day whose file has not changed since it was counted is not counted again, so a rerun
     with a new day or another threshold does not recount the others.
@@ -160,13 +161,18 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     except ThresholdSpecError as error:
         raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
     engine_id = engine_name(preprocess, spark)
-    days = discover_days(input_dir)
+    days = discover_days(input_dir, preprocess.window_days)
     layout = WorkdirLayout.at(workdir)
+    # before anything is replaced: a killed run's half-done swap is settled, and a stable
+    # workdir's threshold is checked
+    stable_ids.recover(dictionaries_dir(layout))
+    previous = (stable_ids.previous_dictionaries(dictionaries_dir(layout), spec)
+                if preprocess.ids == "stable" else None)
     layout.parquet.mkdir(parents=True, exist_ok=True)
     (layout.parquet / SUCCESS).unlink(missing_ok=True)
     with _spark_errors():
         session = get_session(spark)
-        return _run(session, days, layout, spec, preprocess, engine_id)
+        return _run(session, days, layout, spec, preprocess, engine_id, previous)
 
 
 def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
@@ -184,9 +190,11 @@ def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig)
 
 
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
-         engine_id: str) -> dict:
+         engine_id: str, previous: stable_ids.Previous | None = None) -> dict:
     timer = _Timer()
     engine = _make_engine(engine_id, session, days, cfg)
+    if cfg.ids == "stable":
+        engine.use_previous_dictionaries(previous)
     try:
         return _run_stages(engine, days, layout, spec, cfg, timer)
     finally:
@@ -206,8 +214,13 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         quality.check_reject_rate(report)
         histogram = engine.count_totals(layout.counts, _dictionary_days(days, cfg))
     with timer.stage("dictionaries"):
-        sizes = table_sizes(histogram, spec)
-        engine.write_dictionaries(spec, sizes, dictionaries_dir(layout), layout.dictionary_index)
+        if cfg.ids == "stable":
+            sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout),
+                                                     layout.dictionary_index)
+        else:
+            sizes = table_sizes(histogram, spec)
+            engine.write_dictionaries(spec, sizes, dictionaries_dir(layout),
+                                      layout.dictionary_index)
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
@@ -224,6 +237,8 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         "engine": engine.name,
         "lookups": engine.lookups,
         "dictionary_days": cfg.dictionary_days,
+        "ids": cfg.ids,
+        "window_days": cfg.window_days,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
         "days_reused": [d.day for d in days if d.day not in recount],

@@ -137,7 +137,7 @@ class PreprocessProgress:
     def __enter__(self) -> PreprocessProgress:
         global _active
         try:
-            self.days = discover_days(self.input_dir)
+            self.days = discover_days(self.input_dir, self.cfg.window_days)
             self.input_rows = sum(d.path.stat().st_size / bytes_per_line(d.path, self.sample_bytes)
                                   for d in self.days)
         except Exception:  # noqa: BLE001 — the job itself reports bad input, with its own code

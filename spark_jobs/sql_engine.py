@@ -13,9 +13,10 @@ from functools import reduce
 from pathlib import Path
 
 from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import counting, quality, transform
-from spark_jobs.dictionaries import build_dictionaries
+from spark_jobs import counting, quality, stable_ids, transform
+from spark_jobs.dictionaries import _threshold_of, build_dictionaries
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
 from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
@@ -32,6 +33,7 @@ class SqlEngine:
         self.cfg = cfg
         self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
         self._totals = None
+        self._previous: stable_ids.Previous | None = None
 
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
         return counting.count_pass(self.parsed, recount, counts_dir)
@@ -48,6 +50,42 @@ class SqlEngine:
         no index is needed)."""
         build_dictionaries(self._totals, spec, sizes, dict_dir)
         self.close()
+
+    def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
+        self._previous = previous
+
+    def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
+                                  index_dir: Path) -> dict[str, int]:
+        """Stable ids in SQL: the kept values without an id (an anti join with the previous
+        dictionaries) numbered by the same global sort, after each column's previous ids; the
+        previous entries carried over with their counts of this run; written into a staging
+        directory that replaces the dictionaries (``stable_ids.commit``)."""
+        from pyspark.sql import functions as F
+
+        previous = self._previous
+        before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
+        totals = self._totals.select("column", F.lpad(F.lower(F.hex("value")), 8, "0").alias("value"),
+                                     "count")
+        kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
+        newcomers, carried = kept, None
+        if previous is not None and max(before.values()) > 1:   # else no column has an id yet
+            old = self.session.read.parquet(previous.directory).select("column", "value", "id")
+            found = {r["column"]: (int(r["n"]), int(r["top"])) for r in
+                     old.groupBy("column").agg(F.count(F.lit(1)).alias("n"),
+                                               F.max("id").alias("top")).collect()}
+            stable_ids.check_old_ids(found, before)
+            newcomers = kept.join(old.select("column", "value"), ["column", "value"], "left_anti")
+            carried = (old.join(totals, ["column", "value"], "left")
+                       .select("column", "value", "id",
+                               F.coalesce(F.col("count"), F.lit(0)).alias("count")))
+        added = {r["column"]: int(r["count"]) for r in newcomers.groupBy("column").count().collect()}
+        staging = stable_ids.staging_dir(dict_dir)
+        build_dictionaries(newcomers, spec, {c: added.get(c, 0) + 1 for c in CAT_COLUMNS}, staging,
+                           after={c: before[c] - 1 for c in CAT_COLUMNS}, carried=carried)
+        sizes = {c: before[c] + added.get(c, 0) for c in CAT_COLUMNS}
+        stable_ids.commit(staging, dict_dir, spec, sizes)
+        self.close()
+        return sizes
 
     def finish_counts(self) -> None:
         """The count pass wrote its value counts before returning."""

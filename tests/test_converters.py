@@ -612,3 +612,26 @@ def test_planner_refuses_a_non_positive_width(tmp_path, flag):
                              str(tmp_path / "counts"), "--thresholds", "2", flag, "0"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "must be at least 1" in result.stderr
+
+
+def test_rethreshold_refuses_a_dataset_with_stable_ids(tmp_path):
+    """Stable ids (preprocess.ids: stable) are not ordered by count: no threshold of them is a
+    prefix, so the dataset records them and any other threshold is refused, by rethreshold and
+    by the trainer's reader; the same one (a rebuild after damage) still derives."""
+    write_workdir(tmp_path)
+    (tmp_path / "parquet" / "preprocess.json").write_text(
+        json.dumps({"threshold_spec": str(BASE_THRESHOLD), "ids": "stable"}))
+    convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
+    assert verify_dataset(tmp_path / "binary").extra["ids"] == "stable"
+    with pytest.raises(DatasetError, match="stable ids"):
+        rethreshold(tmp_path / "binary", tmp_path / "counts", "30", tmp_path / "t30", CONFIG)
+    assert not (tmp_path / "t30").exists()
+    rethreshold(tmp_path / "binary", tmp_path / "counts", str(BASE_THRESHOLD), tmp_path / "same",
+                CONFIG)
+    assert verify_dataset(tmp_path / "same").extra["ids"] == "stable"
+    from trainer.data import open_dataset    # numpy only: the trainer's reader refuses it too
+
+    with pytest.raises(DatasetError, match="stable ids"):
+        open_dataset(tmp_path / "binary", threshold="30")
+    assert open_dataset(tmp_path / "binary", threshold=str(BASE_THRESHOLD)).table_sizes == \
+        tuple(TABLE_SIZES)

@@ -99,6 +99,13 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
     written = tuple(int(t) for t in info.table_sizes)
     sizes = written
     if threshold is not None:
+        if info.extra.get("ids") == "stable" and (
+                info.threshold_spec is None
+                or parse_threshold_spec(threshold) != parse_threshold_spec(info.threshold_spec)):
+            # stable ids are not ordered by count: no higher threshold is a prefix of them
+            raise DatasetError(f"{path} has stable ids (preprocess.ids: stable), which cannot "
+                               f"be read at threshold {threshold}: only at its own, "
+                               f"{info.threshold_spec}")
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     return BinaryDataset(path, dict(info.splits), written, sizes,
