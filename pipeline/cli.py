@@ -124,6 +124,11 @@ def validate(config: PipelineConfig) -> None:
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     parse_threshold_spec(config.preprocess.frequency_threshold)
+    if config.train.init == "previous" and config.preprocess.ids != "stable":
+        # ids by frequency move every day even when no table shrinks: the previous model's
+        # rows would meet other values, and nothing in the sizes would tell
+        raise UsageError("train.init: previous needs preprocess.ids: stable (with ids by "
+                         "frequency a new day may move every id under the previous model's rows)")
     if "score" in config.stages and not config.score.input:
         raise UsageError("the score stage needs --score-input FILE[,FILE...]")
     if "score" in config.stages:

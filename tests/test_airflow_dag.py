@@ -44,6 +44,7 @@ spark:
   driver_memory: 1g
 preprocess:
   frequency_threshold: "2"
+  ids: stable
 convert:
   batch_rows: 512
 train:
@@ -51,14 +52,13 @@ train:
   batch_size: 256
   max_steps: 12
   evals_per_epoch: 1
+  init: previous
 launch:
   np: 1
 progress:
   interval_s: 5
 """
-# MERGE (issue 25, stable ids / warm start / versioned exports): add to DAILY_CONFIG
-#   preprocess: {ids: stable}   train: {init: previous}
-# and the assertions marked MERGE below.
+# A daily job's settings: ids that never move, each day's model warm-started from the last.
 
 
 class Airflow:
@@ -182,7 +182,22 @@ def run_day(site: dict, date: str) -> dict:
         record["preprocess"] = _json(workdir / "manifests" / "preprocess.json")
         record["days"] = _json(workdir / "counts" / "days.json")
         record["quality"] = _json(workdir / "parquet" / "data_quality.json")
+        record["ids"] = _dictionary_ids(workdir / "parquet" / "dictionaries")
+        record["exports"] = sorted(int(p.name) for p in (workdir / "export").iterdir()
+                                   if p.name.isdigit()) if (workdir / "export").is_dir() else []
     return record
+
+
+def _dictionary_ids(folder: Path) -> dict[tuple[str, str], int]:
+    """(column, value) → id of every dictionary row."""
+    import pyarrow.parquet as pq
+
+    ids = {}
+    for part in folder.glob("column=*/*.parquet"):
+        column = part.parent.name.split("=", 1)[1]
+        table = pq.read_table(part, columns=["value", "id"]).to_pydict()
+        ids.update({(column, v): i for v, i in zip(table["value"], table["id"])})
+    return ids
 
 
 @pytest.fixture(scope="module")
@@ -222,11 +237,18 @@ def test_three_days_land_and_each_run_counts_only_the_new_day(daily, site):
         # the task's XCom is the pipeline's own summary, and the history has one line per run
         assert record["task"]["summary"] == summary
         assert [h["status"] for h in record["history"]] == ["ok"] * (n + 1)
-        # MERGE (stable ids): every value's id in run n-1's dictionaries is the same in run n's.
-        # MERGE (warm start): run n > 0 trained from run n-1's newest checkpoint (train summary).
-        # MERGE (versioned exports): DIR/export/<version>/ of run n exists, version n+1 newest.
+        # stable ids: every value keeps its id, the new day's values get new ones
+        if n:
+            before = daily[n - 1]["ids"]
+            assert {k: record["ids"].get(k) for k in before} == before
+            assert len(record["ids"]) > len(before)
+        # warm start: each run after the first continues the previous day's model
+        assert summary["init"] == ("previous" if n else "scratch"), summary
+        assert summary["next_day_auc"] is not None and summary["next_day_auc"] == summary["test_auc"]
+        # versioned exports: a new version per run, the newest numbered after the run
+        assert record["exports"] == list(range(1, n + 2)) and summary["export_version"] == n + 1
     workdir = site["workdir"]
-    assert (workdir / "export" / "saved_model" / "saved_model.pb").is_file()
+    assert (workdir / "export" / "3" / "saved_model.pb").is_file()
     assert daily[2]["summary"]["rows"]["train"] > daily[0]["summary"]["rows"]["train"]
 
 

@@ -111,6 +111,7 @@ def last_json(out: str) -> dict:
     ("launch:\n  np: two\n", "config.launch.np: 'two' is not a valid int"),
     ("train:\n  amp: 'yes'\n", "config.train.amp"),
     ("stages: train\n", "config.stages"),
+    ("train:\n  init: previous\n", "needs preprocess.ids: stable"),
 ])
 def test_bad_config_files_are_usage_errors_not_tracebacks(text, words, tmp_path, capsys):
     config = tmp_path / "c.yaml"
