@@ -323,3 +323,23 @@ def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(data
     assert last["validation AUC"] == f"{summary['validation_auc']:.5f} (step 32)"
     # the evaluations weigh in: the last training step is not the end of the stage
     assert steps[-1].fraction < 0.99
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_path):
+    """A rank file of the newest checkpoint lost (a disk, a copy cut short) while an older one
+    of the same run is intact: the run resumes from the older one, the damaged one is moved
+    aside (kept, not deleted), and the run ends as an undamaged run would."""
+    config = dict(checkpoint_every=4, keep_checkpoints=3)
+    run(small_config(max_steps=12, **config), dataset, tmp_path / "whole")
+    workdir = tmp_path / "w"
+    run(small_config(max_steps=8, **config), dataset, workdir)
+    root = workdir / "checkpoints"
+    assert [s for s, _ in complete_checkpoints(root)] == [4, 8]
+    (root / "step-000000008" / "rank-0.npz").unlink()
+    summary = run(small_config(max_steps=12, **config), dataset, workdir)
+    assert summary["steps_run"] == 8 and summary["step"] == 12
+    assert (root / "damaged-step-000000008").is_dir()
+    assert [s for s, _ in complete_checkpoints(root)] == [4, 8, 12]
+    whole, resumed = step_losses(tmp_path / "whole"), step_losses(workdir)
+    np.testing.assert_allclose([resumed[s] for s in range(5, 13)], [whole[s] for s in range(5, 13)],
+                               rtol=1e-6)

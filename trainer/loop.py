@@ -25,9 +25,10 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
-from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
-                                checkpoint_meta, latest_checkpoint, save_checkpoint)
+                                checkpoint_meta, complete_checkpoints, latest_checkpoint,
+                                save_checkpoint)
 from trainer.comm import make_comm
 from trainer.data import (Batch, BinaryDataset, RankView, SplitReader, batch_starts, open_dataset,
                           prefetch)
@@ -305,6 +306,13 @@ class Trainer:
 
     def restore(self, path: Path) -> dict[str, Any]:
         """Load a checkpoint's variables and step; returns its meta."""
+        meta = self._load(path)
+        self.comm.broadcast_variables([v for _, v in self._replicated_state()])
+        return meta
+
+    def _load(self, path: Path) -> dict[str, Any]:
+        """This rank's part of ``restore``: no collective, so a rank that fails here does not
+        leave the others waiting in one."""
         reader = CheckpointReader(path)
         try:
             reader.check_compatible(list(self.dataset.table_sizes), self._dims_meta())
@@ -315,8 +323,60 @@ class Trainer:
             self.warm_start = WarmStart.from_meta(reader.meta.get(WARM_START_KEY))
         finally:
             reader.close()
-        self.comm.broadcast_variables([v for _, v in self._replicated_state()])
         return reader.meta
+
+    def _resume_intact(self, newest: Path) -> Path:
+        """Resume from the newest checkpoint of this run that every rank can read. One with a
+        damaged or missing file (a disk, a copy cut short) is moved aside as
+        ``damaged-step-N`` when an older one of the same run is intact, so the damage costs
+        the steps since that one, not the run; with none intact, the first damage is the
+        error. The ranks agree on each candidate before any collective."""
+        candidates = [newest] + [p for p in self._older_of_this_run(newest)]
+        first_error: CheckpointError | None = None
+        for k, path in enumerate(candidates):
+            try:
+                meta, error = self._load(path), None
+            except CheckpointError as exc:
+                meta, error = None, exc
+            failing = int(self.comm.allreduce_sum(
+                [tf.constant([0.0 if error is None else 1.0])], name=f"resume_check_{k}")[0].numpy()[0])
+            if not failing:
+                self.comm.broadcast_variables([v for _, v in self._replicated_state()])
+                self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
+                                                              meta.get("early_stopping"))
+                self._set_aside(candidates[:k], first_error)
+                return path
+            first_error = first_error or error
+        raise first_error or CheckpointError(f"{newest} is damaged on another rank (its log says how)")
+
+    def _older_of_this_run(self, newest: Path) -> list[Path]:
+        """The complete checkpoints before ``newest`` trained on this dataset, newest first."""
+        from dlrm_contracts.dataset_identity import trained_on
+
+        older = []
+        for _, path in reversed(complete_checkpoints(self.layout.checkpoints)):
+            if path == newest:
+                continue
+            try:
+                meta = json.loads((path / CHECKPOINT_META).read_text())
+            except (OSError, ValueError):
+                continue
+            if not trained_on(meta, self.dataset.identity):
+                break
+            older.append(path)
+        return older
+
+    def _set_aside(self, damaged: list[Path], error: CheckpointError | None) -> None:
+        if not damaged:
+            return
+        self._progress(f"trainer: {', '.join(str(p) for p in damaged)} damaged "
+                       f"({error or 'on another rank'}): moved aside as damaged-*, resuming from "
+                       "the newest intact checkpoint")
+        self.comm.barrier()
+        if self.rank == 0:
+            for path in damaged:
+                path.rename(path.with_name(f"damaged-{path.name}"))
+        self.comm.barrier()
 
     def restore_previous(self, path: Path) -> WarmStart:
         """Start a new run from the previous model at ``path`` (trained on another dataset):
@@ -495,8 +555,8 @@ class Trainer:
         if plan.note:
             self._progress(f"trainer: {plan.note}")
         if plan.kind == "resume":
-            self.restore_latest(required=True)
-            self._progress(f"trainer: resumed from {plan.path} at step {self.step}")
+            path = self._resume_intact(plan.path)
+            self._progress(f"trainer: resumed from {path} at step {self.step}")
         elif plan.kind == "previous":
             warm = self.restore_previous(plan.path)
             grown = ", ".join(f"{c} {o}->{n}" for c, (o, n) in warm.grown.items()) or "none"
