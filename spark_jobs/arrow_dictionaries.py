@@ -384,8 +384,6 @@ def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
 
 
 def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
-    import pyarrow as pa
-
     column, rank = spec.plan.column_range(group)
     values, counts = totals.values, totals.counts
     kept = counts >= spec.minimum[column]
@@ -393,15 +391,25 @@ def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
         return 0
     values, counts = values[kept], counts[kept]
     ids = assign_ids(values, counts, *classes)
+    write_group_part(spec.dict_dir, spec.index_dir, spec.regions[group], column, rank,
+                     values, ids, counts)
+    return len(values)
+
+
+def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], column: int,
+                     rank: int, values: np.ndarray, ids: np.ndarray, counts: np.ndarray,
+                     row_group_size: int | None = None) -> None:
+    """A value group's part of its column's dictionary (value, id, count; values ascending)
+    and its region of the index: what both id modes write once a group's ids are known."""
+    import pyarrow as pa
+
     name = CAT_COLUMNS[column]
     table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
                       "count": pa.array(counts.astype(np.int64))})
     # every value and id is distinct: only the counts gain from dictionary encoding
-    write_parquet_atomically(table, Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
-                              use_dictionary=["count"])
-    start, size = spec.regions[group]
-    dictionary_index.write_region(spec.index_dir, name, start, size, values, ids)
-    return len(values)
+    write_parquet_atomically(table, Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+                             use_dictionary=["count"], row_group_size=row_group_size)
+    dictionary_index.write_region(index_dir, name, region[0], region[1], values, ids)
 
 
 def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:

@@ -9,6 +9,7 @@ so a crash in between only means the day is counted again.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from dlrm_contracts.atomic import atomic_file, read_json, write_json_atomic
@@ -41,8 +42,6 @@ def counted_days(counts_dir: Path) -> dict[int, dict]:
                 if (values_dir(counts_dir) / f"day={entry['day']}").is_dir()}
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         # our own bookkeeping, damaged (a disk, a hand edit): every day is counted again
-        import sys
-
         print(f"spark_jobs: {path} is damaged ({type(error).__name__}: {error}): every day is "
               "counted again", file=sys.stderr)
         return {}
@@ -60,8 +59,6 @@ def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
 def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
     """Every stored counts file of ``day`` opens as parquet (a truncated or overwritten file
     fails here, on its footer, for the cost of one small read per file)."""
-    import sys
-
     import pyarrow.parquet as pq
 
     for path in sorted((values_dir(counts_dir) / f"day={day}").glob("*.parquet")):

@@ -34,11 +34,10 @@ import numpy as np
 from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
-from spark_jobs import dictionary_index
 from spark_jobs.arrow_dictionaries import (SAMPLE_STEP, GroupPlan, assign_ids, read_totals,
-                                           write_parquet_atomically)
+                                           write_group_part)
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
-from spark_jobs.fastparse import format_hex, parse_hex
+from spark_jobs.fastparse import parse_hex
 from spark_jobs.value_counts import (TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts, count_histogram,
                                      evenly_spaced, to_binary)
 
@@ -269,8 +268,6 @@ def write_task(spec: StableWriteSpec, batches_of_groups: list[list[int]], first_
 
 
 def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
-    import pyarrow as pa
-
     new_ids = (assign_ids(found.new.values, found.new.counts, *classes) if len(found.new)
                else np.zeros(0, np.int64))
     values = np.concatenate([found.old.values, found.new.values])
@@ -280,13 +277,8 @@ def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
     values = values[order]
     ids = np.concatenate([found.old_ids, new_ids])[order]
     counts = np.concatenate([found.old.counts, found.new.counts.astype(np.int64)])[order]
-    name = CAT_COLUMNS[found.column]
-    table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
-                      "count": pa.array(counts.astype(np.int64))})
-    write_parquet_atomically(table, Path(spec.staging) / f"column={name}" / f"part-{found.rank:05d}.parquet",
-                             use_dictionary=["count"], row_group_size=ROW_GROUP_ROWS)
-    start, size = spec.regions[found.group]
-    dictionary_index.write_region(spec.index_dir, name, start, size, values, ids)
+    write_group_part(spec.staging, spec.index_dir, spec.regions[found.group], found.column,
+                     found.rank, values, ids, counts, row_group_size=ROW_GROUP_ROWS)
     return len(values)
 
 
