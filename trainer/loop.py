@@ -331,7 +331,7 @@ class Trainer:
         ``damaged-step-N`` when an older one of the same run is intact, so the damage costs
         the steps since that one, not the run; with none intact, the first damage is the
         error. The ranks agree on each candidate before any collective."""
-        candidates = [newest] + [p for p in self._older_of_this_run(newest)]
+        candidates = [newest, *self._older_of_this_run(newest)]
         first_error: CheckpointError | None = None
         for k, path in enumerate(candidates):
             try:
