@@ -11,11 +11,11 @@ It prints nanoseconds per value for:
   and pandas ``Index.get_indexer`` (a hash table built by pandas); ids checked equal;
 - counting one chunk's column of 256k values: the project's sort-based ``count_values``
   against pandas ``value_counts``;
-- one value group's dictionary write, step by step (ids, hex strings, parquet, index region);
-- the same group under another design, where the merge (before the ids are known) writes the
-  group's rows and index region with group-local ranks, and only the ids are applied after the
-  barrier: what would remain of the dictionaries phase per value. Its catch: a dictionary part
-  then holds ranks, not ids, so the reference's (value, id, count) rows need a second file.
+- one value group's dictionary write with everything after the barrier, step by step (ids,
+  hex strings, parquet, index region): the design until 2026-11-25;
+- the design in use (``spark_jobs.dictionary_parts``): the merge stages the group's part and
+  index region before the ids are known, and after the barrier only the ids are filled in,
+  in place. The (value, id, count) format of the parts is the same.
 """
 
 from __future__ import annotations
@@ -26,17 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from spark_jobs import dictionary_index  # noqa: E402
+from spark_jobs import dictionary_index, dictionary_parts  # noqa: E402
 from spark_jobs.arrow_dictionaries import assign_ids  # noqa: E402
 from spark_jobs.fastparse import format_hex  # noqa: E402
 from spark_jobs.kernels import build_region, warm_up  # noqa: E402
-from spark_jobs.value_counts import count_values  # noqa: E402
+from spark_jobs.value_counts import Counts, count_values  # noqa: E402
 
 BATCH = 65_536
 
@@ -128,45 +127,31 @@ def group_write(rng, kept: int) -> str:
     return f"{kept:>12,} kept: {total / kept * 1e9:.0f} ns per value ({parts})"
 
 
-@numba.njit(cache=False, nogil=True)
-def _ranks_to_ids(region, rank_to_id):
-    """Each filled slot's group-local rank (high 32 bits) replaced by its id."""
-    for s in range(region.shape[0]):
-        slot = region[s]
-        if slot != 0:
-            rank = np.int64(slot >> np.uint64(32)) - 1
-            region[s] = (slot & np.uint64(0xFFFFFFFF)) | (np.uint64(rank_to_id[rank]) << np.uint64(32))
-
-
-def group_ids_after_barrier(rng, kept: int) -> str:
-    """The other design's dictionaries phase for one group: ranks (in count-descending,
-    value-ascending order) → ids from the class offsets, applied to the index region built by
-    the merge, and the ids written as a file of their own beside the merge's rows."""
+def group_staged_then_filled(rng, kept: int) -> str:
+    """The design in use: the merge stages the group's part and index region
+    (``dictionary_parts.stage_group``: everything but the ids), and after the barrier only the
+    ids are filled in (``fill_group``: 4 bytes per row in the part, the region's slots)."""
     values, _, _ = dictionary(rng, kept)
     counts = rng.poisson(4, kept).astype(np.int64) + 2
-    order = np.lexsort((values, -counts))
-    ranks = np.empty(kept, np.int32)
-    ranks[order] = np.arange(1, kept + 1, dtype=np.int32)
-    classes, sizes = np.unique(-counts, return_counts=True)        # count descending
-    class_first = np.arange(len(classes), dtype=np.int64) * kept + 1  # as if interleaved with other groups
+    totals = Counts(values, counts)
+    classes = np.unique(counts)
+    class_first = np.arange(len(classes), dtype=np.int64) * kept + 1   # as if among other groups
     slots = dictionary_index.region_slots(kept)
-    built = np.zeros(slots, np.uint64)
-    build_region(values, ranks, built)
-    steps = {}
-
-    def rank_to_id():
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return (np.arange(kept, dtype=np.int64) + np.repeat(class_first - starts, sizes)).astype(np.int32)
-    steps["ids of ranks"] = best_seconds(rank_to_id, 3)
-    mapping = rank_to_id()
-    _ranks_to_ids(built.copy(), mapping)
-    steps["index ids"] = best_seconds(lambda: _ranks_to_ids(built.copy(), mapping), 3)
-    steps["index ids"] -= best_seconds(lambda: built.copy(), 3)    # the copy is the timing's own
     with tempfile.TemporaryDirectory() as tmp:
-        steps["ids file"] = best_seconds(lambda: np.save(f"{tmp}/ids.npy", mapping), 3)
-    total = sum(steps.values())
-    parts = ", ".join(f"{k} {v / kept * 1e9:.1f}" for k, v in steps.items())
-    return f"{kept:>12,} kept: {total / kept * 1e9:.1f} ns per value ({parts})"
+        index_dir = Path(tmp) / "index"
+        layout = dictionary_index.ColumnLayout.of(np.zeros(1, np.uint32), [kept])
+        dictionary_index.create_index(index_dir, {"C1": layout})
+        stage = best_seconds(lambda: dictionary_parts.stage_group(tmp, 0, totals, 1), 3)
+
+        def fill():
+            dictionary_parts.stage_group(tmp, 0, totals, 1)   # a fresh staged part each time
+            start = time.perf_counter()
+            dictionary_parts.fill_group(tmp, 0, classes, class_first, Path(tmp) / "part.parquet",
+                                        str(index_dir), "C1", (0, slots))
+            return time.perf_counter() - start
+        filled = min(fill() for _ in range(3))
+    return (f"{kept:>12,} kept: staged in the merge {stage / kept * 1e9:.0f} ns, "
+            f"filled after the barrier {filled / kept * 1e9:.1f} ns per value")
 
 
 def main() -> int:
@@ -183,12 +168,12 @@ def main() -> int:
     print("counting a chunk's column of 262,144 values:")
     for distinct in sizes:
         print("  " + counting(rng, distinct), flush=True)
-    print("one value group's dictionary write:")
+    print("one value group's dictionary write, all after the barrier (the design until 2026-11-25):")
     for kept in (k for k in sizes if k <= 2_500_000):
         print("  " + group_write(rng, kept), flush=True)
-    print("the other design: one value group's ids applied after the barrier:")
+    print("the design in use: one value group staged in the merge, its ids filled after the barrier:")
     for kept in (k for k in sizes if k <= 2_500_000):
-        print("  " + group_ids_after_barrier(rng, kept), flush=True)
+        print("  " + group_staged_then_filled(rng, kept), flush=True)
     return 0
 
 

@@ -10,18 +10,17 @@ the values. The JVM never sees a value: it caches, shuffles and groups byte stri
    so a worker's memory is bounded whatever the number of distinct values.
 2. **Merge** (``groupBy(group).applyInArrow``): a group's partial counts are summed per day (the
    recounted days' counts are written, ``counts/values/day=<k>/``) and over the dictionary days
-   (the totals, written as two flat arrays per group into ``counts/.totals/``, the shared
-   workdir, until the dictionaries are written), with the histogram of their counts. Only the
-   histogram goes back to Spark: the totals would cross the JVM twice (into its cache and back
-   to the dictionary tasks), which at millions of values per column cost more than the merge.
+   (the totals), with the histogram of their counts. Only the histogram goes back to Spark.
+   With frequency ids the merge then stages the group's dictionary part and index region in
+   ``counts/.totals/`` (``spark_jobs.dictionary_parts``): everything but the ids. With stable
+   ids it leaves the totals there, as two flat arrays, for the stable-ids pass.
 3. **Ids.** A value's id is 1 + the number of kept values of its column with a higher count, or
    the same count and a lower value (count descending, value ascending). Because groups are
    value ranges in order, that is ``first id of (group, count) + rank of the value among the
    group's values of that count``; the first ids come from the groups' histograms alone,
    summed on the driver. No global sort, no dictionary on the driver.
-4. **Write**: each group's task writes its part of the column's dictionary parquet (value, id,
-   count) and builds
-   its region of the column's index (``spark_jobs.dictionary_index``).
+4. **Fill**: each group's task writes the ids into its staged part (value, id, count), moves it
+   into the dictionaries and writes its index region (``spark_jobs.dictionary_index``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import numpy as np
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import dictionary_index
+from spark_jobs import dictionary_index, dictionary_parts
 from spark_jobs.fastparse import format_hex
 from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
                                      count_histogram, evenly_spaced, from_binary, merge_counts,
@@ -215,6 +214,9 @@ class MergeSpec:
     dictionary_days: frozenset[int]    # days summed into the totals
     counts_dir: str
     totals_dir: str
+    # frequency ids: each column's threshold, and the merge stages the group's dictionary part;
+    # None (stable ids): the merge leaves the group's totals
+    minimum: tuple[int, ...] | None = None
 
 
 def merge_task(spec: MergeSpec):
@@ -236,7 +238,10 @@ def merge_task(spec: MergeSpec):
             if len(per_day[day]):
                 _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
         totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
-        write_totals(spec.totals_dir, group, totals)
+        if spec.minimum is None:
+            write_totals(spec.totals_dir, group, totals)
+        else:
+            dictionary_parts.stage_group(spec.totals_dir, group, totals, spec.minimum[column])
         sizes_of = count_histogram(totals.counts)
         return pa.table({"group": pa.array([group], pa.int32()),
                          "entries": pa.array([len(totals)], pa.int64()),
@@ -347,16 +352,15 @@ def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
 @dataclass(frozen=True)
 class WriteSpec:
     plan: GroupPlan
-    minimum: tuple[int, ...]           # each column's threshold
     dict_dir: str
     index_dir: str
     regions: dict[int, tuple[int, int]]   # group → (first slot, slots) in its column's index
-    totals_dir: str
+    totals_dir: str                       # where the merge staged the groups' parts
 
 
 def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_ids_broadcast):
-    """mapInArrow function over item numbers (one item = some groups): each group's totals
-    read from the merge's files, its dictionary part and index region written."""
+    """mapInArrow function over item numbers (one item = some groups): each group's staged part
+    given its ids and moved into the dictionaries, its index region written."""
     import pyarrow as pa
 
     def run(batches):
@@ -364,8 +368,7 @@ def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_i
         for batch in batches:
             for item in batch.column("id").to_numpy():
                 groups = batches_of_groups[int(item)]
-                written = [_write_group(spec, g, read_totals(spec.totals_dir, g), firsts.get(g))
-                           for g in groups]
+                written = [_fill_group(spec, g, firsts.get(g)) for g in groups]
                 yield pa.record_batch({"group": pa.array(groups, pa.int32()),
                                        "kept": pa.array(written, pa.int64())})
     return run
@@ -383,17 +386,14 @@ def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
     return [sorted(b) for b in out if b]
 
 
-def _write_group(spec: WriteSpec, group: int, totals: Counts, classes) -> int:
-    column, rank = spec.plan.column_range(group)
-    values, counts = totals.values, totals.counts
-    kept = counts >= spec.minimum[column]
-    if classes is None or not kept.any():
+def _fill_group(spec: WriteSpec, group: int, classes) -> int:
+    if classes is None:                   # nothing kept in this group
         return 0
-    values, counts = values[kept], counts[kept]
-    ids = assign_ids(values, counts, *classes)
-    write_group_part(spec.dict_dir, spec.index_dir, spec.regions[group], column, rank,
-                     values, ids, counts)
-    return len(values)
+    column, rank = spec.plan.column_range(group)
+    name = CAT_COLUMNS[column]
+    part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
+    return dictionary_parts.fill_group(spec.totals_dir, group, classes[0], classes[1], part,
+                                       spec.index_dir, name, spec.regions[group])
 
 
 def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], column: int,

@@ -60,7 +60,8 @@ class ArrowEngine:
         self._partials = None          # the count pass's rows (statistics, partial counts)
         self._samples: list = []       # (column, entries, sampled values) per partial
         self._entries: dict[int, int] = {}   # distinct values per group (totals on disk)
-        self._totals_dir: Path | None = None  # where the merge leaves the totals
+        self._totals_dir: Path | None = None  # where the merge leaves the totals or staged parts
+        self._staged_for: ThresholdSpec | None = None  # the threshold the parts are staged for
         self._plan: dicts.GroupPlan | None = None
         self._histograms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._previous: stable_ids.Previous | None = None   # stable ids: what they extend
@@ -91,9 +92,12 @@ class ArrowEngine:
         self._samples = _samples(rows)
         return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], self.days)
 
-    def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
-        """Write the recounted days' value counts, cache the totals over ``days`` (None: all)
-        by group, and return (and store) their count histogram per column."""
+    def count_totals(self, counts_dir: Path, days: list[int] | None,
+                     frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
+        """Write the recounted days' value counts, sum the totals over ``days`` (None: all) by
+        group, and return (and store) their count histogram per column. With
+        ``frequency_ids`` (the threshold of a frequency-ids run) the merge also stages each
+        group's dictionary part, so that only the ids are left for ``write_dictionaries``."""
         from pyspark.sql import functions as F
 
         wanted = [d.day for d in self.days] if days is None else list(days)
@@ -111,7 +115,9 @@ class ArrowEngine:
         self._totals_dir = dicts.totals_dir(counts_dir)
         shutil.rmtree(self._totals_dir, ignore_errors=True)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
-                                str(counts_dir), str(self._totals_dir))
+                                str(counts_dir), str(self._totals_dir),
+                                dicts.thresholds(frequency_ids) if frequency_ids else None)
+        self._staged_for = frequency_ids
         rows = (partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
                 .repartition(self._tasks_per_group_pass(), "group")
                 .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA)
@@ -141,8 +147,11 @@ class ArrowEngine:
     # ------------------------------------------------------------ dictionaries
     def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
                            index_dir: Path) -> None:
-        """Each group writes its values' part of the dictionaries (value, id, count, key) and
-        builds its region of the dictionary index."""
+        """Each group's part of the dictionaries (value, id, count), staged by the merge, gets
+        its ids; its region of the dictionary index is written."""
+        if self._staged_for != spec:
+            raise RuntimeError(f"the merge staged the dictionaries for threshold "
+                               f"{self._staged_for}, not {spec}")
         minimum = dicts.thresholds(spec)
         first_ids = dicts.first_ids(self._plan, self._histograms, minimum)
         layouts, regions = dicts.index_layouts(self._plan, self._histograms, minimum)
@@ -152,7 +161,7 @@ class ArrowEngine:
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
-            write = dicts.WriteSpec(self._plan, minimum, str(dict_dir), str(index_dir), regions,
+            write = dicts.WriteSpec(self._plan, str(dict_dir), str(index_dir), regions,
                                     str(self._totals_dir))
             batches = dicts.balanced_batches(self._entries, self._tasks_per_group_pass())
             written = self._over(batches, dicts.dictionary_task(write, batches, broadcast),

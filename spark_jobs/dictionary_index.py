@@ -99,6 +99,11 @@ def write_region(index_dir: str, column: str, start: int, size: int, values: np.
         return
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
+    write_built_region(index_dir, column, start, region)
+
+
+def write_built_region(index_dir: str, column: str, start: int, region: np.ndarray) -> None:
+    """Write a built hash table into its region of the column's file."""
     fd = os.open(Path(index_dir) / slots_file(column), os.O_WRONLY)
     try:
         written = os.pwrite(fd, region.data, start * 8)

@@ -94,6 +94,17 @@ def ranks_in_class(classes, first, out):
         seen[k] += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def relabel_region(region, ids):
+    """Each filled slot's high 32 bits, a row number + 1 of the group's values (as the merge
+    built the region), replaced by that row's id."""
+    for s in range(region.shape[0]):
+        slot = region[s]
+        if slot != 0:
+            row = np.int64(slot >> np.uint64(32)) - 1
+            region[s] = (slot & _MASK32) | (np.uint64(ids[row]) << np.uint64(32))
+
+
 def warm_up() -> None:
     """Call each loop once with the argument types the tasks use (read-only slots: the index
     is memory-mapped read-only), loading its machine code from the cache or compiling it."""
@@ -103,3 +114,4 @@ def warm_up() -> None:
     lookup_column(np.arange(-1, 3, dtype=np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
                   np.full(1, 512, np.int64), slots, np.zeros(4, np.int32))
     ranks_in_class(np.zeros(2, np.int64), np.ones(1, np.int64), np.zeros(2, np.int64))
+    relabel_region(np.zeros(4, np.uint64), np.ones(1, np.int32))

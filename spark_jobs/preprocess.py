@@ -212,7 +212,8 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        histogram = engine.count_totals(layout.counts, _dictionary_days(days, cfg))
+        histogram = engine.count_totals(layout.counts, _dictionary_days(days, cfg),
+                                        frequency_ids=None if cfg.ids == "stable" else spec)
     with timer.stage("dictionaries"):
         if cfg.ids == "stable":
             sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout),

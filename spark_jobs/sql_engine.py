@@ -38,9 +38,11 @@ class SqlEngine:
     def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
         return counting.count_pass(self.parsed, recount, counts_dir)
 
-    def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
+    def count_totals(self, counts_dir: Path, days: list[int] | None,
+                     frequency_ids=None) -> dict[str, list[tuple[int, int]]]:
         """Cache (column, value, count) over the counted days (None: all), from the stored
-        counts; return (and store) their count histogram per column."""
+        counts; return (and store) their count histogram per column. (``frequency_ids``: the
+        Arrow engine's; this engine builds its dictionaries from the cached totals.)"""
         self._totals = counting.value_totals(self.session, counts_dir, days).persist()
         return counting.write_histogram(self._totals, counts_dir)
 

@@ -250,12 +250,13 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
     for engine in (ArrowEngine(spark, days, cfg), SqlEngine(spark, days, cfg)):
         try:
             stats = engine.count([d.day for d in days], layout.counts / engine.name)
-            histogram = engine.count_totals(layout.counts / engine.name, None)
-            sizes = table_sizes(histogram, parse_threshold_spec("2"))
-            engine.write_dictionaries(parse_threshold_spec("2"), sizes,
+            spec = parse_threshold_spec("2")
+            histogram = engine.count_totals(layout.counts / engine.name, None, frequency_ids=spec)
+            sizes = table_sizes(histogram, spec)
+            engine.write_dictionaries(spec, sizes,
                                       layout.parquet / engine.name / "dictionaries",
                                       layout.parquet / engine.name / "index")
-            if engine.name == "arrow":  # the merge's totals files are gone once used
+            if engine.name == "arrow":  # the merge's staged parts are gone once used
                 assert not dicts.totals_dir(layout.counts / engine.name).exists()
                 spec = engine.transform_spec(stats, layout.parquet / engine.name / "index")
                 frame = engine.train_rows(spec, 2)
