@@ -11,6 +11,8 @@ It prints nanoseconds per value for:
   and pandas ``Index.get_indexer`` (a hash table built by pandas); ids checked equal;
 - counting one chunk's column of 256k values: the project's sort-based ``count_values``
   against pandas ``value_counts``;
+- merging a value group's partial counts: ``merge_counts`` (one sort of packed keys) against
+  the argsort and two gathers it replaced;
 - one value group's dictionary write with everything after the barrier, step by step (ids,
   hex strings, parquet, index region): the design until 2026-11-25;
 - the design in use (``spark_jobs.dictionary_parts``): the merge stages the group's part and
@@ -35,7 +37,7 @@ from spark_jobs import dictionary_index, dictionary_parts  # noqa: E402
 from spark_jobs.arrow_dictionaries import assign_ids  # noqa: E402
 from spark_jobs.fastparse import format_hex  # noqa: E402
 from spark_jobs.kernels import build_region, warm_up  # noqa: E402
-from spark_jobs.value_counts import Counts, count_values  # noqa: E402
+from spark_jobs.value_counts import Counts, count_values, merge_counts  # noqa: E402
 
 BATCH = 65_536
 
@@ -103,6 +105,32 @@ def counting(rng, distinct: int) -> str:
             f"pandas value_counts {theirs / len(chunk) * 1e9:5.1f} ns per value")
 
 
+def merging(rng, distinct: int, parts: int = 40) -> str:
+    """A value group's merge: ``parts`` partial counts (sorted runs) of a column with
+    ``distinct`` possible values summed, by ``merge_counts`` (one sort of packed
+    value-count keys) and by the argsort and two gathers it replaced; results checked equal."""
+    runs = [Counts(np.unique(rng.integers(0, distinct, 60_000)).astype(np.uint32),
+                   rng.integers(1, 4, 60_000).astype(np.uint32)) for _ in range(parts)]
+    runs = [Counts(r.values, r.counts[:len(r.values)]) for r in runs]
+    entries = sum(len(r) for r in runs)
+
+    def by_argsort():
+        values = np.concatenate([r.values for r in runs])
+        counts = np.concatenate([r.counts.astype(np.int64) for r in runs])
+        order = np.argsort(values, kind="stable")
+        values, counts = values[order], counts[order]
+        starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+        return Counts(values[starts], np.add.reduceat(counts, starts))
+    ours, theirs = merge_counts(runs), by_argsort()
+    assert np.array_equal(ours.values, theirs.values) and np.array_equal(ours.counts, theirs.counts)
+    a = b = float("inf")
+    for _ in range(5):                      # alternated: a drifting machine treats both alike
+        a = min(a, best_seconds(lambda: merge_counts(runs), 1))
+        b = min(b, best_seconds(by_argsort, 1))
+    return (f"{entries:>12,} entries of {distinct:,} possible values: merge_counts "
+            f"{a / entries * 1e9:5.1f} ns, argsort and gathers {b / entries * 1e9:5.1f} ns per entry")
+
+
 def group_write(rng, kept: int) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -141,10 +169,10 @@ def group_staged_then_filled(rng, kept: int) -> str:
         index_dir = Path(tmp) / "index"
         layout = dictionary_index.ColumnLayout.of(np.zeros(1, np.uint32), [kept])
         dictionary_index.create_index(index_dir, {"C1": layout})
-        stage = best_seconds(lambda: dictionary_parts.stage_group(tmp, 0, totals, 1), 3)
+        stage = best_seconds(lambda: dictionary_parts.stage_group(tmp, 0, totals, classes, 1), 3)
 
         def fill():
-            dictionary_parts.stage_group(tmp, 0, totals, 1)   # a fresh staged part each time
+            dictionary_parts.stage_group(tmp, 0, totals, classes, 1)   # a fresh part each time
             start = time.perf_counter()
             dictionary_parts.fill_group(tmp, 0, classes, class_first, Path(tmp) / "part.parquet",
                                         str(index_dir), "C1", (0, slots))
@@ -168,6 +196,9 @@ def main() -> int:
     print("counting a chunk's column of 262,144 values:")
     for distinct in sizes:
         print("  " + counting(rng, distinct), flush=True)
+    print("merging a value group's 40 partial counts:")
+    for distinct in (k for k in sizes if k >= 100_000):
+        print("  " + merging(rng, distinct), flush=True)
     print("one value group's dictionary write, all after the barrier (the design until 2026-11-25):")
     for kept in (k for k in sizes if k <= 2_500_000):
         print("  " + group_write(rng, kept), flush=True)

@@ -238,11 +238,12 @@ def merge_task(spec: MergeSpec):
             if len(per_day[day]):
                 _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
         totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
+        sizes_of = count_histogram(totals.counts)
         if spec.minimum is None:
             write_totals(spec.totals_dir, group, totals)
         else:
-            dictionary_parts.stage_group(spec.totals_dir, group, totals, spec.minimum[column])
-        sizes_of = count_histogram(totals.counts)
+            dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0],
+                                         spec.minimum[column])
         return pa.table({"group": pa.array([group], pa.int32()),
                          "entries": pa.array([len(totals)], pa.int64()),
                          "histogram_counts": to_binary([sizes_of[0]]),

@@ -29,7 +29,7 @@ import numpy as np
 
 from spark_jobs import dictionary_index
 from spark_jobs.fastparse import format_hex
-from spark_jobs.value_counts import Counts
+from spark_jobs.value_counts import Counts, class_index
 
 # Rows per row group of a part, and the most rows a data page may hold: one page per row group
 # is what makes the id column a plain array (pyarrow's default splits pages at 20,000 rows).
@@ -44,17 +44,19 @@ def _paths(directory: str, group: int) -> tuple[Path, Path, Path, Path]:
             base.with_suffix(".classes.npy"), base.with_suffix(".region.npy"))
 
 
-def stage_group(directory: str, group: int, totals: Counts, minimum: int) -> int:
-    """Stage a group's part and index region from its totals (values ascending); returns the
-    values kept. Every file is replaced whole, so a retried merge task rewrites its own."""
+def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np.ndarray,
+                minimum: int) -> int:
+    """Stage a group's part and index region from its totals (values ascending) and the
+    counts of their histogram (ascending); returns the values kept. Every file is replaced
+    whole, so a retried merge task rewrites its own."""
     from spark_jobs.kernels import build_region, ranks_in_class
 
     kept = totals.counts >= minimum
     if not kept.any():
         return 0
     values, counts = totals.values[kept], totals.counts[kept]
-    classes = np.unique(counts)                        # the group's kept counts, ascending
-    in_class = np.searchsorted(classes, counts)
+    classes = histogram_counts[histogram_counts >= minimum]    # the group's kept counts
+    in_class = class_index(classes, counts)
     ranks = np.empty(len(values), np.int64)
     ranks_in_class(in_class, np.zeros(len(classes), np.int64), ranks)
     part, rows, classes_path, region_path = _paths(directory, group)

@@ -45,7 +45,8 @@ def _stage_and_fill(tmp_path: Path, plan, groups) -> tuple[Path, Path]:
     staging, dict_dir, index_dir = tmp_path / "staging", tmp_path / "dicts", tmp_path / "index"
     minimum = tuple(THRESHOLD for _ in CAT_COLUMNS)
     for g, totals in groups.items():
-        dictionary_parts.stage_group(str(staging), g, totals, THRESHOLD)
+        dictionary_parts.stage_group(str(staging), g, totals,
+                                     dicts.count_histogram(totals.counts)[0], THRESHOLD)
     histograms = {g: dicts.count_histogram(t.counts) for g, t in groups.items()}
     firsts = dicts.first_ids(plan, histograms, minimum)
     layouts, regions = dicts.index_layouts(plan, histograms, minimum)
@@ -109,7 +110,8 @@ def test_a_part_of_another_shape_is_refused_untouched(tmp_path):
 def test_a_stale_staging_is_an_error(tmp_path):
     plan, groups, _, _ = _groups(np.random.default_rng(7), 2_000)
     g, totals = next(iter(groups.items()))
-    dictionary_parts.stage_group(str(tmp_path), g, totals, THRESHOLD)
+    dictionary_parts.stage_group(str(tmp_path), g, totals, dicts.count_histogram(totals.counts)[0],
+                                 THRESHOLD)
     classes = np.unique(totals.counts[totals.counts >= THRESHOLD])
     with pytest.raises(ValueError, match="stale staging"):
         dictionary_parts.fill_group(str(tmp_path), g, classes + 1, np.ones(len(classes), np.int64),
