@@ -14,6 +14,7 @@ A shortfall refuses the run up front with exit 4 and one line; ``--force`` runs 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import tempfile
@@ -174,11 +175,19 @@ def _counted_rows(layout: WorkdirLayout, raw: Path, days) -> tuple[int, int] | N
 
 
 def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | None:
+    """The tables at the configured threshold, from the counts' histogram. With stable ids a
+    table also keeps the ids of values that left the window or became rare, so it is at least
+    the last run's size (``parquet/model_size.json``): the larger of the two, short only by the
+    newcomers of days not counted yet."""
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
         parse_threshold_spec(config.preprocess.frequency_threshold))
-    return [int(sizes[c]) for c in CAT_COLUMNS]
+    out = [int(sizes[c]) for c in CAT_COLUMNS]
+    if config.preprocess.ids == "stable" and layout.parquet_model_size.is_file():
+        previous = json.loads(layout.parquet_model_size.read_text())
+        out = [max(n, int(previous.get(c, 0))) for n, c in zip(out, CAT_COLUMNS)]
+    return out
 
 
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:

@@ -208,6 +208,29 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
     assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4 * copies  # dim 16
 
 
+@pytest.mark.parametrize("ids", ["frequency", "stable"])
+def test_stable_ids_tables_are_at_least_the_last_runs(tmp_path, ids):
+    """Stable ids keep the ids of values that left the window: the preflight's tables are
+    never below the last run's sizes; frequency ids follow the histogram alone."""
+    from dlrm_contracts.config import PipelineConfig, PreprocessConfig
+    from dlrm_contracts.layout import WorkdirLayout
+    from dlrm_contracts.schema import CAT_COLUMNS
+    from pipeline.preflight import _table_sizes
+    from spark_jobs.counting import write_histogram_file
+
+    layout = WorkdirLayout.at(tmp_path)
+    layout.counts.mkdir(parents=True)
+    write_histogram_file({c: [(1, 50), (3, 10)] for c in CAT_COLUMNS}, layout.counts)
+    layout.parquet_model_size.parent.mkdir(parents=True)
+    last = {c: 100 if c == "C3" else 5 for c in CAT_COLUMNS}
+    layout.parquet_model_size.write_text(json.dumps(last))
+    config = PipelineConfig(workdir=str(tmp_path),
+                            preprocess=PreprocessConfig(frequency_threshold="2", ids=ids))
+    sizes = dict(zip(CAT_COLUMNS, _table_sizes(config, layout)))
+    assert sizes["C1"] == 11                       # 10 values counted 3 times + id 0
+    assert sizes["C3"] == (100 if ids == "stable" else 11)
+
+
 @pytest.mark.spark
 def test_tables_unknown_up_front_are_checked_again_before_train(tmp_path, fresh5):
     """No counts at the start (binary dataset only): the tables per rank are checked once the
