@@ -387,8 +387,11 @@ def _check_raw_input(run: RunState) -> None:
 def _run_stages(run: RunState) -> None:
     config = run.config
     # A shortfall refuses the run here, before any stage; what needs the counts (tables per
-    # rank, checkpoints) is checked again before train when it is unknown now.
-    check_before_train = config.preflight.enabled and not _tables_known(config)
+    # rank, checkpoints) is checked again before train when it is unknown now, or when this
+    # run's preprocess grows the tables (stable ids: today's newcomers are not counted yet).
+    check_before_train = config.preflight.enabled and (
+        not _tables_known(config)
+        or (config.preprocess.ids == "stable" and "preprocess" in run.wanted))
     run.ctx = StageContext(config, run.layout, ManifestStore(run.layout.manifests),
                            _write_effective_config(config, run.layout))
     first_model_stage = next((s for s in run.wanted if s in ("train", "eval")), None)
