@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,14 +276,7 @@ def write_totals(directory: str, group: int, totals: Counts) -> None:
     """A group's totals as two .npy files, each replaced whole (a retried task rewrites them)."""
     for path, array in zip(_totals_paths(directory, group),
                            (totals.values, totals.counts.astype(TOTAL_COUNT_DTYPE, copy=False))):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        try:
-            with open(temporary, "wb") as out:
-                np.save(out, array)
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        dictionary_parts.save_array(path, array)
 
 
 def read_totals(directory: str, group: int) -> Counts:
@@ -298,14 +290,9 @@ def write_parquet_atomically(table, path: Path, use_dictionary=True,
                              row_group_size: int | None = None) -> None:
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    try:
-        pq.write_table(table, temporary, compression="snappy", use_dictionary=use_dictionary,
-                       row_group_size=row_group_size)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    dictionary_parts.write_atomically(path, lambda temporary: pq.write_table(
+        table, temporary, compression="snappy", use_dictionary=use_dictionary,
+        row_group_size=row_group_size))
 
 
 # ---------------------------------------------------------------- ids and writing

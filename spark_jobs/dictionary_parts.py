@@ -64,9 +64,9 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     region = np.zeros(dictionary_index.region_slots(len(values)), np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32),
                  np.arange(1, len(values) + 1, dtype=np.int32), region)
-    _save(rows, np.stack([in_class.astype(np.int32), ranks.astype(np.int32)]))
-    _save(classes_path, classes.astype(np.int64))
-    _save(region_path, region)
+    save_array(rows, np.stack([in_class.astype(np.int32), ranks.astype(np.int32)]))
+    save_array(classes_path, classes.astype(np.int64))
+    save_array(region_path, region)
     return len(values)
 
 
@@ -135,26 +135,30 @@ def _write_part(path: Path, values: np.ndarray, ids: np.ndarray, counts: np.ndar
                         pa.field("count", pa.int64(), nullable=False)])
     table = pa.table({"value": format_hex(values), "id": pa.array(ids, pa.int32()),
                       "count": pa.array(counts.astype(np.int64, copy=False))}, schema=schema)
+    # statistics only for the values (a reader's range filter uses them); the ids' would be the
+    # placeholders', and the counts' cost more than they serve
+    write_atomically(path, lambda temporary: pq.write_table(
+        table, temporary, row_group_size=PART_ROW_GROUP_ROWS,
+        max_rows_per_page=PART_ROW_GROUP_ROWS, data_page_size=1 << 30, data_page_version="1.0",
+        use_dictionary=["count"], compression={"value": "snappy", "id": "none", "count": "snappy"},
+        write_statistics=["value"]))
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """One .npy file, replaced whole (np.save is given a file: given a name it would add .npy)."""
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as out:
+            np.save(out, array, allow_pickle=False)
+    write_atomically(path, write)
+
+
+def write_atomically(path: Path, write) -> None:
+    """``write(temporary)``, then the temporary renamed onto ``path``: a retried task replaces
+    its own file whole, and a reader never sees half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
-        # statistics only for the values (a reader's range filter uses them); the ids' would
-        # be the placeholders', and the counts' cost more than they serve
-        pq.write_table(table, temporary, row_group_size=PART_ROW_GROUP_ROWS,
-                       max_rows_per_page=PART_ROW_GROUP_ROWS, data_page_size=1 << 30,
-                       data_page_version="1.0", use_dictionary=["count"],
-                       compression={"value": "snappy", "id": "none", "count": "snappy"},
-                       write_statistics=["value"])
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    try:
-        with open(temporary, "wb") as out:
-            np.save(out, array)
+        write(temporary)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
