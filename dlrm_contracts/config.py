@@ -81,6 +81,11 @@ class GeneratorConfig:
     # keeps millions of values per column, as the Terabyte's big columns do at threshold 15
     # (the preprocessing benchmark's high-cardinality input).
     uniform_columns: dict[str, int] = field(default_factory=dict)
+    # Drift across days, e.g. {C3: 0.05}: each day the column's popularity order moves on by
+    # that fraction of its values, so values fade and newcomers become frequent day by day, as
+    # in the real logs, while each value keeps its effect on the label (what warm-started daily
+    # training is judged on). Empty: every day draws from day 0's distribution.
+    drift_columns: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Checked before the output directory is touched: a rerun with a typo must not delete
@@ -102,6 +107,11 @@ class GeneratorConfig:
             _check(isinstance(size, int) and 1 <= size <= 2**31 - 1,
                    f"uniform_columns: {column} needs a whole number of values in 1 .. 2**31 - 1, "
                    f"got {size!r}")
+        for column, rate in self.drift_columns.items():
+            _check(column in CAT_COLUMNS, f"drift_columns: {column!r} is not one of C1..C26")
+            _check(isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0,
+                   f"drift_columns: {column} needs a fraction of its values per day in 0 .. 1, "
+                   f"got {rate!r}")
 
 
 @dataclass

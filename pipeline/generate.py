@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int)
     p.add_argument("--uniform-column", action="append", metavar="COLUMN=VALUES", default=None,
                    help="draw COLUMN uniformly over VALUES values (repeatable), e.g. C1=2500000")
+    p.add_argument("--drift-column", action="append", metavar="COLUMN=FRACTION", default=None,
+                   help="move COLUMN's popularity order on by FRACTION of its values each day "
+                        "(repeatable), e.g. C3=0.05")
     p.add_argument("--workers", type=int, help="processes (does not change the output)")
     return p
 
@@ -49,7 +52,10 @@ def build_config(args: argparse.Namespace) -> GeneratorConfig:
     uniform = None
     if args.uniform_column:
         uniform = {**config.uniform_columns, **dict(_column_size(x) for x in args.uniform_column)}
-    return flag_overrides(config, args, uniform_columns=uniform)
+    drift = None
+    if args.drift_column:
+        drift = {**config.drift_columns, **dict(_column_rate(x) for x in args.drift_column)}
+    return flag_overrides(config, args, uniform_columns=uniform, drift_columns=drift)
 
 
 def _column_size(flag: str) -> tuple[str, int]:
@@ -57,6 +63,17 @@ def _column_size(flag: str) -> tuple[str, int]:
     if not sep or not size.strip().isdigit():
         raise ConfigError(f"--uniform-column {flag!r} must look like C1=2500000")
     return column.strip(), int(size)
+
+
+def _column_rate(flag: str) -> tuple[str, float]:
+    column, sep, rate = flag.partition("=")
+    try:
+        value = float(rate) if sep else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise ConfigError(f"--drift-column {flag!r} must look like C3=0.05")
+    return column.strip(), value
 
 
 def main(argv: list[str] | None = None) -> int:

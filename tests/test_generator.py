@@ -490,3 +490,31 @@ def test_tiny_runs_have_exact_rows_and_valid_json_meta(tmp_path, capsys):
     for day in range(3):
         assert ((tmp_path / "seven" / f"day_{day}").read_bytes()
                 == (tmp_path / "seven1" / f"day_{day}").read_bytes())
+
+
+def test_drift_moves_the_frequent_values_day_by_day_and_keeps_their_effect(tmp_path, capsys):
+    """C3 drifting by a quarter of its values a day: each day's most frequent C3 value is a
+    new one; the value → rank mapping the model sees stays the same (features rebuilt from a
+    drifted day's fields are the sampled ones), and a column without drift keeps its head."""
+    out = tmp_path / "drift"
+    assert main(["--out", str(out), "--days", "3", "--rows-per-day", "20000", "--seed", "9",
+                 "--cardinality-scale", "0.0001", "--workers", "1",
+                 "--drift-column", "C3=0.25"]) == 0
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["shape"]["drift_columns"] == {"C3": 0.25}
+    parsed = read_days(out, meta)
+    per_day = len(parsed.cats[0]) // 3
+    top = {name: [Counter(v for v in parsed.cats[CAT_COLUMNS.index(name)][d * per_day:(d + 1) * per_day]
+                          if v).most_common(1)[0][0] for d in range(3)] for name in ("C3", "C4")}
+    assert len(set(top["C3"])) == 3          # a new head every day
+    assert len(set(top["C4"])) == 1          # no drift: the same head
+    config = GeneratorConfig(days=3, rows_per_day=20000, seed=9, cardinality_scale=0.0001,
+                             drift_columns={"C3": 0.25})
+    source = SyntheticSource.from_config(config)
+    features, _, _ = source.sample(2, 0, 500)
+    values = source.hex_values(features)
+    rebuilt = source.features_from_fields(features.int_values, features.int_missing, values,
+                                          features.cat_ranks == 0)
+    assert np.array_equal(rebuilt.cat_ranks, features.cat_ranks)
+    assert main(["--out", str(tmp_path / "bad"), "--drift-column", "C3=x"]) == 2
+    assert "must look like C3=0.05" in capsys.readouterr().err

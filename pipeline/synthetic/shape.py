@@ -113,6 +113,7 @@ class ColumnShapes:
     integers: tuple[IntegerShape, ...]
     zipf_exponent: float
     uniform: tuple[bool, ...] = (False,) * len(CAT_COLUMNS)  # drawn uniformly, not by Zipf
+    drift: tuple[float, ...] = (0.0,) * len(CAT_COLUMNS)     # popularity moved per day (fraction)
 
     @classmethod
     def from_config(cls, config: GeneratorConfig) -> "ColumnShapes":
@@ -120,11 +121,13 @@ class ColumnShapes:
                       scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
                       for c, t in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES))
         uniform = tuple(c in config.uniform_columns for c in CAT_COLUMNS)
-        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent, uniform)
+        drift = tuple(float(config.drift_columns.get(c, 0.0)) for c in CAT_COLUMNS)
+        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent, uniform,
+                   drift)
 
     def describe(self) -> dict:
         """The plain form written into generator_meta.json."""
-        return {
+        described = {
             "cardinalities": dict(zip(CAT_COLUMNS, self.cardinalities)),
             "categorical_missing_rates": dict(zip(CAT_COLUMNS, self.categorical_missing)),
             "integer_shapes": {
@@ -135,6 +138,9 @@ class ColumnShapes:
             "zipf_exponent": self.zipf_exponent,
             "uniform_columns": [c for c, u in zip(CAT_COLUMNS, self.uniform) if u],
         }
+        if any(self.drift):          # only then: a drift-free workdir's record is unchanged
+            described["drift_columns"] = {c: d for c, d in zip(CAT_COLUMNS, self.drift) if d}
+        return described
 
 
 def zipf_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
@@ -213,6 +219,18 @@ class Features:
     @property
     def rows(self) -> int:
         return self.cat_ranks.shape[1]
+
+
+def drift_ranks(cat_ranks: np.ndarray, shapes: ColumnShapes, day: int) -> None:
+    """Day ``day``'s drift, in place: a drifting column's popularity rank r (1 = the most
+    frequent) stands for value r + shift, the shift growing by the column's rate times its
+    size each day (wrapping around). The model sees the value, so each value keeps its effect
+    on the label while the frequent values change."""
+    for j, (rate, size) in enumerate(zip(shapes.drift, shapes.cardinalities)):
+        shift = int(round(day * rate * size)) % size
+        if shift:
+            present = cat_ranks[j] > 0
+            cat_ranks[j, present] = (cat_ranks[j, present] - 1 + shift) % size + 1
 
 
 def sample_features(rng: np.random.Generator, rows: int, shapes: ColumnShapes) -> Features:

@@ -17,7 +17,7 @@ from pipeline.synthetic import hashing
 from pipeline.synthetic.bayes_auc import SparseCounts
 from pipeline.synthetic.planted_model import PlantedModel, sigmoid
 from pipeline.synthetic.render import render_lines
-from pipeline.synthetic.shape import ColumnShapes, Features, sample_features
+from pipeline.synthetic.shape import ColumnShapes, Features, drift_ranks, sample_features
 
 _PURPOSE_VALUES, _PURPOSE_CHUNK = 5, 6
 
@@ -74,6 +74,7 @@ class SyntheticSource:
         """(features, true logits, labels) of one chunk: the part tests can reproduce."""
         rng = self.rng(day, index)
         features = sample_features(rng, rows, self.shapes)
+        drift_ranks(features.cat_ranks, self.shapes, day)
         logits = self.model.logits(features)
         labels = (rng.random(rows) < sigmoid(logits)).astype(np.int8)
         return features, logits, labels
