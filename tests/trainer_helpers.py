@@ -78,7 +78,8 @@ def config_flags(config: TrainConfig) -> list[str]:
              "--optimizer", config.optimizer,
              "--learning-rate-scaling", config.learning_rate_scaling,
              "--evals-per-epoch", str(config.evals_per_epoch),
-             "--early-stopping-patience", str(config.early_stopping_patience)]
+             "--early-stopping-patience", str(config.early_stopping_patience),
+             "--wide", str(config.wide)]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:
