@@ -69,7 +69,8 @@ def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, varian
     assert all(r["pieces"] for r in ranks), "both ranks must own tables"
     if variant.get("force_column_split"):
         assert "C2[0:8]" in ranks[0]["pieces"] and "C2[8:16]" in ranks[1]["pieces"]
-        assert placement["placement"]["bottom_owner"] == 0
+        assert placement["placement"]["bottom_owner"] == (
+            None if variant["bottom_mlp_data_parallel"] else 0)
     single_summary = run(config, dataset, tmp_path / "single")
     assert_same_training(tmp_path / "single", tmp_path / "multi", single_summary, multi_summary)
     if variant.get("wide"):

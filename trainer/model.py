@@ -172,33 +172,37 @@ class DLRM(tf.Module):
             parts.append(tf.cast(self.bottom(numerical, self.compute_dtype), tf.float32))
         for piece, table in zip(self.pieces, self.tables):
             parts.append(tf.gather(table, categorical[self._cat_index[piece.table]]))
-        if self._wide_width:  # this rank's partial first-order sum, the exchange's last column
-            weights = [tf.gather(w, categorical[self._cat_index[p.table]])
-                       for p, w in zip(self.wide_pieces, self.wide)]
-            parts.append(tf.add_n(weights) if weights else tf.zeros([global_batch, 1]))
+        if self._wide_width and self.placement.world > 1:
+            # this rank's partial first-order sum travels as the exchange's last column
+            parts.append(self._wide_sum(categorical, global_batch)[:, None])
         if not parts:  # more ranks than tables: this rank only relays
             return tf.zeros([global_batch, 0], tf.float32)
         return tf.concat(parts, axis=1)
 
-    def _exchange(self, owned: tf.Tensor, local_batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """[B, W_rank] on every rank -> ([b, F, d] features, [b] wide sum) of this rank's b
-        samples (the wide sum is zeros without ``dims.wide``)."""
+    def _wide_sum(self, categorical: list[tf.Tensor], batch: int) -> tf.Tensor:
+        """[batch]: the sum of this rank's wide weights at each sample's ids."""
+        # gather, then drop the column: the gradient stays sparse (the looked-up rows only)
+        weights = [tf.gather(w, categorical[self._cat_index[p.table]])[:, 0]
+                   for p, w in zip(self.wide_pieces, self.wide)]
+        return tf.add_n(weights) if weights else tf.zeros([batch])
+
+    def _exchange(self, owned: tf.Tensor, local_batch: int) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """[B, W_rank] on every rank -> ([b, F, d] features, [b] wide sum or None) of this
+        rank's b samples (the sum when ``dims.wide`` on several ranks; one process adds its own,
+        without a column to cut off)."""
         world, extra = self.placement.world, self._wide_width
-        widths = [self.placement.sent_width(s) + extra for s in range(world)]
+        wide = None
         if world > 1:
+            widths = [self.placement.sent_width(s) + extra for s in range(world)]
             sent = tf.reshape(owned, [-1])
             received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world,
                                           name=f"dlrm_exchange_b{local_batch}")
             blocks = tf.split(received, [local_batch * w for w in widths], axis=0)
             blocks = [tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)]
-        else:
-            blocks = [owned]
-        if extra:
-            wide = tf.add_n([blk[:, -1] for blk in blocks])
-            blocks = [blk[:, :-1] for blk in blocks]
-        else:
-            wide = tf.zeros([local_batch])
-        owned = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=1)
+            if extra:
+                wide = tf.add_n([blk[:, -1] for blk in blocks])
+                blocks = [blk[:, :-1] for blk in blocks]
+            owned = tf.concat(blocks, axis=1)
         if not self._identity_columns:
             owned = tf.gather(owned, self._columns, axis=1)
         return tf.reshape(owned, [local_batch, self.placement.exchanged_features(),
@@ -227,6 +231,9 @@ class DLRM(tf.Module):
         owned = self._owned_outputs(categorical, global_numerical,
                                     local_batch * self.placement.world)
         features, wide = self._exchange(owned, local_batch)
+        if wide is None:
+            wide = (self._wide_sum(categorical, local_batch) if self._wide_width
+                    else tf.zeros([local_batch]))
         local_numerical = numerical if self.bottom_data_parallel else tf.zeros([local_batch, 0])
         return local_numerical, features, wide
 
