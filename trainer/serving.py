@@ -161,8 +161,11 @@ class ServingDLRM(tf.Module):
         bottom = self.bottom(numerical, tf.float32)
         features = tf.concat([bottom[:, None, :], embedded], axis=1)
         logits = self.top(dot_interaction(features), tf.float32)[:, 0]
-        if self.wide:  # the trainer's order: the top MLP's logit, then the tables' weights
-            logits += tf.add_n([tf.gather(w, ids[:, j])[:, 0] for j, w in enumerate(self.wide)])
+        if self.wide:  # the top MLP's logit + the tables' weights, as in training
+            # One reduction, not a chain of adds: graph rewriting may regroup an add_n
+            # differently in each signature, and the signatures must agree to the bit.
+            weights = tf.concat([tf.gather(w, ids[:, j]) for j, w in enumerate(self.wide)], axis=1)
+            logits += tf.reduce_sum(weights, axis=1)
         return tf.sigmoid(logits)
 
     def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
