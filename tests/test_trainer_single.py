@@ -139,11 +139,11 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
     a, b = step_losses(tmp_path / "plain"), step_losses(tmp_path / "xla")
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
-    # Adam (lazy sparse updates) with --xla matches plain too
-    adam = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01), dataset,
-               tmp_path / "adam")
-    adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, xla=True),
-                   dataset, tmp_path / "adam_xla")
+    # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
+    adam = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
+               dataset, tmp_path / "adam")
+    adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True,
+                                xla=True), dataset, tmp_path / "adam_xla")
     a2, b2 = step_losses(tmp_path / "adam"), step_losses(tmp_path / "adam_xla")
     np.testing.assert_allclose([b2[s] for s in a2], list(a2.values()), rtol=1e-4)
     assert adam_xla["xla"] is True and len(a2) == 6
