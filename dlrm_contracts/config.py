@@ -270,8 +270,10 @@ class TrainConfig:
     # loses to a plain logistic regression (bench/README.md, "Model quality"). Each weight
     # lives beside its table's rows (the rank holding column 0), so it follows the tables'
     # model-parallel placement, checkpoints and warm starts (saved as the table's column
-    # embedding_dim). Measured: +0.005 to +0.01 test AUC at 60k-150k rows, more at 600k
-    # (bench/README.md). Off in the Terabyte configs, which keep the reference's model.
+    # embedding_dim). Measured with learning_rate 0.045 against main's defaults: +0.001 to
+    # +0.013 test AUC at 60k-150k train rows, +0.007 at 400k, +0.0055 at 4M (one epoch);
+    # ~10% more CPU per step (bench/README.md). Off in the Terabyte configs, which keep the
+    # reference's model.
     wide: bool = True
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
     batch_size: int = 1024
