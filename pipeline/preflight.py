@@ -228,7 +228,7 @@ def _disk(config: PipelineConfig, layout: WorkdirLayout, est: Estimate, rows: in
             "binary": rows * _binary_bytes_per_row(sizes, config)}
     if sizes is not None:
         dims, dense = _dims(config)
-        one = (sum(sizes) * dims.embedding_dim + dense) * 4 * state_factor
+        one = (sum(sizes) * (dims.embedding_dim + dims.wide) + dense) * 4 * state_factor
         full["checkpoints"] = one * (config.train.keep_checkpoints + 1)  # + the one being written
     new = {k: max(0.0, v - existing[k]) for k, v in full.items()}
     shuffle = rows * pre.shuffle_bytes_per_row if "preprocess" in wanted else 0.0
@@ -317,8 +317,9 @@ def _memory(config: PipelineConfig, est: Estimate, sizes: list[int] | None,
     except ValueError as exc:
         est.shortfalls.append(f"no table placement over {world} ranks: {exc}")
         return
-    per_rank = [sum(p.rows * p.width for p in pieces) * 4 * state_factor
-                for pieces in placement.pieces]
+    # + a table's wide weights (one column) on the rank holding its column 0
+    per_rank = [sum(p.rows * (p.width + (dims.wide and p.col_start == 0)) for p in pieces)
+                * 4 * state_factor for pieces in placement.pieces]
     fullest = max(per_rank)
     if config.preflight.rank_memory_gib is not None:
         budget = config.preflight.rank_memory_gib * 2**30
@@ -467,7 +468,7 @@ def before_train(config: PipelineConfig, emit) -> None:
     try:
         _memory(dataclasses.replace(config, stages=["train"]), est, sizes, state_factor)
         dims, dense = _dims(config)
-        one = (sum(sizes) * dims.embedding_dim + dense) * 4 * state_factor
+        one = (sum(sizes) * (dims.embedding_dim + dims.wide) + dense) * 4 * state_factor
         need = one * (config.train.keep_checkpoints + 1)
         there = tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0
         free = free_bytes(layout.checkpoints)

@@ -205,7 +205,9 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
 
     copies = OPTIMIZER_STATE_FACTOR[TrainConfig().optimizer]
     assert copies == 2  # value + accumulator
-    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * 16 * 4 * copies  # dim 16
+    # dim 16 + the wide term's column (train.wide, on by default)
+    assert TrainConfig().wide
+    assert sum(facts["embedding_bytes_per_rank"]) == sum(sizes) * (16 + 1) * 4 * copies
 
 
 @pytest.mark.parametrize("ids", ["frequency", "stable"])

@@ -259,8 +259,9 @@ def test_fingerprint_names_what_was_exported(served):
     assert fingerprint["threshold_spec"] == dataset["threshold_spec"] == "2,C1:3"
     assert fingerprint["dataset"]["source_fingerprint"] == dataset["source_fingerprint"]
     assert fingerprint["trained_ranks"] == 2
+    # the default model: the wide term's weights are in the export (wide_C<i>)
     assert fingerprint["dims"] == {"embedding_dim": 16, "bottom_mlp": [64, 32, 16],
-                                   "top_mlp": [128, 64, 1]}
+                                   "top_mlp": [128, 64, 1], "wide": True}
     assert fingerprint["table_sizes"] == dataset["table_sizes"]
     vocab = workdir / "export" / "1" / "assets" / "C1.vocab"
     assert len(vocab.read_text().splitlines()) == dataset["table_sizes"][0]

@@ -56,7 +56,9 @@ def assert_same_training(single, multi, single_summary, multi_summary):
 @pytest.mark.parametrize("variant", [
     {"bottom_mlp_data_parallel": True, "xla": True},
     {"bottom_mlp_data_parallel": False, "force_column_split": ["C2", "C7"]},
-], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split"])
+    {"bottom_mlp_data_parallel": True, "force_column_split": ["C2"], "wide": True,
+     "optimizer": "adagrad", "learning_rate": 0.05},
+], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split", "wide+column-split+adagrad"])
 def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, variant):
     config = small_config(max_steps=STEPS, **variant)
     multi_summary, proc = run_trainer_cli(
@@ -67,9 +69,19 @@ def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, varian
     assert all(r["pieces"] for r in ranks), "both ranks must own tables"
     if variant.get("force_column_split"):
         assert "C2[0:8]" in ranks[0]["pieces"] and "C2[8:16]" in ranks[1]["pieces"]
-        assert placement["placement"]["bottom_owner"] == 0
+        assert placement["placement"]["bottom_owner"] == (
+            None if variant["bottom_mlp_data_parallel"] else 0)
     single_summary = run(config, dataset, tmp_path / "single")
     assert_same_training(tmp_path / "single", tmp_path / "multi", single_summary, multi_summary)
+    if variant.get("wide"):
+        # Each table's wide weights are its column 16, held (and trained) by the rank holding
+        # its column 0 only: C2's by rank 0, not by rank 1, which holds C2[8:16].
+        weights = checkpoint_arrays(tmp_path / "multi")
+        assert all(weights[f"table/{t}"].shape[1] == 17 for t in range(26))
+        assert np.abs(weights["table/1"][:, 16]).max() > 1e-3  # trained from zeros
+        files = sorted((tmp_path / "multi" / "checkpoints").glob("step-*/rank-*.npz"))
+        keys = [set(np.load(f).files) for f in files[-2:]]
+        assert "table/1/16-17" in keys[0] and not any(k.startswith("table/1/16-17") for k in keys[1])
     if variant.get("force_column_split"):
         # The two-rank checkpoint (column slices on two ranks, bottom MLP in rank 0's file)
         # restores into one process and evaluates to the same AUC.
@@ -132,7 +144,7 @@ def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
     rank growing its own pieces. Losses of both days, every final weight, C7's optimizer slot
     and the previous model's AUC equal the two days trained in one process."""
     variant = dict(optimizer="adagrad", learning_rate=0.05, bottom_mlp_data_parallel=False,
-                   force_column_split=["C7"])
+                   force_column_split=["C7"], wide=True)
     rows = {"train": 8192, "test": 1000, "validation": 777}
     day1 = stream_day(tmp_path / "day1", 1, rows=rows)
     day2 = stream_day(tmp_path / "day2", 2, STREAM_SIZES_2, rows=rows)
@@ -160,7 +172,7 @@ def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
                                rtol=2e-6, atol=1e-7)
     weights_1, weights_2 = checkpoint_arrays(tmp_path / "single"), checkpoint_arrays(multi)
     assert sorted(weights_1) == sorted(weights_2)
-    assert weights_1["table/6"].shape == (3500, 16)
+    assert weights_1["table/6"].shape == (3500, 17)  # 16 columns + the wide weights
     for name, value in weights_1.items():
         np.testing.assert_allclose(weights_2[name], value, rtol=1e-5, atol=2e-7, err_msg=name)
     from trainer.checkpoint import CheckpointReader, latest_checkpoint

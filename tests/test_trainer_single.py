@@ -139,11 +139,11 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
     a, b = step_losses(tmp_path / "plain"), step_losses(tmp_path / "xla")
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
-    # Adam (lazy sparse updates) with --xla matches plain too
-    adam = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01), dataset,
-               tmp_path / "adam")
-    adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, xla=True),
-                   dataset, tmp_path / "adam_xla")
+    # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
+    adam = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
+               dataset, tmp_path / "adam")
+    adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True,
+                                xla=True), dataset, tmp_path / "adam_xla")
     a2, b2 = step_losses(tmp_path / "adam"), step_losses(tmp_path / "adam_xla")
     np.testing.assert_allclose([b2[s] for s in a2], list(a2.values()), rtol=1e-4)
     assert adam_xla["xla"] is True and len(a2) == 6
@@ -285,8 +285,8 @@ def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(datas
 
 def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     """Adagrad's accumulators are optimizer state: a run stopped at step 7 and resumed gives
-    the losses and weights of an uninterrupted one."""
-    config = dict(optimizer="adagrad", learning_rate=0.05, epochs=2, warmup_steps=0)
+    the losses and weights of an uninterrupted one (the wide weights and theirs included)."""
+    config = dict(optimizer="adagrad", learning_rate=0.05, epochs=2, warmup_steps=0, wide=True)
     whole = run(small_config(max_steps=22, **config), dataset, tmp_path / "whole")
     run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
     run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
@@ -296,6 +296,7 @@ def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     assert expected[22] < expected[1]
     weights = checkpoint_arrays(tmp_path / "resumed")
     assert any(name.endswith("/adagrad") for name in weights)
+    assert weights["table/0"].shape[1] == 17 and np.abs(weights["table/0"][:, 16]).max() > 0
     for name, value in checkpoint_arrays(tmp_path / "whole").items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
     assert whole["test_auc"] > 0.55  # 22 steps of batch 256 on a planted signal
@@ -343,3 +344,13 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_pa
     whole, resumed = step_losses(tmp_path / "whole"), step_losses(workdir)
     np.testing.assert_allclose([resumed[s] for s in range(5, 13)], [whole[s] for s in range(5, 13)],
                                rtol=1e-6)
+
+
+def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(dataset, tmp_path):
+    """The wide weights are part of the model's shape: turning train.wide on or off over an
+    existing run is refused by name, not resumed with weights missing or ignored."""
+    from trainer.checkpoint import CheckpointError
+
+    run(small_config(max_steps=2, wide=False), dataset, tmp_path / "w")
+    with pytest.raises(CheckpointError, match="'wide': True"):
+        run(small_config(max_steps=4, wide=True), dataset, tmp_path / "w")

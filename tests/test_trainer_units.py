@@ -409,3 +409,37 @@ def test_a_save_keeps_the_protected_best_beyond_the_newest(tmp_path):
         save_checkpoint(tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, keep=1,
                         protect=[8, None])
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [8, 16]
+
+
+def test_the_wide_term_adds_each_ids_weight_to_the_deep_logit():
+    """With train.wide the logit is the DLRM's logit plus, per sample, the sum of one weight
+    per table at its id; the deep part is the model without the term (same seed, same
+    variables), and the weights sit beside the tables in the checkpoint's column layout."""
+    import tensorflow as tf
+
+    from trainer.comm import make_comm
+    from trainer.dims import ModelDims
+    from trainer.model import DLRM, wide_key
+
+    sizes = [5 + t for t in range(len(CAT_COLUMNS))]
+    placement = plan_placement(sizes, 4, 1)
+    deep_dims = ModelDims(4, (8, 4), (8, 1))
+    wide_dims = ModelDims(4, (8, 4), (8, 1), wide=True)
+    comm = make_comm()
+    deep, wide = (DLRM(d, placement, 0, 32, 3, comm) for d in (deep_dims, wide_dims))
+    names = [name for name, _ in wide.owned_variables()]
+    assert [wide_key(t, 4) for t in range(len(sizes))] == [n for n in names if n.endswith("4-5")]
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=(rows, 1)).astype(np.float32) for rows in sizes]
+    for variable, value in zip(wide.wide, weights):
+        variable.assign(value)
+    ids = [rng.integers(0, rows, 32) for rows in sizes]
+    categorical = [tf.constant(i) for i in ids]
+    numerical = tf.constant(rng.normal(size=(32, 13)).astype(np.float32))
+    expected = deep(categorical, numerical, 32).numpy() + sum(w[i, 0] for w, i in zip(weights, ids))
+    np.testing.assert_allclose(wide(categorical, numerical, 32).numpy(), expected, rtol=1e-5,
+                               atol=1e-5)
+    assert np.abs(sum(w[i, 0] for w, i in zip(weights, ids))).max() > 0.5  # the term counts
+    assert wide_dims.meta()["wide"] is True and "wide" not in deep_dims.meta()
+    assert ModelDims.from_meta(wide_dims.meta()) == wide_dims
+    assert ModelDims.from_meta(deep_dims.meta()) == deep_dims

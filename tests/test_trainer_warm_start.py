@@ -183,6 +183,31 @@ def test_warm_start_grows_the_tables_and_continues_the_optimizer(tmp_path):
     assert any(r.get("model") == "previous" and r["step"] == 8 for r in records)
 
 
+def test_a_warm_start_keeps_the_wide_weights_of_old_rows_and_starts_new_rows_at_zero(tmp_path):
+    """The wide weights grow with their table: old rows keep the previous model's weights (and
+    Adagrad accumulators), new rows start at 0 as in a fresh model."""
+    from trainer.loop import Trainer, run
+
+    work = tmp_path / "work"
+    run(config(wide=True), day(tmp_path / "day1", seed=1), work)
+    before = checkpoint_arrays(work)
+    trainer = Trainer(config(wide=True, init="previous"),
+                      day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
+    assert trainer._start().kind == "previous"
+    state = _owned(trainer)
+    trained = 0
+    for t, (old, new) in enumerate(zip(SIZES_1, SIZES_2)):
+        weights, slot = state[f"table/{t}/16-17"], state[f"table/{t}/16-17/adagrad"]
+        assert weights.shape == (new, 1) and before[f"table/{t}"].shape == (old, 17)
+        np.testing.assert_array_equal(weights[:old, 0], before[f"table/{t}"][:, 16])
+        np.testing.assert_array_equal(weights[old:], 0.0)
+        np.testing.assert_array_equal(slot[old:], np.float32(config().adagrad_initial_accumulator))
+        trained += int((weights[:old] != 0).sum())
+    assert trained > 0  # day 1 trained them: the copy is not of zeros
+    summary = trainer.train()
+    assert summary["step"] == 16 and summary["init"]["grown_tables"]["C7"] == [3000, 3500]
+
+
 def test_a_warm_started_run_stopped_midway_resumes_as_one(tmp_path):
     """Day 2 warm-started, stopped after 3 of its 8 steps, run again: it resumes (same dataset)
     with its run start, schedule and previous model's score, and ends with the losses and

@@ -59,8 +59,9 @@ def write_stable_dictionaries(root: Path, sizes: tuple[int, ...]) -> None:
 
 
 def small_config(**overrides) -> TrainConfig:
-    """A quick, deterministic config (small preset, SGD, every step logged, no early stopping)."""
-    base = dict(preset="small", batch_size=256, optimizer="sgd", learning_rate=0.5,
+    """A quick, deterministic config (small preset, SGD, every step logged, no early stopping,
+    the DLRM without the wide term: the tests of the wide term turn it on)."""
+    base = dict(preset="small", wide=False, batch_size=256, optimizer="sgd", learning_rate=0.5,
                 learning_rate_scaling="none", warmup_steps=5, epochs=1, evals_per_epoch=1,
                 early_stopping_patience=0, log_every=1, seed=7, shuffle_batches=True,
                 intra_op_threads=1)
@@ -78,7 +79,8 @@ def config_flags(config: TrainConfig) -> list[str]:
              "--optimizer", config.optimizer,
              "--learning-rate-scaling", config.learning_rate_scaling,
              "--evals-per-epoch", str(config.evals_per_epoch),
-             "--early-stopping-patience", str(config.early_stopping_patience)]
+             "--early-stopping-patience", str(config.early_stopping_patience),
+             "--wide", str(config.wide)]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:

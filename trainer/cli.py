@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-dim", type=int)
     p.add_argument("--bottom-mlp", help="comma-separated layer sizes, e.g. 512,256,128")
     p.add_argument("--top-mlp", help="comma-separated layer sizes ending in 1")
+    p.add_argument("--wide", type=_bool, metavar="BOOL",
+                   help="a per-id scalar weight per table summed into the logit (train.wide)")
     p.add_argument("--batch-size", type=int, help="global batch over all ranks")
     p.add_argument("--eval-batch-size", type=int)
     p.add_argument("--epochs", type=int)

@@ -18,6 +18,21 @@ class ModelDims:
     embedding_dim: int
     bottom_mlp: tuple[int, ...]
     top_mlp: tuple[int, ...]
+    wide: bool = False  # one scalar weight per id of every table, summed into the logit
+
+    def meta(self) -> dict:
+        """The dims as checkpoints record them. ``wide`` appears only when on, so a model
+        without it keeps the meta of the models saved before the setting existed."""
+        out = {"embedding_dim": self.embedding_dim, "bottom_mlp": list(self.bottom_mlp),
+               "top_mlp": list(self.top_mlp)}
+        if self.wide:
+            out["wide"] = True
+        return out
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "ModelDims":
+        return cls(int(meta["embedding_dim"]), tuple(meta["bottom_mlp"]), tuple(meta["top_mlp"]),
+                   bool(meta.get("wide", False)))
 
 
 PRESETS = {
@@ -39,7 +54,7 @@ def model_dims(config: TrainConfig) -> ModelDims:
         raise ConfigError(f"the bottom MLP must end in the embedding dim {dim}, not {bottom[-1]}")
     if top[-1] != 1:
         raise ConfigError(f"the top MLP must end in one logit, not {top[-1]}")
-    return ModelDims(dim, bottom, top)
+    return ModelDims(dim, bottom, top, config.wide)
 
 
 def dense_parameters(dims: ModelDims, num_numerical: int = NUM_NUMERICAL,

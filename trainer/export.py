@@ -221,8 +221,7 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: d
         "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
         "trained_ranks": (meta.get("placement") or {}).get("world"),
         "test_auc": _test_auc(layout, int(meta["step"])),
-        "dims": {"embedding_dim": dims.embedding_dim, "bottom_mlp": list(dims.bottom_mlp),
-                 "top_mlp": list(dims.top_mlp)},
+        "dims": dims.meta(),
         "table_sizes": sizes,
         "signatures": ["serve_features", "serve_lines", "serving_default"],
         "missing_integer": config.missing_integer,
@@ -280,11 +279,11 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         dims_meta = meta.get("dims") or {}
         if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
             raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
-        dims = ModelDims(int(dims_meta["embedding_dim"]), tuple(dims_meta["bottom_mlp"]),
-                         tuple(dims_meta["top_mlp"]))
+        dims = ModelDims.from_meta(dims_meta)
         _check_dictionary_folders(layout.dictionaries, sizes)
         identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
-        size = check_export_fits(sizes, dims.embedding_dim, config)
+        # the wide weights are one more column of every table
+        size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
         layout.export.mkdir(parents=True, exist_ok=True)
         version = next_version(layout.export)
         final = layout.export / str(version)
@@ -314,16 +313,19 @@ def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabular
           out: Path, config: ExportConfig) -> None:
     import tensorflow as tf
 
+    from trainer.model import wide_key
     from trainer.serving import ServingDLRM
 
     # A generator: each table is read, copied into its variable and released before the next.
     tables = (reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
               for t, rows in enumerate(sizes))
+    wide = ([reader.value(wide_key(t, dims.embedding_dim), (rows, 1)) for t, rows in enumerate(sizes)]
+            if dims.wide else None)
     features = len(CAT_COLUMNS) + 1
     module = ServingDLRM(dims, tables, _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
                          _mlp_weights(reader, "top", dims.top_mlp,
                                       dims.embedding_dim + features * (features - 1) // 2),
-                         vocabularies, config.missing_integer)
+                         vocabularies, config.missing_integer, wide)
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.
     signatures = {"serve_features": module.serve_features.get_concrete_function(),

@@ -201,30 +201,32 @@ class Trainer:
         self._predict_step = tf.function(self._predict_step_impl)
 
     # -- step functions --------------------------------------------------------------------
-    def _dense_gradients(self, numerical, features, label):
-        """Loss, replicated-variable gradients and the gradient w.r.t. the exchanged features.
+    def _dense_gradients(self, numerical, features, wide, label):
+        """Loss, replicated-variable gradients and the gradients w.r.t. the exchanged features
+        and wide sum.
 
         The whole dense forward and backward pass, so that --xla compiles both into one
         cluster; it contains no Horovod op.
         """
         variables = [v for _, v in self.replicated]
         with tf.GradientTape() as tape:
-            tape.watch(features)
-            logits = self.model.dense_part(numerical, features)
+            tape.watch([features, wide])
+            logits = self.model.dense_part(numerical, features, wide)
             loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
             scaled = loss * (self.loss_scale / self.world)
-        grads = tape.gradient(scaled, variables + [features])
-        return loss, grads[:-1], grads[-1]
+        grads = tape.gradient(scaled, variables + [features, wide])
+        return loss, grads[:-2], grads[-2:]
 
     def _train_step_impl(self, categorical, numerical, label, lr):
         local_batch = self.global_batch // self.world
         with tf.GradientTape() as tape:  # lookups, model-parallel bottom MLP, alltoall
-            local_numerical, features = self.model.features(categorical, numerical, local_batch)
-        loss, dense_grads, feature_grad = self._dense_step(local_numerical, features, label)
+            local_numerical, features, wide = self.model.features(categorical, numerical,
+                                                                  local_batch)
+        loss, dense_grads, feature_grads = self._dense_step(local_numerical, features, wide, label)
         # The alltoall's gradient brings every rank's share back to the owners.
-        owned = list(tape.gradient(features, [v for _, v in self.owned],
-                                   output_gradients=feature_grad))
+        owned = list(tape.gradient([features, wide], [v for _, v in self.owned],
+                                   output_gradients=feature_grads))
         n_rep = len(dense_grads)
         extra = [loss / self.world]  # summed with the gradients: the global-batch mean loss
         if self.compute_dtype == tf.float16:  # every rank must agree on skipping a step
@@ -281,8 +283,7 @@ class Trainer:
         return out + self.optimizer.state() + [("loss_scale", self.loss_scale)]
 
     def _dims_meta(self) -> dict[str, Any]:
-        return {"embedding_dim": self.dims.embedding_dim, "bottom_mlp": list(self.dims.bottom_mlp),
-                "top_mlp": list(self.dims.top_mlp)}
+        return self.dims.meta()
 
     def save(self) -> Path:
         owned = {name: v.numpy() for name, v in self._owned_state()}

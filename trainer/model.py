@@ -14,6 +14,13 @@ Forward pass on rank r with global batch B and N ranks (local batch b = B / N):
    MLP -> one logit. It is a separate function so that ``--xla`` can compile it (Horovod ops
    cannot sit inside an XLA cluster).
 The alltoall's registered gradient sends embedding gradients back to the owners.
+
+With ``dims.wide`` each table also has one scalar weight per id (the first-order term a
+logistic regression has and the dot interaction lacks), held by the rank holding the table's
+column 0. The owner sums its tables' weights per sample and sends that partial sum as one more
+column of its exchange; the receiver adds the partial sums of all ranks to the logit. A
+column-split table's weights are thus looked up once, and the exchange grows by one column per
+rank, not per table.
 """
 
 from __future__ import annotations
@@ -92,6 +99,18 @@ def initial_table_piece(piece: Piece, seed: int) -> tf.Tensor:
                      for c in range(piece.col_start, piece.col_end)], axis=1)
 
 
+def wide_key(table: int, dim: int) -> str:
+    """A table's wide weights as checkpoints name them: its column ``dim`` (one past the
+    embedding), so that reassembly, warm-start growth and export treat them as table columns."""
+    return f"table/{table}/{dim}-{dim + 1}"
+
+
+def wide_variable(piece: Piece, dim: int) -> tf.Variable:
+    """[rows, 1] zeros: the model starts as the DLRM without the term (and a row added by
+    a warm start too)."""
+    return tf.Variable(tf.zeros([piece.rows, 1]), name=f"wide_{piece.table}_{dim}")
+
+
 def table_variable(piece: Piece, seed: int) -> tf.Variable:
     """The piece's variable. Initialisation briefly holds two copies of the piece (columns are
     drawn separately, then stacked): one write of the whole piece, not one per column."""
@@ -112,6 +131,10 @@ class DLRM(tf.Module):
         self.tables_read = placement.tables_of(rank)
         self._cat_index = {t: i for i, t in enumerate(self.tables_read)}
         self.tables = [table_variable(p, seed) for p in self.pieces]
+        # The wide weights of the tables whose column 0 this rank holds (see the docstring).
+        self.wide_pieces = [p for p in self.pieces if dims.wide and p.col_start == 0]
+        self.wide = [wide_variable(p, dims.embedding_dim) for p in self.wide_pieces]
+        self._wide_width = 1 if dims.wide else 0
         self.bottom_data_parallel = placement.bottom_owner is None
         self.owns_bottom = self.bottom_data_parallel or placement.bottom_owner == rank
         self.bottom = (MLP(NUM_NUMERICAL, dims.bottom_mlp, seed, 1000, True, "bottom")
@@ -135,6 +158,8 @@ class DLRM(tf.Module):
         """Only on this rank, gradients arrive through the alltoall: tables (+ bottom MLP)."""
         out = [(f"table/{p.table}/{p.col_start}-{p.col_end}", v)
                for p, v in zip(self.pieces, self.tables)]
+        out += [(wide_key(p.table, self.dims.embedding_dim), v)
+                for p, v in zip(self.wide_pieces, self.wide)]
         if self.owns_bottom and not self.bottom_data_parallel:
             out = self.bottom.named_variables() + out
         return out
@@ -147,38 +172,56 @@ class DLRM(tf.Module):
             parts.append(tf.cast(self.bottom(numerical, self.compute_dtype), tf.float32))
         for piece, table in zip(self.pieces, self.tables):
             parts.append(tf.gather(table, categorical[self._cat_index[piece.table]]))
+        if self._wide_width and self.placement.world > 1:
+            # this rank's partial first-order sum travels as the exchange's last column
+            parts.append(self._wide_sum(categorical, global_batch)[:, None])
         if not parts:  # more ranks than tables: this rank only relays
             return tf.zeros([global_batch, 0], tf.float32)
         return tf.concat(parts, axis=1)
 
-    def _exchange(self, owned: tf.Tensor, local_batch: int) -> tf.Tensor:
-        """[B, W_rank] on every rank -> [b, F, d] features of this rank's b samples."""
-        world = self.placement.world
+    def _wide_sum(self, categorical: list[tf.Tensor], batch: int) -> tf.Tensor:
+        """[batch]: the sum of this rank's wide weights at each sample's ids."""
+        # gather, then drop the column: the gradient stays sparse (the looked-up rows only)
+        weights = [tf.gather(w, categorical[self._cat_index[p.table]])[:, 0]
+                   for p, w in zip(self.wide_pieces, self.wide)]
+        return tf.add_n(weights) if weights else tf.zeros([batch])
+
+    def _exchange(self, owned: tf.Tensor, local_batch: int) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """[B, W_rank] on every rank -> ([b, F, d] features, [b] wide sum or None) of this
+        rank's b samples (the sum when ``dims.wide`` on several ranks; one process adds its own,
+        without a column to cut off)."""
+        world, extra = self.placement.world, self._wide_width
+        wide = None
         if world > 1:
-            widths = [self.placement.sent_width(s) for s in range(world)]
+            widths = [self.placement.sent_width(s) + extra for s in range(world)]
             sent = tf.reshape(owned, [-1])
             received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world,
                                           name=f"dlrm_exchange_b{local_batch}")
             blocks = tf.split(received, [local_batch * w for w in widths], axis=0)
-            owned = tf.concat([tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)],
-                              axis=1)
+            blocks = [tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)]
+            if extra:
+                wide = tf.add_n([blk[:, -1] for blk in blocks])
+                blocks = [blk[:, :-1] for blk in blocks]
+            owned = tf.concat(blocks, axis=1)
         if not self._identity_columns:
             owned = tf.gather(owned, self._columns, axis=1)
         return tf.reshape(owned, [local_batch, self.placement.exchanged_features(),
-                                  self.dims.embedding_dim])
+                                  self.dims.embedding_dim]), wide
 
-    def dense_part(self, numerical: tf.Tensor, features: tf.Tensor) -> tf.Tensor:
-        """Step 3 on the local samples: [bottom MLP], interaction, top MLP -> logits."""
+    def dense_part(self, numerical: tf.Tensor, features: tf.Tensor, wide: tf.Tensor) -> tf.Tensor:
+        """Step 3 on the local samples: [bottom MLP], interaction, top MLP -> logits (+ the
+        wide sum)."""
         features = tf.cast(features, self.compute_dtype)
         if self.bottom_data_parallel:
             bottom = self.bottom(numerical, self.compute_dtype)
             features = tf.concat([bottom[:, None, :], features], axis=1)
         logits = self.top(dot_interaction(features), self.compute_dtype)
-        return tf.cast(logits[:, 0], tf.float32)
+        return tf.cast(logits[:, 0], tf.float32) + wide
 
     def features(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
-                 local_batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """Steps 1-2: (numericals for the dense part, exchanged features [b, F, d]).
+                 local_batch: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Steps 1-2: (numericals for the dense part, exchanged features [b, F, d], the wide
+        sum [b]).
 
         ``categorical`` holds the global batch of ``tables_read``; ``numerical`` is the local
         slice (data-parallel bottom MLP), the whole batch (owner of a model-parallel bottom MLP)
@@ -187,9 +230,12 @@ class DLRM(tf.Module):
         global_numerical = numerical if not self.bottom_data_parallel else None
         owned = self._owned_outputs(categorical, global_numerical,
                                     local_batch * self.placement.world)
-        features = self._exchange(owned, local_batch)
+        features, wide = self._exchange(owned, local_batch)
+        if wide is None:
+            wide = (self._wide_sum(categorical, local_batch) if self._wide_width
+                    else tf.zeros([local_batch]))
         local_numerical = numerical if self.bottom_data_parallel else tf.zeros([local_batch, 0])
-        return local_numerical, features
+        return local_numerical, features, wide
 
     def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
                  local_batch: int) -> tf.Tensor:

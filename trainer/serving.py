@@ -122,11 +122,15 @@ class ServingDLRM(tf.Module):
 
     def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
                  bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 vocabularies: Sequence[Path], missing_integer: int):
+                 vocabularies: Sequence[Path], missing_integer: int,
+                 wide: Sequence[np.ndarray] | None = None):
+        """``wide``: each table's [rows, 1] first-order weights (``dims.wide``), or None."""
         super().__init__(name="dlrm_serving")
         self.missing_integer = missing_integer
         self.tables = [tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}")
                        for i, t in enumerate(tables)]
+        self.wide = [tf.Variable(w, trainable=False, name=f"wide_C{i + 1}")
+                     for i, w in enumerate(wide or [])]
         self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", bottom)
         features = NUM_CATEGORICAL + 1
         top_in = dims.embedding_dim + features * (features - 1) // 2
@@ -156,8 +160,13 @@ class ServingDLRM(tf.Module):
                              for j in range(NUM_CATEGORICAL)], axis=1)
         bottom = self.bottom(numerical, tf.float32)
         features = tf.concat([bottom[:, None, :], embedded], axis=1)
-        logits = self.top(dot_interaction(features), tf.float32)
-        return tf.sigmoid(logits[:, 0])
+        logits = self.top(dot_interaction(features), tf.float32)[:, 0]
+        if self.wide:  # the top MLP's logit + the tables' weights, as in training
+            # One reduction, not a chain of adds: graph rewriting may regroup an add_n
+            # differently in each signature, and the signatures must agree to the bit.
+            weights = tf.concat([tf.gather(w, ids[:, j]) for j, w in enumerate(self.wide)], axis=1)
+            logits += tf.reduce_sum(weights, axis=1)
+        return tf.sigmoid(logits)
 
     def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
                reason: tf.Tensor) -> tf.Tensor:
