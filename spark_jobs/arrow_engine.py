@@ -241,27 +241,32 @@ class ArrowEngine:
 
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int) -> dict[str, int]:
+                     index_dir: Path, staging: Path, train_files: int,
+                     days: set[int] | None = None) -> dict[str, int]:
         """Write ``staging/<split>/part-*.parquet``; returns rows per split. Every id comes from
         the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
-        order (chunk k writes part k)."""
+        order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
         spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
                         row_group_rows=ROW_GROUP_ROWS)
-        eval_chunks = [c for c in self.chunks if c.day == last]
-        task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
-                                           write(eval_half=spec.eval_half))
-        results = self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
-        results += split_writer.write_partitions(self.train_rows(spec, train_files),
-                                                 write(eval_half=None))
+        results = []
+        if days is None or last in days:
+            eval_chunks = [c for c in self.chunks if c.day == last]
+            task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
+                                               write(eval_half=spec.eval_half))
+            results += self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
+        if days is None or days - {last}:
+            results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
+                                                     write(eval_half=None))
         return split_writer.commit(results, staging)
 
-    def train_rows(self, spec: TransformSpec, train_files: int):
+    def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
-        chunks = [c for c in self.chunks if c.day != spec.eval_day]
+        chunks = [c for c in self.chunks
+                  if c.day != spec.eval_day and (days is None or c.day in days)]
         rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
                           TRANSFORM_SCHEMA)
         return rows.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")

@@ -19,10 +19,10 @@ from pathlib import Path
 from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.errors import PipelineError
-from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
+from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
-from spark_jobs import counting, progress, quality, stable_ids, transform
+from spark_jobs import counting, day_store, progress, quality, stable_ids, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
@@ -133,12 +133,15 @@ def _spark_errors():
         raise PreprocessJobError(_spark_error_message(error)) from error
 
 
-def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig) -> dict:
+def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig,
+                   retransform: bool = False) -> dict:
     """Run count → dictionaries → transform over the day files of ``input_dir`` (every one,
     or the newest ``preprocess.window_days``).
 
     A day whose file has not changed since it was counted is not counted again, so a rerun
-    with a new day or another threshold does not recount the others.
+    with a new day or another threshold does not recount the others. With stable ids a day
+    whose transformed parts still hold (``spark_jobs.day_store``) is not transformed again
+    either, unless ``retransform``.
 
     Args:
         input_dir: the raw day files (``day_0`` .. ``day_N``, plain or ``.gz``); the last day
@@ -170,9 +173,13 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
                 if preprocess.ids == "stable" else None)
     layout.parquet.mkdir(parents=True, exist_ok=True)
     (layout.parquet / SUCCESS).unlink(missing_ok=True)
+    (layout.parquet / SEGMENTS_JSON).unlink(missing_ok=True)
+    if preprocess.ids != "stable":
+        day_store.forget_days(layout)
+    day_store.clear_leftovers(layout)
     with _spark_errors():
         session = get_session(spark)
-        return _run(session, days, layout, spec, preprocess, engine_id, previous)
+        return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
 
 
 def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
@@ -190,19 +197,20 @@ def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig)
 
 
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
-         engine_id: str, previous: stable_ids.Previous | None = None) -> dict:
+         engine_id: str, previous: stable_ids.Previous | None = None,
+         retransform: bool = False) -> dict:
     timer = _Timer()
     engine = _make_engine(engine_id, session, days, cfg)
     if cfg.ids == "stable":
         engine.use_previous_dictionaries(previous)
     try:
-        return _run_stages(engine, days, layout, spec, cfg, timer)
+        return _run_stages(engine, days, layout, spec, cfg, timer, retransform)
     finally:
         engine.close()
 
 
 def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
-                cfg: PreprocessConfig, timer: _Timer) -> dict:
+                cfg: PreprocessConfig, timer: _Timer, retransform: bool = False) -> dict:
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
@@ -225,7 +233,12 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
         counting.write_days_json(days, stats, layout.counts)
-    rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
+    work = None
+    if cfg.ids == "stable":
+        rows, work = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer,
+                                          retransform)
+    else:
+        rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
     write_json_atomic(layout.data_quality, report, sort_keys=False)
@@ -242,6 +255,8 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
         "days_reused": [d.day for d in days if d.day not in recount],
+        # stable ids: which days were transformed (and why), reused, dropped
+        **({"transform": work.summary()} if work is not None else {}),
         "rows": rows,
         "table_sizes": sizes,
         "data_quality": report["totals"],
@@ -278,6 +293,33 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
         for name in transform.move_split_dirs(staging, targets):
             write_empty(targets[name] / "part-00000.parquet", cfg.compression)
     return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
+
+
+def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
+                         sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
+                         timer: _Timer, retransform: bool) -> tuple[dict[str, int], day_store.DayWork]:
+    """Stable ids: transform only the days whose stored parts do not hold (new, changed role,
+    changed file or settings), each alone into ``parquet/days/day=<k>``; the splits are then
+    links to the window's days. Returns rows per split (from the linked files' footers) and
+    what was done."""
+    with timer.stage("transform"):
+        lineage = stable_ids.lineage(dictionaries_dir(layout))
+        work = day_store.plan(days, layout, cfg, lineage, retransform)
+        for day, role, _ in work.transform:
+            staging = day_store.staging_dir(layout, day.day)
+            partitions = train_files(cfg, stats[day.day].rows_valid)
+            engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
+                                staging, partitions, days={day.day})
+            for split in day_store.ROLE_SPLITS[role]:
+                if not day_store.day_part_files(staging, split):
+                    write_empty(staging / split / "part-00000.parquet", cfg.compression)
+            day_store.commit_day(layout, day, role, cfg, lineage, sizes)
+        staging = layout.parquet / ".splits-staging"
+        segments = day_store.link_splits(layout, days, staging)
+        transform.move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})
+        day_store.write_segments(layout, segments)
+        day_store.drop_days(layout, work.dropped)
+    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}, work
 
 
 def clean_outputs(workdir) -> None:
