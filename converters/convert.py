@@ -248,7 +248,7 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
     return None
 
 
-def _pieces(parquet_dir: Path, binary_dir: Path, files: dict[str, list[Path]],
+def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Path]],
             table_sizes: list[int]):
     """Per split, what to write in order: (parquet files, None) to convert, or (files, Reuse)
     to copy from the previous dataset (a day converted before, converters.segments); and the
@@ -256,7 +256,7 @@ def _pieces(parquet_dir: Path, binary_dir: Path, files: dict[str, list[Path]],
     segments = parquet_segments(parquet_dir, files)
     if segments is None:
         return {split: [(files[split], None)] for split in SPLITS}, None
-    previous = previous_segments(binary_dir, table_sizes)
+    previous = previous_segments(binary_dir, table_sizes) if binary_dir is not None else {}
     pieces = {}
     for split in SPLITS:
         pieces[split] = []
@@ -278,7 +278,7 @@ def _stable_ids(parquet_dir: Path) -> bool:
 
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                     config: ConvertConfig | None = None,
-                    threshold_spec: str | None = None) -> dict[str, Any]:
+                    threshold_spec: str | None = None, reuse: bool = True) -> dict[str, Any]:
     """Convert the parquet splits of spark_jobs into the split binary dataset the trainer reads.
 
     The dataset is written into a temporary directory, verified, then renamed into place: a
@@ -290,6 +290,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
         config: workers, fsync, overwrite, full verification; defaults to ``ConvertConfig()``.
         threshold_spec: the spec to record in ``dataset.json``; None = the one in
             ``preprocess.json``. ``rethreshold`` needs it to know which values were kept.
+        reuse: copy the days converted before from the dataset at ``binary_dir`` (stable
+            ids, ``converters.segments``); False when that dataset is known to be damaged.
 
     Returns:
         A summary: rows per split, table sizes, id dtypes, threshold spec, source fingerprint,
@@ -313,7 +315,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
     expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
     fingerprint = source_fingerprint(parquet_dir, files)
-    pieces, segments = _pieces(parquet_dir, binary_dir, files, table_sizes)
+    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes)
     start = time.perf_counter()
     rows: dict[str, int] = {}
     checksums: dict[str, str] = {}

@@ -26,6 +26,7 @@ from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL
                                           read_json)
 from dlrm_contracts.layout import DATASET_JSON, SEGMENTS_JSON, SUCCESS
 from dlrm_contracts.schema import NUM_CATEGORICAL, SPLITS
+from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def previous_segments(binary_dir: Path, table_sizes: list[int]) -> dict[tuple[st
     if not (binary_dir / SUCCESS).exists() or not (binary_dir / DATASET_JSON).exists():
         return {}
     try:
+        verify_dataset(binary_dir, full=False)     # metadata and file sizes: a few stats
         info = read_info(binary_dir)
     except DatasetError as exc:
         log.warning("the previous dataset %s is not reused: %s", binary_dir, exc)

@@ -348,6 +348,7 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     _refuse_stable_raise(ctx)
     previous = ctx.manifests.load("convert") or {}
     same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
+    damaged = False
     if same_parquet and ctx.layout.binary.exists():
         try:
             outcome = _derive_from_binary(ctx, derived, previous)
@@ -359,6 +360,7 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
             log.warning("convert    the binary dataset %s is not what the convert stage wrote "
                         "(%s): rebuilding it from the parquet", ctx.layout.binary, damage)
             _needs_parquet(ctx, damage)
+            damaged = True
     made_at = _parquet_spec(ctx)
     if made_at is not None and not wanted.is_at_least(made_at):
         # Checked before converting: the existing binary dataset stays as it is.
@@ -367,7 +369,10 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
                             "stage must run again (add it: --stages preprocess,convert)",
                             ExitCode.CONVERT)
     _needs_parquet(ctx)
-    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
+    # stable ids: the days converted before are copied from the dataset in place, never
+    # from one found damaged
+    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert,
+                              reuse=not damaged)
     if made_at is not None and wanted != made_at:
         # The dataset was just written and checked: no need to read it back for its checksums.
         fresh = dataclasses.replace(ctx.config.convert, verify_checksums=False)

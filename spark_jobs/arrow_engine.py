@@ -79,17 +79,20 @@ class ArrowEngine:
         return self._cached[-1]
 
     # ------------------------------------------------------------ count pass
-    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
-        """Statistics of every day; the partial value counts of ``recount`` stay cached for
-        ``count_totals``."""
+    def count(self, recount: list[int], counts_dir: Path,
+              read: set[int] | None = None) -> dict[int, DayStats]:
+        """Statistics of every day read (``read``, a superset of ``recount``; None: every
+        day); the partial value counts of ``recount`` stay cached for ``count_totals``."""
         from pyspark.sql import functions as F
 
-        task = arrow_tasks.count_task(self.chunks, frozenset(recount), self.settings)
-        self._partials = self._persist(self._over(self.chunks, task, dicts.COUNT_SCHEMA))
+        days = [d for d in self.days if read is None or d.day in read]
+        chunks = [c for c in self.chunks if read is None or c.day in read]
+        task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings)
+        self._partials = self._persist(self._over(chunks, task, dicts.COUNT_SCHEMA))
         self._recounted = list(recount)
         rows = self._partials.where(F.col("kind") != dicts.KIND_PARTIAL).collect()
         self._samples = _samples(rows)
-        return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], self.days)
+        return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], days)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
         """Write the recounted days' value counts, cache the totals over ``days`` (None: all)

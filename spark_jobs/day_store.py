@@ -32,14 +32,16 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
+from spark_jobs.errors import PreprocessJobError
 from spark_jobs.inputs import DayFile
+from spark_jobs.stats import DayStats
 
 DAY_FORMAT_VERSION = 1
 SEGMENTS_FORMAT_VERSION = 1
@@ -54,11 +56,13 @@ class DayWork:
     transform: list[tuple[DayFile, str, str]]   # (day, role, why it is transformed)
     reused: list[int]
     dropped: list[int]
+    read: list[int] = field(default_factory=list)   # days the count pass read (filled by it)
 
     def summary(self) -> dict:
         return {"days_transformed": [d.day for d, _, _ in self.transform],
                 "why": {str(d.day): why for d, _, why in self.transform},
-                "days_reused": self.reused, "days_dropped": self.dropped}
+                "days_reused": self.reused, "days_dropped": self.dropped,
+                "days_read": self.read}
 
 
 def role_of(day: DayFile, days: list[DayFile]) -> str:
@@ -108,9 +112,29 @@ def why_not_reused(layout: WorkdirLayout, day: DayFile, role: str, cfg: Preproce
             files = day_part_files(day_dir, split)
             if not files or _rows_of(files) != record["rows"][split]:
                 return f"its {split} parts are missing or damaged"
-    except Exception as error:   # a truncated part (ArrowInvalid, OSError): transform again
-        return f"its parts are damaged ({type(error).__name__})"
+        if _stats(record).rows_valid != sum(record["rows"][s] for s in ROLE_SPLITS[role]):
+            return "its record is damaged"
+    except Exception as error:   # a truncated part (ArrowInvalid, OSError), a bad record
+        return f"its parts or record are damaged ({type(error).__name__})"
     return None
+
+
+def _stats(record: dict) -> DayStats:
+    data = dict(record["stats"])
+    data["partitions"] = {int(k): int(v) for k, v in data["partitions"].items()}
+    return DayStats(**data)
+
+
+def stored_stats(layout: WorkdirLayout, days: list[int]) -> dict[int, DayStats]:
+    """The statistics the reused ``days`` were kept with (``plan`` checked their records).
+    A day with rejected lines is left out: the rejects output is rewritten every run from the
+    day file, whose line numbers come from a fresh count of its read partitions."""
+    out = {}
+    for day in days:
+        stats = _stats(read_json(layout.parquet_day(day) / DAY_JSON))
+        if stats.rows_rejected == 0:
+            out[day] = stats
+    return out
 
 
 def plan(days: list[DayFile], layout: WorkdirLayout, cfg: PreprocessConfig,
@@ -152,11 +176,14 @@ def clear_leftovers(layout: WorkdirLayout) -> None:
 
 
 def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessConfig,
-               lineage: str, sizes: dict[str, int]) -> dict[str, int]:
+               lineage: str, sizes: dict[str, int], stats: DayStats) -> dict[str, int]:
     """The staged day (its split folders written) gets its record and replaces the stored
     one. Returns its rows per split."""
     staging = staging_dir(layout, day.day)
     rows = {split: _rows_of(day_part_files(staging, split)) for split in ROLE_SPLITS[role]}
+    if sum(rows.values()) != stats.rows_valid:
+        raise PreprocessJobError(f"day {day.day}: {sum(rows.values())} rows transformed, but "
+                                 f"{stats.rows_valid} valid lines counted")
     write_json_atomic(staging / DAY_JSON,
                       {"format_version": DAY_FORMAT_VERSION, "day": day.day, "file": day.name,
                        "fingerprint": day.fingerprint(), "role": role,
@@ -166,6 +193,8 @@ def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessCo
                        "token": uuid.uuid4().hex,
                        # the ids it was transformed with ("as of"): values kept later are 0 here
                        "table_sizes": sizes, "rows": rows,
+                       # the count pass's statistics of the day: a run reusing it does not read it
+                       "stats": asdict(stats),
                        "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                       sort_keys=False)
     final = layout.parquet_day(day.day)

@@ -211,10 +211,21 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
 
 def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
                 cfg: PreprocessConfig, timer: _Timer, retransform: bool = False) -> dict:
+    work = None
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
-        stats = engine.count(recount, layout.counts)
+        if cfg.ids == "stable":
+            # the days reused whole are not read: their statistics are those they were kept with
+            work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
+                                  retransform)
+            kept = day_store.stored_stats(layout, work.reused)
+            read = {d.day for d in days if d.day not in kept} | {days[-1].day}
+            stats = engine.count(recount, layout.counts, read)
+            work.read.extend(sorted(read))
+            stats.update({day: s for day, s in kept.items() if day not in stats})
+        else:
+            stats = engine.count(recount, layout.counts)
         quality.check_days_not_empty(days, stats)
         engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
@@ -233,10 +244,8 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
         counting.write_days_json(days, stats, layout.counts)
-    work = None
-    if cfg.ids == "stable":
-        rows, work = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer,
-                                          retransform)
+    if work is not None:
+        rows = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer, work)
     else:
         rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
@@ -297,14 +306,14 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
 
 def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
                          sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
-                         timer: _Timer, retransform: bool) -> tuple[dict[str, int], day_store.DayWork]:
-    """Stable ids: transform only the days whose stored parts do not hold (new, changed role,
-    changed file or settings), each alone into ``parquet/days/day=<k>``; the splits are then
-    links to the window's days. Returns rows per split (from the linked files' footers) and
-    what was done."""
+                         timer: _Timer, work: day_store.DayWork) -> dict[str, int]:
+    """Stable ids: transform only the days ``work`` says (new, changed role, changed file or
+    settings), each alone into ``parquet/days/day=<k>``; the splits are then links to the
+    window's days. Returns rows per split (from the linked files' footers)."""
     with timer.stage("transform"):
+        # after the dictionaries' commit: the lineage they were extended under (kept), or a
+        # new one when they started over (then every day is in ``work.transform``)
         lineage = stable_ids.lineage(dictionaries_dir(layout))
-        work = day_store.plan(days, layout, cfg, lineage, retransform)
         for day, role, _ in work.transform:
             staging = day_store.staging_dir(layout, day.day)
             partitions = train_files(cfg, stats[day.day].rows_valid)
@@ -313,13 +322,13 @@ def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
             for split in day_store.ROLE_SPLITS[role]:
                 if not day_store.day_part_files(staging, split):
                     write_empty(staging / split / "part-00000.parquet", cfg.compression)
-            day_store.commit_day(layout, day, role, cfg, lineage, sizes)
+            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day])
         staging = layout.parquet / ".splits-staging"
         segments = day_store.link_splits(layout, days, staging)
         transform.move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})
         day_store.write_segments(layout, segments)
         day_store.drop_days(layout, work.dropped)
-    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}, work
+    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
 def clean_outputs(workdir) -> None:

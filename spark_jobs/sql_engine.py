@@ -36,8 +36,11 @@ class SqlEngine:
         self._totals = None
         self._previous: stable_ids.Previous | None = None
 
-    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
-        return counting.count_pass(self.parsed, recount, counts_dir)
+    def count(self, recount: list[int], counts_dir: Path,
+              read: set[int] | None = None) -> dict[int, DayStats]:
+        """Statistics of the days in ``read`` (None: every day), value counts of ``recount``."""
+        parsed = {d: f for d, f in self.parsed.items() if read is None or d in read}
+        return counting.count_pass(parsed, recount, counts_dir)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None) -> dict[str, list[tuple[int, int]]]:
         """Cache (column, value, count) over the counted days (None: all), from the stored

@@ -124,6 +124,9 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):  #
         assert work_done["days_dropped"] == ([k - WINDOW] if k >= WINDOW else [])
         if k > 1:
             assert work_done["why"] == {str(k - 1): "its role changed to train", str(k): "new"}
+        # the reused days are not even read: their statistics were kept with them
+        assert work_done["days_read"] == work_done["days_transformed"]
+        assert summary["data_quality"]["rows_read"] == ROWS * (k + 1 - first)
         assert day_store.stored_days(layout) == list(range(first, k + 1))
         # the splits are the window's days: train day by day, test/validation of the newest
         segments = json.loads((layout.parquet / SEGMENTS_JSON).read_text())["splits"]
