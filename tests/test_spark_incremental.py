@@ -190,3 +190,68 @@ def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_com
     converted = _convert(work)
     assert converted["days_reused"]["train"] == [1]              # day 2 was test/validation
     _compare_with_retransform(spark, raw, work, tmp_path)
+
+
+def _stored_day(tmp_path: Path, rows: int, rejected: int = 0):
+    """A day file and its transformed train part, committed as day 1 of a workdir."""
+    from spark_jobs.inputs import DayFile
+    from spark_jobs.split_writer import split_table
+    from spark_jobs.stats import DayStats
+
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "day_1").write_text("x\n" * (rows + rejected))
+    day = DayFile(1, raw / "day_1")
+    layout = WorkdirLayout.at(tmp_path / "work")
+    staging = day_store.staging_dir(layout, 1)
+    (staging / "train").mkdir(parents=True)
+    table = split_table(np.zeros(rows, np.int32), [np.zeros(rows, np.float32)] * 13,
+                        [np.ones(rows, np.int32)] * 26)
+    pq.write_table(table, staging / "train" / "part-00000.parquet")
+    stats = DayStats(1, rows_read=rows + rejected, rows_valid=rows, partitions={0: rows + rejected})
+    stats.rejected["bad_label"] = rejected
+    cfg = PreprocessConfig(ids="stable")
+    day_store.commit_day(layout, day, day_store.TRAIN, cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS},
+                         stats)
+    return layout, day, cfg, stats
+
+
+def test_a_kept_day_is_reused_only_while_its_file_role_settings_ids_and_parts_hold(tmp_path):
+    """Each reason to transform a day again, from its record; its kept statistics round-trip
+    (those of a day with rejected lines are not used: it is read again)."""
+    import os
+
+    from dataclasses import replace
+
+    layout, day, cfg, stats = _stored_day(tmp_path, 50)
+    why = day_store.why_not_reused
+    assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") is None
+    assert day_store.stored_stats(layout, [1]) == {1: stats}
+    assert why(layout, day, day_store.EVAL, cfg, "lineage-a") == "its role changed to eval"
+    assert why(layout, day, day_store.TRAIN, cfg, "lineage-b") == "the ids were started over"
+    assert why(layout, day, day_store.TRAIN, cfg, None) == "the ids were started over"
+    assert (why(layout, day, day_store.TRAIN, replace(cfg, shuffle_seed=7), "lineage-a")
+            == "the output settings changed")
+    assert why(layout, replace(day, day=2), day_store.TRAIN, cfg, "lineage-a") == "new"
+    work = day_store.plan([day, replace(day, day=2)], layout, cfg, "lineage-a", retransform=True)
+    assert [(d.day, w) for d, _, w in work.transform] == [(1, "--retransform"), (2, "--retransform")]
+    part = layout.parquet_day(1) / "train" / "part-00000.parquet"
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])                       # a truncated part
+    assert why(layout, day, day_store.TRAIN, cfg, "lineage-a").startswith("its parts or record")
+    part.write_bytes(data)
+    st = day.path.stat()
+    os.utime(day.path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file was replaced
+    assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") == "its file changed"
+    layout, day, cfg, stats = _stored_day(tmp_path / "dirty", 40, rejected=3)
+    assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") is None
+    assert day_store.stored_stats(layout, [1]) == {}
+
+
+def test_retransform_is_a_flag_of_the_job():
+    from spark_jobs.cli import build_parser
+
+    assert build_parser().parse_args(["--input", "r", "--workdir", "w", "--retransform"]).retransform
+    assert not build_parser().parse_args(["--input", "r", "--workdir", "w"]).retransform
