@@ -125,15 +125,37 @@ def _stats(record: dict) -> DayStats:
     return DayStats(**data)
 
 
-def stored_stats(layout: WorkdirLayout, days: list[int]) -> dict[int, DayStats]:
-    """The statistics the reused ``days`` were kept with (``plan`` checked their records).
+def stats_key(engine: str, cfg: PreprocessConfig) -> str | None:
+    """What a day's per-partition line counts depend on besides its file: the Arrow engine's
+    chunks (``spark_jobs.chunks``: the file's size and ``arrow_chunk_mb``). None for the SQL
+    engine, whose partitions follow Spark's file splitting settings."""
+    return f"arrow/{int(cfg.arrow_chunk_mb)}" if engine == "arrow" else None
+
+
+def stored_stats(layout: WorkdirLayout, work: DayWork, days: list[DayFile],
+                 key: str | None) -> dict[int, DayStats]:
+    """Statistics the count pass need not read again, from the days' records: those of the
+    days reused whole (``plan`` checked their records), and of a day transformed again with
+    its file unchanged (yesterday's test day joining train) when its line counts per
+    partition were made the way this run's transform reads them (``stats_key``).
+
     A day with rejected lines is left out: the rejects output is rewritten every run from the
-    day file, whose line numbers come from a fresh count of its read partitions."""
+    day files, with line numbers from a fresh count of its read partitions."""
     out = {}
+    redo = {d.day: d for d, _, _ in work.transform}
     for day in days:
-        stats = _stats(read_json(layout.parquet_day(day) / DAY_JSON))
+        try:
+            record = read_json(layout.parquet_day(day.day) / DAY_JSON)
+            if day.day in redo and not (key is not None and record.get("stats_key") == key
+                                        and record.get("fingerprint") == day.fingerprint()):
+                continue
+            if day.day not in redo and day.day not in work.reused:
+                continue
+            stats = _stats(record)
+        except Exception:     # no record, or a damaged one: the day is read
+            continue
         if stats.rows_rejected == 0:
-            out[day] = stats
+            out[day.day] = stats
     return out
 
 
@@ -176,7 +198,8 @@ def clear_leftovers(layout: WorkdirLayout) -> None:
 
 
 def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessConfig,
-               lineage: str, sizes: dict[str, int], stats: DayStats) -> dict[str, int]:
+               lineage: str, sizes: dict[str, int], stats: DayStats,
+               key: str | None = None) -> dict[str, int]:
     """The staged day (its split folders written) gets its record and replaces the stored
     one. Returns its rows per split."""
     staging = staging_dir(layout, day.day)
@@ -194,7 +217,7 @@ def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessCo
                        # the ids it was transformed with ("as of"): values kept later are 0 here
                        "table_sizes": sizes, "rows": rows,
                        # the count pass's statistics of the day: a run reusing it does not read it
-                       "stats": asdict(stats),
+                       "stats": asdict(stats), "stats_key": key,
                        "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                       sort_keys=False)
     final = layout.parquet_day(day.day)

@@ -219,7 +219,7 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
             # the days reused whole are not read: their statistics are those they were kept with
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
                                   retransform)
-            kept = day_store.stored_stats(layout, work.reused)
+            kept = day_store.stored_stats(layout, work, days, day_store.stats_key(engine.name, cfg))
             read = {d.day for d in days if d.day not in kept} | {days[-1].day}
             stats = engine.count(recount, layout.counts, read)
             work.read.extend(sorted(read))
@@ -322,7 +322,8 @@ def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
             for split in day_store.ROLE_SPLITS[role]:
                 if not day_store.day_part_files(staging, split):
                     write_empty(staging / split / "part-00000.parquet", cfg.compression)
-            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day])
+            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day],
+                                 day_store.stats_key(engine.name, cfg))
         staging = layout.parquet / ".splits-staging"
         segments = day_store.link_splits(layout, days, staging)
         transform.move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})

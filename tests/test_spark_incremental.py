@@ -124,8 +124,9 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):  #
         assert work_done["days_dropped"] == ([k - WINDOW] if k >= WINDOW else [])
         if k > 1:
             assert work_done["why"] == {str(k - 1): "its role changed to train", str(k): "new"}
-        # the reused days are not even read: their statistics were kept with them
-        assert work_done["days_read"] == work_done["days_transformed"]
+        # only the new day is read: the others' statistics were kept with them (yesterday's
+        # too, though it is transformed again as train: its file did not change)
+        assert work_done["days_read"] == ([0, 1] if k == 1 else [k])
         assert summary["data_quality"]["rows_read"] == ROWS * (k + 1 - first)
         assert day_store.stored_days(layout) == list(range(first, k + 1))
         # the splits are the window's days: train day by day, test/validation of the newest
@@ -214,7 +215,7 @@ def _stored_day(tmp_path: Path, rows: int, rejected: int = 0):
     stats.rejected["bad_label"] = rejected
     cfg = PreprocessConfig(ids="stable")
     day_store.commit_day(layout, day, day_store.TRAIN, cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS},
-                         stats)
+                         stats, "arrow/256")
     return layout, day, cfg, stats
 
 
@@ -228,7 +229,14 @@ def test_a_kept_day_is_reused_only_while_its_file_role_settings_ids_and_parts_ho
     layout, day, cfg, stats = _stored_day(tmp_path, 50)
     why = day_store.why_not_reused
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") is None
-    assert day_store.stored_stats(layout, [1]) == {1: stats}
+    reuse = day_store.DayWork([], [1], [])
+    assert day_store.stored_stats(layout, reuse, [day], None) == {1: stats}
+    # transformed again (its role changed), its file unchanged: its statistics still hold
+    # when they were read the way this run reads (the Arrow engine's chunks)
+    again = day_store.DayWork([(day, day_store.EVAL, "its role changed to eval")], [], [])
+    assert day_store.stored_stats(layout, again, [day], "arrow/256") == {1: stats}
+    assert day_store.stored_stats(layout, again, [day], "arrow/64") == {}
+    assert day_store.stored_stats(layout, again, [day], None) == {}
     assert why(layout, day, day_store.EVAL, cfg, "lineage-a") == "its role changed to eval"
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-b") == "the ids were started over"
     assert why(layout, day, day_store.TRAIN, cfg, None) == "the ids were started over"
@@ -245,9 +253,11 @@ def test_a_kept_day_is_reused_only_while_its_file_role_settings_ids_and_parts_ho
     st = day.path.stat()
     os.utime(day.path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file was replaced
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") == "its file changed"
+    changed = day_store.DayWork([(day, day_store.TRAIN, "its file changed")], [], [])
+    assert day_store.stored_stats(layout, changed, [day], "arrow/256") == {}
     layout, day, cfg, stats = _stored_day(tmp_path / "dirty", 40, rejected=3)
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-a") is None
-    assert day_store.stored_stats(layout, [1]) == {}
+    assert day_store.stored_stats(layout, day_store.DayWork([], [1], []), [day], None) == {}
 
 
 def test_retransform_is_a_flag_of_the_job():

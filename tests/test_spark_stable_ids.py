@@ -255,7 +255,12 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
     first_ids = _extend({}, _window_counts(days[:3]), "2")
     ids = _extend(first_ids, counts, "2")
     first_sizes = {c: len(first_ids[c]) + 1 for c in CAT_COLUMNS}
-    assert sql["transform"] == arrow["transform"] and sql["transform"]["days_reused"] == [0, 1]
+    # the same days transformed; the SQL engine reads day 2 again for its line counts (its
+    # partitions follow Spark's file splitting), the Arrow engine kept them with the day
+    assert ({k: v for k, v in sql["transform"].items() if k != "days_read"}
+            == {k: v for k, v in arrow["transform"].items() if k != "days_read"})
+    assert sql["transform"]["days_reused"] == [0, 1] and sql["transform"]["days_transformed"] == [2, 3]
+    assert (arrow["transform"]["days_read"], sql["transform"]["days_read"]) == ([3], [2, 3])
     _check_run(tmp_path / "sql", sql, days[:4], ids, counts, [first_sizes, first_sizes, None])
     dict_dir = WorkdirLayout.at(work).dictionaries
     files = {p: p.stat().st_mtime_ns for p in dict_dir.rglob("*")}
