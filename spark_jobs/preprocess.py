@@ -216,14 +216,9 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
         if cfg.ids == "stable":
-            # the days reused whole are not read: their statistics are those they were kept with
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
                                   retransform)
-            kept = day_store.stored_stats(layout, work, days, day_store.stats_key(engine.name, cfg))
-            read = {d.day for d in days if d.day not in kept} | {days[-1].day}
-            stats = engine.count(recount, layout.counts, read)
-            work.read.extend(sorted(read))
-            stats.update({day: s for day, s in kept.items() if day not in stats})
+            stats = _count_stable(engine, days, layout, recount, cfg, work)
         else:
             stats = engine.count(recount, layout.counts)
         quality.check_days_not_empty(days, stats)
@@ -275,6 +270,19 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
     write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
     (layout.parquet / SUCCESS).write_text("")
     return summary
+
+
+def _count_stable(engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],
+                  cfg: PreprocessConfig, work: day_store.DayWork) -> dict[int, DayStats]:
+    """Every day's statistics, reading only the days whose statistics are not kept with their
+    transformed parts (``day_store.stored_stats``), those to recount, and the newest day (so
+    the pass always has a day to read). The days read are noted in ``work``."""
+    kept = day_store.stored_stats(layout, work, days, day_store.stats_key(engine.name, cfg))
+    read = {d.day for d in days if d.day not in kept} | set(recount) | {days[-1].day}
+    stats = engine.count(recount, layout.counts, read)
+    work.read.extend(sorted(read))
+    stats.update({day: s for day, s in kept.items() if day not in stats})
+    return stats
 
 
 def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | None:
