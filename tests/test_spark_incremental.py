@@ -269,3 +269,51 @@ def test_retransform_is_a_flag_of_the_job():
 
     assert build_parser().parse_args(["--input", "r", "--workdir", "w", "--retransform"]).retransform
     assert not build_parser().parse_args(["--input", "r", "--workdir", "w"]).retransform
+
+
+@pytest.mark.spark
+def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_path):
+    """Through the pipeline's CLI: with keep_parquet: false the kept days go with the splits
+    (they hold the bytes), so the next run transforms its whole window; --force passes
+    --retransform to the job, which transforms every day again."""
+    import subprocess
+    import sys
+
+    from pipeline_helpers import run
+
+    every = tmp_path / "every"
+    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(every), "--days", "4",
+                    "--rows-per-day", "3000", "--seed", "2527"], check=True, capture_output=True)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for k in range(3):
+        (raw / f"day_{k}").hardlink_to(every / f"day_{k}")
+    base = "spark:\n  driver_memory: 2g\nconvert:\n  batch_rows: 512\npreprocess:\n  ids: stable\n"
+    lean, kept = tmp_path / "lean.yaml", tmp_path / "kept.yaml"
+    lean.write_text(base + "  keep_parquet: false\n")
+    kept.write_text(base)
+    stages = ("--input", str(raw), "--stages", "preprocess,convert")
+
+    def transformed(workdir: Path) -> dict:
+        return json.loads((workdir / "parquet" / "preprocess.json").read_text())["transform"]
+
+    proc, summary = run(tmp_path / "w-lean", lean, *stages)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parquet = tmp_path / "w-lean" / "parquet"
+    removed = json.loads((parquet / "_REMOVED.json").read_text())
+    assert removed["removed"] == ["train", "test", "validation", "days", SEGMENTS_JSON]
+    assert not (parquet / "days").exists() and not (parquet / SEGMENTS_JSON).exists()
+    (raw / "day_3").hardlink_to(every / "day_3")
+    proc, summary = run(tmp_path / "w-lean", lean, *stages)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert transformed(tmp_path / "w-lean")["days_transformed"] == [0, 1, 2, 3]
+    assert summary["rows"]["train"] + summary["rows"]["test"] + summary["rows"]["validation"] == 12000
+
+    proc, _ = run(tmp_path / "w-kept", kept, *stages)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert transformed(tmp_path / "w-kept")["days_reused"] == []
+    proc, summary = run(tmp_path / "w-kept", kept, *stages, "--force")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    work_done = transformed(tmp_path / "w-kept")
+    assert work_done["days_transformed"] == [0, 1, 2, 3] and work_done["days_reused"] == []
+    assert set(work_done["why"].values()) == {"--retransform"}
