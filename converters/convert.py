@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from converters.segments import (SEGMENTS_KEY, Reuse, copy_rows, parquet_segments,
+                                 previous_segments, recorded_segments)
 from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
                                           NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_dtype,
@@ -137,6 +139,10 @@ class _CatOutput(_Output):
     index: int = 0
     table_size: int = 1
 
+    @property
+    def dtype(self) -> np.dtype:
+        return cat_dtype(self.table_size)
+
     def encode(self, batch, where):
         ids = _values(batch, 1 + NUM_NUMERICAL + self.index, where)
         if ids.size and (ids.min() < 0 or ids.max() >= self.table_size):
@@ -187,10 +193,11 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
                 yield batch, str(path)
 
 
-def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
-                   config: ConvertConfig, pool: ThreadPoolExecutor, bar: Any,
-                   checksums: dict[str, str]) -> int:
-    """Write one split's files; their checksums go into ``checksums``. Returns the rows."""
+def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
+                   table_sizes: list[int], config: ConvertConfig, pool: ThreadPoolExecutor,
+                   bar: Any, checksums: dict[str, str]) -> int:
+    """Write one split's files from its pieces in order (parquet files to convert, or rows of
+    the previous dataset to copy); their checksums go into ``checksums``. Returns the rows."""
     out_dir.mkdir()
     handles = [open(out_dir / name, "wb") for name in
                [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
@@ -202,12 +209,20 @@ def _convert_split(files: list[Path], out_dir: Path, table_sizes: list[int],
                     for i, size in enumerate(table_sizes)]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
-        for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
-            for future in pending:  # files are appended in batch order
-                future.result()
-            pending = [pool.submit(write_batch_columns, g, batch, where) for g in groups]
-            rows += batch.num_rows
-            bar.update(batch.num_rows)
+        for files, reuse in pieces:
+            if reuse is not None:
+                for future in pending:
+                    future.result()
+                pending = [pool.submit(copy_rows, g, reuse) for g in groups]
+                rows += reuse.rows
+                bar.update(reuse.rows)
+                continue
+            for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
+                for future in pending:  # files are appended in batch order
+                    future.result()
+                pending = [pool.submit(write_batch_columns, g, batch, where) for g in groups]
+                rows += batch.num_rows
+                bar.update(batch.num_rows)
         for future in pending:
             future.result()
         checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest)
@@ -233,6 +248,26 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
     return None
 
 
+def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Path]],
+            table_sizes: list[int]):
+    """Per split, what to write in order: (parquet files, None) to convert, or (files, Reuse)
+    to copy from the previous dataset (a day converted before, converters.segments); and the
+    parquet's segments (None without days)."""
+    segments = parquet_segments(parquet_dir, files)
+    if segments is None:
+        return {split: [(files[split], None)] for split in SPLITS}, None
+    previous = previous_segments(binary_dir, table_sizes) if binary_dir is not None else {}
+    pieces = {}
+    for split in SPLITS:
+        pieces[split] = []
+        for segment in segments[split]:
+            reuse = previous.get((split, segment.token))
+            if reuse is not None and reuse.rows != segment.rows:
+                reuse = None
+            pieces[split].append((list(segment.files), reuse))
+    return pieces, segments
+
+
 def _stable_ids(parquet_dir: Path) -> bool:
     """Whether preprocess gave stable ids (preprocess.ids: stable): recorded in dataset.json,
     since a threshold raise is then no prefix of the ids (rethreshold refuses it)."""
@@ -243,7 +278,7 @@ def _stable_ids(parquet_dir: Path) -> bool:
 
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                     config: ConvertConfig | None = None,
-                    threshold_spec: str | None = None) -> dict[str, Any]:
+                    threshold_spec: str | None = None, reuse: bool = True) -> dict[str, Any]:
     """Convert the parquet splits of spark_jobs into the split binary dataset the trainer reads.
 
     The dataset is written into a temporary directory, verified, then renamed into place: a
@@ -255,6 +290,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
         config: workers, fsync, overwrite, full verification; defaults to ``ConvertConfig()``.
         threshold_spec: the spec to record in ``dataset.json``; None = the one in
             ``preprocess.json``. ``rethreshold`` needs it to know which values were kept.
+        reuse: copy the days converted before from the dataset at ``binary_dir`` (stable
+            ids, ``converters.segments``); False when that dataset is known to be damaged.
 
     Returns:
         A summary: rows per split, table sizes, id dtypes, threshold spec, source fingerprint,
@@ -278,6 +315,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
     expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
     fingerprint = source_fingerprint(parquet_dir, files)
+    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes)
     start = time.perf_counter()
     rows: dict[str, int] = {}
     checksums: dict[str, str] = {}
@@ -286,8 +324,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
             counting("convert", sum(expected.values()), "rows", phase="convert",
                      enabled=config.progress) as bar:
         for split in SPLITS:
-            rows[split] = _convert_split(files[split], tmp / split, table_sizes, config, pool, bar,
-                                         checksums)
+            rows[split] = _convert_split(pieces[split], tmp / split, table_sizes, config, pool,
+                                         bar, checksums)
             if rows[split] != expected[split]:
                 raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
                                    f"{expected[split]}")
@@ -297,6 +335,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                          DICTIONARIES_FINGERPRINT_KEY:
                              dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
                          **({"ids": "stable"} if _stable_ids(parquet_dir) else {}),
+                         **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
                          CHECKSUMS_KEY: dict(sorted(checksums.items()))})
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())
@@ -308,6 +347,9 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                "cat_dtypes": list(info.cat_dtypes), "threshold_spec": spec,
                "source_fingerprint": fingerprint, "bytes_written": nbytes,
                "seconds": round(seconds, 3),
+               # stable ids: the days whose rows were copied from the previous dataset
+               "days_reused": {split: [s.day for (_, r), s in zip(pieces[split], segments[split])
+                                       if r is not None] for split in SPLITS} if segments else {},
                "rows_per_second": round(total_rows / seconds) if seconds else None}
     log.info("converted %d rows in %.2f s into %s", total_rows, seconds, binary_dir)
     return summary

@@ -177,6 +177,7 @@ class PreprocessConfig:
     # files, so the order depends on it); 0 = one file per `train_rows_per_file` rows. Never
     # derived from Spark settings, so a cluster and a laptop write the same order.
     # Test and validation files follow the read partitions (their order is the line order).
+    # With ids: stable each train day is transformed alone, so these count files per day.
     output_files: int = 0
     train_rows_per_file: int = 1_000_000
     # SQL engine: dictionaries with at most this many kept values are broadcast to the

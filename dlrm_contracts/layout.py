@@ -9,7 +9,13 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/counts/histogram.parquet  distinct values per total count: the table size at any threshold
     DIR/parquet/preprocess.json   what the Spark job did (threshold spec, rows, engine)
     DIR/parquet/_SUCCESS          the parquet splits are complete
-    DIR/parquet/{train,test,validation}/   transformed parquet
+    DIR/parquet/{train,test,validation}/   transformed parquet (with stable ids: hard links to
+                                  the days' parts below, train days in day order)
+    DIR/parquet/days/day=<k>/     stable ids only: day k transformed alone ({train} or
+                                  {test,validation} parts, and day.json: its role, fingerprint,
+                                  the dictionaries it was transformed with); reused by later runs
+    DIR/parquet/segments.json     stable ids only: each split's days, their files and rows (the
+                                  converter reuses the binary of a day it converted before)
     DIR/parquet/model_size.json   table sizes of the parquet dataset
     DIR/parquet/dictionaries/     value → id per column (parquet, partitioned by column)
     DIR/parquet/dictionary_index/ the same as memory-mapped hash tables (Arrow engine)
@@ -46,6 +52,9 @@ EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version dir
 SAVED_MODEL_PB = "saved_model.pb"
 EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
 DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
+DAYS_DIR = "days"                    # under the parquet directory: stable ids' per-day parts
+DAY_JSON = "day.json"                # in each day=<k>/ of DAYS_DIR: what the day was made with
+SEGMENTS_JSON = "segments.json"      # beside the splits: which day's files make each split
 
 
 def values_dir(counts_dir: str | Path) -> Path:
@@ -156,6 +165,14 @@ class WorkdirLayout:
 
     def parquet_split(self, split: str) -> Path:
         return self.parquet / split
+
+    @property
+    def parquet_days(self) -> Path:
+        """Stable ids: the transformed days a daily run reuses (spark_jobs.day_store)."""
+        return self.parquet / DAYS_DIR
+
+    def parquet_day(self, day: int) -> Path:
+        return self.parquet_days / f"day={day}"
 
     @property
     def parquet_model_size(self) -> Path:

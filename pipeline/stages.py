@@ -29,8 +29,9 @@ from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
 from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
-from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, PREPROCESS_JSON, WorkdirLayout,
-                                   best_checkpoint, complete_checkpoints)
+from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, DAYS_DIR, PREPROCESS_JSON,
+                                   SEGMENTS_JSON, WorkdirLayout, best_checkpoint,
+                                   complete_checkpoints)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
@@ -208,6 +209,8 @@ def _spark_argv(ctx: StageContext) -> list[str]:
         argv += ["--conf", f"{key}={value}"]
     if s.gpu:
         argv.append("--gpu")
+    if ctx.config.force:   # --force redoes the stage whole: with stable ids, every day's transform
+        argv.append("--retransform")
     return argv
 
 
@@ -258,20 +261,28 @@ def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
     splits = [ctx.layout.parquet_split(s) for s in SPLITS if ctx.layout.parquet_split(s).exists()]
     if ctx.config.preprocess.keep_parquet or not splits:
         return None
+    # stable ids: the splits are links to the kept days, which hold the bytes; they go too
+    # (the next run then transforms its whole window: the lean mode trades time for disk)
+    days = [p for p in (ctx.layout.parquet_days, ctx.layout.parquet / SEGMENTS_JSON) if p.exists()]
 
     try:
         verify_dataset(ctx.layout.binary, full=False)
     except DatasetError as exc:
         raise PipelineError(f"{exc}: the parquet splits are kept", ExitCode.DATASET_INVALID) from None
-    freed = sum(f.stat().st_size for d in splits for f in d.rglob("*") if f.is_file())
+    files = {f.stat().st_ino: f.stat().st_size for d in splits + days
+             for f in ([d] if d.is_file() else d.rglob("*")) if f.is_file()}
+    freed = sum(files.values())       # a hard-linked file counted once
     record = {"fingerprint": _preprocess_outputs(ctx),
-              "remaining": _parquet_fingerprint(ctx, ignore=SPLITS),
-              "removed": [d.name for d in splits], "bytes": freed,
+              "remaining": _parquet_fingerprint(ctx, ignore=(*SPLITS, DAYS_DIR, SEGMENTS_JSON)),
+              "removed": [d.name for d in splits + days], "bytes": freed,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "reason": "preprocess.keep_parquet: false; the binary dataset verified"}
     write_json_atomic(ctx.layout.parquet_removed, record)
-    for directory in splits:
-        shutil.rmtree(directory)
+    for path in splits + days:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     log.info("convert    parquet splits removed (keep_parquet: false): %.1f MiB freed", freed / 2**20)
     previous = ctx.manifests.load("preprocess")
     if previous:  # the preprocess manifest says so too; its key and fingerprint are unchanged
@@ -337,6 +348,7 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     _refuse_stable_raise(ctx)
     previous = ctx.manifests.load("convert") or {}
     same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
+    damaged = False
     if same_parquet and ctx.layout.binary.exists():
         try:
             outcome = _derive_from_binary(ctx, derived, previous)
@@ -348,6 +360,7 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
             log.warning("convert    the binary dataset %s is not what the convert stage wrote "
                         "(%s): rebuilding it from the parquet", ctx.layout.binary, damage)
             _needs_parquet(ctx, damage)
+            damaged = True
     made_at = _parquet_spec(ctx)
     if made_at is not None and not wanted.is_at_least(made_at):
         # Checked before converting: the existing binary dataset stays as it is.
@@ -356,7 +369,10 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
                             "stage must run again (add it: --stages preprocess,convert)",
                             ExitCode.CONVERT)
     _needs_parquet(ctx)
-    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert)
+    # stable ids: the days converted before are copied from the dataset in place, never
+    # from one found damaged
+    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert,
+                              reuse=not damaged)
     if made_at is not None and wanted != made_at:
         # The dataset was just written and checked: no need to read it back for its checksums.
         fresh = dataclasses.replace(ctx.config.convert, verify_checksums=False)

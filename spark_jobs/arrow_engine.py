@@ -80,17 +80,20 @@ class ArrowEngine:
         return self._cached[-1]
 
     # ------------------------------------------------------------ count pass
-    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
-        """Statistics of every day; the partial value counts of ``recount`` stay cached for
-        ``count_totals``."""
+    def count(self, recount: list[int], counts_dir: Path,
+              read: set[int] | None = None) -> dict[int, DayStats]:
+        """Statistics of every day read (``read``, a superset of ``recount``; None: every
+        day); the partial value counts of ``recount`` stay cached for ``count_totals``."""
         from pyspark.sql import functions as F
 
-        task = arrow_tasks.count_task(self.chunks, frozenset(recount), self.settings)
-        self._partials = self._persist(self._over(self.chunks, task, dicts.COUNT_SCHEMA))
+        days = [d for d in self.days if read is None or d.day in read]
+        chunks = [c for c in self.chunks if read is None or c.day in read]
+        task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings)
+        self._partials = self._persist(self._over(chunks, task, dicts.COUNT_SCHEMA))
         self._recounted = list(recount)
         rows = self._partials.where(F.col("kind") != dicts.KIND_PARTIAL).collect()
         self._samples = _samples(rows)
-        return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], self.days)
+        return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], days)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None,
                      frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
@@ -250,27 +253,32 @@ class ArrowEngine:
 
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int) -> dict[str, int]:
+                     index_dir: Path, staging: Path, train_files: int,
+                     days: set[int] | None = None) -> dict[str, int]:
         """Write ``staging/<split>/part-*.parquet``; returns rows per split. Every id comes from
         the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
-        order (chunk k writes part k)."""
+        order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
         spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
         shutil.rmtree(staging, ignore_errors=True)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
                         row_group_rows=ROW_GROUP_ROWS)
-        eval_chunks = [c for c in self.chunks if c.day == last]
-        task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
-                                           write(eval_half=spec.eval_half))
-        results = self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
-        results += split_writer.write_partitions(self.train_rows(spec, train_files),
-                                                 write(eval_half=None))
+        results = []
+        if days is None or last in days:
+            eval_chunks = [c for c in self.chunks if c.day == last]
+            task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
+                                               write(eval_half=spec.eval_half))
+            results += self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
+        if days is None or days - {last}:
+            results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
+                                                     write(eval_half=None))
         return split_writer.commit(results, staging)
 
-    def train_rows(self, spec: TransformSpec, train_files: int):
+    def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
-        chunks = [c for c in self.chunks if c.day != spec.eval_day]
+        chunks = [c for c in self.chunks
+                  if c.day != spec.eval_day and (days is None or c.day in days)]
         rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
                           TRANSFORM_SCHEMA)
         return rows.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")

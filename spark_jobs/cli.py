@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="frequency: ids by count each run; stable: ids never move across runs")
     p.add_argument("--window-days", type=int, metavar="N",
                    help="only the newest N day files are the data (default: every day file)")
+    p.add_argument("--retransform", action="store_true",
+                   help="stable ids: transform every day of the window again with today's "
+                        "dictionaries instead of reusing the days already transformed")
     security = p.add_argument_group("cluster security (docs/cluster.md)")
     security.add_argument("--auth-secret-file", metavar="FILE",
                           help="file (mode 0600) with the authenticated cluster's shared secret")
@@ -83,6 +86,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     with PreprocessProgress(args.input, args.workdir, pre, config.progress,
                             engine_name(pre, spark), config.preflight.sample_bytes):
-        summary = run_preprocess(args.input, args.workdir, spark, pre)
+        summary = run_preprocess(args.input, args.workdir, spark, pre,
+                                 retransform=args.retransform)
     print(json.dumps(summary, separators=(",", ":")))
     return 0

@@ -19,10 +19,10 @@ from pathlib import Path
 from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.errors import PipelineError
-from dlrm_contracts.layout import PREPROCESS_JSON, SUCCESS, WorkdirLayout
+from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
-from spark_jobs import counting, progress, quality, stable_ids, transform
+from spark_jobs import counting, day_store, progress, quality, stable_ids, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
@@ -133,12 +133,15 @@ def _spark_errors():
         raise PreprocessJobError(_spark_error_message(error)) from error
 
 
-def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig) -> dict:
+def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig,
+                   retransform: bool = False) -> dict:
     """Run count → dictionaries → transform over the day files of ``input_dir`` (every one,
     or the newest ``preprocess.window_days``).
 
     A day whose file has not changed since it was counted is not counted again, so a rerun
-    with a new day or another threshold does not recount the others.
+    with a new day or another threshold does not recount the others. With stable ids a day
+    whose transformed parts still hold (``spark_jobs.day_store``) is not transformed again
+    either, unless ``retransform``.
 
     Args:
         input_dir: the raw day files (``day_0`` .. ``day_N``, plain or ``.gz``); the last day
@@ -170,9 +173,13 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
                 if preprocess.ids == "stable" else None)
     layout.parquet.mkdir(parents=True, exist_ok=True)
     (layout.parquet / SUCCESS).unlink(missing_ok=True)
+    (layout.parquet / SEGMENTS_JSON).unlink(missing_ok=True)
+    if preprocess.ids != "stable":
+        day_store.forget_days(layout)
+    day_store.clear_leftovers(layout)
     with _spark_errors():
         session = get_session(spark)
-        return _run(session, days, layout, spec, preprocess, engine_id, previous)
+        return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
 
 
 def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
@@ -190,23 +197,30 @@ def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig)
 
 
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
-         engine_id: str, previous: stable_ids.Previous | None = None) -> dict:
+         engine_id: str, previous: stable_ids.Previous | None = None,
+         retransform: bool = False) -> dict:
     timer = _Timer()
     engine = _make_engine(engine_id, session, days, cfg)
     if cfg.ids == "stable":
         engine.use_previous_dictionaries(previous)
     try:
-        return _run_stages(engine, days, layout, spec, cfg, timer)
+        return _run_stages(engine, days, layout, spec, cfg, timer, retransform)
     finally:
         engine.close()
 
 
 def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
-                cfg: PreprocessConfig, timer: _Timer) -> dict:
+                cfg: PreprocessConfig, timer: _Timer, retransform: bool = False) -> dict:
+    work = None
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
         recount = counting.days_to_count(days, layout.counts)
-        stats = engine.count(recount, layout.counts)
+        if cfg.ids == "stable":
+            work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
+                                  retransform)
+            stats = _count_stable(engine, days, layout, recount, cfg, work)
+        else:
+            stats = engine.count(recount, layout.counts)
         quality.check_days_not_empty(days, stats)
         engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
@@ -226,7 +240,10 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
         counting.write_days_json(days, stats, layout.counts)
-    rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
+    if work is not None:
+        rows = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer, work)
+    else:
+        rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
     write_json_atomic(layout.data_quality, report, sort_keys=False)
@@ -243,6 +260,8 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
         "days_reused": [d.day for d in days if d.day not in recount],
+        # stable ids: which days were transformed (and why), reused, dropped
+        **({"transform": work.summary()} if work is not None else {}),
         "rows": rows,
         "table_sizes": sizes,
         "data_quality": report["totals"],
@@ -252,6 +271,19 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
     write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
     (layout.parquet / SUCCESS).write_text("")
     return summary
+
+
+def _count_stable(engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],
+                  cfg: PreprocessConfig, work: day_store.DayWork) -> dict[int, DayStats]:
+    """Every day's statistics, reading only the days whose statistics are not kept with their
+    transformed parts (``day_store.stored_stats``), those to recount, and the newest day (so
+    the pass always has a day to read). The days read are noted in ``work``."""
+    kept = day_store.stored_stats(layout, work, days, day_store.stats_key(engine.name, cfg))
+    read = {d.day for d in days if d.day not in kept} | set(recount) | {days[-1].day}
+    stats = engine.count(recount, layout.counts, read)
+    work.read.extend(sorted(read))
+    stats.update({day: s for day, s in kept.items() if day not in stats})
+    return stats
 
 
 def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | None:
@@ -278,6 +310,34 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         for name in transform.move_split_dirs(staging, targets):
             write_empty(targets[name] / "part-00000.parquet", cfg.compression)
+    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
+
+
+def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
+                         sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
+                         timer: _Timer, work: day_store.DayWork) -> dict[str, int]:
+    """Stable ids: transform only the days ``work`` says (new, changed role, changed file or
+    settings), each alone into ``parquet/days/day=<k>``; the splits are then links to the
+    window's days. Returns rows per split (from the linked files' footers)."""
+    with timer.stage("transform"):
+        # after the dictionaries' commit: the lineage they were extended under (kept), or a
+        # new one when they started over (then every day is in ``work.transform``)
+        lineage = stable_ids.lineage(dictionaries_dir(layout))
+        for day, role, _ in work.transform:
+            staging = day_store.staging_dir(layout, day.day)
+            partitions = train_files(cfg, stats[day.day].rows_valid)
+            engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
+                                staging, partitions, days={day.day})
+            for split in day_store.ROLE_SPLITS[role]:
+                if not day_store.day_part_files(staging, split):
+                    write_empty(staging / split / "part-00000.parquet", cfg.compression)
+            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day],
+                                 day_store.stats_key(engine.name, cfg))
+        staging = layout.parquet / ".splits-staging"
+        segments = day_store.link_splits(layout, days, staging)
+        transform.move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})
+        day_store.write_segments(layout, segments)
+        day_store.drop_days(layout, work.dropped)
     return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 

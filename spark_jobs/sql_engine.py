@@ -9,6 +9,7 @@ keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.transform``
 
 from __future__ import annotations
 
+import shutil
 from functools import reduce
 from pathlib import Path
 
@@ -35,8 +36,11 @@ class SqlEngine:
         self._totals = None
         self._previous: stable_ids.Previous | None = None
 
-    def count(self, recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
-        return counting.count_pass(self.parsed, recount, counts_dir)
+    def count(self, recount: list[int], counts_dir: Path,
+              read: set[int] | None = None) -> dict[int, DayStats]:
+        """Statistics of the days in ``read`` (None: every day), value counts of ``recount``."""
+        parsed = {d: f for d, f in self.parsed.items() if read is None or d in read}
+        return counting.count_pass(parsed, recount, counts_dir)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None,
                      frequency_ids=None) -> dict[str, list[tuple[int, int]]]:
@@ -108,21 +112,30 @@ class SqlEngine:
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int) -> None:
+                     index_dir: Path, staging: Path, train_files: int,
+                     days: set[int] | None = None) -> None:
         """``staging/<split>/part-*.parquet`` by Spark's writer: test and validation from one
-        split-partitioned write, then train hash-partitioned into ``train_files``."""
-        train, evaluation, shuffled = self._split_rows(stats, sizes, dict_dir)
+        split-partitioned write, then train hash-partitioned into ``train_files``. ``days``:
+        only these days' rows (None: every day)."""
+        train_days = [d for d in self.days[:-1] if days is None or d.day in days]
+        with_eval = days is None or self.days[-1].day in days
+        train, evaluation, shuffled = self._split_rows(stats, sizes, dict_dir, train_days, with_eval)
         compression = self.cfg.compression
+        shutil.rmtree(staging, ignore_errors=True)
         # test and validation first: their write replaces the staging directory
-        transform.write_parquet(transform.eval_part(evaluation, shuffled), staging, compression,
-                                partition_by="split")
-        transform.write_parquet(transform.train_part(train, train_files), staging / "split=train",
-                                compression)
+        if evaluation is not None:
+            transform.write_parquet(transform.eval_part(evaluation, shuffled), staging,
+                                    compression, partition_by="split")
+        if train is not None:
+            transform.write_parquet(transform.train_part(train, train_files),
+                                    staging / "split=train", compression)
         for split_dir in staging.glob("split=*"):
             split_dir.replace(staging / split_dir.name.removeprefix("split="))
 
-    def _split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path):
-        """(train rows, evaluation rows, whether evaluation rows lost their line order)."""
+    def _split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
+                    train_days: list[DayFile], with_eval: bool):
+        """(train rows, evaluation rows, whether evaluation rows lost their line order); None
+        for a part not asked for."""
         from pyspark.sql import functions as F
 
         def mapped(rows):
@@ -133,12 +146,17 @@ class SqlEngine:
             key, tie = train_key_columns(self.cfg.shuffle_seed, day.day, F.col("_line"))
             return self._rows(day, stats).withColumn("_k1", key).withColumn("_k2", tie)
 
-        train, _ = mapped(reduce(lambda a, b: a.unionByName(b), [keyed(d) for d in self.days[:-1]]))
+        train = None
+        if train_days:
+            train, _ = mapped(reduce(lambda a, b: a.unionByName(b), [keyed(d) for d in train_days]))
+            train = transform.output_projection(train, extra=("_k1", "_k2"))
+        if not with_eval:
+            return train, None, False
         last = self.days[-1]
         evaluation, shuffled = mapped(self._rows(last, stats))
         split = (F.when(F.col("_line") < F.lit(stats[last.day].eval_half), F.lit("test"))
                  .otherwise(F.lit("validation")))
         evaluation = (evaluation.withColumn("split", split).withColumn("_k1", F.col("_line"))
                       .withColumn("_k2", F.lit(0).cast("long")))
-        return (transform.output_projection(train, extra=("_k1", "_k2")),
-                transform.output_projection(evaluation, extra=("split", "_k1", "_k2")), shuffled)
+        return (train, transform.output_projection(evaluation, extra=("split", "_k1", "_k2")),
+                shuffled)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,10 +122,24 @@ def same_threshold(a: ThresholdSpec, b: ThresholdSpec) -> bool:
     return all(max(1, a.effective(c)) == max(1, b.effective(c)) for c in CAT_COLUMNS)
 
 
+def lineage(dict_dir: Path) -> str | None:
+    """The token the dictionaries' ids descend from: kept by every run that extends them, new
+    when they are started over (deleted). A day transformed under another lineage has other
+    ids and is never reused (spark_jobs.day_store). None: no stable dictionaries (or a record
+    written before lineages existed, which the next commit gives one)."""
+    try:
+        record = read_json(Path(dict_dir) / IDS_RECORD)
+    except ValueError:
+        return None
+    value = record.get("lineage") if isinstance(record, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 def commit(staging: Path, dict_dir: Path, spec: ThresholdSpec, sizes: dict[str, int]) -> None:
     """The staged dictionaries, with their record, become the workdir's (see ``recover``)."""
     write_json_atomic(staging / IDS_RECORD,
                       {"format_version": IDS_FORMAT_VERSION, "ids": "stable",
+                       "lineage": lineage(dict_dir) or uuid.uuid4().hex,
                        "threshold_spec": str(spec), "table_sizes": sizes,
                        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                       sort_keys=False)

@@ -85,19 +85,30 @@ def _extend(ids: dict[str, dict[str, int]], counts: dict[str, Counter], threshol
     return out
 
 
-def _expected_splits(days: list[list[str]], ids) -> dict[str, list[tuple]]:
-    def row(parsed):
+def _as_of(ids, sizes: dict[str, int] | None):
+    """The ids a day transformed when the tables had ``sizes`` holds: the values numbered
+    since map to 0 there (None: today's ids)."""
+    if sizes is None:
+        return ids
+    return {c: {v: i for v, i in ids[c].items() if i < sizes[c]} for c in CAT_COLUMNS}
+
+
+def _expected_splits(days: list[list[str]], ids, as_of=None) -> dict[str, list[tuple]]:
+    """``as_of``: per train day, the table sizes it was transformed at (None: today's)."""
+    def row(parsed, ids):
         label, ints, cats = parsed
         return (label, *[reference_numerical(x) for x in ints],
                 *[ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)])
 
     parsed = [[p[2:] for p in map(reference_parse, lines) if p[0] is None] for lines in days[:-1]]
+    as_of = as_of or [None] * len(parsed)
     last = days[-1]
     half = (len(last) + 1) // 2
     evaluation = [[p[2:] for p in map(reference_parse, part) if p[0] is None]
                   for part in (last[:half], last[half:])]
-    return {"train": [row(p) for day in parsed for p in day],
-            "test": [row(p) for p in evaluation[0]], "validation": [row(p) for p in evaluation[1]]}
+    return {"train": [row(p, _as_of(ids, sizes)) for day, sizes in zip(parsed, as_of) for p in day],
+            "test": [row(p, ids) for p in evaluation[0]],
+            "validation": [row(p, ids) for p in evaluation[1]]}
 
 
 def _dictionaries(work: Path) -> dict[str, dict[str, tuple[int, int]]]:
@@ -114,7 +125,9 @@ def _dictionaries(work: Path) -> dict[str, dict[str, tuple[int, int]]]:
     return out
 
 
-def _check_run(work: Path, summary: dict, window: list[list[str]], ids, counts) -> None:
+def _check_run(work: Path, summary: dict, window: list[list[str]], ids, counts, as_of=None) -> None:
+    """``as_of``: per train day of the window, the table sizes of the run that transformed it
+    (a reused day keeps the ids it was transformed with); None: this run's."""
     written = _dictionaries(work)
     for c in CAT_COLUMNS:
         assert {v: i for v, (i, _) in written[c].items()} == ids[c], c
@@ -124,7 +137,7 @@ def _check_run(work: Path, summary: dict, window: list[list[str]], ids, counts) 
     assert summary["table_sizes"] == sizes and summary["ids"] == "stable"
     layout = WorkdirLayout.at(work)
     assert json.loads(layout.parquet_model_size.read_text()) == sizes
-    expected = _expected_splits(window, ids)
+    expected = _expected_splits(window, ids, as_of)
     for split in ("test", "validation"):
         assert_rows_equal(read_split(layout.parquet_split(split)), expected[split], split)
     assert_rows_equal(sorted(read_split(layout.parquet_split("train")), key=sort_key),
@@ -145,15 +158,24 @@ def test_ids_never_move_over_a_rolling_window(tmp_path, spark):
     _land(raw, 0, days[0])
     ids: dict = {}
     history = []
+    sizes_after: dict[int, dict[str, int]] = {}      # run k → its table sizes
     for k in range(1, 5):
         _land(raw, k, days[k])
-        window = days[max(0, k - WINDOW + 1):k + 1]
+        first = max(0, k - WINDOW + 1)
+        window = days[first:k + 1]
         counts = _window_counts(window)
         before = ids
         ids = _extend(ids, counts, "2")
+        sizes_after[k] = {c: len(ids[c]) + 1 for c in CAT_COLUMNS}
         summary = run(spark, raw, work, "2", **settings)
-        assert [d["day"] for d in summary["days"]] == list(range(max(0, k - WINDOW + 1), k + 1))
-        _check_run(work, summary, window, ids, counts)
+        assert [d["day"] for d in summary["days"]] == list(range(first, k + 1))
+        # only the new day and the one that joined train are transformed; day j became train
+        # in run j + 1 and keeps that run's ids
+        assert summary["transform"]["days_transformed"] == ([0, 1] if k == 1 else [k - 1, k])
+        assert summary["transform"]["days_reused"] == list(range(first, k - 1))
+        assert summary["transform"]["days_dropped"] == ([k - WINDOW] if k > WINDOW - 1 else [])
+        as_of = [sizes_after[max(1, j + 1)] for j in range(first, k)]
+        _check_run(work, summary, window, ids, counts, as_of)
         for c in CAT_COLUMNS:                                   # nothing moved
             assert all(ids[c][v] == i for v, i in before.get(c, {}).items())
         history.append({c: len(ids[c]) + 1 for c in CAT_COLUMNS})
@@ -202,7 +224,9 @@ def test_a_run_killed_while_swapping_leaves_the_previous_ids(tmp_path, spark, mo
     summary = run(spark, raw, work, "2", ids="stable")
     counts = _window_counts(days[:4])
     ids = _extend({c: {v: i for v, (i, _) in first[c].items()} for c in CAT_COLUMNS}, counts, "2")
-    _check_run(work, summary, days[:4], ids, counts)
+    first_sizes = {c: len(first[c]) + 1 for c in CAT_COLUMNS}
+    assert summary["transform"]["days_transformed"] == [2, 3]   # days 0-1 kept from run 1
+    _check_run(work, summary, days[:4], ids, counts, [first_sizes, first_sizes, None])
     assert not stable_ids.retired_dir(dict_dir).exists()
     assert not stable_ids.staging_dir(dict_dir).exists()
 
@@ -228,8 +252,16 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
         assert (read_split(WorkdirLayout.at(tmp_path / "sql").parquet_split(split))
                 == read_split(WorkdirLayout.at(work).parquet_split(split))), split
     counts = _window_counts(days[:4])
-    ids = _extend(_extend({}, _window_counts(days[:3]), "2"), counts, "2")
-    _check_run(tmp_path / "sql", sql, days[:4], ids, counts)
+    first_ids = _extend({}, _window_counts(days[:3]), "2")
+    ids = _extend(first_ids, counts, "2")
+    first_sizes = {c: len(first_ids[c]) + 1 for c in CAT_COLUMNS}
+    # the same days transformed; the SQL engine reads day 2 again for its line counts (its
+    # partitions follow Spark's file splitting), the Arrow engine kept them with the day
+    assert ({k: v for k, v in sql["transform"].items() if k != "days_read"}
+            == {k: v for k, v in arrow["transform"].items() if k != "days_read"})
+    assert sql["transform"]["days_reused"] == [0, 1] and sql["transform"]["days_transformed"] == [2, 3]
+    assert (arrow["transform"]["days_read"], sql["transform"]["days_read"]) == ([3], [2, 3])
+    _check_run(tmp_path / "sql", sql, days[:4], ids, counts, [first_sizes, first_sizes, None])
     dict_dir = WorkdirLayout.at(work).dictionaries
     files = {p: p.stat().st_mtime_ns for p in dict_dir.rglob("*")}
     with pytest.raises(PreprocessConfigError, match=r"built at threshold 2, but this run asks for 3"):
