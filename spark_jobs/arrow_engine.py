@@ -166,7 +166,9 @@ class ArrowEngine:
         try:
             write = dicts.WriteSpec(self._plan, str(dict_dir), str(index_dir), regions,
                                     str(self._totals_dir))
-            batches = dicts.balanced_batches(self._entries, self._tasks_per_group_pass())
+            # one task per core: a group's fill takes milliseconds, less than a task's start-up
+            batches = dicts.balanced_batches(self._entries,
+                                             self.session.sparkContext.defaultParallelism)
             written = self._over(batches, dicts.dictionary_task(write, batches, broadcast),
                                  dicts.WRITTEN_SCHEMA).collect()
         finally:

@@ -261,7 +261,8 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
                 spec = engine.transform_spec(stats, layout.parquet / engine.name / "index")
                 frame = engine.train_rows(spec, 2)
             else:
-                frame, _, _ = engine._split_rows(stats, sizes, layout.parquet / engine.name / "dictionaries")
+                frame, _, _ = engine._split_rows(stats, sizes, layout.parquet / engine.name / "dictionaries",
+                                                 days[:-1], False)
             plans[engine.name] = frame._jdf.queryExecution().executedPlan().toString()
         finally:
             engine.close()
