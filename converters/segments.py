@@ -105,6 +105,8 @@ def previous_segments(binary_dir: Path, table_sizes: list[int]) -> dict[tuple[st
 def copy_rows(outputs, reuse: Reuse) -> None:
     """Append the reused rows to a group of output files (one worker's share), widening ids
     whose table now needs a wider type; each file's checksum follows its bytes."""
+    if reuse.rows == 0:
+        return
     for output in outputs:
         name = output.name
         if name == LABEL_FILE:
@@ -117,8 +119,6 @@ def copy_rows(outputs, reuse: Reuse) -> None:
             index = next(i for i in range(NUM_CATEGORICAL) if cat_file(i) == name)
             source, target = reuse.cat_dtypes[index], output.dtype
             width = 1
-        if reuse.rows == 0:
-            continue
         data = np.memmap(reuse.folder / name, dtype=source, mode="r",
                          offset=reuse.start * width * source.itemsize, shape=(reuse.rows * width,))
         for first in range(0, len(data), COPY_ROWS * width):

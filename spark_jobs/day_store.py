@@ -257,9 +257,11 @@ def link_splits(layout: WorkdirLayout, days: list[DayFile], staging: Path) -> di
                     else part.name
                 _link(part, target / name)
                 names.append(name)
-            token = read_json(day_dir / DAY_JSON)["token"]
-            segments[split].append(Segment(day.day, names, _rows_of(day_part_files(day_dir, split)),
-                                           f"{token}/{split}"))
+            # the record's rows: checked against the parts' footers when the day was planned
+            # for reuse, or taken from them when it was committed
+            record = read_json(day_dir / DAY_JSON)
+            segments[split].append(Segment(day.day, names, int(record["rows"][split]),
+                                           f"{record['token']}/{split}"))
     return segments
 
 
