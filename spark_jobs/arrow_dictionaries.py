@@ -1,16 +1,17 @@
 """The Arrow engine's value totals, dictionaries and dictionary index, for columns of any size.
 
-The count tasks (``spark_jobs.arrow_tasks``) emit, per chunk and column, its distinct values and
-their counts as two binary values (``spark_jobs.value_counts``), plus an evenly spaced sample of
-the values. The JVM never sees a value: it caches, shuffles and groups byte strings. Then:
+The count tasks (``spark_jobs.arrow_tasks``) write, per chunk, each column's distinct values and
+their counts as sorted arrays in a partial file (``spark_jobs.partial_files``), and emit an
+evenly spaced sample of the values. The JVM never sees a value. Then:
 
 1. **Groups.** Each column's values are split into ranges of about ``GROUP_VALUES`` partial
    entries, with bounds from the samples (so a skewed column splits as evenly as a uniform
    one). A group is one (column, value range); every later step works on one group at a time,
    so a worker's memory is bounded whatever the number of distinct values.
-2. **Merge** (``groupBy(group).applyInArrow``): a group's partial counts are summed per day (the
-   recounted days' counts are written, ``counts/values/day=<k>/``) and over the dictionary days
-   (the totals), with the histogram of their counts. Only the histogram goes back to Spark.
+2. **Merge** (one task per batch of groups): a group's range is read from every partial file
+   and summed per day (the recounted days' counts are written, ``counts/values/day=<k>/``) and
+   over the dictionary days (the totals), with the histogram of their counts. Only the
+   histogram goes back to Spark.
    With frequency ids the merge then stages the group's dictionary part and index region in
    ``counts/.totals/`` (``spark_jobs.dictionary_parts``): everything but the ids. With stable
    ids it leaves the totals there, as two flat arrays, for the stable-ids pass.
@@ -35,19 +36,17 @@ import numpy as np
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import dictionary_index, dictionary_parts
+from spark_jobs import dictionary_index, dictionary_parts, partial_files
 from spark_jobs.fastparse import format_hex
 from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
-                                     count_histogram, evenly_spaced, from_binary, merge_counts,
-                                     slices_to_binary, to_binary)
+                                     count_histogram, evenly_spaced, merge_counts, to_binary)
 
-KIND_STATS, KIND_PARTIAL, KIND_SAMPLE = 0, 1, 2
-# What the count tasks emit. Statistics rows: value = chunk << CODE_BITS | code, count = lines.
-# Partial rows: a (chunk, column)'s distinct values and their counts, value = how many. Sample
-# rows: every SAMPLE_STEP-th of those values, value = how many the sample stands for.
+KIND_STATS, KIND_SAMPLE = 0, 2
+# What the count tasks emit (their partial counts go to files, ``spark_jobs.partial_files``).
+# Statistics rows: value = chunk << CODE_BITS | code, count = lines. Sample rows: every
+# SAMPLE_STEP-th of a (chunk, column)'s distinct values, value = how many the sample stands for.
 COUNT_SCHEMA = ("kind INT, day INT, column INT, value LONG, count LONG, "
                 "values BINARY, counts BINARY")
-GROUP_SCHEMA = "group INT, day INT, values BINARY, counts BINARY"
 TOTALS_SCHEMA = "group INT, entries LONG, histogram_counts BINARY, histogram_sizes BINARY"
 WRITTEN_SCHEMA = "group INT, kept LONG"
 SAMPLE_STEP = 1024
@@ -58,24 +57,28 @@ _MAX_COUNT = 2**63 - 1
 
 # ---------------------------------------------------------------- partial counts as rows
 
-def partial_rows(day: int, counts_by_column: dict[int, Counts]):
-    """One record batch: a partial row and a sample row per column with values."""
+def sample_rows(day: int, counts_by_column: dict[int, Counts]):
+    """One record batch: a sample row per column with values (value = the entries it stands
+    for), from which the driver plans the value groups."""
     import pyarrow as pa
 
     columns = [j for j, c in counts_by_column.items() if len(c)]
-    parts = [counts_by_column[j] for j in columns]
-    samples = [evenly_spaced(p.values, SAMPLE_STEP) for p in parts]
     n = len(columns)
-    empty = np.zeros(0, DAY_COUNT_DTYPE)
     return pa.record_batch({
-        "kind": pa.array([KIND_PARTIAL] * n + [KIND_SAMPLE] * n, pa.int32()),
-        "day": pa.array([day] * (2 * n), pa.int32()),
-        "column": pa.array(columns * 2, pa.int32()),
-        "value": pa.array([len(p) for p in parts] * 2, pa.int64()),
-        "count": pa.array([int(p.counts.sum()) for p in parts] + [0] * n, pa.int64()),
-        "values": to_binary([p.values for p in parts] + samples),
-        "counts": to_binary([p.counts.astype(DAY_COUNT_DTYPE, copy=False) for p in parts]
-                            + [empty] * n)})
+        "kind": pa.array([KIND_SAMPLE] * n, pa.int32()),
+        "day": pa.array([day] * n, pa.int32()),
+        "column": pa.array(columns, pa.int32()),
+        "value": pa.array([len(counts_by_column[j]) for j in columns], pa.int64()),
+        "count": pa.array([0] * n, pa.int64()),
+        "values": to_binary([evenly_spaced(counts_by_column[j].values, SAMPLE_STEP)
+                             for j in columns]),
+        "counts": pa.nulls(n, pa.binary())})
+
+
+def write_partials(path: str, day: int, counts_by_column: dict[int, Counts]):
+    """A chunk's (or a stored file's) partial counts written for the merge; its sample rows."""
+    partial_files.write(path, [(day, j, c) for j, c in sorted(counts_by_column.items())])
+    return sample_rows(day, counts_by_column)
 
 
 def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
@@ -96,17 +99,18 @@ def stored_batches(files: list[tuple[int, str]], tasks: int) -> list[list[tuple[
     return [[files[k] for k in batch] for batch in balanced_batches(sizes, tasks)]
 
 
-def stored_partials_task(batches: list[list[tuple[int, str]]]):
-    """mapInArrow function: stored value counts (either engine's files) → partial rows, one
-    batch of files per item, one file at a time (a file is one group's or one day's counts:
-    a worker's memory stays bounded whatever the batch)."""
+def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str):
+    """mapInArrow function: stored value counts (either engine's files) → partial files and
+    sample rows, one batch of files per item, one file at a time (a file is one group's or one
+    day's counts: a worker's memory stays bounded whatever the batch)."""
     def run(items):
         for item in items:
             for k in item.column(0).to_numpy():
-                for day, path in batches[int(k)]:
+                for i, (day, path) in enumerate(batches[int(k)]):
                     by_column = _stored_counts(path)
                     if by_column:
-                        yield partial_rows(day, by_column)
+                        name = f"stored-{int(k):05d}-{i:05d}{partial_files.SUFFIX}"
+                        yield write_partials(os.path.join(directory, name), day, by_column)
     return run
 
 
@@ -140,6 +144,7 @@ class GroupPlan:
     bounds: tuple[np.ndarray, ...]     # per column: lowest value of each range, bounds[0] = 0
     first: tuple[int, ...]             # per column: the group of its first range
     entries: int = 0                   # partial entries in all (what the merge will read)
+    column_entries: tuple[int, ...] = ()   # per column (empty: unknown)
 
     @property
     def groups(self) -> int:
@@ -148,6 +153,21 @@ class GroupPlan:
     def column_range(self, group: int) -> tuple[int, int]:
         column = int(np.searchsorted(self.first, group, side="right")) - 1
         return column, group - self.first[column]
+
+    def value_range(self, group: int) -> tuple[int, int, int | None]:
+        """(column, lowest value, the next range's lowest or None) of a group."""
+        column, rank = self.column_range(group)
+        bounds = self.bounds[column]
+        return column, int(bounds[rank]), int(bounds[rank + 1]) if rank + 1 < len(bounds) else None
+
+    def group_entries(self) -> dict[int, int]:
+        """Each group's expected partial entries (its column's, spread evenly over its
+        ranges, as the ranges were cut): the weights the merge's tasks are balanced by."""
+        out = {}
+        for j, bounds in enumerate(self.bounds):
+            share = self.column_entries[j] // len(bounds) if self.column_entries else 1
+            out.update({self.first[j] + r: max(1, share) for r in range(len(bounds))})
+        return out
 
     @classmethod
     def from_samples(cls, samples: list[tuple[int, int, np.ndarray]],
@@ -162,7 +182,8 @@ class GroupPlan:
             bounds.append(column_bounds)
             first.append(next_group)
             next_group += len(column_bounds)
-        return cls(tuple(bounds), tuple(first), sum(entries for _, entries, _ in samples))
+        return cls(tuple(bounds), tuple(first), sum(entries for _, entries, _ in samples),
+                   tuple(sum(entries for entries, _ in by_column[j]) for j in range(len(CAT_COLUMNS))))
 
 
 def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> np.ndarray:
@@ -181,29 +202,6 @@ def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> n
     return np.unique(np.concatenate([[0], cuts]).astype(VALUE_DTYPE))
 
 
-def split_task(plan: GroupPlan):
-    """mapInArrow function: partial rows → one row per (group, day), slices of the partials."""
-    import pyarrow as pa
-
-    def run(batches):
-        for batch in batches:
-            days = batch.column("day").to_numpy()
-            columns = batch.column("column").to_numpy()
-            values = from_binary(batch.column("values"), VALUE_DTYPE)
-            counts = from_binary(batch.column("counts"), DAY_COUNT_DTYPE)
-            for k in range(batch.num_rows):
-                j = int(columns[k])
-                cuts = np.searchsorted(values[k], plan.bounds[j][1:])
-                positions = np.concatenate([[0], cuts, [len(values[k])]])
-                ranges = len(positions) - 1
-                yield pa.record_batch({
-                    "group": pa.array(plan.first[j] + np.arange(ranges), pa.int32()),
-                    "day": pa.array(np.full(ranges, days[k]), pa.int32()),
-                    "values": slices_to_binary(values[k], positions),
-                    "counts": slices_to_binary(counts[k], positions)})
-    return run
-
-
 # ---------------------------------------------------------------- merge
 
 @dataclass(frozen=True)
@@ -218,36 +216,42 @@ class MergeSpec:
     minimum: tuple[int, ...] | None = None
 
 
-def merge_task(spec: MergeSpec):
-    """applyInArrow function over one group's rows: the recounted days' counts written, the
-    totals over the dictionary days and their histogram returned."""
+def merge_task(spec: MergeSpec, batches: list[list[int]], paths: list[str]):
+    """mapInArrow function over batch numbers: for each group of the batch, its value range
+    read from every partial file (``paths``; a worker holds one group's entries at a time),
+    the recounted days' counts written, the totals over the dictionary days staged and their
+    histogram returned (``TOTALS_SCHEMA``)."""
+    def run(items):
+        for item in items:
+            for k in item.column(0).to_numpy():
+                for group in batches[int(k)]:
+                    column, low, high = spec.plan.value_range(group)
+                    by_day = partial_files.read_range(paths, column, low, high)
+                    if by_day:                  # a range no partial reaches has no row
+                        yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
+    return run
+
+
+def merge_group(spec: MergeSpec, group: int, per_day: dict[int, Counts]):
+    """One group's merge, from its counts per day: the recounted days' counts written, the
+    totals staged (frequency ids) or left (stable ids); its histogram as one row."""
     import pyarrow as pa
 
-    def run(table):
-        group = int(table.column("group")[0].as_py())
-        days = table.column("day").to_numpy()
-        values = from_binary(table.column("values"), VALUE_DTYPE)
-        counts = from_binary(table.column("counts"), DAY_COUNT_DTYPE)
-        per_day = {}
-        for day in np.unique(days):
-            parts = [Counts(values[k], counts[k]) for k in np.flatnonzero(days == day)]
-            per_day[int(day)] = merge_counts(parts)
-        column, rank = spec.plan.column_range(group)
-        for day in sorted(spec.recount & per_day.keys()):
-            if len(per_day[day]):
-                _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
-        totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
-        sizes_of = count_histogram(totals.counts)
-        if spec.minimum is None:
-            write_totals(spec.totals_dir, group, totals)
-        else:
-            dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0],
-                                         spec.minimum[column])
-        return pa.table({"group": pa.array([group], pa.int32()),
-                         "entries": pa.array([len(totals)], pa.int64()),
-                         "histogram_counts": to_binary([sizes_of[0]]),
-                         "histogram_sizes": to_binary([sizes_of[1]])})
-    return run
+    column, rank = spec.plan.column_range(group)
+    for day in sorted(spec.recount & per_day.keys()):
+        if len(per_day[day]):
+            _write_day_counts(spec.counts_dir, day, CAT_COLUMNS[column], rank, per_day[day])
+    totals = merge_counts([c for d, c in per_day.items() if d in spec.dictionary_days])
+    sizes_of = count_histogram(totals.counts)
+    if spec.minimum is None:
+        write_totals(spec.totals_dir, group, totals)
+    else:
+        dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0],
+                                     spec.minimum[column])
+    return pa.record_batch({"group": pa.array([group], pa.int32()),
+                            "entries": pa.array([len(totals)], pa.int64()),
+                            "histogram_counts": to_binary([sizes_of[0]]),
+                            "histogram_sizes": to_binary([sizes_of[1]])})
 
 
 def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts: Counts) -> None:

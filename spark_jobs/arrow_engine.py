@@ -25,7 +25,8 @@ from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import arrow_tasks, counting, dictionary_index, split_writer, stable_ids
+from spark_jobs import (arrow_tasks, counting, dictionary_index, partial_files, split_writer,
+                        stable_ids)
 from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
                                     REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
                                     TransformSpec)
@@ -56,8 +57,7 @@ class ArrowEngine:
                                      count_flush_lines=COUNT_FLUSH_LINES)
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
-        self._cached: list = []        # DataFrames persisted until close()
-        self._partials = None          # the count pass's rows (statistics, partial counts)
+        self._partials_dir: Path | None = None   # the count pass's partial files, until merged
         self._samples: list = []       # (column, entries, sampled values) per partial
         self._entries: dict[int, int] = {}   # distinct values per group (totals on disk)
         self._totals_dir: Path | None = None  # where the merge leaves the totals or staged parts
@@ -73,25 +73,18 @@ class ArrowEngine:
         """One partition (and so one task) per item (a chunk, a stored counts file)."""
         return self.session.range(0, len(items), 1, max(1, len(items))).mapInArrow(task, schema)
 
-    def _persist(self, frame):
-        from pyspark import StorageLevel
-
-        self._cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
-        return self._cached[-1]
-
     # ------------------------------------------------------------ count pass
     def count(self, recount: list[int], counts_dir: Path,
               read: set[int] | None = None) -> dict[int, DayStats]:
         """Statistics of every day read (``read``, a superset of ``recount``; None: every
         day); the partial value counts of ``recount`` stay cached for ``count_totals``."""
-        from pyspark.sql import functions as F
-
         days = [d for d in self.days if read is None or d.day in read]
         chunks = [c for c in self.chunks if read is None or c.day in read]
-        task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings)
-        self._partials = self._persist(self._over(chunks, task, dicts.COUNT_SCHEMA))
+        partials = self._partials_dir = partial_files.partials_dir(counts_dir)
+        partial_files.clear(partials)
+        task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, str(partials))
+        rows = self._over(chunks, task, dicts.COUNT_SCHEMA).collect()
         self._recounted = list(recount)
-        rows = self._partials.where(F.col("kind") != dicts.KIND_PARTIAL).collect()
         self._samples = _samples(rows)
         return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], days)
 
@@ -101,18 +94,14 @@ class ArrowEngine:
         group, and return (and store) their count histogram per column. With
         ``frequency_ids`` (the threshold of a frequency-ids run) the merge also stages each
         group's dictionary part, so that only the ids are left for ``write_dictionaries``."""
-        from pyspark.sql import functions as F
-
         wanted = [d.day for d in self.days] if days is None else list(days)
-        partials = self._partials.where(F.col("kind") == dicts.KIND_PARTIAL)
+        partials = partial_files.partials_dir(counts_dir)
         samples = list(self._samples) + self._previous_samples
         stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
             batches = dicts.stored_batches(stored, 4 * self.session.sparkContext.defaultParallelism)
-            frame = self._persist(self._over(batches, dicts.stored_partials_task(batches),
-                                             dicts.COUNT_SCHEMA))
-            samples += _samples(frame.where(F.col("kind") == dicts.KIND_SAMPLE).collect())
-            partials = partials.unionByName(frame.where(F.col("kind") == dicts.KIND_PARTIAL))
+            task = dicts.stored_partials_task(batches, str(partials))
+            samples += _samples(self._over(batches, task, dicts.COUNT_SCHEMA).collect())
         self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
         dicts.clear_day_counts(counts_dir, self._recounted)
         self._totals_dir = dicts.totals_dir(counts_dir)
@@ -121,15 +110,14 @@ class ArrowEngine:
                                 str(counts_dir), str(self._totals_dir),
                                 dicts.thresholds(frequency_ids) if frequency_ids else None)
         self._staged_for = frequency_ids
-        rows = (partials.mapInArrow(dicts.split_task(self._plan), dicts.GROUP_SCHEMA)
-                .repartition(self._tasks_per_group_pass(), "group")
-                .groupBy("group").applyInArrow(dicts.merge_task(merge), dicts.TOTALS_SCHEMA)
-                .collect())
+        groups = dicts.balanced_batches(self._plan.group_entries(), self._tasks_per_group_pass())
+        rows = self._over(groups, dicts.merge_task(merge, groups, partial_files.files(partials)),
+                          dicts.TOTALS_SCHEMA).collect()
+        partial_files.clear(partials)
         self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),
                                               np.frombuffer(r["histogram_sizes"], np.int64))
                             for r in rows}
         self._entries = {int(r["group"]): int(r["entries"]) for r in rows}
-        self._release(self._partials)
         return counting.write_histogram_file(_column_histogram(self._plan, self._histograms),
                                              counts_dir)
 
@@ -137,15 +125,9 @@ class ArrowEngine:
         """The merge wrote the recounted days' value counts before count_totals returned."""
 
     def close(self) -> None:
-        """Drop what is cached."""
-        for frame in self._cached:
-            frame.unpersist()
-        self._cached = []
-
-    def _release(self, frame) -> None:
-        if frame is not None and any(f is frame for f in self._cached):
-            frame.unpersist()
-            self._cached = [f for f in self._cached if f is not frame]
+        """Remove the partial files of a count pass that did not reach its merge."""
+        if self._partials_dir is not None:
+            partial_files.clear(self._partials_dir)
 
     # ------------------------------------------------------------ dictionaries
     def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,

@@ -5,8 +5,9 @@ Each task gets chunk numbers (``spark.range``, one per partition), reads its chu
 Arrow record batches:
 
 - ``count_task``: per chunk, the statistics as a few coded rows and, for days being counted,
-  each column's distinct values and their counts as binary values
-  (``spark_jobs.arrow_dictionaries`` merges them);
+  each column's distinct values and their counts written to a partial file
+  (``spark_jobs.partial_files``; ``spark_jobs.arrow_dictionaries`` merges them) with samples
+  of the values as rows;
 - ``reject_task``: the rejected lines with their position and reason;
 - ``transform_task``: the output rows of the splits, ids looked up in the memory-mapped
   dictionary index (``spark_jobs.dictionary_index``), with the train order keys of
@@ -25,7 +26,8 @@ import numpy as np
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.chunks import Chunk, LineBlock, line_blocks
-from spark_jobs.arrow_dictionaries import KIND_STATS, partial_rows
+from spark_jobs.arrow_dictionaries import KIND_STATS, write_partials
+from spark_jobs.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
 from spark_jobs.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
 
@@ -101,12 +103,13 @@ class _ValueCounter:
         for j in range(NUM_CATEGORICAL):
             self.partials[j].append(count_values(values[j]))
 
-    def batch(self, day: int):
-        """The chunk's partial and sample rows (``arrow_dictionaries.COUNT_SCHEMA``), or None."""
+    def write(self, path: str, day: int):
+        """The chunk's partial counts written to ``path``; its sample rows
+        (``arrow_dictionaries.COUNT_SCHEMA``), or None when it has no values."""
         self._flush()
         merged = {j: merge_counts(parts, DAY_COUNT_DTYPE) for j, parts in enumerate(self.partials)}
         merged = {j: c for j, c in merged.items() if len(c)}
-        return partial_rows(day, merged) if merged else None
+        return write_partials(path, day, merged) if merged else None
 
 
 def _add_stats(stats: np.ndarray, parsed) -> None:
@@ -119,10 +122,12 @@ def _add_stats(stats: np.ndarray, parsed) -> None:
     stats[MISSING_CAT:MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats.T[:, valid] == MISSING).sum(axis=1)
 
 
-def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings):
-    """mapInArrow function: statistics of every chunk, value counts of ``count_days``."""
+def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings,
+               partials_dir: str):
+    """mapInArrow function: statistics of every chunk, value counts of ``count_days`` (to a
+    partial file per chunk in ``partials_dir``, named by its number: a retry replaces it)."""
     def run(batches):
-        for _, chunk, blocks in _blocks(chunks, batches, settings):
+        for number, chunk, blocks in _blocks(chunks, batches, settings):
             stats = np.zeros(STAT_CODES, np.int64)
             counter = _ValueCounter(settings.count_flush_lines) if chunk.day in count_days else None
             for block in blocks:
@@ -130,8 +135,10 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 _add_stats(stats, parsed)
                 if counter is not None:
                     counter.add(parsed.cats.T[:, parsed.valid])
-            if counter is not None and (rows := counter.batch(chunk.day)) is not None:
-                yield rows
+            if counter is not None:
+                path = f"{partials_dir}/chunk-{number:07d}{PARTIAL_SUFFIX}"
+                if (rows := counter.write(path, chunk.day)) is not None:
+                    yield rows
             if stats[LINES]:
                 yield _stat_rows(chunk.day, chunk.index, stats)
     return run

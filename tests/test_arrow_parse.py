@@ -157,34 +157,47 @@ def test_truncated_and_corrupt_gzip_days_are_read_errors_naming_the_file(tmp_pat
 @pytest.mark.parametrize("flush_lines", [1, 7, 1 << 18])
 def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     """Partial value counts merged within a chunk (any flush size) equal a plain count; the
-    statistics rows count every line, the short and the rejected ones included."""
+    statistics rows count every line, the short and the rejected ones included; the sample
+    rows are drawn from the partial files and stand for all their entries."""
     import pyarrow as pa
 
-    from spark_jobs.arrow_dictionaries import KIND_PARTIAL, KIND_SAMPLE, KIND_STATS
+    from spark_jobs.arrow_dictionaries import KIND_SAMPLE, KIND_STATS
     from spark_jobs.arrow_tasks import CODE_BITS, LINES, ReadSettings, count_task
+    from spark_jobs.partial_files import PartialFile, files
 
     lines = _lines(5)[:800]
     path = tmp_path / "day_0"
     path.write_bytes("".join(line + "\n" for line in lines).encode())
     chunks = plan_chunks([DayFile(0, path)], 10_000)
-    task = count_task(chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines))
+    partials = tmp_path / "partials"
+    task = count_task(chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines),
+                      str(partials))
     ids = pa.record_batch({"id": pa.array(range(len(chunks)), pa.int64())})
-    got, lines_seen, partials = {}, 0, {}
+    lines_seen, samples = 0, []
     for batch in task([ids]):
         for row in batch.to_pylist():
             if row["kind"] == KIND_STATS:
                 lines_seen += row["count"] if row["value"] & ((1 << CODE_BITS) - 1) == LINES else 0
-                continue
-            values = np.frombuffer(row["values"], np.uint32)
-            assert np.all(np.diff(values.astype(np.int64)) > 0)     # distinct, ascending
-            if row["kind"] == KIND_SAMPLE:                           # a subset of the partial
-                assert set(values.tolist()) <= set(partials[row["column"]].tolist())
-                continue
-            assert row["kind"] == KIND_PARTIAL and row["value"] == len(values)
-            partials[row["column"]] = values
-            for value, count in zip(values.tolist(), np.frombuffer(row["counts"], np.uint32).tolist()):
-                key = (row["column"], "%08x" % value)
-                got[key] = got.get(key, 0) + count
+            else:
+                assert row["kind"] == KIND_SAMPLE
+                samples.append((row["column"], row["value"], np.frombuffer(row["values"], np.uint32)))
+    got, entries, seen = {}, {}, {}
+    assert len(files(partials)) == len(chunks)
+    for name in files(partials):
+        with PartialFile(name) as partial:
+            for column in range(26):
+                for day, counts in partial.slices(column, 0, None):
+                    assert day == 0
+                    assert np.all(np.diff(counts.values.astype(np.int64)) > 0)  # distinct, ascending
+                    entries[column] = entries.get(column, 0) + len(counts)
+                    seen.setdefault(column, set()).update(counts.values.tolist())
+                    for value, count in zip(counts.values.tolist(), counts.counts.tolist()):
+                        key = (column, "%08x" % value)
+                        got[key] = got.get(key, 0) + count
+    for column, stands_for, values in samples:
+        assert np.all(np.diff(values.astype(np.int64)) > 0)
+        assert set(values.tolist()) <= seen[column]                 # a subset of the partials
+    assert {c: sum(n for k, n, _ in samples if k == c) for c in entries} == entries
     expected = {}
     for line in lines:
         parsed = reference_parse(_without_cr(line))

@@ -1,0 +1,51 @@
+"""Partial count files: what a count task writes is what the merge reads, range by range."""
+
+import numpy as np
+import pytest
+
+from spark_jobs import partial_files
+from spark_jobs.value_counts import Counts, merge_counts
+
+
+def _counts(rng, n, top=1 << 32):
+    values = np.unique(rng.integers(0, top, n, dtype=np.int64)).astype(np.uint32)
+    return Counts(values, rng.integers(1, 1000, len(values)).astype(np.uint32))
+
+
+def test_ranges_of_every_file_merge_to_the_whole(tmp_path):
+    """Cut at any bounds, the slices of all files (two days, three columns, an empty segment)
+    add up to the merge of the whole segments, and no value lands in two ranges."""
+    rng = np.random.default_rng(3)
+    written = []
+    for k in range(4):
+        segments = [(k % 2, column, _counts(rng, 5000 if column else 0)) for column in range(3)]
+        partial_files.write(tmp_path / f"chunk-{k}{partial_files.SUFFIX}", segments)
+        written += segments
+    paths = partial_files.files(tmp_path)
+    assert len(paths) == 4
+    bounds = [0, 1 << 20, 1 << 31, 3_000_000_000]
+    for column in (1, 2):
+        for day in (0, 1):
+            whole = merge_counts([c for d, j, c in written if j == column and d == day])
+            pieces = []
+            for r, low in enumerate(bounds):
+                high = bounds[r + 1] if r + 1 < len(bounds) else None
+                part = merge_counts(partial_files.read_range(paths, column, low, high).get(day, []))
+                assert np.all(part.values >= low) and (high is None or np.all(part.values < high))
+                pieces.append(part)
+            assert np.array_equal(np.concatenate([p.values for p in pieces]), whole.values)
+            assert np.array_equal(np.concatenate([p.counts for p in pieces]), whole.counts)
+    assert partial_files.read_range(paths, 0, 0, None) == {}       # empty segments are not kept
+
+
+def test_a_damaged_file_is_an_error_not_a_short_count(tmp_path):
+    rng = np.random.default_rng(4)
+    path = tmp_path / f"chunk-0{partial_files.SUFFIX}"
+    partial_files.write(path, [(0, 5, _counts(rng, 1000))])
+    data = path.read_bytes()
+    path.write_bytes(data[:-4])
+    with pytest.raises(ValueError, match="bytes where its segment table says"):
+        partial_files.read_range([str(path)], 5, 0, None)
+    path.write_bytes(b"not a partial file at all")
+    with pytest.raises(ValueError, match="not a partial counts file"):
+        partial_files.read_range([str(path)], 5, 0, None)
