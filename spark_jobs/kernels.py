@@ -1,5 +1,6 @@
-"""The compiled loops of the Arrow engine's dictionaries (numba): ids within a value range,
-and the dictionary index's hash tables (build a range's table, probe it).
+"""The compiled loops of the Arrow engine's dictionaries (numba): merging sorted value counts,
+ids within a value range, and the dictionary index's hash tables (build a range's table,
+probe it).
 
 They are loops whose numpy formulations cost several passes over the data (bench/README.md,
 "Dictionary lookups"). In the index, a slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
@@ -84,6 +85,43 @@ def lookup_column(values, bounds, starts, sizes, slots, out):
 
 
 @numba.njit(cache=True, nogil=True)
+def merge_two(a_values, a_counts, b_values, b_counts, out_values, out_counts):
+    """Two runs of distinct ascending values and their counts merged into ``out_*`` (room
+    for both), equal values' counts summed; returns the entries written. One linear pass:
+    numpy's best, a stable sort of the concatenation, costs several times more per entry
+    (bench/README.md, "At the Terabyte's cardinality")."""
+    i, j, n = 0, 0, 0
+    na, nb = a_values.shape[0], b_values.shape[0]
+    while i < na and j < nb:
+        va, vb = a_values[i], b_values[j]
+        if va < vb:
+            out_values[n] = va
+            out_counts[n] = a_counts[i]
+            i += 1
+        elif vb < va:
+            out_values[n] = vb
+            out_counts[n] = b_counts[j]
+            j += 1
+        else:
+            out_values[n] = va
+            out_counts[n] = np.int64(a_counts[i]) + np.int64(b_counts[j])
+            i += 1
+            j += 1
+        n += 1
+    while i < na:
+        out_values[n] = a_values[i]
+        out_counts[n] = a_counts[i]
+        i += 1
+        n += 1
+    while j < nb:
+        out_values[n] = b_values[j]
+        out_counts[n] = b_counts[j]
+        j += 1
+        n += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
 def ranks_in_class(classes, first, out):
     """``out[i] = first[classes[i]] + ``how many ``j < i`` share ``classes[i]``: with values
     in ascending order, each value's id is its class's first id plus its rank in the class."""
@@ -114,4 +152,6 @@ def warm_up() -> None:
     lookup_column(np.arange(-1, 3, dtype=np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
                   np.full(1, 512, np.int64), slots, np.zeros(4, np.int32))
     ranks_in_class(np.zeros(2, np.int64), np.ones(1, np.int64), np.zeros(2, np.int64))
+    merge_two(np.ones(1, np.uint32), np.ones(1, np.int64), np.ones(1, np.uint32),
+              np.ones(1, np.int64), np.zeros(2, np.uint32), np.zeros(2, np.int64))
     relabel_region(np.zeros(4, np.uint64), np.ones(1, np.int32))

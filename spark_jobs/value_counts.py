@@ -8,8 +8,8 @@ not grow with the number of distinct values, where a hash table's does once it o
 cache (counting a column of 2.5M uniform values cost a pandas hash table 212 ns a value, a sort
 17 ns).
 
-Between Spark tasks, arrays travel as Arrow binary values (``to_binary``/``from_binary``): one
-value per array, no per-entry conversion in the JVM, which only moves and shuffles the bytes.
+Small arrays that go back to the driver (samples, histograms) travel as Arrow binary values
+(``to_binary``): one value per array, no per-entry conversion in the JVM.
 """
 
 from __future__ import annotations
@@ -61,34 +61,27 @@ def count_values(values: np.ndarray) -> Counts:
 
 
 def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
-    """One Counts from several (each sorted): values summed, in ``count_dtype``."""
+    """One Counts from several (each sorted): values summed, in ``count_dtype``. Runs are
+    merged pairwise, smallest first, in one linear pass each (``kernels.merge_two``): the
+    values are already sorted, so nothing is sorted again."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty_counts(count_dtype)
     if len(parts) == 1:
         return Counts(parts[0].values, parts[0].counts.astype(count_dtype, copy=False))
-    if all(int(p.counts.max()) <= _LOW32 for p in parts):
-        values, counts = _sorted_packed(parts)
-    else:
-        values = np.concatenate([p.values for p in parts])
-        counts = np.concatenate([p.counts.astype(count_dtype, copy=False) for p in parts])
-        order = np.argsort(values, kind="stable")
-        values, counts = values[order], counts[order]
-    starts = _run_starts(values)
-    return Counts(values[starts], np.add.reduceat(counts, starts).astype(count_dtype, copy=False))
+    from spark_jobs.kernels import merge_two
 
-
-_LOW32 = 0xFFFFFFFF
-
-
-def _sorted_packed(parts: list[Counts]) -> tuple[np.ndarray, np.ndarray]:
-    """The parts' entries sorted by value, as one sort of ``value << 32 | count`` keys: a
-    third cheaper than an argsort and two gathers (bench/README.md), for counts that fit 32
-    bits (a day's always do)."""
-    keys = np.concatenate([(p.values.astype(np.uint64) << np.uint64(32))
-                           | p.counts.astype(np.uint64) for p in parts])
-    keys.sort(kind="stable")          # timsort: the parts are sorted runs
-    return (keys >> np.uint64(32)).astype(VALUE_DTYPE), (keys & np.uint64(_LOW32)).astype(np.int64)
+    runs = sorted((Counts(p.values, p.counts.astype(np.int64, copy=False)) for p in parts), key=len)
+    while len(runs) > 1:
+        a, b = runs.pop(0), runs.pop(0)
+        values = np.empty(len(a) + len(b), VALUE_DTYPE)
+        counts = np.empty(len(a) + len(b), np.int64)
+        n = merge_two(a.values, a.counts, b.values, b.counts, values, counts)
+        merged = Counts(values[:n], counts[:n])
+        k = next((i for i, r in enumerate(runs) if len(r) >= n), len(runs))
+        runs.insert(k, merged)
+    out = runs[0]              # trimmed: the last merge's buffers had room for no duplicates
+    return Counts(out.values.copy(), out.counts.astype(count_dtype))
 
 
 # Counts below this are histogrammed by one bincount pass (a table of 8 MB at most), higher
@@ -141,35 +134,3 @@ def to_binary(arrays: list[np.ndarray]):
         if arrays else np.zeros(0, np.uint8)
     return pa.Array.from_buffers(pa.binary(), len(arrays), [None, pa.py_buffer(offsets),
                                                              pa.py_buffer(data)])
-
-
-def slices_to_binary(array: np.ndarray, bounds: np.ndarray):
-    """An Arrow binary array of ``array[bounds[k]:bounds[k+1]]`` for each k, zero-copy."""
-    import pyarrow as pa
-
-    offsets = (np.asarray(bounds, np.int64) * array.itemsize).astype(np.int32)
-    base = np.ascontiguousarray(array)
-    return pa.Array.from_buffers(pa.binary(), len(bounds) - 1,
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(base)])
-
-
-def from_binary(column, dtype) -> list[np.ndarray]:
-    """The numpy arrays behind an Arrow binary column (views, no copy); None stays None."""
-    import pyarrow as pa
-
-    if isinstance(column, pa.ChunkedArray):
-        return [a for chunk in column.chunks for a in from_binary(chunk, dtype)]
-    n = len(column)
-    if n == 0:
-        return []
-    validity, offsets_buf, data = column.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, n + 1, column.offset * 4)
-    raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
-    out = []
-    for k in range(n):
-        if valid is not None and not valid[k]:
-            out.append(None)
-            continue
-        out.append(raw[offsets[k]:offsets[k + 1]].view(dtype))
-    return out

@@ -75,6 +75,31 @@ def test_value_counts_count_and_merge_like_a_counter():
     assert np.all(np.diff(merged.values.astype(np.int64)) > 0)
 
 
+def test_merge_counts_sums_runs_of_any_sizes_and_large_counts():
+    """Runs of very different sizes (one empty, one of a single value), the full value range
+    and counts beyond 32 bits: the merge equals a sum by value, in the asked count type."""
+    rng = np.random.default_rng(5)
+    runs = []
+    for size in (0, 1, 17, 4000, 60_000, 60_000):
+        values = np.unique(rng.integers(0, 2**32, size, dtype=np.uint64)).astype(np.uint32)
+        if size == 17:
+            values[-1] = 2**32 - 1
+        counts = rng.integers(1, 2**40, len(values), dtype=np.int64)
+        runs.append(Counts(values, counts))
+    runs.append(Counts(runs[4].values[::3].copy(), np.full(len(runs[4].values[::3]), 7, np.int64)))
+    merged = merge_counts(runs)
+    want: dict[int, int] = {}
+    for run in runs:
+        for v, c in zip(run.values.tolist(), run.counts.tolist()):
+            want[v] = want.get(v, 0) + c
+    assert merged.counts.dtype == np.int64 and merged.values.dtype == np.uint32
+    assert merged.values.tolist() == sorted(want)
+    assert merged.counts.tolist() == [want[v] for v in sorted(want)]
+    day = merge_counts([Counts(r.values, (r.counts % 1000).astype(np.uint32)) for r in runs[:4]],
+                       np.uint32)
+    assert day.counts.dtype == np.uint32 and len(day) == len(set().union(*(r.values.tolist() for r in runs[:4])))
+
+
 @pytest.mark.parametrize("skewed", [False, True])
 def test_value_ranges_split_a_column_evenly_and_cover_it(skewed):
     """Bounds from evenly spaced samples of each partial: ranges of about group_values
