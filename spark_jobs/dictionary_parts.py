@@ -73,10 +73,15 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
 def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.ndarray,
                part_path: Path, index_dir: str, column: str, region: tuple[int, int]) -> int:
     """After the barrier: the staged part's ids filled in and the part moved to ``part_path``,
-    the region's slots given their ids and written into the index. Returns the values kept."""
+    the region's slots given their ids and written into the index, the staged files removed
+    (by the tasks, in parallel, rather than by the driver after them). Returns the values
+    kept."""
     from spark_jobs.kernels import relabel_region
 
     staged, rows_path, classes_path, region_path = _paths(directory, group)
+    if not rows_path.exists() and part_path.exists():     # a retried task: this group is done
+        import pyarrow.parquet as pq
+        return pq.ParquetFile(part_path).metadata.num_rows
     if not np.array_equal(np.load(classes_path), classes):
         raise ValueError(f"value group {group}: the staged dictionary part's counts differ from "
                          f"the histogram's (a stale staging directory {directory}?)")
@@ -93,6 +98,8 @@ def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.
                          f"where the index has {region[1]}")
     relabel_region(slots, ids)
     dictionary_index.write_built_region(index_dir, column, region[0], slots)
+    for path in (region_path, classes_path, rows_path):   # the rows last: they mark it undone
+        path.unlink()
     return len(ids)
 
 

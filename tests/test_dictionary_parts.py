@@ -80,18 +80,38 @@ def test_filled_parts_are_the_rows_and_index_of_a_global_sort(tmp_path, monkeypa
 
 
 def test_a_retried_fill_changes_nothing(tmp_path):
-    """A task run twice (the first attempt moved its part, then was lost): same ids."""
+    """A task run again: after it finished a group (its staged files are gone), and after it
+    had moved a group's part but not written its index region. Same ids, same index."""
     plan, groups, _, _ = _groups(np.random.default_rng(6), 5_000)
-    dict_dir, _ = _stage_and_fill(tmp_path, plan, groups)
+    dict_dir, index_dir = _stage_and_fill(tmp_path, plan, groups)
     first = pq.read_table(dict_dir).sort_by("value")
+    index_bytes = (index_dir / dictionary_index.slots_file(CAT_COLUMNS[COLUMN])).read_bytes()
+    assert not list((tmp_path / "staging").glob("*.npy"))       # the tasks removed their own
     histograms = {g: dicts.count_histogram(t.counts) for g, t in groups.items()}
     firsts = dicts.first_ids(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
     _, regions = dicts.index_layouts(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
-    spec = dicts.WriteSpec(plan, str(dict_dir), str(tmp_path / "index"), regions,
-                           str(tmp_path / "staging"))
-    for g in groups:
-        dicts._fill_group(spec, g, firsts.get(g))
+    spec = dicts.WriteSpec(plan, str(dict_dir), str(index_dir), regions, str(tmp_path / "staging"))
+    kept = {g: dicts._fill_group(spec, g, firsts.get(g)) for g in groups}
+    assert sum(kept.values()) == first.num_rows
     assert pq.read_table(dict_dir).sort_by("value").equals(first)
+    # lost after the move: the part (placeholders) is in place, its index region is not
+    g = max(groups, key=lambda k: len(groups[k]))
+    column, rank = plan.column_range(g)
+    part = dict_dir / f"column={CAT_COLUMNS[column]}" / f"part-{rank:05d}.parquet"
+    dictionary_parts.stage_group(str(tmp_path / "staging"), g, groups[g],
+                                 dicts.count_histogram(groups[g].counts)[0], THRESHOLD)
+    (tmp_path / "staging" / f"part-{g:07d}.parquet").replace(part)
+    (index_dir / dictionary_index.slots_file(CAT_COLUMNS[column])).write_bytes(
+        bytes(len(index_bytes)))
+    assert not pq.read_table(dict_dir).sort_by("value").equals(first)
+    others = [k for k in groups if k != g]
+    for k in others:
+        dictionary_parts.stage_group(str(tmp_path / "staging"), k, groups[k],
+                                     dicts.count_histogram(groups[k].counts)[0], THRESHOLD)
+    for k in groups:
+        dicts._fill_group(spec, k, firsts.get(k))
+    assert pq.read_table(dict_dir).sort_by("value").equals(first)
+    assert (index_dir / dictionary_index.slots_file(CAT_COLUMNS[column])).read_bytes() == index_bytes
 
 
 def test_a_part_of_another_shape_is_refused_untouched(tmp_path):
