@@ -292,7 +292,7 @@ def main() -> int:
     p.add_argument("--terabyte-shape", action="store_true", help="24 days x 1M rows")
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
-    p.add_argument("--threshold", default=PreprocessConfig().frequency_threshold)
+    p.add_argument("--threshold", default=str(PreprocessConfig().frequency_threshold))
     p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")

@@ -28,7 +28,6 @@ from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import read_histogram
-from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.diskspace import free_bytes, human, same_filesystem
 from pipeline.fingerprint import input_fingerprint
 from pipeline.hosts import horovodrun_hosts
@@ -182,7 +181,7 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
-        parse_threshold_spec(config.preprocess.frequency_threshold))
+        config.preprocess.frequency_threshold)
     out = [int(sizes[c]) for c in CAT_COLUMNS]
     if config.preprocess.ids == "stable" and layout.parquet_model_size.is_file():
         previous = json.loads(layout.parquet_model_size.read_text())
@@ -422,7 +421,7 @@ def estimate(config: PipelineConfig) -> Estimate:
         sizes = None
     if sizes is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows at threshold "
-                f"{parse_threshold_spec(config.preprocess.frequency_threshold)} (from the counts)")
+                f"{config.preprocess.frequency_threshold} (from the counts)")
     state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]
     _disk(config, layout, est, rows, raw_bytes, generated, sizes, state_factor)
     _memory(config, est, sizes, state_factor)

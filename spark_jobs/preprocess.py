@@ -21,11 +21,10 @@ from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.errors import PipelineError
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
 from spark_jobs import counting, day_store, progress, quality, stable_ids, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
-from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
+from spark_jobs.errors import PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
 from spark_jobs.split_writer import write_empty
@@ -159,10 +158,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         PreprocessInputError: unusable input, or too many rejected lines.
         PreprocessJobError: Spark failed, or rows in != rows out + rejected.
     """
-    try:
-        spec = parse_threshold_spec(preprocess.frequency_threshold)
-    except ThresholdSpecError as error:
-        raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
+    spec = preprocess.frequency_threshold
     engine_id = engine_name(preprocess, spark)
     days = discover_days(input_dir, preprocess.window_days)
     layout = WorkdirLayout.at(workdir)
