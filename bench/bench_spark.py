@@ -170,8 +170,9 @@ class WorkerMemory:
 
 def run_once(args) -> dict:
     """One engine, one fresh workdir, this process: the figures as a dict."""
-    from spark_jobs.preprocess import process_tree_cpu_seconds, run_preprocess
+    from spark_jobs.preprocess import run_preprocess
     from spark_jobs.session import parse_conf_pairs
+    from spark_jobs.timing import process_tree_cpu_seconds
 
     raw = Path(args.input)
     work = Path(args.data_root) / f"work_{raw.name}_{args.engine}"
