@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
-from spark_jobs.parse import REASONS
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, REJECT_REASONS
+from spark_jobs.columns import literal_lookup
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition
 ROW_CLASS = "_row"    # the pseudo column of the row classes in the count aggregation
@@ -31,7 +31,7 @@ class DayStats:
     rows_valid: int = 0
     rows_padded: int = 0
     rows_fast: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REASONS})
+    rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECT_REASONS})
     missing: dict[str, int] = field(default_factory=lambda: {c: 0 for c in (*INT_COLUMNS, *CAT_COLUMNS)})
     # partition index → lines in it
     partitions: dict[int, int] = field(default_factory=dict)
@@ -117,13 +117,11 @@ def line_number_column(stats: dict[int, DayStats], days):
     read partition or chunk << PARTITION_SHIFT | line within it), for the given days."""
     from pyspark.sql import functions as F
 
-    offsets = []
-    for day in days:
-        for pid, offset in stats[day].line_offsets().items():
-            offsets += [F.lit((int(day) << 20) + pid), F.lit(offset)]
+    offsets = {(int(day) << 20) + pid: offset
+               for day in days for pid, offset in stats[day].line_offsets().items()}
     pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
     key = F.shiftleft(F.col("day").cast("long"), 20) + pid
-    return (F.element_at(F.create_map(*offsets), key)
+    return (literal_lookup(offsets, key)
             + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))).cast("long")
 
 
