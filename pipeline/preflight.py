@@ -59,12 +59,12 @@ class Estimate:
 def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
                 generated: bool) -> tuple[int | None, int | None, int]:
     """(rows, rows of the last day, raw bytes); rows None when they cannot be told."""
-    pre = config.preflight
+    preflight = config.preflight
     if generated:
         g = config.generator
         days = min(g.days, config.preprocess.window_days or g.days)  # the window's days
         rows = days * g.rows_per_day
-        raw_bytes = int(g.days * g.rows_per_day * pre.generated_bytes_per_row)
+        raw_bytes = int(g.days * g.rows_per_day * preflight.generated_bytes_per_row)
         window = (f"; the newest {days} (preprocess.window_days): {rows:,} rows"
                   if days < g.days else "")
         est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
@@ -88,7 +88,7 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
     per_day = []
     for day in days:
         try:
-            per_line = bytes_per_line(day.path, pre.sample_bytes)
+            per_line = bytes_per_line(day.path, preflight.sample_bytes)
         except UnreadableSample as exc:
             # The Spark job refuses it with exit 5 naming the file (spark_jobs.chunks); the
             # preflight says so and sizes the run from the other days.
@@ -97,7 +97,7 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)
     rows = sum(per_day)
     est.say(f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "
-            f"from bytes per line of the first {human(pre.sample_bytes)} of each file)")
+            f"from bytes per line of the first {human(preflight.sample_bytes)} of each file)")
     return rows, per_day[-1], raw_bytes
 
 

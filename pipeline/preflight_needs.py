@@ -157,17 +157,17 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
                generated: bool, sizes: list[int] | None, state_factor: int) -> DiskNeeds:
     """The workdir's use stage by stage; the peak (with the shuffle while preprocess runs, when
     it shares the workdir's filesystem) is what must fit."""
-    measured, wanted, root = config.preflight, set(config.stages), layout.root
+    preflight, wanted, root = config.preflight, set(config.stages), layout.root
     existing = {name: tree_bytes(path) if path.exists() else 0 for name, path in
                 (("raw", layout.raw), ("counts", layout.counts), ("parquet", layout.parquet),
                  ("binary", layout.binary), ("checkpoints", layout.checkpoints))}
-    full = {"raw": raw_bytes if generated else 0, "counts": rows * measured.counts_bytes_per_row,
-            "parquet": rows * measured.parquet_bytes_per_row,
+    full = {"raw": raw_bytes if generated else 0, "counts": rows * preflight.counts_bytes_per_row,
+            "parquet": rows * preflight.parquet_bytes_per_row,
             "binary": rows * _binary_bytes_per_row(sizes, config)}
     if sizes is not None:
         full["checkpoints"] = checkpoint_bytes(config, sizes, state_factor)
     new = {k: max(0.0, v - existing[k]) for k, v in full.items()}
-    shuffle = rows * measured.shuffle_bytes_per_row if "preprocess" in wanted else 0.0
+    shuffle = rows * preflight.shuffle_bytes_per_row if "preprocess" in wanted else 0.0
     local_dirs = spark_local_dirs(config)
     shuffle_dir = local_dirs[0] if local_dirs else None
     shuffle_on_workdir = shuffle_dir is not None and same_filesystem(shuffle_dir, root)
@@ -193,7 +193,7 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
     return DiskNeeds(full=full, existing=existing, stages=stages, parquet_freed=parquet_freed,
                      checkpoints_unknown="train" in wanted and "checkpoints" not in full,
                      tables_known=sizes is not None, peak=peak, peak_at=peak_at,
-                     free=free_bytes(root), headroom=measured.disk_headroom, shuffle=shuffle,
+                     free=free_bytes(root), headroom=preflight.disk_headroom, shuffle=shuffle,
                      shuffle_dir=shuffle_dir, shuffle_on_workdir=shuffle_on_workdir,
                      shuffle_free=free_bytes(shuffle_dir) if own_disk else None)
 
@@ -321,27 +321,27 @@ class TimeNeeds:
 
 
 def time_needs(config: PipelineConfig, rows: int, test_rows: int | None) -> TimeNeeds:
-    measured, wanted = config.preflight, set(config.stages)
+    preflight, wanted = config.preflight, set(config.stages)
     cores = os.cpu_count() or 1
     spark_cores = local_cores(config.spark.master)
     parts: list[tuple[str, float, int]] = []
     cluster_core_hours = None
     if "preprocess" in wanted:
         if spark_cores:
-            parts.append(("preprocess", rows / (measured.spark_rows_per_core_s * spark_cores),
+            parts.append(("preprocess", rows / (preflight.spark_rows_per_core_s * spark_cores),
                           spark_cores))
         else:
-            cluster_core_hours = rows / measured.spark_rows_per_core_s / 3600
+            cluster_core_hours = rows / preflight.spark_rows_per_core_s / 3600
     if "convert" in wanted:
         workers = max(1, min(cores, config.convert.workers))
-        parts.append(("convert", rows / (measured.convert_rows_per_core_s * workers), workers))
+        parts.append(("convert", rows / (preflight.convert_rows_per_core_s * workers), workers))
     train_rows = rows - (test_rows or 0)
     if {"train", "eval"} & wanted:
         _, dense = _dims(config)
         # The rates are the default model's: scale by the dense part's size.
         scale = dense_parameters(PRESETS["default"]) / max(1, dense)
-        rate = (measured.train_samples_per_core_s_bf16 if config.train.amp
-                else measured.train_samples_per_core_s) * scale
+        rate = (preflight.train_samples_per_core_s_bf16 if config.train.amp
+                else preflight.train_samples_per_core_s) * scale
         if config.train.max_steps:
             samples = config.train.max_steps * config.train.batch_size
         else:
@@ -350,9 +350,9 @@ def time_needs(config: PipelineConfig, rows: int, test_rows: int | None) -> Time
         if "train" in wanted:
             parts.append(("train", samples / (rate * used), used))
         if "eval" in wanted and test_rows:
-            parts.append(("eval", test_rows / (rate * measured.eval_speedup * used), used))
-    startup = {"preprocess": measured.spark_startup_s, "train": measured.trainer_startup_s,
-               "eval": measured.trainer_startup_s}
+            parts.append(("eval", test_rows / (rate * preflight.eval_speedup * used), used))
+    startup = {"preprocess": preflight.spark_startup_s, "train": preflight.trainer_startup_s,
+               "eval": preflight.trainer_startup_s}
     return TimeNeeds(stages=[StageTime(stage, seconds + startup.get(stage, 0.0), n)
                              for stage, seconds, n in parts],
                      cluster_core_hours=cluster_core_hours,

@@ -18,8 +18,9 @@ lowercase. Only the other lines are classified field by field (``reason``). The 
 skips even the cheap checks for a day whose count pass found every line fast.
 
 Categoricals are joined on ``xxhash64`` of the normalised 8-character value: for an 8-byte
-input XXH64 is a bijection (every step is invertible), so the 64-bit key is exact, and joins
-on longs are several times cheaper than on strings.
+input XXH64 is a bijection (every step is invertible), so the 64-bit key is exact, and a join
+on a long hashes and compares one fixed-width word where a string join handles variable-length
+bytes.
 """
 
 from __future__ import annotations

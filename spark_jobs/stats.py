@@ -5,9 +5,10 @@ column ``_row`` and a *row class* value — read partition, fast or not, reject 
 and the bit mask of its missing integer fields. Counting those classes gives rows read, valid,
 padded, rejected per reason, missing integers per column and the lines of every read
 partition: statistics without a second pass. A categorical's missing values are the valid rows
-less the values counted for it (``add_categorical_missing``): a mask over all 39 fields had
-thousands of distinct patterns per day, each one more key in the aggregation (~8% of the
-count pass).
+less the values counted for it (``add_categorical_missing``), not bits of the mask: a mask over
+all 39 fields takes thousands of distinct patterns per day, each one more key for the
+aggregation to hash and shuffle, while the categoricals' missing counts come for free from the
+value counts the pass makes anyway.
 
 The partition line counts give the line numbers of rejected lines and the test/validation
 boundary of the last day without a single-partition window.
