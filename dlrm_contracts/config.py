@@ -262,7 +262,7 @@ class ConvertConfig:
     verify_full: bool = False
     # Before a threshold raise reuses the binary dataset's files, check each against the
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
-    # bench/README.md). False trusts files whose size and modification time are unchanged.
+    # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
 
     def __post_init__(self) -> None:
@@ -284,12 +284,12 @@ class TrainConfig:
     # A first-order ("wide") term: one scalar weight per id of every table, their sum added
     # to the top MLP's logit (a logistic regression on the ids inside the DLRM). The DLRM
     # otherwise sees an id only through dot products with other features, and on small data
-    # loses to a plain logistic regression (bench/README.md, "Model quality"). Each weight
+    # loses to a plain logistic regression (docs/perf-history.md, "Model quality"). Each weight
     # lives beside its table's rows (the rank holding column 0), so it follows the tables'
     # model-parallel placement, checkpoints and warm starts (saved as the table's column
     # embedding_dim). Measured with learning_rate 0.045 against main's defaults: +0.001 to
     # +0.013 test AUC at 60k-150k train rows, +0.007 at 400k, +0.0055 at 4M (one epoch);
-    # ~10% more CPU per step (bench/README.md). Off in the Terabyte configs, which keep the
+    # ~10% more CPU per step (docs/perf-history.md). Off in the Terabyte configs, which keep the
     # reference's model.
     wide: bool = True
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
@@ -297,7 +297,7 @@ class TrainConfig:
     eval_batch_size: int | None = None  # None = batch_size
     # At most this many epochs: early stopping (below) ends the run when the validation AUC
     # stops improving, so the data's size, not this number, sets how many run (2-5 on the
-    # 60k-600k-row datasets measured in bench/README.md, "Model quality").
+    # 60k-600k-row datasets measured in docs/perf-history.md, "Model quality").
     epochs: int = 20
     # Steps of the run, counted from its first step: step 0 from scratch, the previous model's
     # step after a warm start (train.init: previous); a resumed run counts from the same start.
@@ -453,7 +453,7 @@ class PreflightConfig:
     """The up-front check of disk, memory and time (pipeline/preflight.py, docs/pipeline.md).
 
     Bytes per row are the measured ones of docs/sizing.md section 3; rates are per core (or per
-    CPU-second) from bench/README.md, so the estimates scale with the cores of the machine.
+    CPU-second) from docs/perf-history.md, so the estimates scale with the cores of the machine.
     """
 
     enabled: bool = True
@@ -505,7 +505,7 @@ class ProgressConfig:
     # Rows per second are measured over this last stretch of a phase.
     rate_window_s: float = 60.0
     # The preprocess stage's fraction done weighs its phases by their share of its time
-    # (bench/README.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
+    # (docs/perf-history.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
     # count 42.2 s, dictionaries 1.0 s, transform 75.6 s). A phase not named here counts for
     # nothing.
     preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {

@@ -4,7 +4,7 @@ Kept apart from the sentences ``pipeline.preflight`` prints about them, so the r
 figure (which stages grow the workdir, when the Spark shuffle counts against it, how a rank's
 tables are reckoned) can be read and changed without the prose around it, and a figure can be
 tested or reused (``before_train``) without parsing text. Every measured rate or size comes from
-``config.preflight`` (docs/sizing.md, bench/README.md).
+``config.preflight`` (docs/sizing.md, docs/perf-history.md).
 """
 
 from __future__ import annotations
