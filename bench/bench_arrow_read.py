@@ -48,7 +48,7 @@ def _chunk_line_counter(chunks):
 
 
 def _timed(label: str, action, rows_expected: int | None = None) -> float:
-    from spark_jobs.preprocess import process_tree_cpu_seconds
+    from spark_jobs.timing import process_tree_cpu_seconds
 
     start, cpu = time.perf_counter(), process_tree_cpu_seconds()
     rows = action()

@@ -33,9 +33,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dlrm_contracts.hex_text import format_hex  # noqa: E402
 from spark_jobs import dictionary_index, dictionary_parts  # noqa: E402
 from spark_jobs.arrow_dictionaries import assign_ids  # noqa: E402
-from spark_jobs.fastparse import format_hex  # noqa: E402
 from spark_jobs.kernels import build_region, warm_up  # noqa: E402
 from spark_jobs.value_counts import Counts, count_values, merge_counts  # noqa: E402
 

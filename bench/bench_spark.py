@@ -170,8 +170,9 @@ class WorkerMemory:
 
 def run_once(args) -> dict:
     """One engine, one fresh workdir, this process: the figures as a dict."""
-    from spark_jobs.preprocess import process_tree_cpu_seconds, run_preprocess
+    from spark_jobs.preprocess import run_preprocess
     from spark_jobs.session import parse_conf_pairs
+    from spark_jobs.timing import process_tree_cpu_seconds
 
     raw = Path(args.input)
     work = Path(args.data_root) / f"work_{raw.name}_{args.engine}"
@@ -292,7 +293,7 @@ def main() -> int:
     p.add_argument("--terabyte-shape", action="store_true", help="24 days x 1M rows")
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
-    p.add_argument("--threshold", default=PreprocessConfig().frequency_threshold)
+    p.add_argument("--threshold", default=str(PreprocessConfig().frequency_threshold))
     p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")

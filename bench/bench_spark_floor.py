@@ -128,7 +128,7 @@ def main() -> int:
     p.add_argument("--rows-per-day", type=int, default=2_000_000)
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
-    p.add_argument("--threshold", default=PreprocessConfig().frequency_threshold)
+    p.add_argument("--threshold", default=str(PreprocessConfig().frequency_threshold))
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")
     args = p.parse_args()

@@ -113,7 +113,7 @@ def main() -> int:
             if flags - {"xla", "amp"}:
                 p.error(f"unknown variant {variant!r}")
             # SGD without early stopping: the figures stay comparable with the history in
-            # bench/README.md, and no validation pass runs inside the timed steps.
+            # docs/perf-history.md, and no validation pass runs inside the timed steps.
             base = dict(preset=args.preset, batch_size=args.batch_size, log_every=10,
                         optimizer="sgd", learning_rate=0.1, learning_rate_scaling="none",
                         warmup_steps=0, early_stopping_patience=0, xla="xla" in flags,

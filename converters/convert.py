@@ -28,10 +28,10 @@ from converters.segments import (SEGMENTS_KEY, Reuse, copy_rows, parquet_segment
                                  previous_segments, recorded_segments)
 from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
-                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError, cat_dtype,
-                                          cat_file, checksum_text, describe, file_key,
-                                          model_size_list, new_checksum, read_json,
-                                          unreadable_parquet, write_json)
+                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
+                                          DatasetInfo, cat_dtype, cat_file, checksum_text,
+                                          describe, file_key, model_size_list, new_checksum,
+                                          read_json, unreadable_parquet, write_json)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
                                              parquet_footer)
@@ -304,6 +304,28 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     config = config or ConvertConfig()
     parquet_dir, binary_dir = Path(parquet_dir), Path(binary_dir)
     refuse_overlap(binary_dir, {"parquet": parquet_dir})
+    table_sizes = _complete_table_sizes(parquet_dir)
+    spec = _threshold_spec(parquet_dir, threshold_spec)
+    files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
+    expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
+    fingerprint = source_fingerprint(parquet_dir, files)
+    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes)
+    start = time.perf_counter()
+    checksums: dict[str, str] = {}
+    with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp:
+        rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums)
+        info = describe(tmp, rows, table_sizes, spec, fingerprint,
+                        _dataset_extra(parquet_dir, segments, checksums))
+        write_json(tmp / MODEL_SIZE_JSON, info.model_size)
+        write_json(tmp / DATASET_JSON, info.to_json())
+        verify_dataset(tmp, full=config.verify_full, require_success=False)
+    seconds = time.perf_counter() - start
+    log.info("converted %d rows in %.2f s into %s", sum(rows.values()), seconds, binary_dir)
+    return _summary(binary_dir, info, spec, fingerprint, pieces, segments, seconds)
+
+
+def _complete_table_sizes(parquet_dir: Path) -> list[int]:
+    """The table sizes of a complete parquet output, each one the format can hold."""
     if not is_complete(parquet_dir):
         raise DatasetError(f"{parquet_dir} has no {SUCCESS}: the parquet is incomplete "
                            "(rerun spark_jobs)")
@@ -311,16 +333,15 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                                   parquet_dir / MODEL_SIZE_JSON)
     for size in table_sizes:
         cat_dtype(size)  # refuses tables that do not fit int32
-    spec = _threshold_spec(parquet_dir, threshold_spec)
-    files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
-    expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
-    fingerprint = source_fingerprint(parquet_dir, files)
-    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes)
-    start = time.perf_counter()
+    return table_sizes
+
+
+def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
+                    expected: dict[str, int], tmp: Path, table_sizes: list[int],
+                    config: ConvertConfig, checksums: dict[str, str]) -> dict[str, int]:
+    """Every split into ``tmp``, each checked against the rows its parquet metadata gives."""
     rows: dict[str, int] = {}
-    checksums: dict[str, str] = {}
-    with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp, \
-            ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
+    with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
             counting("convert", sum(expected.values()), "rows", phase="convert",
                      enabled=config.progress) as bar:
         for split in SPLITS:
@@ -329,28 +350,30 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
             if rows[split] != expected[split]:
                 raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
                                    f"{expected[split]}")
-        info = describe(tmp, rows, table_sizes, spec, fingerprint,
-                        {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
-                         # what a model trained on it must be served with (trainer.export)
-                         DICTIONARIES_FINGERPRINT_KEY:
-                             dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
-                         **({"ids": "stable"} if _stable_ids(parquet_dir) else {}),
-                         **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
-                         CHECKSUMS_KEY: dict(sorted(checksums.items()))})
-        write_json(tmp / MODEL_SIZE_JSON, info.model_size)
-        write_json(tmp / DATASET_JSON, info.to_json())
-        verify_dataset(tmp, full=config.verify_full, require_success=False)
-    seconds = time.perf_counter() - start
-    total_rows = sum(rows.values())
-    nbytes = sum(info.nbytes(s) for s in SPLITS)
-    summary = {"output": str(binary_dir), "rows": rows, "table_sizes": info.model_size,
-               "cat_dtypes": list(info.cat_dtypes), "threshold_spec": spec,
-               "source_fingerprint": fingerprint, "bytes_written": nbytes,
-               "seconds": round(seconds, 3),
-               # stable ids: the days whose rows were copied from the previous dataset
-               "days_reused": {split: [s.day for (_, r), s in zip(pieces[split], segments[split])
-                                       if r is not None] for split in SPLITS} if segments else {},
-               "rows_per_second": round(total_rows / seconds) if seconds else None}
-    log.info("converted %d rows in %.2f s into %s", total_rows, seconds, binary_dir)
-    return summary
+    return rows
 
+
+def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str]) -> dict[str, Any]:
+    """What dataset.json records beyond the format: the source, the dictionaries it must be
+    served with, stable ids and their day segments, and every file's checksum."""
+    return {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
+            # what a model trained on it must be served with (trainer.export)
+            DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
+            **({"ids": "stable"} if _stable_ids(parquet_dir) else {}),
+            **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
+            CHECKSUMS_KEY: dict(sorted(checksums.items()))}
+
+
+def _summary(binary_dir: Path, info: DatasetInfo, spec: str | None, fingerprint: str,
+             pieces: dict[str, list[tuple[list[Path], Reuse | None]]], segments,
+             seconds: float) -> dict[str, Any]:
+    total_rows = sum(info.splits.values())
+    return {"output": str(binary_dir), "rows": dict(info.splits), "table_sizes": info.model_size,
+            "cat_dtypes": list(info.cat_dtypes), "threshold_spec": spec,
+            "source_fingerprint": fingerprint,
+            "bytes_written": sum(info.nbytes(s) for s in SPLITS),
+            "seconds": round(seconds, 3),
+            # stable ids: the days whose rows were copied from the previous dataset
+            "days_reused": {split: [s.day for (_, r), s in zip(pieces[split], segments[split])
+                                    if r is not None] for split in SPLITS} if segments else {},
+            "rows_per_second": round(total_rows / seconds) if seconds else None}

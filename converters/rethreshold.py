@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,54 +124,93 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                            "A stable workdir keeps its threshold; use a new workdir for another")
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     start = time.perf_counter()
-    jobs = []
     # Files reused as they are keep the source's checksums (recorded when it was written;
     # checked above when config.verify_checksums), the rewritten ones get their own below.
     checksums = dict(info.checksums)
     with atomic_directory(output, overwrite=config.overwrite, fsync=config.fsync) as tmp:
-        for split in SPLITS:
-            (tmp / split).mkdir()
-            for name in (LABEL_FILE, NUMERICAL_FILE):
-                _link_or_copy(info.file(split, name), tmp / split / name, config.link_unchanged)
-            for i, (old_size, new_size) in enumerate(zip(info.table_sizes, sizes)):
-                name = cat_file(i)
-                if new_size == old_size:
-                    _link_or_copy(info.file(split, name), tmp / split / name,
-                                  config.link_unchanged)
-                else:
-                    jobs.append((info.file(split, name), tmp / split / name,
-                                 np.dtype(info.cat_dtypes[i]), new_size))
-        with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
-                counting("convert", len(jobs), "files", phase="rethreshold",
-                         enabled=config.progress) as bar:
-            futures = [pool.submit(clamp_ids_file, *job, config.batch_rows * 8) for job in jobs]
-            for job, future in zip(jobs, futures):
-                checksums[file_key(job[1].parent.name, job[1].name)] = future.result()
-                bar.update(1)
-        written = sum(job[1].stat().st_size for job in jobs)
-        extra = {"source": {"kind": "binary", "path": str(source.absolute()),
-                            "threshold_spec": info.threshold_spec,
-                            "source_fingerprint": info.source_fingerprint},
-                 "counts": str(Path(counts_dir).absolute()),
-                 # same dictionaries: the kept values are a prefix of their ids
-                 DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
-                 **({"ids": info.extra["ids"]} if "ids" in info.extra else {})}
-        if info.checksums:  # all or none: a dataset without them cannot be shown intact
-            extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
+        jobs = _link_unchanged(info, sizes, tmp, config.link_unchanged)
+        checksums.update(_clamp_files(jobs, config))
+        written = sum(job.target.stat().st_size for job in jobs)
+        extra = _output_extra(info, source, counts_dir, checksums)
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)
         write_json(tmp / MODEL_SIZE_JSON, result.model_size)
         write_json(tmp / DATASET_JSON, result.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)
     seconds = time.perf_counter() - start
+    log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, sum(info.splits.values()),
+             seconds)
+    return _summary(output, info, new, base, result, jobs, written, seconds)
+
+
+@dataclass(frozen=True)
+class _ClampJob:
+    """One ids file of a table that shrinks: rewritten, not linked."""
+
+    column: int  # index into CAT_COLUMNS
+    source: Path
+    target: Path
+    old_dtype: np.dtype
+    new_size: int
+
+
+def _link_unchanged(info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: Path,
+                    link: bool) -> list[_ClampJob]:
+    """Lay out the new dataset's splits: labels, numericals and the tables that keep their size
+    linked (or copied) from the source; the files of the tables that shrink are returned."""
+    jobs = []
+    for split in SPLITS:
+        (tmp / split).mkdir()
+        for name in (LABEL_FILE, NUMERICAL_FILE):
+            _link_or_copy(info.file(split, name), tmp / split / name, link)
+        for i, (old_size, new_size) in enumerate(zip(info.table_sizes, sizes)):
+            name = cat_file(i)
+            if new_size == old_size:
+                _link_or_copy(info.file(split, name), tmp / split / name, link)
+            else:
+                jobs.append(_ClampJob(i, info.file(split, name), tmp / split / name,
+                                      np.dtype(info.cat_dtypes[i]), new_size))
+    return jobs
+
+
+def _clamp_files(jobs: list[_ClampJob], config: ConvertConfig) -> dict[str, str]:
+    """Write every clamped file over the thread pool; their checksums by file key."""
+    checksums = {}
+    with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
+            counting("convert", len(jobs), "files", phase="rethreshold",
+                     enabled=config.progress) as bar:
+        futures = [pool.submit(clamp_ids_file, job.source, job.target, job.old_dtype,
+                               job.new_size, config.batch_rows * 8) for job in jobs]
+        for job, future in zip(jobs, futures):
+            checksums[file_key(job.target.parent.name, job.target.name)] = future.result()
+            bar.update(1)
+    return checksums
+
+
+def _output_extra(info: DatasetInfo, source: Path, counts_dir: str | Path,
+                  checksums: dict[str, str]) -> dict[str, Any]:
+    """What dataset.json records beyond the format: where the dataset came from, and the
+    checksums of every file (reused ones keep the source's)."""
+    extra = {"source": {"kind": "binary", "path": str(source.absolute()),
+                        "threshold_spec": info.threshold_spec,
+                        "source_fingerprint": info.source_fingerprint},
+             "counts": str(Path(counts_dir).absolute()),
+             # same dictionaries: the kept values are a prefix of their ids
+             DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
+             **({"ids": info.extra["ids"]} if "ids" in info.extra else {})}
+    if info.checksums:  # all or none: a dataset without them cannot be shown intact
+        extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
+    return extra
+
+
+def _summary(output: Path, info: DatasetInfo, new: ThresholdSpec, base: ThresholdSpec,
+             result: DatasetInfo, jobs: list[_ClampJob], written: int,
+             seconds: float) -> dict[str, Any]:
     rows = sum(info.splits.values())
-    summary = {"output": str(output), "rows": dict(info.splits), "threshold_spec": str(new),
-               "base_threshold_spec": str(base),
-               "table_sizes_before": info.model_size, "table_sizes": result.model_size,
-               "cat_dtypes": list(result.cat_dtypes),
-               "columns_rewritten": sorted({CAT_COLUMNS[int(j[0].name[4:-4])] for j in jobs},
-                                           key=CAT_COLUMNS.index),
-               "bytes_written": written,
-               "seconds": round(seconds, 3),
-               "rows_per_second": round(rows / seconds) if seconds else None}
-    log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, rows, seconds)
-    return summary
+    return {"output": str(output), "rows": dict(info.splits), "threshold_spec": str(new),
+            "base_threshold_spec": str(base),
+            "table_sizes_before": info.model_size, "table_sizes": result.model_size,
+            "cat_dtypes": list(result.cat_dtypes),
+            "columns_rewritten": [CAT_COLUMNS[i] for i in sorted({job.column for job in jobs})],
+            "bytes_written": written,
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(rows / seconds) if seconds else None}

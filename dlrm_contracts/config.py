@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from dlrm_contracts.errors import UsageError
 from dlrm_contracts.security import refuse_secret_settings
 from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.thresholds import ThresholdSpec, ThresholdSpecError, parse_threshold_spec
 
 Section = TypeVar("Section")
 
@@ -170,7 +171,10 @@ class SparkConfig:
 class PreprocessConfig:
     """Counting, dictionaries and the transform to parquet."""
 
-    frequency_threshold: str = "2"
+    # The spec, parsed once: YAML and flags give text (``15,C3:3``, or a number), made a
+    # ThresholdSpec here, so a bad spec fails at load with one message and every stage reads
+    # the same value; written back (effective_config.yaml, show-config) in canonical form.
+    frequency_threshold: ThresholdSpec = field(default_factory=lambda: ThresholdSpec(2))
     shuffle_seed: int = 12345
     max_reject_rate: float = 0.01
     # Train parquet files (train rows are hash-partitioned by their seeded key into this many
@@ -223,6 +227,8 @@ class PreprocessConfig:
     window_days: int | None = None
 
     def __post_init__(self) -> None:
+        self.frequency_threshold = _threshold("preprocess.frequency_threshold",
+                                              self.frequency_threshold)
         _check_limits(self)
         _check(0.0 <= self.max_reject_rate <= 1.0,
                f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
@@ -256,7 +262,7 @@ class ConvertConfig:
     verify_full: bool = False
     # Before a threshold raise reuses the binary dataset's files, check each against the
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
-    # bench/README.md). False trusts files whose size and modification time are unchanged.
+    # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
 
     def __post_init__(self) -> None:
@@ -278,12 +284,12 @@ class TrainConfig:
     # A first-order ("wide") term: one scalar weight per id of every table, their sum added
     # to the top MLP's logit (a logistic regression on the ids inside the DLRM). The DLRM
     # otherwise sees an id only through dot products with other features, and on small data
-    # loses to a plain logistic regression (bench/README.md, "Model quality"). Each weight
+    # loses to a plain logistic regression (docs/perf-history.md, "Model quality"). Each weight
     # lives beside its table's rows (the rank holding column 0), so it follows the tables'
     # model-parallel placement, checkpoints and warm starts (saved as the table's column
     # embedding_dim). Measured with learning_rate 0.045 against main's defaults: +0.001 to
     # +0.013 test AUC at 60k-150k train rows, +0.007 at 400k, +0.0055 at 4M (one epoch);
-    # ~10% more CPU per step (bench/README.md). Off in the Terabyte configs, which keep the
+    # ~10% more CPU per step (docs/perf-history.md). Off in the Terabyte configs, which keep the
     # reference's model.
     wide: bool = True
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
@@ -291,7 +297,7 @@ class TrainConfig:
     eval_batch_size: int | None = None  # None = batch_size
     # At most this many epochs: early stopping (below) ends the run when the validation AUC
     # stops improving, so the data's size, not this number, sets how many run (2-5 on the
-    # 60k-600k-row datasets measured in bench/README.md, "Model quality").
+    # 60k-600k-row datasets measured in docs/perf-history.md, "Model quality").
     epochs: int = 20
     # Steps of the run, counted from its first step: step 0 from scratch, the previous model's
     # step after a warm start (train.init: previous); a resumed run counts from the same start.
@@ -355,8 +361,8 @@ class TrainConfig:
     # the same rows as the new one (summary: previous_model_test_auc). One pass of the test split.
     evaluate_previous: bool = True
     # Read the dataset at a higher threshold than it was written at (ids above k' -> 0);
-    # needs the counts histogram (DIR/counts, or counts_dir).
-    frequency_threshold: str | None = None
+    # needs the counts histogram (DIR/counts, or counts_dir). Parsed here, as preprocess's.
+    frequency_threshold: ThresholdSpec | None = None
     counts_dir: str | None = None
     # dlrm_contracts.verify before reading: "quick" (metadata, file sizes), "full" (every value), "none"
     verify_dataset: str = "quick"
@@ -387,9 +393,8 @@ class TrainConfig:
         _check(not self.top_mlp or self.top_mlp[-1] == 1,
                f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
         if self.frequency_threshold is not None:
-            from dlrm_contracts.thresholds import parse_threshold_spec
-
-            parse_threshold_spec(self.frequency_threshold)  # a bad spec: exit 2 here
+            self.frequency_threshold = _threshold("train.frequency_threshold",
+                                                  self.frequency_threshold)
 
 
 @dataclass
@@ -448,7 +453,7 @@ class PreflightConfig:
     """The up-front check of disk, memory and time (pipeline/preflight.py, docs/pipeline.md).
 
     Bytes per row are the measured ones of docs/sizing.md section 3; rates are per core (or per
-    CPU-second) from bench/README.md, so the estimates scale with the cores of the machine.
+    CPU-second) from docs/perf-history.md, so the estimates scale with the cores of the machine.
     """
 
     enabled: bool = True
@@ -500,7 +505,7 @@ class ProgressConfig:
     # Rows per second are measured over this last stretch of a phase.
     rate_window_s: float = 60.0
     # The preprocess stage's fraction done weighs its phases by their share of its time
-    # (bench/README.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
+    # (docs/perf-history.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
     # count 42.2 s, dictionaries 1.0 s, transform 75.6 s). A phase not named here counts for
     # nothing.
     preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
@@ -572,6 +577,15 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
+def _threshold(name: str, value: ThresholdSpec | str | int) -> ThresholdSpec:
+    """The one place a configured threshold spec is parsed: YAML, flags and code all pass
+    through a section's __post_init__, so a bad spec is this one message (exit 2)."""
+    try:
+        return parse_threshold_spec(value)
+    except ThresholdSpecError as error:
+        raise ConfigError(f"{name}: {error}") from None
+
+
 # Settings an older version had, with what to do instead: an old config file gets that
 # sentence rather than a bare "unknown setting".
 REMOVED_SETTINGS: dict[str, str] = {
@@ -596,7 +610,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         default = getattr(cls(), name)
-        if dataclasses.is_dataclass(default):
+        if _is_section(default):
             kwargs[name] = _build(type(default), value or {}, f"{where}.{name}")
         else:
             _check_type(value, hints[name], f"{where}.{name}")
@@ -604,11 +618,19 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
+def _is_section(value: Any) -> bool:
+    """A nested settings section (a dataclass of this module), not a parsed value such as a
+    ThresholdSpec, which is a dataclass too but a single setting."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, ThresholdSpec)
+
+
 def _fits(value: Any, hint: Any) -> bool:
-    """Whether a YAML value suits a field's annotation (numbers are accepted for strings:
-    ``frequency_threshold: 15`` is natural YAML)."""
+    """Whether a YAML value suits a field's annotation (numbers are accepted for strings, and
+    text or a number for a threshold spec: ``frequency_threshold: 15`` is natural YAML)."""
     if hint is Any:
         return True
+    if hint is ThresholdSpec:  # parsed by the section's __post_init__
+        return isinstance(value, (ThresholdSpec, str, int)) and not isinstance(value, bool)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, arg) for arg in typing.get_args(hint))
@@ -659,7 +681,21 @@ def load_config(path: str | Path | None) -> PipelineConfig:
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """The plain form (YAML/JSON types) that config_from_dict reads back: threshold specs as
+    their canonical text, so equal settings always write the same file."""
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ThresholdSpec):
+        return str(value)
+    if _is_section(value):
+        return config_to_dict(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def with_overrides(section: Section, changes: dict[str, Any], where: str = "flags") -> Section:

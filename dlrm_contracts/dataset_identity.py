@@ -21,6 +21,7 @@ from typing import Any
 import xxhash
 
 from dlrm_contracts.binary_format import CHECKSUM_PREFIX, DatasetError, DatasetInfo, file_checksum
+from dlrm_contracts.thresholds import ThresholdSpec
 
 # Keys: dataset.json's (written by the converters) and the checkpoint meta's.
 DICTIONARIES_FINGERPRINT_KEY = "dictionaries_fingerprint"
@@ -62,11 +63,13 @@ def dictionaries_fingerprint(directory: str | Path) -> str | None:
     return CHECKSUM_PREFIX + digest.hexdigest()
 
 
-def dataset_identity(info: DatasetInfo, read_threshold: str | None = None) -> dict[str, Any]:
+def dataset_identity(info: DatasetInfo,
+                     read_threshold: ThresholdSpec | None = None) -> dict[str, Any]:
     """What a checkpoint trained on this dataset records about it (``meta.json``)."""
     return {"source_fingerprint": info.source_fingerprint,
             DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
-            "threshold_spec": read_threshold or info.threshold_spec}
+            "threshold_spec": (info.threshold_spec if read_threshold is None
+                               else str(read_threshold))}
 
 
 def trained_on(checkpoint_meta: dict[str, Any], identity: dict[str, Any]) -> bool:

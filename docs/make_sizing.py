@@ -530,12 +530,12 @@ COST_TEMPLATE = """
 From `bench/bench_spark.py --high-cardinality` (ordinary and high-cardinality inputs of the same
 rows, run alternately; CPU seconds of the driver, executors and Python workers per 1M input rows,
 end to end), scaled to the Terabyte's {tb_rows:,} rows. The cost per row does not grow with the
-dictionaries' size (bench/README.md: doubling the big columns' values on twice the rows), so the
+dictionaries' size (docs/perf-history.md: doubling the big columns' values on twice the rows), so the
 high-cardinality figure is the one for the Terabyte's big columns. Node hours assume the job
 keeps every core busy and the cluster's cores are as fast as this machine's; shuffle and shared
 filesystem bandwidth are not in them. The index at threshold 1 (section 4) is 500 times the
 largest one measured here: a lookup there misses every cache level as it does at 20M values
-(bench/README.md: 18 ns at 2.27M, 21 ns at 20M kept values), so its cost per row should hold,
+(docs/perf-history.md: 18 ns at 2.27M, 21 ns at 20M kept values), so its cost per row should hold,
 but that is an extrapolation.
 
 {cost_table}

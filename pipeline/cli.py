@@ -123,7 +123,6 @@ def validate(config: PipelineConfig) -> None:
                          "the input on every run; use a subdirectory or another directory")
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
-    parse_threshold_spec(config.preprocess.frequency_threshold)
     if config.train.init == "previous" and config.preprocess.ids != "stable":
         # ids by frequency move every day even when no table shrinks: the previous model's
         # rows would meet other values, and nothing in the sizes would tell

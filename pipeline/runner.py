@@ -235,7 +235,7 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
     return {
         "status": status,
         "workdir": str(layout.root),
-        "threshold": str(parse_threshold_spec(config.preprocess.frequency_threshold)),
+        "threshold": str(config.preprocess.frequency_threshold),
         # The threshold of the binary dataset in the workdir (what train/eval used); differs
         # from "threshold" when the convert stage was not part of the run.
         "dataset_threshold": dataset.get("threshold_spec"),

@@ -59,7 +59,7 @@ class StageContext:
 
     @property
     def threshold(self) -> ThresholdSpec:
-        return parse_threshold_spec(self.config.preprocess.frequency_threshold)
+        return self.config.preprocess.frequency_threshold
 
     def stage_log(self, stage: str) -> Path:
         return self.layout.logs / f"{stage}.log"

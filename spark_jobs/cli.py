@@ -77,16 +77,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _preprocess(args: argparse.Namespace) -> int:
-    spark, pre = configs_from_args(args)
+    spark, preprocess = configs_from_args(args)
     from spark_jobs.preprocess import engine_name, run_preprocess
     from spark_jobs.progress import PreprocessProgress
     from spark_jobs.session import check_spark_config
 
     check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
     config = load_config(args.config)
-    with PreprocessProgress(args.input, args.workdir, pre, config.progress,
-                            engine_name(pre, spark), config.preflight.sample_bytes):
-        summary = run_preprocess(args.input, args.workdir, spark, pre,
+    with PreprocessProgress(args.input, args.workdir, preprocess, config.progress,
+                            engine_name(preprocess, spark), config.preflight.sample_bytes):
+        summary = run_preprocess(args.input, args.workdir, spark, preprocess,
                                  retransform=args.retransform)
     print(json.dumps(summary, separators=(",", ":")))
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
+from spark_jobs.columns import hex_value, literal_lookup
 from spark_jobs.stats import PARTITION_SHIFT
 
 
@@ -37,15 +38,6 @@ def _threshold_of(column, spec: ThresholdSpec):
         cases = (F.when(column == c, effective(c)) if cases is None
                  else cases.when(column == c, effective(c)))
     return cases.otherwise(expr)
-
-
-def _literal_map(mapping: dict):
-    from pyspark.sql import functions as F
-
-    items = []
-    for key, value in mapping.items():
-        items += [F.lit(key), F.lit(value)]
-    return F.create_map(*items)
 
 
 def column_starts(sizes: dict[str, int]) -> dict[str, int]:
@@ -87,15 +79,15 @@ def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_d
         if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
             raise RuntimeError(f"{total} values kept, but the table sizes from the histogram "
                                f"add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
-        global_index = (F.element_at(_literal_map(offsets), pid)
+        global_index = (literal_lookup(offsets, pid)
                         + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)))
         indexed = ordered.withColumn("index", global_index.cast("long"))
         value = F.col("value")
         if dict(totals.dtypes)["value"] != "string":
-            value = F.lpad(F.lower(F.hex(value)), 8, "0")
-        number = F.col("index") - F.element_at(_literal_map(starts), F.col("column")) + 1
+            value = hex_value(value)
+        number = F.col("index") - literal_lookup(starts, "column") + 1
         if after:
-            number = number + F.element_at(_literal_map(after), F.col("column"))
+            number = number + literal_lookup(after, "column")
         ids = indexed.select("column", value.alias("value"), number.cast("int").alias("id"), "count")
         if carried is not None:
             ids = ids.unionByName(carried.select("column", "value", F.col("id").cast("int"),

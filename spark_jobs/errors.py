@@ -10,7 +10,8 @@ class PreprocessInputError(BadInputError):
 
 
 class PreprocessConfigError(UsageError):
-    """A setting that cannot work (bad --conf, missing RAPIDS jar, bad threshold spec)."""
+    """A setting that cannot work (bad --conf, missing RAPIDS jar, a threshold change under
+    stable ids)."""
 
 
 class PreprocessJobError(PipelineError):

@@ -15,7 +15,7 @@ to a whole block at once:
 
 A categorical is kept as the integer value of its hex digits: left zero-padding and letter
 case do not change that value, so the normalisation rule (8 lowercase hex digits) holds by
-construction, and ``format_hex`` gives the normalised string back.
+construction, and ``dlrm_contracts.hex_text.format_hex`` gives the normalised string back.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from dlrm_contracts.hex_text import format_hex  # noqa: F401 — still imported from here by
+# arrow_dictionaries.py and dictionary_parts.py; its home is dlrm_contracts.hex_text
+from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER, REJECT_REASONS
 
-# reason codes: 0 = valid, then docs/spark_jobs.md's reasons in their order of precedence
-REASON_CODES: tuple[str, ...] = ("", "too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
+# reason codes: 0 = valid, then the reject reasons in their order of precedence
+REASON_CODES: tuple[str, ...] = ("", *REJECT_REASONS)
 TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX = 1, 2, 3, 4
 MISSING = -1          # the value of a missing categorical (a present one is 0 .. 2**32 - 1)
 PAD = 16              # bytes of padding before and after a block's data
@@ -266,36 +268,6 @@ def parse_line_exact(line: bytes) -> tuple[int, bool, int, list, list]:
         return (NON_HEX, padded, *rejected)
     return (0, padded, int(fields[0]), [int(f) if f else None for f in raw_ints],
             [int(f, 16) if f else None for f in raw_cats])
-
-
-def hex_bytes(values: np.ndarray) -> np.ndarray:
-    """Categorical values (0 .. 2**32 - 1) → their normalised strings, 8 ASCII bytes each, as
-    one uint64 per value (first character in the lowest byte). SWAR, like the parse: the
-    nibbles are spread one per byte, then each becomes '0'..'9' or 'a'..'f'."""
-    x = np.asarray(values).astype(np.uint64)
-    t = np.empty_like(x)
-    for shift, mask in ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F)):
-        np.left_shift(x, np.uint64(shift), out=t)
-        x |= t
-        x &= np.uint64(mask)                                      # then: byte i = nibble i
-    np.add(x, np.uint64(0x0606060606060606), out=t)
-    t >>= np.uint64(4)
-    t &= _ONES                                                    # 1 in the bytes >= 10
-    t *= np.uint64(ord("a") - ord("0") - 10)
-    x += t
-    x += _ZEROS
-    return x.byteswap(inplace=True)     # the most significant nibble is the first character
-
-
-def format_hex(values: np.ndarray):
-    """Categorical values → their normalised strings (8 lowercase hex digits), an Arrow string
-    array built from one buffer (no Python string per value)."""
-    import pyarrow as pa
-
-    data = hex_bytes(values)
-    offsets = np.arange(0, 8 * len(data) + 1, 8, dtype=np.int32)
-    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets),
-                                                          pa.py_buffer(data)])
 
 
 def parse_hex(strings) -> np.ndarray:

@@ -18,16 +18,16 @@ lowercase. Only the other lines are classified field by field (``reason``). The 
 skips even the cheap checks for a day whose count pass found every line fast.
 
 Categoricals are joined on ``xxhash64`` of the normalised 8-character value: for an 8-byte
-input XXH64 is a bijection (every step is invertible), so the 64-bit key is exact, and joins
-on longs are several times cheaper than on strings.
+input XXH64 is a bijection (every step is invertible), so the 64-bit key is exact, and a join
+on a long hashes and compares one fixed-width word where a string join handles variable-length
+bytes.
 """
 
 from __future__ import annotations
 
-from dlrm_contracts.schema import (CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_FIELDS,
-                                   NUM_INTEGER)
-
-REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "non_integer", "non_hex_categorical")
+from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, NON_HEX_CATEGORICAL,
+                                   NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER,
+                                   TOO_MANY_FIELDS)
 
 FIRST_CAT = 1 + NUM_INTEGER  # index of C1 in the split fields
 _INT = r"(?:-?[0-9]{1,18})?"
@@ -68,12 +68,12 @@ def _reason_sql() -> str:
     cats = f"concat_ws('\\t', slice(f, {FIRST_CAT + 1}, {NUM_CATEGORICAL}))"
     overflow = " OR ".join(f"coalesce({_field(j)} != '' AND try_cast({_field(j)} AS BIGINT) IS NULL, false)"
                            for j in range(1, FIRST_CAT))
-    slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN 'too_many_fields' "
-            "WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN 'bad_label' "
+    slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN '{TOO_MANY_FIELDS}' "
+            f"WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN '{BAD_LABEL}' "
             f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*\\\\z' OR {overflow} "
-            "THEN 'non_integer' "
+            f"THEN '{NON_INTEGER}' "
             f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*\\\\z' "
-            "THEN 'non_hex_categorical' END")
+            f"THEN '{NON_HEX_CATEGORICAL}' END")
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 

@@ -10,27 +10,23 @@ last and removed first, so a half-finished run never looks complete.
 
 from __future__ import annotations
 
-import re
 import shutil
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
-from dlrm_contracts.errors import PipelineError
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from dlrm_contracts.thresholds import ThresholdSpecError, parse_threshold_spec
-from spark_jobs import counting, day_store, progress, quality, stable_ids, transform
+from spark_jobs import counting, day_store, quality, stable_ids, transform
 from spark_jobs.arrow_engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
-from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
+from spark_jobs.spark_failure import spark_errors
 from spark_jobs.split_writer import write_empty
 from spark_jobs.sql_engine import SqlEngine
 from spark_jobs.stats import DayStats
+from spark_jobs.timing import StageTimer
 
 PREPROCESS_FORMAT_VERSION = 1
 
@@ -38,99 +34,6 @@ PREPROCESS_FORMAT_VERSION = 1
 def dictionaries_dir(layout: WorkdirLayout) -> Path:
     """value → id tables, partitioned by column (kept for inspection and for serving)."""
     return layout.parquet / "dictionaries"
-
-
-def process_tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and its descendants: in local mode the JVM (every
-    executor thread) and the Python workers, i.e. what the job costs on this machine."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            t = process.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:          # ended meanwhile: its parent's children_* will hold it
-            pass
-    return total
-
-
-class _Timer:
-    """Wall and CPU seconds per stage (CPU of this machine's processes only: on a cluster the
-    executors' CPU is elsewhere)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self.cpu_seconds: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str):
-        progress.phase(name)
-        start, cpu = time.perf_counter(), process_tree_cpu_seconds()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
-            self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0)
-                                           + process_tree_cpu_seconds() - cpu, 3)
-
-
-def _java_root_cause(error: Exception) -> str | None:
-    """'Class: message' of the innermost Java cause of a py4j error, when there is one."""
-    java = getattr(error, "java_exception", None)
-    try:
-        for _ in range(20):
-            if java is None or java.getCause() is None:
-                break
-            java = java.getCause()
-        if java is None:
-            return None
-        message = java.getMessage()
-        return f"{java.getClass().getName()}: {message}" if message else java.getClass().getName()
-    except Exception:  # the gateway may be gone
-        return None
-
-
-def _spark_error_message(error: Exception) -> str:
-    # split on '\n' only: str.splitlines() also splits at NEL/U+2028 found in the input data;
-    # py4j's own first line ("An error occurred while calling o170.collectToPython.") says nothing
-    lines = [line.strip().lstrip(":").strip() for line in str(error).strip().split("\n")]
-    lines = [line for line in lines if line and not line.startswith("An error occurred while calling")]
-    first = _python_worker_error(lines) or (lines[0] if lines else type(error).__name__)
-    root = (_java_root_cause(error) or "").split("\n")[0].strip()
-    if root and root not in first:
-        first = f"{first} ({root})"
-    return f"Spark job failed: {first[:500]}"
-
-
-# pyarrow's exceptions are named ArrowInvalid, ArrowTypeError, ...
-_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)|Arrow\w+): (.*)$")
-
-
-def _python_worker_error(lines: list[str]) -> str | None:
-    """'Error: message' of an exception raised in a Python task (the traceback's last such line)."""
-    if not any(line.startswith("An exception was thrown from the Python worker") for line in lines):
-        return None
-    for line in reversed(lines):
-        match = _PYTHON_ERROR.match(line)
-        if match:
-            return f"{match.group(1)}: {match.group(2)}"
-    return None
-
-
-@contextmanager
-def _spark_errors():
-    """Spark/py4j failures become one-line PreprocessJobErrors (no Java trace for the user)."""
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        yield
-    except PipelineError:
-        raise
-    except (PySparkException, Py4JError) as error:
-        raise PreprocessJobError(_spark_error_message(error)) from error
 
 
 def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig,
@@ -159,10 +62,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         PreprocessInputError: unusable input, or too many rejected lines.
         PreprocessJobError: Spark failed, or rows in != rows out + rejected.
     """
-    try:
-        spec = parse_threshold_spec(preprocess.frequency_threshold)
-    except ThresholdSpecError as error:
-        raise PreprocessConfigError(f"--frequency-threshold: {error}") from None
+    spec = preprocess.frequency_threshold
     engine_id = engine_name(preprocess, spark)
     days = discover_days(input_dir, preprocess.window_days)
     layout = WorkdirLayout.at(workdir)
@@ -177,7 +77,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     if preprocess.ids != "stable":
         day_store.forget_days(layout)
     day_store.clear_leftovers(layout)
-    with _spark_errors():
+    with spark_errors():
         session = get_session(spark)
         return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
 
@@ -199,7 +99,7 @@ def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig)
 def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
          engine_id: str, previous: stable_ids.Previous | None = None,
          retransform: bool = False) -> dict:
-    timer = _Timer()
+    timer = StageTimer()
     engine = _make_engine(engine_id, session, days, cfg)
     if cfg.ids == "stable":
         engine.use_previous_dictionaries(previous)
@@ -210,7 +110,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
 
 
 def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
-                cfg: PreprocessConfig, timer: _Timer, retransform: bool = False) -> dict:
+                cfg: PreprocessConfig, timer: StageTimer, retransform: bool = False) -> dict:
     work = None
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
@@ -299,7 +199,7 @@ def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
 
 
 def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
-                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: _Timer) -> dict[str, int]:
+                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: StageTimer) -> dict[str, int]:
     """Train, test and validation from a second read of every day; rows per split, counted
     from the written files' footers."""
     with timer.stage("transform"):
@@ -315,7 +215,7 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
 
 def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
                          sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
-                         timer: _Timer, work: day_store.DayWork) -> dict[str, int]:
+                         timer: StageTimer, work: day_store.DayWork) -> dict[str, int]:
     """Stable ids: transform only the days ``work`` says (new, changed role, changed file or
     settings), each alone into ``parquet/days/day=<k>``; the splits are then links to the
     window's days. Returns rows per split (from the linked files' footers)."""

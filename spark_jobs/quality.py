@@ -10,9 +10,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from dlrm_contracts.schema import REJECT_REASONS
+from spark_jobs.columns import literal_lookup
 from spark_jobs.errors import PreprocessInputError, PreprocessJobError
 from spark_jobs.inputs import DayFile
-from spark_jobs.parse import REASONS
 from spark_jobs.stats import DayStats, line_number_column
 
 
@@ -31,12 +32,10 @@ def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats],
     if not dirty:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         return
-    names = []
-    for d in dirty:
-        names += [F.lit(str(d.day)), F.lit(d.name)]
+    names = {str(d.day): d.name for d in dirty}
     rows = reduce(lambda a, b: a.unionByName(b), [parsed[d.day] for d in dirty])
     rejects = rows.where(F.col("reason").isNotNull()).select(
-        F.element_at(F.create_map(*names), F.col("day")).alias("file"),
+        literal_lookup(names, "day").alias("file"),
         (line_number_column(stats, [d.day for d in dirty]) + 1).alias("line_number"),
         "reason",
         F.col("raw").alias("line"))
@@ -55,7 +54,7 @@ def quality_report(days: list[DayFile], stats: dict[int, DayStats], max_reject_r
     per_day = [day_report(d, stats[d.day]) for d in days]
     rows_in = sum(d["rows_read"] for d in per_day)
     rejected = sum(d["rows_rejected"] for d in per_day)
-    by_reason = {r: sum(d["rejected_by_reason"][r] for d in per_day) for r in REASONS}
+    by_reason = {r: sum(d["rejected_by_reason"][r] for d in per_day) for r in REJECT_REASONS}
     rows_out = rows_out_checked if rows_out_checked is not None else rows_in - rejected
     return {
         "days": per_day,

@@ -17,6 +17,7 @@ from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import counting, quality, stable_ids, transform
+from spark_jobs.columns import hex_value
 from spark_jobs.dictionaries import _threshold_of, build_dictionaries
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
@@ -70,8 +71,7 @@ class SqlEngine:
 
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
-        totals = self._totals.select("column", F.lpad(F.lower(F.hex("value")), 8, "0").alias("value"),
-                                     "count")
+        totals = self._totals.select("column", hex_value("value").alias("value"), "count")
         kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
         newcomers, carried = kept, None
         if previous is not None and max(before.values()) > 1:   # else no column has an id yet

@@ -5,9 +5,10 @@ column ``_row`` and a *row class* value — read partition, fast or not, reject 
 and the bit mask of its missing integer fields. Counting those classes gives rows read, valid,
 padded, rejected per reason, missing integers per column and the lines of every read
 partition: statistics without a second pass. A categorical's missing values are the valid rows
-less the values counted for it (``add_categorical_missing``): a mask over all 39 fields had
-thousands of distinct patterns per day, each one more key in the aggregation (~8% of the
-count pass).
+less the values counted for it (``add_categorical_missing``), not bits of the mask: a mask over
+all 39 fields takes thousands of distinct patterns per day, each one more key for the
+aggregation to hash and shuffle, while the categoricals' missing counts come for free from the
+value counts the pass makes anyway.
 
 The partition line counts give the line numbers of rejected lines and the test/validation
 boundary of the last day without a single-partition window.
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
-from spark_jobs.parse import REASONS
+from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, REJECT_REASONS
+from spark_jobs.columns import literal_lookup
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition
 ROW_CLASS = "_row"    # the pseudo column of the row classes in the count aggregation
@@ -31,7 +32,7 @@ class DayStats:
     rows_valid: int = 0
     rows_padded: int = 0
     rows_fast: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REASONS})
+    rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECT_REASONS})
     missing: dict[str, int] = field(default_factory=lambda: {c: 0 for c in (*INT_COLUMNS, *CAT_COLUMNS)})
     # partition index → lines in it
     partitions: dict[int, int] = field(default_factory=dict)
@@ -117,13 +118,11 @@ def line_number_column(stats: dict[int, DayStats], days):
     read partition or chunk << PARTITION_SHIFT | line within it), for the given days."""
     from pyspark.sql import functions as F
 
-    offsets = []
-    for day in days:
-        for pid, offset in stats[day].line_offsets().items():
-            offsets += [F.lit((int(day) << 20) + pid), F.lit(offset)]
+    offsets = {(int(day) << 20) + pid: offset
+               for day in days for pid, offset in stats[day].line_offsets().items()}
     pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
     key = F.shiftleft(F.col("day").cast("long"), 20) + pid
-    return (F.element_at(F.create_map(*offsets), key)
+    return (literal_lookup(offsets, key)
             + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))).cast("long")
 
 

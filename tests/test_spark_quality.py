@@ -250,7 +250,7 @@ def test_damaged_stored_counts_are_counted_again_from_the_day_file(tmp_path, spa
 
 
 def test_a_python_tasks_error_reaches_the_user_as_its_own_line():
-    from spark_jobs.preprocess import _python_worker_error
+    from spark_jobs.spark_failure import python_worker_error as _python_worker_error
 
     trace = ["An exception was thrown from the Python worker. Please see the stack trace below.",
              "Traceback (most recent call last):", 'File "x.py", line 1, in run',

@@ -29,7 +29,7 @@ from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
-from dlrm_contracts.thresholds import parse_threshold_spec
+from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 
 __all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
@@ -57,18 +57,17 @@ class BinaryDataset:
 
 
 def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
-                 counts_dir: str | Path, threshold: str) -> tuple[int, ...]:
+                 counts_dir: str | Path, threshold: ThresholdSpec) -> tuple[int, ...]:
     """Table sizes at ``threshold``, read off the counts histogram.
 
     The rule of dlrm_contracts.table_sizes, which rethreshold uses too, so that reading at T' equals rethresholding to T':
     it also checks that the counts belong to this dataset and refuses a lower threshold.
     """
     base = written_threshold_spec(written_threshold, Path(counts_dir))
-    return tuple(new_table_sizes(counts_dir, base, parse_threshold_spec(threshold),
-                                 tuple(written_sizes)))
+    return tuple(new_table_sizes(counts_dir, base, threshold, tuple(written_sizes)))
 
 
-def open_dataset(path: str | Path, *, threshold: str | None = None,
+def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = None,
                  counts_dir: str | Path | None = None, verify: str = "quick") -> BinaryDataset:
     """Check a split binary dataset, then describe it for the trainer.
 
@@ -76,7 +75,8 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
         path: the dataset directory (converters' output).
         threshold: read the dataset at this higher threshold spec: ids past the new table
             sizes read as 0, as if it had been rethresholded (same rule as
-            ``converters.rethreshold``). None = as written.
+            ``converters.rethreshold``). None = as written. The trainer passes its config's
+            parsed spec; text (a caller without a config) is parsed here.
         counts_dir: the count histogram's directory, needed with ``threshold``; None =
             ``counts`` beside the dataset.
         verify: "quick" (metadata and file sizes), "full" (every value too) or "none".
@@ -99,9 +99,10 @@ def open_dataset(path: str | Path, *, threshold: str | None = None,
     written = tuple(int(t) for t in info.table_sizes)
     sizes = written
     if threshold is not None:
+        threshold = parse_threshold_spec(threshold)
         if info.extra.get("ids") == "stable" and (
                 info.threshold_spec is None
-                or parse_threshold_spec(threshold) != parse_threshold_spec(info.threshold_spec)):
+                or threshold != parse_threshold_spec(info.threshold_spec)):
             # stable ids are not ordered by count: no higher threshold is a prefix of them
             raise DatasetError(f"{path} has stable ids (preprocess.ids: stable), which cannot "
                                f"be read at threshold {threshold}: only at its own, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,24 +209,37 @@ def _check_dictionary_folders(dictionaries: Path, sizes: list[int]) -> None:
                               f"{REBUILD_DICTIONARIES}")
 
 
-def _fingerprint(layout: WorkdirLayout, dataset: Path, checkpoint: Path, meta: dict,
-                 identity: dict[str, Any], dims: ModelDims, sizes: list[int], size: dict,
-                 saved_model: Path, config: ExportConfig, version: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Source:
+    """What a version is made from: the checkpoint, the model it holds, its dataset's identity,
+    and the export's size (checked against memory before anything is read)."""
+
+    checkpoint: Path
+    meta: dict[str, Any]
+    dims: ModelDims
+    sizes: list[int]
+    identity: dict[str, Any]
+    size: dict[str, int]
+
+
+def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_model: Path,
+                 config: ExportConfig, version: int) -> dict[str, Any]:
     """What the export was made from and what it holds (fingerprint.json)."""
-    description = _dataset_description(dataset, identity)
+    description = _dataset_description(dataset, source.identity)
+    meta = source.meta
     return {
         "format_version": 1,
         "version": version,
         "dataset": description,
         "threshold_spec": description["threshold_spec"],
-        "checkpoint": str(checkpoint), "checkpoint_step": int(meta["step"]),
+        "checkpoint": str(source.checkpoint), "checkpoint_step": int(meta["step"]),
         "trained_ranks": (meta.get("placement") or {}).get("world"),
         "test_auc": _test_auc(layout, int(meta["step"])),
-        "dims": dims.meta(),
-        "table_sizes": sizes,
+        "dims": source.dims.meta(),
+        "table_sizes": source.sizes,
         "signatures": ["serve_features", "serve_lines", "serving_default"],
         "missing_integer": config.missing_integer,
-        "size": size,
+        "size": source.size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
                                  and p.name != FINGERPRINT),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -274,39 +288,54 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
                           "them")
     reader = CheckpointReader(checkpoint)
     try:
-        meta = reader.meta
-        sizes = [int(s) for s in meta.get("table_sizes", [])]
-        dims_meta = meta.get("dims") or {}
-        if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
-            raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
-        dims = ModelDims.from_meta(dims_meta)
-        _check_dictionary_folders(layout.dictionaries, sizes)
-        identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
-        # the wide weights are one more column of every table
-        size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
-        layout.export.mkdir(parents=True, exist_ok=True)
-        version = next_version(layout.export)
-        final = layout.export / str(version)
-        remove_stale_temporaries(final)  # left by an export of this version that was killed
-        # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
-        temporary = temporary_sibling(final)
-        try:
-            vocabularies = write_vocabularies(layout.dictionaries, sizes, temporary / "vocabularies")
-            saved_model = temporary / "model"
-            _save(reader, dims, sizes, vocabularies, saved_model, config)
-            fingerprint = _fingerprint(layout, Path(dataset), checkpoint, meta, identity, dims,
-                                       sizes, size, saved_model, config, version)
-            (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
-            fsync_tree(saved_model)
-            saved_model.rename(final)  # a new name: never replaces a version a server loaded
-            fsync_path(layout.export)
-        finally:
-            shutil.rmtree(temporary, ignore_errors=True)
+        source = _checked_source(layout, checkpoint, reader.meta, config)
+        final, fingerprint = _write_version(layout, reader, source, Path(dataset), config)
     finally:
         reader.close()
     removed = prune_versions(layout.export, config.keep_versions)
     return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
             "saved_model": str(final), "removed_versions": removed}
+
+
+def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any],
+                    config: ExportConfig) -> _Source:
+    """The checkpoint's model, refused before anything is written when its dictionaries are
+    missing or not the ones it was trained with, or it would not fit in memory."""
+    sizes = [int(s) for s in meta.get("table_sizes", [])]
+    dims_meta = meta.get("dims") or {}
+    if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
+        raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
+    dims = ModelDims.from_meta(dims_meta)
+    _check_dictionary_folders(layout.dictionaries, sizes)
+    identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
+    # the wide weights are one more column of every table
+    size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
+    return _Source(checkpoint, meta, dims, sizes, identity, size)
+
+
+def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Source,
+                   dataset: Path, config: ExportConfig) -> tuple[Path, dict[str, Any]]:
+    """The next version, written beside its final name and renamed into place; returns its
+    path and fingerprint."""
+    layout.export.mkdir(parents=True, exist_ok=True)
+    version = next_version(layout.export)
+    final = layout.export / str(version)
+    remove_stale_temporaries(final)  # left by an export of this version that was killed
+    # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
+    temporary = temporary_sibling(final)
+    try:
+        vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
+                                          temporary / "vocabularies")
+        saved_model = temporary / "model"
+        _save(reader, source.dims, source.sizes, vocabularies, saved_model, config)
+        fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
+        (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
+        fsync_tree(saved_model)
+        saved_model.rename(final)  # a new name: never replaces a version a server loaded
+        fsync_path(layout.export)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return final, fingerprint
 
 
 def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],

@@ -35,7 +35,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER
+from dlrm_contracts.schema import (BAD_LABEL, NON_HEX_CATEGORICAL, NON_INTEGER, NUM_CATEGORICAL,
+                                   NUM_FIELDS, NUM_INTEGER, TOO_MANY_FIELDS)
 from trainer.model import MLP, ModelDims, dot_interaction
 
 INT64_MAX_TAIL = 223_372_036_854_775_807  # 2**63 - 1 = 9 * 10**18 + this
@@ -180,7 +181,7 @@ class ServingDLRM(tf.Module):
                                                 name="cat_features")])
     def serve_features(self, int_features, cat_features):
         _, _, cats_valid = normalise_categoricals(cat_features)
-        reason = first_reason([("non_hex_categorical", ~cats_valid)])
+        reason = first_reason([(NON_HEX_CATEGORICAL, ~cats_valid)])
         return {"probability": self._score(int_features, cat_features, reason),
                 "reject_reason": reason}
 
@@ -193,8 +194,8 @@ class ServingDLRM(tf.Module):
         integers, ints_valid = parse_integers(fields[:, 1:1 + NUM_INTEGER], self.missing_integer)
         categoricals = fields[:, 1 + NUM_INTEGER:]
         _, _, cats_valid = normalise_categoricals(categoricals)
-        reason = first_reason([("too_many_fields", too_many), ("bad_label", bad_label),
-                               ("non_integer", ~ints_valid), ("non_hex_categorical", ~cats_valid)])
+        reason = first_reason([(TOO_MANY_FIELDS, too_many), (BAD_LABEL, bad_label),
+                               (NON_INTEGER, ~ints_valid), (NON_HEX_CATEGORICAL, ~cats_valid)])
         scored = tf.equal(reason, "")
         label = tf.where(scored & has_label, tf.cast(tf.equal(label_text, "1"), tf.int32), -1)
         return {"probability": self._score(integers, categoricals, reason),

@@ -172,9 +172,20 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     out.mkdir(parents=True, exist_ok=True)
     _check_directory(out)
     histogram = LogitHistogram()
-    days: list[dict] = []
     names = [day_file_name(day, config.gzip) for day in range(config.days)]
     write_text_atomic(out / IN_PROGRESS_FILE, json.dumps({"days": [{"file": n} for n in names]}))
+    days = _write_days(out, names, source, config, histogram)
+    meta = _meta(config, source, days, histogram)
+    write_text_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+    (out / IN_PROGRESS_FILE).unlink()
+    return meta
+
+
+def _write_days(out: Path, names: list[str], source: SyntheticSource, config: GeneratorConfig,
+                histogram: LogitHistogram) -> list[dict]:
+    """Every day file in order, from the chunks the pool makes; on any failure (or interrupt)
+    the days already written are deleted, so an incomplete run leaves nothing like data."""
+    days: list[dict] = []
     chunks = _chunks_in_order(source, config, out)
     chunks_per_day = len(source.chunk_sizes(config.rows_per_day))
     try:
@@ -183,16 +194,23 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     except BaseException:
         chunks.close()  # stops the pool (its running chunks finish first)
         _remove_leftovers(out)
-        for day in days:  # an incomplete run leaves nothing that looks like data
+        for day in days:
             (out / day["file"]).unlink(missing_ok=True)
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         raise
+    return days
+
+
+def _meta(config: GeneratorConfig, source: SyntheticSource, days: list[dict],
+          histogram: LogitHistogram) -> dict:
+    """``generator_meta.json``: the layout, the settings, rows and clicks per day, and the Bayes
+    AUC of the planted model (the ceiling any trained model can reach on this data)."""
     auc, auc_error = histogram.auc()
     if math.isnan(auc):  # no click or no non-click: undefined, and NaN is not valid JSON
         auc = auc_error = None
     rows = sum(d["rows"] for d in days)
     clicks = sum(d["clicks"] for d in days)
-    meta = {
+    return {
         "format_version": META_FORMAT_VERSION,
         "layout": f"criteo-terabyte-tsv: label, I1..I13, C1..C26 ({NUM_FIELDS} fields), "
                   "tab separated, empty = missing, LF",
@@ -210,9 +228,6 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
         "shape": source.shapes.describe(),
         "planted_model": source.model.describe(),
     }
-    write_text_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
-    (out / IN_PROGRESS_FILE).unlink()
-    return meta
 
 
 def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk],

@@ -1,0 +1,360 @@
+"""The preflight's arithmetic: what a run needs of disk, memory and time, as plain figures.
+
+Kept apart from the sentences ``pipeline.preflight`` prints about them, so the rule for each
+figure (which stages grow the workdir, when the Spark shuffle counts against it, how a rank's
+tables are reckoned) can be read and changed without the prose around it, and a figure can be
+tested or reused (``before_train``) without parsing text. Every measured rate or size comes from
+``config.preflight`` (docs/sizing.md, docs/perf-history.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlrm_contracts.binary_format import cat_dtype
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import NUM_INTEGER
+from pipeline.diskspace import free_bytes, same_filesystem
+from pipeline.hosts import horovodrun_hosts
+from spark_jobs.session import local_cores
+from trainer.dims import PRESETS, dense_parameters, model_dims
+from trainer.placement import plan_placement
+
+# ---------------------------------------------------------------- small readers
+_JVM_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+
+
+def jvm_bytes(size: str | None) -> int | None:
+    """'12g' -> bytes (JVM size syntax: k, m, g, t; no unit = bytes)."""
+    match = _JVM_SIZE.match(str(size or ""))
+    if not match:
+        return None
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
+def memory_info() -> dict[str, int]:
+    """MemTotal and MemAvailable in bytes (Linux); sysconf's total elsewhere."""
+    info: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    info[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    if "MemTotal" not in info:
+        info["MemTotal"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    info.setdefault("MemAvailable", info["MemTotal"])
+    return info
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (what an artifact already occupies)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def spark_local_dirs(config: PipelineConfig) -> list[Path]:
+    """Where a local Spark job writes its shuffle files, in Spark's own order of precedence.
+
+    Empty for a cluster master: the executors' own disks take the shuffle there.
+    """
+    if not config.spark.master.startswith("local"):
+        return []
+    conf = config.spark.conf or {}
+    value = (os.environ.get("SPARK_LOCAL_DIRS") or conf.get("spark.local.dir")
+             or config.spark.local_dir or tempfile.gettempdir())
+    return [Path(p) for p in str(value).split(",") if p]
+
+
+def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
+    if sizes is None:
+        return config.preflight.binary_bytes_per_row_bound
+
+    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize for s in sizes)
+
+
+def _dims(config: PipelineConfig):
+    dims = model_dims(config.train)
+    return dims, dense_parameters(dims)
+
+
+def checkpoint_bytes(config: PipelineConfig, sizes: list[int], state_factor: int) -> float:
+    """The checkpoints kept plus the one being written: every weight and its optimizer state."""
+    dims, dense = _dims(config)
+    one = (sum(sizes) * (dims.embedding_dim + dims.wide) + dense) * 4 * state_factor
+    return one * (config.train.keep_checkpoints + 1)
+
+
+def ranks_here(config: PipelineConfig) -> int:
+    """Ranks this machine runs (all of them without --hosts)."""
+    if not config.launch.hosts:
+        return config.launch.np
+
+    local = {"localhost", "127.0.0.1", os.uname().nodename}
+    slots = [item.split(":") for item in horovodrun_hosts(config.launch.hosts,
+                                                          config.launch.np).split(",")]
+    return sum(int(s[1]) if len(s) > 1 else 1 for s in slots if s[0] in local)
+
+
+# ---------------------------------------------------------------- disk
+@dataclass(frozen=True)
+class StageGrowth:
+    """What one stage of the run adds to the workdir for good, and for a while as it runs."""
+
+    stage: str
+    artifacts: tuple[str, ...]  # the outputs whose size is known
+    added: float
+    transient: float
+
+
+@dataclass(frozen=True)
+class DiskNeeds:
+    """The workdir's growth over the run, its peak, and the Spark shuffle's own disk."""
+
+    full: dict[str, float]       # each artifact's size once made
+    existing: dict[str, int]     # what each occupies now (a stage that is done needs nothing new)
+    stages: list[StageGrowth]    # the run's stages whose outputs are known, in run order
+    parquet_freed: float | None  # lean mode: the parquet deleted after convert; None = kept
+    checkpoints_unknown: bool    # train runs but the tables (so the checkpoints) are not known
+    tables_known: bool
+    peak: float
+    peak_at: str
+    free: int
+    headroom: float
+    shuffle: float               # bytes of Spark shuffle; 0 without the preprocess stage
+    shuffle_dir: Path | None     # None: a cluster master's executors hold it
+    shuffle_on_workdir: bool
+    shuffle_free: int | None     # free bytes of shuffle_dir when it is another filesystem
+
+    @property
+    def workdir_short(self) -> bool:
+        return self.peak > self.free * (1 - self.headroom)
+
+    @property
+    def shuffle_short(self) -> bool:
+        return self.shuffle_free is not None and \
+            self.shuffle > self.shuffle_free * (1 - self.headroom)
+
+
+def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_bytes: int,
+               generated: bool, sizes: list[int] | None, state_factor: int) -> DiskNeeds:
+    """The workdir's use stage by stage; the peak (with the shuffle while preprocess runs, when
+    it shares the workdir's filesystem) is what must fit."""
+    preflight, wanted, root = config.preflight, set(config.stages), layout.root
+    existing = {name: tree_bytes(path) if path.exists() else 0 for name, path in
+                (("raw", layout.raw), ("counts", layout.counts), ("parquet", layout.parquet),
+                 ("binary", layout.binary), ("checkpoints", layout.checkpoints))}
+    full = {"raw": raw_bytes if generated else 0, "counts": rows * preflight.counts_bytes_per_row,
+            "parquet": rows * preflight.parquet_bytes_per_row,
+            "binary": rows * _binary_bytes_per_row(sizes, config)}
+    if sizes is not None:
+        full["checkpoints"] = checkpoint_bytes(config, sizes, state_factor)
+    new = {k: max(0.0, v - existing[k]) for k, v in full.items()}
+    shuffle = rows * preflight.shuffle_bytes_per_row if "preprocess" in wanted else 0.0
+    local_dirs = spark_local_dirs(config)
+    shuffle_dir = local_dirs[0] if local_dirs else None
+    shuffle_on_workdir = shuffle_dir is not None and same_filesystem(shuffle_dir, root)
+    steps = [("generate", ("raw",), 0.0),
+             ("preprocess", ("counts", "parquet"), shuffle if shuffle_on_workdir else 0.0),
+             ("convert", ("binary",), 0.0), ("train", ("checkpoints",), 0.0)]
+    parquet_freed = None if config.preprocess.keep_parquet else full["parquet"]
+    grown, peak, peak_at, stages = 0.0, 0.0, "-", []
+    for stage, artifacts, transient in steps:
+        if stage not in wanted or (stage == "generate" and not generated):
+            continue
+        added = sum(new.get(a, 0.0) for a in artifacts)
+        grown += added
+        if grown + transient > peak:
+            peak, peak_at = grown + transient, stage
+        known = tuple(a for a in artifacts if a in full)
+        if not known:
+            continue
+        stages.append(StageGrowth(stage, known, added, transient))
+        if stage == "convert" and parquet_freed is not None:
+            grown -= parquet_freed
+    own_disk = shuffle and shuffle_dir is not None and not shuffle_on_workdir
+    return DiskNeeds(full=full, existing=existing, stages=stages, parquet_freed=parquet_freed,
+                     checkpoints_unknown="train" in wanted and "checkpoints" not in full,
+                     tables_known=sizes is not None, peak=peak, peak_at=peak_at,
+                     free=free_bytes(root), headroom=preflight.disk_headroom, shuffle=shuffle,
+                     shuffle_dir=shuffle_dir, shuffle_on_workdir=shuffle_on_workdir,
+                     shuffle_free=free_bytes(shuffle_dir) if own_disk else None)
+
+
+# ---------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class DriverMemory:
+    """The Spark driver's configured heap against this machine (it runs every task in local
+    mode; on a cluster the cluster manager checks its workers)."""
+
+    local: bool
+    driver_memory: str
+    executor_memory: str | None
+    driver_bytes: int | None
+    total: int
+    available: int
+
+    @property
+    def more_than_available(self) -> bool:
+        return self.local and self.driver_bytes is not None and self.driver_bytes > self.available
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Embedding tables (and optimizer state) per rank, as the planner places them, against the
+    memory a rank has: ``preflight.rank_memory_gib`` or this machine's share."""
+
+    embedding_dim: int
+    per_rank: list[int]
+    budget: float | None         # None: every rank runs on other hosts and no budget is set
+    configured_gib: float | None  # the budget came from preflight.rank_memory_gib
+    ranks_here: int
+    total: int
+    reserve_gib: float
+
+    @property
+    def fullest(self) -> int:
+        return max(self.per_rank)
+
+    @property
+    def usable(self) -> float:
+        return (self.budget or 0.0) - self.reserve_gib * 2**30
+
+    @property
+    def short(self) -> bool:
+        return self.budget is not None and self.fullest > self.usable
+
+
+@dataclass(frozen=True)
+class MemoryNeeds:
+    driver: DriverMemory | None   # None: no preprocess stage
+    world: int                    # ranks of the run
+    trains: bool                  # train or eval is among the stages
+    tables_known: bool
+    state_factor: int
+    ranks: RankMemory | None      # None: tables not known, or no placement
+    placement_error: str | None
+
+
+def memory_needs(config: PipelineConfig, sizes: list[int] | None,
+                 state_factor: int) -> MemoryNeeds:
+    mem = memory_info()
+    total, available = mem["MemTotal"], mem["MemAvailable"]
+    wanted = set(config.stages)
+    driver = None
+    if "preprocess" in wanted:
+        driver = DriverMemory(local=config.spark.master.startswith("local"),
+                              driver_memory=config.spark.driver_memory,
+                              executor_memory=config.spark.executor_memory,
+                              driver_bytes=jvm_bytes(config.spark.driver_memory),
+                              total=total, available=available)
+    trains = bool({"train", "eval"} & wanted)
+    ranks, error = None, None
+    if trains and sizes is not None:
+        try:
+            per_rank = _bytes_per_rank(config, sizes, state_factor)
+        except ValueError as exc:  # the planner's reason no placement fits
+            error = str(exc)
+        else:
+            ranks = _rank_memory(config, per_rank, total)
+    return MemoryNeeds(driver, config.launch.np, trains, sizes is not None, state_factor, ranks,
+                       error)
+
+
+def _bytes_per_rank(config: PipelineConfig, sizes: list[int], state_factor: int) -> list[int]:
+    dims, _dense = _dims(config)
+    placement = plan_placement(sizes, dims.embedding_dim, config.launch.np,
+                               split_threshold_bytes=config.train.column_split_threshold_mb * 2**20,
+                               force_split=config.train.force_column_split)
+    # + a table's wide weights (one column) on the rank holding its column 0
+    return [sum(p.rows * (p.width + (dims.wide and p.col_start == 0)) for p in pieces)
+            * 4 * state_factor for pieces in placement.pieces]
+
+
+def _rank_memory(config: PipelineConfig, per_rank: list[int], total: int) -> RankMemory:
+    configured = config.preflight.rank_memory_gib
+    here = ranks_here(config) if configured is None else 0
+    if configured is not None:
+        budget: float | None = configured * 2**30
+    else:
+        budget = total / here if here else None
+    return RankMemory(embedding_dim=model_dims(config.train).embedding_dim, per_rank=per_rank,
+                      budget=budget, configured_gib=configured, ranks_here=here, total=total,
+                      reserve_gib=config.preflight.rank_reserve_gib)
+
+
+# ---------------------------------------------------------------- time
+@dataclass(frozen=True)
+class StageTime:
+    stage: str
+    seconds: float  # at the measured per-core rate, with the stage's start-up
+    cores: int      # local cores (preprocess), convert workers, or this machine's cores
+
+
+@dataclass(frozen=True)
+class TimeNeeds:
+    stages: list[StageTime]
+    cluster_core_hours: float | None  # preprocess on a cluster: its cores are not known here
+    epochs: int | None                # what bounds training; None when max_steps does
+    early_stopping: bool
+
+    @property
+    def total(self) -> float:
+        return sum(s.seconds for s in self.stages)
+
+
+def time_needs(config: PipelineConfig, rows: int, test_rows: int | None) -> TimeNeeds:
+    preflight, wanted = config.preflight, set(config.stages)
+    cores = os.cpu_count() or 1
+    spark_cores = local_cores(config.spark.master)
+    parts: list[tuple[str, float, int]] = []
+    cluster_core_hours = None
+    if "preprocess" in wanted:
+        if spark_cores:
+            parts.append(("preprocess", rows / (preflight.spark_rows_per_core_s * spark_cores),
+                          spark_cores))
+        else:
+            cluster_core_hours = rows / preflight.spark_rows_per_core_s / 3600
+    if "convert" in wanted:
+        workers = max(1, min(cores, config.convert.workers))
+        parts.append(("convert", rows / (preflight.convert_rows_per_core_s * workers), workers))
+    train_rows = rows - (test_rows or 0)
+    if {"train", "eval"} & wanted:
+        _, dense = _dims(config)
+        # The rates are the default model's: scale by the dense part's size.
+        scale = dense_parameters(PRESETS["default"]) / max(1, dense)
+        rate = (preflight.train_samples_per_core_s_bf16 if config.train.amp
+                else preflight.train_samples_per_core_s) * scale
+        if config.train.max_steps:
+            samples = config.train.max_steps * config.train.batch_size
+        else:
+            samples = train_rows * config.train.epochs
+        used = cores  # the ranks on one machine share its cores (intra-op threads = cores / ranks)
+        if "train" in wanted:
+            parts.append(("train", samples / (rate * used), used))
+        if "eval" in wanted and test_rows:
+            parts.append(("eval", test_rows / (rate * preflight.eval_speedup * used), used))
+    startup = {"preprocess": preflight.spark_startup_s, "train": preflight.trainer_startup_s,
+               "eval": preflight.trainer_startup_s}
+    return TimeNeeds(stages=[StageTime(stage, seconds + startup.get(stage, 0.0), n)
+                             for stage, seconds, n in parts],
+                     cluster_core_hours=cluster_core_hours,
+                     epochs=None if config.train.max_steps else config.train.epochs,
+                     early_stopping=bool(config.train.early_stopping_patience))

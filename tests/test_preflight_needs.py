@@ -1,0 +1,54 @@
+"""The preflight's figures as objects: the workdir's peak and the time's reckoning follow the
+stage-by-stage rule, whatever sentences print them."""
+
+import dataclasses
+
+import pytest
+
+from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.layout import WorkdirLayout
+from pipeline.preflight_needs import disk_needs, time_needs
+
+ROWS = 1_000_000
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    base = PipelineConfig(workdir=str(tmp_path / "w"))
+    spark = dataclasses.replace(base.spark, local_dir=str(tmp_path / "spark"))  # same filesystem
+    return dataclasses.replace(base, spark=spark)
+
+
+@pytest.mark.parametrize("keep_parquet", [True, False])
+def test_the_workdir_peak_is_the_largest_sum_along_the_stages(config, keep_parquet):
+    config = dataclasses.replace(config, preprocess=dataclasses.replace(
+        config.preprocess, keep_parquet=keep_parquet))
+    p = config.preflight
+    needs = disk_needs(config, WorkdirLayout.at(config.workdir), ROWS, raw_bytes=5_000,
+                       generated=True, sizes=None, state_factor=2)
+    raw, counts, parquet = 5_000, ROWS * p.counts_bytes_per_row, ROWS * p.parquet_bytes_per_row
+    binary, shuffle = ROWS * p.binary_bytes_per_row_bound, ROWS * p.shuffle_bytes_per_row
+    # the shuffle shares the workdir's filesystem: it counts while preprocess runs
+    assert needs.shuffle_on_workdir and needs.shuffle == shuffle
+    assert needs.peak == pytest.approx(max(raw + counts + parquet + shuffle,
+                                           raw + counts + parquet + binary))
+    assert [g.stage for g in needs.stages] == ["generate", "preprocess", "convert"]
+    assert needs.checkpoints_unknown and not needs.tables_known
+    assert needs.parquet_freed == (None if keep_parquet else pytest.approx(parquet))
+    assert dataclasses.replace(needs, free=int(needs.peak)).workdir_short  # no headroom left
+    assert not dataclasses.replace(needs, free=10 * int(needs.peak)).workdir_short
+
+
+def test_training_time_follows_max_steps_or_the_epochs(config):
+    by_epochs = time_needs(config, ROWS, test_rows=ROWS // 4)
+    train = dataclasses.replace(config.train, max_steps=10)
+    by_steps = time_needs(dataclasses.replace(config, train=train), ROWS, test_rows=ROWS // 4)
+    assert by_epochs.epochs == config.train.epochs and by_steps.epochs is None
+    seconds = {s.stage: s.seconds for s in by_epochs.stages}
+    startup = config.preflight.trainer_startup_s
+    ratio = (seconds["train"] - startup) / ({s.stage: s.seconds for s in by_steps.stages}["train"]
+                                            - startup)
+    samples = (ROWS - ROWS // 4) * config.train.epochs / (10 * config.train.batch_size)
+    assert ratio == pytest.approx(samples)
+    assert by_epochs.total == pytest.approx(sum(seconds.values()))
