@@ -465,6 +465,10 @@ class PreflightConfig:
     generated_bytes_per_row: float = 244.0   # the generator's plain text
     parquet_bytes_per_row: float = 56.6
     shuffle_bytes_per_row: float = 139.4     # Spark shuffle files, on spark.local.dir
+    # The Arrow engine's partial counts, on the workdir while the count phase runs (8 bytes per
+    # distinct value of a chunk and column): 3.9 on ordinary generated rows, 35 with five
+    # columns of 2.5M values; 40 is the Terabyte's estimate (docs/sizing.md section 3).
+    partial_bytes_per_row: float = 40.0
     counts_bytes_per_row: float = 10.0       # per-day value counts; grows with distinct values
     # Binary dataset before the counts exist: label 1 B + 13 float16 + 26 ids of at most 4 B.
     binary_bytes_per_row_bound: float = 131.0
@@ -775,7 +779,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                     "inter_op_threads": AT_LEAST_0},
     "PreflightConfig": {"sample_bytes": Limit(1024), "disk_headroom": UNIT,
                         "generated_bytes_per_row": POSITIVE, "parquet_bytes_per_row": POSITIVE,
-                        "shuffle_bytes_per_row": AT_LEAST_0, "counts_bytes_per_row": AT_LEAST_0,
+                        "shuffle_bytes_per_row": AT_LEAST_0, "partial_bytes_per_row": AT_LEAST_0, "counts_bytes_per_row": AT_LEAST_0,
                         "binary_bytes_per_row_bound": POSITIVE,
                         "spark_rows_per_core_s": POSITIVE, "convert_rows_per_core_s": POSITIVE,
                         "train_samples_per_core_s": POSITIVE,

@@ -139,8 +139,8 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
     full, existing = needs.full, needs.existing
     for growth in needs.stages:
         est.say(f"disk: {growth.stage:<10} + {human(growth.added)}"
-                + (f" (+ {human(growth.transient)} Spark shuffle while it runs)"
-                   if growth.transient else "")
+                + (f" (+ {human(growth.transient)} while it runs: the count's partial files, "
+                   "then Spark's shuffle)" if growth.transient else "")
                 + "".join(f"; {a} {human(full[a])}" + (f", {human(existing[a])} there"
                                                        if existing[a] else "")
                           + (" (at most: 4-byte ids until the counts exist)"

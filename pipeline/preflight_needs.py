@@ -139,6 +139,7 @@ class DiskNeeds:
     free: int
     headroom: float
     shuffle: float               # bytes of Spark shuffle; 0 without the preprocess stage
+    partials: float              # the count phase's partial files on the workdir (Arrow engine)
     shuffle_dir: Path | None     # None: a cluster master's executors hold it
     shuffle_on_workdir: bool
     shuffle_free: int | None     # free bytes of shuffle_dir when it is another filesystem
@@ -153,10 +154,17 @@ class DiskNeeds:
             self.shuffle > self.shuffle_free * (1 - self.headroom)
 
 
+def _arrow_engine(config: PipelineConfig) -> bool:
+    """Whether preprocess runs the Arrow engine (``auto``: unless the RAPIDS profile is on)."""
+    engine = config.preprocess.engine
+    return engine == "arrow" or (engine == "auto" and not config.spark.gpu)
+
+
 def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_bytes: int,
                generated: bool, sizes: list[int] | None, state_factor: int) -> DiskNeeds:
-    """The workdir's use stage by stage; the peak (with the shuffle while preprocess runs, when
-    it shares the workdir's filesystem) is what must fit."""
+    """The workdir's use stage by stage; the peak (with what preprocess holds while it runs:
+    the count phase's partial files, then the shuffle when it shares the workdir's filesystem)
+    is what must fit."""
     preflight, wanted, root = config.preflight, set(config.stages), layout.root
     existing = {name: tree_bytes(path) if path.exists() else 0 for name, path in
                 (("raw", layout.raw), ("counts", layout.counts), ("parquet", layout.parquet),
@@ -171,8 +179,12 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
     local_dirs = spark_local_dirs(config)
     shuffle_dir = local_dirs[0] if local_dirs else None
     shuffle_on_workdir = shuffle_dir is not None and same_filesystem(shuffle_dir, root)
+    partials = rows * preflight.partial_bytes_per_row \
+        if "preprocess" in wanted and _arrow_engine(config) else 0.0
+    # the partial files are gone before the transform's shuffle is written
+    transient = max(partials, shuffle if shuffle_on_workdir else 0.0)
     steps = [("generate", ("raw",), 0.0),
-             ("preprocess", ("counts", "parquet"), shuffle if shuffle_on_workdir else 0.0),
+             ("preprocess", ("counts", "parquet"), transient),
              ("convert", ("binary",), 0.0), ("train", ("checkpoints",), 0.0)]
     parquet_freed = None if config.preprocess.keep_parquet else full["parquet"]
     grown, peak, peak_at, stages = 0.0, 0.0, "-", []
@@ -194,6 +206,7 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
                      checkpoints_unknown="train" in wanted and "checkpoints" not in full,
                      tables_known=sizes is not None, peak=peak, peak_at=peak_at,
                      free=free_bytes(root), headroom=preflight.disk_headroom, shuffle=shuffle,
+                     partials=partials,
                      shuffle_dir=shuffle_dir, shuffle_on_workdir=shuffle_on_workdir,
                      shuffle_free=free_bytes(shuffle_dir) if own_disk else None)
 

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dlrm_contracts.hex_text import format_hex
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import dictionary_index, dictionary_parts, partial_files
-from spark_jobs.fastparse import format_hex
 from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
                                      count_histogram, evenly_spaced, merge_counts, to_binary)
 
@@ -260,7 +260,7 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
 
     The values ascend, so delta encoding stores them in ~1.3 bytes instead of 8 and costs
     less to write than plain values compressed; the column name is one dictionary entry
-    (bench/README.md, "At the Terabyte's cardinality")."""
+    (docs/perf-history.md, "At the Terabyte's cardinality")."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -31,6 +31,7 @@ from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, 
                                     REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
                                     TransformSpec)
 from spark_jobs.chunks import Chunk, plan_chunks
+from spark_jobs.columns import literal_lookup
 from spark_jobs.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
 from spark_jobs.split_writer import WriteSpec
@@ -231,7 +232,7 @@ class ArrowEngine:
         chunks = [c for c in self.chunks if c.day in dirty]
         rows = self._over(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
         names = {d.day: d.name for d in self.days}
-        rows.select(_literal_lookup(names, "day").alias("file"),
+        rows.select(literal_lookup(names, "day").alias("file"),
                     (line_number_column(stats, dirty) + 1).alias("line_number"),
                     "reason", "line").write.mode("overwrite").json(str(out_dir))
 
@@ -291,13 +292,6 @@ def _ship_code(session) -> None:
             for source in sorted((root / package).rglob("*.py")):
                 zf.write(source, source.relative_to(root))
     session.sparkContext.addPyFile(str(archive))
-
-
-def _literal_lookup(mapping: dict, column: str):
-    from pyspark.sql import functions as F
-
-    pairs = [x for key, value in mapping.items() for x in (F.lit(key), F.lit(value))]
-    return F.element_at(F.create_map(*pairs), F.col(column))
 
 
 def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:

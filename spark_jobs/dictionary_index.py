@@ -16,7 +16,7 @@ Why this shape:
 
 The build and lookup loops are compiled with numba: per lookup they cost 10-43 ns against
 52-215 ns for the best numpy formulation of the same probe (a vectorised gather per probe round
-over a block of 4096 values), measured in bench/README.md ("Dictionary lookups").
+over a block of 4096 values), measured in docs/perf-history.md ("Dictionary lookups").
 """
 
 from __future__ import annotations

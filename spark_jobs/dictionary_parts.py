@@ -8,7 +8,7 @@ stages the group's part with each row's rank among the group's values of the sam
 id column, and its index region with each slot pointing at its row. After the barrier each id
 is ``first id of its count class + rank``: the dictionaries phase writes 4 bytes per value into
 the part and rewrites the region's slots, instead of formatting, encoding and hashing every
-kept value while the rest of the job waits (bench/README.md, "At the Terabyte's cardinality").
+kept value while the rest of the job waits (docs/perf-history.md, "At the Terabyte's cardinality").
 
 The part keeps the dictionaries' format (value, id, count), so readers are unchanged. The ids
 are written in place, which is sound because the part is written so that its id column is a
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlrm_contracts.hex_text import format_hex
 from spark_jobs import dictionary_index
-from spark_jobs.fastparse import format_hex
 from spark_jobs.value_counts import Counts, class_index
 
 # Rows per row group of a part, and the most rows a data page may hold: one page per row group

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlrm_contracts.hex_text import format_hex  # noqa: F401 — still imported from here by
-# arrow_dictionaries.py and dictionary_parts.py; its home is dlrm_contracts.hex_text
 from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER, REJECT_REASONS
 
 # reason codes: 0 = valid, then the reject reasons in their order of precedence

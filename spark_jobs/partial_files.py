@@ -4,7 +4,7 @@ Why files and not rows: at the Terabyte's cardinality most values of a chunk are
 chunk's partial counts are about as many entries as its lines. Handed to Spark as rows, those
 bytes were cached by the JVM, read back, split by value range, shuffled (serialised,
 compressed, written, read, decompressed) and grouped before a merge task saw them: most of the
-count phase's extra cost on columns of millions of values (bench/README.md, "At the Terabyte's
+count phase's extra cost on columns of millions of values (docs/perf-history.md, "At the Terabyte's
 cardinality"). Each count task instead writes its chunk's partial counts once, as sorted flat
 arrays, and each merge task reads, for its value range, a slice of every file: two binary
 searches and one copy per (file, column). The JVM only sees statistics and samples.

@@ -13,9 +13,10 @@ import random
 import numpy as np
 import pytest
 
+from dlrm_contracts.hex_text import format_hex
 from spark_fixtures import BAD_LINES, random_line, reference_parse, salted_days
 from spark_jobs.chunks import ChunkReadError, line_blocks, plan_chunks
-from spark_jobs.fastparse import (MISSING, REASON_CODES, format_hex, padded_buffer, parse_block,
+from spark_jobs.fastparse import (MISSING, REASON_CODES, padded_buffer, parse_block,
                                   parse_hex, parse_line_exact)
 from spark_jobs.inputs import DayFile
 

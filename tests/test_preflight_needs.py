@@ -52,3 +52,22 @@ def test_training_time_follows_max_steps_or_the_epochs(config):
     samples = (ROWS - ROWS // 4) * config.train.epochs / (10 * config.train.batch_size)
     assert ratio == pytest.approx(samples)
     assert by_epochs.total == pytest.approx(sum(seconds.values()))
+
+
+def test_the_arrow_engines_partial_files_count_while_preprocess_runs(config):
+    """The count phase's partial files sit on the workdir before the transform's shuffle: the
+    larger of the two counts in the peak, and the SQL engine writes none."""
+    preflight = dataclasses.replace(config.preflight, partial_bytes_per_row=
+                                    3 * config.preflight.shuffle_bytes_per_row)
+    arrow = dataclasses.replace(config, preflight=preflight)
+    sql = dataclasses.replace(arrow, preprocess=dataclasses.replace(config.preprocess, engine="sql"))
+    needs = {name: disk_needs(c, WorkdirLayout.at(c.workdir), ROWS, raw_bytes=5_000,
+                              generated=True, sizes=None, state_factor=2)
+             for name, c in (("arrow", arrow), ("sql", sql))}
+    assert needs["arrow"].partials == pytest.approx(ROWS * preflight.partial_bytes_per_row)
+    assert needs["sql"].partials == 0
+    growth = {n: {g.stage: g for g in needs[n].stages}["preprocess"] for n in needs}
+    assert growth["arrow"].transient == pytest.approx(ROWS * preflight.partial_bytes_per_row)
+    assert growth["sql"].transient == pytest.approx(ROWS * preflight.shuffle_bytes_per_row)
+    assert needs["arrow"].peak - needs["sql"].peak == pytest.approx(
+        ROWS * (preflight.partial_bytes_per_row - preflight.shuffle_bytes_per_row))
