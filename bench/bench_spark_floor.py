@@ -91,7 +91,7 @@ def keyed_rows(session, raw: Path, day: int, seed: int):
     fields = [F.col(LABEL), *map(F.col, INT_COLUMNS), *map(F.col, CAT_COLUMNS)]
     return frame.select(
         "day", F.monotonically_increasing_id().alias("pos"),
-        F.xxhash64(F.lit(seed), *fields).alias("_k1"), F.hash(F.lit(seed), *fields).cast("long").alias("_k2"),
+        F.xxhash64(F.lit(seed), *fields).alias("_order"), F.hash(F.lit(seed), *fields).cast("long").alias("_tie"),
         F.col(LABEL), *INT_COLUMNS,
         *[F.when(F.col(c).isNull(), F.lit(None).cast("long")).otherwise(value_key(F.col(c))).alias(c)
           for c in CAT_COLUMNS])
@@ -114,10 +114,10 @@ def transform_splits(session, raw: Path, days: int, rows_per_day: int, sizes: di
     evaluation, shuffled = mapped(last)
     split = F.when(F.col("pos") < F.lit(boundary), "test").otherwise("validation")
     evaluation = transform.output_projection(evaluation.withColumn("split", split)
-                                             .withColumn("_k1", F.col("pos")), extra=("split", "_k1"))
+                                             .withColumn("_order", F.col("pos")), extra=("split", "_order"))
     transform.write_parquet(transform.eval_part(evaluation, shuffled), out, cfg.compression,
                             partition_by="split")
-    train = transform.output_projection(train, extra=("_k1", "_k2"))
+    train = transform.output_projection(train, extra=("_order", "_tie"))
     transform.write_parquet(transform.train_part(train, train_files(cfg, (days - 1) * rows_per_day)),
                             out / "split=train", cfg.compression)
 

@@ -253,11 +253,11 @@ class ArrowEngine:
         if days is None or last in days:
             eval_chunks = [c for c in self.chunks if c.day == last]
             task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
-                                               write(eval_half=spec.eval_half))
+                                               write(test_lines=spec.test_lines))
             results += self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
         if days is None or days - {last}:
             results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
-                                                     write(eval_half=None))
+                                                     write(test_lines=None))
         return split_writer.commit(results, staging)
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
@@ -266,7 +266,7 @@ class ArrowEngine:
                   if c.day != spec.eval_day and (days is None or c.day in days)]
         rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
                           TRANSFORM_SCHEMA)
-        return rows.repartition(train_files, "_k1").sortWithinPartitions("_k1", "_k2")
+        return rows.repartition(train_files, "_order").sortWithinPartitions("_order", "_tie")
 
     def transform_spec(self, stats, index_dir: Path) -> TransformSpec:
         first_line = {(day, chunk): offset for day, s in stats.items()
@@ -276,7 +276,7 @@ class ArrowEngine:
         return TransformSpec(index_dir=str(index_dir), run_token=uuid.uuid4().hex,
                              index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
                              chunk_first_line=first_line, eval_day=last.day,
-                             eval_half=last.eval_half)
+                             test_lines=last.test_lines)
 
 
 def _ship_code(session) -> None:
@@ -295,7 +295,7 @@ def _ship_code(session) -> None:
 
 
 def _stats_from_rows(rows, days: list[DayFile]) -> dict[int, DayStats]:
-    """DayStats from the summed statistics rows (column STAT) of the count pass."""
+    """DayStats from the summed statistics rows (column STATS_COLUMN) of the count pass."""
     from dlrm_contracts.schema import INT_COLUMNS
 
     stats = {d.day: DayStats(d.day) for d in days}

@@ -13,7 +13,7 @@ Arrow record batches:
   dictionary index (``spark_jobs.dictionary_index``), with the train order keys of
   ``spark_jobs.order``.
 
-Statistics rows have ``column = STAT`` and ``value = chunk << CODE_BITS | code``; the codes
+Statistics rows have ``column = STATS_COLUMN`` and ``value = chunk << CODE_BITS | code``; the codes
 are below. Every statistic a task emits is a sum over its lines, so summing them gives the
 day's totals whatever the chunking.
 """
@@ -31,7 +31,7 @@ from spark_jobs.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
 from spark_jobs.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
 
-STAT = -1
+STATS_COLUMN = -1
 CODE_BITS = 8
 LINES, PADDED, SLOW = 0, 5, 6          # 1..4: rejected, by reason code
 MISSING_INT, MISSING_CAT = 16, 32      # + column index
@@ -70,7 +70,7 @@ def _stat_rows(day: int, chunk: int, stats: np.ndarray):
     return pa.record_batch({
         "kind": pa.array(np.full(n, KIND_STATS, np.int32)),
         "day": pa.array(np.full(n, day, np.int32)),
-        "column": pa.array(np.full(n, STAT, np.int32)),
+        "column": pa.array(np.full(n, STATS_COLUMN, np.int32)),
         "value": pa.array((np.int64(chunk) << CODE_BITS) | codes.astype(np.int64)),
         "count": pa.array(stats[codes].astype(np.int64)),
         "values": pa.nulls(n, pa.binary()),
@@ -182,11 +182,11 @@ class TransformSpec:
     seed: int
     chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
     eval_day: int
-    eval_half: int                      # test = lines [0, eval_half) of the eval day
+    test_lines: int                     # test = lines [0, test_lines) of the eval day
 
 
 # The order keys and the packed row (``spark_jobs.split_writer``).
-TRANSFORM_SCHEMA = "_k1 LONG NOT NULL, _k2 LONG NOT NULL, row BINARY NOT NULL"
+TRANSFORM_SCHEMA = "_order LONG NOT NULL, _tie LONG NOT NULL, row BINARY NOT NULL"
 
 
 def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
@@ -198,8 +198,8 @@ def log_numericals(ints: np.ndarray, missing: np.ndarray) -> np.ndarray:
 
 
 def _order_keys(spec: TransformSpec, day: int, lines: np.ndarray):
-    """(_k1, _k2): the train order keys, or for the last day its line numbers (the split, test
-    below eval_half, is derived from them in Spark: no per-row strings cross from Python)."""
+    """(_order, _tie): the train order keys, or for the last day its line numbers (the split, test
+    below test_lines, is derived from them in Spark: no per-row strings cross from Python)."""
     if day != spec.eval_day:
         from spark_jobs.order import train_keys
 
@@ -234,7 +234,7 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     from spark_jobs.split_writer import pack_rows
 
     key, tie = _order_keys(spec, chunk.day, rows.lines)
-    return pa.record_batch({"_k1": pa.array(key), "_k2": pa.array(tie),
+    return pa.record_batch({"_order": pa.array(key), "_tie": pa.array(tie),
                             "row": pack_rows(rows.label, rows.numericals, rows.ids.T)})
 
 

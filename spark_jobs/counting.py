@@ -16,7 +16,7 @@ from dlrm_contracts.atomic import atomic_file, read_json, write_json_atomic
 from dlrm_contracts.layout import days_json_path, histogram_path, values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
-from spark_jobs.stats import (ROW_CLASS, DayStats, add_categorical_missing, row_class_sql,
+from spark_jobs.stats import (ROW_CLASS_COLUMN, DayStats, add_categorical_missing, row_class_sql,
                               stats_from_counts)
 
 # 2: lines end at '\n' only and fields must match up to the end of the line (parse.py);
@@ -79,12 +79,12 @@ def _pairs(parsed, recount: bool):
 
     classes = parsed.withColumn("_class", F.expr(row_class_sql()))
     if not recount:
-        return classes.select("day", F.lit(ROW_CLASS).alias("column"), F.col("_class").alias("value"))
-    pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS}', _class"])
+        return classes.select("day", F.lit(ROW_CLASS_COLUMN).alias("column"), F.col("_class").alias("value"))
+    pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS_COLUMN}', _class"])
     return (classes.select("day", "reason",
                            F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
             .where((F.col("reason").isNull() & F.col("value").isNotNull())
-                   | (F.col("column") == ROW_CLASS))
+                   | (F.col("column") == ROW_CLASS_COLUMN))
             .drop("reason"))
 
 
@@ -101,13 +101,13 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
               .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS).collect())
+        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS_COLUMN).collect())
         if recount:
             # a recounted day with no value left (every line rejected or without categoricals)
             # writes no partition: dynamic overwrite alone would keep its old counts
             for day in recount:
                 shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)
-            values = counts.where((F.col("column") != ROW_CLASS)
+            values = counts.where((F.col("column") != ROW_CLASS_COLUMN)
                                   & F.col("day").isin([str(d) for d in recount]))
             (values.select("day", "column", F.conv("value", 16, 10).cast("long").alias("value"),
                            "count").write.mode("overwrite")

@@ -72,7 +72,7 @@ class WriteSpec:
     out_dir: str                     # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
     compression: str
     row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
-    eval_half: int | None            # None: every row is train; else test = _k1 < eval_half
+    test_lines: int | None           # None: every row is train; else test = _order < test_lines
 
 
 def _codec(compression: str) -> str:
@@ -153,11 +153,11 @@ class PartitionFiles:
 
     def add(self, table, lines: np.ndarray | None = None) -> None:
         """Rows of the train split, or (``lines`` given) of the last day, in line order: those
-        below ``eval_half`` are test, the rest validation."""
+        below ``test_lines`` are test, the rest validation."""
         if lines is None:
             self._file("train").add(table)
             return
-        test = int(np.count_nonzero(lines < self.spec.eval_half))
+        test = int(np.count_nonzero(lines < self.spec.test_lines))
         self._file("test").add(table.slice(0, test))
         self._file("validation").add(table.slice(test))
 
@@ -179,7 +179,7 @@ class PartitionFiles:
 
 
 def write_task(spec: WriteSpec):
-    """mapInArrow function over (_p, _k1, row): writes this partition's rows, in
+    """mapInArrow function over (_p, _order, row): writes this partition's rows, in
     the order they arrive, to one file per split; yields one result row per file written."""
     schema = parquet_schema()
 
@@ -190,7 +190,7 @@ def write_task(spec: WriteSpec):
                 continue
             if files is None:
                 files = PartitionFiles(spec, int(batch.column("_p")[0].as_py()))
-            lines = None if spec.eval_half is None else batch.column("_k1").to_numpy()
+            lines = None if spec.test_lines is None else batch.column("_order").to_numpy()
             files.add(_table(batch, schema), lines)
         results = files.results() if files is not None else None
         if results is not None:
@@ -202,7 +202,7 @@ def write_partitions(frame, spec: WriteSpec) -> list:
     """Run the writer over ``frame``'s partitions (their order is the files' order)."""
     from pyspark.sql import functions as F
 
-    return (frame.select(F.spark_partition_id().alias("_p"), "_k1", "row")
+    return (frame.select(F.spark_partition_id().alias("_p"), "_order", "row")
             .mapInArrow(write_task(spec), RESULT_SCHEMA).collect())
 
 

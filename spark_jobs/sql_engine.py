@@ -144,19 +144,19 @@ class SqlEngine:
 
         def keyed(day: DayFile):
             key, tie = train_key_columns(self.cfg.shuffle_seed, day.day, F.col("_line"))
-            return self._rows(day, stats).withColumn("_k1", key).withColumn("_k2", tie)
+            return self._rows(day, stats).withColumn("_order", key).withColumn("_tie", tie)
 
         train = None
         if train_days:
             train, _ = mapped(reduce(lambda a, b: a.unionByName(b), [keyed(d) for d in train_days]))
-            train = transform.output_projection(train, extra=("_k1", "_k2"))
+            train = transform.output_projection(train, extra=("_order", "_tie"))
         if not with_eval:
             return train, None, False
         last = self.days[-1]
         evaluation, shuffled = mapped(self._rows(last, stats))
-        split = (F.when(F.col("_line") < F.lit(stats[last.day].eval_half), F.lit("test"))
+        split = (F.when(F.col("_line") < F.lit(stats[last.day].test_lines), F.lit("test"))
                  .otherwise(F.lit("validation")))
-        evaluation = (evaluation.withColumn("split", split).withColumn("_k1", F.col("_line"))
-                      .withColumn("_k2", F.lit(0).cast("long")))
-        return (train, transform.output_projection(evaluation, extra=("split", "_k1", "_k2")),
+        evaluation = (evaluation.withColumn("split", split).withColumn("_order", F.col("_line"))
+                      .withColumn("_tie", F.lit(0).cast("long")))
+        return (train, transform.output_projection(evaluation, extra=("split", "_order", "_tie")),
                 shuffled)

@@ -22,7 +22,7 @@ from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, REJECT_REASONS
 from spark_jobs.columns import literal_lookup
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition
-ROW_CLASS = "_row"    # the pseudo column of the row classes in the count aggregation
+ROW_CLASS_COLUMN = "_row"    # the pseudo column of the row classes in the count aggregation
 
 
 @dataclass
@@ -50,7 +50,7 @@ class DayStats:
         return {c: (n / self.rows_valid if self.rows_valid else 0.0) for c, n in self.missing.items()}
 
     @property
-    def eval_half(self) -> int:
+    def test_lines(self) -> int:
         """Test = the first ceil(n/2) lines of the last day, validation the rest (NVIDIA's split)."""
         return (self.rows_read + 1) // 2
 
@@ -79,7 +79,7 @@ def row_class_sql() -> str:
 
 
 def stats_from_counts(rows) -> dict[int, DayStats]:
-    """DayStats from the aggregation rows (day, value, count) of column ``ROW_CLASS``."""
+    """DayStats from the aggregation rows (day, value, count) of column ``ROW_CLASS_COLUMN``."""
     stats: dict[int, DayStats] = {}
     for row in rows:
         day = int(row["day"])

@@ -66,22 +66,22 @@ def write_parquet(frame, path: Path, compression: str, partition_by: str | None 
 
 
 def train_part(rows, partitions: int):
-    """Train rows (output columns, ``_k1``, ``_k2``) hash-partitioned by the seeded key and
+    """Train rows (output columns, ``_order``, ``_tie``) hash-partitioned by the seeded key and
     sorted within each file by (key, day << 40 | line): a total order, and a sort on a leading
     long key, which Spark does by radix sort on its prefix."""
     from pyspark.sql import functions as F
 
-    return (rows.repartition(partitions, F.col("_k1")).sortWithinPartitions("_k1", "_k2")
+    return (rows.repartition(partitions, F.col("_order")).sortWithinPartitions("_order", "_tie")
             .select(*OUTPUT_COLUMNS))
 
 
 def eval_part(rows, must_sort: bool):
-    """Rows of the last day (output columns, ``split``, ``_k1`` = line number): sorted by
+    """Rows of the last day (output columns, ``split``, ``_order`` = line number): sorted by
     (split, line) within each read partition, the order the split-partitioned writer needs;
     globally after a shuffle join, which loses the line order."""
-    frame = rows.select(*OUTPUT_COLUMNS, "split", "_k1")
-    frame = frame.orderBy("split", "_k1") if must_sort else frame.sortWithinPartitions("split", "_k1")
-    return frame.drop("_k1")
+    frame = rows.select(*OUTPUT_COLUMNS, "split", "_order")
+    frame = frame.orderBy("split", "_order") if must_sort else frame.sortWithinPartitions("split", "_order")
+    return frame.drop("_order")
 
 
 def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:

@@ -38,14 +38,14 @@ def _batches(label, numericals, ids, part: int, lines: np.ndarray, size: int):
     for start in range(0, len(label), size):
         end = start + size
         yield pa.record_batch({"_p": pa.array(np.full(len(label[start:end]), part, np.int32)),
-                               "_k1": pa.array(lines[start:end]),
+                               "_order": pa.array(lines[start:end]),
                                "row": pack_rows(label[start:end], numericals[start:end], ids[start:end])})
 
 
 def test_a_retried_partition_keeps_one_file_with_every_row_in_order(tmp_path):
     label, numericals, ids = _rows(2500, seed=1)
     spec = WriteSpec(out_dir=str(tmp_path), compression="snappy", row_group_rows=500,
-                     eval_half=1200)
+                     test_lines=1200)
     lines = np.arange(2500, dtype=np.int64)
     first = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))   # "failed"
     second = list(write_task(spec)(_batches(label, numericals, ids, 3, lines, 700)))
