@@ -29,6 +29,7 @@ DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ("frequency", "stable")
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
+ROW_L2_SCALINGS: tuple[str, ...] = ("none", "inverse_frequency")
 # Copies of every variable an optimizer keeps: the value, + Adagrad's accumulator, + Adam's two
 # moments (what the preflight sizes a rank's tables with).
 OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 1, "adagrad": 2, "adam": 3}
@@ -315,6 +316,15 @@ class TrainConfig:
     # jump as far as a frequent one, and small data over-fits within an epoch.
     adagrad_initial_accumulator: float = 1e-4
     adagrad_epsilon: float = 1e-8
+    # Row L2 (trainer/row_l2.py): l2 * row added to the gradient of each distinct embedding
+    # row (table_l2) or wide weight (wide_l2) a step looks up, with any optimizer; rows a step
+    # does not touch are not read. row_l2_scaling "inverse_frequency" divides it by the chance
+    # that a batch holds the row (train counts, counted at start-up), so every row gets the
+    # same pull per epoch (a logistic regression's L2 prior); "none" pulls a row once per
+    # batch holding it. Measured on the 60k-row sets (bench/README.md, "Model quality").
+    table_l2: float = 0.0
+    wide_l2: float = 0.0
+    row_l2_scaling: str = "none"
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 0
     decay_start_step: int | None = None
@@ -379,6 +389,10 @@ class TrainConfig:
                f"early_stopping_patience must be 0 (off) or more, not {self.early_stopping_patience}")
         _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
         _one_of("train.learning_rate_scaling", self.learning_rate_scaling, LEARNING_RATE_SCALINGS)
+        _one_of("train.row_l2_scaling", self.row_l2_scaling, ROW_L2_SCALINGS)
+        _check(self.table_l2 >= 0 and self.wide_l2 >= 0,
+               f"train.table_l2 and train.wide_l2 must be 0 or more, not {self.table_l2} / "
+               f"{self.wide_l2}")
         _check(self.learning_rate_batch >= 1,
                f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}")
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)

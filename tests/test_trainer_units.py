@@ -443,3 +443,74 @@ def test_the_wide_term_adds_each_ids_weight_to_the_deep_logit():
     assert wide_dims.meta()["wide"] is True and "wide" not in deep_dims.meta()
     assert ModelDims.from_meta(wide_dims.meta()) == wide_dims
     assert ModelDims.from_meta(deep_dims.meta()) == deep_dims
+
+
+# -- row L2 ------------------------------------------------------------------------------------
+def test_batch_presence_is_count_times_batch_over_rows_at_most_one():
+    from trainer.row_l2 import batch_presence
+
+    presence = batch_presence(np.array([0, 1, 4, 100]), global_batch=10, train_rows=200)
+    np.testing.assert_allclose(presence, [0.05, 0.05, 0.2, 1.0])
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "adam"])
+def test_row_l2_pulls_only_the_looked_up_rows_toward_zero(optimizer):
+    """The penalty adds l2 * scale * row to the summed gradient of each distinct row a step
+    touches (a row looked up twice is penalised once); untouched rows stay as they were."""
+    import tensorflow as tf
+
+    from trainer.optim import RowL2, make_optimizer
+
+    # accumulators from 1: Adagrad's first step follows the gradient's size, not its sign
+    config = small_config(optimizer=optimizer, learning_rate=0.1, adagrad_initial_accumulator=1.0)
+    start = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
+    scale = tf.constant([1, 1, 1, 1, 4, 1], tf.float32)
+    grad = tf.IndexedSlices(tf.constant([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]]),
+                            tf.constant([1, 1, 4]), tf.constant([6, 2]))
+    tables = {}
+    for l2 in (0.0, 0.3):
+        var = tf.Variable(start)
+        penalties = {"table/0/0-2": RowL2(l2, scale)} if l2 else None
+        make_optimizer([("table/0/0-2", var)], config, penalties).apply([grad], tf.constant(0.1))
+        tables[l2] = var.numpy()
+    for table in tables.values():
+        np.testing.assert_array_equal(table[[0, 2, 3, 5]], start[[0, 2, 3, 5]])
+    if optimizer == "sgd":  # plain arithmetic: row 1 summed once, row 4 with its scale of 4
+        np.testing.assert_allclose(tables[0.3][1], start[1] - 0.1 * (1.0 + 0.3 * start[1]))
+        np.testing.assert_allclose(tables[0.3][4], start[4] - 0.1 * (np.array([0, 1])
+                                                                     + 1.2 * start[4]))
+    # with every optimizer the penalised rows end nearer zero than without the penalty (Adam's
+    # first step is the gradient's sign: row 4's first value moves only through the penalty)
+    penalised, plain = np.abs(tables[0.3][[1, 4]]), np.abs(tables[0.0][[1, 4]])
+    assert (penalised <= plain + 1e-7).all() and (penalised < plain - 1e-4).any()
+    if optimizer != "adam":
+        assert (penalised < plain).all()
+
+
+def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
+    """``inverse_frequency``: each table's and wide variable's penalty is scaled by 1 / the
+    batch presence of the row's train count; tables get table_l2, wide weights wide_l2."""
+    from trainer.comm import make_comm
+    from trainer.dims import model_dims
+    from trainer.model import DLRM
+    from trainer.row_l2 import row_penalties
+
+    write_planted_dataset(tmp_path / "d", {"train": 3000, "test": 100, "validation": 100}, seed=4)
+    dataset = open_dataset(tmp_path / "d")
+    config = small_config(wide=True, table_l2=1e-3, wide_l2=2e-2,
+                          row_l2_scaling="inverse_frequency")
+    placement = plan_placement(dataset.table_sizes, model_dims(config).embedding_dim, 1)
+    model = DLRM(model_dims(config), placement, 0, 64, 1, make_comm())
+    penalties = row_penalties(config, model, dataset, 64)
+    dim = model_dims(config).embedding_dim
+    assert len(penalties) == 52
+    assert penalties[f"table/3/0-{dim}"].strength == 1e-3
+    assert penalties[f"table/3/{dim}-{dim + 1}"].strength == 2e-2
+    ids = np.fromfile(tmp_path / "d" / "train" / "cat_3.bin", dataset.cat_dtypes[3])
+    counts = np.bincount(ids, minlength=dataset.table_sizes[3])
+    expected = 1.0 / np.minimum(np.maximum(counts, 1) * 64 / 3000, 1.0)
+    np.testing.assert_allclose(penalties[f"table/3/0-{dim}"].scale.numpy(), expected, rtol=1e-6)
+    assert expected.max() > expected.min()  # the planted data has rare and frequent ids
+    none = row_penalties(small_config(wide=True, table_l2=1e-3), model, dataset, 64)
+    assert len(none) == 26 and all(p.scale is None for p in none.values())
+    assert row_penalties(small_config(wide=True), model, dataset, 64) == {}

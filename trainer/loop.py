@@ -36,6 +36,7 @@ from trainer.early_stopping import EarlyStopping
 from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
+from trainer.row_l2 import row_penalties
 from trainer.placement import plan_placement
 from trainer.progress import NoProgress, make_progress
 from trainer.warm_start import (RUN_START_KEY, WARM_START_KEY, StartPlan, WarmStart,
@@ -181,7 +182,9 @@ class Trainer:
         self.view = RankView(self.world, self.rank, self.model.tables_read, numerical)
         self.replicated = self.model.replicated_variables()
         self.owned = self.model.owned_variables()
-        self.optimizer = make_optimizer(self.replicated + self.owned, config)
+        self.optimizer = make_optimizer(
+            self.replicated + self.owned, config,
+            row_penalties(config, self.model, self.dataset, self.global_batch))
         self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
                                       trainable=False, name="loss_scale")
         self.step = 0
