@@ -325,6 +325,11 @@ class TrainConfig:
     table_l2: float = 0.0
     wide_l2: float = 0.0
     row_l2_scaling: str = "none"
+    # The wide weights' rate = the schedule's rate x this (the rest of the model keeps the
+    # schedule's). A first-order weight is one number per id fitted from that id's rows alone,
+    # and at the tables' rate it is still far from its fit when the embeddings start to
+    # over-fit; a faster rate needs the wide L2 above to keep rare ids' weights small.
+    wide_learning_rate_factor: float = 1.0
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 0
     decay_start_step: int | None = None
@@ -390,6 +395,9 @@ class TrainConfig:
         _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
         _one_of("train.learning_rate_scaling", self.learning_rate_scaling, LEARNING_RATE_SCALINGS)
         _one_of("train.row_l2_scaling", self.row_l2_scaling, ROW_L2_SCALINGS)
+        _check(self.wide_learning_rate_factor > 0,
+               f"train.wide_learning_rate_factor must be above 0, not "
+               f"{self.wide_learning_rate_factor}")
         _check(self.table_l2 >= 0 and self.wide_l2 >= 0,
                f"train.table_l2 and train.wide_l2 must be 0 or more, not {self.table_l2} / "
                f"{self.wide_l2}")

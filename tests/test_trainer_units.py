@@ -514,3 +514,26 @@ def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
     none = row_penalties(small_config(wide=True, table_l2=1e-3), model, dataset, 64)
     assert len(none) == 26 and all(p.scale is None for p in none.values())
     assert row_penalties(small_config(wide=True), model, dataset, 64) == {}
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "adam"])
+def test_a_rate_factor_scales_only_its_variables_step(optimizer):
+    """``rate_factors`` (the wide weights' train.wide_learning_rate_factor) multiplies the
+    named variable's step, sparse or dense; the other variables take the schedule's rate."""
+    import tensorflow as tf
+
+    from trainer.optim import make_optimizer
+
+    config = small_config(optimizer=optimizer, learning_rate=0.1)
+    grads = [tf.IndexedSlices(tf.constant([[0.5], [-0.25]]), tf.constant([0, 2]),
+                              tf.constant([3, 1])), tf.constant([0.5, -1.0])]
+    moved = {}
+    for factor in (1.0, 3.0):
+        variables = [("table/0/16-17", tf.Variable(tf.ones([3, 1]))),
+                     ("top/0/bias", tf.Variable(tf.ones([2])))]
+        make_optimizer(variables, config, None, {"table/0/16-17": factor}).apply(
+            grads, tf.constant(0.1))
+        moved[factor] = [1.0 - v.numpy() for _, v in variables]
+    np.testing.assert_allclose(moved[3.0][0], 3.0 * moved[1.0][0], rtol=1e-5)
+    np.testing.assert_allclose(moved[3.0][1], moved[1.0][1], rtol=1e-6)
+    assert np.abs(moved[1.0][0]).max() > 1e-3 and moved[1.0][0][1, 0] == 0.0

@@ -82,7 +82,8 @@ def config_flags(config: TrainConfig) -> list[str]:
              "--early-stopping-patience", str(config.early_stopping_patience),
              "--wide", str(config.wide),
              "--table-l2", repr(config.table_l2), "--wide-l2", repr(config.wide_l2),
-             "--row-l2-scaling", config.row_l2_scaling]
+             "--row-l2-scaling", config.row_l2_scaling,
+             "--wide-learning-rate-factor", repr(config.wide_learning_rate_factor)]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:

@@ -66,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--row-l2-scaling", choices=list(ROW_L2_SCALINGS),
                    help="none, or inverse_frequency: the row L2 divided by the row's batch "
                         "presence (train.row_l2_scaling)")
+    p.add_argument("--wide-learning-rate-factor", type=float,
+                   help="the wide weights' rate over the schedule's "
+                        "(train.wide_learning_rate_factor)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--decay-start-step", type=int)
     p.add_argument("--decay-steps", type=int)

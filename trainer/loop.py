@@ -184,7 +184,8 @@ class Trainer:
         self.owned = self.model.owned_variables()
         self.optimizer = make_optimizer(
             self.replicated + self.owned, config,
-            row_penalties(config, self.model, self.dataset, self.global_batch))
+            row_penalties(config, self.model, self.dataset, self.global_batch),
+            {name: config.wide_learning_rate_factor for name in self.model.wide_names()})
         self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
                                       trainable=False, name="loss_scale")
         self.step = 0

@@ -8,7 +8,9 @@ the checkpoints save.
 Row L2 (``train.table_l2`` / ``train.wide_l2``): a table's gradient gets ``l2 * row`` added for
 each distinct row the step looked up (times the row's scale, see trainer/row_l2.py), before the
 optimizer's own update. It is the per-row L2 of CTR systems' sparse tables: the rows a step does
-not touch are not read, so the cost follows the batch, not the table.
+not touch are not read, so the cost follows the batch, not the table. A variable may also
+have its own rate factor (``train.wide_learning_rate_factor``, the wide weights'), applied to
+the schedule's rate before each update.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def distinct_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     return rows, tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
 
 
+def scaled(lr: tf.Tensor, factor: float) -> tf.Tensor:
+    """A variable's own rate: the schedule's times its factor (train.wide_learning_rate_factor)."""
+    return lr if factor == 1.0 else lr * factor
+
+
 def penalties_for(variables, penalties) -> list[RowL2 | None]:
     """One entry per variable: its ``RowL2`` or None (``penalties`` maps names to them)."""
     penalties = penalties or {}
@@ -77,9 +84,11 @@ def penalties_for(variables, penalties) -> list[RowL2 | None]:
 
 class SGD:
     def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None):
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
         self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
 
     def state(self) -> list[tuple[str, tf.Variable]]:
         return []
@@ -87,8 +96,10 @@ class SGD:
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
         return []
 
-    def apply(self, grads: list, lr: tf.Tensor) -> None:
-        for (_, var), grad, penalty in zip(self.variables, grads, self.penalties):
+    def apply(self, grads: list, lr_all: tf.Tensor) -> None:
+        for (_, var), grad, penalty, factor in zip(self.variables, grads, self.penalties,
+                                                   self.rates):
+            lr = scaled(lr_all, factor)
             if isinstance(grad, tf.IndexedSlices) and penalty is not None:
                 rows, values = distinct_rows(grad)
                 var.scatter_sub(tf.IndexedSlices(penalty.add(var, rows, values) * lr, rows))
@@ -102,9 +113,11 @@ class Adam:
     """Adam; sparse gradients update only the rows they touch ("lazy" Adam)."""
 
     def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None):
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
         self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
         self.beta1, self.beta2 = config.adam_beta1, config.adam_beta2
         self.epsilon = config.adam_epsilon
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_iterations")
@@ -121,9 +134,10 @@ class Adam:
 
     def apply(self, grads: list, lr: tf.Tensor) -> None:
         t = tf.cast(self.iterations.assign_add(1), tf.float32)
-        step = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
-        for (_, var), grad, m, v, penalty in zip(self.variables, grads, self.m, self.v,
-                                                 self.penalties):
+        step_all = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        for (_, var), grad, m, v, penalty, factor in zip(self.variables, grads, self.m, self.v,
+                                                         self.penalties, self.rates):
+            step = scaled(step_all, factor)
             if isinstance(grad, tf.IndexedSlices):
                 rows, values = distinct_rows(grad)
                 if penalty is not None:
@@ -150,9 +164,11 @@ class Adagrad:
     """
 
     def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None):
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
         self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
         self.epsilon = config.adagrad_epsilon
         self.accumulators = [tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator),
                                          trainable=False) for _, v in variables]
@@ -164,9 +180,10 @@ class Adagrad:
     def state(self) -> list[tuple[str, tf.Variable]]:
         return []
 
-    def apply(self, grads: list, lr: tf.Tensor) -> None:
-        for (_, var), grad, acc, penalty in zip(self.variables, grads, self.accumulators,
-                                                self.penalties):
+    def apply(self, grads: list, lr_all: tf.Tensor) -> None:
+        for (_, var), grad, acc, penalty, factor in zip(self.variables, grads, self.accumulators,
+                                                        self.penalties, self.rates):
+            lr = scaled(lr_all, factor)
             if isinstance(grad, tf.IndexedSlices):
                 rows, values = distinct_rows(grad)
                 if penalty is not None:
@@ -181,9 +198,11 @@ class Adagrad:
 
 
 def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                   penalties: dict[str, RowL2] | None = None):
-    """The configured optimizer; ``penalties`` names the sparse variables with a row L2."""
+                   penalties: dict[str, RowL2] | None = None,
+                   rate_factors: dict[str, float] | None = None):
+    """The configured optimizer; ``penalties`` names the sparse variables with a row L2,
+    ``rate_factors`` those whose rate is the schedule's times a factor."""
     kinds = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}
     if config.optimizer not in kinds:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {sorted(kinds)}")
-    return kinds[config.optimizer](variables, config, penalties)
+    return kinds[config.optimizer](variables, config, penalties, rate_factors)
