@@ -316,20 +316,24 @@ class TrainConfig:
     # jump as far as a frequent one, and small data over-fits within an epoch.
     adagrad_initial_accumulator: float = 1e-4
     adagrad_epsilon: float = 1e-8
-    # Row L2 (trainer/row_l2.py): l2 * row added to the gradient of each distinct embedding
-    # row (table_l2) or wide weight (wide_l2) a step looks up, with any optimizer; rows a step
-    # does not touch are not read. row_l2_scaling "inverse_frequency" divides it by the chance
-    # that a batch holds the row (train counts, counted at start-up), so every row gets the
-    # same pull per epoch (a logistic regression's L2 prior); "none" pulls a row once per
-    # batch holding it. Measured on the 60k-row sets (bench/README.md, "Model quality").
+    # Row L2 (trainer/row_l2.py): 1/2 * l2 * |row|^2 added to the train split's summed loss
+    # (a logistic regression's 1/C; a step's mean-loss gradient gets l2 / train rows * row) for
+    # each distinct embedding row (table_l2) or wide weight (wide_l2) a step looks up, with any
+    # optimizer; rows a step does not touch are not read. row_l2_scaling "inverse_frequency"
+    # divides the pull by the chance that a batch holds the row (train counts, counted at
+    # start-up), so every row gets the same pull per epoch (the prior of a logistic
+    # regression); "none" pulls a row once per batch holding it. wide_l2 30 (C = 0.033; the
+    # tuned logistic regression's C is 0.03 at 60k-150k rows) with the wide rate below lets the
+    # first-order weights reach their fit before the embeddings over-fit: measured on 60k-400k
+    # train rows (bench/README.md, "Model quality"). table_l2: no gain measured, off.
     table_l2: float = 0.0
-    wide_l2: float = 0.0
-    row_l2_scaling: str = "none"
+    wide_l2: float = 30.0
+    row_l2_scaling: str = "inverse_frequency"
     # The wide weights' rate = the schedule's rate x this (the rest of the model keeps the
-    # schedule's). A first-order weight is one number per id fitted from that id's rows alone,
-    # and at the tables' rate it is still far from its fit when the embeddings start to
-    # over-fit; a faster rate needs the wide L2 above to keep rare ids' weights small.
-    wide_learning_rate_factor: float = 1.0
+    # schedule's). A first-order weight is one number per id fitted from that id's rows alone;
+    # at the tables' rate it is still far from its fit when the embeddings start to over-fit.
+    # The faster rate needs wide_l2 (without it, 4x lost 0.003-0.008 validation AUC).
+    wide_learning_rate_factor: float = 4.0
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 0
     decay_start_step: int | None = None

@@ -489,7 +489,8 @@ def test_row_l2_pulls_only_the_looked_up_rows_toward_zero(optimizer):
 
 def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
     """``inverse_frequency``: each table's and wide variable's penalty is scaled by 1 / the
-    batch presence of the row's train count; tables get table_l2, wide weights wide_l2."""
+    batch presence of the row's train count; tables get table_l2, wide weights wide_l2, each
+    per train row (a strength on the summed loss)."""
     from trainer.comm import make_comm
     from trainer.dims import model_dims
     from trainer.model import DLRM
@@ -497,23 +498,24 @@ def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
 
     write_planted_dataset(tmp_path / "d", {"train": 3000, "test": 100, "validation": 100}, seed=4)
     dataset = open_dataset(tmp_path / "d")
-    config = small_config(wide=True, table_l2=1e-3, wide_l2=2e-2,
+    config = small_config(wide=True, table_l2=3.0, wide_l2=60.0,
                           row_l2_scaling="inverse_frequency")
     placement = plan_placement(dataset.table_sizes, model_dims(config).embedding_dim, 1)
     model = DLRM(model_dims(config), placement, 0, 64, 1, make_comm())
     penalties = row_penalties(config, model, dataset, 64)
     dim = model_dims(config).embedding_dim
     assert len(penalties) == 52
-    assert penalties[f"table/3/0-{dim}"].strength == 1e-3
-    assert penalties[f"table/3/{dim}-{dim + 1}"].strength == 2e-2
+    assert penalties[f"table/3/0-{dim}"].strength == pytest.approx(3.0 / 3000)
+    assert penalties[f"table/3/{dim}-{dim + 1}"].strength == pytest.approx(60.0 / 3000)
     ids = np.fromfile(tmp_path / "d" / "train" / "cat_3.bin", dataset.cat_dtypes[3])
     counts = np.bincount(ids, minlength=dataset.table_sizes[3])
     expected = 1.0 / np.minimum(np.maximum(counts, 1) * 64 / 3000, 1.0)
     np.testing.assert_allclose(penalties[f"table/3/0-{dim}"].scale.numpy(), expected, rtol=1e-6)
     assert expected.max() > expected.min()  # the planted data has rare and frequent ids
-    none = row_penalties(small_config(wide=True, table_l2=1e-3), model, dataset, 64)
+    none = row_penalties(small_config(wide=True, table_l2=3.0, wide_l2=0.0,
+                                      row_l2_scaling="none"), model, dataset, 64)
     assert len(none) == 26 and all(p.scale is None for p in none.values())
-    assert row_penalties(small_config(wide=True), model, dataset, 64) == {}
+    assert row_penalties(small_config(wide=True, wide_l2=0.0), model, dataset, 64) == {}
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "adam"])

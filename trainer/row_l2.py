@@ -1,7 +1,11 @@
 """Which sparse variables get a row L2 (``train.table_l2``, ``train.wide_l2``) and its per-row
 factor.
 
-The penalty is applied to the rows a step looks up (trainer/optim.py). Unscaled
+A strength is that of ``1/2 * l2 * |row|^2`` added to the train split's summed log loss, as
+a logistic regression's 1/C: the step's gradient, of the batch's mean loss, gets
+``l2 / train_rows * row``. So a fixed setting is a prior worth a fixed number of rows, which
+weighs less as the data grows (as the evidence of each id does), and a logistic regression's
+C translates directly. The penalty is applied to the rows a step looks up (trainer/optim.py). Unscaled
 (``row_l2_scaling: none``), a row is pulled toward 0 once per batch it appears in: the prior
 grows with the row's frequency, as its data does, so the rare rows are held no more than the
 frequent ones relative to their evidence. ``inverse_frequency`` divides the pull by the chance
@@ -45,6 +49,7 @@ def row_penalties(config: TrainConfig, model: DLRM, dataset: BinaryDataset,
                   global_batch: int) -> dict[str, RowL2]:
     """Variable name -> its ``RowL2`` for this rank's tables and wide weights (none when both
     strengths are 0)."""
+    train_rows = max(dataset.rows["train"], 1)
     wide = {id(v) for v in model.wide}
     scales: dict[int, tf.Tensor | None] = {}
     out = {}
@@ -58,5 +63,5 @@ def row_penalties(config: TrainConfig, model: DLRM, dataset: BinaryDataset,
         if table not in scales:
             scales[table] = (inverse_frequency(dataset, table, int(var.shape[0]), global_batch)
                              if config.row_l2_scaling == "inverse_frequency" else None)
-        out[name] = RowL2(strength, scales[table])
+        out[name] = RowL2(strength / train_rows, scales[table])
     return out
