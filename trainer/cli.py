@@ -60,9 +60,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--learning-rate-scaling", choices=list(LEARNING_RATE_SCALINGS),
                    help="how the rate follows the global batch (default sqrt)")
     p.add_argument("--table-l2", type=float,
-                   help="L2 on the embedding rows a step looks up (train.table_l2)")
+                   help="L2 on the embedding rows a step looks up, on the summed train loss "
+                        "(train.table_l2)")
     p.add_argument("--wide-l2", type=float,
-                   help="L2 on the wide weights a step looks up (train.wide_l2)")
+                   help="L2 on the wide weights a step looks up, on the summed train loss: a "
+                        "logistic regression's 1/C (train.wide_l2)")
     p.add_argument("--row-l2-scaling", choices=list(ROW_L2_SCALINGS),
                    help="none, or inverse_frequency: the row L2 divided by the row's batch "
                         "presence (train.row_l2_scaling)")
