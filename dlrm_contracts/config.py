@@ -345,6 +345,12 @@ class TrainConfig:
     # the run's model (test AUC, eval, export). 0 = off: every epoch runs and the last model is
     # the result (the Terabyte configs: one epoch is the reference's recipe).
     early_stopping_patience: int = 2
+    # Validation AUC changes smaller than this from the best are rounding, not learning: they
+    # neither reset nor spend the patience (a higher one still becomes the kept model). Without
+    # it, a flat stretch that float rounding on 2 ranks reads a hair lower (0.7643, 0.7643,
+    # 0.7642 where one process reads 0.7646) spent the patience and stopped the embedded default
+    # run before its embeddings had learnt (bench/README.md, "Model quality").
+    early_stopping_min_delta: float = 0.001
     amp: bool = False  # bfloat16 on CPU, float16 + loss scaling on GPU
     xla: bool = False  # jit_compile the dense part (bottom MLP, interaction, top MLP, loss)
     bottom_mlp_data_parallel: bool = True  # False: the bottom MLP lives on rank 0 only
@@ -396,6 +402,9 @@ class TrainConfig:
                f"max steps must be 0 or more, not {self.max_steps}")
         _check(self.early_stopping_patience >= 0,
                f"early_stopping_patience must be 0 (off) or more, not {self.early_stopping_patience}")
+        _check(0 <= self.early_stopping_min_delta < 1,
+               f"train.early_stopping_min_delta must be in [0, 1) (an AUC difference), not "
+               f"{self.early_stopping_min_delta}")
         _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
         _one_of("train.learning_rate_scaling", self.learning_rate_scaling, LEARNING_RATE_SCALINGS)
         _one_of("train.row_l2_scaling", self.row_l2_scaling, ROW_L2_SCALINGS)

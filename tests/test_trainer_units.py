@@ -377,6 +377,44 @@ def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations(
     assert not EarlyStopping(0).enabled
 
 
+def test_early_stopping_min_delta_lets_rounding_neither_reset_nor_spend_the_patience():
+    from trainer.early_stopping import EarlyStopping
+
+    # The embedded default's flat stretch as two ranks read it: without min_delta, the second
+    # 0.7642 spends the last evaluation of the patience.
+    flat = [(100, 0.7643), (200, 0.7642), (300, 0.7642), (400, 0.7660)]
+    plain = EarlyStopping(patience=2)
+    assert [plain.update(s, a) for s, a in flat[:3]] == [True, False, False] and plain.stopped
+
+    stopping = EarlyStopping(patience=2, min_delta=0.001)
+    assert [stopping.update(s, a) for s, a in flat] == [True, False, False, True]
+    assert not stopping.stopped and stopping.evals_since_best == 0
+    assert (stopping.best_step, stopping.best_auc) == (400, 0.7660)
+    # Higher by less than min_delta: the kept model moves to it, the patience count does not.
+    assert not stopping.update(500, 0.7640) and stopping.evals_since_best == 1
+    assert stopping.update(600, 0.7665) and stopping.evals_since_best == 1
+    assert stopping.best_step == 600
+    # Lower by more than min_delta, or undefined: spent.
+    assert not stopping.update(700, 0.7654) and stopping.stopped
+    undefined = EarlyStopping(patience=1, min_delta=0.001)
+    assert undefined.update(1, 0.7) and not undefined.update(2, float("nan")) and undefined.stopped
+    # A resumed run takes its min_delta from its own configuration.
+    assert EarlyStopping.from_meta(3, stopping.to_meta(), 0.0).min_delta == 0.0
+
+
+def test_early_stopping_min_delta_is_checked_and_reaches_the_cli():
+    from dlrm_contracts.config import ConfigError, TrainConfig
+    from trainer.cli import config_from_args, parser
+
+    assert TrainConfig().early_stopping_min_delta == 0.001
+    for bad in (-0.001, 1.0):
+        with pytest.raises(ConfigError, match="early_stopping_min_delta"):
+            TrainConfig(early_stopping_min_delta=bad)
+    args = parser().parse_args(["--dataset", "d", "--workdir", "w",
+                                "--early-stopping-min-delta", "0.002"])
+    assert config_from_args(args).early_stopping_min_delta == 0.002
+
+
 def _meta_only_checkpoint(root, step, meta):
     import json
 

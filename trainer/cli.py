@@ -77,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--evals-per-epoch", type=int)
     p.add_argument("--early-stopping-patience", type=int,
                    help="validation evaluations without a better AUC before stopping (0 = off)")
+    p.add_argument("--early-stopping-min-delta", type=float,
+                   help="validation AUC changes this small neither reset nor spend the patience "
+                        "(train.early_stopping_min_delta)")
     p.add_argument("--amp", action="store_const", const=True)
     p.add_argument("--xla", action="store_const", const=True)
     p.add_argument("--bottom-mlp-data-parallel", type=_bool, metavar="BOOL")

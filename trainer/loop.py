@@ -193,7 +193,7 @@ class Trainer:
         # Epochs, evaluations and max_steps count from it; the checkpoints' numbers go on.
         self.run_start = 0
         self.warm_start: WarmStart | None = None
-        self.early_stopping = EarlyStopping(config.early_stopping_patience)
+        self.early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)
         self._saved_step: int | None = None
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
@@ -347,8 +347,9 @@ class Trainer:
                 [tf.constant([0.0 if error is None else 1.0])], name=f"resume_check_{k}")[0].numpy()[0])
             if not failing:
                 self.comm.broadcast_variables([v for _, v in self._replicated_state()])
-                self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
-                                                              meta.get("early_stopping"))
+                self.early_stopping = EarlyStopping.from_meta(
+                    self.config.early_stopping_patience, meta.get("early_stopping"),
+                    self.config.early_stopping_min_delta)
                 self._set_aside(candidates[:k], first_error)
                 return path
             first_error = first_error or error
@@ -403,7 +404,8 @@ class Trainer:
             reader.close()
         self.comm.broadcast_variables([v for _, v in self._replicated_state()])
         self.step = self.run_start = source_step
-        self.early_stopping = EarlyStopping(self.config.early_stopping_patience)
+        self.early_stopping = EarlyStopping(self.config.early_stopping_patience,
+                                            self.config.early_stopping_min_delta)
         self.warm_start = WarmStart(str(path), source_step, self.config.init_optimizer,
                                     old_sizes, grown)
         self.comm.barrier()  # every rank has read the checkpoints before any is removed
@@ -421,7 +423,8 @@ class Trainer:
             return None
         meta = self.restore(path)
         self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
-                                                      meta.get("early_stopping"))
+                                                      meta.get("early_stopping"),
+                                                      self.config.early_stopping_min_delta)
         return path
 
     def restore_best(self, required: bool = False) -> Path | None:
