@@ -347,9 +347,9 @@ class TrainConfig:
     early_stopping_patience: int = 2
     # Validation AUC changes smaller than this from the best are rounding, not learning: they
     # neither reset nor spend the patience (a higher one still becomes the kept model). Without
-    # it, a flat stretch that float rounding on 2 ranks reads a hair lower (0.7643, 0.7643,
-    # 0.7642 where one process reads 0.7646) spent the patience and stopped the embedded default
-    # run before its embeddings had learnt (bench/README.md, "Model quality").
+    # it, the embedded default's flat stretch, which two ranks read 0.76452, 0.76427, 0.76425
+    # (one process: 0.7643, 0.7643, 0.7646), spent the patience and stopped the run before its
+    # embeddings had learnt (bench/README.md, "Model quality").
     early_stopping_min_delta: float = 0.001
     amp: bool = False  # bfloat16 on CPU, float16 + loss scaling on GPU
     xla: bool = False  # jit_compile the dense part (bottom MLP, interaction, top MLP, loss)

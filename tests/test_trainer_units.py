@@ -380,22 +380,23 @@ def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations(
 def test_early_stopping_min_delta_lets_rounding_neither_reset_nor_spend_the_patience():
     from trainer.early_stopping import EarlyStopping
 
-    # The embedded default's flat stretch as two ranks read it: without min_delta, the second
-    # 0.7642 spends the last evaluation of the patience.
-    flat = [(100, 0.7643), (200, 0.7642), (300, 0.7642), (400, 0.7660)]
+    # The embedded default's flat stretch as two ranks read it: without min_delta, the two
+    # rounding-level drops spend the whole patience.
+    flat = [(219, 0.76452), (292, 0.76427), (365, 0.76425), (438, 0.77069)]
     plain = EarlyStopping(patience=2)
     assert [plain.update(s, a) for s, a in flat[:3]] == [True, False, False] and plain.stopped
 
     stopping = EarlyStopping(patience=2, min_delta=0.001)
     assert [stopping.update(s, a) for s, a in flat] == [True, False, False, True]
     assert not stopping.stopped and stopping.evals_since_best == 0
-    assert (stopping.best_step, stopping.best_auc) == (400, 0.7660)
+    assert (stopping.best_step, stopping.best_auc) == (438, 0.77069)
     # Higher by less than min_delta: the kept model moves to it, the patience count does not.
-    assert not stopping.update(500, 0.7640) and stopping.evals_since_best == 1
-    assert stopping.update(600, 0.7665) and stopping.evals_since_best == 1
+    assert not stopping.update(500, 0.7690) and stopping.evals_since_best == 1
+    assert stopping.update(600, 0.7712) and stopping.evals_since_best == 1
     assert stopping.best_step == 600
     # Lower by more than min_delta, or undefined: spent.
-    assert not stopping.update(700, 0.7654) and stopping.stopped
+    assert not stopping.update(700, 0.7700) and stopping.stopped
+    assert stopping.best_step == 600
     undefined = EarlyStopping(patience=1, min_delta=0.001)
     assert undefined.update(1, 0.7) and not undefined.update(2, float("nan")) and undefined.stopped
     # A resumed run takes its min_delta from its own configuration.

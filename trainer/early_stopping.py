@@ -4,8 +4,8 @@ One more epoch than the data supports costs the model (a small dataset over-fits
 epochs), so a run with ``early_stopping_patience`` > 0 evaluates the validation split at every
 evaluation point, saves a checkpoint whenever its AUC improves, and stops once it has not
 improved for ``patience`` evaluations in a row. Changes within ``min_delta`` of the best AUC are
-rounding, not learning (a flat stretch reads 0.7643, 0.7643, 0.7642 on two ranks where one
-process reads 0.7646): they neither reset nor spend the patience. The state travels in every checkpoint's
+rounding, not learning (a flat stretch that two ranks read 0.76452, 0.76427, 0.76425 and one
+process 0.7643, 0.7643, 0.7646): they neither reset nor spend the patience. The state travels in every checkpoint's
 ``meta.json``, so a resumed run continues the same count and a finished run that stopped
 trains nothing more.
 
