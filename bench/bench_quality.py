@@ -10,7 +10,8 @@ by the pipeline):
 * **logistic regression**: scikit-learn's ``LogisticRegression`` (L2, lbfgs) on one-hot ids of
   the 26 columns (each table's ids, id 0 = rare or missing included) and the 13 numericals
   (the dataset's log-transformed values, standardised on train). The regularisation C is
-  chosen on the validation split from a grid; the test AUC of that C is reported.
+  chosen on the validation split from a grid, as the DLRM's checkpoint is; the test AUC of
+  that C is reported (and, for comparison only, the C a pick by test AUC would have made).
 
 scikit-learn is a benchmark-only dependency (``pip install -e '.[bench]'``); the product never
 imports it.
@@ -101,7 +102,10 @@ def logistic_regression(dataset: Path, grid=C_GRID, max_iter: int = 300) -> dict
                                  for split in ("validation", "test")}})
         print(json.dumps({"logistic_regression": tried[-1]}), flush=True)
     best = max(tried, key=lambda t: t["validation_auc"])
+    # Shown beside the fair figure, never instead of it: the C a test-set pick would choose.
+    by_test = max(tried, key=lambda t: t["test_auc"])
     return {"model": "logistic regression (one-hot ids + numericals, L2)", **best,
+            "test_picked": {"C": by_test["C"], "test_auc": by_test["test_auc"]},
             "grid": tried, "seconds": round(time.perf_counter() - start, 1),
             "cpu_seconds": round(cpu_seconds() - cpu, 1)}
 
@@ -156,6 +160,10 @@ def main() -> int:
           f"test {rows['test']:,} rows; 1-min load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
     for r in results:
+        if "test_picked" in r:
+            picked = r["test_picked"]
+            print(f"(logistic regression with C picked on test instead: C={picked['C']}, test AUC "
+                  f"{picked['test_auc']:.4f}; not the reported baseline)")
         extra = (f"C={r['C']}" if "C" in r else f"step {r['step']}" if r.get("last_step") is None
                  else f"best at step {r['step']} of {r['last_step']}")
         print(f"{r['model']:70s} test AUC {r['test_auc']:.4f}  validation AUC "

@@ -30,6 +30,7 @@ DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ("frequency", "stable")
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
+ROW_L2_SCALINGS: tuple[str, ...] = ("none", "inverse_frequency")
 # Copies of every variable an optimizer keeps: the value, + Adagrad's accumulator, + Adam's two
 # moments (what the preflight sizes a rank's tables with).
 OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 1, "adagrad": 2, "adam": 3}
@@ -321,6 +322,24 @@ class TrainConfig:
     # jump as far as a frequent one, and small data over-fits within an epoch.
     adagrad_initial_accumulator: float = 1e-4
     adagrad_epsilon: float = 1e-8
+    # Row L2 (trainer/row_l2.py): 1/2 * l2 * |row|^2 added to the train split's summed loss
+    # (a logistic regression's 1/C; a step's mean-loss gradient gets l2 / train rows * row) for
+    # each distinct embedding row (table_l2) or wide weight (wide_l2) a step looks up, with any
+    # optimizer; rows a step does not touch are not read. row_l2_scaling "inverse_frequency"
+    # divides the pull by the chance that a batch holds the row (train counts, counted at
+    # start-up), so every row gets the same pull per epoch (the prior of a logistic
+    # regression); "none" pulls a row once per batch holding it. wide_l2 30 (C = 0.033; the
+    # tuned logistic regression's C is 0.03 at 60k-150k rows) with the wide rate below lets the
+    # first-order weights reach their fit before the embeddings over-fit: measured on 60k-400k
+    # train rows (docs/perf-history.md, "Model quality"). table_l2: no gain measured, off.
+    table_l2: float = 0.0
+    wide_l2: float = 30.0
+    row_l2_scaling: str = "inverse_frequency"
+    # The wide weights' rate = the schedule's rate x this (the rest of the model keeps the
+    # schedule's). A first-order weight is one number per id fitted from that id's rows alone;
+    # at the tables' rate it is still far from its fit when the embeddings start to over-fit.
+    # The faster rate needs wide_l2 (without it, 4x lost 0.003-0.008 validation AUC).
+    wide_learning_rate_factor: float = 4.0
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 0
     decay_start_step: int | None = None
@@ -332,6 +351,12 @@ class TrainConfig:
     # the run's model (test AUC, eval, export). 0 = off: every epoch runs and the last model is
     # the result (the Terabyte configs: one epoch is the reference's recipe).
     early_stopping_patience: int = 2
+    # Validation AUC changes smaller than this from the best are rounding, not learning: they
+    # neither reset nor spend the patience (a higher one still becomes the kept model). Without
+    # it, the embedded default's flat stretch, which two ranks read 0.76452, 0.76427, 0.76425
+    # (one process: 0.7643, 0.7643, 0.7646), spent the patience and stopped the run before its
+    # embeddings had learnt (docs/perf-history.md, "Model quality").
+    early_stopping_min_delta: float = 0.001
     amp: bool = False  # bfloat16 on CPU, float16 + loss scaling on GPU
     xla: bool = False  # jit_compile the dense part (bottom MLP, interaction, top MLP, loss)
     bottom_mlp_data_parallel: bool = True  # False: the bottom MLP lives on rank 0 only
@@ -383,8 +408,18 @@ class TrainConfig:
                f"max steps must be 0 or more, not {self.max_steps}")
         _check(self.early_stopping_patience >= 0,
                f"early_stopping_patience must be 0 (off) or more, not {self.early_stopping_patience}")
+        _check(0 <= self.early_stopping_min_delta < 1,
+               f"train.early_stopping_min_delta must be in [0, 1) (an AUC difference), not "
+               f"{self.early_stopping_min_delta}")
         _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
         _one_of("train.learning_rate_scaling", self.learning_rate_scaling, LEARNING_RATE_SCALINGS)
+        _one_of("train.row_l2_scaling", self.row_l2_scaling, ROW_L2_SCALINGS)
+        _check(self.wide_learning_rate_factor > 0,
+               f"train.wide_learning_rate_factor must be above 0, not "
+               f"{self.wide_learning_rate_factor}")
+        _check(self.table_l2 >= 0 and self.wide_l2 >= 0,
+               f"train.table_l2 and train.wide_l2 must be 0 or more, not {self.table_l2} / "
+               f"{self.wide_l2}")
         _check(self.learning_rate_batch >= 1,
                f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}")
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)

@@ -56,9 +56,13 @@ def assert_same_training(single, multi, single_summary, multi_summary):
 @pytest.mark.parametrize("variant", [
     {"bottom_mlp_data_parallel": True, "xla": True},
     {"bottom_mlp_data_parallel": False, "force_column_split": ["C2", "C7"]},
+    # the row L2 (inverse frequency) is applied by each piece's owner, C2's two halves alike,
+    # and the wide weights' own rate by the rank holding them
     {"bottom_mlp_data_parallel": True, "force_column_split": ["C2"], "wide": True,
-     "optimizer": "adagrad", "learning_rate": 0.05},
-], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split", "wide+column-split+adagrad"])
+     "optimizer": "adagrad", "learning_rate": 0.05, "table_l2": 8.0, "wide_l2": 80.0,
+     "row_l2_scaling": "inverse_frequency", "wide_learning_rate_factor": 4.0},
+], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split",
+        "wide+column-split+adagrad+row-l2+wide-rate"])
 def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, variant):
     config = small_config(max_steps=STEPS, **variant)
     multi_summary, proc = run_trainer_cli(

@@ -377,6 +377,45 @@ def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations(
     assert not EarlyStopping(0).enabled
 
 
+def test_early_stopping_min_delta_lets_rounding_neither_reset_nor_spend_the_patience():
+    from trainer.early_stopping import EarlyStopping
+
+    # The embedded default's flat stretch as two ranks read it: without min_delta, the two
+    # rounding-level drops spend the whole patience.
+    flat = [(219, 0.76452), (292, 0.76427), (365, 0.76425), (438, 0.77069)]
+    plain = EarlyStopping(patience=2)
+    assert [plain.update(s, a) for s, a in flat[:3]] == [True, False, False] and plain.stopped
+
+    stopping = EarlyStopping(patience=2, min_delta=0.001)
+    assert [stopping.update(s, a) for s, a in flat] == [True, False, False, True]
+    assert not stopping.stopped and stopping.evals_since_best == 0
+    assert (stopping.best_step, stopping.best_auc) == (438, 0.77069)
+    # Higher by less than min_delta: the kept model moves to it, the patience count does not.
+    assert not stopping.update(500, 0.7690) and stopping.evals_since_best == 1
+    assert stopping.update(600, 0.7712) and stopping.evals_since_best == 1
+    assert stopping.best_step == 600
+    # Lower by more than min_delta, or undefined: spent.
+    assert not stopping.update(700, 0.7700) and stopping.stopped
+    assert stopping.best_step == 600
+    undefined = EarlyStopping(patience=1, min_delta=0.001)
+    assert undefined.update(1, 0.7) and not undefined.update(2, float("nan")) and undefined.stopped
+    # A resumed run takes its min_delta from its own configuration.
+    assert EarlyStopping.from_meta(3, stopping.to_meta(), 0.0).min_delta == 0.0
+
+
+def test_early_stopping_min_delta_is_checked_and_reaches_the_cli():
+    from dlrm_contracts.config import ConfigError, TrainConfig
+    from trainer.cli import config_from_args, parser
+
+    assert TrainConfig().early_stopping_min_delta == 0.001
+    for bad in (-0.001, 1.0):
+        with pytest.raises(ConfigError, match="early_stopping_min_delta"):
+            TrainConfig(early_stopping_min_delta=bad)
+    args = parser().parse_args(["--dataset", "d", "--workdir", "w",
+                                "--early-stopping-min-delta", "0.002"])
+    assert config_from_args(args).early_stopping_min_delta == 0.002
+
+
 def _meta_only_checkpoint(root, step, meta):
     import json
 
@@ -443,3 +482,99 @@ def test_the_wide_term_adds_each_ids_weight_to_the_deep_logit():
     assert wide_dims.meta()["wide"] is True and "wide" not in deep_dims.meta()
     assert ModelDims.from_meta(wide_dims.meta()) == wide_dims
     assert ModelDims.from_meta(deep_dims.meta()) == deep_dims
+
+
+# -- row L2 ------------------------------------------------------------------------------------
+def test_batch_presence_is_count_times_batch_over_rows_at_most_one():
+    from trainer.row_l2 import batch_presence
+
+    presence = batch_presence(np.array([0, 1, 4, 100]), global_batch=10, train_rows=200)
+    np.testing.assert_allclose(presence, [0.05, 0.05, 0.2, 1.0])
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "adam"])
+def test_row_l2_pulls_only_the_looked_up_rows_toward_zero(optimizer):
+    """The penalty adds l2 * scale * row to the summed gradient of each distinct row a step
+    touches (a row looked up twice is penalised once); untouched rows stay as they were."""
+    import tensorflow as tf
+
+    from trainer.optim import RowL2, make_optimizer
+
+    # accumulators from 1: Adagrad's first step follows the gradient's size, not its sign
+    config = small_config(optimizer=optimizer, learning_rate=0.1, adagrad_initial_accumulator=1.0)
+    start = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
+    scale = tf.constant([1, 1, 1, 1, 4, 1], tf.float32)
+    grad = tf.IndexedSlices(tf.constant([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]]),
+                            tf.constant([1, 1, 4]), tf.constant([6, 2]))
+    tables = {}
+    for l2 in (0.0, 0.3):
+        var = tf.Variable(start)
+        penalties = {"table/0/0-2": RowL2(l2, scale)} if l2 else None
+        make_optimizer([("table/0/0-2", var)], config, penalties).apply([grad], tf.constant(0.1))
+        tables[l2] = var.numpy()
+    for table in tables.values():
+        np.testing.assert_array_equal(table[[0, 2, 3, 5]], start[[0, 2, 3, 5]])
+    if optimizer == "sgd":  # plain arithmetic: row 1 summed once, row 4 with its scale of 4
+        np.testing.assert_allclose(tables[0.3][1], start[1] - 0.1 * (1.0 + 0.3 * start[1]))
+        np.testing.assert_allclose(tables[0.3][4], start[4] - 0.1 * (np.array([0, 1])
+                                                                     + 1.2 * start[4]))
+    # with every optimizer the penalised rows end nearer zero than without the penalty (Adam's
+    # first step is the gradient's sign: row 4's first value moves only through the penalty)
+    penalised, plain = np.abs(tables[0.3][[1, 4]]), np.abs(tables[0.0][[1, 4]])
+    assert (penalised <= plain + 1e-7).all() and (penalised < plain - 1e-4).any()
+    if optimizer != "adam":
+        assert (penalised < plain).all()
+
+
+def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
+    """``inverse_frequency``: each table's and wide variable's penalty is scaled by 1 / the
+    batch presence of the row's train count; tables get table_l2, wide weights wide_l2, each
+    per train row (a strength on the summed loss)."""
+    from trainer.comm import make_comm
+    from trainer.dims import model_dims
+    from trainer.model import DLRM
+    from trainer.row_l2 import row_penalties
+
+    write_planted_dataset(tmp_path / "d", {"train": 3000, "test": 100, "validation": 100}, seed=4)
+    dataset = open_dataset(tmp_path / "d")
+    config = small_config(wide=True, table_l2=3.0, wide_l2=60.0,
+                          row_l2_scaling="inverse_frequency")
+    placement = plan_placement(dataset.table_sizes, model_dims(config).embedding_dim, 1)
+    model = DLRM(model_dims(config), placement, 0, 64, 1, make_comm())
+    penalties = row_penalties(config, model, dataset, 64)
+    dim = model_dims(config).embedding_dim
+    assert len(penalties) == 52
+    assert penalties[f"table/3/0-{dim}"].strength == pytest.approx(3.0 / 3000)
+    assert penalties[f"table/3/{dim}-{dim + 1}"].strength == pytest.approx(60.0 / 3000)
+    ids = np.fromfile(tmp_path / "d" / "train" / "cat_3.bin", dataset.cat_dtypes[3])
+    counts = np.bincount(ids, minlength=dataset.table_sizes[3])
+    expected = 1.0 / np.minimum(np.maximum(counts, 1) * 64 / 3000, 1.0)
+    np.testing.assert_allclose(penalties[f"table/3/0-{dim}"].scale.numpy(), expected, rtol=1e-6)
+    assert expected.max() > expected.min()  # the planted data has rare and frequent ids
+    none = row_penalties(small_config(wide=True, table_l2=3.0, wide_l2=0.0,
+                                      row_l2_scaling="none"), model, dataset, 64)
+    assert len(none) == 26 and all(p.scale is None for p in none.values())
+    assert row_penalties(small_config(wide=True, wide_l2=0.0), model, dataset, 64) == {}
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "adam"])
+def test_a_rate_factor_scales_only_its_variables_step(optimizer):
+    """``rate_factors`` (the wide weights' train.wide_learning_rate_factor) multiplies the
+    named variable's step, sparse or dense; the other variables take the schedule's rate."""
+    import tensorflow as tf
+
+    from trainer.optim import make_optimizer
+
+    config = small_config(optimizer=optimizer, learning_rate=0.1)
+    grads = [tf.IndexedSlices(tf.constant([[0.5], [-0.25]]), tf.constant([0, 2]),
+                              tf.constant([3, 1])), tf.constant([0.5, -1.0])]
+    moved = {}
+    for factor in (1.0, 3.0):
+        variables = [("table/0/16-17", tf.Variable(tf.ones([3, 1]))),
+                     ("top/0/bias", tf.Variable(tf.ones([2])))]
+        make_optimizer(variables, config, None, {"table/0/16-17": factor}).apply(
+            grads, tf.constant(0.1))
+        moved[factor] = [1.0 - v.numpy() for _, v in variables]
+    np.testing.assert_allclose(moved[3.0][0], 3.0 * moved[1.0][0], rtol=1e-5)
+    np.testing.assert_allclose(moved[3.0][1], moved[1.0][1], rtol=1e-6)
+    assert np.abs(moved[1.0][0]).max() > 1e-3 and moved[1.0][0][1, 0] == 0.0

@@ -80,7 +80,10 @@ def config_flags(config: TrainConfig) -> list[str]:
              "--learning-rate-scaling", config.learning_rate_scaling,
              "--evals-per-epoch", str(config.evals_per_epoch),
              "--early-stopping-patience", str(config.early_stopping_patience),
-             "--wide", str(config.wide)]
+             "--wide", str(config.wide),
+             "--table-l2", repr(config.table_l2), "--wide-l2", repr(config.wide_l2),
+             "--row-l2-scaling", config.row_l2_scaling,
+             "--wide-learning-rate-factor", repr(config.wide_learning_rate_factor)]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:

@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
-                                   TRAIN_INITS, TrainConfig, flag_overrides, load_config)
+                                   ROW_L2_SCALINGS, TRAIN_INITS, TrainConfig, flag_overrides,
+                                   load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 
@@ -58,12 +59,27 @@ def parser() -> argparse.ArgumentParser:
                    help="the rate at a global batch of learning_rate_batch (1024 by default)")
     p.add_argument("--learning-rate-scaling", choices=list(LEARNING_RATE_SCALINGS),
                    help="how the rate follows the global batch (default sqrt)")
+    p.add_argument("--table-l2", type=float,
+                   help="L2 on the embedding rows a step looks up, on the summed train loss "
+                        "(train.table_l2)")
+    p.add_argument("--wide-l2", type=float,
+                   help="L2 on the wide weights a step looks up, on the summed train loss: a "
+                        "logistic regression's 1/C (train.wide_l2)")
+    p.add_argument("--row-l2-scaling", choices=list(ROW_L2_SCALINGS),
+                   help="none, or inverse_frequency: the row L2 divided by the row's batch "
+                        "presence (train.row_l2_scaling)")
+    p.add_argument("--wide-learning-rate-factor", type=float,
+                   help="the wide weights' rate over the schedule's "
+                        "(train.wide_learning_rate_factor)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--decay-start-step", type=int)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--evals-per-epoch", type=int)
     p.add_argument("--early-stopping-patience", type=int,
                    help="validation evaluations without a better AUC before stopping (0 = off)")
+    p.add_argument("--early-stopping-min-delta", type=float,
+                   help="validation AUC changes this small neither reset nor spend the patience "
+                        "(train.early_stopping_min_delta)")
     p.add_argument("--amp", action="store_const", const=True)
     p.add_argument("--xla", action="store_const", const=True)
     p.add_argument("--bottom-mlp-data-parallel", type=_bool, metavar="BOOL")

@@ -3,7 +3,9 @@
 One more epoch than the data supports costs the model (a small dataset over-fits within a few
 epochs), so a run with ``early_stopping_patience`` > 0 evaluates the validation split at every
 evaluation point, saves a checkpoint whenever its AUC improves, and stops once it has not
-improved for ``patience`` evaluations in a row. The state travels in every checkpoint's
+improved for ``patience`` evaluations in a row. Changes within ``min_delta`` of the best AUC are
+rounding, not learning (a flat stretch that two ranks read 0.76452, 0.76427, 0.76425 and one
+process 0.7643, 0.7643, 0.7646): they neither reset nor spend the patience. The state travels in every checkpoint's
 ``meta.json``, so a resumed run continues the same count and a finished run that stopped
 trains nothing more.
 
@@ -21,6 +23,7 @@ from typing import Any
 @dataclass
 class EarlyStopping:
     patience: int  # 0 = off: every planned step is trained and the last model is the result
+    min_delta: float = 0.0  # AUC changes smaller than this are neither gain nor loss
     best_step: int | None = None
     best_auc: float | None = None
     evals_since_best: int = 0
@@ -31,29 +34,37 @@ class EarlyStopping:
         return self.patience > 0
 
     def update(self, step: int, auc: float | None) -> bool:
-        """Record the validation AUC at ``step``; True when it is the best so far.
+        """Record the validation AUC at ``step``; True when it is the best so far (the caller
+        keeps its checkpoint).
 
-        An undefined AUC (None or NaN: a split with one class) never counts as an improvement.
+        Above the best by more than ``min_delta``: an improvement (the patience starts again).
+        Above the best by less: the new best model, the patience count unchanged. Less than
+        ``min_delta`` below the best: nothing changes. ``min_delta`` or more below (with 0: not
+        above, as before min_delta existed), or undefined (None or NaN: a split with one
+        class): one evaluation of the patience spent.
         """
-        improved = auc is not None and not math.isnan(auc) and (
-            self.best_auc is None or auc > self.best_auc)
-        if improved:
-            self.best_step, self.best_auc, self.evals_since_best = step, float(auc), 0
-        else:
+        defined = auc is not None and not math.isnan(auc)
+        if defined and (self.best_auc is None or auc > self.best_auc):
+            if self.best_auc is None or auc > self.best_auc + self.min_delta:
+                self.evals_since_best = 0
+            self.best_step, self.best_auc = step, float(auc)
+            return True
+        if not defined or auc <= self.best_auc - self.min_delta:
             self.evals_since_best += 1
             self.stopped = self.evals_since_best >= self.patience
-        return improved
+        return False
 
     def to_meta(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_meta(cls, patience: int, meta: dict[str, Any] | None) -> EarlyStopping:
-        """The state a checkpoint saved, under this run's patience (a resumed run with a
-        larger patience may go on after an earlier stop)."""
+    def from_meta(cls, patience: int, meta: dict[str, Any] | None,
+                  min_delta: float = 0.0) -> EarlyStopping:
+        """The state a checkpoint saved, under this run's patience and min_delta (a resumed run
+        with a larger patience may go on after an earlier stop)."""
         if not meta:
-            return cls(patience)
-        state = cls(patience, meta.get("best_step"), meta.get("best_auc"),
+            return cls(patience, min_delta)
+        state = cls(patience, min_delta, meta.get("best_step"), meta.get("best_auc"),
                     int(meta.get("evals_since_best", 0)))
         state.stopped = patience > 0 and state.evals_since_best >= patience
         return state

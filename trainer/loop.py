@@ -36,6 +36,7 @@ from trainer.early_stopping import EarlyStopping
 from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
+from trainer.row_l2 import row_penalties
 from trainer.placement import plan_placement
 from trainer.progress import NoProgress, make_progress
 from trainer.warm_start import (RUN_START_KEY, WARM_START_KEY, StartPlan, WarmStart,
@@ -181,7 +182,10 @@ class Trainer:
         self.view = RankView(self.world, self.rank, self.model.tables_read, numerical)
         self.replicated = self.model.replicated_variables()
         self.owned = self.model.owned_variables()
-        self.optimizer = make_optimizer(self.replicated + self.owned, config)
+        self.optimizer = make_optimizer(
+            self.replicated + self.owned, config,
+            row_penalties(config, self.model, self.dataset, self.global_batch),
+            {name: config.wide_learning_rate_factor for name in self.model.wide_names()})
         self.loss_scale = tf.Variable(2.0**15 if self.compute_dtype == tf.float16 else 1.0,
                                       trainable=False, name="loss_scale")
         self.step = 0
@@ -189,7 +193,7 @@ class Trainer:
         # Epochs, evaluations and max_steps count from it; the checkpoints' numbers go on.
         self.run_start = 0
         self.warm_start: WarmStart | None = None
-        self.early_stopping = EarlyStopping(config.early_stopping_patience)
+        self.early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)
         self._saved_step: int | None = None
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
@@ -343,8 +347,9 @@ class Trainer:
                 [tf.constant([0.0 if error is None else 1.0])], name=f"resume_check_{k}")[0].numpy()[0])
             if not failing:
                 self.comm.broadcast_variables([v for _, v in self._replicated_state()])
-                self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
-                                                              meta.get("early_stopping"))
+                self.early_stopping = EarlyStopping.from_meta(
+                    self.config.early_stopping_patience, meta.get("early_stopping"),
+                    self.config.early_stopping_min_delta)
                 self._set_aside(candidates[:k], first_error)
                 return path
             first_error = first_error or error
@@ -399,7 +404,8 @@ class Trainer:
             reader.close()
         self.comm.broadcast_variables([v for _, v in self._replicated_state()])
         self.step = self.run_start = source_step
-        self.early_stopping = EarlyStopping(self.config.early_stopping_patience)
+        self.early_stopping = EarlyStopping(self.config.early_stopping_patience,
+                                            self.config.early_stopping_min_delta)
         self.warm_start = WarmStart(str(path), source_step, self.config.init_optimizer,
                                     old_sizes, grown)
         self.comm.barrier()  # every rank has read the checkpoints before any is removed
@@ -417,7 +423,8 @@ class Trainer:
             return None
         meta = self.restore(path)
         self.early_stopping = EarlyStopping.from_meta(self.config.early_stopping_patience,
-                                                      meta.get("early_stopping"))
+                                                      meta.get("early_stopping"),
+                                                      self.config.early_stopping_min_delta)
         return path
 
     def restore_best(self, required: bool = False) -> Path | None:

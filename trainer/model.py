@@ -164,6 +164,10 @@ class DLRM(tf.Module):
             out = self.bottom.named_variables() + out
         return out
 
+    def wide_names(self) -> list[str]:
+        """Names of this rank's wide variables, as ``owned_variables`` gives them."""
+        return [wide_key(p.table, self.dims.embedding_dim) for p in self.wide_pieces]
+
     # -- forward ---------------------------------------------------------------------------
     def _owned_outputs(self, categorical: list[tf.Tensor], numerical: tf.Tensor | None,
                        global_batch: int) -> tf.Tensor:

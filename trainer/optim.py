@@ -4,6 +4,13 @@ Embedding gradients arrive as ``tf.IndexedSlices`` (only the looked-up rows); SG
 with a scatter, Adam lazily (moments of the touched rows only, as the DLRM references do), so a
 step never touches a whole table. Optimizer state is a list of named variables, which is what
 the checkpoints save.
+
+Row L2 (``train.table_l2`` / ``train.wide_l2``): a table's gradient gets ``l2 * row`` added for
+each distinct row the step looked up (times the row's scale, see trainer/row_l2.py), before the
+optimizer's own update. It is the per-row L2 of CTR systems' sparse tables: the rows a step does
+not touch are not read, so the cost follows the batch, not the table. A variable may also
+have its own rate factor (``train.wide_learning_rate_factor``, the wide weights'), applied to
+the schedule's rate before each update.
 """
 
 from __future__ import annotations
@@ -43,9 +50,45 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     return base
 
 
+class RowL2:
+    """The L2 penalty of one sparse variable: strength, and a per-row factor or None (= 1)."""
+
+    def __init__(self, strength: float, scale: tf.Tensor | None = None):
+        self.strength, self.scale = float(strength), scale
+
+    def add(self, var: tf.Variable, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """``values`` (the summed gradient of the distinct ``rows``) + the penalty's gradient."""
+        factor = tf.constant(self.strength, values.dtype)
+        if self.scale is not None:
+            factor = factor * tf.gather(self.scale, rows)[:, None]
+        return values + factor * tf.gather(var, rows)
+
+
+def distinct_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """(distinct rows, their summed gradients): a row looked up k times in a batch is one
+    row of the update."""
+    rows, where = tf.unique(grad.indices)
+    return rows, tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
+
+
+def scaled(lr: tf.Tensor, factor: float) -> tf.Tensor:
+    """A variable's own rate: the schedule's times its factor (train.wide_learning_rate_factor)."""
+    return lr if factor == 1.0 else lr * factor
+
+
+def penalties_for(variables, penalties) -> list[RowL2 | None]:
+    """One entry per variable: its ``RowL2`` or None (``penalties`` maps names to them)."""
+    penalties = penalties or {}
+    return [penalties.get(name) for name, _ in variables]
+
+
 class SGD:
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
+        self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
 
     def state(self) -> list[tuple[str, tf.Variable]]:
         return []
@@ -53,9 +96,14 @@ class SGD:
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
         return []
 
-    def apply(self, grads: list, lr: tf.Tensor) -> None:
-        for (_, var), grad in zip(self.variables, grads):
-            if isinstance(grad, tf.IndexedSlices):
+    def apply(self, grads: list, lr_all: tf.Tensor) -> None:
+        for (_, var), grad, penalty, factor in zip(self.variables, grads, self.penalties,
+                                                   self.rates):
+            lr = scaled(lr_all, factor)
+            if isinstance(grad, tf.IndexedSlices) and penalty is not None:
+                rows, values = distinct_rows(grad)
+                var.scatter_sub(tf.IndexedSlices(penalty.add(var, rows, values) * lr, rows))
+            elif isinstance(grad, tf.IndexedSlices):
                 var.scatter_sub(tf.IndexedSlices(grad.values * lr, grad.indices, grad.dense_shape))
             else:
                 var.assign_sub(grad * lr)
@@ -64,8 +112,12 @@ class SGD:
 class Adam:
     """Adam; sparse gradients update only the rows they touch ("lazy" Adam)."""
 
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
+        self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
         self.beta1, self.beta2 = config.adam_beta1, config.adam_beta2
         self.epsilon = config.adam_epsilon
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_iterations")
@@ -82,11 +134,14 @@ class Adam:
 
     def apply(self, grads: list, lr: tf.Tensor) -> None:
         t = tf.cast(self.iterations.assign_add(1), tf.float32)
-        step = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
-        for (_, var), grad, m, v in zip(self.variables, grads, self.m, self.v):
+        step_all = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        for (_, var), grad, m, v, penalty, factor in zip(self.variables, grads, self.m, self.v,
+                                                         self.penalties, self.rates):
+            step = scaled(step_all, factor)
             if isinstance(grad, tf.IndexedSlices):
-                rows, where = tf.unique(grad.indices)
-                values = tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
+                rows, values = distinct_rows(grad)
+                if penalty is not None:
+                    values = penalty.add(var, rows, values)
                 m_rows = self.beta1 * tf.gather(m, rows) + (1 - self.beta1) * values
                 v_rows = self.beta2 * tf.gather(v, rows) + (1 - self.beta2) * tf.square(values)
                 m.scatter_update(tf.IndexedSlices(m_rows, rows))
@@ -108,8 +163,12 @@ class Adagrad:
     the square of its whole-batch gradient, as with a dense gradient.
     """
 
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
+                 penalties: dict[str, RowL2] | None = None,
+                 rate_factors: dict[str, float] | None = None):
         self.variables = variables
+        self.penalties = penalties_for(variables, penalties)
+        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
         self.epsilon = config.adagrad_epsilon
         self.accumulators = [tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator),
                                          trainable=False) for _, v in variables]
@@ -121,11 +180,14 @@ class Adagrad:
     def state(self) -> list[tuple[str, tf.Variable]]:
         return []
 
-    def apply(self, grads: list, lr: tf.Tensor) -> None:
-        for (_, var), grad, acc in zip(self.variables, grads, self.accumulators):
+    def apply(self, grads: list, lr_all: tf.Tensor) -> None:
+        for (_, var), grad, acc, penalty, factor in zip(self.variables, grads, self.accumulators,
+                                                        self.penalties, self.rates):
+            lr = scaled(lr_all, factor)
             if isinstance(grad, tf.IndexedSlices):
-                rows, where = tf.unique(grad.indices)
-                values = tf.math.unsorted_segment_sum(grad.values, where, tf.shape(rows)[0])
+                rows, values = distinct_rows(grad)
+                if penalty is not None:
+                    values = penalty.add(var, rows, values)
                 acc_rows = tf.gather(acc, rows) + tf.square(values)
                 acc.scatter_update(tf.IndexedSlices(acc_rows, rows))
                 var.scatter_sub(tf.IndexedSlices(
@@ -135,8 +197,12 @@ class Adagrad:
                 var.assign_sub(lr * grad / (tf.sqrt(acc) + self.epsilon))
 
 
-def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig):
+def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig,
+                   penalties: dict[str, RowL2] | None = None,
+                   rate_factors: dict[str, float] | None = None):
+    """The configured optimizer; ``penalties`` names the sparse variables with a row L2,
+    ``rate_factors`` those whose rate is the schedule's times a factor."""
     kinds = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}
     if config.optimizer not in kinds:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {sorted(kinds)}")
-    return kinds[config.optimizer](variables, config)
+    return kinds[config.optimizer](variables, config, penalties, rate_factors)
