@@ -217,3 +217,28 @@ def test_stable_id_days_from_spark_train_the_new_day_only(tmp_path, spark):  # n
     assert [s["init"]["mode"] for s in trained] == ["scratch", "previous"]
     again = run(train, layout.binary, work)     # the same day's run again: nothing trained
     assert again["steps_run"] == 0 and again["train_days"]["trained"] == [0, 1]
+
+
+def test_early_stoppings_best_model_counts_its_runs_days_once_the_run_ends(tmp_path):
+    """The best checkpoint is saved mid-run (here after the first of day 3's five steps, the
+    learning rate being too high for the next ones to help); once the run has ended, it
+    records day 3 as trained: the next run does not train it again."""
+    from dlrm_contracts.layout import best_checkpoint
+    from trainer.loop import run
+
+    work = tmp_path / "work"
+    run(config(), window(tmp_path / "w3", [0, 1, 2], 3, seed=3), work)
+    stopped = run(config(early_stopping_patience=1, evals_per_epoch=5, epochs=3,
+                         optimizer="adam", init_optimizer="restart", learning_rate=0.3,
+                         warmup_steps=0),
+                  window(tmp_path / "w4", [0, 1, 2, 3], 4, seed=4), work)
+    assert stopped["stopped_early"]
+    best = best_checkpoint(work / "checkpoints")
+    meta = json.loads((best / "meta.json").read_text())
+    first = meta["warm_start"]["from_step"]
+    print("best step", meta["step"], "run start", first)
+    assert meta["step"] - first < 640 // BATCH       # saved before one pass over day 3
+    assert meta[TRAIN_DAYS_KEY] == {"trained": [0, 1, 2, 3], "before": [0, 1, 2], "run": [3]}
+    after = run(config(init_optimizer="restart"),
+                window(tmp_path / "w4b", [0, 1, 2, 3], 4, seed=44), work)
+    assert after["steps_run"] == 0 and after["train_days"]["run"] == []

@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
+from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
-from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout
+from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout, checkpoint_dir
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
                                 checkpoint_meta, complete_checkpoints, latest_checkpoint,
                                 save_checkpoint)
@@ -658,6 +659,7 @@ class Trainer:
         last_step = self.step
         if clock.steps and self._saved_step != self.step:
             self.save()
+        self._record_days_of_best()
         # The run's model: the best validation AUC's checkpoint with early stopping.
         stopping = self.early_stopping
         if stopping.best_step is not None and stopping.best_step != self.step:
@@ -674,6 +676,23 @@ class Trainer:
             extra.update(last_step=last_step, stopped_early=stopping.stopped,
                          best_validation_auc=stopping.best_auc)
         return self._summary_record("train", finals, extra)
+
+    def _record_days_of_best(self) -> None:
+        """The run has ended (its steps done, or stopped early): early stopping's best
+        checkpoint, saved mid-run and perhaps before one pass over the run's days, is the run's
+        model, and its days count as trained (more passes over them did not help). Rank 0
+        rewrites that checkpoint's record; a killed run never gets here."""
+        best = self.early_stopping.best_step
+        if self.rank != 0 or self.day_plan is None or best is None:
+            return
+        path = checkpoint_dir(self.layout.checkpoints, best) / CHECKPOINT_META
+        if not path.exists():
+            return
+        meta = json.loads(path.read_text())
+        done = self.day_plan.to_meta(True)
+        if meta.get(TRAIN_DAYS_KEY) != done:
+            meta[TRAIN_DAYS_KEY] = done
+            write_text_atomic(path, json.dumps(meta, indent=1) + "\n")
 
     def predictions(self, split: str, dataset: BinaryDataset | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
