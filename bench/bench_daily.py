@@ -8,8 +8,8 @@ next-day AUC (the newest day's test half, which no step trained on) and the wall
 
 The day files are generated once with drift (``--drift-column``: each day the popularity
 order of those columns moves on by the fraction of their values, so frequent values fade and
-newcomers appear, as in the real logs). Then the days land one after another in two workdirs
-(stable ids, a window of ``--window`` days), each run preprocessing, converting, training and
+newcomers appear, as in the real logs). Then the days land one after another in one workdir
+per mode (stable ids, a window of ``--window`` days), each run preprocessing, converting, training and
 evaluating; the workdirs differ only in how they train (``--modes``: ``window`` = warm start
 on the whole window, ``new`` = warm start on the days the previous model has not seen
 (``train.days: new``), ``scratch`` = from scratch on the window). It prints one line per day

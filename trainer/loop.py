@@ -559,9 +559,9 @@ class Trainer:
             self.save()
         summary = self._finish_training(clock, last_loss, evals, final_eval)
         summary["init"] = self._init_record(start)
+        # the run has ended: its days count as trained (as its model's checkpoint records)
         summary["train_days"] = {"mode": self.config.days, "rows": self.train_rows,
-                                 **self.day_plan.to_meta(self.step - self.run_start
-                                                         >= self._covering_steps)}
+                                 **self.day_plan.to_meta(True)}
         if self.warm_start is not None:
             summary["previous_model_test_auc"] = self.warm_start.previous_test_auc
         return summary
