@@ -38,6 +38,7 @@ DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 # Where a training run starts (train.init) and what a warm start keeps of the optimizer.
 TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
 INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
+TRAIN_DAYS: tuple[str, ...] = ("window", "new")  # train.days: the rows a run trains on
 
 # The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
 MISSING_INTEGER_MAX = -3
@@ -385,6 +386,13 @@ class TrainConfig:
     # as it is served (values it has no row for read as id 0): the model being replaced on
     # the same rows as the new one (summary: previous_model_test_auc). One pass of the test split.
     evaluate_previous: bool = True
+    # The train rows of a run: "window" = the whole train split (every day of the window);
+    # "new" = with init: previous, only the train days the previous model has not been trained
+    # on (its checkpoint records them), so a daily run trains one day whatever the window's
+    # length (issue 25's cost target). From scratch, or on a dataset that lists no days (ids
+    # by frequency), "new" trains the whole window. "window" (default) revisits the older days
+    # every run (W days of cost); "new" costs one day.
+    days: str = "window"
     # Read the dataset at a higher threshold than it was written at (ids above k' -> 0);
     # needs the counts histogram (DIR/counts, or counts_dir). Parsed here, as preprocess's.
     frequency_threshold: ThresholdSpec | None = None
@@ -425,6 +433,7 @@ class TrainConfig:
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)
         _one_of("train.init", self.init, TRAIN_INITS)
         _one_of("train.init_optimizer", self.init_optimizer, INIT_OPTIMIZERS)
+        _one_of("train.days", self.days, TRAIN_DAYS)
         _check(not self.top_mlp or self.top_mlp[-1] == 1,
                f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
         if self.frequency_threshold is not None:

@@ -225,6 +225,8 @@ def _daily_fields(evaluation: dict[str, Any], training: dict[str, Any],
             "previous_model_test_auc": training.get("previous_model_test_auc"),
             # a warm-started run resumed after a kill is still a warm start
             "init": "previous" if "from_step" in init else init.get("mode"),
+            # the train days this run trained on (train.days: new trains the unseen ones only)
+            "days_trained": (training.get("train_days") or {}).get("run"),
             "export_version": newest[-1][0] if newest else None}
 
 

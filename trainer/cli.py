@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
-                                   ROW_L2_SCALINGS, TRAIN_INITS, TrainConfig, flag_overrides,
-                                   load_config)
+                                   ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS, TrainConfig,
+                                   flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 
@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--init-optimizer", choices=list(INIT_OPTIMIZERS),
                    help="with --init previous: continue the optimizer state and schedule, or "
                         "restart them (weights only)")
+    p.add_argument("--days", choices=list(TRAIN_DAYS),
+                   help="train on the whole window, or (with --init previous) only on the train "
+                        "days the previous model has not seen (docs/trainer.md, 'Warm start')")
     p.add_argument("--frequency-threshold", help="read the dataset at this higher threshold")
     p.add_argument("--counts-dir", help="counts for --frequency-threshold (default WORKDIR/counts)")
     p.add_argument("--verify-dataset", choices=["quick", "full", "none"])

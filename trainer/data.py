@@ -31,6 +31,7 @@ from dlrm_contracts.schema import NUM_CATEGORICAL
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
+from trainer.train_days import train_segments
 
 __all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
            "clamp_limits", "batch_starts", "prefetch"]
@@ -48,6 +49,9 @@ class BinaryDataset:
     # What a checkpoint trained on it records (dlrm_contracts.dataset_identity): the export
     # serves it only with the dictionaries it was made from.
     identity: dict = field(default_factory=dict, compare=False)
+    # (day, first row, end row) of the train split's days (stable ids' datasets list them in
+    # dataset.json); None: no days listed. What train.days: new selects rows by.
+    train_days: tuple[tuple[int, int, int], ...] | None = field(default=None, compare=False)
 
     @property
     def clamp(self) -> tuple[int | None, ...]:
@@ -109,9 +113,15 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
                                f"{info.threshold_spec}")
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
+    try:
+        days = train_segments(info.extra, int(info.splits.get("train", 0)))
+    except (TypeError, KeyError, ValueError) as exc:
+        raise DatasetError(f"{path / DATASET_JSON}: its train segments are damaged "
+                           f"({type(exc).__name__}: {exc}); convert the dataset again") from None
     return BinaryDataset(path, dict(info.splits), written, sizes,
                          tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
-                         dataset_identity(info, threshold))
+                         dataset_identity(info, threshold),
+                         None if days is None else tuple(days))
 
 
 @dataclass(frozen=True)
@@ -144,17 +154,30 @@ class Batch:
 
 
 class SplitReader:
-    """Memory maps of one split; ``read`` returns a zero-padded global batch for a rank."""
+    """Memory maps of one split; ``read`` returns a zero-padded global batch for a rank.
 
-    def __init__(self, dataset: BinaryDataset, split: str):
+    ``ranges`` restricts it to those row ranges of the split, read as one run of rows in their
+    order (train.days: new trains only the new days' ranges); batch starts index that run.
+    """
+
+    def __init__(self, dataset: BinaryDataset, split: str,
+                 ranges: Sequence[tuple[int, int]] | None = None):
         self.dataset = dataset
         self.split = split
-        self.rows = dataset.rows[split]
+        total = dataset.rows[split]
+        self._ranges = tuple((int(a), int(b)) for a, b in ranges) if ranges is not None \
+            else ((0, total),)
+        if any(not 0 <= a <= b <= total for a, b in self._ranges):
+            raise DatasetError(f"row ranges {self._ranges} are outside the {split} split's "
+                               f"{total} rows")
+        lengths = [b - a for a, b in self._ranges]
+        self._firsts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        self.rows = int(self._firsts[-1])
         folder = dataset.path / split
-        self._label = self._map(folder / LABEL_FILE, LABEL_DTYPE, (self.rows,))
+        self._label = self._map(folder / LABEL_FILE, LABEL_DTYPE, (total,))
         self._numerical = self._map(folder / NUMERICAL_FILE, NUMERICAL_DTYPE,
-                                    (self.rows, NUM_NUMERICAL))
-        self._cats = [self._map(folder / cat_file(i), dt, (self.rows,))
+                                    (total, NUM_NUMERICAL))
+        self._cats = [self._map(folder / cat_file(i), dt, (total,))
                       for i, dt in enumerate(dataset.cat_dtypes)]
         self._clamp = dataset.clamp
 
@@ -164,13 +187,27 @@ class SplitReader:
             return np.empty(shape, dtype)
         return np.memmap(file, dtype=dtype, mode="r", shape=shape)
 
+    def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """(first file row, end file row, offset in the batch) of rows [start, stop) of the
+        run: one piece per range it crosses (one for the whole split)."""
+        stop = min(stop, self.rows)
+        for (lo, _), first, end in zip(self._ranges, self._firsts[:-1], self._firsts[1:]):
+            a, b = max(start, int(first)), min(stop, int(end))
+            if a < b:
+                yield lo + a - int(first), lo + b - int(first), a - start
+
     def _slice(self, array: np.ndarray, start: int, stop: int, dtype, length: int) -> np.ndarray:
         """Rows [start, stop) converted to ``dtype`` and zero padded to ``length`` rows."""
         out = np.zeros((length,) + array.shape[1:], dtype=dtype)
-        stop = min(stop, self.rows)
-        if stop > start:
-            out[: stop - start] = array[start:stop]
+        for lo, hi, at in self._pieces(start, stop):
+            out[at:at + hi - lo] = array[lo:hi]
         return out
+
+    def file_row(self, row: int) -> int:
+        """The split's row number of row ``row`` of the run (for messages)."""
+        index = int(np.searchsorted(self._firsts, row, side="right")) - 1
+        index = min(max(index, 0), len(self._ranges) - 1)
+        return self._ranges[index][0] + row - int(self._firsts[index])
 
     def categorical(self, table: int, start: int, length: int) -> np.ndarray:
         ids = self._slice(self._cats[table], start, start + length, np.int32, length)
@@ -180,7 +217,7 @@ class SplitReader:
             # fail deep inside TensorFlow (CPU) or be read as zeros (GPU gather).
             bad = int(np.argmax((ids < 0) | (ids >= size)))
             raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
-                               f"{int(ids[bad])} at row {start + bad} is outside its table of "
+                               f"{int(ids[bad])} at row {self.file_row(start + bad)} is outside its table of "
                                f"size {size} (check the dataset with --verify-dataset full)")
         limit = self._clamp[table]
         if limit is not None:

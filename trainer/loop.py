@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
+from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
-from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout
+from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout, checkpoint_dir
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
                                 checkpoint_meta, complete_checkpoints, latest_checkpoint,
                                 save_checkpoint)
@@ -39,6 +40,7 @@ from trainer.optim import learning_rate, make_optimizer
 from trainer.row_l2 import row_penalties
 from trainer.placement import plan_placement
 from trainer.progress import NoProgress, make_progress
+from trainer.train_days import TRAIN_DAYS_KEY, DayPlan, days_before, plan_days, trained_days
 from trainer.warm_start import (RUN_START_KEY, WARM_START_KEY, StartPlan, WarmStart,
                                 check_schedule, check_warm_start, load_grown, plan_start,
                                 remove_superseded)
@@ -193,7 +195,13 @@ class Trainer:
         # Epochs, evaluations and max_steps count from it; the checkpoints' numbers go on.
         self.run_start = 0
         self.warm_start: WarmStart | None = None
-        self.early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)
+        # The train days the starting model had seen (checkpoint meta "train_days"): () from
+        # scratch, None when not recorded; the rows of this run follow (train.days).
+        self.days_seen_before: tuple[int, ...] | None = ()
+        self.day_plan: DayPlan | None = None
+        self._covering_steps = 0  # steps after which the run's days count as trained
+        self.early_stopping = EarlyStopping(config.early_stopping_patience,
+                                            config.early_stopping_min_delta)
         self._saved_step: int | None = None
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
@@ -299,6 +307,9 @@ class Trainer:
         if self.early_stopping.enabled:
             meta["early_stopping"] = self.early_stopping.to_meta()
         meta[RUN_START_KEY] = self.run_start
+        if self.day_plan is not None:
+            covered = self.step - self.run_start >= self._covering_steps
+            meta[TRAIN_DAYS_KEY] = self.day_plan.to_meta(covered)
         # The previous model outlives keep_checkpoints while this run is not over: a rerun of
         # this dataset (another setting, --force) starts from it again.
         protect = [self.early_stopping.best_step]
@@ -326,6 +337,8 @@ class Trainer:
             self.step = int(reader.meta["step"])
             self.run_start = int(reader.meta.get(RUN_START_KEY, 0))
             self.warm_start = WarmStart.from_meta(reader.meta.get(WARM_START_KEY))
+            self.days_seen_before = days_before(reader.meta) \
+                if TRAIN_DAYS_KEY in reader.meta else None
         finally:
             reader.close()
         return reader.meta
@@ -404,6 +417,7 @@ class Trainer:
             reader.close()
         self.comm.broadcast_variables([v for _, v in self._replicated_state()])
         self.step = self.run_start = source_step
+        self.days_seen_before = trained_days(meta)
         self.early_stopping = EarlyStopping(self.config.early_stopping_patience,
                                             self.config.early_stopping_min_delta)
         self.warm_start = WarmStart(str(path), source_step, self.config.init_optimizer,
@@ -458,23 +472,42 @@ class Trainer:
 
     # -- loops -----------------------------------------------------------------------------
     def _train_plan(self, total: int, steps_per_epoch: int) -> list[tuple[int, int]]:
-        """(global step, first row) of every batch left; epochs count from the run's start."""
+        """(global step, first row of this run's rows) of every batch left; epochs count from
+        the run's start. The order is reproducible (seed, epoch) over the rows the run trains."""
         plan, starts, epoch = [], None, None
         for step in range(self.step, total):
             local = step - self.run_start
             if local // steps_per_epoch != epoch:
                 epoch = local // steps_per_epoch
-                starts = batch_starts(self.dataset.rows["train"], self.global_batch, epoch=epoch,
+                starts = batch_starts(self.train_rows, self.global_batch, epoch=epoch,
                                       seed=self.config.seed, shuffle=self.config.shuffle_batches)
             plan.append((step, int(starts[local % steps_per_epoch])))
         return plan
 
+    @property
+    def train_rows(self) -> int:
+        """The rows this run trains on: the whole train split, or its new days (train.days)."""
+        return self.dataset.rows["train"] if self.day_plan is None else self.day_plan.rows
+
+    def plan_train_days(self) -> DayPlan:
+        """The train rows of the run that starts from the model now loaded (train.days)."""
+        self.day_plan = plan_days(self.config.days, self.dataset.train_days,
+                                  self.dataset.rows["train"], self.days_seen_before)
+        if self.day_plan.note:
+            self._progress(f"trainer: {self.day_plan.note}")
+        return self.day_plan
+
     def total_steps(self) -> tuple[int, int]:
-        """(steps this run trains, steps per epoch): epochs or max_steps from the run's start."""
-        steps_per_epoch = self.dataset.rows["train"] // self.global_batch
+        """(steps this run trains, steps per epoch): epochs or max_steps from the run's start;
+        (0, 1) when train.days: new finds no day the model has not seen."""
+        if self.day_plan is not None and self.day_plan.rows == 0:
+            return 0, 1
+        steps_per_epoch = self.train_rows // self.global_batch
         if steps_per_epoch == 0:
-            raise ConfigError(f"the train split has {self.dataset.rows['train']} rows, fewer than "
-                              f"one global batch of {self.global_batch}")
+            which = "the train split" if self.train_rows == self.dataset.rows["train"] else \
+                "the new train days (train.days: new)"
+            raise ConfigError(f"{which} have {self.train_rows} rows, fewer than one global "
+                              f"batch of {self.global_batch}")
         total = steps_per_epoch * self.config.epochs
         if self.config.max_steps is not None:
             total = min(total, self.config.max_steps)
@@ -490,8 +523,10 @@ class Trainer:
             The summary record: step, losses, samples/s, the last checkpoint, the AUCs, how the
             run started (``init``) and, after a warm start, the previous model's test AUC.
         """
-        planned, steps_per_epoch = self.total_steps()
         start = self._start()
+        self.plan_train_days()
+        planned, steps_per_epoch = self.total_steps()
+        self._covering_steps = min(planned, steps_per_epoch)
         total = self.run_start + planned
         if self.early_stopping.stopped:
             self._progress(f"trainer: stopped early before (best validation AUC "
@@ -526,8 +561,15 @@ class Trainer:
             if self.config.checkpoint_every and done % self.config.checkpoint_every == 0 \
                     and self._saved_step != self.step:
                 self.save()
+        if planned == 0 and start.kind == "previous":
+            # The previous model, its tables grown to this dataset's, saved for it so that eval
+            # and export read this dataset's model (the same step: no step was trained).
+            self.save()
         summary = self._finish_training(clock, last_loss, evals, final_eval)
         summary["init"] = self._init_record(start)
+        # the run has ended: its days count as trained (as its model's checkpoint records)
+        summary["train_days"] = {"mode": self.config.days, "rows": self.train_rows,
+                                 **self.day_plan.to_meta(True)}
         if self.warm_start is not None:
             summary["previous_model_test_auc"] = self.warm_start.previous_test_auc
         return summary
@@ -599,7 +641,8 @@ class Trainer:
 
     def _train_batches(self, total: int, steps_per_epoch: int) -> Iterable[Batch]:
         """This rank's batches from the current step to ``total``, read ahead by a thread."""
-        reader = SplitReader(self.dataset, "train")
+        reader = SplitReader(self.dataset, "train", self.day_plan.ranges
+                             if self.day_plan is not None else None)
         plan = self._train_plan(total, steps_per_epoch)
         return prefetch(reader, self.view, plan, self.global_batch, self.config.prefetch_batches)
 
@@ -624,6 +667,7 @@ class Trainer:
         last_step = self.step
         if clock.steps and self._saved_step != self.step:
             self.save()
+        self._record_days_of_best()
         # The run's model: the best validation AUC's checkpoint with early stopping.
         stopping = self.early_stopping
         if stopping.best_step is not None and stopping.best_step != self.step:
@@ -640,6 +684,23 @@ class Trainer:
             extra.update(last_step=last_step, stopped_early=stopping.stopped,
                          best_validation_auc=stopping.best_auc)
         return self._summary_record("train", finals, extra)
+
+    def _record_days_of_best(self) -> None:
+        """The run has ended (its steps done, or stopped early): early stopping's best
+        checkpoint, saved mid-run and perhaps before one pass over the run's days, is the run's
+        model, and its days count as trained (more passes over them did not help). Rank 0
+        rewrites that checkpoint's record; a killed run never gets here."""
+        best = self.early_stopping.best_step
+        if self.rank != 0 or self.day_plan is None or best is None:
+            return
+        path = checkpoint_dir(self.layout.checkpoints, best) / CHECKPOINT_META
+        if not path.exists():
+            return
+        meta = json.loads(path.read_text())
+        done = self.day_plan.to_meta(True)
+        if meta.get(TRAIN_DAYS_KEY) != done:
+            meta[TRAIN_DAYS_KEY] = done
+            write_text_atomic(path, json.dumps(meta, indent=1) + "\n")
 
     def predictions(self, split: str, dataset: BinaryDataset | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
