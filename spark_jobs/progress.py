@@ -167,6 +167,10 @@ class PreprocessProgress:
 
     # -------------------------------------------------------------- phases
     def phase(self, name: str) -> None:
+        try:
+            self._poll(catch_up=True)   # stages that ran between the last poll and now are this phase's
+        except Exception:  # noqa: BLE001 — as in _run: progress never fails the job
+            pass
         with self._lock:
             self._end_current()
             read, after = self._planned_tasks(name)
@@ -235,7 +239,10 @@ class PreprocessProgress:
         return None
 
     # -------------------------------------------------------------- polling
-    def _poll(self) -> None:
+    def _poll(self, catch_up: bool = False) -> None:
+        """The current phase's stages from Spark's status tracker. ``catch_up`` (when a phase
+        ends): also the stages that started and finished between two polls, which the active
+        list never showed (a short phase can run all its jobs within one poll)."""
         from pyspark import SparkContext
 
         context = SparkContext._active_spark_context
@@ -243,11 +250,16 @@ class PreprocessProgress:
             return
         tracker = context.statusTracker()
         active = set(tracker.getActiveStageIds())
+        seen = set(active)
+        if catch_up:
+            for job_id in tracker.getJobIdsForGroup():
+                job = tracker.getJobInfo(job_id)
+                seen.update(job.stageIds if job is not None else ())
         with self._lock:
             current = self._current
             if current is None:
                 return
-            for stage_id in active - set(self._owner):
+            for stage_id in seen - set(self._owner):
                 self._owner[stage_id] = current
             open_ids = [s for s, p in self._owner.items() if p is current
                         and s not in current.finished]
@@ -262,7 +274,7 @@ class PreprocessProgress:
                     current.finished.add(stage_id)
         with self._lock:
             if current is self._current:
-                self._send()
+                self._send(force=catch_up)      # a phase's last state is never throttled away
 
     @staticmethod
     def _rows_read(phase: _Phase) -> float | None:
@@ -270,7 +282,7 @@ class PreprocessProgress:
         read = phase.read_fraction()
         return None if phase.rows is None or read >= 1.0 else read * phase.rows
 
-    def _send(self) -> None:
+    def _send(self, force: bool = False) -> None:
         """The current state to the reporter (under the lock)."""
         current = self._current
         # a phase that reads no input (the dictionaries) has no read share: 1.0 is never used
@@ -283,4 +295,4 @@ class PreprocessProgress:
         self.reporter.report(phase=current.name, detail=current.detail, done=done,
                              total=total or None, unit="tasks", estimated=True,
                              rows=self._rows_read(current),
-                             fraction=self._fraction)
+                             fraction=self._fraction, force=force)

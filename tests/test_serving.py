@@ -163,7 +163,7 @@ def trainer_test_predictions(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
 
     config = load_config(workdir / "manifests" / "effective_config.yaml").train
     trainer = Trainer(config, workdir / "binary", workdir)
-    trainer.restore_latest(required=True)
+    trainer.restore_best(required=True)     # the run's model: what eval and export use
     return trainer.predictions("test")
 
 
