@@ -394,7 +394,7 @@ def _fill_group(spec: WriteSpec, group: int, classes) -> int:
     name = CAT_COLUMNS[column]
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
     return dictionary_parts.fill_group(spec.totals_dir, group, classes[0], classes[1], part,
-                                       spec.index_dir, name, spec.regions[group])
+                                       spec.index_dir, name, rank, spec.regions[group][1])
 
 
 def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], column: int,
@@ -410,7 +410,7 @@ def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], col
     # every value and id is distinct: only the counts gain from dictionary encoding
     write_parquet_atomically(table, Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
                              use_dictionary=["count"], row_group_size=row_group_size)
-    dictionary_index.write_region(index_dir, name, region[0], region[1], values, ids)
+    dictionary_index.write_region(index_dir, name, rank, region[1], values, ids)
 
 
 def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:
