@@ -222,11 +222,12 @@ def merge_task(spec: MergeSpec, batches: list[list[int]], paths: list[str]):
     the recounted days' counts written, the totals over the dictionary days staged and their
     histogram returned (``TOTALS_SCHEMA``)."""
     def run(items):
+        layouts: dict = {}                      # each file's segment table, read once a task
         for item in items:
             for k in item.column(0).to_numpy():
                 for group in batches[int(k)]:
                     column, low, high = spec.plan.value_range(group)
-                    by_day = partial_files.read_range(paths, column, low, high)
+                    by_day = partial_files.read_range(paths, column, low, high, layouts)
                     if by_day:                  # a range no partial reaches has no row
                         yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
     return run
