@@ -42,9 +42,9 @@ _ID_BYTES = 4
 
 
 def _paths(directory: str, group: int) -> tuple[Path, Path, Path, Path]:
-    """The staged part, its rows (class index and rank per value), its classes, its region."""
+    """The staged part, its rows (rank and class index per value), its classes, its region."""
     base = Path(directory) / f"part-{group:07d}"
-    return (base.with_suffix(".parquet"), base.with_suffix(".rows.npy"),
+    return (base.with_suffix(".parquet"), base.with_suffix(".rows"),
             base.with_suffix(".classes.npy"), base.with_suffix(".slots"))
 
 
@@ -68,7 +68,7 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     region = np.zeros(dictionary_index.region_slots(len(values)), np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32),
                  np.arange(1, len(values) + 1, dtype=np.int32), region)
-    save_array(rows, np.stack([in_class.astype(np.int32), ranks.astype(np.int32)]))
+    write_atomically(rows, lambda temporary: _write_rows(temporary, ranks, in_class, len(classes)))
     save_array(classes_path, classes.astype(np.int64))
     write_atomically(region_path, region.tofile)        # raw slots: it becomes the index's file
     return len(values)
@@ -87,7 +87,7 @@ def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.
     if not np.array_equal(np.load(classes_path), classes):
         raise ValueError(f"value group {group}: the staged dictionary part's counts differ from "
                          f"the histogram's (a stale staging directory {directory}?)")
-    in_class, ranks = np.load(rows_path)
+    ranks, in_class = _read_rows(rows_path, len(classes))
     ids = (class_first[in_class] + ranks).astype(np.int32)
     source = staged if staged.exists() else part_path     # a retried task: already moved
     fill_ids(source, ranks, ids)
@@ -134,6 +134,28 @@ def _rebuild_region(part_path: Path, index_dir: str, column: str, rank: int, slo
     dictionary_index.write_region(index_dir, column, rank, slots,
                                   parse_hex(table["value"].combine_chunks()),
                                   table["id"].to_numpy())
+
+
+def _class_dtype(classes: int) -> np.dtype:
+    """The narrowest unsigned type of a group's class indexes: most groups have few counts."""
+    return np.dtype(np.uint8 if classes <= 1 << 8 else np.uint16 if classes <= 1 << 16 else np.uint32)
+
+
+def _write_rows(path: Path, ranks: np.ndarray, in_class: np.ndarray, classes: int) -> None:
+    """Raw: each value's rank (int32), then its class index (the narrowest type that holds
+    them): half the bytes of two int32 arrays for the merge to write and the fill to read."""
+    with open(path, "wb") as out:
+        out.write(np.ascontiguousarray(ranks, np.int32).data)
+        out.write(np.ascontiguousarray(in_class, _class_dtype(classes)).data)
+
+
+def _read_rows(path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    data = np.fromfile(path, np.uint8)
+    width = 4 + _class_dtype(classes).itemsize
+    if len(data) % width:
+        raise ValueError(f"{path}: {len(data)} bytes is not a whole number of rows")
+    n = len(data) // width
+    return data[:4 * n].view(np.int32), data[4 * n:].view(_class_dtype(classes))
 
 
 def fill_ids(path: Path, placeholders: np.ndarray, ids: np.ndarray) -> None:
