@@ -88,20 +88,22 @@ def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.
         raise ValueError(f"value group {group}: the staged dictionary part's counts differ from "
                          f"the histogram's (a stale staging directory {directory}?)")
     ranks, in_class = _read_rows(rows_path, len(classes))
-    ids = (class_first[in_class] + ranks).astype(np.int32)
+    labelled_ids = np.zeros(len(ranks) + 1, np.int32)     # [0]: an empty slot's, then by row
+    ids = labelled_ids[1:]
+    np.add(class_first[in_class], ranks, out=ids, casting="unsafe")
     source = staged if staged.exists() else part_path     # a retried task: already moved
     fill_ids(source, ranks, ids)
     if source == staged:
         part_path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, part_path)
-    _install_region(region_path, ids, part_path, index_dir, column, rank, slots)
+    _install_region(region_path, labelled_ids, part_path, index_dir, column, rank, slots)
     for path in (classes_path, rows_path):                # the rows last: they mark it undone
         path.unlink()
     return len(ids)
 
 
-def _install_region(staged: Path, ids: np.ndarray, part_path: Path, index_dir: str, column: str,
-                    rank: int, slots: int) -> None:
+def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, index_dir: str,
+                    column: str, rank: int, slots: int) -> None:
     """The staged region (its slots pointing at rows) relabelled in place and moved into the
     index: its pages are already in the page cache, where a copy into another file would
     fill new ones. Relabelling twice would corrupt it, so the file is first renamed to mark
@@ -116,7 +118,7 @@ def _install_region(staged: Path, ids: np.ndarray, part_path: Path, index_dir: s
         if len(region) != slots:
             raise ValueError(f"{staged}: a staged index region of {len(region)} slots where the "
                              f"index has {slots}")
-        relabel_region(region.view(np.ndarray), ids)
+        relabel_region(region.view(np.ndarray), labelled_ids)
         del region           # no msync: readers share the page cache, and a lost node reruns
         dictionary_index.install_region(index_dir, column, rank, relabelling)
     elif relabelling.exists() or not dictionary_index.region_path(index_dir, column, rank).exists():
