@@ -12,6 +12,11 @@ by the pipeline):
   (the dataset's log-transformed values, standardised on train). The regularisation C is
   chosen on the validation split from a grid, as the DLRM's checkpoint is; the test AUC of
   that C is reported (and, for comparison only, the C a pick by test AUC would have made).
+* **the difference** (when both ran, one process): DLRM test AUC minus the logistic
+  regression's, with a paired bootstrap 95% interval (both models scored on the same resampled
+  test rows, ``--bootstrap`` rounds). On 15k test rows the interval is about +-0.006-0.011 AUC
+  wide: a gap of 0.001-0.003 is a tie, not a win or a loss (docs/perf-history.md, "Fourth
+  round").
 
 scikit-learn is a benchmark-only dependency (``pip install -e '.[bench]'``); the product never
 imports it.
@@ -93,13 +98,14 @@ def logistic_regression(dataset: Path, grid=C_GRID, max_iter: int = 300) -> dict
     mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-6
     design = {split: one_hot_design(x, ids, sizes, mean, std)
               for split, (x, ids, _, _) in splits.items()}
-    tried = []
+    tried, test_scores = [], {}
     for c in grid:
         model = LogisticRegression(C=c, max_iter=max_iter, solver="lbfgs")
         model.fit(design["train"], train_y)
-        tried.append({"C": c, **{f"{split}_auc": roc_auc(splits[split][2],
-                                                         model.decision_function(design[split]))
-                                 for split in ("validation", "test")}})
+        test_scores[c] = model.decision_function(design["test"])
+        tried.append({"C": c, "validation_auc": roc_auc(
+            splits["validation"][2], model.decision_function(design["validation"])),
+            "test_auc": roc_auc(splits["test"][2], test_scores[c])})
         print(json.dumps({"logistic_regression": tried[-1]}), flush=True)
     best = max(tried, key=lambda t: t["validation_auc"])
     # Shown beside the fair figure, never instead of it: the C a test-set pick would choose.
@@ -107,11 +113,44 @@ def logistic_regression(dataset: Path, grid=C_GRID, max_iter: int = 300) -> dict
     return {"model": "logistic regression (one-hot ids + numericals, L2)", **best,
             "test_picked": {"C": by_test["C"], "test_auc": by_test["test_auc"]},
             "grid": tried, "seconds": round(time.perf_counter() - start, 1),
-            "cpu_seconds": round(cpu_seconds() - cpu, 1)}
+            "cpu_seconds": round(cpu_seconds() - cpu, 1),
+            "test_scores": (splits["test"][2], test_scores[best["C"]])}
 
 
-def dlrm(dataset: Path, trainer_args: list[str], ranks: int) -> dict:
-    """``python -m trainer`` with the default configuration in a fresh workdir."""
+def paired_difference(labels: np.ndarray, first: np.ndarray, second: np.ndarray,
+                      rounds: int = 1000, seed: int = 0) -> dict:
+    """AUC(first) - AUC(second) on the same rows, and its paired bootstrap 95% interval.
+
+    Both models are scored on each resample of the rows, so the noise of which rows the split
+    happens to hold (most of the spread between seeds) cancels in the difference; what is left
+    says whether a gap of a few thousandths is more than the split's luck.
+    """
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(rounds)
+    for k in range(rounds):
+        rows = rng.integers(0, labels.size, labels.size)
+        diffs[k] = roc_auc(labels[rows], first[rows]) - roc_auc(labels[rows], second[rows])
+    low, high = np.percentile(diffs, [2.5, 97.5]) if rounds else (np.nan, np.nan)
+    return {"difference": roc_auc(labels, first) - roc_auc(labels, second),
+            "ci95": [float(low), float(high)], "rounds": rounds,
+            "share_below_zero": float((diffs < 0).mean()) if rounds else None}
+
+
+def dlrm_test_predictions(dataset: Path, trainer_args: list[str], workdir: str):
+    """(labels, probabilities) of the test split from the run's model (its best checkpoint),
+    in this process: the scores behind the summary's test AUC, for the paired difference."""
+    from trainer.cli import config_from_args, parser
+    from trainer.loop import Trainer
+
+    args = parser().parse_args(["--dataset", str(dataset), "--workdir", workdir, *trainer_args])
+    trainer = Trainer(config_from_args(args), dataset, workdir)
+    trainer.restore_best(required=True)
+    return trainer.predictions("test")
+
+
+def dlrm(dataset: Path, trainer_args: list[str], ranks: int, keep_scores: bool = False) -> dict:
+    """``python -m trainer`` with the default configuration in a fresh workdir (with
+    ``keep_scores``, one process: also its model's test labels and probabilities)."""
     command = [sys.executable, "-m", "trainer", "--dataset", str(dataset), *trainer_args]
     if ranks > 1:
         command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(ranks), "-H",
@@ -123,11 +162,15 @@ def dlrm(dataset: Path, trainer_args: list[str], ranks: int) -> dict:
         if proc.returncode != 0:
             sys.exit(f"bench_quality: the trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         summary = json.loads((Path(workdir) / "logs" / "summary_train.json").read_text())
+        scores = dlrm_test_predictions(dataset, trainer_args, workdir) if keep_scores else None
+    if scores is not None and abs(roc_auc(*scores) - summary["test_auc"]) > 1e-6:
+        sys.exit(f"bench_quality: the test AUC of the run's model read back here "
+                 f"({roc_auc(*scores)}) is not the summary's ({summary['test_auc']})")
     keep = ("test_auc", "validation_auc", "step", "last_step", "stopped_early",
             "periodic_validation_auc", "train_samples_per_s")
     return {"model": "DLRM (" + (" ".join(trainer_args) or "default configuration") + ")",
             **{k: summary.get(k) for k in keep}, "seconds": round(time.perf_counter() - start, 1),
-            "cpu_seconds": round(cpu_seconds() - cpu, 1)}
+            "cpu_seconds": round(cpu_seconds() - cpu, 1), "test_scores": scores}
 
 
 def main() -> int:
@@ -140,6 +183,9 @@ def main() -> int:
     p.add_argument("--c-grid", default=",".join(map(str, C_GRID)),
                    help="inverse L2 strengths tried (best on validation is reported)")
     p.add_argument("--max-iter", type=int, default=300, help="lbfgs iterations per C")
+    p.add_argument("--bootstrap", type=int, default=1000,
+                   help="rounds of the paired bootstrap of the test AUC difference (0 = off; "
+                        "one process only; each round scores the test split twice)")
     args = p.parse_args()
     try:
         import sklearn  # noqa: F401
@@ -148,14 +194,24 @@ def main() -> int:
             sys.exit("bench_quality: the baseline needs scikit-learn, a benchmark-only "
                      "dependency: .venv/bin/pip install -e '.[bench]'")
     rows = open_dataset(args.dataset, verify="none").rows
+    paired = (not args.skip_dlrm and not args.skip_baseline and args.ranks == 1
+              and args.bootstrap > 0)
     results = []
     if not args.skip_dlrm:
-        results.append(dlrm(args.dataset, shlex.split(args.trainer_args), args.ranks))
-        print(json.dumps(results[-1]), flush=True)
+        results.append(dlrm(args.dataset, shlex.split(args.trainer_args), args.ranks, paired))
+        print(json.dumps(shown(results[-1])), flush=True)
     if not args.skip_baseline:
         grid = [float(c) for c in args.c_grid.split(",")]
         results.append(logistic_regression(args.dataset, grid, args.max_iter))
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "grid"}), flush=True)
+        print(json.dumps({k: v for k, v in shown(results[-1]).items() if k != "grid"}), flush=True)
+    difference = None
+    if paired:
+        labels, dlrm_scores = results[0]["test_scores"]
+        same_rows, lr_scores = results[1]["test_scores"]
+        if not np.array_equal(labels, same_rows):
+            sys.exit("bench_quality: the trainer's test rows are not the baseline's (row order)")
+        difference = paired_difference(labels, dlrm_scores, lr_scores, args.bootstrap)
+        print(json.dumps({"dlrm_minus_logistic_regression": difference}), flush=True)
     print(f"\n{args.dataset}: train {rows['train']:,} / validation {rows['validation']:,} / "
           f"test {rows['test']:,} rows; 1-min load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
@@ -168,7 +224,17 @@ def main() -> int:
                  else f"best at step {r['step']} of {r['last_step']}")
         print(f"{r['model']:70s} test AUC {r['test_auc']:.4f}  validation AUC "
               f"{r['validation_auc']:.4f}  ({extra}, {r['seconds']} s, {r['cpu_seconds']} CPU-s)")
+    if difference is not None:
+        low, high = difference["ci95"]
+        print(f"{'DLRM - logistic regression, test AUC':70s} {difference['difference']:+.4f}  "
+              f"paired bootstrap 95% interval [{low:+.4f}, {high:+.4f}] "
+              f"({difference['rounds']} rounds)")
     return 0
+
+
+def shown(result: dict) -> dict:
+    """A result without its per-row scores (kept for the paired difference, not printed)."""
+    return {k: v for k, v in result.items() if k != "test_scores"}
 
 
 if __name__ == "__main__":

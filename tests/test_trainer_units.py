@@ -403,6 +403,30 @@ def test_early_stopping_min_delta_lets_rounding_neither_reset_nor_spend_the_pati
     assert EarlyStopping.from_meta(3, stopping.to_meta(), 0.0).min_delta == 0.0
 
 
+def test_default_patience_outlasts_a_dip_before_the_best():
+    """Seed 7202's 60k-row validation curve under the default rule (half-epoch evaluations):
+    after 0.7660 it dips for three evaluations and then reaches 0.7679. A patience of 2 stops
+    in the dip and keeps step 348; the default (3) reaches the later best and stops three
+    evaluations after it."""
+    from dlrm_contracts.config import TrainConfig
+    from trainer.early_stopping import EarlyStopping
+
+    curve = [0.6968, 0.7317, 0.7407, 0.7516, 0.7584, 0.7571, 0.7587, 0.7605, 0.764, 0.7638,
+             0.7628, 0.766, 0.7658, 0.7642, 0.7637, 0.7679, 0.7639, 0.7646, 0.7552]
+
+    def replay(stopping):
+        for k, auc in enumerate(curve, 1):
+            stopping.update(29 * k, auc)
+            if stopping.stopped:
+                return stopping.best_step, 29 * k
+        return stopping.best_step, None
+
+    config = TrainConfig()
+    assert replay(EarlyStopping(2, config.early_stopping_min_delta)) == (348, 435)
+    assert replay(EarlyStopping(config.early_stopping_patience,
+                                config.early_stopping_min_delta)) == (464, 551)
+
+
 def test_early_stopping_min_delta_is_checked_and_reaches_the_cli():
     from dlrm_contracts.config import ConfigError, TrainConfig
     from trainer.cli import config_from_args, parser
