@@ -36,7 +36,7 @@ def _chunk_line_counter(chunks):
     def run(batches):
         import pyarrow as pa
 
-        from spark_jobs.chunks import line_blocks
+        from spark_jobs.engines.arrow.chunks import line_blocks
 
         n = 0
         for batch in batches:
@@ -68,8 +68,8 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from dlrm_contracts.config import SparkConfig
-    from spark_jobs.arrow_tasks import COUNT_SCHEMA, ReadSettings, count_task
-    from spark_jobs.chunks import plan_chunks
+    from spark_jobs.engines.arrow.tasks import COUNT_SCHEMA, ReadSettings, count_task
+    from spark_jobs.engines.arrow.chunks import plan_chunks
     from spark_jobs.inputs import discover_days
     from spark_jobs.session import get_session
 

@@ -85,7 +85,7 @@ def keyed_rows(session, raw: Path, day: int, seed: int):
     """day, pos, key1, key2 (seeded hashes of the row), label, I*, C* as the job's join keys."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.parse import value_key
+    from spark_jobs.engines.sql.parse import value_key
 
     frame = csv_day(session, raw, day)
     fields = [F.col(LABEL), *map(F.col, INT_COLUMNS), *map(F.col, CAT_COLUMNS)]

@@ -18,13 +18,13 @@ from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from spark_jobs import counting, day_store, quality, stable_ids, transform
-from spark_jobs.arrow_engine import ArrowEngine
+from spark_jobs.engines.arrow.engine import ArrowEngine
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
-from spark_jobs.split_writer import write_empty
-from spark_jobs.sql_engine import SqlEngine
+from spark_jobs.engines.arrow.split_writer import write_empty
+from spark_jobs.engines.sql.engine import SqlEngine
 from spark_jobs.stats import DayStats
 from spark_jobs.timing import StageTimer
 

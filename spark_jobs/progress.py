@@ -26,7 +26,7 @@ from pathlib import Path
 from dlrm_contracts.config import PreprocessConfig, ProgressConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Reporter, open_reporter
-from spark_jobs.chunks import plan_chunks
+from spark_jobs.engines.arrow.chunks import plan_chunks
 from spark_jobs.inputs import DayFile, bytes_per_line, discover_days
 
 # Spark's default spark.sql.files.maxPartitionBytes: the SQL engine's reads split plain files

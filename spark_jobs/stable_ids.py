@@ -35,12 +35,12 @@ import numpy as np
 from dlrm_contracts.atomic import read_json, write_json_atomic
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
-from spark_jobs.arrow_dictionaries import (SAMPLE_STEP, GroupPlan, assign_ids, read_totals,
-                                           write_group_part)
+from spark_jobs.engines.arrow.dictionaries import (SAMPLE_STEP, GroupPlan, assign_ids, read_totals,
+                                                   write_group_part)
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
-from spark_jobs.fastparse import parse_hex
-from spark_jobs.value_counts import (TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts, count_histogram,
-                                     evenly_spaced, to_binary)
+from spark_jobs.engines.arrow.fastparse import parse_hex
+from spark_jobs.engines.arrow.value_counts import (TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
+                                                   count_histogram, evenly_spaced, to_binary)
 
 IDS_RECORD = "_ids.json"       # readers of the dictionaries skip names starting with "_"
 IDS_FORMAT_VERSION = 1
@@ -302,7 +302,7 @@ def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
 def newcomer_first_ids(plan: GroupPlan, histograms, minimum, previous_sizes: dict[str, int]):
     """Per group: its newcomers' counts and the first id of each (group, count) class, after
     the column's previous ids: the frequency arithmetic (``first_ids``) over the newcomers."""
-    from spark_jobs.arrow_dictionaries import first_ids
+    from spark_jobs.engines.arrow.dictionaries import first_ids
 
     out = {}
     for group, (counts, first) in first_ids(plan, histograms, minimum).items():

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.parse import log_transform, value_key
+from spark_jobs.engines.sql.parse import log_transform, value_key
 
 OUTPUT_COLUMNS = ALL_COLUMNS  # the splits hold the whole record, in its order
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import dictionary_index, dictionary_parts
-from spark_jobs.value_counts import Counts
+from spark_jobs.engines.arrow import dictionaries as dicts
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts
+from spark_jobs.engines.arrow.value_counts import Counts
 
 COLUMN = 4          # C5
 THRESHOLD = 2

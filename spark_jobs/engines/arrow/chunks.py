@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from spark_jobs.fastparse import PAD, padded_buffer
+from spark_jobs.engines.arrow.fastparse import PAD, padded_buffer
 
 _NEWLINE = 10
 

@@ -21,7 +21,7 @@ from spark_jobs.columns import hex_value
 from spark_jobs.dictionaries import _threshold_of, build_dictionaries
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
-from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
+from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.stats import DayStats, line_number_column
 
 

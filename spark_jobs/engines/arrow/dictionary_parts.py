@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.hex_text import format_hex
-from spark_jobs import dictionary_index
-from spark_jobs.value_counts import Counts, class_index
+from spark_jobs.engines.arrow import dictionary_index
+from spark_jobs.engines.arrow.value_counts import Counts, class_index
 
 # Rows per row group of a part, and the most rows a data page may hold: one page per row group
 # is what makes the id column a plain array (pyarrow's default splits pages at 20,000 rows).
@@ -49,7 +49,7 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     """Stage a group's part and index region from its totals (values ascending) and the
     counts of their histogram (ascending); returns the values kept. Every file is replaced
     whole, so a retried merge task rewrites its own."""
-    from spark_jobs.kernels import build_region, ranks_in_class
+    from spark_jobs.engines.arrow.kernels import build_region, ranks_in_class
 
     kept = totals.counts >= minimum
     if not kept.any():
@@ -76,7 +76,7 @@ def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.
     the region's slots given their ids and written into the index, the staged files removed
     (by the tasks, in parallel, rather than by the driver after them). Returns the values
     kept."""
-    from spark_jobs.kernels import relabel_region
+    from spark_jobs.engines.arrow.kernels import relabel_region
 
     staged, rows_path, classes_path, region_path = _paths(directory, group)
     if not rows_path.exists() and part_path.exists():     # a retried task: this group is done

@@ -24,19 +24,20 @@ import numpy as np
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import (arrow_tasks, counting, dictionary_index, partial_files, split_writer,
-                        stable_ids)
-from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
-                                    REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
-                                    TransformSpec)
-from spark_jobs.chunks import Chunk, plan_chunks
+from spark_jobs.engines.arrow import dictionaries as dicts
+from spark_jobs import counting, stable_ids
+from spark_jobs.engines.arrow import dictionary_index, partial_files, split_writer
+from spark_jobs.engines.arrow import tasks as arrow_tasks
+from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
+                                            REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
+                                            TransformSpec)
+from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
 from spark_jobs.columns import literal_lookup
-from spark_jobs.fastparse import REASON_CODES
+from spark_jobs.engines.arrow.fastparse import REASON_CODES
 from spark_jobs.inputs import DayFile
-from spark_jobs.split_writer import WriteSpec
+from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.stats import DayStats, line_number_column
-from spark_jobs.value_counts import VALUE_DTYPE
+from spark_jobs.engines.arrow.value_counts import VALUE_DTYPE
 
 # Valid lines whose values a task counts together before merging them into the chunk's counts:
 # bounds a task's memory (26 int64 per line) whatever the chunk size.
@@ -285,7 +286,7 @@ def _ship_code(session) -> None:
     import tempfile
     import zipfile
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     archive = Path(tempfile.mkdtemp(prefix="criteo-dlrm-code-")) / "criteo_dlrm_code.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         for package in ("spark_jobs", "dlrm_contracts"):
