@@ -67,7 +67,7 @@ def dictionaries(session, counts: Path, threshold: str, out: Path) -> dict[str, 
     from pyspark.sql import functions as F
 
     from dlrm_contracts.thresholds import parse_threshold_spec
-    from spark_jobs.dictionaries import _threshold_of, build_dictionaries
+    from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
 
     spec = parse_threshold_spec(threshold)
     totals = (session.read.parquet(str(counts)).groupBy("column", "value")
@@ -101,8 +101,8 @@ def transform_splits(session, raw: Path, days: int, rows_per_day: int, sizes: di
                      dict_dir: Path, out: Path, cfg: PreprocessConfig) -> None:
     from pyspark.sql import functions as F
 
-    from spark_jobs import transform
-    from spark_jobs.preprocess import train_files
+    from spark_jobs.engines.sql import transform
+    from spark_jobs.splits import train_files
 
     def mapped(rows):
         return transform.map_categoricals(rows, session, dict_dir, sizes, cfg.broadcast_max_values)

@@ -73,6 +73,11 @@ def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
     return chunks
 
 
+def input_tasks(days, cfg) -> int:
+    """The count and transform passes' reading tasks: one per chunk (what progress plans on)."""
+    return len(plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20))
+
+
 def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     """The chunk's bytes from one byte before its start (to see whether a line starts there)
     to the end of the file; gzip streams decompressed (concatenated members included)."""

@@ -27,6 +27,7 @@ from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs import counting, stable_ids
 from spark_jobs.engines.arrow import dictionary_index, partial_files, split_writer
+from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
 from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
                                             REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
@@ -167,7 +168,7 @@ class ArrowEngine:
         """Stable ids: extend ``previous`` (None: the first run); its entries count in the
         value ranges' sizes, so a range holds about ``arrow_group_values`` of old and new."""
         self._previous = previous
-        self._previous_samples = stable_ids.dictionary_samples(previous)
+        self._previous_samples = stable_groups.dictionary_samples(previous)
 
     def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
                                   index_dir: Path) -> dict[str, int]:
@@ -181,22 +182,23 @@ class ArrowEngine:
         minimum = dicts.thresholds(spec)
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
-        ids = stable_ids.StableSpec(self._plan, minimum, previous.directory if previous else None,
-                                    str(self._totals_dir), frozenset(self._entries))
+        ids = stable_groups.StableSpec(self._plan, minimum,
+                                       previous.directory if previous else None,
+                                       str(self._totals_dir), frozenset(self._entries))
         # every group, not only those with counts this run: old entries must be carried over
         weights = {g: self._entries.get(g, 0) + 1 for g in range(self._plan.groups)}
         batches = dicts.balanced_batches(weights, self._tasks_per_group_pass())
         survey = {int(r["group"]): r for r in
-                  self._over(batches, stable_ids.survey_task(ids, batches),
-                             stable_ids.SURVEY_SCHEMA).collect()}
-        stable_ids.check_old_entries(self._plan, survey, before)
+                  self._over(batches, stable_groups.survey_task(ids, batches),
+                             stable_groups.SURVEY_SCHEMA).collect()}
+        stable_groups.check_old_entries(self._plan, survey, before)
         histograms = {g: (np.frombuffer(r["histogram_counts"], np.int64),
                           np.frombuffer(r["histogram_sizes"], np.int64)) for g, r in survey.items()}
         kept = {g: int(r["old"]) + int(histograms[g][1].sum()) for g, r in survey.items()}
         sizes = dict(before)
         for g, (_, added) in histograms.items():
             sizes[CAT_COLUMNS[self._plan.column_range(g)[0]]] += int(added.sum())
-        first_ids = stable_ids.newcomer_first_ids(self._plan, histograms, minimum, before)
+        first_ids = stable_groups.newcomer_first_ids(self._plan, histograms, minimum, before)
         layouts, regions = dicts.layouts_of(self._plan, kept)
         staging = stable_ids.staging_dir(dict_dir)
         shutil.rmtree(staging, ignore_errors=True)
@@ -204,11 +206,11 @@ class ArrowEngine:
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
-            write = stable_ids.StableWriteSpec(ids, str(staging), str(index_dir), regions)
+            write = stable_groups.StableWriteSpec(ids, str(staging), str(index_dir), regions)
             batches = dicts.balanced_batches({g: n + 1 for g, n in kept.items()},
                                              self._tasks_per_group_pass())
-            written = self._over(batches, stable_ids.write_task(write, batches, broadcast),
-                                 stable_ids.WRITTEN_SCHEMA).collect()
+            written = self._over(batches, stable_groups.write_task(write, batches, broadcast),
+                                 stable_groups.WRITTEN_SCHEMA).collect()
         finally:
             broadcast.unpersist()
         total = sum(r["kept"] for r in written)

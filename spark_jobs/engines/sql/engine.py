@@ -16,12 +16,13 @@ from pathlib import Path
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import counting, quality, stable_ids, transform
+from spark_jobs import stable_ids
 from spark_jobs.columns import hex_value
-from spark_jobs.dictionaries import _threshold_of, build_dictionaries
+from spark_jobs.engines.sql import counting, rejects, transform
+from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
+from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
-from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.stats import DayStats, line_number_column
 
 
@@ -102,7 +103,7 @@ class SqlEngine:
             self._totals = None
 
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
-        quality.write_rejects(self.parsed, self.days, stats, out_dir)
+        rejects.write_rejects(self.parsed, self.days, stats, out_dir)
 
     def _rows(self, day: DayFile, stats: dict[int, DayStats]):
         """The second read of a day: valid rows with join keys and line numbers (checks skipped

@@ -25,11 +25,16 @@ bytes.
 
 from __future__ import annotations
 
+import math
+
 from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, NON_HEX_CATEGORICAL,
                                    NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER,
                                    TOO_MANY_FIELDS)
 
 FIRST_CAT = 1 + NUM_INTEGER  # index of C1 in the split fields
+# Spark's default spark.sql.files.maxPartitionBytes: the reads split plain files into tasks of
+# at most this many bytes.
+SPARK_SPLIT_BYTES = 128 << 20
 _INT = r"(?:-?[0-9]{1,18})?"
 # The label and integer head of a valid line (18 digits always fit in 64 bits): exactly 13
 # integer fields followed by a tab or the end, or fewer than 13 and the end (a short line).
@@ -75,6 +80,13 @@ def _reason_sql() -> str:
             f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*\\\\z' "
             f"THEN '{NON_HEX_CATEGORICAL}' END")
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
+
+
+def input_tasks(days) -> int:
+    """The tasks Spark's text reader splits the days into: one per gzip file (it cannot be
+    split), one per ``SPARK_SPLIT_BYTES`` of a plain file (what progress plans on)."""
+    return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
+               for d in days)
 
 
 def read_day(session, path: str, day: int):

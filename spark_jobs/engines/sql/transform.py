@@ -1,4 +1,4 @@
-"""Parsed rows + dictionaries → the parquet splits.
+"""The SQL engine's transform: parsed rows + dictionaries → the parquet splits.
 
 Categoricals arrive as 64-bit keys (``parse.cat_key_sqls``) and are joined with the
 dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
@@ -15,7 +15,6 @@ split into a staging directory whose ``split=<name>`` folders become the split d
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, LABEL
@@ -82,24 +81,3 @@ def eval_part(rows, must_sort: bool):
     frame = rows.select(*OUTPUT_COLUMNS, "split", "_order")
     frame = frame.orderBy("split", "_order") if must_sort else frame.sortWithinPartitions("split", "_order")
     return frame.drop("_order")
-
-
-def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
-    """``staging/<name>`` → ``targets[name]``; returns the names that had no rows."""
-    empty = []
-    for name, target in targets.items():
-        shutil.rmtree(target, ignore_errors=True)
-        source = staging / name
-        if source.is_dir():
-            source.replace(target)
-        else:
-            empty.append(name)
-    shutil.rmtree(staging, ignore_errors=True)
-    return empty
-
-
-def rows_in_files(split_dir: Path) -> int:
-    """Rows of a split directory, from its parquet footers."""
-    import pyarrow.parquet as pq
-
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(split_dir).glob("part-*.parquet")))
