@@ -9,10 +9,15 @@ day without a single-partition window.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, REJECT_REASONS
 from spark_jobs.columns import literal_lookup
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 PARTITION_SHIFT = 33  # monotonically_increasing_id = partition index << 33 | row in partition
 
@@ -55,7 +60,7 @@ class DayStats:
         return offsets
 
 
-def line_number_column(stats: dict[int, DayStats], days):
+def line_number_column(stats: dict[int, DayStats], days: Iterable[int]) -> Column:
     """0-based line number within its day file of rows with ``day`` and ``pos`` columns (pos =
     read partition or chunk << PARTITION_SHIFT | line within it), for the given days."""
     from pyspark.sql import functions as F

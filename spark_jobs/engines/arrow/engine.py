@@ -18,6 +18,7 @@ import shutil
 import uuid
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +41,9 @@ from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.stats import DayStats, line_number_column
 from spark_jobs.engines.arrow.value_counts import VALUE_DTYPE
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 # Valid lines whose values a task counts together before merging them into the chunk's counts:
 # bounds a task's memory (26 int64 per line) whatever the chunk size.
 COUNT_FLUSH_LINES = 1 << 18
@@ -52,7 +56,7 @@ class ArrowEngine:
     name = "arrow"
     lookups = "dictionary index"     # how the transform finds ids (recorded in preprocess.json)
 
-    def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
+    def __init__(self, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
@@ -72,7 +76,7 @@ class ArrowEngine:
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
-    def _over(self, items: list, task, schema: str):
+    def _over(self, items: list, task, schema: str) -> DataFrame:
         """One partition (and so one task) per item (a chunk, a stored counts file)."""
         return self.session.range(0, len(items), 1, max(1, len(items))).mapInArrow(task, schema)
 
@@ -242,8 +246,8 @@ class ArrowEngine:
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
                      index_dir: Path, staging: Path, train_files: int,
-                     days: set[int] | None = None) -> dict[str, int]:
-        """Write ``staging/<split>/part-*.parquet``; returns rows per split. Every id comes from
+                     days: set[int] | None = None) -> None:
+        """Write ``staging/<split>/part-*.parquet``. Every id comes from
         the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
         order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
@@ -261,7 +265,7 @@ class ArrowEngine:
         if days is None or days - {last}:
             results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
                                                      write(test_lines=None))
-        return split_writer.commit(results, staging)
+        split_writer.commit(results, staging)
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""

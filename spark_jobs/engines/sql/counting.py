@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
@@ -18,6 +19,9 @@ from spark_jobs.engines.sql.row_classes import (ROW_CLASS_COLUMN, add_categorica
                                                 row_class_sql, stats_from_counts)
 from spark_jobs.stats import DayStats
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
+
 # The stored counts, read with an explicit schema: when no valid line of any day has a
 # categorical value, no day partition is written and schema inference would fail
 # (UNABLE_TO_INFER_SCHEMA). A value is the integer of its 8 hex digits (0 .. 2**32 - 1): it
@@ -25,7 +29,7 @@ from spark_jobs.stats import DayStats
 COUNTS_SCHEMA = "column STRING, value LONG, count LONG, day STRING"
 
 
-def _pairs(parsed, recount: bool):
+def _pairs(parsed: DataFrame, recount: bool) -> DataFrame:
     """(day, column, value) pairs of one day: its row classes, and its values if recounted."""
     from pyspark.sql import functions as F
 
@@ -40,7 +44,8 @@ def _pairs(parsed, recount: bool):
             .drop("reason"))
 
 
-def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: Path) -> dict[int, DayStats]:
+def count_pass(parsed_days: dict[int, DataFrame], recount: list[int],
+               counts_dir: Path) -> dict[int, DayStats]:
     """One aggregation over every day: value counts of the recounted days (written to their
     partitions) and every day's statistics (from the row classes)."""
     from functools import reduce
@@ -71,7 +76,7 @@ def count_pass(parsed_days: dict[int, object], recount: list[int], counts_dir: P
     return stats
 
 
-def _values_counted(session, counts_dir: Path) -> list:
+def _values_counted(session: SparkSession, counts_dir: Path) -> list[Row]:
     """(day, column, count) summed over the stored counts of every day (recounted or reused)."""
     from pyspark.sql import functions as F
 
@@ -81,7 +86,8 @@ def _values_counted(session, counts_dir: Path) -> list:
             .groupBy("day", "column").agg(F.sum("count").alias("count")).collect())
 
 
-def stored_counts(session, counts_dir: Path, days: list[int] | None = None):
+def stored_counts(session: SparkSession, counts_dir: Path,
+                  days: list[int] | None = None) -> DataFrame:
     """The stored (column, value, count, day) rows (``days``: only those days')."""
     from pyspark.sql import functions as F
 
@@ -91,7 +97,8 @@ def stored_counts(session, counts_dir: Path, days: list[int] | None = None):
     return counts
 
 
-def value_totals(session, counts_dir: Path, days: list[int] | None = None):
+def value_totals(session: SparkSession, counts_dir: Path,
+                 days: list[int] | None = None) -> DataFrame:
     """(column, value, count) summed over the counted days (``days``: only those); ``value``
     is the integer of the hex string."""
     from pyspark.sql import functions as F
@@ -100,7 +107,7 @@ def value_totals(session, counts_dir: Path, days: list[int] | None = None):
             .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
 
 
-def write_histogram(totals, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
+def write_histogram(totals: DataFrame, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """(column, count, num_values) of a totals DataFrame, stored; returns it per column."""
     from pyspark.sql import functions as F
 

@@ -10,16 +10,20 @@ converters raise the threshold without Spark by relying on it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs.columns import hex_value, literal_lookup
 from spark_jobs.stats import PARTITION_SHIFT
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
 _MAX_COUNT = 2**63 - 1  # a count is a LONG: a higher threshold keeps nothing, as this one does
 
 
-def _threshold_of(column, spec: ThresholdSpec):
+def _threshold_of(column: Column, spec: ThresholdSpec) -> Column:
     from pyspark.sql import functions as F
 
     def effective(c: str) -> int:
@@ -44,8 +48,9 @@ def column_starts(sizes: dict[str, int]) -> dict[str, int]:
     return starts
 
 
-def build_dictionaries(totals, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path,
-                       after: dict[str, int] | None = None, carried=None) -> None:
+def build_dictionaries(totals: DataFrame, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path,
+                       after: dict[str, int] | None = None,
+                       carried: DataFrame | None = None) -> None:
     """Write (value, id, count) partitioned by ``column`` to ``out_dir``. ``totals``' values are 8-digit hex strings or
     their integers (the same order; an integer sorts faster and becomes its string only when
     kept). ``sizes`` (``table_sizes`` of the same totals) place each column in the global

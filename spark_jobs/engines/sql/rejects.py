@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spark_jobs.columns import literal_lookup
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats, line_number_column
 
-def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats], out_dir: Path) -> None:
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+def write_rejects(parsed: dict[int, DataFrame], days: list[DayFile], stats: dict[int, DayStats],
+                  out_dir: Path) -> None:
     """Rejected lines with their day file, 1-based line number and reason.
 
     Only days that have rejects are read again (clean data costs nothing here); the directory
