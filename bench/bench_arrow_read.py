@@ -3,7 +3,7 @@
 (a) ``spark.read.text`` (the JVM reads and splits the lines) → ``mapInArrow``: every line is
     copied into an Arrow batch by the JVM and sent to the Python worker over its socket;
 (b) ``spark.range(chunks)`` → ``mapInArrow``: the task reads its byte range of the day file
-    itself (``spark_jobs.chunks``) and finds the line ends with numpy.
+    itself (``spark_jobs.engines.arrow.chunks``) and finds the line ends with numpy.
 
 Both only count lines (no parse), so the figure is the floor of getting the text to Python.
 Also printed: the full Arrow count task (read + parse + value counts) for (b). Usage:

@@ -9,7 +9,7 @@ It runs, in one Spark session made by ``spark_jobs.session`` (same tuning as the
    as a categorical) → one (day, column, value) count aggregation → counts parquet by day;
 2. dictionaries: the job's own ``build_dictionaries`` over the summed counts;
 3. transform: the CSV reader again → the job's own joins, train shuffle and sort, eval split
-   and single partitioned parquet write (``spark_jobs.transform``).
+   and single partitioned parquet write (``spark_jobs.engines.sql.transform``).
 
 What it leaves out, compared with the job: every validity check and reject reason, the rejects
 output, per-day statistics (rows, padded, missing rates, line counts per read partition), the

@@ -1,7 +1,7 @@
 """The Arrow engine's dictionaries at any size: value ranges, ids from histograms, the index.
 
-Unit tests of spark_jobs.arrow_dictionaries and spark_jobs.dictionary_index against plain
-Python (a global sort, a dict), then real Spark runs: columns split into many value groups
+Unit tests of spark_jobs.engines.arrow.dictionaries and spark_jobs.engines.arrow.dictionary_index
+against plain Python (a global sort, a dict), then real Spark runs: columns split into many value groups
 give the same outputs as one group and as the SQL engine, and the transform's plan has no join.
 """
 

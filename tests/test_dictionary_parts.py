@@ -1,7 +1,7 @@
 """Dictionary parts staged by the merge and given their ids after the barrier
-(spark_jobs.dictionary_parts), against a global sort in plain Python: the parts read back as
-(value, id, count) rows with the sort's ids, the index finds them, a retried fill changes
-nothing, and a file of another shape is refused, not patched."""
+(spark_jobs.engines.arrow.dictionary_parts), against a global sort in plain Python: the parts
+read back as (value, id, count) rows with the sort's ids, the index finds them, a retried fill
+changes nothing, and a file of another shape is refused, not patched."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """The Arrow engine's Python tasks (run by ``mapInArrow`` inside Spark's Python workers).
 
 Each task gets chunk numbers (``spark.range``, one per partition), reads its chunks itself
-(``spark_jobs.chunks``), parses whole blocks with numpy (``spark_jobs.fastparse``) and yields
-Arrow record batches:
+(``spark_jobs.engines.arrow.chunks``), parses whole blocks with numpy
+(``spark_jobs.engines.arrow.fastparse``) and yields Arrow record batches:
 
 - ``count_task``: per chunk, the statistics as a few coded rows and, for days being counted,
   each column's distinct values and their counts written to a partial file
-  (``spark_jobs.partial_files``; ``spark_jobs.arrow_dictionaries`` merges them) with samples
-  of the values as rows;
+  (``spark_jobs.engines.arrow.partial_files``; ``spark_jobs.engines.arrow.dictionaries`` merges
+  them) with samples of the values as rows;
 - ``reject_task``: the rejected lines with their position and reason;
 - ``transform_task``: the output rows of the splits, ids looked up in the memory-mapped
-  dictionary index (``spark_jobs.dictionary_index``), with the train order keys of
+  dictionary index (``spark_jobs.engines.arrow.dictionary_index``), with the train order keys of
   ``spark_jobs.order``.
 
 Statistics rows have ``column = STATS_COLUMN`` and ``value = chunk << CODE_BITS | code``; the codes
@@ -177,7 +177,7 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
 class TransformSpec:
     """What a transform task needs besides its chunks; small, pickled with the task."""
 
-    index_dir: str                      # the dictionary index (``spark_jobs.dictionary_index``)
+    index_dir: str                      # the dictionary index (engines.arrow.dictionary_index)
     run_token: str
     index_on_node: bool                 # copy the index into the node's local dir first
     seed: int
@@ -186,7 +186,7 @@ class TransformSpec:
     test_lines: int                     # test = lines [0, test_lines) of the eval day
 
 
-# The order keys and the packed row (``spark_jobs.split_writer``).
+# The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
 TRANSFORM_SCHEMA = "_order LONG NOT NULL, _tie LONG NOT NULL, row BINARY NOT NULL"
 
 

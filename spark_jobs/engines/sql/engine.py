@@ -1,10 +1,10 @@
-"""The SQL engine: every per-line step is a Spark SQL expression (``spark_jobs.parse``).
+"""The SQL engine: every per-line step is a Spark SQL expression (``engines.sql.parse``).
 
 It is what the RAPIDS accelerator can run on GPUs (it runs SQL, not Python), so ``--gpu``
-uses it; on CPUs the Arrow engine (``spark_jobs.arrow_engine``) writes the same data faster.
-Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per line
-(``spark_jobs.counting``, ``spark_jobs.stats``). Transform pass: categoricals become 64-bit
-keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.transform``).
+uses it; on CPUs the Arrow engine (``spark_jobs.engines.arrow.engine``) writes the same data
+faster. Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per
+line (``engines.sql.counting``, ``engines.sql.row_classes``). Transform pass: categoricals become 64-bit
+keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.engines.sql.transform``).
 """
 
 from __future__ import annotations

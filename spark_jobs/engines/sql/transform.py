@@ -1,7 +1,7 @@
 """The SQL engine's transform: parsed rows + dictionaries → the parquet splits.
 
-Categoricals arrive as 64-bit keys (``parse.cat_key_sqls``) and are joined with the
-dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
+Categoricals arrive as 64-bit keys (``spark_jobs.engines.sql.parse.cat_key_sqls``) and are
+joined with the dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
 partition's row order); dictionaries above ``broadcast_max_values`` are joined with a shuffle,
 never collected.
 
