@@ -25,21 +25,21 @@ import numpy as np
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs import counting, stable_ids
+from spark_jobs.columns import literal_lookup
+from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import dictionary_index, partial_files, split_writer
 from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
+from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
+from spark_jobs.engines.arrow.fastparse import REASON_CODES
+from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
                                             REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
                                             TransformSpec)
-from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
-from spark_jobs.columns import literal_lookup
-from spark_jobs.engines.arrow.fastparse import REASON_CODES
-from spark_jobs.inputs import DayFile
-from spark_jobs.engines.arrow.split_writer import WriteSpec
-from spark_jobs.stats import DayStats, line_number_column
 from spark_jobs.engines.arrow.value_counts import VALUE_DTYPE
+from spark_jobs.inputs import DayFile
+from spark_jobs.stats import DayStats, line_number_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -27,8 +27,8 @@ import numpy as np
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.engines.arrow.dictionaries import KIND_STATS, write_partials
-from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
+from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, Counts, count_values,
                                                    merge_counts)
 
