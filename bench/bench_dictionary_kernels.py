@@ -15,6 +15,8 @@ It prints nanoseconds per value for:
   the argsort and two gathers it replaced;
 - one value group's dictionary write with everything after the barrier, step by step (ids,
   hex strings, parquet, index region): the design until 2026-11-25;
+- a merge group's read of one partial count file (``spark_jobs.partial_files``), per (group,
+  file): the merge reads groups x files slices, so this is the term that grows as rows squared;
 - the design in use (``spark_jobs.dictionary_parts``): the merge stages the group's part and
   index region before the ids are known, and after the barrier only the ids are filled in,
   in place. The (value, id, count) format of the parts is the same.
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dlrm_contracts.hex_text import format_hex  # noqa: E402
-from spark_jobs.engines.arrow import dictionary_index, dictionary_parts  # noqa: E402
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files  # noqa: E402
 from spark_jobs.engines.arrow.dictionaries import assign_ids  # noqa: E402
 from spark_jobs.engines.arrow.kernels import build_region, warm_up  # noqa: E402
 from spark_jobs.engines.arrow.value_counts import Counts, count_values, merge_counts  # noqa: E402
@@ -175,11 +177,36 @@ def group_staged_then_filled(rng, kept: int) -> str:
             dictionary_parts.stage_group(tmp, 0, totals, classes, 1)   # a fresh part each time
             start = time.perf_counter()
             dictionary_parts.fill_group(tmp, 0, classes, class_first, Path(tmp) / "part.parquet",
-                                        str(index_dir), "C1", (0, slots))
+                                        str(index_dir), "C1", 0, slots)
             return time.perf_counter() - start
         filled = min(fill() for _ in range(3))
     return (f"{kept:>12,} kept: staged in the merge {stage / kept * 1e9:.0f} ns, "
             f"filled after the barrier {filled / kept * 1e9:.1f} ns per value")
+
+
+def partial_reads(rng, files: int = 200, segment_values: int = 200_000, groups: int = 20) -> str:
+    """Per (group, file): a value range of one column read from each of ``files`` partial files
+    of 26 segments of ``segment_values`` values, as a merge task reads them (each file's table
+    and fences read once per task)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for f in range(files):
+            segments = []
+            for column in range(26):
+                values = np.unique(rng.integers(0, 2**32, segment_values, dtype=np.uint64)).astype(np.uint32)
+                segments.append((0, column, Counts(values, np.ones(len(values), np.uint32))))
+            paths.append(f"{tmp}/{f:05d}{partial_files.SUFFIX}")
+            partial_files.write(paths[-1], segments)
+        width = 2**32 // 4000                 # a group's share of a column: ~4000 groups in all
+        layouts: dict = {}
+        partial_files.read_range(paths, 0, 0, width, layouts)     # the task's first group
+        start, cpu = time.perf_counter(), time.process_time()
+        for g in range(1, groups + 1):
+            partial_files.read_range(paths, g % 26, g * width, (g + 1) * width, layouts)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    visits = groups * files
+    return (f"{files} files of 26 x {segment_values:,} values: {wall / visits * 1e6:.1f} us "
+            f"({cpu / visits * 1e6:.1f} CPU-us) per (group, file)")
 
 
 def main() -> int:
@@ -199,6 +226,8 @@ def main() -> int:
     print("merging a value group's 40 partial counts:")
     for distinct in (k for k in sizes if k >= 100_000):
         print("  " + merging(rng, distinct), flush=True)
+    print("a merge group's read of one partial count file:")
+    print("  " + partial_reads(rng), flush=True)
     print("one value group's dictionary write, all after the barrier (the design until 2026-11-25):")
     for kept in (k for k in sizes if k <= 2_500_000):
         print("  " + group_write(rng, kept), flush=True)

@@ -185,7 +185,7 @@ def run_once(args) -> dict:
         summary = run_preprocess(raw, work, spark, cfg)
     wall = time.perf_counter() - start
     total_cpu = process_tree_cpu_seconds() - cpu
-    slots = sorted((work / "parquet" / "dictionary_index").glob("*.slots"))
+    slots = sorted((work / "parquet" / "dictionary_index").glob("*/*.slots"))
     index_bytes = sum(p.stat().st_size for p in slots)
     index_resident = resident_bytes(slots)
     shutil.rmtree(work, ignore_errors=True)

@@ -153,7 +153,7 @@ def _index(tmp_path: Path, columns: dict[str, tuple[np.ndarray, np.ndarray, np.n
     for name, (bounds, values, ids) in columns.items():
         layout, cut = layouts[name]
         for r in range(len(bounds)):
-            dictionary_index.write_region(str(tmp_path), name, int(layout.starts[r]),
+            dictionary_index.write_region(str(tmp_path), name, r,
                                           int(layout.sizes[r]), values[cut[r]:cut[r + 1]],
                                           ids[cut[r]:cut[r + 1]])
     return dictionary_index.DictionaryIndex(str(tmp_path), tuple(columns))
@@ -178,6 +178,15 @@ def test_the_index_finds_every_kept_value_and_nothing_else(tmp_path, skewed):
     assert not out[1].any()                                  # a column that kept nothing
     size = dictionary_index.index_bytes(tmp_path)
     assert size <= 16 * len(kept) + 3 * 4096                 # 13.3 bytes a value + page rounding
+
+
+def test_a_region_file_of_the_wrong_size_is_a_damaged_index(tmp_path):
+    values = np.arange(1, 2000, dtype=np.uint32)
+    _index(tmp_path, {"C1": (np.array([0, 1000], np.uint32), values, np.arange(1, 2000))})
+    path = dictionary_index.region_path(tmp_path, "C1", 1)
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="damaged dictionary index"):
+        dictionary_index.DictionaryIndex(str(tmp_path), ("C1",))
 
 
 def test_a_copy_per_node_is_made_once_and_used(tmp_path):

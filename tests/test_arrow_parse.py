@@ -16,8 +16,8 @@ import pytest
 from dlrm_contracts.hex_text import format_hex
 from spark_fixtures import BAD_LINES, random_line, reference_parse, salted_days
 from spark_jobs.engines.arrow.chunks import ChunkReadError, line_blocks, plan_chunks
-from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer, parse_block,
-                                                parse_hex, parse_line_exact)
+from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer,
+                                                parse_block, parse_hex, parse_line_exact)
 from spark_jobs.inputs import DayFile
 
 # Pieces that hit every rule's edges: 64-bit limits, leading zeros, signs, case, terminators
@@ -164,7 +164,7 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
 
     from spark_jobs.engines.arrow.dictionaries import KIND_SAMPLE, KIND_STATS
     from spark_jobs.engines.arrow.tasks import CODE_BITS, LINES, ReadSettings, count_task
-    from spark_jobs.engines.arrow.partial_files import PartialFile, files
+    from spark_jobs.engines.arrow.partial_files import files, read_layout, slices
 
     lines = _lines(5)[:800]
     path = tmp_path / "day_0"
@@ -185,16 +185,16 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     got, entries, seen = {}, {}, {}
     assert len(files(partials)) == len(chunks)
     for name in files(partials):
-        with PartialFile(name) as partial:
-            for column in range(26):
-                for day, counts in partial.slices(column, 0, None):
-                    assert day == 0
-                    assert np.all(np.diff(counts.values.astype(np.int64)) > 0)  # distinct, ascending
-                    entries[column] = entries.get(column, 0) + len(counts)
-                    seen.setdefault(column, set()).update(counts.values.tolist())
-                    for value, count in zip(counts.values.tolist(), counts.counts.tolist()):
-                        key = (column, "%08x" % value)
-                        got[key] = got.get(key, 0) + count
+        layout = read_layout(name)
+        for column in range(26):
+            for day, counts in slices(name, layout, column, 0, None):
+                assert day == 0
+                assert np.all(np.diff(counts.values.astype(np.int64)) > 0)  # distinct, ascending
+                entries[column] = entries.get(column, 0) + len(counts)
+                seen.setdefault(column, set()).update(counts.values.tolist())
+                for value, count in zip(counts.values.tolist(), counts.counts.tolist()):
+                    key = (column, "%08x" % value)
+                    got[key] = got.get(key, 0) + count
     for column, stands_for, values in samples:
         assert np.all(np.diff(values.astype(np.int64)) > 0)
         assert set(values.tolist()) <= seen[column]                 # a subset of the partials

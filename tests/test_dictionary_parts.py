@@ -85,8 +85,8 @@ def test_a_retried_fill_changes_nothing(tmp_path):
     plan, groups, _, _ = _groups(np.random.default_rng(6), 5_000)
     dict_dir, index_dir = _stage_and_fill(tmp_path, plan, groups)
     first = pq.read_table(dict_dir).sort_by("value")
-    index_bytes = (index_dir / dictionary_index.slots_file(CAT_COLUMNS[COLUMN])).read_bytes()
-    assert not list((tmp_path / "staging").glob("*.npy"))       # the tasks removed their own
+    index_bytes = _index_files(index_dir)
+    assert not list((tmp_path / "staging").iterdir())          # the tasks removed their own
     histograms = {g: dicts.count_histogram(t.counts) for g, t in groups.items()}
     firsts = dicts.first_ids(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
     _, regions = dicts.index_layouts(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
@@ -101,8 +101,7 @@ def test_a_retried_fill_changes_nothing(tmp_path):
     dictionary_parts.stage_group(str(tmp_path / "staging"), g, groups[g],
                                  dicts.count_histogram(groups[g].counts)[0], THRESHOLD)
     (tmp_path / "staging" / f"part-{g:07d}.parquet").replace(part)
-    (index_dir / dictionary_index.slots_file(CAT_COLUMNS[column])).write_bytes(
-        bytes(len(index_bytes)))
+    dictionary_index.region_path(index_dir, CAT_COLUMNS[column], rank).unlink()
     assert not pq.read_table(dict_dir).sort_by("value").equals(first)
     others = [k for k in groups if k != g]
     for k in others:
@@ -111,7 +110,41 @@ def test_a_retried_fill_changes_nothing(tmp_path):
     for k in groups:
         dicts._fill_group(spec, k, firsts.get(k))
     assert pq.read_table(dict_dir).sort_by("value").equals(first)
-    assert (index_dir / dictionary_index.slots_file(CAT_COLUMNS[column])).read_bytes() == index_bytes
+    assert _index_files(index_dir) == index_bytes
+
+
+def _index_files(index_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(index_dir)): p.read_bytes() for p in index_dir.rglob("*.slots")}
+
+
+def test_a_fill_that_died_while_relabelling_rebuilds_its_region(tmp_path):
+    """A task killed with its staged region half relabelled (the region renamed to mark the
+    work under way): the retry builds that region again from the filled part."""
+    plan, groups, _, _ = _groups(np.random.default_rng(7), 5_000)
+    dict_dir, index_dir = _stage_and_fill(tmp_path, plan, groups)
+    first = pq.read_table(dict_dir).sort_by("value")
+    index_bytes = _index_files(index_dir)
+    g = max(groups, key=lambda k: len(groups[k]))
+    column, rank = plan.column_range(g)
+    staging = tmp_path / "staging"
+    dictionary_parts.stage_group(str(staging), g, groups[g],
+                                 dicts.count_histogram(groups[g].counts)[0], THRESHOLD)
+    (staging / f"part-{g:07d}.parquet").unlink()          # the part was filled and moved
+    staged_region = staging / f"part-{g:07d}.slots"
+    half = np.fromfile(staged_region, np.uint64)
+    half[: len(half) // 2] = 12345                        # garbage: half relabelled, then killed
+    half.tofile(staging / f"part-{g:07d}.slots.relabelling")
+    staged_region.unlink()
+    dictionary_index.region_path(index_dir, CAT_COLUMNS[column], rank).unlink()
+    histograms = {k: dicts.count_histogram(t.counts) for k, t in groups.items()}
+    firsts = dicts.first_ids(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
+    _, regions = dicts.index_layouts(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
+    spec = dicts.WriteSpec(plan, str(dict_dir), str(index_dir), regions, str(staging))
+    assert dicts._fill_group(spec, g, firsts.get(g)) == len(
+        pq.read_table(dict_dir / f"column={CAT_COLUMNS[column]}" / f"part-{rank:05d}.parquet"))
+    assert pq.read_table(dict_dir).sort_by("value").equals(first)
+    assert _index_files(index_dir) == index_bytes
+    assert not list(staging.iterdir())
 
 
 def test_a_part_of_another_shape_is_refused_untouched(tmp_path):
@@ -135,4 +168,4 @@ def test_a_stale_staging_is_an_error(tmp_path):
     classes = np.unique(totals.counts[totals.counts >= THRESHOLD])
     with pytest.raises(ValueError, match="stale staging"):
         dictionary_parts.fill_group(str(tmp_path), g, classes + 1, np.ones(len(classes), np.int64),
-                                    tmp_path / "out.parquet", str(tmp_path), "C5", (0, 0))
+                                    tmp_path / "out.parquet", str(tmp_path), "C5", 0, 0)

@@ -49,3 +49,25 @@ def test_a_damaged_file_is_an_error_not_a_short_count(tmp_path):
     path.write_bytes(b"not a partial file at all")
     with pytest.raises(ValueError, match="not a partial counts file"):
         partial_files.read_range([str(path)], 5, 0, None)
+
+
+def test_a_slice_found_through_the_fences_is_exact_at_any_bound(tmp_path):
+    """Bounds on a fence's value, one either side of it, on the first and last values, and
+    beyond them: each slice is exactly the values in [low, high)."""
+    rng = np.random.default_rng(5)
+    counts = _counts(rng, 3 * partial_files.FENCE + 17)
+    counts.values[0], counts.values[-1] = 0, (1 << 32) - 1
+    path = tmp_path / f"chunk-0{partial_files.SUFFIX}"
+    partial_files.write(path, [(2, 7, counts)])
+    fences = counts.values[::partial_files.FENCE].astype(np.int64)
+    bounds = sorted({int(b) for f in fences for b in (f - 1, f, f + 1) if 0 <= b < 1 << 32}
+                    | {0, 1, (1 << 32) - 1})
+    values = counts.values.astype(np.int64)
+    for low in bounds:
+        for high in [b for b in bounds if b > low][:6] + [None]:
+            want = (values >= low) & (values < (high if high is not None else 1 << 33))
+            got = partial_files.read_range([str(path)], 7, low, high).get(2, [])
+            assert len(got) == (1 if want.any() else 0)
+            if got:
+                assert np.array_equal(got[0].values, counts.values[want])
+                assert np.array_equal(got[0].counts, counts.counts[want])

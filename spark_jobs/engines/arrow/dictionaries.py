@@ -223,11 +223,12 @@ def merge_task(spec: MergeSpec, batches: list[list[int]], paths: list[str]):
     the recounted days' counts written, the totals over the dictionary days staged and their
     histogram returned (``TOTALS_SCHEMA``)."""
     def run(items):
+        layouts: dict = {}                      # each file's segment table, read once a task
         for item in items:
             for k in item.column(0).to_numpy():
                 for group in batches[int(k)]:
                     column, low, high = spec.plan.value_range(group)
-                    by_day = partial_files.read_range(paths, column, low, high)
+                    by_day = partial_files.read_range(paths, column, low, high, layouts)
                     if by_day:                  # a range no partial reaches has no row
                         yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
     return run
@@ -395,7 +396,7 @@ def _fill_group(spec: WriteSpec, group: int, classes) -> int:
     name = CAT_COLUMNS[column]
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
     return dictionary_parts.fill_group(spec.totals_dir, group, classes[0], classes[1], part,
-                                       spec.index_dir, name, spec.regions[group])
+                                       spec.index_dir, name, rank, spec.regions[group][1])
 
 
 def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], column: int,
@@ -411,7 +412,7 @@ def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], col
     # every value and id is distinct: only the counts gain from dictionary encoding
     write_parquet_atomically(table, Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
                              use_dictionary=["count"], row_group_size=row_group_size)
-    dictionary_index.write_region(index_dir, name, region[0], region[1], values, ids)
+    dictionary_index.write_region(index_dir, name, rank, region[1], values, ids)
 
 
 def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:

@@ -1,16 +1,21 @@
 """The dictionary index: value → id for every categorical column, as flat files that every Python
 worker memory-maps read-only.
 
-One file of 64-bit slots per column (``<column>.slots``): an open-addressing hash table, the
-value in the low 32 bits of a slot and its id (>= 1) in the high 32 bits, 0 for an empty slot.
 A column's kept values are split into value ranges (those of the dictionary job's groups); each
-range owns a region of the file, starting on a 4 KiB page, so the tasks that build neighbouring
-regions write disjoint pages of one file. ``index.json`` holds, per column, the ranges' lower
-bounds and their regions.
+range's values live in one file of 64-bit slots (``<column>/<rank>.slots``): an open-addressing
+hash table, the value in the low 32 bits of a slot and its id (>= 1) in the high 32 bits, 0 for
+an empty slot. A range that keeps nothing has no file. ``index.json`` holds, per column, the
+ranges' lower bounds and each region's place in the column's slots (a range's first slot and
+its slots), as a worker sees them: the column's files mapped one after another into one span of
+addresses, so a lookup addresses every range of a column through one array.
 
 Why this shape:
 - memory-mapped, the page cache holds one copy per node whatever the number of workers and
   tasks; a worker's private memory does not grow with the dictionaries;
+- one file per range: the merge builds a range's table in the file it stays in, and the
+  dictionary tasks only give its slots their ids in place and rename it into the index, where
+  a copy into one file per column wrote every table's pages a second time
+  (docs/perf-history.md, "The index's ranges as files of their own");
 - ``INDEX_LOAD`` kept values per slot (8 bytes a slot): 13.3 bytes per kept value;
 - a lookup touches one cache line in nearly every case (linear probing), whatever the size.
 
@@ -21,22 +26,26 @@ over a block of 4096 values), measured in docs/perf-history.md ("Dictionary look
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-INDEX_FORMAT_VERSION = 1
+INDEX_FORMAT_VERSION = 2
 INDEX_JSON = "index.json"
 INDEX_LOAD = 0.6       # kept values per slot
 PAGE_SLOTS = 512       # 4 KiB of slots: regions start on a page boundary
 
 
-def slots_file(column: str) -> str:
-    return f"{column}.slots"
+def region_path(index_dir: str | Path, column: str, rank: int) -> Path:
+    """The file of a column's range ``rank``."""
+    return Path(index_dir) / column / f"{rank:05d}.slots"
 
 
 def region_slots(kept: int) -> int:
@@ -50,7 +59,8 @@ def region_slots(kept: int) -> int:
 
 @dataclass(frozen=True)
 class ColumnLayout:
-    """Where a column's ranges live in its slots file."""
+    """Where a column's ranges live in the span of its slots (each range's file mapped at its
+    ``start``)."""
 
     bounds: np.ndarray    # uint32 lower bound of each value range (bounds[0] = 0), ascending
     starts: np.ndarray    # int64 first slot of each range's region
@@ -78,43 +88,39 @@ class ColumnLayout:
 
 
 def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
-    """Allocate every column's slots file (sparse, all slots empty) and write index.json; the
-    regions are then filled by ``write_region`` from the dictionary tasks."""
+    """An empty index (a folder per column) and its index.json; the regions' files are then
+    written by the dictionary tasks (``write_region``, or moved in by ``install_region``)."""
     shutil.rmtree(index_dir, ignore_errors=True)
     index_dir.mkdir(parents=True)
-    for column, layout in layouts.items():
-        with open(index_dir / slots_file(column), "wb") as fh:
-            fh.truncate(layout.total_slots * 8)
+    for column in layouts:
+        (index_dir / column).mkdir()
     meta = {"format_version": INDEX_FORMAT_VERSION, "load": INDEX_LOAD,
             "columns": {c: layout.to_json() for c, layout in layouts.items()}}
     (index_dir / INDEX_JSON).write_text(json.dumps(meta))
 
 
-def write_region(index_dir: str, column: str, start: int, size: int, values: np.ndarray,
+def write_region(index_dir: str, column: str, rank: int, size: int, values: np.ndarray,
                  ids: np.ndarray) -> None:
-    """Build one range's hash table and write it into its region of the column's file."""
+    """Build one range's hash table of ``size`` slots and write it as the range's file."""
     from spark_jobs.engines.arrow.kernels import build_region
 
     if size == 0:
         return
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
-    write_built_region(index_dir, column, start, region)
+    path = region_path(index_dir, column, rank)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    region.tofile(temporary)
+    os.replace(temporary, path)
 
 
-def write_built_region(index_dir: str, column: str, start: int, region: np.ndarray) -> None:
-    """Write a built hash table into its region of the column's file."""
-    fd = os.open(Path(index_dir) / slots_file(column), os.O_WRONLY)
-    try:
-        written = os.pwrite(fd, region.data, start * 8)
-    finally:
-        os.close(fd)
-    if written != region.nbytes:
-        raise OSError(f"short write of the {column} index region ({written} of {region.nbytes} bytes)")
+def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
+    """Move a built table (a file on the same filesystem) into the index as the range's file."""
+    os.replace(built, region_path(index_dir, column, rank))
 
 
 def index_bytes(index_dir: Path) -> int:
-    return sum(p.stat().st_size for p in Path(index_dir).glob("*.slots"))
+    return sum(p.stat().st_size for p in Path(index_dir).glob("*/*.slots"))
 
 
 class DictionaryIndex:
@@ -129,8 +135,8 @@ class DictionaryIndex:
         self._tables = []
         for column in columns:
             layout = ColumnLayout.from_json(meta["columns"][column])
-            slots = (np.memmap(Path(index_dir) / slots_file(column), np.uint64, "r")
-                     if layout.total_slots else np.zeros(1, np.uint64))
+            slots = (_map_column(Path(index_dir), column, layout) if layout.total_slots
+                     else np.zeros(1, np.uint64))
             self._tables.append((layout, slots))
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
@@ -140,6 +146,46 @@ class DictionaryIndex:
 
         for j, (layout, slots) in enumerate(self._tables):
             lookup_column(values[j], layout.bounds, layout.starts, layout.sizes, slots, out[j])
+
+
+_MAP_FIXED = 0x10          # Linux's value on every architecture; the mmap module lacks it
+
+
+def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarray:
+    """The column's range files mapped read-only, each at its ``start``, into one span of
+    addresses, as one uint64 array. The span is an anonymous read-only mapping owned by the
+    array (through an ``mmap`` object): when the array goes, the span and every file mapped
+    into it are unmapped together."""
+    if not sys.platform.startswith("linux"):
+        raise OSError("the dictionary index is mapped with Linux's mmap(MAP_FIXED): "
+                      f"{sys.platform} is not supported")
+    span = mmap.mmap(-1, layout.total_slots * 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                     prot=mmap.PROT_READ)
+    slots = np.frombuffer(span, np.uint64)
+    base = slots.ctypes.data
+    for rank in np.flatnonzero(layout.sizes):
+        path = region_path(index_dir, column, int(rank))
+        size = int(layout.sizes[rank]) * 8
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != size:
+                raise ValueError(f"{path}: {os.fstat(fd).st_size} bytes where index.json says "
+                                 f"{size}: a damaged dictionary index")
+            address = base + int(layout.starts[rank]) * 8
+            if _libc_mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED,
+                          fd, 0) != address:
+                raise OSError(ctypes.get_errno(), f"mapping {path}: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)               # a mapping outlives its descriptor
+    return slots
+
+
+def _libc_mmap(address: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    return libc.mmap(address, length, prot, flags, fd, offset)
 
 
 _OPEN: dict[str, DictionaryIndex] = {}

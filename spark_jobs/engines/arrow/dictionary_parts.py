@@ -10,6 +10,10 @@ is ``first id of its count class + rank``: the dictionaries phase writes 4 bytes
 the part and rewrites the region's slots, instead of formatting, encoding and hashing every
 kept value while the rest of the job waits (docs/perf-history.md, "At the Terabyte's cardinality").
 
+The region is staged as the raw slots file it will be in the index (one file per range,
+spark_jobs/dictionary_index.py): after the barrier its slots are relabelled in place and the file
+is renamed into the index, so its pages are written once.
+
 The part keeps the dictionaries' format (value, id, count), so readers are unchanged. The ids
 are written in place, which is sound because the part is written so that its id column is a
 plain array at a known place: Parquet's PLAIN encoding of a REQUIRED int32 column,
@@ -38,10 +42,10 @@ _ID_BYTES = 4
 
 
 def _paths(directory: str, group: int) -> tuple[Path, Path, Path, Path]:
-    """The staged part, its rows (class index and rank per value), its classes, its region."""
+    """The staged part, its rows (rank and class index per value), its classes, its region."""
     base = Path(directory) / f"part-{group:07d}"
-    return (base.with_suffix(".parquet"), base.with_suffix(".rows.npy"),
-            base.with_suffix(".classes.npy"), base.with_suffix(".region.npy"))
+    return (base.with_suffix(".parquet"), base.with_suffix(".rows"),
+            base.with_suffix(".classes.npy"), base.with_suffix(".slots"))
 
 
 def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np.ndarray,
@@ -64,20 +68,18 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     region = np.zeros(dictionary_index.region_slots(len(values)), np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32),
                  np.arange(1, len(values) + 1, dtype=np.int32), region)
-    save_array(rows, np.stack([in_class.astype(np.int32), ranks.astype(np.int32)]))
+    write_atomically(rows, lambda temporary: _write_rows(temporary, ranks, in_class, len(classes)))
     save_array(classes_path, classes.astype(np.int64))
-    save_array(region_path, region)
+    write_atomically(region_path, region.tofile)        # raw slots: it becomes the index's file
     return len(values)
 
 
 def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.ndarray,
-               part_path: Path, index_dir: str, column: str, region: tuple[int, int]) -> int:
+               part_path: Path, index_dir: str, column: str, rank: int, slots: int) -> int:
     """After the barrier: the staged part's ids filled in and the part moved to ``part_path``,
-    the region's slots given their ids and written into the index, the staged files removed
-    (by the tasks, in parallel, rather than by the driver after them). Returns the values
-    kept."""
-    from spark_jobs.engines.arrow.kernels import relabel_region
-
+    the staged region's slots given their ids in place and the region moved into the index,
+    the staged files removed (by the tasks, in parallel, rather than by the driver after
+    them). Returns the values kept."""
     staged, rows_path, classes_path, region_path = _paths(directory, group)
     if not rows_path.exists() and part_path.exists():     # a retried task: this group is done
         import pyarrow.parquet as pq
@@ -85,22 +87,77 @@ def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.
     if not np.array_equal(np.load(classes_path), classes):
         raise ValueError(f"value group {group}: the staged dictionary part's counts differ from "
                          f"the histogram's (a stale staging directory {directory}?)")
-    in_class, ranks = np.load(rows_path)
-    ids = (class_first[in_class] + ranks).astype(np.int32)
+    ranks, in_class = _read_rows(rows_path, len(classes))
+    labelled_ids = np.zeros(len(ranks) + 1, np.int32)     # [0]: an empty slot's, then by row
+    ids = labelled_ids[1:]
+    np.add(class_first[in_class], ranks, out=ids, casting="unsafe")
     source = staged if staged.exists() else part_path     # a retried task: already moved
     fill_ids(source, ranks, ids)
     if source == staged:
         part_path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, part_path)
-    slots = np.load(region_path)
-    if len(slots) != region[1]:
-        raise ValueError(f"value group {group}: a staged index region of {len(slots)} slots "
-                         f"where the index has {region[1]}")
-    relabel_region(slots, ids)
-    dictionary_index.write_built_region(index_dir, column, region[0], slots)
-    for path in (region_path, classes_path, rows_path):   # the rows last: they mark it undone
+    _install_region(region_path, labelled_ids, part_path, index_dir, column, rank, slots)
+    for path in (classes_path, rows_path):                # the rows last: they mark it undone
         path.unlink()
     return len(ids)
+
+
+def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, index_dir: str,
+                    column: str, rank: int, slots: int) -> None:
+    """The staged region (its slots pointing at rows) relabelled in place and moved into the
+    index: its pages are already in the page cache, where a copy into another file would
+    fill new ones. Relabelling twice would corrupt it, so the file is first renamed to mark
+    the work under way; a retried task that finds that mark, or neither the staged region nor
+    the index's, rebuilds the region from the filled part instead."""
+    from spark_jobs.engines.arrow.kernels import relabel_region
+
+    relabelling = staged.with_name(staged.name + ".relabelling")
+    if staged.exists():
+        os.replace(staged, relabelling)
+        region = np.memmap(relabelling, np.uint64, "r+")
+        if len(region) != slots:
+            raise ValueError(f"{staged}: a staged index region of {len(region)} slots where the "
+                             f"index has {slots}")
+        relabel_region(region.view(np.ndarray), labelled_ids)
+        del region           # no msync: readers share the page cache, and a lost node reruns
+        dictionary_index.install_region(index_dir, column, rank, relabelling)
+    elif relabelling.exists() or not dictionary_index.region_path(index_dir, column, rank).exists():
+        _rebuild_region(part_path, index_dir, column, rank, slots)
+        relabelling.unlink(missing_ok=True)
+
+
+def _rebuild_region(part_path: Path, index_dir: str, column: str, rank: int, slots: int) -> None:
+    """A group's region built again from its filled part (a retried task's slow path)."""
+    import pyarrow.parquet as pq
+
+    from spark_jobs.engines.arrow.fastparse import parse_hex
+
+    table = pq.read_table(part_path, columns=["value", "id"])
+    dictionary_index.write_region(index_dir, column, rank, slots,
+                                  parse_hex(table["value"].combine_chunks()),
+                                  table["id"].to_numpy())
+
+
+def _class_dtype(classes: int) -> np.dtype:
+    """The narrowest unsigned type of a group's class indexes: most groups have few counts."""
+    return np.dtype(np.uint8 if classes <= 1 << 8 else np.uint16 if classes <= 1 << 16 else np.uint32)
+
+
+def _write_rows(path: Path, ranks: np.ndarray, in_class: np.ndarray, classes: int) -> None:
+    """Raw: each value's rank (int32), then its class index (the narrowest type that holds
+    them): half the bytes of two int32 arrays for the merge to write and the fill to read."""
+    with open(path, "wb") as out:
+        out.write(np.ascontiguousarray(ranks, np.int32).data)
+        out.write(np.ascontiguousarray(in_class, _class_dtype(classes)).data)
+
+
+def _read_rows(path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    data = np.fromfile(path, np.uint8)
+    width = 4 + _class_dtype(classes).itemsize
+    if len(data) % width:
+        raise ValueError(f"{path}: {len(data)} bytes is not a whole number of rows")
+    n = len(data) // width
+    return data[:4 * n].view(np.int32), data[4 * n:].view(_class_dtype(classes))
 
 
 def fill_ids(path: Path, placeholders: np.ndarray, ids: np.ndarray) -> None:

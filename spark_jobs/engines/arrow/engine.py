@@ -155,8 +155,10 @@ class ArrowEngine:
         try:
             write = dicts.WriteSpec(self._plan, str(dict_dir), str(index_dir), regions,
                                     str(self._totals_dir))
-            # one task per core: a group's fill takes milliseconds, less than a task's start-up
-            batches = dicts.balanced_batches(self._entries,
+            # one task per core: a group's fill takes milliseconds, less than a task's start-up;
+            # dealt by the slots each fills (a group's distinct values say little of what it
+            # keeps), and only the groups that keep something: the others staged nothing
+            batches = dicts.balanced_batches({g: slots for g, (_, slots) in regions.items() if slots},
                                              self.session.sparkContext.defaultParallelism)
             written = self._over(batches, dicts.dictionary_task(write, batches, broadcast),
                                  dicts.WRITTEN_SCHEMA).collect()

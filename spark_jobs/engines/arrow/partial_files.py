@@ -13,16 +13,24 @@ The workdir is where the merge already leaves its staged parts for the fill task
 cluster it is the shared filesystem docs/cluster.md requires, so any executor reads any file.
 
 A file holds segments (day, column) of distinct values (uint32, ascending) and their counts
-(uint32, counts within one day): a fixed header, the segment table, then all values, then
-all counts. It is written whole under a temporary name and renamed: a retried task replaces
-its own file and a reader never sees half of one.
+(uint32, counts within one day): a fixed header, the segment table, the fences (every
+``FENCE``-th value of each segment), then all values, then all counts. It is written whole
+under a temporary name and renamed: a retried task replaces its own file and a reader never
+sees half of one.
+
+Why fences: every merge group reads a slice of every file, so the reads grow as groups x
+files, which is rows squared (the Terabyte: thousands of each). A merge task reads each
+file's table and fences once; a group's slice is then found in memory to within ``FENCE``
+values and read with two ``pread`` calls, with no mapping set up and torn down per (group,
+file) and no page touched by a binary search over the file (docs/perf-history.md, "The
+merge's reads of the partial files").
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +38,10 @@ import numpy as np
 from spark_jobs.engines.arrow.dictionary_parts import write_atomically
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
 
-_MAGIC = b"DLRMPCv1"
-_SEGMENT_FIELDS = 4                     # day, column, first entry, entries
+_MAGIC = b"DLRMPCv2"
+_SEGMENT_FIELDS = 5                     # day, column, first entry, entries, first fence
 _HEADER = len(_MAGIC) + 8
+FENCE = 256                             # values per fence: a slice's read is at most 2 KiB long
 SUFFIX = ".partial"
 
 
@@ -57,16 +66,20 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
     """``segments``: (day, column, counts) with values ascending; empty ones are left out."""
     segments = [(day, column, c) for day, column, c in segments if len(c)]
     table = np.zeros((len(segments), _SEGMENT_FIELDS), np.int64)
-    start = 0
+    fences = [np.ascontiguousarray(c.values[::FENCE], VALUE_DTYPE) for _, _, c in segments]
+    start = fence = 0
     for k, (day, column, counts) in enumerate(segments):
-        table[k] = (day, column, start, len(counts))
+        table[k] = (day, column, start, len(counts), fence)
         start += len(counts)
+        fence += len(fences[k])
 
     def write_file(temporary: Path) -> None:
         with open(temporary, "wb") as out:
             out.write(_MAGIC)
             out.write(np.int64(len(segments)).tobytes())
             out.write(table.tobytes())
+            for f in fences:
+                out.write(f.data)
             for _, _, counts in segments:
                 out.write(np.ascontiguousarray(counts.values, VALUE_DTYPE).data)
             for _, _, counts in segments:
@@ -75,65 +88,93 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
     write_atomically(Path(path), write_file)
 
 
-class PartialFile:
-    """One partial file, memory-mapped read-only while open (``with PartialFile(p) as f``)."""
+@dataclass(frozen=True)
+class Layout:
+    """A partial file's segment table, its fences and where its arrays start."""
 
-    def __init__(self, path: str):
-        self.path = path
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(_HEADER)
-            if len(head) < _HEADER or head[:len(_MAGIC)] != _MAGIC:
-                raise ValueError(f"{path} is not a partial counts file of this version; "
-                                 f"delete the workdir's counts/.partials and run again")
-            n = int(np.frombuffer(head, np.int64, 1, len(_MAGIC))[0])
-            self.segments = np.frombuffer(fh.read(8 * _SEGMENT_FIELDS * n), np.int64).reshape(
-                n, _SEGMENT_FIELDS)
-            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._entries = int(self.segments[:, 3].sum()) if n else 0
-        self._values_at = _HEADER + 8 * _SEGMENT_FIELDS * n
-        if size != self._values_at + 8 * self._entries:
-            self.close()
-            raise ValueError(f"{path}: {size} bytes where its segment table says "
-                             f"{self._values_at + 8 * self._entries}; delete the workdir's "
-                             f"counts/.partials and run again")
+    segments: np.ndarray                  # [segments, 5]: day, column, first, entries, first fence
+    by_column: dict[int, list[int]]       # column → its segments' rows in the table
+    fences: np.ndarray                    # every FENCE-th value of each segment
+    entries: int
+    values_at: int
 
-    def __enter__(self) -> "PartialFile":
-        return self
+    @property
+    def size(self) -> int:
+        return self.values_at + 8 * self.entries
 
-    def __exit__(self, *exc) -> None:
-        self.close()
 
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+def read_layout(path: str) -> Layout:
+    """The file's table and fences, read and checked against its size."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(_HEADER)
+        if len(head) < _HEADER or head[:len(_MAGIC)] != _MAGIC:
+            raise ValueError(f"{path} is not a partial counts file of this version; "
+                             f"delete the workdir's counts/.partials and run again")
+        n = int(np.frombuffer(head, np.int64, 1, len(_MAGIC))[0])
+        segments = np.frombuffer(fh.read(8 * _SEGMENT_FIELDS * n), np.int64).reshape(
+            n, _SEGMENT_FIELDS)
+        fence_count = int((-(-segments[:, 3] // FENCE)).sum())
+        fences = np.frombuffer(fh.read(4 * fence_count), VALUE_DTYPE)
+    by_column: dict[int, list[int]] = {}
+    for k, column in enumerate(segments[:, 1].tolist()):
+        by_column.setdefault(column, []).append(k)
+    entries = int(segments[:, 3].sum()) if n else 0
+    layout = Layout(segments, by_column, fences, entries,
+                    _HEADER + 8 * _SEGMENT_FIELDS * n + 4 * fence_count)
+    if size != layout.size or len(fences) != fence_count:
+        raise ValueError(f"{path}: {size} bytes where its segment table says {layout.size}; "
+                         f"delete the workdir's counts/.partials and run again")
+    return layout
 
-    def slices(self, column: int, low: int, high: int | None) -> list[tuple[int, Counts]]:
-        """Each segment of ``column``: (day, a copy of its counts with values in
-        ``[low, high)``; ``high`` None: no upper bound)."""
-        out = []
-        for day, col, first, entries in self.segments:
-            if col != column:
+
+def slices(path: str, layout: Layout, column: int, low: int,
+           high: int | None) -> list[tuple[int, Counts]]:
+    """Each segment of ``column`` in the file: (day, its counts with values in ``[low, high)``;
+    ``high`` None: no upper bound)."""
+    out = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k in layout.by_column.get(column, ()):
+            day, _, first, entries, fence = (int(x) for x in layout.segments[k])
+            fences = layout.fences[fence:fence + -(-entries // FENCE)]
+            # the slice lies within [start, end): between the fences around low and high
+            start = FENCE * max(int(np.searchsorted(fences, np.uint32(low), "right")) - 1, 0)
+            end = entries if high is None else min(
+                entries, FENCE * int(np.searchsorted(fences, np.uint32(high), "left")))
+            if end <= start:
                 continue
-            values = np.frombuffer(self._map, VALUE_DTYPE, int(entries),
-                                   self._values_at + 4 * int(first))
-            counts = np.frombuffer(self._map, DAY_COUNT_DTYPE, int(entries),
-                                   self._values_at + 4 * (self._entries + int(first)))
+            values = _read(fd, path, layout.values_at + 4 * (first + start), end - start, VALUE_DTYPE)
             a = int(np.searchsorted(values, np.uint32(low))) if low else 0
             b = len(values) if high is None else int(np.searchsorted(values, np.uint32(high)))
             if b > a:
-                out.append((int(day), Counts(values[a:b].copy(), counts[a:b].copy())))
-            del values, counts               # views of the map: gone before it closes
-        return out
+                counts = _read(fd, path, layout.values_at + 4 * (layout.entries + first + start + a),
+                               b - a, DAY_COUNT_DTYPE)
+                out.append((day, Counts(values[a:b], counts)))
+    finally:
+        os.close(fd)
+    return out
 
 
-def read_range(paths: list[str], column: int, low: int, high: int | None) -> dict[int, list[Counts]]:
-    """One value range of ``column`` from every file, by day. Each file is mapped only while
-    it is read, so a worker holds one value range's copies, whatever the number of files."""
+def _read(fd: int, path: str, offset: int, n: int, dtype) -> np.ndarray:
+    """``n`` 4-byte items read into a new (writable) array."""
+    out = np.empty(n, dtype)
+    if os.preadv(fd, [out], offset) != out.nbytes:
+        raise ValueError(f"{path}: short read at {offset}; delete the workdir's counts/.partials "
+                         f"and run again")
+    return out
+
+
+def read_range(paths: list[str], column: int, low: int, high: int | None,
+               layouts: dict[str, Layout] | None = None) -> dict[int, list[Counts]]:
+    """One value range of ``column`` from every file, by day: a worker holds one value
+    range's slices, whatever the number of files. ``layouts`` (a task's own dict, filled
+    here) keeps each file's table and fences for the task's next ranges."""
+    layouts = {} if layouts is None else layouts
     by_day: dict[int, list[Counts]] = {}
     for path in paths:
-        with PartialFile(path) as partial:
-            for day, counts in partial.slices(column, low, high):
-                by_day.setdefault(day, []).append(counts)
+        if path not in layouts:
+            layouts[path] = read_layout(path)
+        for day, counts in slices(path, layouts[path], column, low, high):
+            by_day.setdefault(day, []).append(counts)
     return by_day
