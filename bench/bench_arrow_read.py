@@ -3,7 +3,7 @@
 (a) ``spark.read.text`` (the JVM reads and splits the lines) → ``mapInArrow``: every line is
     copied into an Arrow batch by the JVM and sent to the Python worker over its socket;
 (b) ``spark.range(chunks)`` → ``mapInArrow``: the task reads its byte range of the day file
-    itself (``spark_jobs.chunks``) and finds the line ends with numpy.
+    itself (``spark_jobs.engines.arrow.chunks``) and finds the line ends with numpy.
 
 Both only count lines (no parse), so the figure is the floor of getting the text to Python.
 Also printed: the full Arrow count task (read + parse + value counts) for (b). Usage:
@@ -36,7 +36,7 @@ def _chunk_line_counter(chunks):
     def run(batches):
         import pyarrow as pa
 
-        from spark_jobs.chunks import line_blocks
+        from spark_jobs.engines.arrow.chunks import line_blocks
 
         n = 0
         for batch in batches:
@@ -68,8 +68,8 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from dlrm_contracts.config import SparkConfig
-    from spark_jobs.arrow_tasks import COUNT_SCHEMA, ReadSettings, count_task
-    from spark_jobs.chunks import plan_chunks
+    from spark_jobs.engines.arrow.tasks import COUNT_SCHEMA, ReadSettings, count_task
+    from spark_jobs.engines.arrow.chunks import plan_chunks
     from spark_jobs.inputs import discover_days
     from spark_jobs.session import get_session
 

@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dlrm_contracts.hex_text import format_hex  # noqa: E402
-from spark_jobs import dictionary_index, dictionary_parts, partial_files  # noqa: E402
-from spark_jobs.arrow_dictionaries import assign_ids  # noqa: E402
-from spark_jobs.kernels import build_region, warm_up  # noqa: E402
-from spark_jobs.value_counts import Counts, count_values, merge_counts  # noqa: E402
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files  # noqa: E402
+from spark_jobs.engines.arrow.dictionaries import assign_ids  # noqa: E402
+from spark_jobs.engines.arrow.kernels import build_region, warm_up  # noqa: E402
+from spark_jobs.engines.arrow.value_counts import Counts, count_values, merge_counts  # noqa: E402
 
 BATCH = 65_536
 

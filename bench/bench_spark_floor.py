@@ -9,7 +9,7 @@ It runs, in one Spark session made by ``spark_jobs.session`` (same tuning as the
    as a categorical) → one (day, column, value) count aggregation → counts parquet by day;
 2. dictionaries: the job's own ``build_dictionaries`` over the summed counts;
 3. transform: the CSV reader again → the job's own joins, train shuffle and sort, eval split
-   and single partitioned parquet write (``spark_jobs.transform``).
+   and single partitioned parquet write (``spark_jobs.engines.sql.transform``).
 
 What it leaves out, compared with the job: every validity check and reject reason, the rejects
 output, per-day statistics (rows, padded, missing rates, line counts per read partition), the
@@ -67,7 +67,7 @@ def dictionaries(session, counts: Path, threshold: str, out: Path) -> dict[str, 
     from pyspark.sql import functions as F
 
     from dlrm_contracts.thresholds import parse_threshold_spec
-    from spark_jobs.dictionaries import _threshold_of, build_dictionaries
+    from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
 
     spec = parse_threshold_spec(threshold)
     totals = (session.read.parquet(str(counts)).groupBy("column", "value")
@@ -85,7 +85,7 @@ def keyed_rows(session, raw: Path, day: int, seed: int):
     """day, pos, key1, key2 (seeded hashes of the row), label, I*, C* as the job's join keys."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.parse import value_key
+    from spark_jobs.engines.sql.parse import value_key
 
     frame = csv_day(session, raw, day)
     fields = [F.col(LABEL), *map(F.col, INT_COLUMNS), *map(F.col, CAT_COLUMNS)]
@@ -101,8 +101,8 @@ def transform_splits(session, raw: Path, days: int, rows_per_day: int, sizes: di
                      dict_dir: Path, out: Path, cfg: PreprocessConfig) -> None:
     from pyspark.sql import functions as F
 
-    from spark_jobs import transform
-    from spark_jobs.preprocess import train_files
+    from spark_jobs.engines.sql import transform
+    from spark_jobs.splits import train_files
 
     def mapped(rows):
         return transform.map_categoricals(rows, session, dict_dir, sizes, cfg.broadcast_max_values)

@@ -206,7 +206,7 @@ class WorkdirLayout:
     @property
     def dictionary_index(self) -> Path:
         """value → id of every column as memory-mapped hash tables (the Arrow engine's
-        transform reads them; spark_jobs.dictionary_index)."""
+        transform reads them; spark_jobs.engines.arrow.dictionary_index)."""
         return self.parquet / "dictionary_index"
 
     @property

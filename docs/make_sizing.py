@@ -444,7 +444,7 @@ failed stage's retry writes its shuffle again before the old files are cleaned.
 def measure_index(workdir: Path) -> dict:
     """The generated run's index: bytes, kept values, and one timed per-node copy of it (the
     executors' copy, ``dictionary_index.local_copy``)."""
-    from spark_jobs import dictionary_index
+    from spark_jobs.engines.arrow import dictionary_index
 
     index_dir = WorkdirLayout.at(workdir).dictionary_index
     sizes = json.loads(WorkdirLayout.at(workdir).parquet_model_size.read_text())
@@ -469,7 +469,7 @@ def bench_figures(logs: list[Path]) -> list[dict]:
 
 
 def index_section(workdir: Path, uniques: dict[str, int], tb_rows: int, logs: list[Path]) -> str:
-    from spark_jobs.dictionary_index import INDEX_LOAD
+    from spark_jobs.engines.arrow.dictionary_index import INDEX_LOAD
 
     measured = measure_index(workdir)
     kept = kept_by_calibrated_zipf(uniques, tb_rows, INDEX_THRESHOLDS)

@@ -90,8 +90,9 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         try:
             per_line = bytes_per_line(day.path, preflight.sample_bytes)
         except UnreadableSample as exc:
-            # The Spark job refuses it with exit 5 naming the file (spark_jobs.chunks); the
-            # preflight says so and sizes the run from the other days.
+            # The Spark job refuses it with exit 5 naming the file
+            # (spark_jobs.engines.arrow.chunks); the preflight says so and sizes the run from the
+            # other days.
             est.say(f"input: {exc}: the preprocess stage will refuse it")
             per_line = 0.0
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 
 from dlrm_contracts.config import flag_overrides, load_config
 from dlrm_contracts.errors import run_cli
@@ -78,14 +79,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     spark, preprocess = configs_from_args(args)
-    from spark_jobs.preprocess import engine_name, run_preprocess
+    from spark_jobs.preprocess import engine_name, input_tasks, run_preprocess
     from spark_jobs.progress import PreprocessProgress
     from spark_jobs.session import check_spark_config
 
     check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
     config = load_config(args.config)
-    with PreprocessProgress(args.input, args.workdir, preprocess, config.progress,
-                            engine_name(preprocess, spark), config.preflight.sample_bytes):
+    tasks = partial(input_tasks, engine_name(preprocess, spark), cfg=preprocess)
+    with PreprocessProgress(args.input, args.workdir, preprocess, config.progress, tasks,
+                            config.preflight.sample_bytes):
         summary = run_preprocess(args.input, args.workdir, spark, preprocess,
                                  retransform=args.retransform)
     print(json.dumps(summary, separators=(",", ":")))

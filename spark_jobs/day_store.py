@@ -127,8 +127,8 @@ def _stats(record: dict) -> DayStats:
 
 def stats_key(engine: str, cfg: PreprocessConfig) -> str | None:
     """What a day's per-partition line counts depend on besides its file: the Arrow engine's
-    chunks (``spark_jobs.chunks``: the file's size and ``arrow_chunk_mb``). None for the SQL
-    engine, whose partitions follow Spark's file splitting settings."""
+    chunks (``spark_jobs.engines.arrow.chunks``: the file's size and ``arrow_chunk_mb``). None
+    for the SQL engine, whose partitions follow Spark's file splitting settings."""
     return f"arrow/{int(cfg.arrow_chunk_mb)}" if engine == "arrow" else None
 
 

@@ -12,21 +12,30 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from spark_jobs import counting, day_store, quality, stable_ids, transform
-from spark_jobs.arrow_engine import ArrowEngine
+from spark_jobs import counting, day_store, quality, stable_ids
 from spark_jobs.dictionaries import table_sizes
+from spark_jobs.engine import Engine
+from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
+from spark_jobs.engines.arrow.engine import ArrowEngine
+from spark_jobs.engines.sql.engine import SqlEngine
+from spark_jobs.engines.sql.parse import input_tasks as sql_input_tasks
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
-from spark_jobs.split_writer import write_empty
-from spark_jobs.sql_engine import SqlEngine
+from spark_jobs.splits import move_split_dirs, rows_in_files, train_files, write_empty
 from spark_jobs.stats import DayStats
 from spark_jobs.timing import StageTimer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from dlrm_contracts.thresholds import ThresholdSpec
 
 PREPROCESS_FORMAT_VERSION = 1
 
@@ -90,14 +99,22 @@ def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
     return preprocess.engine
 
 
-def _make_engine(name: str, session, days: list[DayFile], cfg: PreprocessConfig):
+def input_tasks(engine_id: str, days: list[DayFile], cfg: PreprocessConfig) -> int:
+    """The tasks the engine reads ``days`` with (the progress report plans its phases on them)."""
+    if engine_id == "sql":
+        return sql_input_tasks(days)
+    return arrow_input_tasks(days, cfg)
+
+
+def _make_engine(name: str, session: SparkSession, days: list[DayFile],
+                 cfg: PreprocessConfig) -> Engine:
     if name == "sql":
         return SqlEngine(session, days, cfg)
     return ArrowEngine(session, days, cfg)
 
 
-def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: PreprocessConfig,
-         engine_id: str, previous: stable_ids.Previous | None = None,
+def _run(session: SparkSession, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
+         cfg: PreprocessConfig, engine_id: str, previous: stable_ids.Previous | None = None,
          retransform: bool = False) -> dict:
     timer = StageTimer()
     engine = _make_engine(engine_id, session, days, cfg)
@@ -109,7 +126,7 @@ def _run(session, days: list[DayFile], layout: WorkdirLayout, spec, cfg: Preproc
         engine.close()
 
 
-def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
+def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
                 cfg: PreprocessConfig, timer: StageTimer, retransform: bool = False) -> dict:
     work = None
     with timer.stage("count"):
@@ -173,7 +190,7 @@ def _run_stages(engine, days: list[DayFile], layout: WorkdirLayout, spec,
     return summary
 
 
-def _count_stable(engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],
+def _count_stable(engine: Engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],
                   cfg: PreprocessConfig, work: day_store.DayWork) -> dict[int, DayStats]:
     """Every day's statistics, reading only the days whose statistics are not kept with their
     transformed parts (``day_store.stored_stats``), those to recount, and the newest day (so
@@ -191,14 +208,7 @@ def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | 
     return [d.day for d in days[:-1]] if cfg.dictionary_days == "train" else None
 
 
-def train_files(cfg: PreprocessConfig, train_rows: int) -> int:
-    """How many train files: from the config and the row count only (the order depends on it)."""
-    if cfg.output_files > 0:
-        return cfg.output_files
-    return max(1, -(-train_rows // max(1, cfg.train_rows_per_file)))
-
-
-def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
+def _write_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
                   stats: dict[int, DayStats], cfg: PreprocessConfig, timer: StageTimer) -> dict[str, int]:
     """Train, test and validation from a second read of every day; rows per split, counted
     from the written files' footers."""
@@ -208,12 +218,12 @@ def _write_splits(engine, days: list[DayFile], layout: WorkdirLayout, sizes: dic
         engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
                             staging, partitions)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
-        for name in transform.move_split_dirs(staging, targets):
+        for name in move_split_dirs(staging, targets):
             write_empty(targets[name] / "part-00000.parquet", cfg.compression)
-    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
+    return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
-def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
+def _write_stable_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout,
                          sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
                          timer: StageTimer, work: day_store.DayWork) -> dict[str, int]:
     """Stable ids: transform only the days ``work`` says (new, changed role, changed file or
@@ -235,10 +245,10 @@ def _write_stable_splits(engine, days: list[DayFile], layout: WorkdirLayout,
                                  day_store.stats_key(engine.name, cfg))
         staging = layout.parquet / ".splits-staging"
         segments = day_store.link_splits(layout, days, staging)
-        transform.move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})
+        move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})
         day_store.write_segments(layout, segments)
         day_store.drop_days(layout, work.dropped)
-    return {split: transform.rows_in_files(layout.parquet_split(split)) for split in SPLITS}
+    return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
 def clean_outputs(workdir) -> None:

@@ -17,21 +17,18 @@ Progress never fails the job: a poll that fails is skipped.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrm_contracts.config import PreprocessConfig, ProgressConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Reporter, open_reporter
-from spark_jobs.chunks import plan_chunks
 from spark_jobs.inputs import DayFile, bytes_per_line, discover_days
+from spark_jobs.splits import train_files
 
-# Spark's default spark.sql.files.maxPartitionBytes: the SQL engine's reads split plain files
-# into tasks of at most this many bytes.
-SPARK_SPLIT_BYTES = 128 << 20
 POLL_SECONDS = 1.0
 
 _active: PreprocessProgress | None = None
@@ -111,12 +108,13 @@ class PreprocessProgress:
     """``with PreprocessProgress(...): run_preprocess(...)``: reports the job's progress."""
 
     def __init__(self, input_dir: str | Path, workdir: str | Path, cfg: PreprocessConfig,
-                 settings: ProgressConfig, engine: str, sample_bytes: int,
+                 settings: ProgressConfig, input_tasks: Callable[[list[DayFile]], int],
+                 sample_bytes: int,
                  reporter: Reporter | None = None):
         self.cfg = cfg
         self.shares = settings.preprocess_phase_shares
         self.read_shares = settings.preprocess_read_shares
-        self.engine = engine
+        self.input_tasks = input_tasks    # the engine's tasks reading these days (its plan)
         self.sample_bytes = sample_bytes
         self.layout = WorkdirLayout.at(workdir)
         self.input_dir = input_dir
@@ -201,10 +199,7 @@ class PreprocessProgress:
         return ""
 
     def _input_tasks(self) -> int:
-        if self.engine == "arrow":
-            return len(plan_chunks(self.days, max(1, self.cfg.arrow_chunk_mb) << 20))
-        return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
-                   for d in self.days)
+        return self.input_tasks(self.days)
 
     def _planned_tasks(self, name: str) -> tuple[int, int]:
         """(tasks reading the input, tasks after them) of the phase."""
@@ -212,8 +207,6 @@ class PreprocessProgress:
             return 0, 0
         if name == "count":
             return self._input_tasks(), 0
-        from spark_jobs.preprocess import train_files
-
         return self._input_tasks(), train_files(self.cfg, int(self._counted_train_rows() or 0))
 
     def _counted(self) -> list[dict] | None:

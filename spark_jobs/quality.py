@@ -7,39 +7,10 @@ parquet back, not from the plan, so a lost row would show as a broken identity.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from dlrm_contracts.schema import REJECT_REASONS
-from spark_jobs.columns import literal_lookup
 from spark_jobs.errors import PreprocessInputError, PreprocessJobError
 from spark_jobs.inputs import DayFile
-from spark_jobs.stats import DayStats, line_number_column
-
-
-def write_rejects(parsed: dict, days: list[DayFile], stats: dict[int, DayStats], out_dir: Path) -> None:
-    """Rejected lines with their day file, 1-based line number and reason.
-
-    Only days that have rejects are read again (clean data costs nothing here); the directory
-    is emptied first, so it always holds exactly this run's rejects.
-    """
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    shutil.rmtree(out_dir, ignore_errors=True)
-    dirty = [d for d in days if stats[d.day].rows_rejected]
-    if not dirty:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        return
-    names = {str(d.day): d.name for d in dirty}
-    rows = reduce(lambda a, b: a.unionByName(b), [parsed[d.day] for d in dirty])
-    rejects = rows.where(F.col("reason").isNotNull()).select(
-        literal_lookup(names, "day").alias("file"),
-        (line_number_column(stats, [d.day for d in dirty]) + 1).alias("line_number"),
-        "reason",
-        F.col("raw").alias("line"))
-    rejects.write.mode("overwrite").json(str(out_dir))
+from spark_jobs.stats import DayStats
 
 
 def day_report(day: DayFile, s: DayStats) -> dict:

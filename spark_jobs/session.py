@@ -219,7 +219,7 @@ def spark_settings(spark: SparkConfig, under_spark_submit: bool = False) -> dict
     if partitions:
         conf["spark.sql.shuffle.partitions"] = str(partitions)
     if cores:
-        conf["spark.python.daemon.module"] = "spark_jobs.python_daemon"
+        conf["spark.python.daemon.module"] = "spark_jobs.engines.arrow.python_daemon"
     if spark.executor_memory:
         conf["spark.executor.memory"] = spark.executor_memory
     if spark.local_dir:

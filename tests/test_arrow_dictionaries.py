@@ -1,7 +1,7 @@
 """The Arrow engine's dictionaries at any size: value ranges, ids from histograms, the index.
 
-Unit tests of spark_jobs.arrow_dictionaries and spark_jobs.dictionary_index against plain
-Python (a global sort, a dict), then real Spark runs: columns split into many value groups
+Unit tests of spark_jobs.engines.arrow.dictionaries and spark_jobs.engines.arrow.dictionary_index
+against plain Python (a global sort, a dict), then real Spark runs: columns split into many value groups
 give the same outputs as one group and as the SQL engine, and the transform's plan has no join.
 """
 
@@ -15,9 +15,9 @@ import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_fixtures import random_days, run, salted_days, spark, write_days  # noqa: F401
-from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import dictionary_index
-from spark_jobs.value_counts import Counts, count_values, merge_counts
+from spark_jobs.engines.arrow import dictionaries as dicts
+from spark_jobs.engines.arrow import dictionary_index
+from spark_jobs.engines.arrow.value_counts import Counts, count_values, merge_counts
 
 
 def _plan_with(column: int, bounds: np.ndarray) -> dicts.GroupPlan:
@@ -271,10 +271,10 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
     from dlrm_contracts.config import PreprocessConfig
     from dlrm_contracts.layout import WorkdirLayout
     from dlrm_contracts.thresholds import parse_threshold_spec
-    from spark_jobs.arrow_engine import ArrowEngine
+    from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.dictionaries import table_sizes
     from spark_jobs.inputs import discover_days
-    from spark_jobs.sql_engine import SqlEngine
+    from spark_jobs.engines.sql.engine import SqlEngine
 
     raw = write_days(tmp_path / "raw", random_days(5, 3, 200))
     days = discover_days(raw)

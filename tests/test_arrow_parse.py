@@ -15,9 +15,9 @@ import pytest
 
 from dlrm_contracts.hex_text import format_hex
 from spark_fixtures import BAD_LINES, random_line, reference_parse, salted_days
-from spark_jobs.chunks import ChunkReadError, line_blocks, plan_chunks
-from spark_jobs.fastparse import (MISSING, REASON_CODES, padded_buffer, parse_block,
-                                  parse_hex, parse_line_exact)
+from spark_jobs.engines.arrow.chunks import ChunkReadError, line_blocks, plan_chunks
+from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer,
+                                                parse_block, parse_hex, parse_line_exact)
 from spark_jobs.inputs import DayFile
 
 # Pieces that hit every rule's edges: 64-bit limits, leading zeros, signs, case, terminators
@@ -162,9 +162,9 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     rows are drawn from the partial files and stand for all their entries."""
     import pyarrow as pa
 
-    from spark_jobs.arrow_dictionaries import KIND_SAMPLE, KIND_STATS
-    from spark_jobs.arrow_tasks import CODE_BITS, LINES, ReadSettings, count_task
-    from spark_jobs.partial_files import files, read_layout, slices
+    from spark_jobs.engines.arrow.dictionaries import KIND_SAMPLE, KIND_STATS
+    from spark_jobs.engines.arrow.tasks import CODE_BITS, LINES, ReadSettings, count_task
+    from spark_jobs.engines.arrow.partial_files import files, read_layout, slices
 
     lines = _lines(5)[:800]
     path = tmp_path / "day_0"

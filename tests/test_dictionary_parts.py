@@ -1,7 +1,7 @@
 """Dictionary parts staged by the merge and given their ids after the barrier
-(spark_jobs.dictionary_parts), against a global sort in plain Python: the parts read back as
-(value, id, count) rows with the sort's ids, the index finds them, a retried fill changes
-nothing, and a file of another shape is refused, not patched."""
+(spark_jobs.engines.arrow.dictionary_parts), against a global sort in plain Python: the parts
+read back as (value, id, count) rows with the sort's ids, the index finds them, a retried fill
+changes nothing, and a file of another shape is refused, not patched."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import dictionary_index, dictionary_parts
-from spark_jobs.value_counts import Counts
+from spark_jobs.engines.arrow import dictionaries as dicts
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts
+from spark_jobs.engines.arrow.value_counts import Counts
 
 COLUMN = 4          # C5
 THRESHOLD = 2

@@ -38,9 +38,16 @@ def test_the_tree_keeps_every_contract():
     ("converters/cli.py", "import pipeline.runner", LAYERS),         # a wing above the pipeline
     ("dlrm_contracts/schema.py", "import converters.convert", LAYERS),  # contracts at the bottom
     ("trainer/data.py", "import pyspark", "trainer imports no pyspark"),
-    ("spark_jobs/parse.py", "import tensorflow", "spark_jobs imports no tensorflow or horovod"),
+    ("spark_jobs/engines/sql/parse.py", "import tensorflow",
+     "spark_jobs imports no tensorflow or horovod"),
     ("converters/convert.py", "import horovod", "converters imports no pyspark, tensorflow"),
     ("dlrm_contracts/config.py", "import pyspark.sql", "dlrm_contracts imports no pyspark"),
+    # inside spark_jobs: the engines are independent, the shared modules import neither
+    ("spark_jobs/engines/arrow/engine.py", "import spark_jobs.engines.sql.parse",
+     "the Arrow and SQL engines do not import each other"),
+    ("spark_jobs/stats.py", "import spark_jobs.engines.arrow.chunks",
+     "spark_jobs: entry points above the job"),
+    ("spark_jobs/progress.py", "import spark_jobs.preprocess", "spark_jobs: entry points above the job"),
 ])
 def test_a_planted_wrong_import_breaks_its_contract(tmp_path, module, planted, contract):
     tree = tmp_path / "tree"

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from spark_jobs import partial_files
-from spark_jobs.value_counts import Counts, merge_counts
+from spark_jobs.engines.arrow import partial_files
+from spark_jobs.engines.arrow.value_counts import Counts, merge_counts
 
 
 def _counts(rng, n, top=1 << 32):

@@ -162,7 +162,7 @@ def test_join_keys_identify_categorical_values_exactly(spark):
 
     from pyspark.sql import functions as F
 
-    from spark_jobs.parse import value_key
+    from spark_jobs.engines.sql.parse import value_key
 
     rng = random.Random(5)
     values = ["%08x" % rng.getrandbits(32) for _ in range(2000)] + ["00000000", "ffffffff"]

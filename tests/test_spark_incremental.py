@@ -200,7 +200,7 @@ def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_com
 def _stored_day(tmp_path: Path, rows: int, rejected: int = 0):
     """A day file and its transformed train part, committed as day 1 of a workdir."""
     from spark_jobs.inputs import DayFile
-    from spark_jobs.split_writer import split_table
+    from spark_jobs.engines.arrow.split_writer import split_table
     from spark_jobs.stats import DayStats
 
     import pyarrow.parquet as pq

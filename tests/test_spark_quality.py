@@ -139,7 +139,7 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
     not output ``pos``; if the optimizer pruned it, the filter would be pushed below the parse
     and ``split`` (with every check) inlined once per field reference — slow, not wrong, so only
     the plan shows it."""
-    from spark_jobs.parse import parse_for_transform, read_day
+    from spark_jobs.engines.sql.parse import parse_for_transform, read_day
 
     day = tmp_path / "day_0"
     day.write_text("1\t5\t\tabc\n0\t7\n")

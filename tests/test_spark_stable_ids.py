@@ -25,6 +25,7 @@ from dlrm_contracts.thresholds import parse_threshold_spec
 from spark_fixtures import (assert_rows_equal, random_days, read_split, reference_numerical,  # noqa: F401
                             reference_parse, reference_preprocess, run, sort_key, spark)
 from spark_jobs import stable_ids
+from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.errors import PreprocessConfigError, PreprocessInputError
 from spark_jobs.inputs import discover_days
 
@@ -350,13 +351,13 @@ def test_old_entries_read_only_their_value_range(tmp_path):
                                                                   pa.int32()),
                                  "count": pa.array([1] * len(chunk), pa.int64())}),
                        folder / f"part-{k:05d}.parquet")
-    got, ids = stable_ids.old_entries(str(tmp_path), "C7", 9, 200)
+    got, ids = stable_groups.old_entries(str(tmp_path), "C7", 9, 200)
     assert got.tolist() == [9, 10] and ids.tolist() == [2, 3]
-    got, ids = stable_ids.old_entries(str(tmp_path), "C7", 200, None)
+    got, ids = stable_groups.old_entries(str(tmp_path), "C7", 200, None)
     assert got.tolist() == [200, 4_000_000_000] and ids.tolist() == [4, 5]
-    assert stable_ids.old_entries(str(tmp_path), "C8", 0, None)[0].dtype == np.uint32
+    assert stable_groups.old_entries(str(tmp_path), "C8", 0, None)[0].dtype == np.uint32
     previous = stable_ids.Previous(str(tmp_path), "2", {c: 1 for c in CAT_COLUMNS})
-    samples = stable_ids.dictionary_samples(previous)
+    samples = stable_groups.dictionary_samples(previous)
     assert [(j, n, s.tolist()) for j, n, s in samples] == [(6, 2, [5]), (6, 3, [10])]
 
 

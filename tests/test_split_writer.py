@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.split_writer import (ROW_BYTES, WriteSpec, commit, pack_rows, parquet_schema,
-                                     unpack_rows, write_task)
+from spark_jobs.engines.arrow.split_writer import (ROW_BYTES, WriteSpec, commit, pack_rows,
+                                                   parquet_schema, unpack_rows, write_task)
 
 
 def _rows(n: int, seed: int = 0):

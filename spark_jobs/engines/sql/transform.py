@@ -1,7 +1,7 @@
-"""Parsed rows + dictionaries → the parquet splits.
+"""The SQL engine's transform: parsed rows + dictionaries → the parquet splits.
 
-Categoricals arrive as 64-bit keys (``parse.cat_key_sqls``) and are joined with the
-dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
+Categoricals arrive as 64-bit keys (``spark_jobs.engines.sql.parse.cat_key_sqls``) and are
+joined with the dictionaries' ``key`` column: small dictionaries are broadcast (map-side hash joins keep each
 partition's row order); dictionaries above ``broadcast_max_values`` are joined with a shuffle,
 never collected.
 
@@ -15,17 +15,21 @@ split into a staging directory whose ``split=<name>`` folders become the split d
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.parse import log_transform, value_key
+from spark_jobs.engines.sql.parse import log_transform, value_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 OUTPUT_COLUMNS = ALL_COLUMNS  # the splits hold the whole record, in its order
 
 
-def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
-                     broadcast_max_values: int, columns=CAT_COLUMNS, dictionary_key=value_key):
+def map_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Path, sizes: dict[str, int],
+                     broadcast_max_values: int, columns=CAT_COLUMNS,
+                     dictionary_key=value_key) -> tuple[DataFrame, bool]:
     """Replace each of ``columns`` (keys) by its id (0 when rare or missing). Returns (rows,
     shuffled?). ``dictionary_key`` maps the dictionary's ``value`` to the rows' key."""
     from pyspark.sql import functions as F
@@ -48,7 +52,7 @@ def map_categoricals(rows, session, dict_dir: Path, sizes: dict[str, int],
     return rows, shuffled
 
 
-def output_projection(rows, extra: tuple = ()):
+def output_projection(rows: DataFrame, extra: tuple = ()) -> DataFrame:
     """label int32, I* float32 (log transform), C* int32, plus ``extra`` helper columns."""
     from pyspark.sql import functions as F
 
@@ -58,14 +62,14 @@ def output_projection(rows, extra: tuple = ()):
                        *extra)
 
 
-def write_parquet(frame, path: Path, compression: str, partition_by: str | None = None) -> None:
+def write_parquet(frame: DataFrame, path: Path, compression: str, partition_by: str | None = None) -> None:
     writer = frame.write.mode("overwrite").option("compression", compression)
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))
 
 
-def train_part(rows, partitions: int):
+def train_part(rows: DataFrame, partitions: int) -> DataFrame:
     """Train rows (output columns, ``_order``, ``_tie``) hash-partitioned by the seeded key and
     sorted within each file by (key, day << 40 | line): a total order, and a sort on a leading
     long key, which Spark does by radix sort on its prefix."""
@@ -75,31 +79,10 @@ def train_part(rows, partitions: int):
             .select(*OUTPUT_COLUMNS))
 
 
-def eval_part(rows, must_sort: bool):
+def eval_part(rows: DataFrame, must_sort: bool) -> DataFrame:
     """Rows of the last day (output columns, ``split``, ``_order`` = line number): sorted by
     (split, line) within each read partition, the order the split-partitioned writer needs;
     globally after a shuffle join, which loses the line order."""
     frame = rows.select(*OUTPUT_COLUMNS, "split", "_order")
     frame = frame.orderBy("split", "_order") if must_sort else frame.sortWithinPartitions("split", "_order")
     return frame.drop("_order")
-
-
-def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
-    """``staging/<name>`` → ``targets[name]``; returns the names that had no rows."""
-    empty = []
-    for name, target in targets.items():
-        shutil.rmtree(target, ignore_errors=True)
-        source = staging / name
-        if source.is_dir():
-            source.replace(target)
-        else:
-            empty.append(name)
-    shutil.rmtree(staging, ignore_errors=True)
-    return empty
-
-
-def rows_in_files(split_dir: Path) -> int:
-    """Rows of a split directory, from its parquet footers."""
-    import pyarrow.parquet as pq
-
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(split_dir).glob("part-*.parquet")))

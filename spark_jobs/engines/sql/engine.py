@@ -1,10 +1,10 @@
-"""The SQL engine: every per-line step is a Spark SQL expression (``spark_jobs.parse``).
+"""The SQL engine: every per-line step is a Spark SQL expression (``engines.sql.parse``).
 
 It is what the RAPIDS accelerator can run on GPUs (it runs SQL, not Python), so ``--gpu``
-uses it; on CPUs the Arrow engine (``spark_jobs.arrow_engine``) writes the same data faster.
-Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per line
-(``spark_jobs.counting``, ``spark_jobs.stats``). Transform pass: categoricals become 64-bit
-keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.transform``).
+uses it; on CPUs the Arrow engine (``spark_jobs.engines.arrow.engine``) writes the same data
+faster. Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per
+line (``engines.sql.counting``, ``engines.sql.row_classes``). Transform pass: categoricals become 64-bit
+keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.engines.sql.transform``).
 """
 
 from __future__ import annotations
@@ -12,29 +12,34 @@ from __future__ import annotations
 import shutil
 from functools import reduce
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import counting, quality, stable_ids, transform
+from spark_jobs import stable_ids
 from spark_jobs.columns import hex_value
-from spark_jobs.dictionaries import _threshold_of, build_dictionaries
+from spark_jobs.engines.sql import counting, rejects, transform
+from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
+from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.inputs import DayFile
 from spark_jobs.order import train_key_columns
-from spark_jobs.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.stats import DayStats, line_number_column
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 class SqlEngine:
     name = "sql"
     lookups = "Spark joins"          # broadcast up to broadcast_max_values, shuffled above
 
-    def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
+    def __init__(self, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
         self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
-        self._totals = None
+        self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
 
     def count(self, recount: list[int], counts_dir: Path,
@@ -44,7 +49,7 @@ class SqlEngine:
         return counting.count_pass(parsed, recount, counts_dir)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None,
-                     frequency_ids=None) -> dict[str, list[tuple[int, int]]]:
+                     frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
         """Cache (column, value, count) over the counted days (None: all), from the stored
         counts; return (and store) their count histogram per column. (``frequency_ids``: the
         Arrow engine's; this engine builds its dictionaries from the cached totals.)"""
@@ -99,12 +104,12 @@ class SqlEngine:
     def close(self) -> None:
         if self._totals is not None:
             self._totals.unpersist()
-            self._totals = None
+            self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
 
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
-        quality.write_rejects(self.parsed, self.days, stats, out_dir)
+        rejects.write_rejects(self.parsed, self.days, stats, out_dir)
 
-    def _rows(self, day: DayFile, stats: dict[int, DayStats]):
+    def _rows(self, day: DayFile, stats: dict[int, DayStats]) -> DataFrame:
         """The second read of a day: valid rows with join keys and line numbers (checks skipped
         for days whose count pass found every line fast)."""
         rows = parse_for_transform(read_day(self.session, str(day.path), day.day),

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.dictionary_parts import write_atomically
-from spark_jobs.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
+from spark_jobs.engines.arrow.dictionary_parts import write_atomically
+from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
 
 _MAGIC = b"DLRMPCv2"
 _SEGMENT_FIELDS = 5                     # day, column, first entry, entries, first fence

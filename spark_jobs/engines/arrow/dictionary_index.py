@@ -102,7 +102,7 @@ def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
 def write_region(index_dir: str, column: str, rank: int, size: int, values: np.ndarray,
                  ids: np.ndarray) -> None:
     """Build one range's hash table of ``size`` slots and write it as the range's file."""
-    from spark_jobs.kernels import build_region
+    from spark_jobs.engines.arrow.kernels import build_region
 
     if size == 0:
         return
@@ -142,7 +142,7 @@ class DictionaryIndex:
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
         """values [columns, n] (int64, negative = missing) → int32 ids in out [columns, n];
         0 for a rare or missing value."""
-        from spark_jobs.kernels import lookup_column
+        from spark_jobs.engines.arrow.kernels import lookup_column
 
         for j, (layout, slots) in enumerate(self._tables):
             lookup_column(values[j], layout.bounds, layout.starts, layout.sizes, slots, out[j])

@@ -69,7 +69,7 @@ def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
         return empty_counts(count_dtype)
     if len(parts) == 1:
         return Counts(parts[0].values, parts[0].counts.astype(count_dtype, copy=False))
-    from spark_jobs.kernels import merge_two
+    from spark_jobs.engines.arrow.kernels import merge_two
 
     runs = sorted((Counts(p.values, p.counts.astype(np.int64, copy=False)) for p in parts), key=len)
     while len(runs) > 1:

@@ -25,11 +25,20 @@ bytes.
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, NON_HEX_CATEGORICAL,
                                    NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER,
                                    TOO_MANY_FIELDS)
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
 FIRST_CAT = 1 + NUM_INTEGER  # index of C1 in the split fields
+# Spark's default spark.sql.files.maxPartitionBytes: the reads split plain files into tasks of
+# at most this many bytes.
+SPARK_SPLIT_BYTES = 128 << 20
 _INT = r"(?:-?[0-9]{1,18})?"
 # The label and integer head of a valid line (18 digits always fit in 64 bits): exactly 13
 # integer fields followed by a tab or the end, or fewer than 13 and the end (a short line).
@@ -77,7 +86,14 @@ def _reason_sql() -> str:
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 
-def read_day(session, path: str, day: int):
+def input_tasks(days) -> int:
+    """The tasks Spark's text reader splits the days into: one per gzip file (it cannot be
+    split), one per ``SPARK_SPLIT_BYTES`` of a plain file (what progress plans on)."""
+    return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
+               for d in days)
+
+
+def read_day(session: SparkSession, path: str, day: int) -> DataFrame:
     """One day file as rows of (day, line): '.gz' is decompressed, lines end at '\\n' only, a
     trailing '\\r' is stripped (CRLF); a '\\r' elsewhere stays in the line (and rejects it).
 
@@ -93,7 +109,7 @@ def read_day(session, path: str, day: int):
         "ELSE value END AS line")
 
 
-def split_fields(lines, checked: bool = True):
+def split_fields(lines: DataFrame, checked: bool = True) -> DataFrame:
     """(day, line) → + f (the fields), fast, reason, pos.
 
     ``pos`` is monotonically_increasing_id (partition index << 33 | row), so it follows the
@@ -142,14 +158,14 @@ def cat_key_sqls() -> list[str]:
             for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
 
 
-def value_key(column):
+def value_key(column: Column) -> Column:
     """The join key of a normalised value column (the dictionary side of ``cat_key_sqls``)."""
     from pyspark.sql import functions as F
 
     return F.xxhash64(column)
 
 
-def parse_for_counting(lines):
+def parse_for_counting(lines: DataFrame) -> DataFrame:
     """(day, line) → day, pos, fast, reason, padded, raw, I* (raw text), C* (strings).
 
     The count pass needs only whether an integer field is present, so it is not converted.
@@ -162,7 +178,7 @@ def parse_for_counting(lines):
         *cat_sqls())
 
 
-def parse_for_transform(lines, checked: bool):
+def parse_for_transform(lines: DataFrame, checked: bool) -> DataFrame:
     """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys)."""
     # ``pos >= 0`` (always true) keeps ``pos`` referenced: once pruned the projection is
     # deterministic and the validity filter would be pushed below it.
@@ -170,7 +186,7 @@ def parse_for_transform(lines, checked: bool):
         "day", "pos", label_sql(), *int_sqls(), *cat_key_sqls())
 
 
-def log_transform(column):
+def log_transform(column: Column) -> Column:
     """log(x + 3) as float32 for x > -3; missing or x ≤ -3 → 0."""
     from pyspark.sql import functions as F
 

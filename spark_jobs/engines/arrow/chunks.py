@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from spark_jobs.fastparse import PAD, padded_buffer
+from spark_jobs.engines.arrow.fastparse import PAD, padded_buffer
 
 _NEWLINE = 10
 
@@ -71,6 +71,11 @@ def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
         chunks += [Chunk(d.day, str(d.path), k, bounds[k], bounds[k + 1], False)
                    for k in range(count)]
     return chunks
+
+
+def input_tasks(days, cfg) -> int:
+    """The count and transform passes' reading tasks: one per chunk (what progress plans on)."""
+    return len(plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20))
 
 
 def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:

@@ -18,25 +18,31 @@ import shutil
 import uuid
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import arrow_dictionaries as dicts
-from spark_jobs import (arrow_tasks, counting, dictionary_index, partial_files, split_writer,
-                        stable_ids)
-from spark_jobs.arrow_tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
-                                    REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
-                                    TransformSpec)
-from spark_jobs.chunks import Chunk, plan_chunks
+from spark_jobs import counting, stable_ids
 from spark_jobs.columns import literal_lookup
-from spark_jobs.fastparse import REASON_CODES
+from spark_jobs.engines.arrow import dictionaries as dicts
+from spark_jobs.engines.arrow import dictionary_index, partial_files, split_writer
+from spark_jobs.engines.arrow import stable_ids as stable_groups
+from spark_jobs.engines.arrow import tasks as arrow_tasks
+from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
+from spark_jobs.engines.arrow.fastparse import REASON_CODES
+from spark_jobs.engines.arrow.split_writer import WriteSpec
+from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
+                                            REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
+                                            TransformSpec)
+from spark_jobs.engines.arrow.value_counts import VALUE_DTYPE
 from spark_jobs.inputs import DayFile
-from spark_jobs.split_writer import WriteSpec
 from spark_jobs.stats import DayStats, line_number_column
-from spark_jobs.value_counts import VALUE_DTYPE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 # Valid lines whose values a task counts together before merging them into the chunk's counts:
 # bounds a task's memory (26 int64 per line) whatever the chunk size.
@@ -50,7 +56,7 @@ class ArrowEngine:
     name = "arrow"
     lookups = "dictionary index"     # how the transform finds ids (recorded in preprocess.json)
 
-    def __init__(self, session, days: list[DayFile], cfg: PreprocessConfig):
+    def __init__(self, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
@@ -70,7 +76,7 @@ class ArrowEngine:
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
 
-    def _over(self, items: list, task, schema: str):
+    def _over(self, items: list, task, schema: str) -> DataFrame:
         """One partition (and so one task) per item (a chunk, a stored counts file)."""
         return self.session.range(0, len(items), 1, max(1, len(items))).mapInArrow(task, schema)
 
@@ -168,7 +174,7 @@ class ArrowEngine:
         """Stable ids: extend ``previous`` (None: the first run); its entries count in the
         value ranges' sizes, so a range holds about ``arrow_group_values`` of old and new."""
         self._previous = previous
-        self._previous_samples = stable_ids.dictionary_samples(previous)
+        self._previous_samples = stable_groups.dictionary_samples(previous)
 
     def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
                                   index_dir: Path) -> dict[str, int]:
@@ -182,22 +188,23 @@ class ArrowEngine:
         minimum = dicts.thresholds(spec)
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
-        ids = stable_ids.StableSpec(self._plan, minimum, previous.directory if previous else None,
-                                    str(self._totals_dir), frozenset(self._entries))
+        ids = stable_groups.StableSpec(self._plan, minimum,
+                                       previous.directory if previous else None,
+                                       str(self._totals_dir), frozenset(self._entries))
         # every group, not only those with counts this run: old entries must be carried over
         weights = {g: self._entries.get(g, 0) + 1 for g in range(self._plan.groups)}
         batches = dicts.balanced_batches(weights, self._tasks_per_group_pass())
         survey = {int(r["group"]): r for r in
-                  self._over(batches, stable_ids.survey_task(ids, batches),
-                             stable_ids.SURVEY_SCHEMA).collect()}
-        stable_ids.check_old_entries(self._plan, survey, before)
+                  self._over(batches, stable_groups.survey_task(ids, batches),
+                             stable_groups.SURVEY_SCHEMA).collect()}
+        stable_groups.check_old_entries(self._plan, survey, before)
         histograms = {g: (np.frombuffer(r["histogram_counts"], np.int64),
                           np.frombuffer(r["histogram_sizes"], np.int64)) for g, r in survey.items()}
         kept = {g: int(r["old"]) + int(histograms[g][1].sum()) for g, r in survey.items()}
         sizes = dict(before)
         for g, (_, added) in histograms.items():
             sizes[CAT_COLUMNS[self._plan.column_range(g)[0]]] += int(added.sum())
-        first_ids = stable_ids.newcomer_first_ids(self._plan, histograms, minimum, before)
+        first_ids = stable_groups.newcomer_first_ids(self._plan, histograms, minimum, before)
         layouts, regions = dicts.layouts_of(self._plan, kept)
         staging = stable_ids.staging_dir(dict_dir)
         shutil.rmtree(staging, ignore_errors=True)
@@ -205,11 +212,11 @@ class ArrowEngine:
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
-            write = stable_ids.StableWriteSpec(ids, str(staging), str(index_dir), regions)
+            write = stable_groups.StableWriteSpec(ids, str(staging), str(index_dir), regions)
             batches = dicts.balanced_batches({g: n + 1 for g, n in kept.items()},
                                              self._tasks_per_group_pass())
-            written = self._over(batches, stable_ids.write_task(write, batches, broadcast),
-                                 stable_ids.WRITTEN_SCHEMA).collect()
+            written = self._over(batches, stable_groups.write_task(write, batches, broadcast),
+                                 stable_groups.WRITTEN_SCHEMA).collect()
         finally:
             broadcast.unpersist()
         total = sum(r["kept"] for r in written)
@@ -241,8 +248,8 @@ class ArrowEngine:
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
                      index_dir: Path, staging: Path, train_files: int,
-                     days: set[int] | None = None) -> dict[str, int]:
-        """Write ``staging/<split>/part-*.parquet``; returns rows per split. Every id comes from
+                     days: set[int] | None = None) -> None:
+        """Write ``staging/<split>/part-*.parquet``. Every id comes from
         the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
         order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
@@ -260,7 +267,7 @@ class ArrowEngine:
         if days is None or days - {last}:
             results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
                                                      write(test_lines=None))
-        return split_writer.commit(results, staging)
+        split_writer.commit(results, staging)
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
@@ -287,7 +294,7 @@ def _ship_code(session) -> None:
     import tempfile
     import zipfile
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     archive = Path(tempfile.mkdtemp(prefix="criteo-dlrm-code-")) / "criteo_dlrm_code.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         for package in ("spark_jobs", "dlrm_contracts"):

@@ -1,16 +1,16 @@
 """The Arrow engine's Python tasks (run by ``mapInArrow`` inside Spark's Python workers).
 
 Each task gets chunk numbers (``spark.range``, one per partition), reads its chunks itself
-(``spark_jobs.chunks``), parses whole blocks with numpy (``spark_jobs.fastparse``) and yields
-Arrow record batches:
+(``spark_jobs.engines.arrow.chunks``), parses whole blocks with numpy
+(``spark_jobs.engines.arrow.fastparse``) and yields Arrow record batches:
 
 - ``count_task``: per chunk, the statistics as a few coded rows and, for days being counted,
   each column's distinct values and their counts written to a partial file
-  (``spark_jobs.partial_files``; ``spark_jobs.arrow_dictionaries`` merges them) with samples
-  of the values as rows;
+  (``spark_jobs.engines.arrow.partial_files``; ``spark_jobs.engines.arrow.dictionaries`` merges
+  them) with samples of the values as rows;
 - ``reject_task``: the rejected lines with their position and reason;
 - ``transform_task``: the output rows of the splits, ids looked up in the memory-mapped
-  dictionary index (``spark_jobs.dictionary_index``), with the train order keys of
+  dictionary index (``spark_jobs.engines.arrow.dictionary_index``), with the train order keys of
   ``spark_jobs.order``.
 
 Statistics rows have ``column = STATS_COLUMN`` and ``value = chunk << CODE_BITS | code``; the codes
@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
-from spark_jobs.chunks import Chunk, LineBlock, line_blocks
-from spark_jobs.arrow_dictionaries import KIND_STATS, write_partials
-from spark_jobs.partial_files import SUFFIX as PARTIAL_SUFFIX
-from spark_jobs.fastparse import MISSING, REASON_CODES, parse_block
-from spark_jobs.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
+from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
+from spark_jobs.engines.arrow.dictionaries import KIND_STATS, write_partials
+from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
+from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
+from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, Counts, count_values,
+                                                   merge_counts)
 
 STATS_COLUMN = -1
 CODE_BITS = 8
@@ -176,7 +177,7 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
 class TransformSpec:
     """What a transform task needs besides its chunks; small, pickled with the task."""
 
-    index_dir: str                      # the dictionary index (``spark_jobs.dictionary_index``)
+    index_dir: str                      # the dictionary index (engines.arrow.dictionary_index)
     run_token: str
     index_on_node: bool                 # copy the index into the node's local dir first
     seed: int
@@ -185,7 +186,7 @@ class TransformSpec:
     test_lines: int                     # test = lines [0, test_lines) of the eval day
 
 
-# The order keys and the packed row (``spark_jobs.split_writer``).
+# The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
 TRANSFORM_SCHEMA = "_order LONG NOT NULL, _tie LONG NOT NULL, row BINARY NOT NULL"
 
 
@@ -231,7 +232,7 @@ def _transformed(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, in
 def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     import pyarrow as pa
 
-    from spark_jobs.split_writer import pack_rows
+    from spark_jobs.engines.arrow.split_writer import pack_rows
 
     key, tie = _order_keys(spec, chunk.day, rows.lines)
     return pa.record_batch({"_order": pa.array(key), "_tie": pa.array(tie),
@@ -240,7 +241,7 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
 
 def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
     """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
-    from spark_jobs.dictionary_index import node_local_root, worker_index
+    from spark_jobs.engines.arrow.dictionary_index import node_local_root, worker_index
 
     index = None
     for chunk_id, chunk, blocks in _blocks(chunks, batches, settings):
@@ -265,7 +266,7 @@ def eval_write_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSett
     chunk's rows go straight to its test and validation files (chunk k writes part k, so the
     files' order is the lines' order); yields the files written (``split_writer.RESULT_SCHEMA``).
     Nothing needs Spark between the parse and the file, so the rows do not cross to the JVM."""
-    from spark_jobs.split_writer import PartitionFiles, parquet_schema, split_table
+    from spark_jobs.engines.arrow.split_writer import PartitionFiles, parquet_schema, split_table
 
     schema = parquet_schema()
 

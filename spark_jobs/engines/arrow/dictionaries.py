@@ -37,9 +37,10 @@ from dlrm_contracts.hex_text import format_hex
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import dictionary_index, dictionary_parts, partial_files
-from spark_jobs.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
-                                     count_histogram, evenly_spaced, merge_counts, to_binary)
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files
+from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE,
+                                                   Counts, count_histogram, evenly_spaced,
+                                                   merge_counts, to_binary)
 
 KIND_STATS, KIND_SAMPLE = 0, 2
 # What the count tasks emit (their partial counts go to files, ``spark_jobs.partial_files``).
@@ -344,7 +345,7 @@ def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
                class_first: np.ndarray) -> np.ndarray:
     """Ids of a group's kept values (ascending, their counts all in ``classes``): the class's
     first id plus the value's rank among the group's values of the same count."""
-    from spark_jobs.kernels import ranks_in_class
+    from spark_jobs.engines.arrow.kernels import ranks_in_class
 
     ids = np.empty(len(values), np.int64)
     ranks_in_class(np.searchsorted(classes, counts), np.ascontiguousarray(class_first, np.int64), ids)

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_INTEGER
+from spark_jobs.splits import parquet_codec, parquet_schema
 
 ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
 ROW_BYTES = ROW_DTYPE.itemsize
 RESULT_SCHEMA = "split STRING, part INT, path STRING, rows LONG"
-# pyarrow's names for the codecs the config accepts
-_CODECS = {"uncompressed": "none", "none": "none"}
 
 
 def pack_rows(label: np.ndarray, numericals: np.ndarray, ids: np.ndarray):
@@ -56,15 +55,6 @@ def unpack_rows(array) -> np.ndarray:
     return np.frombuffer(data, ROW_DTYPE, n, int(offsets[0]))
 
 
-def parquet_schema():
-    """The splits' schema: every field required, as Spark's writer has it."""
-    import pyarrow as pa
-
-    return pa.schema([pa.field(LABEL, pa.int32(), nullable=False),
-                      *[pa.field(c, pa.float32(), nullable=False) for c in INT_COLUMNS],
-                      *[pa.field(c, pa.int32(), nullable=False) for c in CAT_COLUMNS]])
-
-
 @dataclass(frozen=True)
 class WriteSpec:
     """What a writer task needs; pickled with it."""
@@ -73,18 +63,6 @@ class WriteSpec:
     compression: str
     row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
     test_lines: int | None           # None: every row is train; else test = _order < test_lines
-
-
-def _codec(compression: str) -> str:
-    return _CODECS.get(compression.lower(), compression.lower())
-
-
-def write_empty(path: Path, compression: str) -> None:
-    """A parquet file with the splits' schema and no rows."""
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(parquet_schema().empty_table(), path, compression=_codec(compression))
 
 
 class _SplitFile:
@@ -115,7 +93,7 @@ class _SplitFile:
         self.pending, self.pending_rows = [], 0
         if self.writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, table.schema, compression=_codec(self.spec.compression))
+            self.writer = pq.ParquetWriter(self.path, table.schema, compression=parquet_codec(self.spec.compression))
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.hex_text import format_hex
-from spark_jobs import dictionary_index
-from spark_jobs.value_counts import Counts, class_index
+from spark_jobs.engines.arrow import dictionary_index
+from spark_jobs.engines.arrow.value_counts import Counts, class_index
 
 # Rows per row group of a part, and the most rows a data page may hold: one page per row group
 # is what makes the id column a plain array (pyarrow's default splits pages at 20,000 rows).
@@ -53,7 +53,7 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     """Stage a group's part and index region from its totals (values ascending) and the
     counts of their histogram (ascending); returns the values kept. Every file is replaced
     whole, so a retried merge task rewrites its own."""
-    from spark_jobs.kernels import build_region, ranks_in_class
+    from spark_jobs.engines.arrow.kernels import build_region, ranks_in_class
 
     kept = totals.counts >= minimum
     if not kept.any():
@@ -109,7 +109,7 @@ def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, ind
     fill new ones. Relabelling twice would corrupt it, so the file is first renamed to mark
     the work under way; a retried task that finds that mark, or neither the staged region nor
     the index's, rebuilds the region from the filled part instead."""
-    from spark_jobs.kernels import relabel_region
+    from spark_jobs.engines.arrow.kernels import relabel_region
 
     relabelling = staged.with_name(staged.name + ".relabelling")
     if staged.exists():
@@ -130,7 +130,7 @@ def _rebuild_region(part_path: Path, index_dir: str, column: str, rank: int, slo
     """A group's region built again from its filled part (a retried task's slow path)."""
     import pyarrow.parquet as pq
 
-    from spark_jobs.fastparse import parse_hex
+    from spark_jobs.engines.arrow.fastparse import parse_hex
 
     table = pq.read_table(part_path, columns=["value", "id"])
     dictionary_index.write_region(index_dir, column, rank, slots,

@@ -1,0 +1,1 @@
+"""The Arrow engine (``engine.ArrowEngine``) and the modules only it uses."""

@@ -1,0 +1,1 @@
+"""The SQL engine (``engine.SqlEngine``) and the modules only it uses."""
