@@ -6,7 +6,7 @@ compiled kernel, and what a dictionary group's write costs per value.
 
 It prints nanoseconds per value for:
 - lookups of a batch of 64k values of one column (the transform's unit of work): the
-  project's index (``spark_jobs.dictionary_index``: open addressing, numba probe), a numpy
+  project's index (``spark_jobs.engines.arrow.dictionary_index``: open addressing, numba probe), a numpy
   ``searchsorted`` over the sorted values (the vectorised floor without a compiled kernel),
   and pandas ``Index.get_indexer`` (a hash table built by pandas); ids checked equal;
 - counting one chunk's column of 256k values: the project's sort-based ``count_values``
@@ -15,9 +15,9 @@ It prints nanoseconds per value for:
   the argsort and two gathers it replaced;
 - one value group's dictionary write with everything after the barrier, step by step (ids,
   hex strings, parquet, index region): the design until 2026-11-25;
-- a merge group's read of one partial count file (``spark_jobs.partial_files``), per (group,
+- a merge group's read of one partial count file (``spark_jobs.engines.arrow.partial_files``), per (group,
   file): the merge reads groups x files slices, so this is the term that grows as rows squared;
-- the design in use (``spark_jobs.dictionary_parts``): the merge stages the group's part and
+- the design in use (``spark_jobs.engines.arrow.dictionary_parts``): the merge stages the group's part and
   index region before the ids are known, and after the barrier only the ids are filled in,
   in place. The (value, id, count) format of the parts is the same.
 """

@@ -1,7 +1,7 @@
 """The Arrow engine's value totals, dictionaries and dictionary index, for columns of any size.
 
-The count tasks (``spark_jobs.arrow_tasks``) write, per chunk, each column's distinct values and
-their counts as sorted arrays in a partial file (``spark_jobs.partial_files``), and emit an
+The count tasks (``spark_jobs.engines.arrow.tasks``) write, per chunk, each column's distinct values and
+their counts as sorted arrays in a partial file (``spark_jobs.engines.arrow.partial_files``), and emit an
 evenly spaced sample of the values. The JVM never sees a value. Then:
 
 1. **Groups.** Each column's values are split into ranges of about ``GROUP_VALUES`` partial
@@ -13,7 +13,7 @@ evenly spaced sample of the values. The JVM never sees a value. Then:
    over the dictionary days (the totals), with the histogram of their counts. Only the
    histogram goes back to Spark.
    With frequency ids the merge then stages the group's dictionary part and index region in
-   ``counts/.totals/`` (``spark_jobs.dictionary_parts``): everything but the ids. With stable
+   ``counts/.totals/`` (``spark_jobs.engines.arrow.dictionary_parts``): everything but the ids. With stable
    ids it leaves the totals there, as two flat arrays, for the stable-ids pass.
 3. **Ids.** A value's id is 1 + the number of kept values of its column with a higher count, or
    the same count and a lower value (count descending, value ascending). Because groups are
@@ -21,7 +21,7 @@ evenly spaced sample of the values. The JVM never sees a value. Then:
    group's values of that count``; the first ids come from the groups' histograms alone,
    summed on the driver. No global sort, no dictionary on the driver.
 4. **Fill**: each group's task writes the ids into its staged part (value, id, count), moves it
-   into the dictionaries and writes its index region (``spark_jobs.dictionary_index``).
+   into the dictionaries and writes its index region (``spark_jobs.engines.arrow.dictionary_index``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_
                                                    merge_counts, to_binary)
 
 KIND_STATS, KIND_SAMPLE = 0, 2
-# What the count tasks emit (their partial counts go to files, ``spark_jobs.partial_files``).
+# What the count tasks emit (their partial counts go to files, ``spark_jobs.engines.arrow.partial_files``).
 # Statistics rows: value = chunk << CODE_BITS | code, count = lines. Sample rows: every
 # SAMPLE_STEP-th of a (chunk, column)'s distinct values, value = how many the sample stands for.
 COUNT_SCHEMA = ("kind INT, day INT, column INT, value LONG, count LONG, "

@@ -11,7 +11,7 @@ the part and rewrites the region's slots, instead of formatting, encoding and ha
 kept value while the rest of the job waits (docs/perf-history.md, "At the Terabyte's cardinality").
 
 The region is staged as the raw slots file it will be in the index (one file per range,
-spark_jobs/dictionary_index.py): after the barrier its slots are relabelled in place and the file
+spark_jobs/engines/arrow/dictionary_index.py): after the barrier its slots are relabelled in place and the file
 is renamed into the index, so its pages are written once.
 
 The part keeps the dictionaries' format (value, id, count), so readers are unchanged. The ids

@@ -3,11 +3,11 @@ per-value work runs in Python tasks over whole blocks of lines and whole arrays 
 
 Count pass: one task per chunk emits its statistics and, per column, its distinct values and
 their counts as binary values, cached by Spark. Totals and dictionaries
-(``spark_jobs.arrow_dictionaries``): the partial counts are grouped by (column, value range)
+(``spark_jobs.engines.arrow.dictionaries``): the partial counts are grouped by (column, value range)
 and merged, the recounted days' counts written, the totals' histograms collected; then each
 group writes its part of the dictionaries and of the dictionary index. Transform pass: tasks
-look every categorical up in the memory-mapped index (``spark_jobs.dictionary_index``; no Spark
-join) and emit the split rows packed (``spark_jobs.split_writer``); the last day's tasks write
+look every categorical up in the memory-mapped index (``spark_jobs.engines.arrow.dictionary_index``; no Spark
+join) and emit the split rows packed (``spark_jobs.engines.arrow.split_writer``); the last day's tasks write
 test and validation themselves, train is hash-partitioned and sorted by Spark and written by
 pyarrow inside the writer tasks.
 """

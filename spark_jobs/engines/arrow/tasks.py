@@ -106,7 +106,7 @@ class _ValueCounter:
 
     def write(self, path: str, day: int):
         """The chunk's partial counts written to ``path``; its sample rows
-        (``arrow_dictionaries.COUNT_SCHEMA``), or None when it has no values."""
+        (``dictionaries.COUNT_SCHEMA``), or None when it has no values."""
         self._flush()
         merged = {j: merge_counts(parts, DAY_COUNT_DTYPE) for j, parts in enumerate(self.partials)}
         merged = {j: c for j, c in merged.items() if len(c)}
