@@ -40,6 +40,7 @@ from pipeline.fingerprint import (changed_files, file_content_hash, input_finger
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import run_child
+from trainer.warm_start import holds_previous_model
 
 log = logging.getLogger("pipeline")
 
@@ -479,16 +480,24 @@ def verify_binary_dataset(ctx: StageContext) -> None:
                             "up to date)", ExitCode.DATASET_INVALID) from None
 
 
-def _drop_checkpoints_of_this_dataset(ctx: StageContext) -> None:
+def _drop_checkpoints_of_this_dataset(ctx: StageContext) -> bool:
     """Delete the checkpoints trained on the binary dataset now in the workdir (an earlier
-    configuration's run of it), keeping the earlier datasets' (the previous model)."""
+    configuration's run of it), keeping the earlier datasets' (the previous model) and the
+    previous model saved unchanged for this dataset (a run with no new day to train: deleting
+    it would lose the model's history, and the rerun would start from scratch). True when
+    such a checkpoint is kept: the rerun must then start from it, not resume it."""
     identity = dataset_identity(read_info(ctx.layout.binary), ctx.config.train.frequency_threshold)
+    kept = False
     for _step, path in complete_checkpoints(ctx.layout.checkpoints):
         meta = read_record(path / CHECKPOINT_META) or {}
         if trained_on(meta, identity):
+            if holds_previous_model(meta):
+                kept = True
+                continue
             shutil.rmtree(path)
     for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
         shutil.rmtree(partial, ignore_errors=True)
+    return kept
 
 
 def run_train(ctx: StageContext) -> Outcome:
@@ -501,14 +510,17 @@ def run_train(ctx: StageContext) -> Outcome:
     # from the finished run's last checkpoint would train no step at all). With train.init:
     # previous, the checkpoints of earlier datasets are the model the run starts from: only
     # this dataset's go.
+    argv = trainer_argv(ctx, "train")
     if ctx.layout.checkpoints.exists() and (ctx.config.force or not started
                                             or started.get("key") != key):
         if ctx.config.train.init == "previous":
-            _drop_checkpoints_of_this_dataset(ctx)
+            if _drop_checkpoints_of_this_dataset(ctx):
+                # a new run from the kept previous model (this run's settings), not a resume
+                argv.append("--no-resume")
         else:
             shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(trainer_argv(ctx, "train"), ctx.stage_log("train"), env=ctx.child_env)
+    result = run_child(argv, ctx.stage_log("train"), env=ctx.child_env)
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):

@@ -37,8 +37,10 @@ TASK_ID = "run_pipeline"
 STAGES = "preprocess,convert,train,eval,export"  # the DAG's default
 ROWS_PER_DAY = 2500
 
-# Small and quick: one rank, a few steps. Stable ids, warm start and versioned exports, once
-# they exist, are switched on here, in the pipeline's config file: the DAG passes it unchanged.
+# Small and quick: one rank, a few steps. A daily job's recommended settings (docs/pipeline.md,
+# "Daily runs"): ids that never move, each day's model warm-started from the last and trained
+# on the day it has not seen (train.days: new), in the pipeline's config file: the DAG passes
+# it unchanged.
 DAILY_CONFIG = """
 spark:
   driver_memory: 1g
@@ -53,12 +55,12 @@ train:
   max_steps: 12
   evals_per_epoch: 1
   init: previous
+  days: new
 launch:
   np: 1
 progress:
   interval_s: 5
 """
-# A daily job's settings: ids that never move, each day's model warm-started from the last.
 
 
 class Airflow:
@@ -180,6 +182,7 @@ def run_day(site: dict, date: str) -> dict:
     if (workdir / "summary.json").exists():
         record["summary"] = _json(workdir / "summary.json")
         record["preprocess"] = _json(workdir / "manifests" / "preprocess.json")
+        record["train"] = _json(workdir / "manifests" / "train.json")
         record["days"] = _json(workdir / "counts" / "days.json")
         record["quality"] = _json(workdir / "parquet" / "data_quality.json")
         record["ids"] = _dictionary_ids(workdir / "parquet" / "dictionaries")
@@ -242,8 +245,13 @@ def test_three_days_land_and_each_run_counts_only_the_new_day(daily, site):
             before = daily[n - 1]["ids"]
             assert {k: record["ids"].get(k) for k in before} == before
             assert len(record["ids"]) > len(before)
-        # warm start: each run after the first continues the previous day's model
+        # warm start: each run after the first continues the previous day's model, trained on
+        # the one day it has not seen (yesterday's test day, now train): the first run trains
+        # day 0 (day 1 is its test day), the second day 1, the third day 2
         assert summary["init"] == ("previous" if n else "scratch"), summary
+        assert summary["days_trained"] == [n], summary
+        days = record["train"]["summary"]["train_days"]
+        assert days["mode"] == "new" and days["trained"] == list(range(n + 1)), days
         assert summary["next_day_auc"] is not None and summary["next_day_auc"] == summary["test_auc"]
         # versioned exports: a new version per run, the newest numbered after the run
         assert record["exports"] == list(range(1, n + 2)) and summary["export_version"] == n + 1

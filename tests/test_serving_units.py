@@ -120,7 +120,7 @@ def test_export_names_a_missing_dictionary_and_refuses_another_runs_dictionaries
         write_vocabularies(dictionaries, [3, 2] + [1] * 24, tmp_path / "out")
     checkpoint = tmp_path / "step-000000010"
     meta = {IDENTITY_KEY: {"dictionaries_fingerprint": dictionaries_fingerprint(dictionaries)}}
-    assert check_dataset_identity(checkpoint, meta, dictionaries) == meta[IDENTITY_KEY]
+    assert check_dataset_identity(checkpoint, meta, dictionaries) == (meta[IDENTITY_KEY], None)
     # the next preprocess run: the same values, their ids swapped by new counts
     shutil.rmtree(dictionaries / "column=C1")
     _dictionary(dictionaries, "C1", [("0000000b", 1), ("0000000a", 2)])

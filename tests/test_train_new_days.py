@@ -242,3 +242,65 @@ def test_early_stoppings_best_model_counts_its_runs_days_once_the_run_ends(tmp_p
     after = run(config(init_optimizer="restart"),
                 window(tmp_path / "w4b", [0, 1, 2, 3], 4, seed=44), work)
     assert after["steps_run"] == 0 and after["train_days"]["run"] == []
+
+
+def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(tmp_path):
+    """Window [0] | 1, then [0, 1] | 2 (trains day 1), then the same window re-made (nothing
+    new: the previous model is saved unchanged for it, replacing the checkpoint it came from,
+    and with keep_checkpoints 1 it is the only copy of the model). The pipeline's train stage
+    forced again on that dataset keeps it and starts from it: with train.days: new nothing is
+    trained, with window (a changed setting) the window is trained from it, never from scratch."""
+    import yaml
+
+    from dlrm_contracts.config import PipelineConfig, config_to_dict
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline import stages
+    from pipeline.manifest import ManifestStore
+    from trainer.loop import run
+    from trainer.warm_start import holds_previous_model
+    from trainer_helpers import checkpoint_arrays
+
+    work = tmp_path / "work"
+    layout = WorkdirLayout.at(work)
+
+    def land(train_days: list[int], test_day: int, seed: int) -> None:
+        shutil.rmtree(layout.binary, ignore_errors=True)
+        window(layout.binary, train_days, test_day, seed=seed)
+
+    keep_one = config(keep_checkpoints=1)
+    land([0], 1, seed=1)
+    run(keep_one, layout.binary, work)
+    land([0, 1], 2, seed=2)
+    trained = run(keep_one, layout.binary, work)
+    assert trained["steps_run"] == 384 // BATCH and trained["step"] == 7
+    model = checkpoint_arrays(work)
+    land([0, 1], 2, seed=22)                        # the same window, re-made: nothing new
+    kept = run(keep_one, layout.binary, work)
+    assert kept["steps_run"] == 0 and kept["init"]["mode"] == "previous"
+    [(step, path)] = complete_checkpoints(layout.checkpoints)   # the model's only copy
+    assert step == 7 and holds_previous_model(json.loads((path / "meta.json").read_text()))
+
+    def forced_train(train) -> dict:
+        pipeline_config = PipelineConfig()
+        pipeline_config.train, pipeline_config.force = train, True
+        config_path = tmp_path / "effective.yaml"
+        config_path.write_text(yaml.safe_dump(config_to_dict(pipeline_config)))
+        ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests),
+                                  config_path)
+        return stages.run_train(ctx).summary
+
+    again = forced_train(keep_one)
+    assert again["init"]["mode"] == "previous" and again["init"]["from_step"] == 7, again
+    assert again["steps_run"] == 0 and again["train_days"]["trained"] == [0, 1]
+    assert [s for s, _ in complete_checkpoints(layout.checkpoints)] == [7]
+    arrays = checkpoint_arrays(work)
+    assert all(np.array_equal(arrays[k], model[k]) for k in model), "the model changed"
+
+    window_run = forced_train(config(keep_checkpoints=1, days="window"))
+    assert window_run["init"]["mode"] == "previous" and window_run["init"]["from_step"] == 7
+    assert window_run["steps_run"] == (512 + 384) // BATCH and window_run["step"] == 7 + 7
+    assert window_run["train_days"]["before"] == [0, 1]
+    # the model it started from stays beside the run's: a third rerun starts from it again
+    assert [s for s, _ in complete_checkpoints(layout.checkpoints)] == [7, 14]
+    third = forced_train(config(keep_checkpoints=1, days="window"))
+    assert third["init"]["from_step"] == 7 and third["step"] == 14

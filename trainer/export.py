@@ -36,6 +36,7 @@ from dlrm_contracts.layout import (DATASET_JSON, EXPORT_FINGERPRINT, WorkdirLayo
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
+from trainer.dictionary_lineage import extension
 from trainer.model import ModelDims
 
 FINGERPRINT = EXPORT_FINGERPRINT
@@ -53,11 +54,18 @@ REBUILD_DICTIONARIES = ("the dictionaries are damaged; rebuild them and the mode
                         "--stages preprocess,convert,train,eval,export --force")
 
 
-def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path) -> dict[str, Any]:
-    """The checkpoint's dataset identity, once it is shown to be the dictionaries' own.
+def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path
+                           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The checkpoint's dataset identity, once it is shown to be the dictionaries' own or
+    extended by them; and, when extended, what the extension adds (else None).
 
-    A new preprocess run (a new day) rewrites the dictionaries and moves the ids; exporting an
-    older checkpoint with them would serve every value with another value's embedding row.
+    A new preprocess run (a new day) rewrites the dictionaries; with ids by frequency the ids
+    move, and exporting an older checkpoint with them would serve every value with another
+    value's embedding row. With stable ids a later run of the same lineage only appends
+    (trainer/dictionary_lineage.py): every row the checkpoint has keeps its value, and the
+    values added since are left out of the vocabularies (``write_vocabularies`` writes the
+    table's rows only), so the served model reads them as id 0, the rare value, as the model
+    saw any value it had no row for.
     """
     identity = meta.get(IDENTITY_KEY)
     recorded = identity.get(DICTIONARIES_FINGERPRINT_KEY) if isinstance(identity, dict) else None
@@ -67,13 +75,16 @@ def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path) -> 
                           "dataset converted without parquet/dictionaries beside it): train it "
                           "again on the current dataset (--stages convert,train,eval,export)")
     current = dictionaries_fingerprint(dictionaries)
-    if current != recorded:
-        raise ExportError(f"checkpoint {checkpoint.name} was trained on another preprocess "
-                          f"run's dictionaries than those in {dictionaries} (a later preprocess "
-                          "rewrote them, and ids follow the counts): exporting would pair its "
-                          "embedding rows with other values. Train on the current dataset first "
-                          "(--stages convert,train,eval,export)")
-    return identity
+    if current == recorded:
+        return identity, None
+    extended, why_not = extension(meta, dictionaries)
+    if extended is not None:
+        return identity, extended
+    raise ExportError(f"checkpoint {checkpoint.name} was trained on another preprocess "
+                      f"run's dictionaries than those in {dictionaries}, and they do not extend "
+                      f"its own ({why_not}): exporting would pair its embedding rows with other "
+                      "values. Train on the current dataset first "
+                      "(--stages convert,train,eval,export)")
 
 
 def export_size(table_sizes: list[int], embedding_dim: int) -> dict[str, int]:
@@ -220,6 +231,8 @@ class _Source:
     sizes: list[int]
     identity: dict[str, Any]
     size: dict[str, int]
+    # trained on earlier dictionaries of the same stable lineage: what the current ones add
+    extended: dict[str, Any] | None = None
 
 
 def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_model: Path,
@@ -231,6 +244,8 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "format_version": 1,
         "version": version,
         "dataset": description,
+        # null, or the lineage and the values per table the served model reads as id 0
+        "dictionaries_extended": source.extended,
         "threshold_spec": description["threshold_spec"],
         "checkpoint": str(source.checkpoint), "checkpoint_step": int(meta["step"]),
         "trained_ranks": (meta.get("placement") or {}).get("world"),
@@ -307,10 +322,10 @@ def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any
         raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
     dims = ModelDims.from_meta(dims_meta)
     _check_dictionary_folders(layout.dictionaries, sizes)
-    identity = check_dataset_identity(checkpoint, meta, layout.dictionaries)
+    identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
     # the wide weights are one more column of every table
     size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
-    return _Source(checkpoint, meta, dims, sizes, identity, size)
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended)
 
 
 def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Source,

@@ -33,6 +33,7 @@ from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoi
 from trainer.comm import make_comm
 from trainer.data import (Batch, BinaryDataset, RankView, SplitReader, batch_starts, open_dataset,
                           prefetch)
+from trainer.dictionary_lineage import LINEAGE_KEY, lineage_of
 from trainer.early_stopping import EarlyStopping
 from trainer.metrics import MetricsLog, log_loss, roc_auc
 from trainer.model import DLRM, model_dims
@@ -203,6 +204,7 @@ class Trainer:
         self.early_stopping = EarlyStopping(config.early_stopping_patience,
                                             config.early_stopping_min_delta)
         self._saved_step: int | None = None
+        self._lineage: tuple[str | None] | None = None   # (lineage,) once read
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
     def _build_step_functions(self) -> None:
@@ -310,6 +312,8 @@ class Trainer:
         if self.day_plan is not None:
             covered = self.step - self.run_start >= self._covering_steps
             meta[TRAIN_DAYS_KEY] = self.day_plan.to_meta(covered)
+        if self.rank == 0:  # the one rank that writes the meta (an export may then extend it)
+            meta[LINEAGE_KEY] = self._dictionaries_lineage()
         # The previous model outlives keep_checkpoints while this run is not over: a rerun of
         # this dataset (another setting, --force) starts from it again.
         protect = [self.early_stopping.best_step]
@@ -319,6 +323,12 @@ class Trainer:
         self._saved_step = self.step
         return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
                                meta, self.config.keep_checkpoints, protect=protect)
+
+    def _dictionaries_lineage(self) -> str | None:
+        """The stable dictionaries' lineage (trainer/dictionary_lineage.py), read once a run."""
+        if self._lineage is None:
+            self._lineage = (lineage_of(self.layout.dictionaries, self.dataset.identity),)
+        return self._lineage[0]
 
     def restore(self, path: Path) -> dict[str, Any]:
         """Load a checkpoint's variables and step; returns its meta."""

@@ -85,12 +85,25 @@ def _meta(path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def holds_previous_model(meta: dict[str, Any]) -> bool:
+    """Whether a checkpoint is the previous model saved unchanged for its dataset: a
+    warm-started run that trained no step (``train.days: new`` with no new day) saves the model
+    it started from, at the same step, for eval and export. It is then the only copy of that
+    model (it replaced the checkpoint it was loaded from), so a rerun of its dataset must start
+    from it rather than drop it with the dataset's own checkpoints."""
+    return (isinstance(meta.get(WARM_START_KEY), dict) and "step" in meta
+            and meta.get(RUN_START_KEY) == meta["step"])
+
+
 def previous_model(root: Path, identity: dict[str, Any]) -> Path | None:
     """The model of the newest run on another dataset: its best checkpoint (early stopping)
-    when that one is still there, else its newest checkpoint."""
+    when that one is still there, else its newest checkpoint; or, newer than any such, the
+    previous model saved unchanged for this dataset (``holds_previous_model``)."""
     for step, path in reversed(complete_checkpoints(root)):
         meta = _meta(path)
         if trained_on(meta, identity):
+            if holds_previous_model(meta):
+                return path
             continue
         best = (meta.get("early_stopping") or {}).get("best_step")
         if isinstance(best, int) and not isinstance(best, bool) and best != step:
