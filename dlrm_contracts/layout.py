@@ -44,6 +44,9 @@ PREPROCESS_JSON = "preprocess.json"  # spark_jobs -> converters, pipeline
 MODEL_SIZE_JSON = "model_size.json"  # table sizes C1..C26 (parquet and binary dataset)
 DATASET_JSON = "dataset.json"        # the binary dataset's description (binary_format)
 DAYS_JSON = "days.json"
+# stable ids' record beside the dictionaries (spark_jobs writes it, trainer's export reads it);
+# readers of the dictionaries skip names starting with "_"
+IDS_RECORD = "_ids.json"
 HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
 CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 
-IDS_RECORD = "_ids.json"       # readers of the dictionaries skip names starting with "_"
 IDS_FORMAT_VERSION = 1
 
 @dataclass(frozen=True)

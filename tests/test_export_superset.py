@@ -36,12 +36,6 @@ def stable_day(path: Path, seed: int, sizes, dictionaries: Path, lineage: str) -
     return path
 
 
-def test_the_record_name_is_the_preprocess_jobs():
-    from spark_jobs import stable_ids
-
-    assert IDS_RECORD == stable_ids.IDS_RECORD
-
-
 def test_the_rule_extension_same_lineage_and_tables_that_only_grew(tmp_path):
     from trainer_helpers import write_stable_dictionaries
 

@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
+from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 
-# spark_jobs/stable_ids.py's IDS_RECORD (tests/test_export_superset.py checks they agree; the
-# trainer does not import spark_jobs)
-IDS_RECORD = "_ids.json"
 LINEAGE_KEY = "dictionaries_lineage"     # checkpoint meta.json
 
 
