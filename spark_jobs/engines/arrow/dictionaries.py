@@ -38,6 +38,7 @@ from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files
+from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE,
                                                    Counts, count_histogram, evenly_spaced,
                                                    merge_counts, to_binary)
@@ -271,7 +272,7 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
     table = pa.table({"column": name, "value": pa.array(counts.values.astype(np.int64)),
                       "count": pa.array(counts.counts.astype(np.int64))})
     path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
-    dictionary_parts.write_atomically(path, lambda temporary: pq.write_table(
+    write_atomically(path, lambda temporary: pq.write_table(
         table, temporary, compression="snappy", use_dictionary=["column", "count"],
         column_encoding={"value": "DELTA_BINARY_PACKED"}, write_statistics=["value"],
         store_schema=False))
@@ -305,7 +306,7 @@ def write_parquet_atomically(table, path: Path, use_dictionary=True,
                              row_group_size: int | None = None) -> None:
     import pyarrow.parquet as pq
 
-    dictionary_parts.write_atomically(path, lambda temporary: pq.write_table(
+    write_atomically(path, lambda temporary: pq.write_table(
         table, temporary, compression="snappy", use_dictionary=use_dictionary,
         row_group_size=row_group_size))
 

@@ -27,6 +27,7 @@ over a block of 4096 values), measured in docs/perf-history.md ("Dictionary look
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from spark_jobs.engines.arrow.atomic_write import write_atomically
 
 INDEX_FORMAT_VERSION = 2
 INDEX_JSON = "index.json"
@@ -108,10 +111,7 @@ def write_region(index_dir: str, column: str, rank: int, size: int, values: np.n
         return
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
-    path = region_path(index_dir, column, rank)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    region.tofile(temporary)
-    os.replace(temporary, path)
+    write_atomically(region_path(index_dir, column, rank), region.tofile)
 
 
 def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
@@ -181,11 +181,17 @@ def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarra
 
 
 def _libc_mmap(address: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+    return _mmap_function()(address, length, prot, flags, fd, offset)
+
+
+@functools.cache
+def _mmap_function():
+    """libc's mmap with its signature declared, once a process (a worker maps every range)."""
+    mmap_call = ctypes.CDLL(None, use_errno=True).mmap
+    mmap_call.restype = ctypes.c_void_p
+    mmap_call.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long)
-    return libc.mmap(address, length, prot, flags, fd, offset)
+    return mmap_call
 
 
 _OPEN: dict[str, DictionaryIndex] = {}

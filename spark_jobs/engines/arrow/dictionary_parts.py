@@ -26,13 +26,13 @@ other shape is an error, never patched.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from dlrm_contracts.hex_text import format_hex
 from spark_jobs.engines.arrow import dictionary_index
+from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import Counts, class_index
 
 # Rows per row group of a part, and the most rows a data page may hold: one page per row group
@@ -214,15 +214,3 @@ def save_array(path: Path, array: np.ndarray) -> None:
         with open(temporary, "wb") as out:
             np.save(out, array, allow_pickle=False)
     write_atomically(path, write)
-
-
-def write_atomically(path: Path, write) -> None:
-    """``write(temporary)``, then the temporary renamed onto ``path``: a retried task replaces
-    its own file whole, and a reader never sees half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

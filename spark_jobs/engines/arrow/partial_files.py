@@ -6,8 +6,8 @@ bytes were cached by the JVM, read back, split by value range, shuffled (seriali
 compressed, written, read, decompressed) and grouped before a merge task saw them: most of the
 count phase's extra cost on columns of millions of values (docs/perf-history.md, "At the Terabyte's
 cardinality"). Each count task instead writes its chunk's partial counts once, as sorted flat
-arrays, and each merge task reads, for its value range, a slice of every file: two binary
-searches and one copy per (file, column). The JVM only sees statistics and samples.
+arrays, and each merge task reads, for its value range, a slice of every file (found through
+the file's fences, below). The JVM only sees statistics and samples.
 
 The workdir is where the merge already leaves its staged parts for the fill tasks: on a
 cluster it is the shared filesystem docs/cluster.md requires, so any executor reads any file.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.engines.arrow.dictionary_parts import write_atomically
+from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
 
 _MAGIC = b"DLRMPCv2"
@@ -133,9 +133,12 @@ def slices(path: str, layout: Layout, column: int, low: int,
     """Each segment of ``column`` in the file: (day, its counts with values in ``[low, high)``;
     ``high`` None: no upper bound)."""
     out = []
+    segments = layout.by_column.get(column)
+    if not segments:                    # nothing of this column in the file: not even opened
+        return out
     fd = os.open(path, os.O_RDONLY)
     try:
-        for k in layout.by_column.get(column, ()):
+        for k in segments:
             day, _, first, entries, fence = (int(x) for x in layout.segments[k])
             fences = layout.fences[fence:fence + -(-entries // FENCE)]
             # the slice lies within [start, end): between the fences around low and high
