@@ -362,7 +362,9 @@ def time_needs(config: PipelineConfig, rows: int, test_rows: int | None) -> Time
         used = cores  # the ranks on one machine share its cores (intra-op threads = cores / ranks)
         if "train" in wanted:
             parts.append(("train", samples / (rate * used), used))
-        if "eval" in wanted and test_rows:
+        # After a train stage, eval adopts the figures the trainer ends with (no launch)
+        # unless --force asks for a fresh evaluation.
+        if "eval" in wanted and test_rows and ("train" not in wanted or config.force):
             parts.append(("eval", test_rows / (rate * preflight.eval_speedup * used), used))
     startup = {"preprocess": preflight.spark_startup_s, "train": preflight.trainer_startup_s,
                "eval": preflight.trainer_startup_s}

@@ -35,7 +35,7 @@ from pipeline.lock import WorkdirLock
 from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
-from pipeline.stages import STAGE_TABLE, Outcome, StageContext
+from pipeline.stages import STAGE_TABLE, Outcome, StageContext, current_training_summary
 from pipeline.synthetic.writer import IN_PROGRESS_FILE
 
 log = logging.getLogger("pipeline")
@@ -198,13 +198,7 @@ def _current_training(ctx: StageContext | None) -> dict[str, Any]:
     """The train stage's summary, when it trained the checkpoints and dataset now in the
     workdir (how the run started; the previous model's test AUC after a warm start)."""
     try:
-        if ctx is None:
-            return {}
-        stage = STAGE_TABLE["train"]
-        key = ManifestStore.key_of(stage.inputs(ctx))
-        if not ctx.manifests.is_done("train", key, stage.outputs_fingerprint(ctx)):
-            return {}
-        return (ctx.manifests.load("train") or {}).get("summary") or {}
+        return current_training_summary(ctx) if ctx is not None else {}
     except (OSError, ValueError) as exc:  # the summary must be written whatever the workdir holds
         log.warning("training summary not read: %s", exc)
         return {}

@@ -30,7 +30,7 @@ from dlrm_contracts.config import PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
 from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, DAYS_DIR, PREPROCESS_JSON,
-                                   SEGMENTS_JSON, WorkdirLayout, best_checkpoint,
+                                   SEGMENTS_JSON, WorkdirLayout, best_checkpoint, checkpoint_dir,
                                    complete_checkpoints)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -542,6 +542,44 @@ def _eval_outputs(ctx: StageContext) -> str:
     return file_content_hash(ctx.layout.root / "eval.json")
 
 
+# What an evaluation record holds (the trainer's eval mode writes these, and its train mode
+# the same for the model it ends with).
+_EVALUATION_FIELDS = ("step", "ranks", "global_batch", "preset", "compute_dtype", "xla",
+                      *(f"{split}_{what}" for split in ("test", "validation")
+                        for what in ("auc", "logloss", "rows")))
+
+
+def current_training_summary(ctx: StageContext) -> dict[str, Any]:
+    """The train stage's summary, when that run trained the checkpoints now in the workdir on
+    the dataset now there (its key and outputs still match); else empty."""
+    stage = STAGE_TABLE["train"]
+    key = ManifestStore.key_of(stage.inputs(ctx))
+    if not ctx.manifests.is_done("train", key, stage.outputs_fingerprint(ctx)):
+        return {}
+    return (ctx.manifests.load("train") or {}).get("summary") or {}
+
+
+def _eval_from_training(ctx: StageContext) -> Outcome | None:
+    """The train stage ends by evaluating its model on the test and validation splits. When
+    that model is still the workdir's (same checkpoints, same dataset: the train manifest
+    matches) and is the checkpoint eval would restore, eval adopts those figures instead of
+    starting the ranks again to compute the same numbers (a second launch costs ~9 s of
+    start-up on the embedded default, for ~1 s of evaluation). --force evaluates anew."""
+    verify_binary_dataset(ctx)  # a damaged dataset is refused (exit 7) as when eval runs
+    training = current_training_summary(ctx)
+    best = best_checkpoint(ctx.layout.checkpoints)
+    if best is None or not all(k in training for k in _EVALUATION_FIELDS):
+        return None
+    model = training.get("checkpoint")
+    if model is None or Path(model).resolve() != best.resolve() \
+            or checkpoint_dir(ctx.layout.checkpoints, training["step"]).resolve() != best.resolve():
+        return None
+    evaluation = {"mode": "eval", **{k: training[k] for k in _EVALUATION_FIELDS},
+                  "evaluated_by": "train"}
+    write_json_atomic(ctx.layout.root / "eval.json", evaluation)
+    return Outcome("derived", "train", evaluation)  # no rows: no rate to report for a copy
+
+
 def _eval_run(ctx: StageContext) -> Outcome:
     verify_binary_dataset(ctx)
     result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"), env=ctx.child_env)
@@ -641,7 +679,7 @@ STAGE_TABLE: dict[str, Stage] = {
     "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run,
                      output_dir=lambda ctx: ctx.layout.binary),
     "train": Stage("train", train_inputs, _train_outputs, run_train),
-    "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run),
+    "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run, _eval_from_training),
     "export": Stage("export", _export_inputs, _export_outputs, _export_run),
     "score": Stage("score", _score_inputs, _score_outputs, _score_run),
 }

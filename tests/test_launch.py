@@ -20,6 +20,7 @@ import pytest
 
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.progress import Progress
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.manifest import ManifestStore
 from pipeline.stages import StageContext, launcher_argv, trainer_argv
@@ -95,7 +96,9 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
     assert proc.returncode == 0, detail
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["stages"]["train"]["engine"] == "horovod", summary
-    assert summary["stages"]["eval"]["engine"] == "horovod", summary
+    # eval adopts the figures the trainer ended with on the same checkpoint: no second launch
+    assert summary["stages"]["eval"]["action"] == "derived", summary
+    assert not (logs / "eval.log").exists()
 
     # The launch line in the stage log is the multi-host one, with two real ranks behind it.
     horovodrun = Path(sys.executable).with_name("horovodrun")
@@ -106,6 +109,26 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
     assert evaluation["ranks"] == 2, evaluation
     assert 0.0 <= summary["test_auc"] <= 1.0
     assert any((workdir / "checkpoints").iterdir())
+
+    # A forced eval starts both ranks again and computes the adopted figures anew.
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--config", str(config), "--workdir", str(workdir),
+         "--input", str(tmp_path / "raw"), "--stages", "eval", "--np", "2",
+         "--hosts", "localhost:2", "--force"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    forced = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert forced["stages"]["eval"]["action"] == "ran", forced
+    assert forced["stages"]["eval"]["engine"] == "horovod", forced
+    progress = [Progress.from_line(line)
+                for line in (logs / "eval.progress.jsonl").read_text().splitlines()]
+    assert progress and progress[-1].fraction == pytest.approx(1.0), progress[-3:]
+    recomputed = json.loads((workdir / "eval.json").read_text())
+    assert recomputed["mode"] == "eval" and "evaluated_by" not in recomputed, recomputed
+    for field in ("step", "test_rows", "validation_rows"):
+        assert recomputed[field] == evaluation[field], (field, recomputed, evaluation)
+    for field in ("test_auc", "validation_auc", "test_logloss", "validation_logloss"):
+        assert recomputed[field] == pytest.approx(evaluation[field], abs=1e-6), field
 
 
 def _fake_scontrol(tmp_path: Path, nodes: list[str]) -> dict[str, str]:

@@ -87,8 +87,14 @@ def test_end_to_end_with_two_ranks(e2e):
     workdir, summary, _ = e2e
     assert summary["status"] == "ok"
     assert set(summary["stages"]) == {"generate", "preprocess", "convert", "train", "eval"}
-    assert all(s["action"] == "ran" for s in summary["stages"].values())
+    assert all(summary["stages"][s]["action"] == "ran"
+               for s in ("generate", "preprocess", "convert", "train"))
     assert summary["stages"]["train"]["engine"] == "horovod"
+    # eval adopts the trainer's own final evaluation of the checkpoint it kept
+    assert summary["stages"]["eval"]["action"] == "derived", summary["stages"]["eval"]
+    evaluation = json.loads((workdir / "eval.json").read_text())
+    assert evaluation["evaluated_by"] == "train" and evaluation["ranks"] == 2, evaluation
+    assert summary["test_auc"] == evaluation["test_auc"]
     rows = summary["rows"]
     quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
     rows_in = quality["totals"]["rows_read"]
@@ -119,12 +125,14 @@ def _log_lines(workdir: Path) -> list[tuple[datetime, str]]:
 
 def test_every_stage_says_where_it_is_and_the_summary_keeps_its_rate(e2e):
     workdir, summary, _ = e2e
-    for name, stage in summary["stages"].items():
+    ran = {name: stage for name, stage in summary["stages"].items() if stage["action"] == "ran"}
+    assert set(ran) == {"generate", "preprocess", "convert", "train"}  # eval: derived from train
+    for name, stage in ran.items():
         assert stage["rows"] > 0 and stage["rows_per_s"] > 0 and stage["cpu_seconds"] > 0, name
     history = json.loads((workdir / "manifests" / "history.jsonl").read_text().splitlines()[0])
     assert history["stages"]["preprocess"]["cpu_seconds"] == summary["stages"]["preprocess"]["cpu_seconds"]
     lines = _log_lines(workdir)
-    for name in ("preprocess", "convert", "train", "eval"):
+    for name in ("preprocess", "convert", "train"):  # eval's own: tests/test_launch.py
         records = [Progress.from_line(line) for line in
                    (workdir / "logs" / f"{name}.progress.jsonl").read_text().splitlines()]
         assert records and records[-1].fraction == pytest.approx(1.0), name
