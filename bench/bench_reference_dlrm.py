@@ -25,10 +25,13 @@ rare or missing). The rows keep the split's order.
 **The recipe** (``--recipe``): ``mlperf`` is the reference's ``bench/run_and_time.sh``
 (embedding dim 128, bottom MLP 13-512-256-128, top 1024-1024-512-256-1, SGD lr 1.0, batch
 2048, batch order shuffled); ``terabyte`` is its ``bench/dlrm_s_criteo_terabyte.sh`` (dim 64,
-13-512-256-64, 512-512-256-1, SGD lr 0.1, batch 2048). Both as written, for one epoch:
-``--max-ind-range`` is dropped because our tables (at most a few hundred thousand rows) are far
-below its 10-40M cap, where it would hash nothing; the test split is scored once, at the end
-(``--test-freq`` past the epoch's end), as our one-epoch figure is.
+13-512-256-64, 512-512-256-1, SGD lr 0.1, batch 2048). Both as written, for one epoch, less
+``--max-ind-range``: our tables (at most a few hundred thousand rows) are far below its
+10-40M cap, where it would hash nothing. The test split is scored once, at the end
+(``--test-freq`` past the epoch's end), as our one-epoch figure is; so the MLPerf stop rule
+(``--mlperf-auc-threshold``, checked at test passes) is left out too: it could act only
+there, after the last step. The terabyte recipe is the default: the MLPerf one costs ~3x its
+CPU (docs/perf-history.md, issue 24's "Fifth round").
 
 Usage::
 
