@@ -215,7 +215,6 @@ def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
                     future.result()
                 pending = [pool.submit(copy_rows, g, reuse) for g in groups]
                 rows += reuse.rows
-                bar.update(reuse.rows)
                 continue
             for batch, where in _batches(files, config.batch_rows, use_threads=config.workers > 1):
                 for future in pending:  # files are appended in batch order
@@ -339,10 +338,14 @@ def _complete_table_sizes(parquet_dir: Path) -> list[int]:
 def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
                     expected: dict[str, int], tmp: Path, table_sizes: list[int],
                     config: ConvertConfig, checksums: dict[str, str]) -> dict[str, int]:
-    """Every split into ``tmp``, each checked against the rows its parquet metadata gives."""
+    """Every split into ``tmp``, each checked against the rows its parquet metadata gives.
+    Progress counts the rows converted only: a day's rows copied from the previous dataset
+    (stable ids) cost a fraction of converting them, and counting them would make a daily
+    run's bar jump and its ETA too short."""
     rows: dict[str, int] = {}
+    copied = sum(reuse.rows for split in pieces.values() for _, reuse in split if reuse)
     with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
-            counting("convert", sum(expected.values()), "rows", phase="convert",
+            counting("convert", sum(expected.values()) - copied, "rows", phase="convert",
                      enabled=config.progress) as bar:
         for split in SPLITS:
             rows[split] = _convert_split(pieces[split], tmp / split, table_sizes, config, pool,

@@ -594,9 +594,22 @@ class LaunchConfig:
 
     np: int = 2
     hosts: str | None = None  # horovodrun -H, e.g. "host1:2,host2:2"; None = localhost:np
+    # How long one rank waits for another in Gloo's rendezvous and collectives before the run
+    # fails (horovodrun's HOROVOD_GLOO_TIMEOUT_SECONDS, which the pipeline sets for its ranks
+    # unless the environment already does). Gloo's own default, 30 s, is shorter than the gap
+    # between ranks on a loaded machine or a cluster with slow shared storage: one rank still
+    # building its dataset or TensorFlow graph while the other waits ended a 2-rank run with
+    # exit 8. 300 s rides that out and still ends a run whose peer really died within minutes.
+    # Here, not under train, so that changing it does not change the train stage's key.
+    gloo_timeout_seconds: int = 300
 
     def __post_init__(self) -> None:
         _check(self.np >= 1, f"launch.np (--np) must be at least 1, not {self.np}")
+        _check(isinstance(self.gloo_timeout_seconds, int)
+               and not isinstance(self.gloo_timeout_seconds, bool)
+               and self.gloo_timeout_seconds >= 1,
+               "launch.gloo_timeout_seconds must be a whole number of seconds >= 1, not "
+               f"{self.gloo_timeout_seconds!r}")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import shutil
 import sys
@@ -425,6 +426,10 @@ def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, An
 
 
 # ---------------------------------------------------------------- train / eval
+# horovodrun reads it and hands it on to every rank, on every host (Gloo's wait for a peer).
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+
+
 def launcher_argv(ctx: StageContext) -> list[str]:
     """``horovodrun -np N -H HOSTS --gloo`` for several ranks; nothing for one process."""
     launch = ctx.config.launch
@@ -433,6 +438,15 @@ def launcher_argv(ctx: StageContext) -> list[str]:
     hosts = horovodrun_hosts(launch.hosts, launch.np) if launch.hosts else f"localhost:{launch.np}"
     horovodrun = str(Path(_python()).with_name("horovodrun"))
     return [horovodrun, "-np", str(launch.np), "-H", hosts, "--gloo"]
+
+
+def launcher_env(ctx: StageContext) -> dict[str, str]:
+    """The environment the trainer's ranks get on top of the stage's: horovodrun's Gloo
+    timeout (``launch.gloo_timeout_seconds``) when several ranks are launched, unless the
+    pipeline's own environment names one, which wins (an operator's deliberate choice)."""
+    if not launcher_argv(ctx) or GLOO_TIMEOUT_ENV in os.environ:
+        return dict(ctx.child_env)
+    return {**ctx.child_env, GLOO_TIMEOUT_ENV: str(ctx.config.launch.gloo_timeout_seconds)}
 
 
 def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
@@ -520,7 +534,7 @@ def run_train(ctx: StageContext) -> Outcome:
         else:
             shutil.rmtree(ctx.layout.checkpoints)
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(argv, ctx.stage_log("train"), env=ctx.child_env)
+    result = run_child(argv, ctx.stage_log("train"), env=launcher_env(ctx))
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
@@ -582,7 +596,7 @@ def _eval_from_training(ctx: StageContext) -> Outcome | None:
 
 def _eval_run(ctx: StageContext) -> Outcome:
     verify_binary_dataset(ctx)
-    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"), env=ctx.child_env)
+    result = run_child(trainer_argv(ctx, "eval"), ctx.stage_log("eval"), env=launcher_env(ctx))
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("eval", result, ExitCode.EVAL, ctx)
     write_json_atomic(ctx.layout.root / "eval.json", result.summary)

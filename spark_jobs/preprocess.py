@@ -18,7 +18,7 @@ from dlrm_contracts.atomic import write_json_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from spark_jobs import counting, day_store, quality, stable_ids
+from spark_jobs import counting, day_store, progress, quality, stable_ids
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.engine import Engine
 from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
@@ -135,6 +135,9 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         if cfg.ids == "stable":
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
                                   retransform)
+            # the progress report plans the transform on the days it will read, not the window
+            progress.planned("transform", [d.day for d, _, _ in work.transform],
+                             [d.day for d, role, _ in work.transform if role == day_store.TRAIN])
             stats = _count_stable(engine, days, layout, recount, cfg, work)
         else:
             stats = engine.count(recount, layout.counts)
@@ -197,6 +200,7 @@ def _count_stable(engine: Engine, days: list[DayFile], layout: WorkdirLayout, re
     the pass always has a day to read). The days read are noted in ``work``."""
     kept = day_store.stored_stats(layout, work, days, day_store.stats_key(engine.name, cfg))
     read = {d.day for d in days if d.day not in kept} | set(recount) | {days[-1].day}
+    progress.planned("count", sorted(read))
     stats = engine.count(recount, layout.counts, read)
     work.read.extend(sorted(read))
     stats.update({day: s for day, s in kept.items() if day not in stats})

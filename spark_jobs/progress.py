@@ -10,6 +10,13 @@ reading tasks done and the input's rows (each file's size over the bytes per lin
 start; once counted, the count). The job's fraction weighs the phases by
 ``progress.preprocess_phase_shares`` and never goes back.
 
+With stable ids a run reads only part of the window: the count reads the days whose statistics
+are not stored, the transform the days that are new or changed role. The job says which once
+it knows (``planned``, before the phase reads): the phase then plans on those days' tasks,
+rows and names, and its share of the job shrinks with the bytes it reads (the count's merge,
+which still covers the window's stored counts, keeps its part), so the bar and its ETA follow
+the work that is done, not the window.
+
 Spark's own console bar stays off (``spark.ui.showConsoleProgress``, spark_jobs.session).
 Progress never fails the job: a poll that fails is skipped.
 """
@@ -42,11 +49,26 @@ def _size(nbytes: float) -> str:
     return ""
 
 
+def planned(name: str, days: list[int], train_days: list[int] | None = None) -> None:
+    """The days phase ``name`` reads (stable ids: a part of the window); for the transform,
+    also those of them written to train, each into its own files (``train_days``)."""
+    if _active is not None:
+        _active.planned(name, days, train_days)
+
+
 def phase(name: str) -> None:
     """A phase of the job starts (called by preprocess's stage timer; nothing without a
     tracker, e.g. when run_preprocess is called as a library)."""
     if _active is not None:
         _active.phase(name)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The days a phase reads, when the job said (else every day of the window)."""
+
+    days: tuple[int, ...]
+    train_days: tuple[int, ...] | None
 
 
 @dataclass
@@ -121,6 +143,9 @@ class PreprocessProgress:
         self.reporter = reporter or open_reporter("preprocess", settings=settings)
         self.days: list[DayFile] = []
         self.input_rows: float | None = None
+        self._day_rows: dict[int, float] = {}    # estimated from each file's size
+        self._day_bytes: dict[int, int] = {}
+        self._plans: dict[str, _Plan] = {}
         self._current: _Phase | None = None
         self._finished_share = 0.0
         self._finished: set[str] = set()
@@ -136,10 +161,13 @@ class PreprocessProgress:
         global _active
         try:
             self.days = discover_days(self.input_dir, self.cfg.window_days)
-            self.input_rows = sum(d.path.stat().st_size / bytes_per_line(d.path, self.sample_bytes)
-                                  for d in self.days)
+            self._day_bytes = {d.day: d.path.stat().st_size for d in self.days}
+            self._day_rows = {d.day: self._day_bytes[d.day] / bytes_per_line(d.path,
+                                                                             self.sample_bytes)
+                              for d in self.days}
+            self.input_rows = sum(self._day_rows.values())
         except Exception:  # noqa: BLE001 — the job itself reports bad input, with its own code
-            self.days, self.input_rows = [], None
+            self.days, self.input_rows, self._day_rows, self._day_bytes = [], None, {}, {}
         _active = self
         self.reporter.report(phase="session", detail="starting Spark", force=True)
         self._thread.start()
@@ -164,6 +192,35 @@ class PreprocessProgress:
                 pass
 
     # -------------------------------------------------------------- phases
+    def planned(self, name: str, days: list[int], train_days: list[int] | None) -> None:
+        """The job's plan of a phase; the phase already running is planned again at once."""
+        with self._lock:
+            self._plans[name] = _Plan(tuple(sorted(days)),
+                                      None if train_days is None else tuple(sorted(train_days)))
+            current = self._current
+            if current is not None and current.name == name:
+                current.read_tasks, current.after_tasks = self._planned_tasks(name)
+                current.rows, current.detail = self._phase_rows(name), self._detail(name)
+                self._send(force=True)
+
+    def _phase_days(self, name: str) -> list[DayFile]:
+        plan = self._plans.get(name)
+        return self.days if plan is None else [d for d in self.days if d.day in plan.days]
+
+    def _share(self, name: str) -> float:
+        """The phase's share of the job: the configured one, shrunk with the part of the
+        window's bytes it reads when the job planned it on some days only."""
+        share = self.shares.get(name, 0.0)
+        if name not in self._plans or not self.days:
+            return share
+        window = sum(self._day_bytes.values())
+        read = sum(self._day_bytes.get(d.day, 0) for d in self._phase_days(name))
+        part = read / window if window else 1.0
+        if name == "count":  # its merge still sums the window's stored counts
+            reading = self.read_shares.get(name, 1.0)
+            return share * (reading * part + 1 - reading)
+        return share * part
+
     def phase(self, name: str) -> None:
         try:
             self._poll(catch_up=True)   # stages that ran between the last poll and now are this phase's
@@ -179,35 +236,50 @@ class PreprocessProgress:
     def _end_current(self) -> None:
         if self._current is not None and self._current.name not in self._finished:
             self._finished.add(self._current.name)
-            self._finished_share += self.shares.get(self._current.name, 0.0)
+            self._finished_share += self._share(self._current.name)
 
-    def _days_text(self, days: list[DayFile]) -> str:
-        return f"days {days[0].day}-{days[-1].day}" if len(days) > 1 else f"day {days[0].day}"
+    @staticmethod
+    def _days_text(days: list[DayFile]) -> str:
+        if not days:
+            return "no day"
+        if len(days) == 1:
+            return f"day {days[0].day}"
+        numbers = [d.day for d in days]
+        if numbers == list(range(numbers[0], numbers[-1] + 1)):
+            return f"days {numbers[0]}-{numbers[-1]}"
+        return "days " + ", ".join(str(n) for n in numbers)
 
     def _detail(self, name: str) -> str:
         if not self.days:
             return ""
         if name == "count":
-            size = sum(d.path.stat().st_size for d in self.days)
-            return f"{self._days_text(self.days)}, {_size(size)}"
+            days = self._phase_days(name)
+            size = sum(d.path.stat().st_size for d in days)
+            return f"{self._days_text(days)}, {_size(size)}"
         if name == "dictionaries":
             chosen = self.days[:-1] if self.cfg.dictionary_days == "train" else self.days
             return f"from {self._days_text(chosen)}"
         if name == "transform":
-            return (f"train {self._days_text(self.days[:-1])}, test/validation "
-                    f"day {self.days[-1].day}")
+            days, last = self._phase_days(name), self.days[-1]
+            train = [d for d in days if d.day != last.day]
+            text = f"train {self._days_text(train)}" if train else "no train day"
+            return text + (f", test/validation day {last.day}" if last in days else "")
         return ""
-
-    def _input_tasks(self) -> int:
-        return self.input_tasks(self.days)
 
     def _planned_tasks(self, name: str) -> tuple[int, int]:
         """(tasks reading the input, tasks after them) of the phase."""
         if not self.days or name not in ("count", "transform"):
             return 0, 0
+        days = self._phase_days(name)
+        read = self.input_tasks(days) if days else 0
         if name == "count":
-            return self._input_tasks(), 0
-        return self._input_tasks(), train_files(self.cfg, int(self._counted_train_rows() or 0))
+            return read, 0
+        plan = self._plans.get(name)
+        if plan is None or plan.train_days is None:   # one write of the window's train rows
+            return read, train_files(self.cfg, int(self._counted_train_rows() or 0))
+        # stable ids: each train day transformed is written into files of its own
+        return read, sum(train_files(self.cfg, int(self._day_valid_rows(day) or 0))
+                         for day in plan.train_days)
 
     def _counted(self) -> list[dict] | None:
         """The count's rows per day (data_quality.json, written by the count phase)."""
@@ -217,6 +289,11 @@ class PreprocessProgress:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _day_valid_rows(self, day: int) -> float | None:
+        """A day's valid rows: counted, or estimated from its file before the count."""
+        counted = {d["day"]: d["rows_read"] - d["rows_rejected"] for d in self._counted() or []}
+        return counted.get(day, self._day_rows.get(day))
+
     def _counted_train_rows(self) -> float | None:
         days = self._counted()
         if days is None:
@@ -224,12 +301,13 @@ class PreprocessProgress:
         return sum(d["rows_read"] - d["rows_rejected"] for d in days[:-1])
 
     def _phase_rows(self, name: str) -> float | None:
-        if name == "count":
-            return self.input_rows
-        if name == "transform":
-            days = self._counted()
-            return sum(d["rows_read"] for d in days) if days else self.input_rows
-        return None
+        if name not in ("count", "transform") or not self.days:
+            return None
+        wanted = {d.day for d in self._phase_days(name)}
+        counted = self._counted() if name == "transform" else None
+        if counted:
+            return sum(d["rows_read"] for d in counted if d["day"] in wanted)
+        return sum(rows for day, rows in self._day_rows.items() if day in wanted)
 
     # -------------------------------------------------------------- polling
     def _poll(self, catch_up: bool = False) -> None:
@@ -280,10 +358,11 @@ class PreprocessProgress:
         current = self._current
         # a phase that reads no input (the dictionaries) has no read share: 1.0 is never used
         within = current.fraction(self.read_shares.get(current.name, 1.0), time.time())
-        total_share = sum(self.shares.values())
-        share = 0.0 if current.name in self._finished else self.shares.get(current.name, 0.0)
-        self._fraction = max(self._fraction,
-                             min(1.0, (self._finished_share + share * within) / total_share))
+        total_share = sum(self._share(name) for name in self.shares)
+        share = 0.0 if current.name in self._finished else self._share(current.name)
+        if total_share > 0:
+            self._fraction = max(self._fraction,
+                                 min(1.0, (self._finished_share + share * within) / total_share))
         done, total = current.tasks()
         self.reporter.report(phase=current.name, detail=current.detail, done=done,
                              total=total or None, unit="tasks", estimated=True,

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm_contracts.config import PipelineConfig
+from dlrm_contracts.config import PipelineConfig, config_from_dict
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Progress
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.manifest import ManifestStore
-from pipeline.stages import StageContext, launcher_argv, trainer_argv
+from pipeline.processes import run_child
+from pipeline.stages import GLOO_TIMEOUT_ENV, StageContext, launcher_argv, launcher_env, trainer_argv
 
 REPO = Path(__file__).resolve().parent.parent
 SBATCH = REPO / "docker" / "slurm" / "train.sbatch"
@@ -129,6 +130,51 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
         assert recomputed[field] == evaluation[field], (field, recomputed, evaluation)
     for field in ("test_auc", "validation_auc", "test_logloss", "validation_logloss"):
         assert recomputed[field] == pytest.approx(evaluation[field], abs=1e-6), field
+
+
+def test_gloo_timeout_goes_to_the_launcher_unless_the_environment_names_one(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.delenv(GLOO_TIMEOUT_ENV, raising=False)
+    ctx = _context(tmp_path, 2, None)
+    ctx.child_env = {"CRITEO_PROGRESS_FILE": "/x"}  # the stage's own entries are kept
+    assert launcher_env(ctx) == {"CRITEO_PROGRESS_FILE": "/x", GLOO_TIMEOUT_ENV: "300"}
+    ctx.config.launch.gloo_timeout_seconds = 45
+    assert launcher_env(ctx)[GLOO_TIMEOUT_ENV] == "45"
+    # one process has no Gloo at all; an operator's own setting wins over the config
+    assert GLOO_TIMEOUT_ENV not in launcher_env(_context(tmp_path, 1, None))
+    monkeypatch.setenv(GLOO_TIMEOUT_ENV, "17")
+    assert GLOO_TIMEOUT_ENV not in launcher_env(ctx)  # run_child passes os.environ's 17 on
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, "300", True])
+def test_gloo_timeout_must_be_whole_seconds(bad):
+    with pytest.raises(ValueError, match="launch.gloo_timeout_seconds"):
+        config_from_dict({"launch": {"gloo_timeout_seconds": bad}})
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("environment", [None, "17"])
+def test_both_ranks_get_the_gloo_timeout_from_a_real_horovodrun(tmp_path, monkeypatch,
+                                                                environment):
+    """The pipeline's launch line and environment, with a probe in place of the trainer: what
+    every rank really sees, after horovodrun has handed its environment on."""
+    if environment is None:
+        monkeypatch.delenv(GLOO_TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(GLOO_TIMEOUT_ENV, environment)
+    ctx = _context(tmp_path, 2, "localhost:2")
+    ctx.config.launch.gloo_timeout_seconds = 123
+    probe = ("import os, json; print(json.dumps({'rank': os.environ['HOROVOD_RANK'], "
+             f"'timeout': os.environ.get('{GLOO_TIMEOUT_ENV}')}}))")
+    result = run_child(launcher_argv(ctx) + [sys.executable, "-c", probe],
+                       tmp_path / "probe.log", env=launcher_env(ctx))
+    assert result.returncode == 0, result.tail
+    seen = {}
+    for line in (tmp_path / "probe.log").read_text().splitlines():
+        if "{" in line and '"rank"' in line:
+            report = json.loads(line[line.index("{"):])
+            seen[report["rank"]] = report["timeout"]
+    assert seen == {"0": environment or "123", "1": environment or "123"}, seen
 
 
 def _fake_scontrol(tmp_path: Path, nodes: list[str]) -> dict[str, str]:

@@ -317,3 +317,73 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     work_done = transformed(tmp_path / "w-kept")
     assert work_done["days_transformed"] == [0, 1, 2, 3] and work_done["days_reused"] == []
     assert set(work_done["why"].values()) == {"--retransform"}
+
+
+@pytest.mark.spark
+def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,  # noqa: F811
+                                                           monkeypatch):
+    """A day lands in a full window: the count plans on the one day it reads, the transform on
+    the two it writes (yesterday joins train, the new day is test/validation), each phase's
+    share of the bar shrinks with its part of the window's bytes; convert counts the rows it
+    converts, not those it copies from yesterday's dataset."""
+    from dlrm_contracts.config import ProgressConfig
+    from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
+    from spark_jobs.inputs import discover_days
+    from spark_jobs.preprocess import input_tasks, run_preprocess
+    from spark_jobs.progress import PreprocessProgress
+    from spark_jobs.splits import train_files
+
+    days = random_days(2727, 4, ROWS)
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    for k in range(3):
+        _land(raw, k, days[k])
+    _preprocess(spark, raw, work)
+    _convert(work)
+    _land(raw, 3, days[3] + days[3][:ROWS // 2])     # a bigger day: shares follow bytes
+    channel = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
+    cfg = PreprocessConfig(frequency_threshold="2", ids="stable", window_days=WINDOW,
+                           output_files=2)                  # _preprocess's settings
+    settings = ProgressConfig()
+    window = discover_days(raw, WINDOW)                     # days 1-3
+    tasks = lambda chosen: input_tasks("arrow", chosen, cfg)  # noqa: E731
+    with PreprocessProgress(raw, work, cfg, settings, tasks, 1 << 16):
+        summary = run_preprocess(raw, work, spark_config(), cfg)
+    assert summary["transform"]["days_transformed"] == [2, 3]
+    assert summary["transform"]["days_read"] == [3]
+    records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
+    fractions = [r.fraction for r in records if r.fraction is not None]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+    count = [r for r in records if r.phase == "count" and r.detail.startswith("day 3, ")]
+    assert count, [(r.phase, r.detail) for r in records]
+    assert count[0].total == tasks(window[2:]) < tasks(window)    # planned on day 3 alone
+    transform = [r for r in records if r.phase == "transform"]
+    assert {r.detail for r in transform} == {"train day 2, test/validation day 3"}
+    day2 = json.loads((WorkdirLayout.at(work).parquet_day(2) / DAY_JSON).read_text())
+    planned = tasks(window[1:]) + train_files(cfg, sum(day2["rows"].values()))
+    assert transform[0].total == planned < tasks(window) + cfg.output_files, transform[0]
+    # the bar at the transform's start: the count's and dictionaries' shares, the count's
+    # reading part and the transform shrunk to the bytes they read of the window's
+    size = {d.day: d.path.stat().st_size for d in window}
+    part = {"count": size[3] / sum(size.values()), "transform": (size[2] + size[3])
+            / sum(size.values())}
+    shares, read = settings.preprocess_phase_shares, settings.preprocess_read_shares["count"]
+    count_share = shares["count"] * (read * part["count"] + 1 - read)
+    transform_share = shares["transform"] * part["transform"]
+    expected = (count_share + shares["dictionaries"]) / (count_share + shares["dictionaries"]
+                                                         + transform_share)
+    assert transform[0].fraction == pytest.approx(expected, abs=0.01)
+    unscaled = (shares["count"] + shares["dictionaries"]) / sum(shares.values())
+    assert abs(expected - unscaled) > 0.02                   # the test tells the two apart
+
+    channel.write_text("")
+    converted = convert_parquet(WorkdirLayout.at(work).parquet, WorkdirLayout.at(work).binary,
+                                ConvertConfig(progress=True, fsync=False, overwrite=True))
+    assert converted["days_reused"]["train"] == [1]
+    copied = json.loads((WorkdirLayout.at(work).parquet_day(1) / DAY_JSON).read_text())
+    records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
+    records = [r for r in records if r.stage == "convert" and r.total is not None]
+    assert records and {r.total for r in records} == {
+        sum(converted["rows"].values()) - sum(copied["rows"].values())}
+    assert records[-1].done == records[-1].total and records[-1].fraction == 1.0
