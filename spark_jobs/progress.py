@@ -278,8 +278,8 @@ class PreprocessProgress:
         if plan is None or plan.train_days is None:   # one write of the window's train rows
             return read, train_files(self.cfg, int(self._counted_train_rows() or 0))
         # stable ids: each train day transformed is written into files of its own
-        return read, sum(train_files(self.cfg, int(self._day_valid_rows(day) or 0))
-                         for day in plan.train_days)
+        valid = self._valid_rows_by_day()
+        return read, sum(train_files(self.cfg, int(valid.get(day) or 0)) for day in plan.train_days)
 
     def _counted(self) -> list[dict] | None:
         """The count's rows per day (data_quality.json, written by the count phase)."""
@@ -289,10 +289,11 @@ class PreprocessProgress:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _day_valid_rows(self, day: int) -> float | None:
-        """A day's valid rows: counted, or estimated from its file before the count."""
+    def _valid_rows_by_day(self) -> dict[int, float]:
+        """Each day's valid rows: counted, or estimated from its file before the count (one
+        read of the count's report for all of them)."""
         counted = {d["day"]: d["rows_read"] - d["rows_rejected"] for d in self._counted() or []}
-        return counted.get(day, self._day_rows.get(day))
+        return {**self._day_rows, **counted}
 
     def _counted_train_rows(self) -> float | None:
         days = self._counted()
