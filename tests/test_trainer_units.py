@@ -605,3 +605,20 @@ def test_a_rate_factor_scales_only_its_variables_step(optimizer):
     np.testing.assert_allclose(moved[3.0][0], 3.0 * moved[1.0][0], rtol=1e-5)
     np.testing.assert_allclose(moved[3.0][1], moved[1.0][1], rtol=1e-6)
     assert np.abs(moved[1.0][0]).max() > 1e-3 and moved[1.0][0][1, 0] == 0.0
+
+
+def test_bfloat16_is_not_chosen_when_onednn_is_capped_below_avx512(monkeypatch):
+    """TensorFlow's bfloat16 matmul under ONEDNN_MAX_CPU_ISA=AVX2 dies with a segmentation
+    fault (tried), so --amp with such a cap must train in float32, whatever the CPU has."""
+    from pathlib import Path
+
+    from trainer.loop import cpu_supports_bfloat16
+
+    flags = Path("/proc/cpuinfo").read_text()
+    has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    for cap in ("AVX2", "avx2", "SSE41", "AVX2_VNNI"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_supports_bfloat16() is False, cap
+    for cap in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL", ""):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_supports_bfloat16() is has_bf16, cap

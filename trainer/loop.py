@@ -54,9 +54,18 @@ SCALAR_METADATA = summary_pb2.SummaryMetadata(
 
 
 def cpu_supports_bfloat16() -> bool:
+    """True when the CPU has bfloat16 dot instructions and oneDNN may use them.
+
+    ``ONEDNN_MAX_CPU_ISA`` below AVX-512 (e.g. ``AVX2``, set to reproduce another CPU's
+    kernels) leaves TensorFlow's bfloat16 matmul without a kernel: it ends the process with a
+    segmentation fault instead of an error, so such a cap means float32.
+    """
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap and cap not in ("ALL", "DEFAULT") and not cap.startswith(("AVX512", "AVX10")):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
