@@ -35,7 +35,9 @@ fi
 
 # The served version of serving.json (a line `"served_version": N,`), or nothing.
 served_version() {
-  sed -n 's/^ *"served_version": *\([0-9][0-9]*\),\{0,1\} *$/\1/p' "$state" 2>/dev/null | head -n 1
+  [[ -f "$state" ]] || return 0
+  sed -n 's/^ *"served_version": *\([0-9][0-9]*\),\{0,1\} *$/\1/p' "$state" 2>/dev/null \
+    | head -n 1 || true
 }
 
 # The model config for the served version (the newest when none is named), replaced whole.
