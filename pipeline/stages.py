@@ -641,8 +641,13 @@ def _export_run(ctx: StageContext) -> Outcome:
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("export", result, ExitCode.EXPORT, ctx)
     keep = ("version", "checkpoint_step", "test_auc", "saved_model", "saved_model_bytes",
-            "removed_versions", "seconds")
-    return Outcome("ran", "tensorflow", {k: result.summary.get(k) for k in keep})
+            "removed_versions", "served_version", "damaged_checkpoints", "seconds")
+    summary = {k: result.summary.get(k) for k in keep}
+    if summary["served_version"] not in (None, summary["version"]):
+        log.warning("export     version %s written; version %s stays served (held by `export "
+                    "rollback`; `run_pipeline.sh export latest` serves the newest)",
+                    summary["version"], summary["served_version"])
+    return Outcome("ran", "tensorflow", summary)
 
 
 def _served_model(ctx: StageContext) -> Path | None:

@@ -109,6 +109,18 @@ def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
     assert proc.returncode == ExitCode.USAGE and "no version older" in proc.stderr
 
 
+def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tmp_path):
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline.lock import WorkdirLock
+
+    export = tmp_path / "w" / "export"
+    fake_versions(export, [1, 2])
+    with WorkdirLock(WorkdirLayout.at(tmp_path / "w").lock_file):
+        proc = export_cli(tmp_path / "w", "rollback")
+    assert proc.returncode == ExitCode.LOCKED and "in use by another" in proc.stderr, proc.stderr
+    assert not (export / "serving.json").exists()
+
+
 def test_a_damaged_serving_record_deletes_nothing_and_is_named(tmp_path):
     from trainer.export import prune_versions
 
