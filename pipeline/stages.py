@@ -98,11 +98,15 @@ def _python() -> str:
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
     """A known failure of the child is its own one line (it names the file and the fix) and
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
-    tail_errors = [m.group(1) for m in map(KNOWN_ERROR.match, result.tail) if m]
-    errors = list(dict.fromkeys([*result.errors, *tail_errors]))
-    # Of several ranks, the first to fail with a known error is the cause: the others then
-    # fail in a collective (an "unexpected error" with a traceback) because it left.
-    known = [e for e in errors if "unexpected error" not in e]
+    def known_of(lines: list[str]) -> list[str]:
+        # Of several ranks, the first to fail with a known error is the cause: the others then
+        # fail in a collective (an "unexpected error" with a traceback) because it left.
+        return [e for e in lines if "unexpected error" not in e]
+
+    # The tail's first (the end of the output says why it ended), else the whole output's:
+    # horovodrun's and the other ranks' tracebacks may have pushed it out of the tail.
+    known = (known_of([m.group(1) for m in map(KNOWN_ERROR.match, result.tail) if m])
+             or known_of(result.errors))
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
     if known and not says_disk_full("\n".join(result.tail)):
         return PipelineError(f"{stage} failed (exit {result.returncode}): {known[0]} "

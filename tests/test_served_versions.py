@@ -258,6 +258,21 @@ def one_failure_line(proc, stage: str) -> str:
     return failed[0]
 
 
+def test_a_known_error_buried_under_tracebacks_is_still_the_stages_line(tmp_path):
+    """The first rank's line, then more traceback lines than the tail keeps (the case of the
+    real two-rank run below, without its cost)."""
+    from dlrm_contracts.config import PipelineConfig
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline.processes import ChildResult
+    from pipeline.stages import StageContext, _child_failed
+
+    first = "trainer: error: /w/checkpoints/step-000000006/rank-0.npz is unreadable"
+    tail = [f'[1]<stderr>:  File "x.py", line {i}, in f' for i in range(25)]
+    ctx = StageContext(PipelineConfig(), WorkdirLayout.at(tmp_path), None, tmp_path / "c.yaml")
+    error = _child_failed("eval", ChildResult(1, None, tail, [first, first]), ExitCode.EVAL, ctx)
+    assert str(error).startswith(f"eval failed (exit 1): {first} (log: ")
+
+
 @pytest.mark.parametrize("kind", DAMAGES)
 def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, tmp_path, kind):
     """The only checkpoint of the run damaged (or an id out of its table): exit 9, one line
