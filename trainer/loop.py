@@ -461,14 +461,23 @@ class Trainer:
         return path
 
     def restore_best(self, required: bool = False) -> Path | None:
-        """The run's model (``best_checkpoint``: the best validation AUC's, else the latest)."""
+        """The run's model (``best_checkpoint``: the best validation AUC's, else the latest).
+
+        A damaged one is moved aside for the newest intact checkpoint of the run, as training
+        would resume from it; with none intact, the error names the damage and says to train
+        again (deleting a checkpoint or --no-resume, train's fixes, are no fix here)."""
         path = best_checkpoint(self.layout.checkpoints)
         if path is None:
             if required:
                 raise CheckpointError(f"no complete checkpoint under {self.layout.checkpoints}")
             return None
-        self.restore(path)
-        return path
+        try:
+            return self._resume_intact(path)
+        except CheckpointError as exc:
+            if not hasattr(exc, "damage"):
+                raise
+            raise CheckpointError(f"{exc.damage}, and no older checkpoint of this run is intact: "
+                                  "train again (--stages train,eval --force)") from None
 
     # -- logging ---------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
