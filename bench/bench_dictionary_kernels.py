@@ -66,6 +66,7 @@ def index_of(directory: Path, values: np.ndarray, ids: np.ndarray) -> dictionary
     layout = dictionary_index.ColumnLayout.of(np.zeros(1, np.uint32), [len(values)])
     dictionary_index.create_index(directory, {"C1": layout})
     dictionary_index.write_region(str(directory), "C1", 0, int(layout.sizes[0]), values, ids)
+    dictionary_index.seal_index(directory)
     return dictionary_index.DictionaryIndex(str(directory), ("C1",))
 
 
