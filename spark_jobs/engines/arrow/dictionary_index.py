@@ -87,11 +87,6 @@ class ColumnLayout:
         return {"bounds": self.bounds.tolist(), "starts": self.starts.tolist(),
                 "sizes": self.sizes.tolist()}
 
-    @classmethod
-    def from_json(cls, data: dict) -> "ColumnLayout":
-        return cls(np.array(data["bounds"], np.uint32), np.array(data["starts"], np.int64),
-                   np.array(data["sizes"], np.int64))
-
 
 def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
     """An empty index (a folder per column) and its index.json; the regions' files are then
@@ -160,26 +155,11 @@ class DictionaryIndex:
         """Every column's layout and files checked before the first mapping, every mapped
         range's slots against its checksum before the first lookup (``index_checks``): a
         damaged index is a DictionaryIndexError naming the file."""
-        from spark_jobs.engines.arrow import index_checks as checks
-
         directory = Path(index_dir)
-        meta = checks.read_meta(directory)
-        checked = {}
-        for column in columns:
-            bounds, starts, sizes, checksums = checks.column_arrays(meta, directory / INDEX_JSON,
-                                                                    column)
-            checks.check_files(directory, column, sizes)
-            checked[column] = (ColumnLayout(bounds, starts, sizes), checksums)
+        checked = _checked_columns(directory, columns)
         self.columns = columns
-        self._tables = []
-        for column, (layout, checksums) in checked.items():
-            slots = (_map_column(directory, column, layout) if layout.total_slots
-                     else np.zeros(1, np.uint64))
-            for rank in np.flatnonzero(layout.sizes):
-                start, size = int(layout.starts[rank]), int(layout.sizes[rank])
-                checks.check_region(region_path(directory, column, int(rank)),
-                                    slots[start:start + size], checksums[rank])
-            self._tables.append((layout, slots))
+        self._tables = [(layout, _mapped_and_verified(directory, column, layout, checksums))
+                        for column, (layout, checksums) in checked.items()]
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
         """values [columns, n] (int64, negative = missing) → int32 ids in out [columns, n];
@@ -188,6 +168,34 @@ class DictionaryIndex:
 
         for j, (layout, slots) in enumerate(self._tables):
             lookup_column(values[j], layout.bounds, layout.starts, layout.sizes, slots, out[j])
+
+
+def _checked_columns(index_dir: Path, columns: tuple[str, ...]) -> dict:
+    """column → (its checked layout, its ranges' checksums); every file checked too."""
+    from spark_jobs.engines.arrow import index_checks as checks
+
+    meta = checks.read_meta(index_dir)
+    checked = {}
+    for column in columns:
+        bounds, starts, sizes, checksums = checks.column_arrays(meta, index_dir / INDEX_JSON, column)
+        checks.check_files(index_dir, column, sizes)
+        checked[column] = (ColumnLayout(bounds, starts, sizes), checksums)
+    return checked
+
+
+def _mapped_and_verified(index_dir: Path, column: str, layout: ColumnLayout,
+                         checksums: list) -> np.ndarray:
+    """The column's slots mapped, each range's bytes checked against its checksum."""
+    from spark_jobs.engines.arrow.index_checks import check_region
+
+    if not layout.total_slots:
+        return np.zeros(1, np.uint64)
+    slots = _map_column(index_dir, column, layout)
+    for rank in np.flatnonzero(layout.sizes):
+        start, size = int(layout.starts[rank]), int(layout.sizes[rank])
+        check_region(region_path(index_dir, column, int(rank)), slots[start:start + size],
+                     checksums[rank])
+    return slots
 
 
 _MAP_FIXED = 0x10          # Linux's value on every architecture; the mmap module lacks it
