@@ -254,9 +254,6 @@ def fuzz(seed: int, count: int, root: Path) -> dict:
 
 # ---------------------------------------------------------------- a real preprocess run
 
-SPARK_DAMAGES = ("flip-key", "index-json")
-
-
 def damage_sealed(kind: str, index_dir: Path) -> None:
     """One damage of a sealed index as found in a real run: a flipped key in the largest range
     file (same size, other bytes), or index.json cut short."""

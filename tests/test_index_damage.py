@@ -144,28 +144,28 @@ def test_a_staged_slot_pointing_past_its_rows_is_counted_not_read():
 @pytest.mark.slow
 def test_a_damaged_index_stops_the_run_in_one_line_and_a_forced_rerun_rebuilds_it(tmp_path):
     """The index damaged after the dictionary tasks sealed it and before the transform read it
-    (a flipped key; index.json cut short): exit 5 and one error line naming the file and the
-    fix, no _SUCCESS; then ``--stages preprocess --force`` rebuilds the outputs the input must give."""
+    (a flipped key: same size, other bytes; the fuzz covers the other damages): exit 5 and one
+    error line naming the file and the fix, no _SUCCESS; then ``--stages preprocess --force`` rebuilds the outputs the input must give."""
     from test_spark_exactness import check_against_reference
 
     days = random_days(35, 3, 300)
     raw = write_days(tmp_path / "raw", days)
     workdir, config = tmp_path / "w", tmp_path / "pipeline.yaml"
     config.write_text('spark:\n  driver_memory: 1g\npreprocess:\n  frequency_threshold: "2"\n')
-    for kind, names in (("flip-key", ".slots"), ("index-json", "index.json")):
-        proc = subprocess.run([sys.executable, HELPER, "spark", kind, "--", "--input", str(raw),
-                               "--workdir", str(workdir), "--config", str(config)],
-                              capture_output=True, text=True, timeout=HANG)
-        assert proc.returncode == ExitCode.PREPROCESS, proc.stderr[-3000:]
-        # the job's one line, as the pipeline picks it out of the stage's log (Spark's own log
-        # lines, the executor's report of the failed task among them, go to the log only)
-        lines = proc.stderr.strip().splitlines()
-        known = [m.group(1) for m in map(_CHILD_ERROR.match, lines) if m]
-        assert known == [lines[-1]], proc.stderr[-3000:]
-        assert lines[-1].startswith("spark_jobs: error: Spark job failed: DictionaryIndexError: "
-                                    "damaged dictionary index: "), lines[-1]
-        assert names in lines[-1] and str(workdir) in lines[-1] and FIX in lines[-1], lines[-1]
-        assert not (workdir / "parquet" / "_SUCCESS").exists()
+    proc = subprocess.run([sys.executable, HELPER, "spark", "flip-key", "--", "--input", str(raw),
+                           "--workdir", str(workdir), "--config", str(config)],
+                          capture_output=True, text=True, timeout=HANG)
+    assert proc.returncode == ExitCode.PREPROCESS, proc.stderr[-3000:]
+    # the job's one line, as the pipeline picks it out of the stage's log (Spark's own log
+    # lines, the executor's report of the failed task among them, go to the log only)
+    lines = proc.stderr.strip().splitlines()
+    known = [m.group(1) for m in map(_CHILD_ERROR.match, lines) if m]
+    assert known == [lines[-1]], proc.stderr[-3000:]
+    assert lines[-1].startswith("spark_jobs: error: Spark job failed: DictionaryIndexError: "
+                                "damaged dictionary index: "), lines[-1]
+    index = workdir / "parquet" / "dictionary_index"
+    assert str(index) in lines[-1] and ".slots" in lines[-1] and FIX in lines[-1], lines[-1]
+    assert not (workdir / "parquet" / "_SUCCESS").exists()
     proc, summary = run(workdir, config, "--input", str(raw), "--stages", "preprocess", "--force")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["preprocess"]["action"] == "ran"
