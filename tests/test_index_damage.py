@@ -132,9 +132,10 @@ def test_a_full_region_is_reported_by_the_build_not_looped_on():
     assert out[0] == 0
 
 
-def test_a_staged_slot_pointing_past_its_rows_is_counted_not_read():
-    region = np.array([0, 5 | 1 << 32, 6 | 3 << 32, 7 | 1000 << 32], np.uint64)
-    assert relabel_region(region, np.array([0, 11, 12, 13], np.int32)) == 1
+def test_a_staged_slot_pointing_past_its_rows_is_an_error_not_a_read():
+    region = np.array([0, 5 | 1 << 32, 6 | 3 << 32, 7 | 2**31 << 32], np.uint64)
+    with pytest.raises(ValueError, match="points past its group's rows"):
+        relabel_region(region, np.array([0, 11, 12, 13], np.int32))
     assert (region[:3] >> np.uint64(32)).tolist() == [0, 11, 13]
 
 

@@ -107,11 +107,11 @@ def write_region(index_dir: str, column: str, rank: int, size: int, values: np.n
 
     if size == 0:
         return
-    region = np.zeros(size, np.uint64)
-    if build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32),
-                    region):
+    if len(values) >= size:              # a probe for an absent value needs an empty slot
         raise ValueError(f"{region_path(index_dir, column, rank)}: {len(values)} values do not "
                          f"fit a region of {size} slots")
+    region = np.zeros(size, np.uint64)
+    build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
     write_atomically(region_path(index_dir, column, rank), region.tofile)
 
 

@@ -147,17 +147,17 @@ def relabel_region(region, labelled_ids):
     the region; 0 in an empty slot), replaced by ``labelled_ids[row + 1]``, that row's id
     (``labelled_ids[0]`` = 0 keeps an empty slot empty). No branch per slot: a filled slot
     and an empty one are mixed at random, and a mispredicted branch cost more than the
-    gather; a row past ``labelled_ids`` (a damaged staged region) is counted, not read: returns
-    how many there were (0 in an intact region)."""
+    gather. A row past ``labelled_ids`` (a damaged staged region) is an error, never read (that
+    branch is never taken in an intact region, so it costs nothing); the task's retry then
+    rebuilds the region from the filled part."""
     rows = np.uint64(labelled_ids.shape[0])
-    beyond = 0
     for s in range(region.shape[0]):
         slot = region[s]
         row = slot >> np.uint64(32)
-        beyond += row >= rows
-        row = min(row, rows - np.uint64(1))
+        if row >= rows:
+            raise ValueError("a staged dictionary index region points past its group's rows: "
+                             "delete the workdir's counts/.totals and run again")
         region[s] = (slot & _MASK32) | (np.uint64(labelled_ids[np.int64(row)]) << np.uint64(32))
-    return beyond
 
 
 def warm_up() -> None:
