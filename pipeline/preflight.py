@@ -235,8 +235,8 @@ def _say_time(est: Estimate, needs: TimeNeeds | None, config: PipelineConfig) ->
             figure += f", at most ~{_duration(part.seconds)}"
         est.say(f"time: {part.stage:<10} {figure} ({_how(part, needs)})")
     if needs.stages:
-        load = (f"; {needs.share:.0%} of each core left by the load average {needs.load:.1f}"
-                if needs.share < 1 and needs.load is not None else "")
+        load = (f"; the load average {needs.load:.1f} leaves a stage {needs.share:.0%} of "
+                "the cores or more" if needs.share < 1 and needs.load is not None else "")
         est.say(f"time: total      ~{_duration(needs.expected_total)} ({needs.speed.source}"
                 f"{load}; GPUs and load that changes differ)")
     preflight = config.preflight
@@ -258,9 +258,8 @@ def _how(part: StageTime, needs: TimeNeeds) -> str:
     how = f"{part.cores} cores of this machine, CPU"
     if needs.epochs is not None:
         how += f", {needs.epochs} epochs at most"
-        if needs.early_stopping:
-            how += (" (early stopping usually ends it sooner: preflight.early_stopping_epochs)"
-                    if part.likely is not None else "")
+        if needs.early_stopping and part.likely is not None:
+            how += "; early stopping usually ends it sooner: preflight.early_stopping_epochs"
     return how
 
 

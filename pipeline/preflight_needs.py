@@ -334,8 +334,8 @@ class TimeNeeds:
     epochs: int | None                # what bounds training; None when max_steps does
     early_stopping: bool
     speed: Speed = Speed()
-    share: float = 1.0                # of each core, what other jobs' load leaves to the run
-    load: float | None = None         # the 1-minute load average the share came from
+    share: float = 1.0                # of the cores, the least other jobs' load leaves a stage
+    load: float | None = None         # the 1-minute load average the shares came from
 
     @property
     def total(self) -> float:
@@ -346,12 +346,13 @@ class TimeNeeds:
         return sum(s.expected for s in self.stages)
 
 
-def core_share(cores: int, load: float | None) -> float:
-    """The share of each core a run of ``cores`` busy threads gets beside ``load`` other
-    runnable ones (the kernel shares a core among its runnable threads equally)."""
+def core_share(threads: float, load: float | None) -> float:
+    """The share of the cores a stage keeping ``threads`` threads busy gets beside ``load``
+    other runnable ones: the kernel shares the cores among runnable threads, not processes,
+    so a stage with more threads than cores takes more of a loaded machine."""
     if not load or load <= 0:
         return 1.0
-    return min(1.0, cores / (cores + load))
+    return min(1.0, threads / (threads + load))
 
 
 def other_load() -> float | None:
@@ -381,10 +382,11 @@ def time_needs(config: PipelineConfig, rows: int, test_rows: int | None,
     preflight, wanted = config.preflight, set(config.stages)
     cores = os.cpu_count() or 1
     spark_cores = local_cores(config.spark.master)
-    share = core_share(cores, load if preflight.account_load else None)
+    load = load if preflight.account_load else None
     parts: list[tuple[str, float, int, float | None]] = []
     cluster_core_hours = None
     startup = {"preprocess": preflight.spark_startup_s / speed.parse,
+               "convert": preflight.convert_startup_s / speed.convert,
                "train": preflight.trainer_startup_s / speed.train,
                "eval": preflight.trainer_startup_s / speed.train}
     if "preprocess" in wanted:
@@ -410,28 +412,35 @@ def time_needs(config: PipelineConfig, rows: int, test_rows: int | None,
         if "eval" in wanted and test_rows and ("train" not in wanted or config.force):
             parts.append(("eval", test_rows * per_sample / (preflight.eval_speedup * used),
                           used, None))
-    stages = []
+    stages, shares = [], [1.0]
     for stage, seconds, n, likely in parts:
         fixed = startup.get(stage, 0.0)
+        # the trainer's ranks keep more threads busy than cores (intra- and inter-op pools,
+        # the input pipeline): preflight.train_threads_per_core
+        threads = n * preflight.train_threads_per_core if stage in ("train", "eval") else n
+        share = core_share(threads, load)
+        shares.append(share)
         stages.append(StageTime(stage, (seconds + fixed) / share, n,
                                 None if likely is None else (likely + fixed) / share))
     return TimeNeeds(stages=stages, cluster_core_hours=cluster_core_hours,
                      epochs=None if config.train.max_steps else config.train.epochs,
                      early_stopping=bool(config.train.early_stopping_patience),
-                     speed=speed, share=share, load=load)
+                     speed=speed, share=min(shares), load=load)
 
 
 def _training_seconds(config: PipelineConfig, train_rows: int, test_rows: int,
                       seconds_per_sample: float) -> tuple[float, float | None]:
     """(the bound, the likely time) of the train stage: its steps (max_steps or every epoch;
     with early stopping, about ``preflight.early_stopping_epochs`` epochs when fewer), the
-    validation passes ``evals_per_epoch`` asks for along the way, and the closing evaluation of
-    the test and validation splits (the newest day's rows, forward only)."""
+    validation passes along the way (``evals_per_epoch`` an epoch, at least one; with early
+    stopping the last step's too), and the closing evaluation of the test and validation
+    splits (the newest day's rows, forward only)."""
     train, preflight = config.train, config.preflight
+    every = train_rows / max(1, train.evals_per_epoch)
 
     def seconds(samples: float) -> float:
-        every = train_rows / train.evals_per_epoch if train.evals_per_epoch else 0
         passes = int(samples // every) if every else 0
+        passes += bool(train.early_stopping_patience)
         evaluated = passes * test_rows / 2 + test_rows
         return (samples + evaluated / preflight.eval_speedup) * seconds_per_sample
 

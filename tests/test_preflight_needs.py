@@ -63,13 +63,13 @@ def test_the_train_stage_counts_its_evaluations_and_early_stoppings_likely_end(c
     test_rows, p, t = ROWS // 4, config.preflight, config.train
     needs = time_needs(config, ROWS, test_rows=test_rows)
     train = {s.stage: s for s in needs.stages}["train"]
+    passes = t.epochs * t.evals_per_epoch + 1  # and the last step's, with early stopping
     per_sample = (train.seconds - p.trainer_startup_s) / (
-        (ROWS - test_rows) * t.epochs
-        + (t.epochs * t.evals_per_epoch * test_rows / 2 + test_rows) / p.eval_speedup)
+        (ROWS - test_rows) * t.epochs + (passes * test_rows / 2 + test_rows) / p.eval_speedup)
+    passes = int(p.early_stopping_epochs * t.evals_per_epoch) + 1
     likely = p.trainer_startup_s + per_sample * (
         (ROWS - test_rows) * p.early_stopping_epochs
-        + (p.early_stopping_epochs * t.evals_per_epoch * test_rows / 2 + test_rows)
-        / p.eval_speedup)
+        + (passes * test_rows / 2 + test_rows) / p.eval_speedup)
     assert t.early_stopping_patience and p.early_stopping_epochs < t.epochs
     assert train.likely == pytest.approx(likely) and train.expected == train.likely
     assert needs.expected_total < needs.total
@@ -89,10 +89,14 @@ def test_a_slower_machine_or_a_loaded_one_takes_longer_in_proportion(config):
         {"preprocess": base["preprocess"] * 2, "convert": base["convert"] * 10,
          "train": base["train"] * 4})
     loaded = time_needs(config, ROWS, ROWS // 4, load=6.0)
-    share = core_share(os.cpu_count() or 1, 6.0)
-    assert 0 < share < 1 and loaded.share == share
+    cores = os.cpu_count() or 1
+    threads = {"preprocess": 2, "convert": min(cores, config.convert.workers),
+               "train": cores * config.preflight.train_threads_per_core}  # local[2]
+    shares = {stage: core_share(n, 6.0) for stage, n in threads.items()}
+    assert all(0 < share < 1 for share in shares.values())
+    assert loaded.share == min(shares.values())
     assert {s.stage: s.seconds for s in loaded.stages} == pytest.approx(
-        {k: v / share for k, v in base.items()})
+        {k: v / shares[k] for k, v in base.items()})
     ignored = dataclasses.replace(config, preflight=dataclasses.replace(
         config.preflight, account_load=False))
     assert time_needs(ignored, ROWS, ROWS // 4, load=6.0).share == 1.0
