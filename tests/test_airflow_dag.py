@@ -388,51 +388,62 @@ def test_the_dag_maps_every_exit_code_of_the_pipeline(airflow_bin, tmp_path):
     assert facts["execution_timeout_s"] == 86400
 
 
-def _land_all(site: dict) -> None:
-    for day in range(4):
-        if not (site["landing"] / f"day_{day}").exists():
-            land(site, day)
+def _land_in(site: dict, landing: Path, days) -> None:
+    landing.mkdir(exist_ok=True)
+    for day in days:
+        partial = landing.parent / f".day_{day}.partial"
+        shutil.copyfile(site["staging"] / f"day_{day}", partial)
+        os.replace(partial, landing / f"day_{day}")
 
 
 def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(site, tmp_path):
-    """A warm start whose previous model has another shape is refused by the trainer (exit 8
-    with its one line): the same inputs would be refused again, so no retry is spent on it."""
-    _land_all(site)
-    workdir = tmp_path / "workdir"
-    first = site["airflow"].dags_test("2026-11-08", criteo_dlrm_workdir=str(workdir))
+    """A warm start (train.init: previous) whose previous model has another shape than this
+    run's is refused by the trainer (exit 8 with its one line): every attempt would be refused
+    the same way, so no retry is spent on it."""
+    landing, workdir = tmp_path / "landing", tmp_path / "workdir"
+    _land_in(site, landing, (0, 1, 2))
+    first = site["airflow"].dags_test("2026-11-08", criteo_dlrm_workdir=str(workdir),
+                                      criteo_dlrm_input=str(landing))
     task = site["airflow"].latest_task()
     assert task["state"] == "success", (first.stdout + first.stderr)[-6000:]
+    _land_in(site, landing, (3,))  # a new day: the next run warm-starts from that model
     other_shape = tmp_path / "other_shape.yaml"
     other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n",
                                                 "  preset: small\n  embedding_dim: 8\n"))
     proc = site["airflow"].dags_test("2026-11-09", criteo_dlrm_workdir=str(workdir),
+                                     criteo_dlrm_input=str(landing),
                                      criteo_dlrm_config=str(other_shape))
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed", out[-6000:]
     assert task["try_number"] == 1  # retries are 2, yet no second attempt
     assert task["summary"]["status"] == "failed: train_refused", task["summary"]
-    assert "exited 8 (train)" in out and "dims" in task["summary"].get("error", out)
+    assert "exited 8 (train)" in out, out[-6000:]
+    # the pipeline's one line names the cause (its log, which the task's log shows too)
+    newest_log = sorted((workdir / "logs").glob("pipeline-*.log"))[-1].read_text()
+    assert "has dims" in newest_log and "train.init: scratch" in newest_log, newest_log[-3000:]
+    history = _history(workdir)
+    assert [h["status"] for h in history] == ["ok", "failed: train_refused"]
 
 
 def test_the_time_limit_comes_from_the_preflights_estimate(site, tmp_path):
     """The task's execution_timeout is the preflight's timeout_s for this run (the estimate
     times preflight.timeout_factor, at least preflight.timeout_floor_s): a limit far below what
     the run needs stops it, the pipeline is told (SIGTERM) and frees its workdir."""
-    _land_all(site)
-    workdir = tmp_path / "workdir"
+    landing, workdir = tmp_path / "landing", tmp_path / "workdir"
+    _land_in(site, landing, (0, 1))
     tight = tmp_path / "tight.yaml"
     tight.write_text(DAILY_CONFIG + "preflight:\n  timeout_factor: 0.0001\n"
                                     "  timeout_floor_s: 3\n")
     preflight = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--input",
-                                str(site["landing"]), "--workdir", str(workdir), "--stages",
+                                str(landing), "--workdir", str(workdir), "--stages",
                                 STAGES, "--config", str(tight)], capture_output=True, text=True,
                                timeout=600)
     figures = json.loads(preflight.stdout.strip().splitlines()[-1])
     assert figures["timeout_s"] == 3 and figures["seconds_total"] > 3, figures
     proc = site["airflow"].cli("dags", "test", DAG_ID, "2026-11-10", timeout=900, extra_env={
-        "AIRFLOW_VAR_CRITEO_DLRM_WORKDIR": str(workdir),
-        "AIRFLOW_VAR_CRITEO_DLRM_CONFIG": str(tight), "CRITEO_DLRM_RETRIES": "0"})
+        "AIRFLOW_VAR_CRITEO_DLRM_WORKDIR": str(workdir), "AIRFLOW_VAR_CRITEO_DLRM_INPUT":
+        str(landing), "AIRFLOW_VAR_CRITEO_DLRM_CONFIG": str(tight), "CRITEO_DLRM_RETRIES": "0"})
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]
