@@ -82,7 +82,8 @@ def cache_dir() -> Path:
 def load_or_measure(key: str | None = None,
                     measure: Callable[[], dict[str, float]] | None = None) -> dict:
     """This machine's calibration record (figures, key, CPU, when), from the cache or measured
-    now and cached. Raises OSError or ValueError when it can be neither read nor made."""
+    now and cached. Raises OSError, ValueError, KeyError or a SubprocessError when it can be
+    neither read nor made."""
     key = key or machine_key()
     path = cache_dir() / f"{key}.json"
     try:
@@ -108,7 +109,7 @@ def speed(preflight, warn: Callable[[str], None] | None = None) -> Speed:
         return Speed(source="the configured rates (preflight.calibrate: false)")
     try:
         record = load_or_measure()
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         if warn is not None:
             warn(f"the machine's calibration failed ({exc}): the configured rates are used")
         return Speed(source="the configured rates (calibration failed)")

@@ -22,8 +22,9 @@ task's XCom ``summary`` whatever the state, for a downstream task or a look in t
 Time limit: before the run, the task asks the pipeline's preflight (``python -m pipeline
 preflight``, the same arguments) how long the run should take on this machine (its rates are
 calibrated on the machine itself, docs/pipeline.md "Preflight") and sets the task's
-``execution_timeout`` to the preflight's ``timeout_s``: the estimate times
-``preflight.timeout_factor``, at least ``preflight.timeout_floor_s`` (the pipeline's config).
+``execution_timeout`` to the preflight's ``timeout_s``: the estimate's bound (every epoch,
+under the load as the run starts) times ``preflight.timeout_factor``, at least
+``preflight.timeout_floor_s`` (the pipeline's config).
 When the preflight cannot tell (a Spark cluster's cores, no rows), the DAG's own limit
 ``CRITEO_DLRM_EXECUTION_TIMEOUT_S`` (default 86400, below) holds. At the limit Airflow stops
 the task: the pipeline gets SIGTERM, records the run as interrupted and frees the workdir, and
