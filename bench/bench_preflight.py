@@ -1,8 +1,9 @@
 """The preflight's time estimate against what a finished run took, stage by stage.
 
 Reads a finished run's workdir (its effective config, its dataset's rows, its summary's
-seconds per stage) and works out, with today's ``preflight`` settings (``--config``), the estimate the preflight gives for that run on this
-machine (the cached calibration, ``pipeline.calibration``) under a given load: ``--load`` is
+seconds per stage) and works out, with today's ``preflight`` settings (``--config``), the
+estimate the preflight gives for that run on this machine (the cached calibration,
+``pipeline.calibration``) under a given load: ``--load`` is
 the other jobs' load as the run started (the 1-minute load average then, less one for the
 preflight itself); without it, the load now. Prints per stage the estimate (the likely
 figure; the bound in brackets when early stopping makes them differ), the actual seconds and

@@ -48,8 +48,8 @@ parsed, since Variables should not be read at parse time): ``CRITEO_DLRM_SCHEDUL
 ``@daily``), ``CRITEO_DLRM_CATCHUP`` (default ``false``), ``CRITEO_DLRM_START_DATE`` (default
 ``2026-01-01``), ``CRITEO_DLRM_RETRIES`` (default 3), ``CRITEO_DLRM_RETRY_DELAY_S``
 (default 900) and ``CRITEO_DLRM_EXECUTION_TIMEOUT_S`` (default 86400: the limit when the
-preflight gives none). No secret belongs here: an authenticated Spark cluster's secret is a file named
-by the config (``spark.auth_secret_file``).
+preflight gives none). No secret belongs here: an authenticated Spark cluster's secret is a
+file named by the config (``spark.auth_secret_file``).
 
 Only the standard library and Airflow (3.x) are imported: the product's packages live in its
 own virtualenv, which the task calls as a child process.
