@@ -259,3 +259,72 @@ def test_authentication_without_rpc_encryption_is_refused_off_loopback(tmp_path,
                                        auth_secret_file=str(secret_file)))
     check_spark_config(SparkConfig(master="spark://127.0.0.1:7077", rpc_encryption=False,
                                    auth_secret_file=str(secret_file)))
+
+
+# Secrets inside values (issue: a secret hidden by its name only): (setting, value) pairs.
+SECRET_IN_VALUE = [
+    ("spark.driver.extraJavaOptions", "-XX:+UseParallelGC -Dspark.authenticate.secret=" + SECRET),
+    ("spark.executor.extraJavaOptions", "-Djavax.net.ssl.keyStorePassword=" + SECRET),
+    ("spark.executorEnv.DB_PASSWORD", SECRET),
+    ("spark.executorEnv.JAVA_TOOL_OPTIONS", "-Dfs.s3a.secret.key=" + SECRET),
+    ("spark.yarn.appMasterEnv.OPTS", "MODE=fast DB_PASSWORD=" + SECRET),
+    ("spark.eventLog.dir", f"s3a://AKIAEXAMPLE:{SECRET}@bucket/spark-events"),
+    ("spark.hadoop.fs.defaultFS", f"hdfs://etl:{SECRET}@namenode:8020/"),
+]
+NOT_SECRET_VALUES = ["-XX:-DontCompileHugeMethods -XX:CompileCommand=MaxNodeLimit,Gen*::*,40000",
+                     "-Dspark.authenticate.secretBitLength=256", "s3a://bucket/spark-events",
+                     "hdfs://namenode:8020/logs", "k8s://https://10.0.0.1:6443",
+                     "spark://host1:7077,host2:7077", "file:///tmp/events", "MODE=fast",
+                     "https://user@example.com/repo"]
+
+
+def test_secrets_inside_values_are_recognised_and_plain_values_are_not():
+    from dlrm_contracts.security import secret_in_value
+
+    assert [v for _, v in SECRET_IN_VALUE if not (secret_in_value(v) or secret_setting(_))] == []
+    assert [v for v in NOT_SECRET_VALUES if secret_in_value(v)] == []
+
+
+@pytest.mark.parametrize("name,value", SECRET_IN_VALUE)
+def test_a_secret_inside_a_value_is_refused_before_anything_is_written_or_started(
+        tmp_path, name, value):
+    """A YAML spark.conf entry, a --conf-file line, spark_jobs' --conf: exit 2 naming the
+    setting, the secret in no output and no file (effective_config.yaml, logs), no workdir."""
+    yaml_config = tmp_path / "inline.yaml"
+    yaml_config.write_text(f"spark:\n  conf:\n    {name}: \"{value}\"\n")
+    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
+    file_config = tmp_path / "file.yaml"
+    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
+    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
+             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
+            for config in (yaml_config, file_config)]
+    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
+                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
+    for argv in runs:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert name in proc.stderr and "Traceback" not in proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr
+        assert not (tmp_path / "w").exists()
+    with pytest.raises(SecretSettingError):
+        SparkConfig(conf={name: value})
+
+
+def test_a_url_with_a_password_is_refused_in_any_setting(tmp_path):
+    """The event-log directory, the input and a score file are recorded in
+    effective_config.yaml and passed on command lines like settings."""
+    from dlrm_contracts.config import config_from_dict
+
+    url = f"s3a://AKIAEXAMPLE:{SECRET}@bucket/path"
+    with pytest.raises(SecretSettingError, match="spark.event_log_dir") as raised:
+        SparkConfig(event_log_dir=url)
+    assert SECRET not in str(raised.value)
+    for data in ({"input": url}, {"score": {"input": [url]}}):
+        with pytest.raises(SecretSettingError) as raised:
+            config_from_dict(data)
+        assert SECRET not in str(raised.value)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"),
+                           "--stages", "preprocess", "--input", url],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE and SECRET not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "w").exists()
