@@ -328,3 +328,88 @@ def test_a_url_with_a_password_is_refused_in_any_setting(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == ExitCode.USAGE and SECRET not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------ every deploy mode's settings
+def _plan(spark: SparkConfig, master: str | None = None, submitted: bool = False,
+          environment: dict[str, str] | None = None):
+    from spark_jobs.session import session_plan
+
+    return session_plan(spark, submitted, master or spark.master, environment or {})
+
+
+def _encrypted_without_fallback(settings: dict[str, str]) -> bool:
+    return (settings.get("spark.authenticate") == "true"
+            and settings.get("spark.network.crypto.enabled") == "true"
+            and settings.get("spark.network.crypto.saslFallback") == "false")
+
+
+def test_local_and_loopback_modes_stay_on_loopback_without_a_secret():
+    for master in ("local[2]", "spark://127.0.0.1:7077"):
+        environment, settings = _plan(SparkConfig(master=master, bind_address="127.0.0.1"))
+        assert environment == {"SPARK_LOCAL_IP": "127.0.0.1"}
+        assert "spark.authenticate" not in settings
+        assert settings.get("spark.ui.enabled") != "false"
+
+
+def test_a_standalone_master_off_loopback_needs_the_secret_file_or_insecure(tmp_path, capsys):
+    master = "spark://10.1.2.3:7077"
+    with pytest.raises(PreprocessConfigError, match="--insecure"):
+        _plan(SparkConfig(master=master, bind_address="10.1.2.4"))
+    for submitted in (False, True):  # python -m spark_jobs; submit.sh / spark-submit
+        with pytest.raises(PreprocessConfigError, match="no secret file"):
+            _plan(SparkConfig(master="local[2]"), master=master, submitted=submitted,
+                  environment={"SPARK_LOCAL_IP": "127.0.0.1"})
+    secret_file = str(_secret_file(tmp_path / "secret"))
+    environment, settings = _plan(SparkConfig(master=master, bind_address="10.1.2.4",
+                                              auth_secret_file=secret_file))
+    assert _encrypted_without_fallback(settings) and SECRET not in str(settings)
+    assert environment["SPARK_LOCAL_IP"] == "127.0.0.1"
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        _plan(SparkConfig(master=master, bind_address="10.1.2.4", auth_secret_file=secret_file,
+                          rpc_encryption=False))
+    capsys.readouterr()
+    _, settings = _plan(SparkConfig(master=master, bind_address="10.1.2.4", insecure=True))
+    assert "spark.authenticate" not in settings and "WARNING" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("master", ["k8s://https://10.0.0.1:6443", "yarn"])
+def test_kubernetes_and_yarn_authenticate_and_encrypt_with_sparks_own_secret(master, tmp_path):
+    """Spark makes a secret per application there and hands it to the executors itself;
+    settings from a conf file (spark-submit --conf-file's way) cannot switch that off."""
+    conf_file = tmp_path / "spark.conf"
+    conf_file.write_text("spark.authenticate false\nspark.network.crypto.enabled false\n")
+    for spark in (SparkConfig(master=master, bind_address="10.0.0.5"),
+                  SparkConfig(master=master, bind_address="10.0.0.5", conf_file=str(conf_file))):
+        _, settings = _plan(spark)
+        assert _encrypted_without_fallback(settings)
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        _plan(SparkConfig(master=master, bind_address="10.0.0.5", rpc_encryption=False))
+
+
+def test_under_spark_submit_the_driver_ui_stays_on_loopback_or_behind_a_filter_or_is_off(capsys):
+    """The image's driver mode and spark-submit: the JVM already runs; its UI listens on the
+    SPARK_LOCAL_IP it started with, else on every pod interface."""
+    master = "k8s://https://10.0.0.1:6443"
+    spark = SparkConfig(master="local[2]")
+    _, settings = _plan(spark, master, submitted=True, environment={})
+    assert settings["spark.ui.enabled"] == "false" and _encrypted_without_fallback(settings)
+    assert "web UI" in capsys.readouterr().err
+    for environment in ({"SPARK_LOCAL_IP": "127.0.0.1"}, {"SPARK_LOCAL_IP": "::1"}):
+        _, settings = _plan(spark, master, submitted=True, environment=environment)
+        assert "spark.ui.enabled" not in settings
+    filtered = SparkConfig(conf={"spark.ui.filters": "org.example.AuthFilter"})
+    _, settings = _plan(filtered, master, submitted=True, environment={})
+    assert "spark.ui.enabled" not in settings
+    _, settings = _plan(SparkConfig(master="yarn", bind_address="10.0.0.5"))
+    assert settings["spark.ui.enabled"] == "false"
+
+
+def test_the_job_refuses_an_unauthenticated_master_off_loopback_before_the_workdir(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path),
+                           "--workdir", str(tmp_path / "w"), "--master", "spark://10.1.2.3:7077",
+                           "--bind-address", "10.1.2.4"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "--insecure" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "w").exists()

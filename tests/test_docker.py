@@ -459,6 +459,46 @@ def test_entrypoint_kubernetes_modes_name_a_missing_variable(tmp_path, mode):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not set" in proc.stderr
 
 
+def _fake(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_entrypoint_driver_mode_keeps_the_driver_ui_on_loopback(tmp_path):
+    """Under spark-submit the driver's UI follows SPARK_LOCAL_IP, else every pod interface."""
+    spark_home = tmp_path / "spark"
+    _fake(spark_home / "bin" / "spark-submit",
+          'echo "SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-}"; printf "%s\\n" "$@"\n')
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "driver", "--class", "x"], tmp_path,
+                   SPARK_HOME=str(spark_home), SPARK_DRIVER_BIND_ADDRESS="10.2.3.4")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "SPARK_LOCAL_IP=127.0.0.1" in lines and "spark.driver.bindAddress=10.2.3.4" in lines
+
+
+def test_entrypoint_executor_mode_passes_the_drivers_startup_settings_in_order(tmp_path):
+    """Spark hands executor pods the driver's startup settings (authentication, RPC
+    encryption, no SASL fallback) as SPARK_JAVA_OPT_<n>: each one whole, in numeric order."""
+    _fake(tmp_path / "bin" / "java", 'printf "%s\\n" "$@"\n')
+    env = {"SPARK_EXECUTOR_MEMORY": "1g", "SPARK_DRIVER_URL": "spark://d", "SPARK_EXECUTOR_ID": "1",
+           "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": "a", "SPARK_EXECUTOR_POD_IP": "p",
+           "SPARK_JAVA_OPT_0": "-Dspark.authenticate=true",
+           "SPARK_JAVA_OPT_1": "-Dspark.network.crypto.enabled=true",
+           "SPARK_JAVA_OPT_10": "-Dspark.app.name=with space",
+           "SPARK_JAVA_OPT_2": "-Dspark.network.crypto.saslFallback=false"}
+    proc = subprocess.run(["bash", str(DOCKER / "spark" / "entrypoint.sh"), "executor"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SPARK_HOME": "/x",
+                               **env})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert args[:4] == ["-Dspark.authenticate=true", "-Dspark.network.crypto.enabled=true",
+                        "-Dspark.network.crypto.saslFallback=false",
+                        "-Dspark.app.name=with space"], args
+
+
 # ---------------------------------------------------------------- the image's daemon modes
 @pytest.mark.parametrize("name", ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu"])
 def test_preprocess_images_run_as_an_unprivileged_user(name):
