@@ -573,3 +573,56 @@ def test_image_daemons_refuse_root():
     proc = subprocess.run([sys.executable, "-m", "pipeline.cluster_auth", "master", "--host",
                            "127.0.0.1"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "not as root" in proc.stderr and "--allow-root" in proc.stderr
+
+
+def _someone_elses(path: Path) -> Path:
+    path.mkdir(parents=True)
+    if os.geteuid() == 0:
+        os.chown(path, 12345, 12345)
+    else:  # a directory this user does not own already exists: the system's root-owned one
+        path.rmdir()
+        path.symlink_to("/usr")
+    return path
+
+
+def test_cluster_scripts_make_private_directories_and_refuse_another_users(tmp_path):
+    """Executors' logs and files stay this user's (0700); a cluster directory someone else
+    made first (or a link to one) is refused before anything starts."""
+    python = _fake(tmp_path / "python", f"echo {tmp_path / 'spark'}\n")
+    (tmp_path / "c").mkdir(mode=0o755)
+    proc = _script([DOCKER / "spark-cluster" / "stop-cluster.sh", "--dir", tmp_path / "c"],
+                   tmp_path, PYTHON=str(python))
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("", "logs", "work", "pids", "local"):
+        assert ((tmp_path / "c" / sub).stat().st_mode & 0o777) == 0o700, sub
+    for name in ("other", "link"):
+        target = _someone_elses(tmp_path / name) if name == "other" else tmp_path / name
+        if name == "link":
+            (tmp_path / "fresh").mkdir()
+            target.symlink_to(tmp_path / "fresh")
+        proc = _script([DOCKER / "spark-cluster" / "start-cluster.sh", "--dir", target],
+                       tmp_path, PYTHON=str(python))
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert str(target) in proc.stderr and not (target / "logs").exists()
+
+
+def test_image_daemons_keep_their_files_out_of_the_shared_temp_dir(tmp_path):
+    """Without --dir the daemon's directory is under the user's home (a path under /tmp can be
+    made first by another user); the worker's directory is 0700, another user's is refused."""
+    home = tmp_path / "home"
+    home.mkdir()
+    root = [] if os.geteuid() else ["--allow-root"]
+    env = {"SPARK_HOME": str(_fake_spark_home(tmp_path)), "PYTHONPATH": str(REPO),
+           "HOME": str(home)}
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "worker", "spark://127.0.0.1:7077",
+                    "--host", "127.0.0.1", *root], tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.splitlines()
+    conf = Path(argv[argv.index("--properties-file") + 1])
+    work = Path(argv[argv.index("--work-dir") + 1])
+    assert conf.parent == home / ".local" / "state" / "criteo-spark"
+    assert (work.stat().st_mode & 0o777) == 0o700 and (conf.parent.stat().st_mode & 0o777) == 0o700
+    other = _someone_elses(tmp_path / "other")
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "master", "--host", "127.0.0.1", *root,
+                    "--dir", other], tmp_path, **env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(other) in proc.stderr
