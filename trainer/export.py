@@ -33,6 +33,7 @@ from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENT
                                              dictionaries_fingerprint)
 from dlrm_contracts.layout import (DATASET_JSON, EXPORT_FINGERPRINT, WorkdirLayout,
                                    export_versions)
+from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
@@ -257,6 +258,8 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "size": source.size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
                                  and p.name != FINGERPRINT),
+        # what the score stage and the serving image check before loading (model_digest.py)
+        DIGEST_KEY: saved_model_digest(saved_model),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
