@@ -233,8 +233,16 @@ class PreprocessConfig:
     # others train); older day files are ignored, never deleted. None = every day file. At
     # least 2 (a train day and the test/validation day).
     window_days: int | None = None
+    # A day file that is a symbolic link is read only when it points inside the input
+    # directory, or inside one of these directories (absolute paths): a link planted in a
+    # landing directory must not make the job read (and copy rejected lines of) any file the
+    # pipeline's user can read. Empty = inside the input directory only.
+    input_link_roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        _check(all(isinstance(r, str) and Path(r).is_absolute() for r in self.input_link_roots),
+               "preprocess.input_link_roots must be absolute directory paths, got "
+               f"{self.input_link_roots!r}")
         self.frequency_threshold = _threshold("preprocess.frequency_threshold",
                                               self.frequency_threshold)
         _check_limits(self)
