@@ -2,7 +2,7 @@
 interpreter every task runs) and ``criteo_dlrm_home`` (the directory whose ``pipeline`` package
 it runs). Whoever can change either runs code as the Airflow user, so each must be an absolute
 path owned by that user or root, and neither it nor the directory holding it writable by its
-group or others (docs/pipeline.md, "Scheduling with Airflow").
+group or others (docs/pipeline.md, "Airflow: the shipped DAG").
 
 Standard library only: the DAG loads this file beside itself (Airflow's environment does not
 have the product's packages).
