@@ -410,7 +410,7 @@ def get_session(spark: SparkConfig):
     from pyspark.sql import SparkSession
 
     submitted = launched_by_spark_submit()
-    master = _submit_master() if submitted else spark.master
+    master = (_submit_master() or spark.master) if submitted else spark.master
     environment, settings = session_plan(spark, submitted, master, dict(os.environ))
     active = SparkSession.getActiveSession()
     if active is not None:

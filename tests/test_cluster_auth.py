@@ -187,6 +187,28 @@ def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     assert proc.returncode == 1 and "secret file" in proc.stderr
 
 
+def test_submit_passes_insecure_for_a_cluster_started_insecure(tmp_path):
+    """A cluster started with --insecure (AUTH=off): the job says --insecure too, since it
+    refuses an unauthenticated master off loopback otherwise."""
+    spark_home = tmp_path / "spark"
+    (spark_home / "bin").mkdir(parents=True)
+    (spark_home / "bin" / "spark-submit").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (spark_home / "bin" / "spark-submit").chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
+    python.chmod(0o755)
+    cluster = tmp_path / "cl"
+    cluster.mkdir()
+    (cluster / "cluster.env").write_text("MASTER_URL=spark://10.0.0.1:7077\nHOST=10.0.0.1\n"
+                                         "AUTH=off\nSECRET_FILE=\nRPC_ENCRYPTION=off\n")
+    proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"], "PYTHON": str(python)})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert "--insecure" in args and "--auth-secret-file" not in args
+
+
 SECRET_NAMED = ["spark.org.apache.spark.ui.JWSFilter.param.secretKey", "spark.ssl.keyPassword",
                 "spark.ssl.keyStorePassword", "spark.ssl.ui.trustStorePassword",
                 "spark.hadoop.fs.s3a.secret.key", "spark.hadoop.fs.s3a.access.key",
