@@ -314,7 +314,7 @@ def test_serving_image_is_tensorflow_serving_of_the_pin_and_checks_the_model(tmp
     assert dockerfile.of("FROM")[-1].args == (
         "tensorflow/serving:${TENSORFLOW_VERSION}${SERVING_BASE_DIGEST:+@${SERVING_BASE_DIGEST}}")
     script = DOCKER / "serving" / "entrypoint.sh"
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no SavedModel" in proc.stderr
     _served_version(tmp_path / "models")
@@ -334,7 +334,7 @@ def test_serving_listens_on_no_tcp_port_by_default_and_bounds_requests(tmp_path)
     script = DOCKER / "serving" / "entrypoint.sh"
     _served_version(tmp_path / "models")
     fake = _fake_server(tmp_path)
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"),
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
            "PATH": f"{fake.parent}:/usr/bin:/bin"}
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
@@ -366,7 +366,7 @@ def test_serving_refuses_a_version_the_export_stage_did_not_write(tmp_path):
     after the export, stops the server before it starts (the score stage refuses it too)."""
     script = DOCKER / "serving" / "entrypoint.sh"
     fake = _fake_server(tmp_path)
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"),
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
            "PATH": f"{fake.parent}:/usr/bin:/bin"}
     good = _served_version(tmp_path / "models", 1)
     planted = _served_version(tmp_path / "models", 2)
