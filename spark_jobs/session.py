@@ -183,7 +183,7 @@ def deploy_kind(master: str) -> str:
     return "yarn" if master.startswith("yarn") else "other"
 
 
-def deploy_security(spark: SparkConfig, master: str) -> dict[str, str]:
+def deploy_security(spark: SparkConfig, master: str, warn: bool = True) -> dict[str, str]:
     """The authentication and encryption settings a deploy mode needs (docs/cluster.md §2.2),
     or a PreprocessConfigError: off loopback, nothing runs unauthenticated or unencrypted
     unless spark.insecure (--insecure) says so, loudly.
@@ -191,14 +191,16 @@ def deploy_security(spark: SparkConfig, master: str) -> dict[str, str]:
     Local mode and a standalone master on loopback stay on this machine. A standalone master
     elsewhere needs the cluster's secret file. On Kubernetes and YARN, Spark makes a secret
     per application and hands it to the executors itself, so authentication is switched on
-    here; executors always talk to the driver over the network there.
+    here; executors always talk to the driver over the network there. ``warn``: print the
+    --insecure warning (the job does; the pipeline's early check leaves it to the job).
     """
     kind = deploy_kind(master)
     host = _master_host(master)
     if kind == "local" or (kind == "standalone" and host and is_loopback(host)):
         return {}
     if spark.insecure:
-        print(INSECURE_WARNING.format(where=master), file=sys.stderr)
+        if warn:
+            print(INSECURE_WARNING.format(where=master), file=sys.stderr)
         return {}
     if not spark.rpc_encryption:
         raise PreprocessConfigError(

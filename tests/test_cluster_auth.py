@@ -435,3 +435,13 @@ def test_the_job_refuses_an_unauthenticated_master_off_loopback_before_the_workd
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert "--insecure" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_the_pipeline_refuses_an_unauthenticated_master_off_loopback_before_any_stage(tmp_path):
+    (tmp_path / "in").mkdir()
+    base = [sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"), "--stages",
+            "preprocess", "--input", str(tmp_path / "in"), "--spark-master", "spark://10.1.2.3:7077"]
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "no secret file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "w").exists()
