@@ -56,6 +56,10 @@ def verify_saved_model(directory: str | Path) -> dict:
     except (OSError, ValueError) as error:
         raise ModelDigestError(f"{root / EXPORT_FINGERPRINT} cannot be read: {error}") from None
     recorded = fingerprint.get(DIGEST_KEY) if isinstance(fingerprint, dict) else None
+    links = sorted(str(p) for p in root.rglob("*") if p.is_symlink())
+    if links:  # the digest covers regular files: a link could point anywhere
+        raise ModelDigestError(f"{root} holds a symbolic link ({links[0]}), which the export "
+                               "stage never writes; refusing to load it")
     if not recorded:
         raise ModelDigestError(f"{root / EXPORT_FINGERPRINT} records no {DIGEST_KEY}: export "
                                "the model again (an export of an older version of the pipeline)")

@@ -377,6 +377,10 @@ def test_serving_refuses_a_version_the_export_stage_did_not_write(tmp_path):
     (planted / "assets").mkdir()
     (planted / "assets" / "extra").write_bytes(b"new file")
     assert _script([script], tmp_path, **env).returncode == 2
+    (planted / "assets" / "extra").unlink()
+    (planted / "assets" / "extra").symlink_to("/etc/hostname")  # not hashed: refused outright
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 2 and "symbolic link" in proc.stderr
     import shutil
     shutil.rmtree(planted)
     (good / "fingerprint.json").unlink()

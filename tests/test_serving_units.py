@@ -206,4 +206,9 @@ def test_score_loads_only_a_version_the_export_stage_wrote(tmp_path):
     (version / "variables" / "variables.index").write_bytes(b"planted")
     with pytest.raises(ScoreError, match="differ from what the export stage recorded"):
         score_files(version, [day], tmp_path / "out", ScoreConfig())
+    (version / "variables" / "variables.index").write_bytes(b"index")
+    (version / "assets").mkdir()
+    (version / "assets" / "vocabulary").symlink_to(day)
+    with pytest.raises(ScoreError, match="symbolic link"):
+        score_files(version, [day], tmp_path / "out", ScoreConfig())
     assert not (tmp_path / "out").exists()

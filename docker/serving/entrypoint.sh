@@ -73,6 +73,8 @@ for version in "${versions[@]}"; do
   dir="$model_dir/$version"
   [[ -f "$dir/fingerprint.json" ]] \
     || fail "$dir has no fingerprint.json: not a version the export stage wrote; refusing to serve it"
+  link="$(find "$dir" -type l -print -quit)"
+  [[ -z "$link" ]] || fail "$dir holds a symbolic link ($link), which the export stage never writes; refusing to serve it"
   recorded="$(sed -n 's/^ *"content_sha256": *"\([0-9a-f]\{64\}\)".*/\1/p' "$dir/fingerprint.json")"
   [[ -n "$recorded" ]] \
     || fail "$dir/fingerprint.json records no content_sha256: export the model again"
