@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
-from dlrm_contracts.security import refuse_secret_settings
+from dlrm_contracts.security import refuse_secret_settings, refuse_secret_values
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, ThresholdSpecError, parse_threshold_spec
 
@@ -155,6 +155,10 @@ class SparkConfig:
     ui_admin_users: list[str] = field(default_factory=list)  # spark.admin.acls
     ui_view_users: list[str] = field(default_factory=list)   # spark.ui.view.acls
     ui_kill_enabled: bool = False  # spark.ui.killEnabled: kill buttons on the web UI
+    # True (--insecure): run off loopback without authentication or RPC encryption, and let
+    # the driver's web UI listen off loopback without an authentication filter. Every deploy
+    # mode refuses that otherwise (spark_jobs/session.py deploy_security, docs/cluster.md).
+    insecure: bool = False
     # A directory (or URL: hdfs://, s3a://) for Spark's event log, which the Spark History
     # Server reads (spark.eventLog.enabled/dir); None = no event log. A local directory is
     # created when missing.
@@ -163,8 +167,10 @@ class SparkConfig:
     def __post_init__(self) -> None:
         _check_limits(self)
         # Settings are recorded (effective_config.yaml) and reach the JVM's command line: a
-        # secret among them is refused here, before anything is written or started.
+        # secret among them (by name or in a value), or a URL with a password anywhere in this
+        # section (an event-log URL), is refused here, before anything is written or started.
         refuse_secret_settings(self.conf or {}, "spark.conf")
+        refuse_secret_values(config_to_dict(self), "spark")
         odd = {k: v for k, v in (self.conf or {}).items() if not isinstance(v, (str, int, float))}
         _check(not odd, f"spark.conf: each value must be a string or a number, got {odd}")
 
@@ -227,8 +233,16 @@ class PreprocessConfig:
     # others train); older day files are ignored, never deleted. None = every day file. At
     # least 2 (a train day and the test/validation day).
     window_days: int | None = None
+    # A day file that is a symbolic link is read only when it points inside the input
+    # directory, or inside one of these directories (absolute paths): a link planted in a
+    # landing directory must not make the job read (and copy rejected lines of) any file the
+    # pipeline's user can read. Empty = inside the input directory only.
+    input_link_roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        _check(all(isinstance(r, str) and Path(r).is_absolute() for r in self.input_link_roots),
+               "preprocess.input_link_roots must be absolute directory paths, got "
+               f"{self.input_link_roots!r}")
         self.frequency_threshold = _threshold("preprocess.frequency_threshold",
                                               self.frequency_threshold)
         _check_limits(self)
@@ -657,6 +671,11 @@ class PipelineConfig:
     score: ScoreConfig = field(default_factory=ScoreConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
+
+    def __post_init__(self) -> None:
+        # Every string here is written to effective_config.yaml and may reach a command line:
+        # a URL with a password (an input, a score file) is refused like a secret setting.
+        refuse_secret_values(config_to_dict(self), "config")
 
 
 class ConfigError(UsageError, ValueError):

@@ -36,7 +36,7 @@ from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.preflight import preflight_failed, report
 from pipeline.runner import run_pipeline
 from pipeline.served import ACTIONS, export_command
-from spark_jobs.session import read_conf_file
+from spark_jobs.session import deploy_security, read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or "
@@ -155,6 +155,9 @@ def validate(config: PipelineConfig) -> None:
             read_secret_file(config.spark.auth_secret_file)
         except SecretFileError as exc:
             raise UsageError(f"--spark-secret-file: {exc}") from None
+    if "preprocess" in config.stages:
+        # an unauthenticated or unencrypted master off loopback: exit 2 before any stage runs
+        deploy_security(config.spark, config.spark.master, warn=False)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -21,8 +21,8 @@ import getpass
 import os
 import re
 import secrets
+import stat
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +46,27 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` created if needed and set to mode 0700."""
+    """``path`` created if needed and set to mode 0700; refused (``Refused``) when it already
+    exists as another user's directory or as a symbolic link: whoever made it first could
+    read or replace what the daemons keep there (their secret, logs, executors' files)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise Refused(f"{path} is not a directory of its own (a symbolic link or a file): "
+                      "choose another --dir")
+    if info.st_uid != os.geteuid():
+        raise Refused(f"{path} belongs to uid {info.st_uid}, not to this user "
+                      f"(uid {os.geteuid()}): another user made it first; choose another --dir")
     path.chmod(0o700)
     return path
+
+
+def default_daemon_dir() -> Path:
+    """The daemon's private directory when --dir is not given: under the user's home
+    ($XDG_STATE_HOME, else ~/.local/state), never a predictable path under the shared
+    temporary directory, where another user could create it first."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "criteo-spark"
 
 
 def ensure_secret(auth_dir: Path, secret_file: str | None) -> tuple[Path, str]:
@@ -200,7 +217,7 @@ def daemon_command(args: argparse.Namespace, spark_home: str) -> tuple[list[str]
                       "(mode 0600, owned by the daemon's user) and name it with --secret-file "
                       "FILE, the same file on every node (or --insecure on a network you trust "
                       "entirely)")
-    auth_dir = Path(args.dir or Path(tempfile.gettempdir()) / f"criteo-spark-{os.geteuid()}")
+    auth_dir = Path(args.dir) if args.dir else default_daemon_dir()
     daemon_conf = write_daemon_conf(security, auth_dir, args.secret_file)
     argv = [str(Path(spark_home) / "bin" / "spark-class"), DAEMON_CLASSES[args.role],
             "--host", args.host, "--webui-port", str(args.webui_port),
@@ -208,8 +225,8 @@ def daemon_command(args: argparse.Namespace, spark_home: str) -> tuple[list[str]
     if args.role == "master":
         argv += ["--port", str(args.port)]
     else:
-        work = Path(args.work_dir) if args.work_dir else auth_dir / "work"
-        work.mkdir(parents=True, exist_ok=True)
+        # executors' files and logs: this user's only
+        work = private_dir(Path(args.work_dir) if args.work_dir else auth_dir / "work")
         argv += ["--cores", str(args.cores), "--memory", args.memory, "--work-dir", str(work),
                  args.master_url]
     return argv, {"SPARK_LOCAL_IP": UI_ADDRESS, "SPARK_MASTER_HOST": args.host}
@@ -274,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--webui-port", type=_port, default=8080 if role == "master" else 8081)
         d.add_argument("--secret-file", help="the cluster's secret, mounted (mode 0600)")
         d.add_argument("--dir", help="private directory for the properties file (mode 0700; "
-                                     "default: a directory of this user's under /tmp)")
+                                     "default: $XDG_STATE_HOME/criteo-spark, else "
+                                     "~/.local/state/criteo-spark)")
         d.add_argument("--allow-root", action="store_true",
                        help="run as root anyway (not recommended)")
         _security_flags(d)

@@ -76,7 +76,8 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
 
     raw = Path(config.input).resolve()
     try:
-        days = discover_days(raw, config.preprocess.window_days)
+        days = discover_days(raw, config.preprocess.window_days,
+                             config.preprocess.input_link_roots)
     except PreprocessInputError as exc:
         est.say(f"input: {exc} (the preprocess stage will refuse it)")
         return None, None, 0

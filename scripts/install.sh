@@ -30,6 +30,14 @@ stamp_value() {
 }
 
 STAMP="$VENV/.criteo-dlrm-installed"
+# --record-installed: the environment was installed another way (the train image's build stage,
+# from hash-pinned locks, docker/Dockerfile.train): only check Horovod is there and stamp it.
+if [[ "${1:-}" == "--record-installed" ]]; then
+  [[ -x "$VENV/bin/horovodrun" ]] || die "--record-installed: $VENV has no horovodrun"
+  stamp_value >"$STAMP"
+  log "recorded $VENV as installed"
+  exit 0
+fi
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_value)" && -x "$VENV/bin/horovodrun" ]]; then
   exit 0
 fi

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="encrypt shuffle and spill files (spark.io.encryption.enabled)")
     security.add_argument("--bind-address", metavar="ADDR",
                           help="address the driver and its web UI bind to (SPARK_LOCAL_IP)")
+    security.add_argument("--insecure", action="store_true", default=None,
+                          help="off loopback: run without authentication and RPC encryption, "
+                               "driver UI without an authentication filter (spark.insecure)")
     security.add_argument("--ui-admin-users", metavar="U1,U2", help="spark.admin.acls")
     security.add_argument("--ui-view-users", metavar="U1,U2", help="spark.ui.view.acls")
     return p

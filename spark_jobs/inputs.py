@@ -38,14 +38,31 @@ class DayFile:
         return f"{self.name}:{st.st_size}:{st.st_mtime_ns}:{sampled_hash(self.path)}"
 
 
-def discover_days(input_dir: str | Path, window_days: int | None = None) -> list[DayFile]:
+def _check_link(path: Path, root: Path, link_roots: tuple[str, ...]) -> None:
+    """A day file that is a symbolic link must point inside the input directory or one of
+    ``link_roots`` (preprocess.input_link_roots)."""
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    allowed = [root.resolve(), *(Path(r).resolve() for r in link_roots)]
+    if not any(target.is_relative_to(base) for base in allowed):
+        roots = ", ".join(str(r) for r in allowed)
+        raise PreprocessInputError(
+            f"day file {path} is a symbolic link to {target}, outside the input directory "
+            f"(allowed: {roots}): a link in a landing directory could make the job read any "
+            "file; copy the file in, or add its directory to preprocess.input_link_roots")
+
+
+def discover_days(input_dir: str | Path, window_days: int | None = None,
+                  link_roots: tuple[str, ...] | list[str] = ()) -> list[DayFile]:
     """The day files of ``input_dir`` ordered by day number, or a PreprocessInputError.
 
     ``window_days`` (``preprocess.window_days``): only the newest N days are the data, the
     one place the window is applied (the job, its progress and the preflight all call this).
     Older day files are ignored as they are (never read, checked or deleted): a scheduled job
     may archive them. The window itself must be whole: days k-N+1..k for the newest k, or
-    0..k while fewer than N exist.
+    0..k while fewer than N exist. A day file of the window that is a symbolic link must point
+    inside ``input_dir`` or one of ``link_roots`` (preprocess.input_link_roots).
     """
     root = Path(input_dir)
     if not root.is_dir():
@@ -77,6 +94,7 @@ def discover_days(input_dir: str | Path, window_days: int | None = None) -> list
                                    "(train days, then the last day for test/validation)")
     days = [DayFile(d, by_day[d][0]) for d in sorted(by_day)]
     for day in days:
+        _check_link(day.path, root, tuple(link_roots))
         if day.path.stat().st_size == 0:
             raise PreprocessInputError(f"day file {day.path} is empty")
         if day.gzipped:

@@ -73,7 +73,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     """
     spec = preprocess.frequency_threshold
     engine_id = engine_name(preprocess, spark)
-    days = discover_days(input_dir, preprocess.window_days)
+    days = discover_days(input_dir, preprocess.window_days, preprocess.input_link_roots)
     layout = WorkdirLayout.at(workdir)
     # before anything is replaced: a killed run's half-done swap is settled, and a stable
     # workdir's threshold is checked

@@ -160,7 +160,8 @@ class PreprocessProgress:
     def __enter__(self) -> PreprocessProgress:
         global _active
         try:
-            self.days = discover_days(self.input_dir, self.cfg.window_days)
+            self.days = discover_days(self.input_dir, self.cfg.window_days,
+                                      self.cfg.input_link_roots)
             self._day_bytes = {d.day: d.path.stat().st_size for d in self.days}
             self._day_rows = {d.day: self._day_bytes[d.day] / bytes_per_line(d.path,
                                                                              self.sample_bytes)

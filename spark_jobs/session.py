@@ -104,6 +104,8 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
         raise PreprocessConfigError(
             f"--driver-memory {spark.driver_memory!r} must be a size with a unit, e.g. 12g or 512m")
     settings = spark_settings(spark)
+    if not launched_by_spark_submit():  # under spark-submit, get_session checks its master
+        deploy_security(spark, master)
     if spark.auth_secret_file:
         _read_secret(spark)
         _refuse_clear_secret(spark, settings)
@@ -159,6 +161,100 @@ def _read_secret(spark: SparkConfig) -> str:
         raise PreprocessConfigError(f"--auth-secret-file: {error}") from None
 
 
+# Encrypted RPC with no fallback to unencrypted SASL (as the cluster's daemons have it): a
+# peer that does not encrypt is refused instead of talked to in clear. Both are executor
+# startup settings, so executors get them from the driver when they are launched.
+RPC_ENCRYPTION = {"spark.network.crypto.enabled": "true",
+                  "spark.network.crypto.saslFallback": "false"}
+
+INSECURE_WARNING = ("WARNING: spark.insecure (--insecure): the job's Spark traffic on {where} is "
+                    "neither authenticated nor encrypted; anyone who reaches it can run code "
+                    "as this user. Use this only on a network where you trust every host.")
+
+
+def deploy_kind(master: str) -> str:
+    """local, standalone, kubernetes, yarn or other: what decides who may connect."""
+    if master.startswith("local"):
+        return "local"
+    if master.startswith("spark://"):
+        return "standalone"
+    if master.startswith("k8s://"):
+        return "kubernetes"
+    return "yarn" if master.startswith("yarn") else "other"
+
+
+def deploy_security(spark: SparkConfig, master: str, warn: bool = True) -> dict[str, str]:
+    """The authentication and encryption settings a deploy mode needs (docs/cluster.md §2.2),
+    or a PreprocessConfigError: off loopback, nothing runs unauthenticated or unencrypted
+    unless spark.insecure (--insecure) says so, loudly.
+
+    Local mode and a standalone master on loopback stay on this machine. A standalone master
+    elsewhere needs the cluster's secret file. On Kubernetes and YARN, Spark makes a secret
+    per application and hands it to the executors itself, so authentication is switched on
+    here; executors always talk to the driver over the network there. ``warn``: print the
+    --insecure warning (the job does; the pipeline's early check leaves it to the job).
+    """
+    kind = deploy_kind(master)
+    host = _master_host(master)
+    if kind == "local" or (kind == "standalone" and host and is_loopback(host)):
+        return {}
+    if spark.insecure:
+        if warn:
+            print(INSECURE_WARNING.format(where=master), file=sys.stderr)
+        return {}
+    if not spark.rpc_encryption:
+        raise PreprocessConfigError(
+            f"--no-rpc-encryption with the master {master}, which is not on loopback: the "
+            "driver's settings (the secret among them) would cross the network unencrypted; "
+            "keep RPC encryption on, or say --insecure (spark.insecure) on a network you "
+            "trust entirely")
+    if kind in ("standalone", "other") and not spark.auth_secret_file:
+        raise PreprocessConfigError(
+            f"the master {master} is not on loopback and no secret file is named: an "
+            "unauthenticated cluster runs anyone's code; give the cluster's secret file with "
+            "--auth-secret-file (run_pipeline.sh --spark-secret-file, spark.auth_secret_file), "
+            "or say --insecure (spark.insecure) on a network you trust entirely")
+    return {"spark.authenticate": "true", **RPC_ENCRYPTION}
+
+
+def ui_settings(spark: SparkConfig, settings: dict[str, str],
+                environment: dict[str, str]) -> dict[str, str]:
+    """The driver's web UI stays on loopback or behind an authentication filter: Spark binds it
+    to SPARK_LOCAL_IP (of the environment the JVM started with), else to every interface, and
+    its ACLs restrict nobody without a filter (spark.ui.filters). Otherwise it is switched off
+    (spark.ui.enabled=false), unless spark.insecure."""
+    address = environment.get("SPARK_LOCAL_IP", "")
+    if (settings.get("spark.ui.enabled", "true").lower() == "false"
+            or settings.get("spark.ui.filters") or (address and is_loopback(address))
+            or spark.insecure):
+        return {}
+    print(f"spark_jobs: the driver's web UI would listen on {address or 'every interface'} "
+          "without an authentication filter: it is off (set SPARK_LOCAL_IP=127.0.0.1 or "
+          "spark.ui.filters to keep it; docs/cluster.md §2.2)", file=sys.stderr)
+    return {"spark.ui.enabled": "false"}
+
+
+def session_plan(spark: SparkConfig, submitted: bool, master: str,
+                 environment: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(environment for the JVM, settings) of the session in its deploy mode: ``master`` is
+    spark-submit's under spark-submit (whose JVM already runs with ``environment``), else
+    ``spark.master``. What get_session applies; what the tests read per deploy mode."""
+    settings = spark_settings(spark, under_spark_submit=submitted)
+    if submitted:
+        settings = {k: v for k, v in settings.items() if k not in _SUBMIT_OWNED}
+        jvm_environment: dict[str, str] = {}
+    else:
+        jvm_environment, network = driver_network(spark)
+        settings = {**settings, **network}
+    security = deploy_security(spark, master)
+    # over the user's settings: opting out of security is spark.insecure's job, said loudly
+    settings = {**settings, **security}
+    if settings.get("spark.network.crypto.enabled", "").lower() == "true":
+        settings.setdefault("spark.network.crypto.saslFallback", "false")
+    settings.update(ui_settings(spark, settings, {**environment, **jvm_environment}))
+    return jvm_environment, settings
+
+
 def security_settings(spark: SparkConfig) -> dict[str, str]:
     """Authentication, encryption and the web UI's ACLs (never the secret itself).
 
@@ -173,7 +269,7 @@ def security_settings(spark: SparkConfig) -> dict[str, str]:
     if spark.auth_secret_file:
         conf["spark.authenticate"] = "true"
         if spark.rpc_encryption:
-            conf["spark.network.crypto.enabled"] = "true"
+            conf.update(RPC_ENCRYPTION)
     if spark.io_encryption:
         conf["spark.io.encryption.enabled"] = "true"
     return conf
@@ -316,9 +412,8 @@ def get_session(spark: SparkConfig):
     from pyspark.sql import SparkSession
 
     submitted = launched_by_spark_submit()
-    settings = spark_settings(spark, under_spark_submit=submitted)
-    if submitted:
-        settings = {k: v for k, v in settings.items() if k not in _SUBMIT_OWNED}
+    master = (_submit_master() or spark.master) if submitted else spark.master
+    environment, settings = session_plan(spark, submitted, master, dict(os.environ))
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in settings.items():
@@ -332,10 +427,7 @@ def get_session(spark: SparkConfig):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if not submitted:
-        environment, network = driver_network(spark)
-        os.environ.update(environment)  # inherited by the JVM pyspark starts
-        settings = {**settings, **network}
+    os.environ.update(environment)  # inherited by the JVM pyspark starts (none if submitted)
     if spark.event_log_dir:
         _make_event_log_dir(spark)
     if spark.auth_secret_file:
@@ -351,6 +443,14 @@ def get_session(spark: SparkConfig):
     _check_accepted(spark)
     session.sparkContext.setLogLevel(spark.log_level)
     return session
+
+
+def _submit_master() -> str:
+    """The master spark-submit started the JVM with (its spark.master system property)."""
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    return str(SparkContext._jvm.java.lang.System.getProperty("spark.master") or "")
 
 
 def _check_accepted(spark: SparkConfig) -> None:

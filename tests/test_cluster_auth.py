@@ -187,6 +187,28 @@ def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     assert proc.returncode == 1 and "secret file" in proc.stderr
 
 
+def test_submit_passes_insecure_for_a_cluster_started_insecure(tmp_path):
+    """A cluster started with --insecure (AUTH=off): the job says --insecure too, since it
+    refuses an unauthenticated master off loopback otherwise."""
+    spark_home = tmp_path / "spark"
+    (spark_home / "bin").mkdir(parents=True)
+    (spark_home / "bin" / "spark-submit").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (spark_home / "bin" / "spark-submit").chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
+    python.chmod(0o755)
+    cluster = tmp_path / "cl"
+    cluster.mkdir()
+    (cluster / "cluster.env").write_text("MASTER_URL=spark://10.0.0.1:7077\nHOST=10.0.0.1\n"
+                                         "AUTH=off\nSECRET_FILE=\nRPC_ENCRYPTION=off\n")
+    proc = subprocess.run(["bash", str(SUBMIT), "--dir", str(cluster), "--", "--input", "x"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"], "PYTHON": str(python)})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert "--insecure" in args and "--auth-secret-file" not in args
+
+
 SECRET_NAMED = ["spark.org.apache.spark.ui.JWSFilter.param.secretKey", "spark.ssl.keyPassword",
                 "spark.ssl.keyStorePassword", "spark.ssl.ui.trustStorePassword",
                 "spark.hadoop.fs.s3a.secret.key", "spark.hadoop.fs.s3a.access.key",
@@ -259,3 +281,167 @@ def test_authentication_without_rpc_encryption_is_refused_off_loopback(tmp_path,
                                        auth_secret_file=str(secret_file)))
     check_spark_config(SparkConfig(master="spark://127.0.0.1:7077", rpc_encryption=False,
                                    auth_secret_file=str(secret_file)))
+
+
+# Secrets inside values (issue: a secret hidden by its name only): (setting, value) pairs.
+SECRET_IN_VALUE = [
+    ("spark.driver.extraJavaOptions", "-XX:+UseParallelGC -Dspark.authenticate.secret=" + SECRET),
+    ("spark.executor.extraJavaOptions", "-Djavax.net.ssl.keyStorePassword=" + SECRET),
+    ("spark.executorEnv.DB_PASSWORD", SECRET),
+    ("spark.executorEnv.JAVA_TOOL_OPTIONS", "-Dfs.s3a.secret.key=" + SECRET),
+    ("spark.yarn.appMasterEnv.OPTS", "MODE=fast DB_PASSWORD=" + SECRET),
+    ("spark.eventLog.dir", f"s3a://AKIAEXAMPLE:{SECRET}@bucket/spark-events"),
+    ("spark.hadoop.fs.defaultFS", f"hdfs://etl:{SECRET}@namenode:8020/"),
+]
+NOT_SECRET_VALUES = ["-XX:-DontCompileHugeMethods -XX:CompileCommand=MaxNodeLimit,Gen*::*,40000",
+                     "-Dspark.authenticate.secretBitLength=256", "s3a://bucket/spark-events",
+                     "hdfs://namenode:8020/logs", "k8s://https://10.0.0.1:6443",
+                     "spark://host1:7077,host2:7077", "file:///tmp/events", "MODE=fast",
+                     "https://user@example.com/repo"]
+
+
+def test_secrets_inside_values_are_recognised_and_plain_values_are_not():
+    from dlrm_contracts.security import secret_in_value
+
+    assert [v for _, v in SECRET_IN_VALUE if not (secret_in_value(v) or secret_setting(_))] == []
+    assert [v for v in NOT_SECRET_VALUES if secret_in_value(v)] == []
+
+
+@pytest.mark.parametrize("name,value", SECRET_IN_VALUE)
+def test_a_secret_inside_a_value_is_refused_before_anything_is_written_or_started(
+        tmp_path, name, value):
+    """A YAML spark.conf entry, a --conf-file line, spark_jobs' --conf: exit 2 naming the
+    setting, the secret in no output and no file (effective_config.yaml, logs), no workdir."""
+    yaml_config = tmp_path / "inline.yaml"
+    yaml_config.write_text(f"spark:\n  conf:\n    {name}: \"{value}\"\n")
+    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
+    file_config = tmp_path / "file.yaml"
+    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
+    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
+             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
+            for config in (yaml_config, file_config)]
+    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
+                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
+    for argv in runs:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == ExitCode.USAGE, proc.stderr
+        assert name in proc.stderr and "Traceback" not in proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr
+        assert not (tmp_path / "w").exists()
+    with pytest.raises(SecretSettingError):
+        SparkConfig(conf={name: value})
+
+
+def test_a_url_with_a_password_is_refused_in_any_setting(tmp_path):
+    """The event-log directory, the input and a score file are recorded in
+    effective_config.yaml and passed on command lines like settings."""
+    from dlrm_contracts.config import config_from_dict
+
+    url = f"s3a://AKIAEXAMPLE:{SECRET}@bucket/path"
+    with pytest.raises(SecretSettingError, match="spark.event_log_dir") as raised:
+        SparkConfig(event_log_dir=url)
+    assert SECRET not in str(raised.value)
+    for data in ({"input": url}, {"score": {"input": [url]}}):
+        with pytest.raises(SecretSettingError) as raised:
+            config_from_dict(data)
+        assert SECRET not in str(raised.value)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"),
+                           "--stages", "preprocess", "--input", url],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE and SECRET not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------ every deploy mode's settings
+def _plan(spark: SparkConfig, master: str | None = None, submitted: bool = False,
+          environment: dict[str, str] | None = None):
+    from spark_jobs.session import session_plan
+
+    return session_plan(spark, submitted, master or spark.master, environment or {})
+
+
+def _encrypted_without_fallback(settings: dict[str, str]) -> bool:
+    return (settings.get("spark.authenticate") == "true"
+            and settings.get("spark.network.crypto.enabled") == "true"
+            and settings.get("spark.network.crypto.saslFallback") == "false")
+
+
+def test_local_and_loopback_modes_stay_on_loopback_without_a_secret():
+    for master in ("local[2]", "spark://127.0.0.1:7077"):
+        environment, settings = _plan(SparkConfig(master=master, bind_address="127.0.0.1"))
+        assert environment == {"SPARK_LOCAL_IP": "127.0.0.1"}
+        assert "spark.authenticate" not in settings
+        assert settings.get("spark.ui.enabled") != "false"
+
+
+def test_a_standalone_master_off_loopback_needs_the_secret_file_or_insecure(tmp_path, capsys):
+    master = "spark://10.1.2.3:7077"
+    with pytest.raises(PreprocessConfigError, match="--insecure"):
+        _plan(SparkConfig(master=master, bind_address="10.1.2.4"))
+    for submitted in (False, True):  # python -m spark_jobs; submit.sh / spark-submit
+        with pytest.raises(PreprocessConfigError, match="no secret file"):
+            _plan(SparkConfig(master="local[2]"), master=master, submitted=submitted,
+                  environment={"SPARK_LOCAL_IP": "127.0.0.1"})
+    secret_file = str(_secret_file(tmp_path / "secret"))
+    environment, settings = _plan(SparkConfig(master=master, bind_address="10.1.2.4",
+                                              auth_secret_file=secret_file))
+    assert _encrypted_without_fallback(settings) and SECRET not in str(settings)
+    assert environment["SPARK_LOCAL_IP"] == "127.0.0.1"
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        _plan(SparkConfig(master=master, bind_address="10.1.2.4", auth_secret_file=secret_file,
+                          rpc_encryption=False))
+    capsys.readouterr()
+    _, settings = _plan(SparkConfig(master=master, bind_address="10.1.2.4", insecure=True))
+    assert "spark.authenticate" not in settings and "WARNING" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("master", ["k8s://https://10.0.0.1:6443", "yarn"])
+def test_kubernetes_and_yarn_authenticate_and_encrypt_with_sparks_own_secret(master, tmp_path):
+    """Spark makes a secret per application there and hands it to the executors itself;
+    settings from a conf file (spark-submit --conf-file's way) cannot switch that off."""
+    conf_file = tmp_path / "spark.conf"
+    conf_file.write_text("spark.authenticate false\nspark.network.crypto.enabled false\n")
+    for spark in (SparkConfig(master=master, bind_address="10.0.0.5"),
+                  SparkConfig(master=master, bind_address="10.0.0.5", conf_file=str(conf_file))):
+        _, settings = _plan(spark)
+        assert _encrypted_without_fallback(settings)
+    with pytest.raises(PreprocessConfigError, match="unencrypted"):
+        _plan(SparkConfig(master=master, bind_address="10.0.0.5", rpc_encryption=False))
+
+
+def test_under_spark_submit_the_driver_ui_stays_on_loopback_or_behind_a_filter_or_is_off(capsys):
+    """The image's driver mode and spark-submit: the JVM already runs; its UI listens on the
+    SPARK_LOCAL_IP it started with, else on every pod interface."""
+    master = "k8s://https://10.0.0.1:6443"
+    spark = SparkConfig(master="local[2]")
+    _, settings = _plan(spark, master, submitted=True, environment={})
+    assert settings["spark.ui.enabled"] == "false" and _encrypted_without_fallback(settings)
+    assert "web UI" in capsys.readouterr().err
+    for environment in ({"SPARK_LOCAL_IP": "127.0.0.1"}, {"SPARK_LOCAL_IP": "::1"}):
+        _, settings = _plan(spark, master, submitted=True, environment=environment)
+        assert "spark.ui.enabled" not in settings
+    filtered = SparkConfig(conf={"spark.ui.filters": "org.example.AuthFilter"})
+    _, settings = _plan(filtered, master, submitted=True, environment={})
+    assert "spark.ui.enabled" not in settings
+    _, settings = _plan(SparkConfig(master="yarn", bind_address="10.0.0.5"))
+    assert settings["spark.ui.enabled"] == "false"
+
+
+def test_the_job_refuses_an_unauthenticated_master_off_loopback_before_the_workdir(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path),
+                           "--workdir", str(tmp_path / "w"), "--master", "spark://10.1.2.3:7077",
+                           "--bind-address", "10.1.2.4"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "--insecure" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_pipeline_refuses_an_unauthenticated_master_off_loopback_before_any_stage(tmp_path):
+    (tmp_path / "in").mkdir()
+    base = [sys.executable, "-m", "pipeline", "--workdir", str(tmp_path / "w"), "--stages",
+            "preprocess", "--input", str(tmp_path / "in"), "--spark-master", "spark://10.1.2.3:7077"]
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert "no secret file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "w").exists()

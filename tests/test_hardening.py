@@ -476,3 +476,45 @@ def test_damaged_parquet_or_counts_name_the_file_and_the_stage_to_rerun(converte
     proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5", "--force")
     assert_refused(proc, summary, ExitCode.CONVERT, str(victim),
                    "--stages preprocess,convert --force")
+
+
+def test_a_day_file_linked_outside_the_input_directory_is_refused_unless_its_root_is_allowed(
+        tmp_path):
+    """A symbolic link in a landing directory would make the job read (and copy rejected lines
+    of) any file the pipeline's user can read: refused with the link named, before Spark
+    starts and before the workdir is touched, unless preprocess.input_link_roots allows it."""
+    from spark_jobs.errors import PreprocessInputError
+    from spark_jobs.inputs import discover_days
+
+    landing, elsewhere = tmp_path / "landing", tmp_path / "elsewhere"
+    landing.mkdir()
+    elsewhere.mkdir()
+    line = b"1\t" + b"\t".join([b"1"] * 13) + b"\t" + b"\t".join([b"68fd1e64"] * 26) + b"\n"
+    (landing / "day_0").write_bytes(line * 3)
+    (elsewhere / "secrets.txt").write_bytes(line * 3)
+    (landing / "day_1").symlink_to(elsewhere / "secrets.txt")
+    with pytest.raises(PreprocessInputError, match=r"day_1 is a symbolic link to .*secrets.txt"):
+        discover_days(landing)
+    assert [d.name for d in discover_days(landing, link_roots=[str(elsewhere)])] == ["day_0",
+                                                                                    "day_1"]
+    inside = landing / "archive"
+    inside.mkdir()
+    (landing / "day_1").unlink()
+    (inside / "day_1").write_bytes(line * 3)
+    (landing / "day_1").symlink_to(inside / "day_1")  # inside the input directory: followed
+    assert len(discover_days(landing)) == 2
+    (landing / "day_1").unlink()
+    (landing / "day_1").symlink_to(elsewhere / "secrets.txt")
+    for argv in ([sys.executable, "-m", "spark_jobs", "--input", str(landing), "--workdir",
+                  str(tmp_path / "w")],
+                 [sys.executable, "-m", "pipeline", "--input", str(landing), "--workdir",
+                  str(tmp_path / "w"), "--stages", "preprocess"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == ExitCode.INPUT_DATA, proc.stderr[-2000:]
+        assert "symbolic link" in proc.stderr and "input_link_roots" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "w" / "parquet").exists() and not (tmp_path / "w" / "rejects").exists()
+    from dlrm_contracts.config import ConfigError, PreprocessConfig
+
+    with pytest.raises(ConfigError, match="input_link_roots"):
+        PreprocessConfig(input_link_roots=["relative/dir"])

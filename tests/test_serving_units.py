@@ -181,3 +181,34 @@ def test_a_truncated_gzip_score_input_is_a_score_error_naming_it(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ScoreError, match=r"day_9.gz is not a readable gzip file \(truncated"):
         detect_label(path, 0.01)
+
+
+def test_score_loads_only_a_version_the_export_stage_wrote(tmp_path):
+    """A model directory is code: the score stage checks the version's files against the
+    content digest its fingerprint.json records before TensorFlow loads anything."""
+    import json
+
+    from dlrm_contracts.config import ScoreConfig
+    from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest, verify_saved_model
+    from trainer.score import ScoreError, score_files
+
+    version = tmp_path / "export" / "3"
+    (version / "variables").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"not a graph")
+    (version / "variables" / "variables.index").write_bytes(b"index")
+    day = tmp_path / "day_9"
+    day.write_bytes(b"0\t1\t2\n")
+    with pytest.raises(ScoreError, match="no fingerprint.json"):
+        score_files(tmp_path / "export", [day], tmp_path / "out", ScoreConfig())
+    fingerprint = {"version": 3, DIGEST_KEY: saved_model_digest(version)}
+    (version / "fingerprint.json").write_text(json.dumps(fingerprint, indent=1))
+    assert verify_saved_model(version)[DIGEST_KEY] == fingerprint[DIGEST_KEY]
+    (version / "variables" / "variables.index").write_bytes(b"planted")
+    with pytest.raises(ScoreError, match="differ from what the export stage recorded"):
+        score_files(version, [day], tmp_path / "out", ScoreConfig())
+    (version / "variables" / "variables.index").write_bytes(b"index")
+    (version / "assets").mkdir()
+    (version / "assets" / "vocabulary").symlink_to(day)
+    with pytest.raises(ScoreError, match="symbolic link"):
+        score_files(version, [day], tmp_path / "out", ScoreConfig())
+    assert not (tmp_path / "out").exists()

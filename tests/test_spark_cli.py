@@ -105,7 +105,9 @@ def test_bad_master_driver_memory_and_conf_file_are_usage_errors(tmp_path):
 
     for master in ["local", "local[2]", "local[*]", "local[4,3]", "spark://h:7077", "yarn",
                    "k8s://https://h:443"]:
-        check_spark_config(SparkConfig(master=master))
+        # well-formed; insecure: off loopback a cluster needs its secret file otherwise
+        # (tests/test_cluster_auth.py)
+        check_spark_config(SparkConfig(master=master, insecure=True))
     for master in ["locl[2]", "local[0]", "local[ 2]", "spark:/h:7077", ""]:
         with pytest.raises(PreprocessConfigError, match="--master"):
             check_spark_config(SparkConfig(master=master))

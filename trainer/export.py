@@ -41,6 +41,7 @@ from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENT
                                              dictionaries_fingerprint, trained_on)
 from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, EXPORT_FINGERPRINT,
                                    WorkdirLayout, complete_checkpoints, export_versions)
+from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
 from dlrm_contracts.serving_state import (ServingState, protected_versions, read_state,
                                           write_state)
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
@@ -267,6 +268,8 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "size": source.size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
                                  and p.name != FINGERPRINT),
+        # what the score stage and the serving image check before loading (model_digest.py)
+        DIGEST_KEY: saved_model_digest(saved_model),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

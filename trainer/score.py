@@ -37,6 +37,7 @@ from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
 from dlrm_contracts.layout import SAVED_MODEL_PB
+from dlrm_contracts.model_digest import ModelDigestError, verify_saved_model
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Reporter, open_reporter
 from dlrm_contracts.schema import NUM_FIELDS, NUM_INTEGER
@@ -278,6 +279,10 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
             raise ScoreError(f"no SavedModel at {model_dir} (no saved_model.pb, nor a version "
                              "directory <N>/ holding one): run the export stage first")
         model_dir = served
+    try:  # a model directory is code: only a version the export stage wrote is loaded
+        verify_saved_model(model_dir)
+    except ModelDigestError as error:
+        raise ScoreError(str(error)) from None
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,19 @@ need_int() {
     || usage_error "$1 must be a whole number from $3${4:+ to $4}, got '$2'"
 }
 
+# A directory of this user's, mode 0700, created if missing; refused when it exists as another
+# user's or as a symbolic link (whoever made it first could read or replace the daemons' files).
+private_dir() {
+  local dir="$1"
+  (umask 077 && mkdir -p "$dir")
+  [[ -d "$dir" && ! -L "$dir" ]] || die "$dir is not a directory of its own (a symbolic link or a file)"
+  [[ -O "$dir" ]] || die "$dir belongs to another user ($(stat -c %U "$dir")): choose another --dir"
+  chmod 0700 "$dir"
+}
+
 use_cluster_dir() {
   local dir="$1"
-  mkdir -p "$dir"
+  private_dir "$dir"
   CLUSTER_DIR="$(cd "$dir" && pwd)"
   # Spark's sbin/spark-daemon.sh redirects to unquoted paths: whitespace breaks every daemon.
   [[ "$CLUSTER_DIR" != *[[:space:]]* ]] \
@@ -29,5 +39,9 @@ use_cluster_dir() {
   # The pid files are named after this: distinct per directory, so clusters never collide.
   export SPARK_IDENT_STRING="criteo-$(printf '%s' "$CLUSTER_DIR" | cksum | cut -d' ' -f1)"
   export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}" PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYTHON}"
-  mkdir -p "$SPARK_LOG_DIR" "$SPARK_PID_DIR" "$SPARK_WORKER_DIR" "$SPARK_LOCAL_DIRS"
+  # Executors' logs and files, the daemons' logs and pid files: this user's only.
+  local sub
+  for sub in "$SPARK_LOG_DIR" "$SPARK_PID_DIR" "$SPARK_WORKER_DIR" "$SPARK_LOCAL_DIRS"; do
+    private_dir "$sub"
+  done
 }

@@ -34,6 +34,9 @@ if [[ "$(setting AUTH)" == on ]]; then
   APP_ARGS+=(--auth-secret-file "$SECRET_FILE")
   [[ "$(setting RPC_ENCRYPTION)" == on ]] || APP_ARGS+=(--no-rpc-encryption)
 fi
+# A cluster started with --insecure: the job says so too (a job refuses an unauthenticated
+# master off loopback otherwise; on loopback the flag changes nothing).
+[[ "$(setting AUTH)" == off ]] && APP_ARGS+=(--insecure)
 [[ "$(setting IO_ENCRYPTION)" == on ]] && APP_ARGS+=(--io-encryption)
 ADMIN_USERS="$(setting ADMIN_USERS)" VIEW_USERS="$(setting VIEW_USERS)"
 [[ -n "$ADMIN_USERS" ]] && APP_ARGS+=(--ui-admin-users "$ADMIN_USERS")

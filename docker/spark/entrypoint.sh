@@ -16,6 +16,10 @@ case "${1:-}" in
     shift
     [[ -n "${SPARK_DRIVER_BIND_ADDRESS:-}" ]] || {
       echo "entrypoint.sh: SPARK_DRIVER_BIND_ADDRESS is not set: the driver mode is for pods Spark on Kubernetes starts" >&2; exit 2; }
+    # The RPC endpoint binds to the pod's address (set explicitly), the web UI follows
+    # SPARK_LOCAL_IP: loopback, reached with kubectl port-forward (docs/cluster.md §2.2). The
+    # job itself turns on authentication and RPC encryption (spark_jobs/session.py).
+    export SPARK_LOCAL_IP=127.0.0.1
     exec "$SPARK_HOME/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS}" \
       --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS}" \
@@ -26,7 +30,15 @@ case "${1:-}" in
                SPARK_APPLICATION_ID SPARK_EXECUTOR_POD_IP; do
       [[ -n "${!var:-}" ]] || { echo "entrypoint.sh: $var is not set: the executor mode is for pods Spark on Kubernetes starts" >&2; exit 2; }
     done
-    exec java ${SPARK_EXECUTOR_JAVA_OPTS:-} -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" \
+    # The driver's executor startup settings (authentication, RPC encryption, its SASL
+    # fallback) arrive as SPARK_JAVA_OPT_0, _1, ... (Spark's executor pod contract): each is
+    # one JVM option, kept whole, in order.
+    java_opts=()
+    while IFS= read -r name; do
+      java_opts+=("${!name}")
+    done < <(compgen -v SPARK_JAVA_OPT_ | sed -n 's/^SPARK_JAVA_OPT_\([0-9][0-9]*\)$/\1/p' | sort -n \
+             | sed 's/^/SPARK_JAVA_OPT_/')
+    exec java ${java_opts[@]+"${java_opts[@]}"} ${SPARK_EXECUTOR_JAVA_OPTS:-} -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" \
       -cp "$CLASSPATH_ALL" org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
       --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" \
       --cores "$SPARK_EXECUTOR_CORES" --app-id "$SPARK_APPLICATION_ID" \

@@ -43,6 +43,10 @@ environment variable ``AIRFLOW_VAR_<NAME>`` in capitals, Airflow's own mechanism
   the product's directory, the pipeline's working directory;
 - ``criteo_dlrm_python`` (default ``<home>/.venv/bin/python``, what scripts/install.sh makes).
 
+The last two name the code every task runs: they are administrator settings. Each must be an
+absolute path owned by the Airflow user or root and writable by no one else (nor the directory
+holding it), or the task fails without retry (trusted_paths.py beside this file).
+
 Settings of the schedule (environment of the scheduler and DAG processor, read when the file is
 parsed, since Variables should not be read at parse time): ``CRITEO_DLRM_SCHEDULE`` (default
 ``@daily``), ``CRITEO_DLRM_CATCHUP`` (default ``false``), ``CRITEO_DLRM_START_DATE`` (default
@@ -127,6 +131,23 @@ def _variable(name: str, default: str | None) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else default
 
 
+def _check_code_settings(home: Path, python: str) -> None:
+    """criteo_dlrm_home (and its pipeline package) and criteo_dlrm_python name code: refused
+    unless only the Airflow user or root can change them (trusted_paths.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "criteo_dlrm_trusted_paths", Path(__file__).resolve().with_name("trusted_paths.py"))
+    trusted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trusted)
+    try:
+        trusted.check_trusted_path("criteo_dlrm_home", str(home), "directory")
+        trusted.check_trusted_path("criteo_dlrm_home", str(home / "pipeline"), "directory")
+        trusted.check_trusted_path("criteo_dlrm_python", python, "executable")
+    except trusted.UntrustedPathError as error:
+        raise SettingError(str(error)) from None
+
+
 def _checkout() -> Path | None:
     """The product checkout this file is part of (pipeline/dags/ in it), through a symlink."""
     home = Path(__file__).resolve().parents[2]
@@ -153,6 +174,7 @@ class RunSettings:
         if not os.access(python, os.X_OK):
             raise SettingError(f"the product's Python {python} is not an executable: run "
                                f"scripts/install.sh in {home} or set criteo_dlrm_python")
+        _check_code_settings(home, python)
         source = _variable("criteo_dlrm_input", None)
         if source is None:
             raise SettingError("set the Airflow Variable criteo_dlrm_input to the directory the "
