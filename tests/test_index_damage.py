@@ -17,7 +17,7 @@ import pytest
 
 from dlrm_contracts.errors import ExitCode
 from index_damage import COLUMNS, FIX, build
-from pipeline.stages import _CHILD_ERROR
+from pipeline.processes import KNOWN_ERROR
 from pipeline_helpers import run
 from spark_fixtures import random_days, write_days
 from spark_jobs.engines.arrow import dictionary_index as di
@@ -160,7 +160,7 @@ def test_a_damaged_index_stops_the_run_in_one_line_and_a_forced_rerun_rebuilds_i
     # the job's one line, as the pipeline picks it out of the stage's log (Spark's own log
     # lines, the executor's report of the failed task among them, go to the log only)
     lines = proc.stderr.strip().splitlines()
-    known = [m.group(1) for m in map(_CHILD_ERROR.match, lines) if m]
+    known = [m.group(1) for m in map(KNOWN_ERROR.match, lines) if m]
     assert known == [lines[-1]], proc.stderr[-3000:]
     assert lines[-1].startswith("spark_jobs: error: Spark job failed: DictionaryIndexError: "
                                 "damaged dictionary index: "), lines[-1]
