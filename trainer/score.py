@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
+from dlrm_contracts.lock import output_lock
 from dlrm_contracts.layout import SAVED_MODEL_PB, latest_export
 from dlrm_contracts.progress import Reporter, open_reporter
 from dlrm_contracts.schema import NUM_FIELDS, NUM_INTEGER
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    with failing_as(ExitCode.SCORE, ScoreError):
+    with output_lock(args.out, "trainer.score"), failing_as(ExitCode.SCORE, ScoreError):
         summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out,
                               config.score, config.progress)
     print(json.dumps(summary), flush=True)
