@@ -137,8 +137,8 @@ def open_append(path: str | Path, binary: bool = False, buffering: int = -1):
 
 def symlink_refused(path: Path) -> OSError:
     """The error for a symbolic link found where a workdir file is written."""
-    return OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}); files "
-                   "in a workdir are never written through a link: remove it", str(path))
+    return OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): files in "
+                   "a workdir are never written through a link; remove it", str(path))
 
 
 def _pid_alive(pid: int) -> bool:
