@@ -320,3 +320,33 @@ def test_a_preprocess_run_flushes_counts_dictionaries_days_and_parquet_before_ma
                    and c[2] == _where(layout.parquet / SUCCESS))
     missing = _files(layout.parquet) - {SUCCESS} - rec.synced_under(layout.parquet, success)
     assert not missing, sorted(missing)[:10]
+
+
+# ---------------------------------------------------------------- trainer and generator
+
+def test_a_checkpoint_is_on_disk_before_its_rename_and_older_ones_go_after(tmp_path,
+                                                                          monkeypatch):
+    from trainer.checkpoint import save_checkpoint
+    from trainer.comm import LocalComm
+
+    root = tmp_path / "checkpoints"
+    owned = {"table/0/0-4": np.ones((3, 4), np.float32)}
+    save_checkpoint(root, 1, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, keep=1)
+    rec = Recording().install(monkeypatch)
+    final = save_checkpoint(root, 2, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"},
+                            keep=1)
+    assert_published(rec, root / ".step-000000002.tmp", final)
+    flushed = max(i for i, c in enumerate(rec.calls) if c == ("fsync", _where(root)))
+    assert flushed < rec.index("delete", root / "step-000000001")   # pruned once it is durable
+
+
+def test_generated_days_are_on_disk_before_the_in_progress_marker_goes(tmp_path, monkeypatch):
+    from dlrm_contracts.config import GeneratorConfig
+    from pipeline.synthetic import generate
+    from pipeline.synthetic.writer import IN_PROGRESS_FILE
+
+    rec = Recording().install(monkeypatch)
+    generate(tmp_path / "raw", GeneratorConfig(days=2, rows_per_day=300, workers=1))
+    done = rec.index("delete", tmp_path / "raw" / IN_PROGRESS_FILE)
+    days = {p.name for p in (tmp_path / "raw").glob("day_*")}
+    assert len(days) == 2 and days <= rec.synced_under(tmp_path / "raw", done)
