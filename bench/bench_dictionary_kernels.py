@@ -5,6 +5,8 @@ compiled kernel, and what a dictionary group's write costs per value.
     .venv/bin/python bench/bench_dictionary_kernels.py [--sizes 5000,100000,2270000,20000000]
 
 It prints nanoseconds per value for:
+- what the index's checks cost: the driver's seal of the index (each range file hashed) and a
+  worker's open (index.json and the files checked, each mapped range hashed);
 - lookups of a batch of 64k values of one column (the transform's unit of work): the
   project's index (``spark_jobs.engines.arrow.dictionary_index``: open addressing, numba probe), a numpy
   ``searchsorted`` over the sorted values (the vectorised floor without a compiled kernel),
@@ -66,6 +68,7 @@ def index_of(directory: Path, values: np.ndarray, ids: np.ndarray) -> dictionary
     layout = dictionary_index.ColumnLayout.of(np.zeros(1, np.uint32), [len(values)])
     dictionary_index.create_index(directory, {"C1": layout})
     dictionary_index.write_region(str(directory), "C1", 0, int(layout.sizes[0]), values, ids)
+    dictionary_index.seal_index(directory)
     return dictionary_index.DictionaryIndex(str(directory), ("C1",))
 
 
@@ -95,6 +98,31 @@ def lookups(rng, kept: int) -> str:
     per = lambda s: s / BATCH * 1e9  # noqa: E731
     return (f"{kept:>12,} kept: index {per(ours):6.1f} ns, numpy searchsorted {per(searched):6.1f} ns, "
             f"pandas get_indexer {per(hashed):6.1f} ns per lookup; index {size / kept:.2f} B/value")
+
+
+def sealing_and_opening(rng, kept: int) -> str:
+    """What the index's checks cost (``spark_jobs.engines.arrow.index_checks``): the driver's
+    seal (every range file read and hashed, once a run) and a worker's open (index.json and the
+    files checked, the ranges mapped, every range's slots hashed against its checksum, once a
+    worker and run), for one column of ``kept`` values in ranges of at most 2.27M, the files in
+    the page cache."""
+    values, ids, _ = dictionary(rng, kept)
+    ranges = -(-kept // 2_270_000)
+    cut = np.linspace(0, kept, ranges + 1).astype(np.int64)
+    bounds = np.concatenate([[0], values[cut[1:-1]]]).astype(np.uint32)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / "index"
+        layout = dictionary_index.ColumnLayout.of(bounds, np.diff(cut))
+        dictionary_index.create_index(directory, {"C1": layout})
+        for r in range(ranges):
+            dictionary_index.write_region(str(directory), "C1", r, int(layout.sizes[r]),
+                                          values[cut[r]:cut[r + 1]], ids[cut[r]:cut[r + 1]])
+        seal = best_seconds(lambda: dictionary_index.seal_index(directory), 3)
+        opened = best_seconds(lambda: dictionary_index.DictionaryIndex(str(directory), ("C1",)), 3)
+        size = dictionary_index.index_bytes(directory)
+    return (f"{kept:>12,} kept ({size / 1e6:,.0f} MB, {ranges} ranges): seal {seal:.3f} s "
+            f"({size / seal / 1e9:.1f} GB/s), a worker's open {opened:.3f} s "
+            f"({size / opened / 1e9:.1f} GB/s, {opened / kept * 1e9:.1f} ns per kept value)")
 
 
 def counting(rng, distinct: int) -> str:
@@ -220,6 +248,9 @@ def main() -> int:
     print(f"lookups, batches of {BATCH:,} values of one column:")
     for kept in sizes:
         print("  " + lookups(rng, kept), flush=True)
+    print("the index's checks: the driver's seal and a worker's open, files in the page cache:")
+    for kept in sizes:
+        print("  " + sealing_and_opening(rng, kept), flush=True)
     print("counting a chunk's column of 262,144 values:")
     for distinct in sizes:
         print("  " + counting(rng, distinct), flush=True)

@@ -459,7 +459,8 @@ class ExportConfig:
     missing_integer: int = -(2**63)
     # Each export is a new version DIR/export/<N>/ (TensorFlow Serving's layout: a server
     # watching DIR/export loads the newest without a restart); the newest keep_versions stay,
-    # so a bad version can be rolled back by pinning an older one in the server's config.
+    # and the pinned, served and newest verified ones (DIR/export/serving.json), so a bad
+    # version can be rolled back (`run_pipeline.sh export rollback`).
     keep_versions: int = 3
 
     def __post_init__(self) -> None:

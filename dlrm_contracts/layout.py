@@ -26,7 +26,9 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/checkpoints/              trainer checkpoints (one subfolder per rank for its tables)
     DIR/logs/                     timestamped run logs, metrics.jsonl, TensorBoard events
     DIR/export/<N>/               export version N (N = 1, 2, ...): the SavedModel for serving
-                                  and its fingerprint.json; the newest keep_versions are kept
+                                  and its fingerprint.json; the newest keep_versions are kept,
+                                  and the pinned, served and newest verified ones
+    DIR/export/serving.json       the served, held (rollback), pinned and verified versions
     DIR/scores/<name>.parquet     scores of a raw file (score stage; rejects in DIR/scores/rejects/)
     DIR/manifests/                one manifest + completion marker per stage
     DIR/report/                   run report (Markdown + PNG plots)
@@ -54,6 +56,7 @@ CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version directories
 SAVED_MODEL_PB = "saved_model.pb"
 EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
+SERVING_JSON = "serving.json"        # in DIR/export: which version is served (serving_state)
 DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
 DAYS_DIR = "days"                    # under the parquet directory: stable ids' per-day parts
 DAY_JSON = "day.json"                # in each day=<k>/ of DAYS_DIR: what the day was made with

@@ -8,6 +8,8 @@
                                                      # disk, memory, time: will it fit?
     run_pipeline.sh plan --workdir DIR [--thresholds 1,2,5,15] [--embedding-dim 128]
     run_pipeline.sh show-config [--config YAML]      # the full effective configuration
+    run_pipeline.sh export list|pin V|unpin V|rollback [V]|latest [--workdir DIR]
+                                                     # the served model version (docs/pipeline.md)
 
 Flag and stage names are an interface: schedulers call them. Flags override the YAML file,
 which overrides the defaults in dlrm_contracts/config.py.
@@ -33,6 +35,7 @@ from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.preflight import preflight_failed, report
 from pipeline.runner import run_pipeline
+from pipeline.served import ACTIONS, export_command
 from spark_jobs.session import read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
@@ -83,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     show = sub.add_parser("show-config", help="print the effective configuration as YAML")
     show.add_argument("--config")
+    export = sub.add_parser("export", help="which export version is served: list, pin, unpin, "
+                            "rollback [VERSION], latest (DIR/export/serving.json)")
+    export.add_argument("action", choices=ACTIONS,
+                        help="list the versions; pin/unpin VERSION (a pinned version is never "
+                             "pruned); rollback [VERSION] (serve it, by default the one before "
+                             "the served one, until `latest`); latest (serve the newest verified)")
+    export.add_argument("version", nargs="?", type=int)
+    export.add_argument("--workdir", help=f"the workdir ({DEFAULT_WORKDIR_NOTE})")
+    export.add_argument("--config", help="YAML file (for its workdir)")
     return parser
 
 
@@ -184,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return _plan(args)
+        if args.command == "export":
+            workdir = args.workdir or load_config(args.config).workdir
+            return export_command(workdir, args.action, args.version)
         config = load_config(args.config)
         if args.command == "show-config":
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")

@@ -15,7 +15,7 @@ import shlex
 import signal
 import subprocess
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,20 @@ class ChildResult:
     returncode: int
     summary: dict[str, Any] | None
     tail: list[str]
+    # The one-line errors of every command (KNOWN_ERROR) anywhere in the output, in order: a
+    # multi-rank child's first known error may be followed by more lines of tracebacks (the
+    # other ranks', horovodrun's) than the tail holds.
+    errors: list[str] = field(default_factory=list)
 
 
 # horovodrun prefixes each rank's lines with "[rank]<stdout>:" (or <stderr>).
 _RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+# The one line every command prints for a failure (dlrm_contracts.errors.run_cli), possibly
+# behind horovodrun's prefix; group 1 is the line itself.
+KNOWN_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?"
+                         r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
+# Known errors kept of one child's output: the first are the cause, the rest their echoes.
+_ERRORS_KEPT = 20
 
 
 def _last_json_line(lines: list[str]) -> dict[str, Any] | None:
@@ -128,6 +138,7 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
         pass  # StageLog says so
     log.info("running: %s", shlex.join(argv))
     tail: deque[str] = deque(maxlen=200)
+    errors: list[str] = []
     sink = StageLog(log_path)
     sink.write(f"\n$ {shlex.join(argv)}\n")
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -140,6 +151,9 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
         for line in child.stdout:
             sink.write(line)
             tail.append(line.rstrip("\n"))
+            known = KNOWN_ERROR.match(tail[-1]) if len(errors) < _ERRORS_KEPT else None
+            if known:
+                errors.append(known.group(1))
         child.wait()
     finally:
         if child.poll() is None:
@@ -147,4 +161,4 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
         _current = None
         sink.close()
     lines = list(tail)
-    return ChildResult(child.returncode, _last_json_line(lines), lines[-25:])
+    return ChildResult(child.returncode, _last_json_line(lines), lines[-25:], errors)

@@ -27,6 +27,7 @@ from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_messag
                                    permission_cause)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
 from dlrm_contracts.lock import WorkdirLock
+from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Display
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
@@ -224,7 +225,18 @@ def _daily_fields(evaluation: dict[str, Any], training: dict[str, Any],
             "init": "previous" if "from_step" in init else init.get("mode"),
             # the train days this run trained on (train.days: new trains the unseen ones only)
             "days_trained": (training.get("train_days") or {}).get("run"),
-            "export_version": newest[-1][0] if newest else None}
+            "export_version": newest[-1][0] if newest else None,
+            "served_version": _served_version(layout)}
+
+
+def _served_version(layout: WorkdirLayout) -> int | None:
+    """The export version the score stage and the serving image load (None: none, or a
+    damaged serving.json, which the export stage and the export commands name)."""
+    try:
+        served = served_export(layout.export)
+    except ServingStateError:
+        return None
+    return int(served.name) if served else None
 
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],

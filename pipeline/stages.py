@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import sys
 import time
@@ -34,13 +33,14 @@ from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, DAYS_DIR, PREP
                                    SEGMENTS_JSON, WorkdirLayout, best_checkpoint, checkpoint_dir,
                                    complete_checkpoints)
 from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
                                   tree_fingerprint)
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
-from pipeline.processes import run_child
+from pipeline.processes import KNOWN_ERROR, run_child
 from trainer.warm_start import holds_previous_model
 
 log = logging.getLogger("pipeline")
@@ -95,18 +95,18 @@ def _python() -> str:
     return sys.executable
 
 
-# The one line every command prints for a known failure (dlrm_contracts.errors.run_cli).
-_CHILD_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?"                     # horovodrun's prefix
-                          r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
-
-
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
     """A known failure of the child is its own one line (it names the file and the fix) and
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
-    errors = [m.group(1) for m in map(_CHILD_ERROR.match, result.tail) if m]
-    # Of several ranks, the first to fail with a known error is the cause: the others then
-    # fail in a collective (an "unexpected error" with a traceback) because it left.
-    known = [e for e in errors if "unexpected error" not in e]
+    def known_of(lines: list[str]) -> list[str]:
+        # Of several ranks, the first to fail with a known error is the cause: the others then
+        # fail in a collective (an "unexpected error" with a traceback) because it left.
+        return [e for e in lines if "unexpected error" not in e]
+
+    # The tail's first (the end of the output says why it ended), else the whole output's:
+    # horovodrun's and the other ranks' tracebacks may have pushed it out of the tail.
+    known = (known_of([m.group(1) for m in map(KNOWN_ERROR.match, result.tail) if m])
+             or known_of(result.errors))
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
     if known and not says_disk_full("\n".join(result.tail)):
         return PipelineError(f"{stage} failed (exit {result.returncode}): {known[0]} "
@@ -645,8 +645,22 @@ def _export_run(ctx: StageContext) -> Outcome:
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("export", result, ExitCode.EXPORT, ctx)
     keep = ("version", "checkpoint_step", "test_auc", "saved_model", "saved_model_bytes",
-            "removed_versions", "seconds")
-    return Outcome("ran", "tensorflow", {k: result.summary.get(k) for k in keep})
+            "removed_versions", "served_version", "damaged_checkpoints", "seconds")
+    summary = {k: result.summary.get(k) for k in keep}
+    if summary["served_version"] not in (None, summary["version"]):
+        log.warning("export     version %s written; version %s stays served (held by `export "
+                    "rollback`; `run_pipeline.sh export latest` serves the newest)",
+                    summary["version"], summary["served_version"])
+    return Outcome("ran", "tensorflow", summary)
+
+
+def _served_model(ctx: StageContext) -> Path | None:
+    """The served export version (DIR/export/serving.json: held by a rollback, else the
+    newest verified): what the score stage scores with, as the serving image serves it."""
+    try:
+        return served_export(ctx.layout.export)
+    except ServingStateError as exc:
+        raise PipelineError(str(exc), ExitCode.SCORE) from None
 
 
 def _score_files(ctx: StageContext) -> list[Path]:
@@ -657,7 +671,9 @@ def _score_inputs(ctx: StageContext) -> dict[str, Any]:
     settings = config_to_dict(ctx.config.score)
     settings.pop("progress")
     settings.pop("input")
-    return {"model": _newest_export_fingerprint(ctx),
+    model = _served_model(ctx)
+    return {"model": tree_fingerprint(model) if model else "missing",
+            **({"version": model.name} if model else {}),
             "files": {str(p): tree_fingerprint(p) for p in _score_files(ctx)},
             "score": settings}
 
@@ -671,7 +687,7 @@ def _score_run(ctx: StageContext) -> Outcome:
     if not files:
         raise PipelineError("the score stage needs --score-input FILE[,FILE...] (or "
                             "score.input in the config)", ExitCode.USAGE)
-    model = ctx.layout.latest_export  # the newest version, as a server watching DIR/export
+    model = _served_model(ctx)
     if model is None:
         raise PipelineError(f"no exported model under {ctx.layout.export} (no version "
                             "directory <N>/ with a saved_model.pb): add the export stage "

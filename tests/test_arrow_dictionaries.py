@@ -17,6 +17,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from spark_fixtures import random_days, run, salted_days, spark, write_days  # noqa: F401
 from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import dictionary_index
+from spark_jobs.engines.arrow.index_checks import DictionaryIndexError
 from spark_jobs.engines.arrow.value_counts import Counts, count_values, merge_counts
 
 
@@ -156,6 +157,7 @@ def _index(tmp_path: Path, columns: dict[str, tuple[np.ndarray, np.ndarray, np.n
             dictionary_index.write_region(str(tmp_path), name, r,
                                           int(layout.sizes[r]), values[cut[r]:cut[r + 1]],
                                           ids[cut[r]:cut[r + 1]])
+    dictionary_index.seal_index(tmp_path)
     return dictionary_index.DictionaryIndex(str(tmp_path), tuple(columns))
 
 
@@ -185,7 +187,7 @@ def test_a_region_file_of_the_wrong_size_is_a_damaged_index(tmp_path):
     _index(tmp_path, {"C1": (np.array([0, 1000], np.uint32), values, np.arange(1, 2000))})
     path = dictionary_index.region_path(tmp_path, "C1", 1)
     path.write_bytes(path.read_bytes()[:-8])
-    with pytest.raises(ValueError, match="damaged dictionary index"):
+    with pytest.raises(DictionaryIndexError, match="damaged dictionary index"):
         dictionary_index.DictionaryIndex(str(tmp_path), ("C1",))
 
 

@@ -54,6 +54,7 @@ def _stage_and_fill(tmp_path: Path, plan, groups) -> tuple[Path, Path]:
     spec = dicts.WriteSpec(plan, str(dict_dir), str(index_dir), regions, str(staging))
     for g in groups:
         dicts._fill_group(spec, g, firsts.get(g))
+    dictionary_index.seal_index(index_dir)
     return dict_dir, index_dir
 
 

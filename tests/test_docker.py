@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -298,12 +299,57 @@ def test_serving_image_is_tensorflow_serving_of_the_pin_and_checks_the_model(tmp
     fake.parent.mkdir()
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
+    config = tmp_path / "models.config"
     proc = _script([script, "--rest_api_timeout_in_ms=5000"], tmp_path, **env,
-                   PATH=f"{fake.parent}:/usr/bin:/bin")
+                   SERVING_MODEL_CONFIG=str(config), PATH=f"{fake.parent}:/usr/bin:/bin")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["--port=8500", "--rest_api_port=8501", "--model_name=dlrm",
-                                        f"--model_base_path={tmp_path / 'models' / 'dlrm'}",
+    assert proc.stdout.splitlines() == ["--port=8500", "--rest_api_port=8501",
+                                        f"--model_config_file={config}",
+                                        "--model_config_file_poll_wait_seconds=30",
                                         "--rest_api_timeout_in_ms=5000"]
+    # no serving.json (an export made before it): the newest version, as before
+    text = config.read_text()
+    assert f'base_path: "{tmp_path / "models" / "dlrm"}"' in text and 'name: "dlrm"' in text
+    assert "latest { num_versions: 1 }" in text
+
+
+def test_serving_entrypoint_follows_the_served_version_without_a_restart(tmp_path):
+    """The served version of serving.json (a rollback, an export) becomes the server's model
+    config, and a change of it is written again while the server runs."""
+    from dlrm_contracts.serving_state import ServingState, write_state
+
+    export = tmp_path / "models" / "dlrm"
+    for version in (1, 2, 3):
+        (export / str(version)).mkdir(parents=True)
+        (export / str(version) / "saved_model.pb").write_bytes(b"")
+    write_state(export, ServingState(held=2))
+    config, ready = tmp_path / "models.config", tmp_path / "ready"
+    fake = tmp_path / "bin" / "tensorflow_model_server"
+    fake.parent.mkdir()
+    # prints the config it starts with, then waits for it to change to version 1
+    fake.write_text(f"""#!/usr/bin/env bash
+cat {config}
+touch {ready}
+for i in $(seq 600); do
+  if grep -q "versions: 1 " {config}; then cat {config}; exit 0; fi
+  sleep 0.1
+done
+exit 3
+""")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "MODEL_BASE_PATH": str(tmp_path / "models"),
+           "SERVING_MODEL_CONFIG": str(config), "SERVING_POLL_SECONDS": "1"}
+    child = subprocess.Popen(["bash", str(DOCKER / "serving" / "entrypoint.sh")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    for _ in range(600):
+        if ready.exists() or child.poll() is not None:
+            break
+        time.sleep(0.1)
+    write_state(export, ServingState(held=1))  # `export rollback 1`
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    first, _, then = out.partition("}\n}\n")
+    assert "specific { versions: 2 }" in first and "specific { versions: 1 }" in then, out
 
 
 def test_base_python_satisfies_requires_python():

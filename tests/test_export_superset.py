@@ -126,4 +126,4 @@ def test_yesterdays_model_exports_with_todays_dictionaries_new_values_read_as_0(
     with pytest.raises(ExportError, match="do not extend its own \\(the dictionaries in .* "
                                           "were started over since the checkpoint's"):
         export_model(work, day1, ExportConfig())
-    assert sorted(p.name for p in (work / "export").iterdir()) == ["1"]
+    assert sorted(p.name for p in (work / "export").iterdir()) == ["1", "serving.json"]

@@ -375,7 +375,7 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--out", str(out),
                              "--days", "20", "--rows-per-day", "50000", "--chunk-rows", "4096",
                              "--workers", "2"], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a bound: the loop ends when day_0 appears
     while not (out / "day_0").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (out / "day_0").exists() and proc.poll() is None, "the run ended too soon"

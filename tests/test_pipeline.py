@@ -72,7 +72,7 @@ def e2e(tmp_path_factory, config_file):
     workdir = tmp_path_factory.mktemp("e2e")
     first = subprocess.Popen(pipeline_cmd(workdir, config_file, "--np", "2", "--max-steps", "30"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
+    deadline = time.time() + 600  # a bound, not a wait: the loop ends when the lock is taken
     lock = workdir / ".pipeline.lock"
     while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
         time.sleep(0.2)

@@ -5,6 +5,11 @@ two ranks, embeddings exchanged by alltoall, MLP gradients allreduced); the refe
 same configuration trained in this process as a world of one. Losses of all 20 steps, every
 final weight (tables reassembled from the per-rank checkpoint files) and the evaluation AUC
 must agree.
+
+Two ranks sum each half-batch's gradient where one process sums the whole batch, so the two
+round differently from the first step on, by amounts that depend on the CPU's matmul kernels.
+How far that grows over a run is the tolerance docs/trainer.md states ("Two ranks and one
+process"): the tolerances below are those, not fits to one machine.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ from trainer_helpers import (STREAM_SIZES_2, checkpoint_arrays, config_flags, ru
 
 pytestmark = pytest.mark.horovod
 STEPS = 20
+# docs/trainer.md, "Two ranks and one process": over a run that sees each row once, with the
+# default optimizer (Adagrad), per-step losses agree to 1e-4 relative and AUCs to 1e-4; once a
+# run memorises its data (training loss near 1e-3) the AUCs agree to 5e-3.
+EPOCH_LOSS_RTOL = 1e-4
+EPOCH_AUC_ATOL = 1e-4
+MEMORISED_AUC_ATOL = 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -132,14 +143,41 @@ def test_two_ranks_stop_early_at_the_same_step_as_one_process(dataset, tmp_path)
     assert single["stopped_early"] and multi["stopped_early"]
     assert (multi["step"], multi["last_step"]) == (single["step"], single["last_step"])
     assert multi["step"] < multi["last_step"] < 20 * (8192 // config.batch_size)
-    np.testing.assert_allclose(multi["periodic_validation_auc"], single["periodic_validation_auc"],
-                               atol=1e-4)
-    assert multi["test_auc"] == pytest.approx(single["test_auc"], abs=1e-4)
+    # This run memorises its 8192 rows (training loss ~1e-3 by the stop), so the two curves
+    # agree to the memorised tolerance only; the stopping step is still the same because every
+    # evaluation differs from the best by far more than that tolerance.
+    curve = np.asarray(single["periodic_validation_auc"])
+    best = int(np.argmax(curve))
+    assert np.delete(np.abs(curve - curve[best]), best).min() > 2 * MEMORISED_AUC_ATOL, curve
+    np.testing.assert_allclose(multi["periodic_validation_auc"], curve, atol=MEMORISED_AUC_ATOL)
+    assert multi["test_auc"] == pytest.approx(single["test_auc"], abs=MEMORISED_AUC_ATOL)
     assert "stopping at step" in proc.stderr and "restoring the best model" in proc.stderr
     evaluated, _ = run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"),
                                     "--mode", "eval", *config_flags(config)], ranks=2)
     assert evaluated["step"] == multi["step"]
     assert evaluated["test_auc"] == pytest.approx(multi["test_auc"], abs=1e-9)
+
+
+def test_two_ranks_equal_one_process_over_an_epoch_at_the_stated_tolerance(tmp_path):
+    """A whole epoch of the default optimizer (Adagrad) on rows seen once: 128 steps, four
+    validation points, the test AUC. Two ranks stay within the stated tolerance of one process
+    all the way; a lost shard or a gradient of the wrong scale moves the losses by ~1e-2 within
+    a few steps, far outside it."""
+    data = tmp_path / "binary"
+    write_planted_dataset(data, {"train": 32768, "test": 4000, "validation": 4000}, seed=2)
+    config = small_config(optimizer="adagrad", learning_rate=0.05, epochs=1, evals_per_epoch=4)
+    multi, _ = run_trainer_cli(["--dataset", str(data), "--workdir", str(tmp_path / "multi"),
+                                *config_flags(config)], ranks=2)
+    single = run(config, data, tmp_path / "single")
+    losses_1, losses_2 = step_losses(tmp_path / "single"), step_losses(tmp_path / "multi")
+    assert sorted(losses_1) == sorted(losses_2) == list(range(1, 32768 // 256 + 1))
+    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()),
+                               rtol=EPOCH_LOSS_RTOL)
+    assert single["test_auc"] > 0.85  # it learnt: the comparison is not of two flat curves
+    np.testing.assert_allclose(multi["periodic_validation_auc"], single["periodic_validation_auc"],
+                               atol=EPOCH_AUC_ATOL)
+    for key in ("test_auc", "validation_auc"):
+        assert multi[key] == pytest.approx(single[key], abs=EPOCH_AUC_ATOL), key
 
 
 def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):

@@ -74,29 +74,32 @@ def test_learning_rate_warmup_constant_and_polynomial_decay():
     assert lrs[15:] == [0.0, 0.0]
 
 
-def test_throughput_clock_leaves_out_the_first_step_and_restarts_its_window():
+def test_throughput_clock_leaves_out_the_first_step_and_restarts_its_window(monkeypatch):
     """The first step traces the step functions: a run rate that counted it would understate the
-    steady rate. A report's rate covers the steps since the previous report."""
-    import time
-
+    steady rate. A report's rate covers the steps since the previous report. (The clock is
+    advanced by hand: a loaded or slow machine must not change what is asserted.)"""
     import tensorflow as tf
 
-    from trainer.loop import ThroughputClock
+    from trainer import loop
 
+    now = [1000.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
     loss = tf.constant(0.5)
-    clock = ThroughputClock(batch_size=100)
-    time.sleep(1.5)  # a slow first step
+    clock = loop.ThroughputClock(batch_size=100)
+    now[0] += 1.5  # a slow first step
     clock.step_done(loss)
     assert clock.steps == 1 and clock.run_rate() is None  # nothing timed yet
-    time.sleep(0.1)
+    now[0] += 0.1
     clock.step_done(loss)
-    # Counting the first step would give at most 200 samples / 1.6 s = 125 samples/s.
-    assert clock.run_rate() > 200
-    assert clock.window_rate() < 125  # the first window holds both steps
+    # Counting the first step would give 200 samples / 1.6 s = 125 samples/s.
+    assert clock.run_rate() == pytest.approx(1000.0)
+    assert clock.window_rate() == pytest.approx(125.0)  # the first window holds both steps
     clock.restart_window()
-    time.sleep(0.1)
+    now[0] += 0.1
     clock.step_done(loss)
-    assert clock.window_steps == 1 and clock.window_rate() > 200 and clock.steps == 3
+    assert clock.window_steps == 1 and clock.steps == 3
+    assert clock.window_rate() == pytest.approx(1000.0)
+    assert clock.run_rate() == pytest.approx(2 * 100 / 0.2)
 
 
 # -- placement ---------------------------------------------------------------------------------
@@ -602,3 +605,20 @@ def test_a_rate_factor_scales_only_its_variables_step(optimizer):
     np.testing.assert_allclose(moved[3.0][0], 3.0 * moved[1.0][0], rtol=1e-5)
     np.testing.assert_allclose(moved[3.0][1], moved[1.0][1], rtol=1e-6)
     assert np.abs(moved[1.0][0]).max() > 1e-3 and moved[1.0][0][1, 0] == 0.0
+
+
+def test_bfloat16_is_not_chosen_when_onednn_is_capped_below_avx512(monkeypatch):
+    """TensorFlow's bfloat16 matmul under ONEDNN_MAX_CPU_ISA=AVX2 dies with a segmentation
+    fault (tried), so --amp with such a cap must train in float32, whatever the CPU has."""
+    from pathlib import Path
+
+    from trainer.loop import cpu_supports_bfloat16
+
+    flags = Path("/proc/cpuinfo").read_text()
+    has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    for cap in ("AVX2", "avx2", "SSE41", "AVX2_VNNI"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_supports_bfloat16() is False, cap
+    for cap in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL", ""):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_supports_bfloat16() is has_bf16, cap

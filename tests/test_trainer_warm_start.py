@@ -322,7 +322,7 @@ def test_a_daily_cycle_exports_new_versions_and_keeps_the_last_k(tmp_path, monke
     with pytest.raises(OSError):
         export.export_model(work, day2, keep_2)
     assert [v for v, _ in export_versions(work / "export")] == [2, 3]
-    assert sorted(p.name for p in (work / "export").iterdir()) == ["2", "3"]
+    assert sorted(p.name for p in (work / "export").iterdir()) == ["2", "3", "serving.json"]
     empty = tmp_path / "empty"
     empty.write_text("")
     scored = score_files(work / "export", [empty], tmp_path / "scores", PipelineConfig().score)

@@ -99,8 +99,10 @@ class CheckpointReader:
         self._where = {key: f for f in self._files for key in f.files}
 
     def _damaged(self, what: str) -> CheckpointError:
-        return CheckpointError(f"{what}; delete {self.path} to resume from an older checkpoint, "
-                               "or use --no-resume")
+        error = CheckpointError(f"{what}; delete {self.path} to resume from an older checkpoint, "
+                                "or use --no-resume")
+        error.damage = what  # the file and what is wrong with it, for another mode's own fix
+        return error
 
     def _read(self, file, key: str) -> np.ndarray:
         try:

@@ -218,7 +218,9 @@ class SplitReader:
             bad = int(np.argmax((ids < 0) | (ids >= size)))
             raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
                                f"{int(ids[bad])} at row {self.file_row(start + bad)} is outside its table of "
-                               f"size {size} (check the dataset with --verify-dataset full)")
+                               f"size {size}: the dataset is damaged; rebuild it with --stages "
+                               "convert --force (`python -m converters verify "
+                               f"{self.dataset.path}` finds every such value)")
         limit = self._clamp[table]
         if limit is not None:
             ids[ids > limit] = 0

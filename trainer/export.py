@@ -10,14 +10,22 @@ layout, so a server watching ``DIR/export`` picks it up without a restart): the 
 The checkpoint may come from any number of ranks: tables are reassembled whole from their
 column slices (``CheckpointReader``). The size is checked before anything is read, so a model
 too big for one process is refused with a message instead of running out of memory halfway.
-A version is written into a temporary directory beside it and renamed into place, so a server
-never sees a partial one; then all but the newest ``export.keep_versions`` are deleted.
+A version is written into a temporary directory beside it, loaded back and made to score a
+few lines (a version that does not is refused), and renamed into place, so a server never sees
+a partial or broken one. It is then recorded as verified in ``DIR/export/serving.json``
+(dlrm_contracts.serving_state), and all but the newest ``export.keep_versions`` are deleted,
+except the pinned, the served and the newest verified versions.
+
+A damaged run checkpoint (a truncated ``.npz``, a ``meta.json`` that is not JSON) is skipped
+for the newest intact checkpoint of the same run, as training resumes from it; with none
+intact the export fails naming the damaged file.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +37,11 @@ import pyarrow.parquet as pq
 from dlrm_contracts.atomic import publish, remove_stale_temporaries, temporary_sibling
 from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
-                                             dictionaries_fingerprint)
-from dlrm_contracts.layout import (DATASET_JSON, EXPORT_FINGERPRINT, WorkdirLayout,
-                                   export_versions)
+                                             dictionaries_fingerprint, trained_on)
+from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, EXPORT_FINGERPRINT,
+                                   WorkdirLayout, complete_checkpoints, export_versions)
+from dlrm_contracts.serving_state import (ServingState, protected_versions, read_state,
+                                          write_state)
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
@@ -267,15 +277,20 @@ def next_version(export_dir: Path) -> int:
     return found[-1][0] + 1 if found else 1
 
 
-def prune_versions(export_dir: Path, keep: int) -> list[int]:
-    """Delete all but the newest ``keep`` versions; returns the versions deleted.
+def prune_versions(export_dir: Path, keep: int, state: ServingState | None = None) -> list[int]:
+    """Delete all but the newest ``keep`` versions, never one ``state`` protects (pinned,
+    served, newest verified); returns the versions deleted.
 
     The oldest go first: a server may still be unloading the previous newest one.
     """
+    found = export_versions(export_dir)
+    kept = {v for v, _ in found[-max(1, keep):]}
+    kept |= protected_versions(state or read_state(export_dir), [v for v, _ in found])
     removed = []
-    for version, path in export_versions(export_dir)[:-max(1, keep)]:
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(version)
+    for version, path in found:
+        if version not in kept:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(version)
     return removed
 
 
@@ -289,26 +304,72 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         config: the memory limit and the integer that reads as missing.
 
     Returns:
-        The fingerprint written beside the SavedModel, plus seconds, its path and the
-        versions deleted (the CLI's JSON summary).
+        The fingerprint written beside the SavedModel, plus seconds, its path, the versions
+        deleted and the version served now (the CLI's JSON summary).
     """
     started = time.perf_counter()
     layout = WorkdirLayout.at(workdir)
-    checkpoint = best_checkpoint(layout.checkpoints)
-    if checkpoint is None:
+    best = best_checkpoint(layout.checkpoints)
+    if best is None:
         raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
     if not layout.dictionaries.is_dir():
         raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes "
                           "them")
+    state = read_state(layout.export)  # a damaged record is refused before anything is written
+    damaged: list[str] = []
+    for checkpoint in [best, *_older_of_same_run(layout, best, Path(dataset))]:
+        try:
+            final, fingerprint = _export_checkpoint(layout, checkpoint, Path(dataset), config)
+            break
+        except CheckpointError as exc:
+            damaged.append(getattr(exc, "damage", str(exc)))
+    else:
+        raise ExportError(f"{damaged[0]}, and no older checkpoint of this run is intact: train "
+                          "again (--stages train,eval,export --force)")
+    for what in damaged:
+        print(f"trainer: warning: {what}: exported the newest intact checkpoint of the run, "
+              f"{fingerprint['checkpoint']}", file=sys.stderr, flush=True)
+    state.verified[int(fingerprint["version"])] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_state(layout.export, state)  # verified before anything is pruned
+    removed = prune_versions(layout.export, config.keep_versions, state)
+    record = write_state(layout.export, state)
+    return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
+            "saved_model": str(final), "removed_versions": removed,
+            "served_version": record["served_version"], "damaged_checkpoints": damaged}
+
+
+def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> list[Path]:
+    """The complete checkpoints before ``newest`` trained on ``dataset``, newest first: where
+    training would resume if ``newest`` were damaged (none when the dataset cannot be read)."""
+    from trainer.data import open_dataset
+
+    try:
+        identity = open_dataset(dataset, verify="none").identity
+    except (OSError, ValueError):  # DatasetError is a ValueError: no fallback without it
+        return []
+    older = []
+    for _, path in reversed(complete_checkpoints(layout.checkpoints)):
+        if path == newest:
+            continue
+        try:
+            meta = json.loads((path / CHECKPOINT_META).read_text())
+        except (OSError, ValueError):
+            continue
+        if not (isinstance(meta, dict) and identity and trained_on(meta, identity)):
+            break
+        older.append(path)
+    return older
+
+
+def _export_checkpoint(layout: WorkdirLayout, checkpoint: Path, dataset: Path,
+                       config: ExportConfig) -> tuple[Path, dict[str, Any]]:
+    """One checkpoint exported as the next version; CheckpointError when it is damaged."""
     reader = CheckpointReader(checkpoint)
     try:
         source = _checked_source(layout, checkpoint, reader.meta, config)
-        final, fingerprint = _write_version(layout, reader, source, Path(dataset), config)
+        return _write_version(layout, reader, source, dataset, config)
     finally:
         reader.close()
-    removed = prune_versions(layout.export, config.keep_versions)
-    return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
-            "saved_model": str(final), "removed_versions": removed}
 
 
 def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any],
@@ -342,6 +403,7 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
                                           temporary / "vocabularies")
         saved_model = temporary / "model"
         _save(reader, source.dims, source.sizes, vocabularies, saved_model, config)
+        verify_saved_model(saved_model)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -350,6 +412,42 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return final, fingerprint
+
+
+def verify_saved_model(saved_model: Path) -> None:
+    """Load the SavedModel as a server would and score a few lines through both signatures:
+    a probability in [0, 1], the same from both, for a line of missing values and for one of
+    each column's first known value. Refused (ExportError) otherwise, before the version is
+    renamed into place, so that a server never loads a model that cannot answer."""
+    import tensorflow as tf
+
+    from dlrm_contracts.schema import NUM_CATEGORICAL
+
+    known = []
+    for column in CAT_COLUMNS:
+        lines = (saved_model / "assets" / f"{column}.vocab").read_text(encoding="ascii").split("\n")
+        known.append(lines[1] if len(lines) > 1 and lines[1] else "")
+    rows = [([""] * NUM_INTEGER, [""] * NUM_CATEGORICAL), (["1"] * NUM_INTEGER, known)]
+    lines = ["\t".join(["0", *ints, *cats]) for ints, cats in rows]
+    try:
+        model = tf.saved_model.load(str(saved_model))
+        by_line = model.signatures["serve_lines"](lines=tf.constant(lines),
+                                                  has_label=tf.constant([True] * len(lines)))
+        by_features = model.signatures["serve_features"](
+            int_features=tf.constant([[-(2**63) if not v else int(v) for v in ints]
+                                      for ints, _ in rows], tf.int64),
+            cat_features=tf.constant([cats for _, cats in rows]))
+        probability = by_line["probability"].numpy()
+        reasons = by_line["reject_reason"].numpy().tolist()
+        agree = np.array_equal(probability, by_features["probability"].numpy())
+    except (tf.errors.OpError, ValueError, KeyError, OSError) as exc:
+        raise ExportError(f"the new version does not load and score in TensorFlow "
+                          f"({type(exc).__name__}: {exc}); nothing was written") from None
+    if reasons != [b""] * len(rows) or not agree or not np.all(
+            np.isfinite(probability) & (probability >= 0) & (probability <= 1)):
+        raise ExportError(f"the new version scores test lines wrongly (probabilities "
+                          f"{probability.tolist()}, reasons {reasons}, signatures agree: {agree}); "
+                          "nothing was written")
 
 
 def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],

@@ -54,9 +54,18 @@ SCALAR_METADATA = summary_pb2.SummaryMetadata(
 
 
 def cpu_supports_bfloat16() -> bool:
+    """True when the CPU has bfloat16 dot instructions and oneDNN may use them.
+
+    ``ONEDNN_MAX_CPU_ISA`` below AVX-512 (e.g. ``AVX2``, set to reproduce another CPU's
+    kernels) leaves TensorFlow's bfloat16 matmul without a kernel: it ends the process with a
+    segmentation fault instead of an error, so such a cap means float32.
+    """
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap and cap not in ("ALL", "DEFAULT") and not cap.startswith(("AVX512", "AVX10")):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
@@ -452,14 +461,23 @@ class Trainer:
         return path
 
     def restore_best(self, required: bool = False) -> Path | None:
-        """The run's model (``best_checkpoint``: the best validation AUC's, else the latest)."""
+        """The run's model (``best_checkpoint``: the best validation AUC's, else the latest).
+
+        A damaged one is moved aside for the newest intact checkpoint of the run, as training
+        would resume from it; with none intact, the error names the damage and says to train
+        again (deleting a checkpoint or --no-resume, train's fixes, are no fix here)."""
         path = best_checkpoint(self.layout.checkpoints)
         if path is None:
             if required:
                 raise CheckpointError(f"no complete checkpoint under {self.layout.checkpoints}")
             return None
-        self.restore(path)
-        return path
+        try:
+            return self._resume_intact(path)
+        except CheckpointError as exc:
+            if not hasattr(exc, "damage"):
+                raise
+            raise CheckpointError(f"{exc.damage}, and no older checkpoint of this run is intact: "
+                                  "train again (--stages train,eval --force)") from None
 
     # -- logging ---------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:

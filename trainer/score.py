@@ -36,8 +36,9 @@ import pyarrow.parquet as pq
 from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
+from dlrm_contracts.layout import SAVED_MODEL_PB
 from dlrm_contracts.lock import output_lock
-from dlrm_contracts.layout import SAVED_MODEL_PB, latest_export
+from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Reporter, open_reporter
 from dlrm_contracts.schema import NUM_FIELDS, NUM_INTEGER
 
@@ -253,17 +254,17 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
 
     Args:
         model_dir: the SavedModel (an export version ``DIR/export/<N>``), or a directory of
-            versions (``DIR/export``): its newest, as a server watching it would load.
+            versions (``DIR/export``): its served version (dlrm_contracts.serving_state), as
+            the serving image loads it.
         inputs: raw day files, plain or ``.gz``, with or without the label field.
         out_dir: where ``<name>.parquet`` and ``rejects/<name>.jsonl`` go.
         config: lines per model call, whether the files are labelled.
         progress_settings: how progress is shown when run alone (the pipeline shows its own).
 
     Returns:
-        Per file and in total: lines read, scored and rejected; seconds.
+        The SavedModel scored with; per file and in total: lines read, scored and rejected;
+        seconds.
     """
-    import tensorflow as tf
-
     paths = [Path(p) for p in inputs]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -273,23 +274,40 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
         raise ScoreError(f"two inputs would write the same output name: {sorted(names)}")
     model_dir = Path(model_dir)
     if not (model_dir / SAVED_MODEL_PB).is_file():
-        newest = latest_export(model_dir)
-        if newest is None:
+        served = served_export(model_dir)
+        if served is None:
             raise ScoreError(f"no SavedModel at {model_dir} (no saved_model.pb, nor a version "
                              "directory <N>/ holding one): run the export stage first")
-        model_dir = newest
+        model_dir = served
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = tf.saved_model.load(str(model_dir))
+    model = load_model(model_dir)
     with open_reporter("score", config.progress, progress_settings) as reporter:
         progress = ScanProgress(paths, reporter)
         files = [score_file(model, p, out_dir, config, progress) for p in paths]
         progress.finish()
-    return {"files": files, "lines": sum(f["lines"] for f in files),
+    return {"model": str(model_dir), "files": files, "lines": sum(f["lines"] for f in files),
             "scored": sum(f["scored"] for f in files),
             "rejected": sum(sum(f["rejected"].values()) for f in files),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def load_model(model_dir: Path):
+    """The SavedModel with its serving signature; a version whose files are damaged (a
+    truncated variables file, a saved_model.pb that is not one) is one ScoreError naming it
+    and the fixes, not TensorFlow's traceback."""
+    import tensorflow as tf
+
+    try:
+        model = tf.saved_model.load(str(model_dir))
+        model.signatures["serve_lines"]
+        return model
+    except (tf.errors.OpError, ValueError, KeyError, OSError, RuntimeError) as exc:
+        cause = " ".join(str(exc).split())[:300]
+        raise ScoreError(f"the SavedModel {model_dir} cannot be loaded ({type(exc).__name__}: "
+                         f"{cause}): serve an intact version (run_pipeline.sh export rollback "
+                         "[VERSION]) or export again (--stages export --force)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True,
                         help="SavedModel: an export version (DIR/export/<N>), or DIR/export for "
-                             "its newest version")
+                             "its served version (DIR/export/serving.json: the version held by a "
+                             "rollback, else the newest verified)")
     parser.add_argument("--out", required=True, help="output directory (DIR/scores)")
     parser.add_argument("--input", required=True, help="comma-separated raw files (plain or .gz)")
     parser.add_argument("--config", help="YAML file with a 'score' section")
@@ -307,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    with output_lock(args.out, "trainer.score"), failing_as(ExitCode.SCORE, ScoreError):
+    with output_lock(args.out, "trainer.score"), \
+            failing_as(ExitCode.SCORE, ScoreError, ServingStateError):
         summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out,
                               config.score, config.progress)
     print(json.dumps(summary), flush=True)

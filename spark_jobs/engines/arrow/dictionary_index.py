@@ -7,7 +7,10 @@ hash table, the value in the low 32 bits of a slot and its id (>= 1) in the high
 an empty slot. A range that keeps nothing has no file. ``index.json`` holds, per column, the
 ranges' lower bounds and each region's place in the column's slots (a range's first slot and
 its slots), as a worker sees them: the column's files mapped one after another into one span of
-addresses, so a lookup addresses every range of a column through one array.
+addresses, so a lookup addresses every range of a column through one array. Once the dictionary
+tasks have written every file, the driver seals the index: each file's checksum, and
+``index.json``'s own, are recorded in it; a worker checks all of it before it maps or looks up
+anything (``spark_jobs.engines.arrow.index_checks``).
 
 Why this shape:
 - memory-mapped, the page cache holds one copy per node whatever the number of workers and
@@ -41,7 +44,7 @@ import numpy as np
 from dlrm_contracts.atomic import replace_file, write_text_atomic
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 
-INDEX_FORMAT_VERSION = 2
+INDEX_FORMAT_VERSION = 3     # 3: sealed with checksums
 INDEX_JSON = "index.json"
 INDEX_LOAD = 0.6       # kept values per slot
 PAGE_SLOTS = 512       # 4 KiB of slots: regions start on a page boundary
@@ -85,11 +88,6 @@ class ColumnLayout:
         return {"bounds": self.bounds.tolist(), "starts": self.starts.tolist(),
                 "sizes": self.sizes.tolist()}
 
-    @classmethod
-    def from_json(cls, data: dict) -> "ColumnLayout":
-        return cls(np.array(data["bounds"], np.uint32), np.array(data["starts"], np.int64),
-                   np.array(data["sizes"], np.int64))
-
 
 def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
     """An empty index (a folder per column) and its index.json; the regions' files are then
@@ -110,6 +108,9 @@ def write_region(index_dir: str, column: str, rank: int, size: int, values: np.n
 
     if size == 0:
         return
+    if len(values) >= size:              # a probe for an absent value needs an empty slot
+        raise ValueError(f"{region_path(index_dir, column, rank)}: {len(values)} values do not "
+                         f"fit a region of {size} slots")
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
     write_atomically(region_path(index_dir, column, rank), region.tofile, fsync=True)
@@ -122,6 +123,31 @@ def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
     replace_file(built, region_path(index_dir, column, rank))
 
 
+def seal_index(index_dir: Path) -> None:
+    """Record in ``index.json`` each range file's checksum and then its own, once the
+    dictionary tasks have written every file: a worker refuses an index that is not sealed
+    or whose files or ``index.json`` differ from what was sealed."""
+    from spark_jobs.engines.arrow import index_checks as checks
+
+    index_dir = Path(index_dir)
+    meta = checks.read_meta(index_dir, sealed=False)
+    for column, data in meta["columns"].items():
+        _, _, sizes, _ = checks.column_arrays(meta, index_dir / INDEX_JSON, column, sealed=False)
+        checks.check_files(index_dir, column, sizes)
+        data["checksums"] = [_file_checksum(region_path(index_dir, column, rank)) if slots else None
+                             for rank, slots in enumerate(sizes.tolist())]
+    meta["checksum"] = checks.meta_checksum(meta["columns"])
+    write_atomically(index_dir / INDEX_JSON, lambda temporary: temporary.write_text(json.dumps(meta)),
+                     fsync=True)
+
+
+def _file_checksum(path: Path) -> str:
+    from spark_jobs.engines.arrow.index_checks import region_checksum
+
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return region_checksum(data)
+
+
 def index_bytes(index_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(index_dir).glob("*/*.slots"))
 
@@ -130,17 +156,14 @@ class DictionaryIndex:
     """The index, memory-mapped read-only: ids of whole blocks of values, column by column."""
 
     def __init__(self, index_dir: str, columns: tuple[str, ...]):
-        meta = json.loads((Path(index_dir) / INDEX_JSON).read_text())
-        if meta.get("format_version") != INDEX_FORMAT_VERSION:
-            raise ValueError(f"{index_dir}: dictionary index format {meta.get('format_version')}, "
-                             f"expected {INDEX_FORMAT_VERSION}")
+        """Every column's layout and files checked before the first mapping, every mapped
+        range's slots against its checksum before the first lookup (``index_checks``): a
+        damaged index is a DictionaryIndexError naming the file."""
+        directory = Path(index_dir)
+        checked = _checked_columns(directory, columns)
         self.columns = columns
-        self._tables = []
-        for column in columns:
-            layout = ColumnLayout.from_json(meta["columns"][column])
-            slots = (_map_column(Path(index_dir), column, layout) if layout.total_slots
-                     else np.zeros(1, np.uint64))
-            self._tables.append((layout, slots))
+        self._tables = [(layout, _mapped_and_verified(directory, column, layout, checksums))
+                        for column, (layout, checksums) in checked.items()]
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
         """values [columns, n] (int64, negative = missing) → int32 ids in out [columns, n];
@@ -151,6 +174,34 @@ class DictionaryIndex:
             lookup_column(values[j], layout.bounds, layout.starts, layout.sizes, slots, out[j])
 
 
+def _checked_columns(index_dir: Path, columns: tuple[str, ...]) -> dict:
+    """column → (its checked layout, its ranges' checksums); every file checked too."""
+    from spark_jobs.engines.arrow import index_checks as checks
+
+    meta = checks.read_meta(index_dir)
+    checked = {}
+    for column in columns:
+        bounds, starts, sizes, checksums = checks.column_arrays(meta, index_dir / INDEX_JSON, column)
+        checks.check_files(index_dir, column, sizes)
+        checked[column] = (ColumnLayout(bounds, starts, sizes), checksums)
+    return checked
+
+
+def _mapped_and_verified(index_dir: Path, column: str, layout: ColumnLayout,
+                         checksums: list) -> np.ndarray:
+    """The column's slots mapped, each range's bytes checked against its checksum."""
+    from spark_jobs.engines.arrow.index_checks import check_region
+
+    if not layout.total_slots:
+        return np.zeros(1, np.uint64)
+    slots = _map_column(index_dir, column, layout)
+    for rank in np.flatnonzero(layout.sizes):
+        start, size = int(layout.starts[rank]), int(layout.sizes[rank])
+        check_region(region_path(index_dir, column, int(rank)), slots[start:start + size],
+                     checksums[rank])
+    return slots
+
+
 _MAP_FIXED = 0x10          # Linux's value on every architecture; the mmap module lacks it
 
 
@@ -158,7 +209,10 @@ def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarra
     """The column's range files mapped read-only, each at its ``start``, into one span of
     addresses, as one uint64 array. The span is an anonymous read-only mapping owned by the
     array (through an ``mmap`` object): when the array goes, the span and every file mapped
-    into it are unmapped together."""
+    into it are unmapped together. ``layout`` is checked (``index_checks.column_arrays``):
+    every range lies inside the span."""
+    from spark_jobs.engines.arrow.index_checks import check_region_stat, damaged
+
     if not sys.platform.startswith("linux"):
         raise OSError("the dictionary index is mapped with Linux's mmap(MAP_FIXED): "
                       f"{sys.platform} is not supported")
@@ -169,11 +223,12 @@ def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarra
     for rank in np.flatnonzero(layout.sizes):
         path = region_path(index_dir, column, int(rank))
         size = int(layout.sizes[rank]) * 8
-        fd = os.open(path, os.O_RDONLY)
         try:
-            if os.fstat(fd).st_size != size:
-                raise ValueError(f"{path}: {os.fstat(fd).st_size} bytes where index.json says "
-                                 f"{size}: a damaged dictionary index")
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as error:
+            raise damaged(path, f"unreadable ({error.strerror})") from None
+        try:
+            check_region_stat(path, os.fstat(fd), size // 8)     # the file mapped is the one checked
             address = base + int(layout.starts[rank]) * 8
             if _libc_mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED,
                           fd, 0) != address:

@@ -168,6 +168,7 @@ class ArrowEngine:
         if kept != expected:
             raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
                                f"the histogram add up to {expected}")
+        dictionary_index.seal_index(index_dir)
         shutil.rmtree(self._totals_dir, ignore_errors=True)
 
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
@@ -223,6 +224,7 @@ class ArrowEngine:
         if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
             raise RuntimeError(f"{total} values written to the stable dictionaries, but their "
                                f"ids add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
+        dictionary_index.seal_index(index_dir)
         stable_ids.commit(staging, dict_dir, spec, sizes)
         shutil.rmtree(self._totals_dir, ignore_errors=True)
         return sizes

@@ -33,23 +33,32 @@ def _mix32(value):
 @numba.njit(cache=True, nogil=True)
 def build_region(values, ids, region):
     """Insert distinct ``values`` (uint32) with their ``ids`` (int32 >= 1) into ``region``
-    (uint64, zeroed, more slots than values)."""
+    (uint64, zeroed, more slots than values). Returns the values that found no empty slot
+    (0 unless the region is too small): each probe ends after one lap of the region."""
     size = np.uint64(region.shape[0])
+    lost = 0
     for i in range(values.shape[0]):
         key = np.uint64(values[i])
         s = (_mix32(key) * size) >> np.uint64(32)
-        while region[s] != 0:
+        for _ in range(region.shape[0]):
+            if region[s] == 0:
+                region[s] = key | (np.uint64(ids[i]) << np.uint64(32))
+                break
             s += np.uint64(1)
             if s == size:
                 s = np.uint64(0)
-        region[s] = key | (np.uint64(ids[i]) << np.uint64(32))
+        else:
+            lost += 1
+    return lost
 
 
 @numba.njit(cache=True, nogil=True)
 def lookup_column(values, bounds, starts, sizes, slots, out):
     """``out[i]`` = the id of ``values[i]`` (int64; negative = missing), 0 if absent.
     ``bounds``: each range's lowest value (ascending, bounds[0] = 0); ``starts``/``sizes``:
-    its region of ``slots``."""
+    its region of ``slots`` (checked to lie inside it, ``index_checks``). A probe ends at an
+    empty slot, at the value, or after one lap of the region: a damaged region with no empty
+    slot cannot make it loop."""
     ranges = bounds.shape[0]
     for i in range(values.shape[0]):
         v = values[i]
@@ -71,7 +80,7 @@ def lookup_column(values, bounds, starts, sizes, slots, out):
         base = np.uint64(starts[lo])
         s = (_mix32(key) * size) >> np.uint64(32)
         found = 0
-        while True:
+        for _ in range(sizes[lo]):
             slot = slots[base + s]
             if slot == 0:
                 break
@@ -138,11 +147,17 @@ def relabel_region(region, labelled_ids):
     the region; 0 in an empty slot), replaced by ``labelled_ids[row + 1]``, that row's id
     (``labelled_ids[0]`` = 0 keeps an empty slot empty). No branch per slot: a filled slot
     and an empty one are mixed at random, and a mispredicted branch cost more than the
-    gather."""
+    gather. A row past ``labelled_ids`` (a damaged staged region) is an error, never read (that
+    branch is never taken in an intact region, so it costs nothing); the task's retry then
+    rebuilds the region from the filled part."""
+    rows = np.uint64(labelled_ids.shape[0])
     for s in range(region.shape[0]):
         slot = region[s]
-        region[s] = (slot & _MASK32) | (np.uint64(labelled_ids[np.int64(slot >> np.uint64(32))])
-                                       << np.uint64(32))
+        row = slot >> np.uint64(32)
+        if row >= rows:
+            raise ValueError("a staged dictionary index region points past its group's rows: "
+                             "delete the workdir's counts/.totals and run again")
+        region[s] = (slot & _MASK32) | (np.uint64(labelled_ids[np.int64(row)]) << np.uint64(32))
 
 
 def warm_up() -> None:
