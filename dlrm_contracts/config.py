@@ -522,18 +522,46 @@ class PreflightConfig:
     counts_bytes_per_row: float = 10.0       # per-day value counts; grows with distinct values
     # Binary dataset before the counts exist: label 1 B + 13 float16 + 26 ids of at most 4 B.
     binary_bytes_per_row_bound: float = 131.0
-    # Per-core rates: Spark on Terabyte-shaped input, convert on a busy core, the trainer's
-    # default model at batch 4096 in float32 and in bfloat16 (--amp).
-    spark_rows_per_core_s: float = 30_900.0
-    convert_rows_per_core_s: float = 400_000.0
-    train_samples_per_core_s: float = 5_000.0
-    train_samples_per_core_s_bf16: float = 7_700.0
+    # Per-core rates on the reference machine (below), rows or samples per CPU-second of a
+    # core the run has to itself: the Arrow engine's preprocess, convert, the trainer's default
+    # model on 2 ranks in float32 and in bfloat16 (--amp). docs/perf-history.md, "The rates
+    # the preflight estimates from".
+    spark_rows_per_core_s: float = 111_000.0
+    convert_rows_per_core_s: float = 1_800_000.0
+    train_samples_per_core_s: float = 4_400.0
+    train_samples_per_core_s_bf16: float = 6_800.0
+    # Of a trained sample's core time, what does not grow with the MLPs (embedding lookups, the
+    # input pipeline, the ranks' exchange): a small model's rate is not the default model's
+    # scaled by its dense size alone.
+    train_overhead_us_per_sample: float = 37.0
     # Evaluation runs the forward pass only, about 3 times the training rate.
     eval_speedup: float = 3.0
     # Fixed start-up of a stage whatever its size (JVM and session; TensorFlow and horovodrun),
-    # roughly as the stage logs of the embedded default run show on a 2-core machine.
-    spark_startup_s: float = 30.0
-    trainer_startup_s: float = 15.0
+    # on the reference machine.
+    spark_startup_s: float = 20.0
+    convert_startup_s: float = 0.5
+    trainer_startup_s: float = 10.0
+    # The rates above hold for the reference machine; another CPU's cores differ. With
+    # calibrate, each rate is scaled by this machine's figure over the reference machine's
+    # (pipeline.calibration: a few seconds of single-core micro-benchmarks, once per machine,
+    # cached under $CRITEO_DLRM_CACHE or ~/.cache/criteo-dlrm).
+    calibrate: bool = True
+    reference_parse_rows_per_s: float = 733_000.0
+    reference_matmul_gflops: float = 91.7
+    reference_convert_rows_per_s: float = 5_380_000.0
+    # Other jobs' load (the 1-minute load average) takes its share of the cores: the estimate
+    # counts only the share left to the run, as the kernel shares cores among runnable threads
+    # (the trainer's ranks keep about this many threads per core busy).
+    account_load: bool = True
+    train_threads_per_core: float = 4.0
+    # A training run with early stopping usually ends after about this many epochs (the
+    # estimate's likely figure; its bound is every epoch, which the time limit below uses).
+    early_stopping_epochs: float = 7.0
+    # The time limit a scheduler gives a run (the preflight's ``timeout_s``; the Airflow DAG's
+    # execution_timeout): the bound of the estimate times timeout_factor, at least
+    # timeout_floor_s.
+    timeout_factor: float = 3.0
+    timeout_floor_s: float = 900.0
     # Memory one rank may give its embedding tables and optimizer state, in GiB. None = this
     # machine's memory divided by the ranks it runs (CPU training); set it to the GPU's memory
     # for GPU ranks. rank_reserve_gib is kept for TensorFlow, buffers and the dense part.
@@ -848,6 +876,14 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                         "train_samples_per_core_s": POSITIVE,
                         "train_samples_per_core_s_bf16": POSITIVE, "eval_speedup": POSITIVE,
                         "spark_startup_s": AT_LEAST_0, "trainer_startup_s": AT_LEAST_0,
+                        "convert_startup_s": AT_LEAST_0,
+                        "train_overhead_us_per_sample": AT_LEAST_0,
+                        "reference_parse_rows_per_s": POSITIVE,
+                        "reference_matmul_gflops": POSITIVE,
+                        "reference_convert_rows_per_s": POSITIVE,
+                        "early_stopping_epochs": POSITIVE, "timeout_factor": POSITIVE,
+                        "train_threads_per_core": POSITIVE,
+                        "timeout_floor_s": AT_LEAST_0,
                         "rank_memory_gib": POSITIVE, "rank_reserve_gib": AT_LEAST_0},
 }
 

@@ -1,8 +1,10 @@
 """Cheap, stable fingerprints of files and directories, for deciding whether a stage is stale.
 
-Names, sizes and modification times (not contents): hashing a terabyte of logs to decide
-whether to skip a stage would cost as much as the stage. Small JSON descriptions written by the
-stages themselves (preprocess.json, dataset.json) are hashed by content.
+Names, sizes and modification times (not whole contents): hashing a terabyte of logs to decide
+whether to skip a stage would cost as much as the stage. The input's day files, which someone
+else writes, also get a hash of a few sampled blocks (``dlrm_contracts.content_sample``): a
+file rewritten with its size and mtime kept is then noticed. Small JSON descriptions written by
+the stages themselves (preprocess.json, dataset.json) are hashed by content.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from dlrm_contracts.content_sample import sampled_hash
 
 
 def stable_hash(value: Any) -> str:
@@ -41,14 +45,17 @@ def tree_fingerprint(path: Path, ignore: tuple[str, ...] = ()) -> str:
 
 
 def input_fingerprint(raw_dir: Path, ignore: tuple[str, ...] = ("generator_meta.json",)) -> str:
-    """Names, sizes and mtimes of the files directly in the input directory, the day files
-    the preprocess job reads: a subdirectory (a workdir kept inside the input, say) is not
-    input. Equal to tree_fingerprint for a directory without subdirectories."""
+    """Names, sizes, mtimes and sampled-block hashes of the files directly in the input
+    directory, the day files the preprocess job reads: a subdirectory (a workdir kept inside
+    the input, say) is not input."""
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
-        return tree_fingerprint(raw_dir, ignore)
+        if not raw_dir.exists():
+            return "missing"
+        stats = file_stats(raw_dir, ignore)
+        return stable_hash([(rel, *stat, sampled_hash(raw_dir)) for rel, stat in stats.items()])
     stats = {rel: stat for rel, stat in file_stats(raw_dir, ignore).items() if "/" not in rel}
-    return stable_hash([(rel, *stat) for rel, stat in stats.items()])
+    return stable_hash([(rel, *stat, sampled_hash(raw_dir / rel)) for rel, stat in stats.items()])
 
 
 def changed_files(recorded: dict[str, list[int]], path: Path) -> list[str]:

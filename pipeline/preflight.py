@@ -26,12 +26,14 @@ from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.table_sizes import read_histogram
+from pipeline import calibration
+from pipeline.calibration import Speed
 from pipeline.diskspace import free_bytes, human
 from pipeline.fingerprint import input_fingerprint
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.preflight_needs import (DiskNeeds, DriverMemory, MemoryNeeds, StageTime, TimeNeeds,
                                       checkpoint_bytes, disk_needs, memory_needs,
-                                      spark_local_dirs, time_needs, tree_bytes)
+                                      other_load, spark_local_dirs, time_needs, tree_bytes)
 from spark_jobs.errors import PreprocessInputError
 from spark_jobs.inputs import UnreadableSample, bytes_per_line, discover_days
 
@@ -221,19 +223,28 @@ def _say_driver(est: Estimate, driver: DriverMemory) -> None:
                 "checks what its workers offer)")
 
 
-def _say_time(est: Estimate, needs: TimeNeeds | None) -> None:
+def _say_time(est: Estimate, needs: TimeNeeds | None, config: PipelineConfig) -> None:
     if needs is None:
         return
     if needs.cluster_core_hours is not None:
         est.say("time: preprocess on the cluster: its cores are not known here "
                 f"(~{needs.cluster_core_hours:,.1f} core-hours)")
     for part in needs.stages:
-        est.say(f"time: {part.stage:<10} ~{_duration(part.seconds)} ({_how(part, needs)}; "
-                "measured per-core rates)")
+        figure = f"~{_duration(part.expected)}"
+        if part.likely is not None:
+            figure += f", at most ~{_duration(part.seconds)}"
+        est.say(f"time: {part.stage:<10} {figure} ({_how(part, needs)})")
     if needs.stages:
-        est.say(f"time: total      ~{_duration(needs.total)} (GPU training, other CPUs and "
-                "other loads differ: an order of magnitude, not a promise)")
-    est.facts["seconds"] = {part.stage: round(part.seconds, 1) for part in needs.stages}
+        load = (f"; the load average {needs.load:.1f} leaves a stage {needs.share:.0%} of "
+                "the cores or more" if needs.share < 1 and needs.load is not None else "")
+        est.say(f"time: total      ~{_duration(needs.expected_total)} ({needs.speed.source}"
+                f"{load}; GPUs and load that changes differ)")
+    preflight = config.preflight
+    est.facts["seconds"] = {part.stage: round(part.expected, 1) for part in needs.stages}
+    est.facts["seconds_total"] = round(needs.expected_total, 1)
+    # A scheduler's time limit, from the bound; none when a stage's time is not known here.
+    est.facts["timeout_s"] = None if needs.cluster_core_hours is not None or not needs.stages \
+        else round(max(preflight.timeout_floor_s, preflight.timeout_factor * needs.total))
 
 
 def _how(part: StageTime, needs: TimeNeeds) -> str:
@@ -246,9 +257,9 @@ def _how(part: StageTime, needs: TimeNeeds) -> str:
         return f"{part.cores} cores, CPU"
     how = f"{part.cores} cores of this machine, CPU"
     if needs.epochs is not None:
-        how += f", {needs.epochs} epochs"
-        if needs.early_stopping:
-            how += " at most: early stopping usually ends it sooner"
+        how += f", {needs.epochs} epochs at most"
+        if needs.early_stopping and part.likely is not None:
+            how += "; early stopping usually ends it sooner: preflight.early_stopping_epochs"
     return how
 
 
@@ -284,8 +295,17 @@ def estimate(config: PipelineConfig) -> Estimate:
     _say_disk(est, layout.root, None if rows is None else
               disk_needs(config, layout, rows, raw_bytes, generated, sizes, state_factor))
     _say_memory(est, memory_needs(config, sizes, state_factor))
-    _say_time(est, None if rows is None else time_needs(config, rows, test_rows))
+    _say_time(est, None if rows is None else _time_needs(config, rows, test_rows, est),
+              config)
     return est
+
+
+def _time_needs(config: PipelineConfig, rows: int, test_rows: int | None,
+                est: Estimate) -> TimeNeeds:
+    """The time at this machine's calibrated speed and under its current load."""
+    timed = {"preprocess", "convert", "train", "eval"} & set(config.stages)
+    speed = calibration.speed(config.preflight, est.warnings.append) if timed else Speed()
+    return time_needs(config, rows, test_rows, speed=speed, load=other_load())
 
 
 def report(config: PipelineConfig, emit) -> Estimate:

@@ -19,6 +19,7 @@ from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import NUM_INTEGER
+from pipeline.calibration import Speed
 from pipeline.diskspace import free_bytes, same_filesystem
 from pipeline.hosts import horovodrun_hosts
 from spark_jobs.session import local_cores
@@ -317,8 +318,13 @@ def _rank_memory(config: PipelineConfig, per_rank: list[int], total: int) -> Ran
 @dataclass(frozen=True)
 class StageTime:
     stage: str
-    seconds: float  # at the measured per-core rate, with the stage's start-up
+    seconds: float  # the most it should take: at the calibrated rates, with the stage's start-up
     cores: int      # local cores (preprocess), convert workers, or this machine's cores
+    likely: float | None = None  # what it usually takes, when less (early stopping)
+
+    @property
+    def expected(self) -> float:
+        return self.seconds if self.likely is None else self.likely
 
 
 @dataclass(frozen=True)
@@ -327,49 +333,121 @@ class TimeNeeds:
     cluster_core_hours: float | None  # preprocess on a cluster: its cores are not known here
     epochs: int | None                # what bounds training; None when max_steps does
     early_stopping: bool
+    speed: Speed = Speed()
+    share: float = 1.0                # of the cores, the least other jobs' load leaves a stage
+    load: float | None = None         # the 1-minute load average the shares came from
 
     @property
     def total(self) -> float:
         return sum(s.seconds for s in self.stages)
 
+    @property
+    def expected_total(self) -> float:
+        return sum(s.expected for s in self.stages)
 
-def time_needs(config: PipelineConfig, rows: int, test_rows: int | None) -> TimeNeeds:
+
+def core_share(threads: float, load: float | None) -> float:
+    """The share of the cores a stage keeping ``threads`` threads busy gets beside ``load``
+    other runnable ones: the kernel shares the cores among runnable threads, not processes,
+    so a stage with more threads than cores takes more of a loaded machine."""
+    if not load or load <= 0:
+        return 1.0
+    return min(1.0, threads / (threads + load))
+
+
+def other_load() -> float | None:
+    """The 1-minute load average less the preflight's own process; None where unknown."""
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except OSError:
+        return None
+
+
+def train_core_seconds_per_sample(config: PipelineConfig) -> float:
+    """A trained sample's core-seconds on the reference machine: a part that does not depend
+    on the model's size, and the rest of the default model's per-sample time scaled by the
+    configured dense part's size."""
+    preflight = config.preflight
+    _, dense = _dims(config)
+    default = 1.0 / (preflight.train_samples_per_core_s_bf16 if config.train.amp
+                     else preflight.train_samples_per_core_s)
+    overhead = min(preflight.train_overhead_us_per_sample * 1e-6, default)
+    return overhead + (default - overhead) * dense / dense_parameters(PRESETS["default"])
+
+
+def time_needs(config: PipelineConfig, rows: int, test_rows: int | None,
+               speed: Speed = Speed(), load: float | None = None) -> TimeNeeds:
+    """Each stage's time at the reference rates scaled by this machine's ``speed`` and by the
+    share of its cores that ``load`` (other jobs' runnable threads) leaves."""
     preflight, wanted = config.preflight, set(config.stages)
     cores = os.cpu_count() or 1
     spark_cores = local_cores(config.spark.master)
-    parts: list[tuple[str, float, int]] = []
+    load = load if preflight.account_load else None
+    parts: list[tuple[str, float, int, float | None]] = []
     cluster_core_hours = None
+    startup = {"preprocess": preflight.spark_startup_s / speed.parse,
+               "convert": preflight.convert_startup_s / speed.convert,
+               "train": preflight.trainer_startup_s / speed.train,
+               "eval": preflight.trainer_startup_s / speed.train}
     if "preprocess" in wanted:
+        rate = preflight.spark_rows_per_core_s * speed.parse
         if spark_cores:
-            parts.append(("preprocess", rows / (preflight.spark_rows_per_core_s * spark_cores),
-                          spark_cores))
+            parts.append(("preprocess", rows / (rate * spark_cores), spark_cores, None))
         else:
-            cluster_core_hours = rows / preflight.spark_rows_per_core_s / 3600
+            cluster_core_hours = rows / rate / 3600
     if "convert" in wanted:
         workers = max(1, min(cores, config.convert.workers))
-        parts.append(("convert", rows / (preflight.convert_rows_per_core_s * workers), workers))
+        rate = preflight.convert_rows_per_core_s * speed.convert
+        parts.append(("convert", rows / (rate * workers), workers, None))
     train_rows = rows - (test_rows or 0)
     if {"train", "eval"} & wanted:
-        _, dense = _dims(config)
-        # The rates are the default model's: scale by the dense part's size.
-        scale = dense_parameters(PRESETS["default"]) / max(1, dense)
-        rate = (preflight.train_samples_per_core_s_bf16 if config.train.amp
-                else preflight.train_samples_per_core_s) * scale
-        if config.train.max_steps:
-            samples = config.train.max_steps * config.train.batch_size
-        else:
-            samples = train_rows * config.train.epochs
+        per_sample = train_core_seconds_per_sample(config) / speed.train
         used = cores  # the ranks on one machine share its cores (intra-op threads = cores / ranks)
         if "train" in wanted:
-            parts.append(("train", samples / (rate * used), used))
+            bound, likely = _training_seconds(config, train_rows, test_rows or 0,
+                                              per_sample / used)
+            parts.append(("train", bound, used, likely))
         # After a train stage, eval adopts the figures the trainer ends with (no launch)
         # unless --force asks for a fresh evaluation.
         if "eval" in wanted and test_rows and ("train" not in wanted or config.force):
-            parts.append(("eval", test_rows / (rate * preflight.eval_speedup * used), used))
-    startup = {"preprocess": preflight.spark_startup_s, "train": preflight.trainer_startup_s,
-               "eval": preflight.trainer_startup_s}
-    return TimeNeeds(stages=[StageTime(stage, seconds + startup.get(stage, 0.0), n)
-                             for stage, seconds, n in parts],
-                     cluster_core_hours=cluster_core_hours,
+            parts.append(("eval", test_rows * per_sample / (preflight.eval_speedup * used),
+                          used, None))
+    stages, shares = [], [1.0]
+    for stage, seconds, n, likely in parts:
+        fixed = startup.get(stage, 0.0)
+        # the trainer's ranks keep more threads busy than cores (intra- and inter-op pools,
+        # the input pipeline): preflight.train_threads_per_core
+        threads = n * preflight.train_threads_per_core if stage in ("train", "eval") else n
+        share = core_share(threads, load)
+        shares.append(share)
+        stages.append(StageTime(stage, (seconds + fixed) / share, n,
+                                None if likely is None else (likely + fixed) / share))
+    return TimeNeeds(stages=stages, cluster_core_hours=cluster_core_hours,
                      epochs=None if config.train.max_steps else config.train.epochs,
-                     early_stopping=bool(config.train.early_stopping_patience))
+                     early_stopping=bool(config.train.early_stopping_patience),
+                     speed=speed, share=min(shares), load=load)
+
+
+def _training_seconds(config: PipelineConfig, train_rows: int, test_rows: int,
+                      seconds_per_sample: float) -> tuple[float, float | None]:
+    """(the bound, the likely time) of the train stage: its steps (max_steps or every epoch;
+    with early stopping, about ``preflight.early_stopping_epochs`` epochs when fewer), the
+    validation passes along the way (``evals_per_epoch`` an epoch, at least one; with early
+    stopping the last step's too), and the closing evaluation of the test and validation
+    splits (the newest day's rows, forward only)."""
+    train, preflight = config.train, config.preflight
+    every = train_rows / max(1, train.evals_per_epoch)
+
+    def seconds(samples: float) -> float:
+        passes = int(samples // every) if every else 0
+        passes += bool(train.early_stopping_patience)
+        evaluated = passes * test_rows / 2 + test_rows
+        return (samples + evaluated / preflight.eval_speedup) * seconds_per_sample
+
+    if train.max_steps:
+        return seconds(train.max_steps * train.batch_size), None
+    bound = seconds(train_rows * train.epochs)
+    likely_epochs = preflight.early_stopping_epochs
+    if train.early_stopping_patience and likely_epochs < train.epochs:
+        return bound, seconds(train_rows * likely_epochs)
+    return bound, None

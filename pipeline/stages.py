@@ -95,6 +95,22 @@ def _python() -> str:
     return sys.executable
 
 
+# Stages whose child's known failure is a refusal that the same inputs meet again: the
+# trainer's one-line errors name a setting, a dataset or a checkpoint that a person must change
+# (a previous model whose shape or tables do not fit this run's, a damaged checkpoint, a batch
+# that does not divide). Their status is ``failed: <stage>_refused``, which a scheduler does not
+# retry; a crash, a kill or a lost host keeps the stage's own status.
+_REFUSING_STAGES = frozenset({"train", "eval"})
+
+
+def _refused(stage: str, result, error: str) -> bool:
+    """Whether a known error of ``stage``'s child is a refusal: not an interrupted child (exit
+    130 or a signal; an interrupted rank's line names no cause)."""
+    interrupted = result.returncode < 0 or result.returncode == ExitCode.INTERRUPTED
+    cause = error.split(": error", 1)[-1].lstrip(":").strip()
+    return stage in _REFUSING_STAGES and not interrupted and bool(cause)
+
+
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
     """A known failure of the child is its own one line (it names the file and the fix) and
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
@@ -110,7 +126,9 @@ def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> Pipe
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
     if known and not says_disk_full("\n".join(result.tail)):
         return PipelineError(f"{stage} failed (exit {result.returncode}): {known[0]} "
-                             f"(log: {ctx.stage_log(stage)})", code)
+                             f"(log: {ctx.stage_log(stage)})", code,
+                             kind=f"{stage}_refused" if _refused(stage, result, known[0])
+                             else None)
     tail = "\n    ".join(result.tail[-12:])
     return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "
                          f"{ctx.stage_log(stage)}:\n    {tail}", code)

@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm_contracts.content_sample import sampled_hash
 from spark_jobs.errors import PreprocessInputError
 
 _DAY_NAME = re.compile(r"^day_(\d+)(\.gz)?$")
@@ -31,9 +32,10 @@ class DayFile:
         return self.path.suffix == ".gz"
 
     def fingerprint(self) -> str:
-        """Name, size and mtime: enough to notice a replaced file without reading it."""
+        """Name, size, mtime and a hash of a few sampled blocks: a replaced file is noticed
+        even when it kept its size and had its mtime put back, for a few reads of it."""
         st = self.path.stat()
-        return f"{self.name}:{st.st_size}:{st.st_mtime_ns}"
+        return f"{self.name}:{st.st_size}:{st.st_mtime_ns}:{sampled_hash(self.path)}"
 
 
 def discover_days(input_dir: str | Path, window_days: int | None = None) -> list[DayFile]:

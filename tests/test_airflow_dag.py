@@ -338,12 +338,22 @@ verdicts = {code: module.verdict(code, {"status": "x", "error": "e", "stages": {
             for code in [*module.EXIT_CODES, -9, 77] if code != 0}
 verdicts[0] = module.verdict(0, ran).state
 verdicts["0-reused"] = module.verdict(0, reused).state
+for code, status in ((8, "failed: train_refused"), (9, "failed: eval_refused")):
+    verdicts[f"{code}-refused"] = module.verdict(code, {"status": status, "stages": {}}).state
+    verdicts[f"{code}-crashed"] = module.verdict(code, {"status": "failed: " + module.EXIT_CODES[code],
+                                                        "stages": {}}).state
+from datetime import timedelta
+default = timedelta(hours=5)
+limits = {name: module.time_limit(figures, default)[0].total_seconds() for name, figures in (
+    ("estimated", {"timeout_s": 1234, "seconds_total": 300.0}), ("unknown", {"timeout_s": None}),
+    ("none", None), ("bad", {"timeout_s": "soon"}))}
 task = dag.get_task("run_pipeline")
 print(json.dumps({
-    "exit_codes": module.EXIT_CODES, "verdicts": verdicts,
+    "exit_codes": module.EXIT_CODES, "verdicts": verdicts, "limits": limits,
     "schedule": str(dag.schedule), "catchup": dag.catchup,
     "max_active_runs": dag.max_active_runs, "tasks": [t.task_id for t in dag.tasks],
     "retries": task.retries, "retry_delay_s": task.retry_delay.total_seconds(),
+    "execution_timeout_s": task.execution_timeout.total_seconds(),
 }))
 """
 
@@ -369,3 +379,77 @@ def test_the_dag_maps_every_exit_code_of_the_pipeline(airflow_bin, tmp_path):
     assert facts["schedule"] == "@daily" and facts["catchup"] is False
     assert facts["max_active_runs"] == 1 and facts["tasks"] == ["run_pipeline"]
     assert facts["retries"] == 3 and facts["retry_delay_s"] == 900
+    # a trainer's refusal (a model that cannot fit the new tables) is not retried; a crash is
+    assert verdicts["8-refused"] == verdicts["9-refused"] == "failed"
+    assert verdicts["8-crashed"] == verdicts["9-crashed"] == "retry"
+    # the time limit is the preflight's when it gives one, else the DAG's (a day by default)
+    assert facts["limits"] == {"estimated": 1234, "unknown": 5 * 3600, "none": 5 * 3600,
+                               "bad": 5 * 3600}
+    assert facts["execution_timeout_s"] == 86400
+
+
+def _land_in(site: dict, landing: Path, days) -> None:
+    landing.mkdir(exist_ok=True)
+    for day in days:
+        partial = landing.parent / f".day_{day}.partial"
+        shutil.copyfile(site["staging"] / f"day_{day}", partial)
+        os.replace(partial, landing / f"day_{day}")
+
+
+def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(site, tmp_path):
+    """A warm start (train.init: previous) whose previous model has another shape than this
+    run's is refused by the trainer (exit 8 with its one line): every attempt would be refused
+    the same way, so no retry is spent on it."""
+    landing, workdir = tmp_path / "landing", tmp_path / "workdir"
+    _land_in(site, landing, (0, 1, 2))
+    first = site["airflow"].dags_test("2026-11-08", criteo_dlrm_workdir=str(workdir),
+                                      criteo_dlrm_input=str(landing))
+    task = site["airflow"].latest_task()
+    assert task["state"] == "success", (first.stdout + first.stderr)[-6000:]
+    _land_in(site, landing, (3,))  # a new day: the next run warm-starts from that model
+    other_shape = tmp_path / "other_shape.yaml"
+    other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n",
+                                                "  preset: small\n  embedding_dim: 8\n"))
+    proc = site["airflow"].dags_test("2026-11-09", criteo_dlrm_workdir=str(workdir),
+                                     criteo_dlrm_input=str(landing),
+                                     criteo_dlrm_config=str(other_shape))
+    task = site["airflow"].latest_task()
+    out = proc.stdout + proc.stderr
+    assert task["state"] == "failed", out[-6000:]
+    assert task["try_number"] == 1  # retries are 2, yet no second attempt
+    assert task["summary"]["status"] == "failed: train_refused", task["summary"]
+    assert "exited 8 (train)" in out, out[-6000:]
+    # the pipeline's one line names the cause (its log, which the task's log shows too)
+    newest_log = sorted((workdir / "logs").glob("pipeline-*.log"))[-1].read_text()
+    assert "has dims" in newest_log and "train.init: scratch" in newest_log, newest_log[-3000:]
+    history = _history(workdir)
+    assert [h["status"] for h in history] == ["ok", "failed: train_refused"]
+
+
+def test_the_time_limit_comes_from_the_preflights_estimate(site, tmp_path):
+    """The task's execution_timeout is the preflight's timeout_s for this run (the estimate
+    times preflight.timeout_factor, at least preflight.timeout_floor_s): a limit far below what
+    the run needs stops it, the pipeline is told (SIGTERM) and frees its workdir."""
+    landing, workdir = tmp_path / "landing", tmp_path / "workdir"
+    _land_in(site, landing, (0, 1))
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(DAILY_CONFIG + "preflight:\n  timeout_factor: 0.0001\n"
+                                    "  timeout_floor_s: 3\n")
+    preflight = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--input",
+                                str(landing), "--workdir", str(workdir), "--stages",
+                                STAGES, "--config", str(tight)], capture_output=True, text=True,
+                               timeout=600)
+    figures = json.loads(preflight.stdout.strip().splitlines()[-1])
+    assert figures["timeout_s"] == 3 and figures["seconds_total"] > 3, figures
+    proc = site["airflow"].cli("dags", "test", DAG_ID, "2026-11-10", timeout=900, extra_env={
+        "AIRFLOW_VAR_CRITEO_DLRM_WORKDIR": str(workdir), "AIRFLOW_VAR_CRITEO_DLRM_INPUT":
+        str(landing), "AIRFLOW_VAR_CRITEO_DLRM_CONFIG": str(tight), "CRITEO_DLRM_RETRIES": "0"})
+    task = site["airflow"].latest_task()
+    out = proc.stdout + proc.stderr
+    assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]
+    assert "time limit 3 s from the preflight's estimate" in out, out[-6000:]
+    assert "AirflowTaskTimeout" in out or "Timeout" in out, out[-6000:]
+    lock = workdir / ".pipeline.lock"
+    if lock.exists():  # the pipeline had taken it: it is free again
+        with open(lock, "rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -431,7 +431,37 @@ def test_a_workdir_inside_the_input_is_not_input(tmp_path):
     assert input_fingerprint(raw) != before
     flat = tmp_path / "flat"
     shutil.copytree(raw, flat, ignore=shutil.ignore_patterns("work"))
-    assert input_fingerprint(flat) == tree_fingerprint(flat, ignore=("generator_meta.json",))
+    assert input_fingerprint(flat) == input_fingerprint(raw)
+    assert input_fingerprint(flat) != tree_fingerprint(flat, ignore=("generator_meta.json",))
+
+
+def test_a_day_file_rewritten_with_its_size_and_mtime_kept_is_a_changed_input(tmp_path):
+    """Name, size and mtime alone would call a day file put back with ``touch -r`` (or
+    ``cp -p``) unchanged: the sampled blocks' hash tells, in the first, a middle and the last
+    block of a file larger than the blocks together."""
+    from dlrm_contracts.content_sample import BLOCK_BYTES, BLOCKS, block_offsets
+    from pipeline.fingerprint import input_fingerprint
+    from spark_jobs.inputs import DayFile
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    day = raw / "day_0"
+    size = BLOCK_BYTES * BLOCKS * 3
+    day.write_bytes(b"a" * size)
+    st = day.stat()
+    before, day_before = input_fingerprint(raw), DayFile(0, day).fingerprint()
+    middle = block_offsets(size)[BLOCKS // 2] + 1
+    for offset in (0, middle, size - 1):
+        with open(day, "r+b") as fh:
+            fh.seek(offset)
+            fh.write(b"b")
+        os.utime(day, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert day.stat().st_size == st.st_size and day.stat().st_mtime_ns == st.st_mtime_ns
+        assert input_fingerprint(raw) != before, offset
+        assert DayFile(0, day).fingerprint() != day_before, offset
+        day.write_bytes(b"a" * size)
+        os.utime(day, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert input_fingerprint(raw) == before
 
 
 @pytest.mark.parametrize("damaged", ["parquet/train", "counts", "parquet/model_size.json",

@@ -316,3 +316,31 @@ def test_a_failed_multi_rank_child_is_reported_by_the_first_ranks_own_line(tmp_p
     assert "Traceback" not in str(error)
     only_a_crash = ChildResult(1, None, tail[1:])      # no known error: the log's last lines
     assert "last lines of" in str(_child_failed("train", only_a_crash, ExitCode.TRAIN, ctx))
+
+
+def test_a_ranks_known_error_is_a_refusal_a_crash_or_an_interruption_is_not(tmp_path):
+    """The summary's status tells a scheduler what another attempt can change: a rank's known
+    one-line error (a checkpoint or previous model that does not fit) is ``train_refused`` /
+    ``eval_refused``; a crash, an interrupted child or another stage keeps the stage's kind."""
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline.processes import ChildResult
+    from pipeline.stages import StageContext, _child_failed
+
+    ctx = StageContext(PipelineConfig(), WorkdirLayout.at(tmp_path), None, tmp_path / "c.yaml")
+    refusal = ["[0]<stderr>:trainer: error: the previous model /w/checkpoints/step-000000012 has "
+               "dims {'embedding_dim': 16}, this run {'embedding_dim': 8}: a warm start keeps "
+               "the model's shape (train.init: scratch to train the new shape)"]
+    crash = ["[0]<stderr>:trainer: unexpected error (a bug, traceback above): ValueError: x"]
+    interrupted = ["[0]<stderr>:trainer: error: "]
+    kinds = {name: _child_failed(stage, ChildResult(code, None, tail), exit_code, ctx).kind
+             for name, stage, code, tail, exit_code in (
+                 ("train", "train", 1, refusal, ExitCode.TRAIN),
+                 ("eval", "eval", 1, refusal, ExitCode.EVAL),
+                 ("crash", "train", 1, crash, ExitCode.TRAIN),
+                 ("interrupted", "train", 130, refusal, ExitCode.TRAIN),
+                 ("killed", "train", -9, refusal, ExitCode.TRAIN),
+                 ("no cause", "train", 1, interrupted, ExitCode.TRAIN),
+                 ("export", "export", 1, refusal, ExitCode.EXPORT))}
+    assert kinds == {"train": "train_refused", "eval": "eval_refused", "crash": "train",
+                     "interrupted": "train", "killed": "train", "no cause": "train",
+                     "export": "export"}

@@ -2,6 +2,7 @@
 stage-by-stage rule, whatever sentences print them."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -41,17 +42,64 @@ def test_the_workdir_peak_is_the_largest_sum_along_the_stages(config, keep_parqu
 
 
 def test_training_time_follows_max_steps_or_the_epochs(config):
-    by_epochs = time_needs(config, ROWS, test_rows=ROWS // 4)
+    # (no test rows: the evaluations, which follow their own rule below, add nothing here)
+    by_epochs = time_needs(config, ROWS, test_rows=None)
     train = dataclasses.replace(config.train, max_steps=10)
-    by_steps = time_needs(dataclasses.replace(config, train=train), ROWS, test_rows=ROWS // 4)
+    by_steps = time_needs(dataclasses.replace(config, train=train), ROWS, test_rows=None)
     assert by_epochs.epochs == config.train.epochs and by_steps.epochs is None
     seconds = {s.stage: s.seconds for s in by_epochs.stages}
     startup = config.preflight.trainer_startup_s
     ratio = (seconds["train"] - startup) / ({s.stage: s.seconds for s in by_steps.stages}["train"]
                                             - startup)
-    samples = (ROWS - ROWS // 4) * config.train.epochs / (10 * config.train.batch_size)
+    samples = ROWS * config.train.epochs / (10 * config.train.batch_size)
     assert ratio == pytest.approx(samples)
     assert by_epochs.total == pytest.approx(sum(seconds.values()))
+
+
+def test_the_train_stage_counts_its_evaluations_and_early_stoppings_likely_end(config):
+    """Validation passes evals_per_epoch times an epoch and the closing test and validation
+    evaluation, forward only; with early stopping the likely figure stops at
+    preflight.early_stopping_epochs while the bound trains every epoch."""
+    test_rows, p, t = ROWS // 4, config.preflight, config.train
+    needs = time_needs(config, ROWS, test_rows=test_rows)
+    train = {s.stage: s for s in needs.stages}["train"]
+    passes = t.epochs * t.evals_per_epoch + 1  # and the last step's, with early stopping
+    per_sample = (train.seconds - p.trainer_startup_s) / (
+        (ROWS - test_rows) * t.epochs + (passes * test_rows / 2 + test_rows) / p.eval_speedup)
+    passes = int(p.early_stopping_epochs * t.evals_per_epoch) + 1
+    likely = p.trainer_startup_s + per_sample * (
+        (ROWS - test_rows) * p.early_stopping_epochs
+        + (passes * test_rows / 2 + test_rows) / p.eval_speedup)
+    assert t.early_stopping_patience and p.early_stopping_epochs < t.epochs
+    assert train.likely == pytest.approx(likely) and train.expected == train.likely
+    assert needs.expected_total < needs.total
+    patient = dataclasses.replace(config, train=dataclasses.replace(t, early_stopping_patience=0))
+    assert {s.stage: s for s in time_needs(patient, ROWS, test_rows).stages}["train"].likely is None
+
+
+def test_a_slower_machine_or_a_loaded_one_takes_longer_in_proportion(config):
+    """The calibration's ratios divide each stage's rate (and its start-up); other jobs' load
+    leaves the run its share of the cores."""
+    from pipeline.calibration import Speed
+    from pipeline.preflight_needs import core_share
+
+    base = {s.stage: s.seconds for s in time_needs(config, ROWS, ROWS // 4).stages}
+    slow = time_needs(config, ROWS, ROWS // 4, speed=Speed(parse=0.5, train=0.25, convert=0.1))
+    assert {s.stage: s.seconds for s in slow.stages} == pytest.approx(
+        {"preprocess": base["preprocess"] * 2, "convert": base["convert"] * 10,
+         "train": base["train"] * 4})
+    loaded = time_needs(config, ROWS, ROWS // 4, load=6.0)
+    cores = os.cpu_count() or 1
+    threads = {"preprocess": 2, "convert": min(cores, config.convert.workers),
+               "train": cores * config.preflight.train_threads_per_core}  # local[2]
+    shares = {stage: core_share(n, 6.0) for stage, n in threads.items()}
+    assert all(0 < share < 1 for share in shares.values())
+    assert loaded.share == min(shares.values())
+    assert {s.stage: s.seconds for s in loaded.stages} == pytest.approx(
+        {k: v / shares[k] for k, v in base.items()})
+    ignored = dataclasses.replace(config, preflight=dataclasses.replace(
+        config.preflight, account_load=False))
+    assert time_needs(ignored, ROWS, ROWS // 4, load=6.0).share == 1.0
 
 
 def test_the_arrow_engines_partial_files_count_while_preprocess_runs(config):

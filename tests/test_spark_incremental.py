@@ -387,3 +387,34 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,  # 
     assert records and {r.total for r in records} == {
         sum(converted["rows"].values()) - sum(copied["rows"].values())}
     assert records[-1].done == records[-1].total and records[-1].fraction == 1.0
+
+
+@pytest.mark.spark
+def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(
+        tmp_path, spark):  # noqa: F811
+    """A day file whose values changed but whose size and mtime were put back (``touch -r``,
+    ``cp -p``) is not the day counted before: its counts and parts are made again, and the
+    tables equal those of a run from scratch on the same files."""
+    import os
+
+    from dlrm_contracts.table_sizes import read_histogram
+
+    days = random_days(3535, WINDOW, ROWS)
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    for k in range(WINDOW):
+        _land(raw, k, days[k])
+    _preprocess(spark, raw, work)
+    day = raw / "day_0"
+    st = day.stat()
+    swapped = day.read_bytes().translate(bytes.maketrans(b"ab", b"ba"))  # other hex values
+    assert swapped != day.read_bytes() and len(swapped) == st.st_size
+    day.write_bytes(swapped)
+    os.utime(day, ns=(st.st_atime_ns, st.st_mtime_ns))
+    summary = _preprocess(spark, raw, work)
+    assert summary["days_counted"] == [0]
+    assert summary["transform"]["why"].get("0") == "its file changed"
+    assert summary["transform"]["days_reused"] == [1, 2]
+    fresh = tmp_path / "fresh"
+    _preprocess(spark, raw, fresh)
+    assert (read_histogram(WorkdirLayout.at(work).counts).table_sizes("2")
+            == read_histogram(WorkdirLayout.at(fresh).counts).table_sizes("2"))

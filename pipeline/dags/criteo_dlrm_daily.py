@@ -11,10 +11,24 @@ task's XCom ``summary`` whatever the state, for a downstream task or a look in t
 - skipped: exit 0 with every stage reused (``skipped``): no new day landed since the last run;
 - retried: a later attempt can succeed without a person: the workdir locked by another run
   (3), a Spark or trainer failure (5, 8, 9: a lost executor or host), a full disk (12), an
-  interrupted or killed run (130, a signal);
+  interrupted or killed run (130, a signal), a run that outlived its time limit;
 - failed without retry: a person must act: bad flags or config (2), bad input data or a
   preflight shortfall (4), a dataset that did not verify (7), a conversion, export or score
-  refusal naming what to fix (6, 10, 11), a bug (1), or a setting of this DAG missing.
+  refusal naming what to fix (6, 10, 11), a trainer's refusal (8 or 9 with the summary's status
+  ``failed: train_refused`` or ``failed: eval_refused``: a previous model that cannot fit the
+  new tables or shape, a damaged checkpoint, a setting the model cannot take), a bug (1), or a
+  setting of this DAG missing.
+
+Time limit: before the run, the task asks the pipeline's preflight (``python -m pipeline
+preflight``, the same arguments) how long the run should take on this machine (its rates are
+calibrated on the machine itself, docs/pipeline.md "Preflight") and sets the task's
+``execution_timeout`` to the preflight's ``timeout_s``: the estimate's bound (every epoch,
+under the load as the run starts) times ``preflight.timeout_factor``, at least
+``preflight.timeout_floor_s`` (the pipeline's config).
+When the preflight cannot tell (a Spark cluster's cores, no rows), the DAG's own limit
+``CRITEO_DLRM_EXECUTION_TIMEOUT_S`` (default 86400, below) holds. At the limit Airflow stops
+the task: the pipeline gets SIGTERM, records the run as interrupted and frees the workdir, and
+the attempt is retried like any interrupted run.
 
 Settings of a run (Airflow Variables, read when the task runs; each can also be given as the
 environment variable ``AIRFLOW_VAR_<NAME>`` in capitals, Airflow's own mechanism):
@@ -32,9 +46,10 @@ environment variable ``AIRFLOW_VAR_<NAME>`` in capitals, Airflow's own mechanism
 Settings of the schedule (environment of the scheduler and DAG processor, read when the file is
 parsed, since Variables should not be read at parse time): ``CRITEO_DLRM_SCHEDULE`` (default
 ``@daily``), ``CRITEO_DLRM_CATCHUP`` (default ``false``), ``CRITEO_DLRM_START_DATE`` (default
-``2026-01-01``), ``CRITEO_DLRM_RETRIES`` (default 3) and ``CRITEO_DLRM_RETRY_DELAY_S``
-(default 900). No secret belongs here: an authenticated Spark cluster's secret is a file named
-by the config (``spark.auth_secret_file``).
+``2026-01-01``), ``CRITEO_DLRM_RETRIES`` (default 3), ``CRITEO_DLRM_RETRY_DELAY_S``
+(default 900) and ``CRITEO_DLRM_EXECUTION_TIMEOUT_S`` (default 86400: the limit when the
+preflight gives none). No secret belongs here: an authenticated Spark cluster's secret is a
+file named by the config (``spark.auth_secret_file``).
 
 Only the standard library and Airflow (3.x) are imported: the product's packages live in its
 own virtualenv, which the task calls as a child process.
@@ -57,6 +72,10 @@ from airflow.sdk import DAG, BaseOperator, Variable
 
 DAG_ID = "criteo_dlrm_daily"
 DEFAULT_STAGES = "preprocess,convert,train,eval,export"
+# The task's time limit when the preflight gives none (CRITEO_DLRM_EXECUTION_TIMEOUT_S); a
+# daily run that takes a day blocks the next one anyway.
+DEFAULT_TIMEOUT_S = 86400.0
+PREFLIGHT_TIMEOUT_S = 600
 
 # The pipeline's exit codes (dlrm_contracts/errors.py, ExitCode; docs/pipeline.md), by the
 # names its summary's status uses. Written out because this file imports nothing of the
@@ -67,6 +86,9 @@ EXIT_CODES = {0: "ok", 1: "failed", 2: "usage", 3: "locked", 4: "input_data", 5:
 # What another attempt can fix without a person: another run finishing, a lost Spark executor
 # or trainer host, space freed, a killed run. Every other failure names what a person must fix.
 RETRIED = frozenset({"locked", "preprocess", "train", "eval", "disk_full", "interrupted"})
+# Finer statuses of a retried exit code that no later attempt can change: the trainer refused
+# the run with one line naming what a person must change.
+REFUSED = frozenset({"failed: train_refused", "failed: eval_refused"})
 
 
 class Verdict(NamedTuple):
@@ -85,7 +107,8 @@ def verdict(returncode: int, summary: dict[str, Any] | None) -> Verdict:
         return Verdict("failed", f"the pipeline exited {returncode}, not one of its exit codes "
                                  "(docs/pipeline.md): see the task log")
     if kind != "ok":
-        state = "retry" if kind in RETRIED else "failed"
+        state = "retry" if kind in RETRIED and (summary or {}).get("status") not in REFUSED \
+            else "failed"
         return Verdict(state, f"the pipeline exited {returncode} ({kind}): {error}")
     stages = (summary or {}).get("stages") or {}
     if stages and all(stage.get("action") == "skipped" for stage in stages.values()):
@@ -138,10 +161,22 @@ class RunSettings:
                    _variable("criteo_dlrm_config", None),
                    _variable("criteo_dlrm_stages", DEFAULT_STAGES))
 
-    def argv(self) -> list[str]:
-        argv = [self.python, "-m", "pipeline", "run", "--input", self.input,
+    def argv(self, command: str = "run") -> list[str]:
+        argv = [self.python, "-m", "pipeline", command, "--input", self.input,
                 "--workdir", self.workdir, "--stages", self.stages]
         return argv + (["--config", self.config] if self.config else [])
+
+
+def time_limit(preflight: dict[str, Any] | None, default: timedelta) -> tuple[timedelta, str]:
+    """The task's execution_timeout from the preflight's figures (its last JSON line), and
+    where it came from; ``default`` when the preflight gave no limit."""
+    seconds = (preflight or {}).get("timeout_s")
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+        estimate = (preflight or {}).get("seconds_total")
+        return (timedelta(seconds=float(seconds)),
+                f"{seconds:.0f} s from the preflight's estimate of {estimate} s")
+    return default, f"{default.total_seconds():.0f} s (CRITEO_DLRM_EXECUTION_TIMEOUT_S: the " \
+                    "preflight gave no estimate)"
 
 
 def last_json_line(stdout: str) -> dict[str, Any] | None:
@@ -160,6 +195,28 @@ class CriteoPipelineOperator(BaseOperator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._child: subprocess.Popen | None = None
+        self._default_timeout = self.execution_timeout
+
+    def pre_execute(self, context: Any) -> None:
+        """Sets ``execution_timeout`` from the preflight's estimate for this very run (Airflow
+        reads it after this hook, as it starts ``execute``)."""
+        try:
+            settings = RunSettings.from_variables()
+        except SettingError:
+            return  # execute fails with the reason
+        default = self._default_timeout or timedelta(seconds=DEFAULT_TIMEOUT_S)
+        argv = settings.argv("preflight")
+        try:
+            # The preflight reads no data beyond a sample per file: minutes at most, even
+            # when it calibrates the machine's rates for the first time.
+            done = subprocess.run(argv, cwd=settings.home, stdout=subprocess.PIPE, text=True,
+                                  timeout=PREFLIGHT_TIMEOUT_S)
+            figures = last_json_line(done.stdout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.log.warning("preflight not run (%s): the default time limit holds", exc)
+            figures = None
+        self.execution_timeout, why = time_limit(figures, default)
+        self.log.info("time limit %s", why)
 
     def execute(self, context: Any) -> None:
         try:
@@ -226,7 +283,10 @@ with DAG(
     max_active_tasks=1,
     default_args={"retries": int(os.environ.get("CRITEO_DLRM_RETRIES", "3")),
                   "retry_delay": timedelta(seconds=float(
-                      os.environ.get("CRITEO_DLRM_RETRY_DELAY_S", "900")))},
+                      os.environ.get("CRITEO_DLRM_RETRY_DELAY_S", "900"))),
+                  # replaced, as each run starts, by the limit its preflight derives
+                  "execution_timeout": timedelta(seconds=float(os.environ.get(
+                      "CRITEO_DLRM_EXECUTION_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))))},
     tags=["criteo-dlrm"],
     doc_md=__doc__,
 ) as dag:
