@@ -1,7 +1,8 @@
 """``python -m converters {convert,verify,rethreshold,plan}``.
 
 Exit codes are the pipeline's (dlrm_contracts.errors): 0 success; 2 wrong usage or a bad
-threshold spec; 6 convert or rethreshold failed on its input (a broken parquet, counts or source
+threshold spec; 3 the output's directory (the workdir) in use by another run (convert and
+rethreshold hold its lock, dlrm_contracts.lock); 6 convert or rethreshold failed on its input (a broken parquet, counts or source
 dataset, or a threshold below the source's, which needs a Spark rerun); 7 the dataset does not
 verify (verify, plan's counts); 1 a bug (with its traceback). With ``--json`` the last stdout
 line is the JSON summary.
@@ -19,6 +20,7 @@ from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import ConvertConfig, flag_overrides, load_config
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.lock import output_lock
 
 
 def _add_convert_options(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +98,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     else:
         raise UsageError("give --workdir DIR, or both --parquet and --output")
     config = _convert_config(args)
-    with failing_as(ExitCode.CONVERT, DatasetError):
+    with output_lock(output, "converters convert"), failing_as(ExitCode.CONVERT, DatasetError):
         summary = convert_parquet(parquet, output, config, args.threshold_spec)
     _print_summary(summary, args.json)
     return 0
@@ -121,7 +123,8 @@ def _run_rethreshold(args: argparse.Namespace) -> int:
     from converters.rethreshold import rethreshold
 
     config = _convert_config(args)
-    with failing_as(ExitCode.CONVERT, DatasetError):
+    with output_lock(args.output, "converters rethreshold"), \
+            failing_as(ExitCode.CONVERT, DatasetError):
         summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output,
                               config)
     _print_summary(summary, args.json)

@@ -14,6 +14,7 @@ checks that). Its modules:
 - :mod:`dlrm_contracts.config`        the typed configuration sections and their range checks
 - :mod:`dlrm_contracts.errors`        failure kinds, exit codes and the one exception-to-exit map
 - :mod:`dlrm_contracts.atomic`        all-or-nothing file and directory writes (one fsync policy)
+- :mod:`dlrm_contracts.lock`          the workdir's lock, taken by every entry point that writes it
 - :mod:`dlrm_contracts.progress`      progress records, their channel, the ETA, the bar and lines
 - :mod:`dlrm_contracts.secret_file`   the shared-secret file of an authenticated cluster
 """

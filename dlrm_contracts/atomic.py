@@ -5,20 +5,34 @@ and renamed onto its final name, so a reader finds the previous complete version
 the new complete one, whatever stops the writer (an exception, a kill, a power cut). A failed
 writer removes its temporary; one killed hard leaves it to the next run, which deletes it once
 its pid is no longer alive (:func:`remove_stale_temporaries`). A directory is complete only
-with its ``_SUCCESS`` marker, written after the rename (verify refuses a directory without it).
+with its ``_SUCCESS`` marker, written into it before the rename that makes it current.
 
-fsync policy, the same for every caller. With ``fsync=True`` (the default) a file's content is
-flushed before the rename and its directory after it: without the first, a power cut can leave
-the final name pointing at a short file; without the second, the rename itself can be lost.
-A directory is flushed file by file and then as a directory. ``fsync=False`` is only for bulk
-outputs that are cheap to remake and whose config says so (ConvertConfig.fsync, the converters'
-``--no-fsync``, the generator's day files): such a write is still atomic against the writer
-dying, not against the machine losing power. Flushing a directory is best effort (not every
-file system allows it).
+The order every publication follows, here and nowhere else (docs/pipeline.md, "What survives
+a kill, what survives a power cut"):
+
+1. the new content is flushed (``os.fsync`` of each file, then of each directory in it);
+2. the previous copy, if any, is renamed aside, and the new one renamed onto the final name;
+3. the parent directory is flushed, which makes the rename itself durable;
+4. only then is the previous copy deleted.
+
+Without 1 a power cut can leave the final name pointing at a short or empty file; without 3
+the rename can be undone by the power cut after 4 deleted the old copy: neither would be left.
+A kill between the two renames of 2 leaves the previous copy aside and nothing at the final
+name; :func:`remove_stale_temporaries` (which every writer calls first) puts it back.
+
+``fsync=False`` is only for bulk outputs that are cheap to remake and whose config says so
+(ConvertConfig.fsync, the converters' ``--no-fsync``, the generator's day files): such a
+write is still atomic against the writer dying, not against the machine losing power.
+Flushing a directory is best effort (not every file system allows it).
+
+Writes into a workdir never follow a symbolic link planted at the name written: a rename
+replaces the link itself, and what is appended to (logs, the run history) is opened with
+``O_NOFOLLOW`` (:func:`open_append`), a link there being refused with its name.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -32,7 +46,8 @@ from dlrm_contracts.layout import SUCCESS
 
 
 def fsync_path(path: Path) -> None:
-    """Flush a file or directory entry to disk (directories: best effort, not on every OS)."""
+    """Flush a file or directory to disk (directories: best effort, not on every OS).
+    A path that cannot be opened is skipped (it is gone, or not ours to flush)."""
     flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
     try:
         fd = os.open(path, flags)
@@ -44,6 +59,86 @@ def fsync_path(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root``, then each directory, deepest first, then ``root``
+    (a single file: just it)."""
+    root = Path(root)
+    if not root.is_dir():
+        fsync_path(root)
+        return
+    for directory, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_path(Path(directory) / name)
+        fsync_path(Path(directory))
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, a link or a directory tree, whichever stands at ``path`` (if any)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish(new: str | Path, final: str | Path, fsync: bool = True,
+            aside: str | Path | None = None) -> None:
+    """Make ``new`` (a finished file or directory beside ``final``) the one at ``final``, in
+    the order of the module's docstring: flushed, the old copy set aside, renamed, the
+    directory flushed, the old copy deleted. ``aside``: where the old copy waits (a name a
+    recovery knows; by default one :func:`remove_stale_temporaries` recognises)."""
+    new, final = Path(new), Path(final)
+    if fsync:
+        fsync_tree(new)
+    old = None
+    if final.exists() or final.is_symlink():
+        old = Path(aside) if aside is not None else temporary_sibling(final, "old")
+        if old.exists() or old.is_symlink():
+            remove_path(old)
+        if final.is_dir() and not final.is_symlink():
+            # between the renames nothing at `final` may look complete
+            (final / SUCCESS).unlink(missing_ok=True)
+        os.replace(final, old)
+    os.replace(new, final)
+    if fsync:
+        fsync_path(final.parent)
+    if old is not None:
+        remove_path(old)
+
+
+def replace_file(temporary: str | Path, final: str | Path, fsync: bool = True) -> None:
+    """The written file ``temporary`` renamed onto ``final``: flushed first, its directory
+    after (the rename replaces a link at ``final``, never writes through it)."""
+    temporary, final = Path(temporary), Path(final)
+    if fsync:
+        fsync_path(temporary)
+    os.replace(temporary, final)
+    if fsync:
+        fsync_path(final.parent)
+
+
+def open_append(path: str | Path, binary: bool = False, buffering: int = -1):
+    """``path`` opened to append (created 0644 if missing), never through a symbolic link:
+    a link planted there is refused with an OSError naming it, its target left untouched."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise symlink_refused(path) from None
+        raise exc
+    if binary:
+        return os.fdopen(fd, "ab", buffering=buffering)
+    return os.fdopen(fd, "a", buffering=buffering, encoding="utf-8")
+
+
+def symlink_refused(path: Path) -> OSError:
+    """The error for a symbolic link found where a workdir file is written."""
+    return OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): files in "
+                   "a workdir are never written through a link; remove it", str(path))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -58,22 +153,30 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_temporaries(final: Path) -> list[Path]:
     """Delete temporary / set-aside siblings (directories or files) of ``final`` left by runs
-    that died (pid gone)."""
+    that died (pid gone). A writer killed between :func:`publish`'s two renames left the
+    previous copy aside and nothing at ``final``: that copy is put back first."""
     removed = []
+    final = Path(final)
     prefixes = (f".{final.name}.tmp-", f".{final.name}.old-")
     if not final.parent.is_dir():
         return removed
+    stale = []
     for entry in final.parent.iterdir():
         prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
         if prefix is None:
             continue
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry)
+            stale.append((prefix, entry))
+    set_aside = [entry for prefix, entry in stale if prefix == prefixes[1]]
+    if set_aside and not (final.exists() or final.is_symlink()):
+        restored = max(set_aside, key=lambda p: p.lstat().st_mtime)
+        os.replace(restored, final)
+        fsync_path(final.parent)
+        stale = [(prefix, entry) for prefix, entry in stale if entry != restored]
+    for _prefix, entry in stale:
+        remove_path(entry)
+        removed.append(entry)
     return removed
 
 
@@ -92,11 +195,7 @@ def atomic_file(final: str | Path, fsync: bool = True) -> Iterator[Path]:
     temporary = temporary_sibling(final)
     try:
         yield temporary
-        if fsync:
-            fsync_path(temporary)
-        os.replace(temporary, final)
-        if fsync:
-            fsync_path(final.parent)
+        replace_file(temporary, final, fsync)
     except BaseException:
         temporary.unlink(missing_ok=True)  # a full disk must not also keep a half-written file
         raise
@@ -161,40 +260,15 @@ def atomic_directory(final: str | Path, overwrite: bool = False,
     temporary.mkdir()
     try:
         yield temporary
-        if fsync:
-            fsync_tree(temporary)
-        replace_directory(temporary, final, fsync)
-        success = final / SUCCESS
-        success.write_text("")
-        if fsync:
-            fsync_path(success)
-            fsync_path(final)
+        (temporary / SUCCESS).write_text("")
+        publish(temporary, final, fsync)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
 
 
-def fsync_tree(root: Path) -> None:
-    """Flush every file under ``root``, then each directory entry."""
-    for directory, _dirs, files in os.walk(root):
-        for name in files:
-            fsync_path(Path(directory) / name)
-        fsync_path(Path(directory))
-
-
 def replace_directory(new: str | Path, final: str | Path, fsync: bool = True) -> None:
-    """Move the finished directory ``new`` onto ``final``; an old ``final`` is set aside first
-    and deleted only after the rename, so a crash leaves one of the two whole. ``new`` is
-    expected on disk already (:func:`fsync_tree`); ``fsync`` makes the rename durable."""
-    new, final = Path(new), Path(final)
-    old = None
-    if final.exists() or final.is_symlink():
-        old = temporary_sibling(final, "old")
-        # Unmark first: between the renames nothing at `final` may look complete.
-        (final / SUCCESS).unlink(missing_ok=True)
-        os.replace(final, old)
-    os.replace(new, final)
-    if fsync:
-        fsync_path(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Move the finished directory ``new`` onto ``final`` (:func:`publish`): an old ``final``
+    is set aside first and deleted only once the rename is durable, so a crash or a power cut
+    leaves one of the two whole."""
+    publish(new, final, fsync)

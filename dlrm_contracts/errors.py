@@ -8,9 +8,10 @@ so an exception means the same exit code whichever of them raised it:
 - a :class:`PipelineError` (and its subclasses: bad usage, bad input, a broken dataset ...)
   exits with its ``code``, its message on one line, no traceback;
 - an OSError caused by a full disk (ENOSPC, EDQUOT) exits 12;
-- an OSError for a path this user may not write or read (EACCES, EPERM, EROFS), or where a
+- an OSError for a path this user may not write or read (EACCES, EPERM, EROFS), where a
   file stands in place of a directory or the reverse (ENOTDIR, EISDIR: a damaged workdir
-  layout) exits 2, the path named: the user fixes it or picks another directory;
+  layout), or a symbolic link planted where a workdir file is written (ELOOP: never followed)
+  exits 2, the path named: the user fixes it or picks another directory;
 - SIGINT exits 130;
 - anything else is a bug: exit 1, with its traceback on stderr (the stage log).
 """
@@ -94,16 +95,19 @@ def disk_full_cause(exc: BaseException) -> BaseException | None:
 
 _NOT_PERMITTED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _WRONG_KIND_ERRNOS = {errno.ENOTDIR, errno.EISDIR}   # a file where a directory belongs, or the reverse
+# a symbolic link where a workdir file is written: never followed (dlrm_contracts.atomic)
+_LINK_ERRNOS = {errno.ELOOP}
+_PATH_ERRNOS = _NOT_PERMITTED_ERRNOS | _WRONG_KIND_ERRNOS | _LINK_ERRNOS
 
 
 def permission_cause(exc: BaseException) -> OSError | None:
-    """The EACCES/EPERM/EROFS (or ENOTDIR/EISDIR) error in ``exc``'s chain (causes and
+    """The EACCES/EPERM/EROFS (or ENOTDIR/EISDIR, ELOOP) error in ``exc``'s chain (causes and
     contexts), if there is one: a path the user must fix, not a bug."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _NOT_PERMITTED_ERRNOS | _WRONG_KIND_ERRNOS:
+        if isinstance(current, OSError) and current.errno in _PATH_ERRNOS:
             return current
         current = current.__cause__ or current.__context__
     return None
@@ -116,6 +120,8 @@ def not_permitted_message(cause: OSError, what: str = "", under: str | None = No
     if under and not path.startswith("/"):
         path = f"{path} (under {under})"
     prefix = f"{what}: " if what else ""
+    if cause.errno in _LINK_ERRNOS:
+        return f"{prefix}{cause.strerror or path}"   # names the link (atomic.symlink_refused)
     if cause.errno in _WRONG_KIND_ERRNOS:
         return (f"{prefix}{path}: {cause.strerror or cause}: a file stands where the workdir's "
                 "layout needs a directory, or the reverse (move it away, or pick another workdir)")

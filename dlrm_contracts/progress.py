@@ -96,7 +96,9 @@ class ChannelWriter:
         if self._failed:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            # never through a link planted at the channel's name (dlrm_contracts.atomic)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
             try:
                 os.write(fd, progress.to_line().encode())
             finally:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.atomic import write_json_atomic
+from dlrm_contracts.atomic import open_append, write_json_atomic
 from pipeline.fingerprint import stable_hash
 
 log = logging.getLogger("pipeline")
@@ -111,7 +111,8 @@ class ManifestStore:
     def append_history(self, entry: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
-        with open(self.directory / "history.jsonl", "ab", buffering=0) as fh:
+        # appended to, never through a symbolic link planted at its name (refused, naming it)
+        with open_append(self.directory / "history.jsonl", binary=True, buffering=0) as fh:
             size = fh.seek(0, os.SEEK_END)
             try:
                 if fh.write(line) != len(line):

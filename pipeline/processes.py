@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrm_contracts.atomic import open_append
+
 log = logging.getLogger("pipeline")
 
 
@@ -67,7 +69,7 @@ class StageLog:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self._fh = open(path, "a", encoding="utf-8", buffering=1)
+            self._fh = open_append(path, buffering=1)   # never through a planted link
         except OSError as exc:
             self._give_up(exc)
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlrm_contracts.atomic import atomic_file, write_text_atomic
 from dlrm_contracts.config import STAGES
 from dlrm_contracts.layout import WorkdirLayout
 from pipeline.manifest import read_record
@@ -23,6 +24,12 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save_figure(fig, out: Path) -> None:
+    """A PNG written whole and renamed into place (never through a link planted there)."""
+    with atomic_file(out, fsync=False) as temporary:
+        fig.savefig(temporary, dpi=90, format="png")
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -66,7 +73,7 @@ def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
     if aucs:
         right.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    _save_figure(fig, out)
     plt.close(fig)
     return True
 
@@ -89,7 +96,7 @@ def _plot_stage_times(seconds: dict[str, float], out: Path) -> bool:
     ax.invert_yaxis()
     ax.set(title="time per stage (last run that did the work)", xlabel="seconds")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    _save_figure(fig, out)
     plt.close(fig)
     return True
 
@@ -113,7 +120,7 @@ def _plot_quality(quality: dict[str, Any], out: Path) -> bool:
     ax.set_xscale("symlog")
     ax.set(title="data quality (rows)")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    _save_figure(fig, out)
     plt.close(fig)
     return True
 
@@ -175,7 +182,7 @@ def _plot_daily(runs: list[dict[str, Any]], out: Path) -> bool:
     ax.set(title="next-day AUC per run", xlabel="run (oldest first)", ylabel="AUC")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    _save_figure(fig, out)
     plt.close(fig)
     return True
 
@@ -207,7 +214,7 @@ def write_report(layout: WorkdirLayout) -> Path:
         lines += ["No training metrics yet."]
     lines += _daily_section(layout)
     path = layout.report / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines) + "\n", fsync=False)
     return path
 
 

@@ -21,18 +21,18 @@ from typing import Any
 
 import yaml
 
-from dlrm_contracts.atomic import write_json_atomic
+from dlrm_contracts.atomic import open_append, write_json_atomic, write_text_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
                                    permission_cause)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
+from dlrm_contracts.lock import WorkdirLock
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Display
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
 from pipeline.fingerprint import file_stats
-from pipeline.lock import WorkdirLock
 from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
@@ -52,6 +52,10 @@ class FallbackFileHandler(logging.FileHandler):
     def __init__(self, path: Path):
         super().__init__(path, encoding="utf-8", delay=True)
         self.failed = False
+
+    def _open(self):
+        """Appended to, never through a symbolic link planted at its name."""
+        return open_append(self.baseFilename)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
@@ -171,8 +175,7 @@ def _throughput(record: StageRecord) -> str:
 
 def _write_effective_config(config: PipelineConfig, layout: WorkdirLayout) -> Path:
     path = layout.manifests / "effective_config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False), encoding="utf-8")
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(config), sort_keys=False))
     return path
 
 
@@ -363,7 +366,8 @@ def run_pipeline(config: PipelineConfig) -> int:
     log_path = _prepare_workdir(layout, display)
     run = RunState(config, layout, [s for s in STAGES if s in config.stages], display=display)
     _check_raw_input(run)
-    with WorkdirLock(layout.lock_file):
+    # its children (the wings) run under this lock: they inherit its token (dlrm_contracts.lock)
+    with WorkdirLock(layout.lock_file, "pipeline"):
         install_signal_handlers()
         log.info("workdir %s, stages %s, log %s", layout.root, ",".join(run.wanted), log_path)
         try:

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from dlrm_contracts.errors import UsageError
 from dlrm_contracts.layout import EXPORT_FINGERPRINT, WorkdirLayout, export_versions
+from dlrm_contracts.lock import WorkdirLock
 from dlrm_contracts.serving_state import ServingState, read_state, served_version, write_state
-from pipeline.lock import WorkdirLock
 
 ACTIONS = ("list", "pin", "unpin", "rollback", "latest")
 
@@ -52,7 +52,7 @@ def _rollback_target(state: ServingState, versions: list[int]) -> int:
 
 def _change(layout: WorkdirLayout, action: str, version: int | None) -> list[str]:
     """Apply ``action`` to the record under the lock; returns what to tell the user."""
-    with WorkdirLock(layout.lock_file):
+    with WorkdirLock(layout.lock_file, f"pipeline export {action}"):
         state = read_state(layout.export)
         versions = _versions(layout)
         if action == "pin":

@@ -2,7 +2,8 @@
 
 Settings: defaults < ``--config YAML`` (sections ``spark`` and ``preprocess``) < flags. On a
 known failure the command prints one line ``spark_jobs: error: ...`` and exits with the
-pipeline's exit code for that kind (2 usage, 4 input data, 5 Spark job).
+pipeline's exit code for that kind (2 usage, 3 the workdir in use by another run, 4 input
+data, 5 Spark job). The workdir's lock (dlrm_contracts.lock) is held for the whole job.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from functools import partial
 
 from dlrm_contracts.config import flag_overrides, load_config
 from dlrm_contracts.errors import run_cli
+from dlrm_contracts.lock import workdir_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +91,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
     config = load_config(args.config)
     tasks = partial(input_tasks, engine_name(preprocess, spark), cfg=preprocess)
-    with PreprocessProgress(args.input, args.workdir, preprocess, config.progress, tasks,
+    with workdir_lock(args.workdir, "spark_jobs"), PreprocessProgress(args.input, args.workdir, preprocess, config.progress, tasks,
                             config.preflight.sample_bytes):
         summary = run_preprocess(args.input, args.workdir, spark, preprocess,
                                  retransform=args.retransform)

@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dlrm_contracts.atomic import atomic_file, read_json, write_json_atomic
+from dlrm_contracts.atomic import atomic_file, fsync_tree, read_json, write_json_atomic
 from dlrm_contracts.layout import days_json_path, histogram_path, values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
@@ -79,6 +79,9 @@ def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:
 
 
 def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path) -> None:
+    """The record that the days' value counts can be reused: written (and flushed) only once
+    the counts themselves are on disk, so a power cut never leaves it vouching for lost ones."""
+    fsync_tree(values_dir(counts_dir))
     entries = []
     for d in days:
         s = stats[d.day]

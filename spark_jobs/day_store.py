@@ -35,7 +35,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import publish, read_json, write_json_atomic
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
@@ -220,13 +220,9 @@ def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessCo
                        "stats": asdict(stats), "stats_key": key,
                        "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                       sort_keys=False)
-    final = layout.parquet_day(day.day)
-    old = layout.parquet_days / f".old-day={day.day}"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    # on disk before it replaces the stored day, which is deleted only once it has
+    publish(staging, layout.parquet_day(day.day),
+            aside=layout.parquet_days / f".old-day={day.day}")
     return rows
 
 

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlrm_contracts.atomic import write_json_atomic
+from dlrm_contracts.atomic import fsync_tree, write_json_atomic, write_text_atomic
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
@@ -189,7 +189,10 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
     write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
-    (layout.parquet / SUCCESS).write_text("")
+    # the splits, dictionaries, index and records on disk before the marker that says they are
+    # complete (the tasks wrote most of them without flushing: one pass here instead)
+    fsync_tree(layout.parquet)
+    write_text_atomic(layout.parquet / SUCCESS, "")
     return summary
 
 

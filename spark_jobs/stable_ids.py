@@ -12,7 +12,9 @@ Where the previous ids come from: ``DIR/parquet/dictionaries/`` itself, with ``_
 beside its column folders (threshold, table sizes; it moves with them). A run writes the new
 dictionaries into a staging directory and swaps it in only once every group is written and the
 totals are checked (``commit``); a killed run leaves the previous dictionaries in place, and
-``recover`` finishes or undoes a swap a kill interrupted.
+``recover`` finishes or undoes a swap a kill interrupted. The new parts and their record are
+on disk before the swap, and the swap before the previous dictionaries are deleted, so a
+power cut leaves one whole copy too: the id lineage never ends by accident.
 
 This module is the part both engines share: the record, the swap, the checks. How an engine
 numbers the newcomers is its own (``spark_jobs.engines.arrow.stable_ids``: per value group;
@@ -30,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlrm_contracts.atomic import read_json, write_json_atomic
+from dlrm_contracts.atomic import fsync_path, publish, read_json, write_json_atomic
 from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -67,6 +69,7 @@ def recover(dict_dir: Path) -> None:
         else:
             shutil.rmtree(dict_dir, ignore_errors=True)
             retired.rename(dict_dir)
+            fsync_path(dict_dir.parent)   # put back for good before anything else is deleted
     shutil.rmtree(staging_dir(dict_dir), ignore_errors=True)
 
 
@@ -129,12 +132,10 @@ def commit(staging: Path, dict_dir: Path, spec: ThresholdSpec, sizes: dict[str, 
                        "threshold_spec": str(spec), "table_sizes": sizes,
                        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                       sort_keys=False)
-    retired = retired_dir(dict_dir)
-    shutil.rmtree(retired, ignore_errors=True)
-    if dict_dir.exists():
-        dict_dir.rename(retired)
-    staging.rename(dict_dir)
-    shutil.rmtree(retired, ignore_errors=True)
+    # every staged part and the record on disk, the previous dictionaries set aside, the new
+    # ones renamed in and that rename on disk; only then are the previous ones deleted: a
+    # power cut at any point leaves one whole copy for ``recover`` (dlrm_contracts.atomic)
+    publish(staging, dict_dir, aside=retired_dir(dict_dir))
 
 
 def check_old_ids(found: dict[str, tuple[int, int]], previous_sizes: dict[str, int]) -> None:

@@ -109,13 +109,17 @@ def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
     assert proc.returncode == ExitCode.USAGE and "no version older" in proc.stderr
 
 
-def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tmp_path):
+def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tmp_path,
+                                                                              monkeypatch):
     from dlrm_contracts.layout import WorkdirLayout
-    from pipeline.lock import WorkdirLock
+    from dlrm_contracts.lock import LOCK_TOKEN_ENV, WorkdirLock
 
     export = tmp_path / "w" / "export"
     fake_versions(export, [1, 2])
     with WorkdirLock(WorkdirLayout.at(tmp_path / "w").lock_file):
+        # the command as another run's, not as a child of this holder (which would inherit
+        # its lock: dlrm_contracts.lock)
+        monkeypatch.delenv(LOCK_TOKEN_ENV)
         proc = export_cli(tmp_path / "w", "rollback")
     assert proc.returncode == ExitCode.LOCKED and "in use by another" in proc.stderr, proc.stderr
     assert not (export / "serving.json").exists()

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from dlrm_contracts.atomic import fsync_tree, replace_directory
+from dlrm_contracts.atomic import replace_directory
 from dlrm_contracts.config import TrainConfig
 from dlrm_contracts.dataset_identity import IDENTITY_KEY
 from dlrm_contracts.layout import CHECKPOINT_META as META
@@ -62,7 +62,8 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
     comm.barrier()
     if comm.rank == 0:
         (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
-        fsync_tree(tmp)  # every rank's file: the other ranks have passed the barrier above
+        # flushes every rank's file (the other ranks have passed the barrier above) before
+        # the rename, and the rename before older checkpoints are pruned below
         replace_directory(tmp, final)
         for old_step, old in complete_checkpoints(root)[:-max(1, keep)]:
             if old_step not in kept:

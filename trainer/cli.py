@@ -4,7 +4,8 @@ Settings come from the ``train`` section of dlrm_contracts/config.py: defaults, 
 YAML``, then the flags below. Launch several ranks with
 ``horovodrun -np N -H hosts --gloo python -m trainer ...``. The last stdout line (rank 0) is a
 one-line JSON summary (test and validation AUC among it); progress goes to stderr.
-Exit codes are the pipeline's (dlrm_contracts.errors): 2 bad flags or settings, 7 a dataset
+Exit codes are the pipeline's (dlrm_contracts.errors): 2 bad flags or settings, 3 the
+workdir in use by another run (every mode holds its lock, dlrm_contracts.lock), 7 a dataset
 that does not verify, 8/9/10 a checkpoint or export that fails in train/eval/export mode, 1 a
 bug (with its traceback).
 """
@@ -15,11 +16,13 @@ import argparse
 import json
 from pathlib import Path
 
+from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
                                    ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS, TrainConfig,
                                    flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.lock import LOCK_TOKEN_ENV, workdir_lock
 
 # What a known failure of a mode (an unreadable or incompatible checkpoint, an export that
 # cannot be made) exits with: the pipeline stage that runs the mode.
@@ -126,6 +129,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    with _workdir_lock(args):
+        return _run_locked(args, config)
+
+
+def _workdir_lock(args: argparse.Namespace):
+    """The workdir's lock, for every mode (each writes into the workdir). Of the ranks of a
+    job started by hand (``horovodrun ... python -m trainer``), rank 0 takes it for the job;
+    under the pipeline every rank finds its holder's token and runs under its lock."""
+    import os
+    from contextlib import nullcontext
+
+    if _rank() != 0 and LOCK_TOKEN_ENV not in os.environ:
+        return nullcontext()
+    return workdir_lock(args.workdir, f"trainer --mode {args.mode}")
+
+
+def _run_locked(args: argparse.Namespace, config: TrainConfig) -> int:
     from trainer.data import open_dataset
 
     # The dataset check runs before TensorFlow is even imported: bad input fails fast.
@@ -148,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         # left in a file for whoever launched the run.
         logs = WorkdirLayout.at(args.workdir).logs
         logs.mkdir(parents=True, exist_ok=True)
-        (logs / f"summary_{args.mode}.json").write_text(line + "\n")
+        write_text_atomic(logs / f"summary_{args.mode}.json", line + "\n")
         print(line, flush=True)
     return 0
 

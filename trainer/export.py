@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from dlrm_contracts.atomic import (fsync_path, fsync_tree, remove_stale_temporaries,
-                                   temporary_sibling)
+from dlrm_contracts.atomic import publish, remove_stale_temporaries, temporary_sibling
 from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
                                              dictionaries_fingerprint, trained_on)
@@ -410,9 +409,9 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
         verify_saved_model(saved_model)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
-        fsync_tree(saved_model)
-        saved_model.rename(final)  # a new name: never replaces a version a server loaded
-        fsync_path(layout.export)
+        # on disk, renamed to a new name (never replacing a version a server loaded), the
+        # rename on disk: only then may pruning delete older versions
+        publish(saved_model, final)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return final, fingerprint

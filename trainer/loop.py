@@ -831,12 +831,12 @@ def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str
     if trainer.rank == 0:
         logs = trainer.layout.logs
         logs.mkdir(parents=True, exist_ok=True)
-        (logs / "trainer_config.json").write_text(json.dumps(
+        write_text_atomic(logs / "trainer_config.json", json.dumps(
             {"mode": mode, "dataset": str(dataset), "ranks": trainer.world,
              "train": config_to_dict(config), "placement": trainer.placement.describe(),
              "table_sizes": list(trainer.dataset.table_sizes),
              "written_table_sizes": list(trainer.dataset.written_table_sizes)},
-            indent=1) + "\n")
+            indent=1) + "\n", fsync=False)
     if mode == "train":
         return trainer.train()
     if mode == "eval":

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from dlrm_contracts.atomic import open_append
+
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     labels = np.asarray(labels).astype(bool).ravel()
@@ -56,7 +58,7 @@ class MetricsLog:
         # Strict JSON: a NaN/inf (diverged loss, undefined AUC) is written as null, not NaN.
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                   for k, v in record.items()}
-        with open(self.path, "a", encoding="utf-8") as fh:
+        with open_append(self.path) as fh:   # never through a link planted there
             fh.write(json.dumps(record, allow_nan=False) + "\n")
 
 

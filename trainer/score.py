@@ -37,6 +37,7 @@ from dlrm_contracts.atomic import atomic_file, remove_stale_temporaries
 from dlrm_contracts.config import ProgressConfig, ScoreConfig, load_config
 from dlrm_contracts.errors import ExitCode, failing_as, run_cli
 from dlrm_contracts.layout import SAVED_MODEL_PB
+from dlrm_contracts.lock import output_lock
 from dlrm_contracts.model_digest import ModelDigestError, verify_saved_model
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Reporter, open_reporter
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    with failing_as(ExitCode.SCORE, ScoreError, ServingStateError):
+    with output_lock(args.out, "trainer.score"), \
+            failing_as(ExitCode.SCORE, ScoreError, ServingStateError):
         summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out,
                               config.score, config.progress)
     print(json.dumps(summary), flush=True)

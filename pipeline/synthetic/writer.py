@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-from dlrm_contracts.atomic import atomic_file, write_text_atomic
+from dlrm_contracts.atomic import atomic_file, fsync_tree, write_text_atomic
 from dlrm_contracts.config import GeneratorConfig
 from dlrm_contracts.errors import UsageError
 from dlrm_contracts.schema import NUM_FIELDS
@@ -177,6 +177,9 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     days = _write_days(out, names, source, config, histogram)
     meta = _meta(config, source, days, histogram)
     write_text_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+    # the day files (written without flushing, one by one) on disk before the marker that
+    # says they are incomplete goes: a power cut never leaves short days looking whole
+    fsync_tree(out)
     (out / IN_PROGRESS_FILE).unlink()
     return meta
 
@@ -233,8 +236,8 @@ def _meta(config: GeneratorConfig, source: SyntheticSource, days: list[dict],
 def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk],
                histogram: LogitHistogram) -> dict:
     rows = clicks = size = 0
-    # Day files are the bulk of the output and remade from the seed: not fsynced (the policy
-    # of dlrm_contracts.atomic); the metadata written after them is.
+    # Day files are the bulk of the output and remade from the seed: not flushed one by one,
+    # but in one pass (generate) before the in-progress marker goes.
     with atomic_file(out / name, fsync=False) as partial, open(partial, "wb", buffering=0) as fh:
         for _ in range(chunks_per_day):
             chunk = next(chunks)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlrm_contracts.atomic import replace_file, write_text_atomic
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 
 INDEX_FORMAT_VERSION = 3     # 3: sealed with checksums
@@ -97,7 +98,7 @@ def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
         (index_dir / column).mkdir()
     meta = {"format_version": INDEX_FORMAT_VERSION, "load": INDEX_LOAD,
             "columns": {c: layout.to_json() for c, layout in layouts.items()}}
-    (index_dir / INDEX_JSON).write_text(json.dumps(meta))
+    write_text_atomic(index_dir / INDEX_JSON, json.dumps(meta))
 
 
 def write_region(index_dir: str, column: str, rank: int, size: int, values: np.ndarray,
@@ -112,12 +113,14 @@ def write_region(index_dir: str, column: str, rank: int, size: int, values: np.n
                          f"fit a region of {size} slots")
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
-    write_atomically(region_path(index_dir, column, rank), region.tofile)
+    write_atomically(region_path(index_dir, column, rank), region.tofile, fsync=True)
 
 
 def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
-    """Move a built table (a file on the same filesystem) into the index as the range's file."""
-    os.replace(built, region_path(index_dir, column, rank))
+    """Move a built table (a file on the same filesystem, its writable mappings flushed) into
+    the index as the range's file: flushed to disk before the rename, so that another node
+    copying the index from a shared filesystem never reads the slots before relabelling."""
+    replace_file(built, region_path(index_dir, column, rank))
 
 
 def seal_index(index_dir: Path) -> None:
@@ -134,7 +137,8 @@ def seal_index(index_dir: Path) -> None:
         data["checksums"] = [_file_checksum(region_path(index_dir, column, rank)) if slots else None
                              for rank, slots in enumerate(sizes.tolist())]
     meta["checksum"] = checks.meta_checksum(meta["columns"])
-    write_atomically(index_dir / INDEX_JSON, lambda temporary: temporary.write_text(json.dumps(meta)))
+    write_atomically(index_dir / INDEX_JSON, lambda temporary: temporary.write_text(json.dumps(meta)),
+                     fsync=True)
 
 
 def _file_checksum(path: Path) -> str:

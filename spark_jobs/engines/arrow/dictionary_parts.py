@@ -119,7 +119,8 @@ def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, ind
             raise ValueError(f"{staged}: a staged index region of {len(region)} slots where the "
                              f"index has {slots}")
         relabel_region(region.view(np.ndarray), labelled_ids)
-        del region           # no msync: readers share the page cache, and a lost node reruns
+        region.flush()       # msync: the relabelled pages reach the file before it is renamed
+        del region
         dictionary_index.install_region(index_dir, column, rank, relabelling)
     elif relabelling.exists() or not dictionary_index.region_path(index_dir, column, rank).exists():
         _rebuild_region(part_path, index_dir, column, rank, slots)
