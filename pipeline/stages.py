@@ -34,13 +34,13 @@ from dlrm_contracts.dataset_identity import dataset_identity, trained_on
 from dlrm_contracts.layout import (DATASET_JSON, DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON,
                                    SUPERSEDED_DIR, WorkdirLayout, best_checkpoint, checkpoint_dir,
                                    complete_checkpoints, read_checkpoint_meta, run_checkpoints)
-from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
+from pipeline.diskspace import human as human_bytes
 from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
                                   tree_fingerprint)
-from pipeline.diskspace import human as human_bytes
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import run_child
