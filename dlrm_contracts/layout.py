@@ -139,14 +139,16 @@ def run_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     """(step, directory) of the current run's complete checkpoints, oldest first: what training
     resumes and eval and export read. A checkpoint of another run (an earlier run at higher
     steps, a stray ``step-999999999/`` copied in) is never one of them. Without a current run
-    that has checkpoints (a workdir from before runs were recorded), every complete checkpoint."""
-    found = complete_checkpoints(root)
+    that has checkpoints (a workdir from before runs were recorded), every complete checkpoint.
+    A directory whose meta.json names another step than its name (a copy) is none of them."""
+    found = [(step, path, read_checkpoint_meta(path)) for step, path in complete_checkpoints(root)]
+    # a directory renamed or copied to another step's name (its meta says which step it is)
+    found = [(step, path, meta) for step, path, meta in found
+             if meta is None or not isinstance(meta.get("step"), int) or meta["step"] == step]
     run_id = current_run(root)
-    if run_id is None:
-        return found
-    mine = [(step, path) for step, path in found
-            if checkpoint_run(read_checkpoint_meta(path)) == run_id]
-    return mine or found
+    mine = [(step, path) for step, path, meta in found
+            if run_id is not None and checkpoint_run(meta) == run_id]
+    return mine or [(step, path) for step, path, _meta in found]
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

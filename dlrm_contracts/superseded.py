@@ -61,10 +61,9 @@ def set_aside(root: Path, paths: Iterable[Path], reason: str,
     for path in paths:
         path.rename(folder / path.name)
     run_id = current_run(root)
-    pointer = root / CURRENT_RUN_JSON
-    if run_id is not None and pointer.exists() and not any(
-            checkpoint_run(read_checkpoint_meta(p)) == run_id for _, p in complete_checkpoints(root)):
-        pointer.rename(folder / CURRENT_RUN_JSON)
+    remaining = {checkpoint_run(read_checkpoint_meta(p)) for _, p in complete_checkpoints(root)}
+    if run_id is not None and run_id not in remaining:
+        (root / CURRENT_RUN_JSON).rename(folder / CURRENT_RUN_JSON)
     return record
 
 

@@ -159,3 +159,12 @@ def test_resuming_another_models_checkpoints_is_refused_in_one_line(dataset, tmp
     with pytest.raises(CheckpointError, match=r"train\.learning_rate 0\.5 -> 0\.25.*--no-resume"):
         run(small_config(epochs=100, max_steps=6, learning_rate=0.25), dataset, workdir)
     assert _steps(workdir / "checkpoints") == [3]
+
+
+def test_a_copy_under_another_steps_name_is_not_the_runs_newest(tmp_path):
+    """A stray copy of the run's own checkpoint at a huge step (same run id): its meta.json
+    still says which step it is, so it is not taken for the newest."""
+    _save(tmp_path, 10, "mine")
+    shutil.copytree(checkpoint_dir(tmp_path, 10), checkpoint_dir(tmp_path, 999999999))
+    assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 10)
+    assert best_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 10)
