@@ -460,6 +460,59 @@ class TrainConfig:
                                                   self.frequency_threshold)
 
 
+# What each train setting is to the checkpoints (docs/pipeline.md, "What a config change does
+# to checkpoints"). "model": it changes the model being trained (architecture, optimizer,
+# schedule, seed, data order, the rows read, where a new run starts): checkpoints written under
+# another value belong to another run, and are never resumed (they are set aside, not deleted).
+# "run": it changes how the same run is carried out or how far it goes (logging, read-ahead,
+# threads, evaluation batch and cadence, checkpoint cadence and retention, verification, the
+# placement over ranks, epochs and max_steps, early stopping): the checkpoints are resumed.
+# The schedule is in absolute steps (warmup_steps, decay_start_step, decay_steps), never
+# derived from the run's total, so raising epochs or max_steps leaves it as it was.
+# Every field of TrainConfig is here (tests/test_config.py checks it).
+TRAIN_SETTING_KINDS: dict[str, str] = {
+    **dict.fromkeys((
+        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "batch_size", "optimizer",
+        "learning_rate", "learning_rate_batch", "learning_rate_scaling", "adam_beta1",
+        "adam_beta2", "adam_epsilon", "adagrad_initial_accumulator", "adagrad_epsilon",
+        "table_l2", "wide_l2", "row_l2_scaling", "wide_learning_rate_factor", "warmup_steps",
+        "decay_start_step", "decay_steps", "decay_power", "amp", "seed", "shuffle_batches",
+        "init", "init_optimizer", "days", "frequency_threshold", "counts_dir"), "model"),
+    **dict.fromkeys((
+        "eval_batch_size", "epochs", "max_steps", "evals_per_epoch", "early_stopping_patience",
+        "early_stopping_min_delta", "xla", "bottom_mlp_data_parallel",
+        "column_split_threshold_mb", "force_column_split", "checkpoint_every",
+        "keep_checkpoints", "resume", "evaluate_previous", "verify_dataset", "log_every",
+        "prefetch_batches", "inference_steps", "intra_op_threads", "inter_op_threads"), "run"),
+}
+# Of the "run" settings, those that decide where the run ends (its result): the train stage's
+# key holds them with the model settings, so that a finished run is trained further when
+# one is raised, while a change of the others alone leaves a finished stage done.
+TRAIN_EXTENT_SETTINGS = ("epochs", "max_steps", "evals_per_epoch", "early_stopping_patience",
+                         "early_stopping_min_delta")
+
+
+def train_model_settings(config: TrainConfig) -> dict[str, Any]:
+    """The settings that make the model being trained (``TRAIN_SETTING_KINDS`` "model"), in
+    their plain form: what a checkpoint records of its run, and compares on resume."""
+    plain = config_to_dict(config)
+    return {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"}
+
+
+def changed_settings(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """``train.NAME old -> new`` for every model setting that differs (a setting one side
+    does not record counts as changed only when the other holds a value other than its
+    default, so that a setting added later does not set every older run aside)."""
+    defaults = train_model_settings(TrainConfig())
+    out = []
+    for name in sorted(set(recorded) | set(wanted)):
+        old = recorded.get(name, defaults.get(name))
+        new = wanted.get(name, defaults.get(name))
+        if old != new:
+            out.append(f"train.{name} {old!r} -> {new!r}")
+    return out
+
+
 @dataclass
 class ExportConfig:
     """The export stage: latest checkpoint + dictionaries -> one SavedModel (docs/trainer.md)."""

@@ -23,7 +23,12 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/parquet/_REMOVED.json     the splits were deleted after conversion (keep_parquet: false)
     DIR/rejects/                  rejected raw lines with their reason
     DIR/binary/{train,test,validation}/    split binary dataset (+ model_size.json, dataset.json)
-    DIR/checkpoints/              trainer checkpoints (one subfolder per rank for its tables)
+    DIR/checkpoints/step-<N>/     trainer checkpoints (each rank's tables, the replicated part,
+                                  meta.json naming the run that wrote it)
+    DIR/checkpoints/run.json      the current run: the one whose checkpoints training resumes
+                                  and eval and export read
+    DIR/checkpoints/superseded/<time>/  earlier runs' checkpoints set aside (never deleted) when
+                                  a setting of the model changed, with why.json
     DIR/logs/                     timestamped run logs, metrics.jsonl, TensorBoard events
     DIR/export/<N>/               export version N (N = 1, 2, ...): the SavedModel for serving
                                   and its fingerprint.json; the newest keep_versions are kept,
@@ -53,6 +58,10 @@ HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
 CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+CURRENT_RUN_JSON = "run.json"        # under DIR/checkpoints: {"id": the current run's id}
+SUPERSEDED_DIR = "superseded"        # under DIR/checkpoints: runs set aside, one folder each
+RUN_KEY = "run"                      # a checkpoint meta's {"id", "settings"} of its run
+LEGACY_RUN = "legacy"                # the run of checkpoints saved before they named theirs
 EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version directories
 SAVED_MODEL_PB = "saved_model.pb"
 EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
@@ -101,29 +110,74 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def read_checkpoint_meta(path: Path) -> dict | None:
+    """A checkpoint's meta.json; None when it is missing or unreadable."""
+    try:
+        meta = json.loads((path / CHECKPOINT_META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def checkpoint_run(meta: dict | None) -> str:
+    """The id of the run a checkpoint (its meta.json) belongs to; ``LEGACY_RUN`` for one saved
+    before checkpoints named their run."""
+    run = (meta or {}).get(RUN_KEY)
+    run_id = run.get("id") if isinstance(run, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else LEGACY_RUN
+
+
+def current_run(root: str | Path) -> str | None:
+    """The run ``DIR/checkpoints/run.json`` names (its trainer writes it with each checkpoint);
+    None when there is none or it is unreadable."""
+    try:
+        record = json.loads((Path(root) / CURRENT_RUN_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = record.get("id") if isinstance(record, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def run_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of the current run's complete checkpoints, oldest first: what training
+    resumes and eval and export read. A checkpoint of another run (an earlier run at higher
+    steps, a stray ``step-999999999/`` copied in) is never one of them. Without a current run
+    that has checkpoints (a workdir from before runs were recorded), every complete checkpoint.
+    A directory whose meta.json names another step than its name (a copy) is none of them."""
+    found = [(step, path, read_checkpoint_meta(path)) for step, path in complete_checkpoints(root)]
+    # a directory renamed or copied to another step's name (its meta says which step it is)
+    found = [(step, path, meta) for step, path, meta in found
+             if meta is None or not isinstance(meta.get("step"), int) or meta["step"] == step]
+    run_id = current_run(root)
+    mine = [(step, path) for step, path, meta in found
+            if run_id is not None and checkpoint_run(meta) == run_id]
+    return mine or [(step, path) for step, path, _meta in found]
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """Where training resumes: the newest complete checkpoint."""
-    found = complete_checkpoints(root)
+    """Where training resumes: the current run's newest complete checkpoint."""
+    found = run_checkpoints(root)
     return found[-1][1] if found else None
 
 
 def best_checkpoint(root: str | Path) -> Path | None:
     """The run's model, which eval and export use: the checkpoint of the best validation AUC
-    when the latest checkpoint names one (a run with early stopping), else the latest.
+    when the latest checkpoint names one (a run with early stopping), else the latest; both of
+    the current run.
 
     A best checkpoint that is no longer complete (deleted by hand) falls back to the latest.
     """
     latest = latest_checkpoint(root)
     if latest is None:
         return None
-    try:
-        meta = json.loads((latest / CHECKPOINT_META).read_text())
-    except (OSError, ValueError):
+    meta = read_checkpoint_meta(latest)
+    if meta is None:
         return latest  # the checkpoint reader reports the damage when it opens it
-    best = (meta.get("early_stopping") or {}).get("best_step") if isinstance(meta, dict) else None
+    best = (meta.get("early_stopping") or {}).get("best_step")
     if isinstance(best, int) and not isinstance(best, bool):
         path = checkpoint_dir(root, best)
-        if (path / CHECKPOINT_META).exists():
+        if (path / CHECKPOINT_META).exists() and \
+                checkpoint_run(read_checkpoint_meta(path)) == checkpoint_run(meta):
             return path
     return latest
 
@@ -204,6 +258,11 @@ class WorkdirLayout:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def superseded(self) -> Path:
+        """Earlier runs' checkpoints set aside by a change of the model's settings."""
+        return self.checkpoints / SUPERSEDED_DIR
 
     @property
     def dictionaries(self) -> Path:

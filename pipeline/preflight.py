@@ -155,6 +155,8 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
                     "(preprocess.keep_parquet: false)")
     if needs.checkpoints_unknown:
         est.say("disk: train      checkpoints not known until the counts exist (after preprocess)")
+    if needs.superseded:
+        est.say(_superseded_words(needs.superseded, root))
     peak, peak_at, free = needs.peak, needs.peak_at, needs.free
     est.facts.update(workdir_peak_bytes=int(peak), workdir_free_bytes=free)
     est.say(f"disk: workdir {root}: needs up to {human(peak)} more (peak during "
@@ -172,6 +174,12 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
     elif shuffle and shuffle_dir is None:
         est.say(f"disk: Spark shuffle ~{human(shuffle)} on the executors' local disks "
                 "(cluster master: not checked here)")
+
+
+def _superseded_words(size: int, root: Path) -> str:
+    folder = WorkdirLayout.at(root).superseded
+    return (f"disk: checkpoints set aside (earlier runs, never deleted) hold {human(size)} in "
+            f"{folder}: remove them with: rm -r {folder}")
 
 
 def _say_memory(est: Estimate, needs: MemoryNeeds) -> None:
@@ -348,10 +356,13 @@ def before_train(config: PipelineConfig, emit) -> None:
         _say_memory(est, memory_needs(dataclasses.replace(config, stages=["train"]), sizes,
                                       state_factor))
         need = checkpoint_bytes(config, sizes, state_factor)
-        there = tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0
+        aside = tree_bytes(layout.superseded) if layout.superseded.exists() else 0
+        there = (tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0) - aside
         free = free_bytes(layout.checkpoints)
         est.say(f"disk: checkpoints {human(need)} ({config.train.keep_checkpoints} kept + the one "
                 f"being written), {human(there)} there, {human(free)} free")
+        if aside:
+            est.say(_superseded_words(aside, layout.root))
         if need - there > free * (1 - config.preflight.disk_headroom):
             est.shortfalls.append(f"the checkpoints need {human(need - there)} more disk in "
                                   f"{layout.checkpoints} but its filesystem has {human(free)} free")

@@ -144,6 +144,7 @@ class DiskNeeds:
     shuffle_dir: Path | None     # None: a cluster master's executors hold it
     shuffle_on_workdir: bool
     shuffle_free: int | None     # free bytes of shuffle_dir when it is another filesystem
+    superseded: int = 0          # bytes of earlier runs' checkpoints set aside (superseded/)
 
     @property
     def workdir_short(self) -> bool:
@@ -170,6 +171,9 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
     existing = {name: tree_bytes(path) if path.exists() else 0 for name, path in
                 (("raw", layout.raw), ("counts", layout.counts), ("parquet", layout.parquet),
                  ("binary", layout.binary), ("checkpoints", layout.checkpoints))}
+    # earlier runs set aside are not the checkpoints this run writes over: they stay
+    superseded = tree_bytes(layout.superseded) if layout.superseded.exists() else 0
+    existing["checkpoints"] -= superseded
     full = {"raw": raw_bytes if generated else 0, "counts": rows * preflight.counts_bytes_per_row,
             "parquet": rows * preflight.parquet_bytes_per_row,
             "binary": rows * _binary_bytes_per_row(sizes, config)}
@@ -205,6 +209,7 @@ def disk_needs(config: PipelineConfig, layout: WorkdirLayout, rows: int, raw_byt
     own_disk = shuffle and shuffle_dir is not None and not shuffle_on_workdir
     return DiskNeeds(full=full, existing=existing, stages=stages, parquet_freed=parquet_freed,
                      checkpoints_unknown="train" in wanted and "checkpoints" not in full,
+                     superseded=superseded,
                      tables_known=sizes is not None, peak=peak, peak_at=peak_at,
                      free=free_bytes(root), headroom=preflight.disk_headroom, shuffle=shuffle,
                      partials=partials,

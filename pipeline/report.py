@@ -14,6 +14,7 @@ from typing import Any
 from dlrm_contracts.atomic import atomic_file, write_text_atomic
 from dlrm_contracts.config import STAGES
 from dlrm_contracts.layout import WorkdirLayout
+from pipeline.diskspace import human
 from pipeline.manifest import read_record
 
 
@@ -187,6 +188,21 @@ def _plot_daily(runs: list[dict[str, Any]], out: Path) -> bool:
     return True
 
 
+def _set_aside_section(summary: dict[str, Any]) -> list[str]:
+    """The earlier runs' checkpoints a change of the model set aside: where, how big, why."""
+    runs = summary.get("checkpoints_set_aside") or []
+    if not runs:
+        return []
+    lines = ["", "## Checkpoints set aside", "",
+             "Earlier runs' checkpoints, moved aside (not deleted) when a setting of the model, "
+             "the dataset or --force started a new run. Remove one with `rm -r FOLDER`.", "",
+             "| folder | size | why |", "|---|---|---|"]
+    for run in runs:
+        lines.append(f"| `{run.get('path')}` | {human(run.get('bytes') or 0)} | "
+                     f"{run.get('reason') or 'not recorded'} |")
+    return lines
+
+
 def write_report(layout: WorkdirLayout) -> Path:
     layout.report.mkdir(parents=True, exist_ok=True)
     summary = read_record(layout.root / "summary.json") or {}
@@ -213,6 +229,7 @@ def write_report(layout: WorkdirLayout) -> Path:
     else:
         lines += ["No training metrics yet."]
     lines += _daily_section(layout)
+    lines += _set_aside_section(summary)
     path = layout.report / "report.md"
     write_text_atomic(path, "\n".join(lines) + "\n", fsync=False)
     return path

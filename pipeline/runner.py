@@ -29,6 +29,7 @@ from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
 from dlrm_contracts.lock import WorkdirLock
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Display
+from dlrm_contracts.superseded import superseded_runs
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
@@ -260,6 +261,9 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
         "test_auc": evaluation.get("test_auc"),
         "validation_auc": evaluation.get("validation_auc"),
         **_daily_fields(evaluation, _current_training(ctx), layout),
+        # earlier runs' checkpoints set aside by a change of the model (never deleted): each
+        # folder, its size and why; `rm -r` of a folder removes it
+        "checkpoints_set_aside": superseded_runs(layout.checkpoints),
         "report": str(layout.report / "report.md"),
     }
 

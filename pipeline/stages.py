@@ -26,21 +26,25 @@ from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
                                           UnreadableParquetError, read_info)
-from dlrm_contracts.config import PipelineConfig, config_to_dict
+from dlrm_contracts.config import (TRAIN_EXTENT_SETTINGS, PipelineConfig, changed_settings,
+                                   config_to_dict, train_model_settings)
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
-from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, DAYS_DIR, PREPROCESS_JSON,
-                                   SEGMENTS_JSON, WorkdirLayout, best_checkpoint, checkpoint_dir,
-                                   complete_checkpoints)
+from dlrm_contracts.layout import (DATASET_JSON, DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON,
+                                   SUPERSEDED_DIR, WorkdirLayout, best_checkpoint, checkpoint_dir,
+                                   complete_checkpoints, read_checkpoint_meta, run_checkpoints)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.serving_state import ServingStateError, served_export
+from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
+from pipeline.diskspace import human as human_bytes
 from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
                                   tree_fingerprint)
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import KNOWN_ERROR, run_child
+from trainer.checkpoint import recorded_settings
 from trainer.warm_start import holds_previous_model
 
 log = logging.getLogger("pipeline")
@@ -479,14 +483,30 @@ def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
 
 
 def train_inputs(ctx: StageContext) -> dict[str, Any]:
-    """What the train stage's key is computed from (a change retrains from scratch)."""
+    """What the train stage's key is computed from: the dataset, the settings of the model and
+    those that decide where the run ends (TRAIN_SETTING_KINDS, TRAIN_EXTENT_SETTINGS). A change
+    of any other setting (logging, threads, ranks, checkpoint cadence...) leaves a finished
+    stage done. A changed key reruns the stage; whether that resumes the checkpoints or sets
+    them aside is decided from the checkpoints themselves (``checkpoints_to_set_aside``)."""
+    plain = config_to_dict(ctx.config.train)
     return {"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
             "binary": tree_fingerprint(ctx.layout.binary),
-            "train": config_to_dict(ctx.config.train), "np": ctx.config.launch.np}
+            "model": train_model_settings(ctx.config.train),
+            "extent": {name: plain[name] for name in TRAIN_EXTENT_SETTINGS}}
+
+
+def _legacy_train_key(ctx: StageContext) -> str:
+    """The key ``train.started`` recorded before checkpoints named their settings: the whole
+    train section and the rank count."""
+    return ManifestStore.key_of({"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
+                                 "binary": tree_fingerprint(ctx.layout.binary),
+                                 "train": config_to_dict(ctx.config.train),
+                                 "np": ctx.config.launch.np})
 
 
 def _train_outputs(ctx: StageContext) -> str:
-    return tree_fingerprint(ctx.layout.checkpoints)
+    # the runs set aside are not the stage's output: removing them changes nothing
+    return tree_fingerprint(ctx.layout.checkpoints, ignore=(SUPERSEDED_DIR,))
 
 
 def verify_binary_dataset(ctx: StageContext) -> None:
@@ -512,45 +532,83 @@ def verify_binary_dataset(ctx: StageContext) -> None:
                             "up to date)", ExitCode.DATASET_INVALID) from None
 
 
-def _drop_checkpoints_of_this_dataset(ctx: StageContext) -> bool:
-    """Delete the checkpoints trained on the binary dataset now in the workdir (an earlier
-    configuration's run of it), keeping the earlier datasets' (the previous model) and the
-    previous model saved unchanged for this dataset (a run with no new day to train: deleting
-    it would lose the model's history, and the rerun would start from scratch). True when
-    such a checkpoint is kept: the rerun must then start from it, not resume it."""
-    identity = dataset_identity(read_info(ctx.layout.binary), ctx.config.train.frequency_threshold)
-    kept = False
-    for _step, path in complete_checkpoints(ctx.layout.checkpoints):
-        meta = read_record(path / CHECKPOINT_META) or {}
-        if trained_on(meta, identity):
-            if holds_previous_model(meta):
-                kept = True
-                continue
-            shutil.rmtree(path)
-    for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):
-        shutil.rmtree(partial, ignore_errors=True)
-    return kept
+def _this_dataset_identity(ctx: StageContext) -> dict[str, Any]:
+    return dataset_identity(read_info(ctx.layout.binary), ctx.config.train.frequency_threshold)
+
+
+def checkpoints_to_set_aside(ctx: StageContext) -> tuple[str, list[str]] | None:
+    """Why the current run's checkpoints cannot be resumed by this configuration, and the
+    settings that changed: None when they can (or there are none). Decided from what the
+    newest readable checkpoint records (its dataset, its run's settings of the model), so a
+    missing or damaged ``train.started`` never decides anything; only checkpoints from before
+    they recorded their settings fall back to it, and are set aside when it does not match."""
+    found = run_checkpoints(ctx.layout.checkpoints)
+    if not found:
+        return None
+    if ctx.config.force:
+        return "--force retrains from scratch", []
+    metas = [m for m in (read_checkpoint_meta(p) for _, p in reversed(found)) if m is not None]
+    if not metas:
+        return None  # all damaged: the trainer names the damage, nothing is moved
+    meta = metas[0]
+    if not trained_on(meta, _this_dataset_identity(ctx)):
+        return "the dataset changed (a new preprocess or convert run)", []
+    recorded = recorded_settings(meta)
+    if recorded is None:
+        started = read_record(ctx.layout.manifests / "train.started") or {}
+        if started.get("key") == _legacy_train_key(ctx):
+            return None
+        return ("they record no settings and manifests/train.started does not show this "
+                "configuration wrote them"), []
+    changed = changed_settings(recorded, train_model_settings(ctx.config.train))
+    return ("settings of the model changed", changed) if changed else None
+
+
+def _set_aside_checkpoints(ctx: StageContext, reason: str, changed: list[str]) -> tuple[
+        dict[str, Any] | None, bool]:
+    """Move aside the checkpoints this configuration cannot resume: every one from scratch;
+    with ``train.init: previous`` only this dataset's, keeping the earlier datasets' (the
+    previous model) and the previous model saved unchanged for this dataset (a run with no
+    new day to train: the only copy of that model). Returns the record and whether such a
+    kept checkpoint means the rerun must start from it (--no-resume), not resume it."""
+    root = ctx.layout.checkpoints
+    moved, kept = [], False
+    if ctx.config.train.init == "previous":
+        identity = _this_dataset_identity(ctx)
+        for _step, path in complete_checkpoints(root):
+            meta = read_checkpoint_meta(path) or {}
+            if trained_on(meta, identity):
+                if holds_previous_model(meta):
+                    kept = True
+                    continue
+                moved.append(path)
+    else:
+        moved = [path for _step, path in complete_checkpoints(root)]
+    record = set_aside(root, moved, reason, changed)
+    if record:
+        what = f"{reason} ({'; '.join(changed)})" if changed else reason
+        log.warning("train      %d checkpoints (%s) moved to %s, not deleted: %s; remove them "
+                    "with: %s", len(record["checkpoints"]), human_bytes(record["bytes"]),
+                    record["path"], what, record["remove_with"])
+    return record, kept
 
 
 def run_train(ctx: StageContext) -> Outcome:
-    """The train stage: resumes the checkpoints of the same configuration, else starts anew."""
+    """The train stage: resumes the current run's checkpoints when only settings that do not
+    change the model did (logging, threads, ranks, epochs, max_steps...); otherwise sets them
+    aside under ``checkpoints/superseded/`` (never deletes them) and starts anew. With
+    train.init: previous, the checkpoints of earlier datasets are the model the run starts
+    from: only this dataset's are set aside."""
     verify_binary_dataset(ctx)
-    started = read_record(ctx.layout.manifests / "train.started")
     key = ManifestStore.key_of(train_inputs(ctx))
-    # Checkpoints of a different configuration must not be resumed; those of an interrupted
-    # run with the same configuration are, mid-epoch. --force retrains from scratch (resuming
-    # from the finished run's last checkpoint would train no step at all). With train.init:
-    # previous, the checkpoints of earlier datasets are the model the run starts from: only
-    # this dataset's go.
     argv = trainer_argv(ctx, "train")
-    if ctx.layout.checkpoints.exists() and (ctx.config.force or not started
-                                            or started.get("key") != key):
-        if ctx.config.train.init == "previous":
-            if _drop_checkpoints_of_this_dataset(ctx):
-                # a new run from the kept previous model (this run's settings), not a resume
-                argv.append("--no-resume")
-        else:
-            shutil.rmtree(ctx.layout.checkpoints)
+    record = None
+    why = checkpoints_to_set_aside(ctx)
+    if why is not None:
+        record, kept = _set_aside_checkpoints(ctx, *why)
+        if kept:
+            # a new run from the kept previous model (this run's settings), not a resume
+            argv.append("--no-resume")
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
     result = run_child(argv, ctx.stage_log("train"), env=launcher_env(ctx))
     if result.returncode != 0:
@@ -560,6 +618,8 @@ def run_train(ctx: StageContext) -> Outcome:
         raise _child_failed("train", result, ExitCode.TRAIN, ctx)
     engine = "horovod" if launcher_argv(ctx) else "tensorflow"
     summary = result.summary or {}
+    if record:
+        summary = {**summary, "checkpoints_set_aside": record}
     samples = (summary.get("steps_run") or 0) * (summary.get("global_batch") or 0)
     return Outcome("ran", engine, summary, rows=samples or None)
 

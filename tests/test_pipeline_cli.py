@@ -260,27 +260,34 @@ def test_interrupted_generate_is_not_preprocessed_as_if_complete(tmp_path):
 
 def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(tmp_path, monkeypatch):
     from pipeline import stages
-    from dlrm_contracts.layout import WorkdirLayout
+    from dlrm_contracts.layout import WorkdirLayout, complete_checkpoints
     from dlrm_contracts.atomic import write_json_atomic
     from pipeline.manifest import ManifestStore
     from pipeline.processes import ChildResult
+    from test_launch import write_tiny_dataset
 
     layout = WorkdirLayout.at(tmp_path / "w")
+    write_tiny_dataset(layout.binary, {"train": 8, "test": 8, "validation": 8})
     config = PipelineConfig()
     ctx = stages.StageContext(config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     seen = []
     monkeypatch.setattr(stages, "verify_binary_dataset", lambda ctx: None)
     monkeypatch.setattr(stages, "run_child", lambda argv, log, **_: (
-        seen.append(layout.checkpoints.exists()) or ChildResult(0, {}, [])))
+        seen.append([s for s, _ in complete_checkpoints(layout.checkpoints)])
+        or ChildResult(0, {}, [])))
     final = layout.checkpoints / "step-000000020"
     final.mkdir(parents=True)
+    (final / "meta.json").write_text('{"step": 20}')  # saved before checkpoints named their run
+    # the record such a checkpoint's run left (before the key was split into kinds)
     write_json_atomic(layout.manifests / "train.started",
-                      {"key": ManifestStore.key_of(stages.train_inputs(ctx))})
+                      {"key": stages._legacy_train_key(ctx)})
     stages.run_train(ctx)          # same configuration, not forced: resumes (keeps checkpoints)
-    assert seen == [True]
+    assert seen == [[20]]
     config.force = True
-    stages.run_train(ctx)          # forced: the old checkpoints are gone before training
-    assert seen == [True, False]
+    stages.run_train(ctx)          # forced: the old checkpoints are set aside before training
+    assert seen == [[20], []]
+    # set aside, not deleted (issue 35)
+    assert [p.name for p in layout.superseded.glob("*/step-*")] == ["step-000000020"]
 
 
 @pytest.mark.parametrize("stage", ["train", "eval"])

@@ -119,3 +119,24 @@ def test_the_arrow_engines_partial_files_count_while_preprocess_runs(config):
     assert growth["sql"].transient == pytest.approx(ROWS * preflight.shuffle_bytes_per_row)
     assert needs["arrow"].peak - needs["sql"].peak == pytest.approx(
         ROWS * (preflight.partial_bytes_per_row - preflight.shuffle_bytes_per_row))
+
+
+def test_checkpoints_set_aside_are_counted_apart_and_said(config):
+    """Earlier runs set aside (checkpoints/superseded) stay on disk: the preflight says what
+    they hold and how to remove them, and never counts them as the checkpoints this run
+    writes over."""
+    from pipeline.preflight import Estimate, _say_disk
+
+    layout = WorkdirLayout.at(config.workdir)
+    (layout.checkpoints / "step-000000004").mkdir(parents=True)
+    (layout.checkpoints / "step-000000004" / "rank-0.npz").write_bytes(b"x" * 1000)
+    (layout.superseded / "20260101T000000Z" / "step-000000009").mkdir(parents=True)
+    (layout.superseded / "20260101T000000Z" / "step-000000009" / "rank-0.npz").write_bytes(
+        b"x" * 5000)
+    needs = disk_needs(config, layout, ROWS, raw_bytes=5_000, generated=True,
+                       sizes=[10] * 26, state_factor=2)
+    assert needs.superseded == 5000 and needs.existing["checkpoints"] == 1000
+    est = Estimate()
+    _say_disk(est, layout.root, needs)
+    said = [line for line in est.lines if "set aside" in line]
+    assert len(said) == 1 and "4.9 KiB" in said[0] and f"rm -r {layout.superseded}" in said[0]

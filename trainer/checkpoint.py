@@ -5,7 +5,10 @@ Layout (under ``DIR/checkpoints/``)::
     step-000000120/rank-0.npz        tables (column slices) owned by rank 0 + their optimizer slots
     step-000000120/rank-1.npz        ... rank 1
     step-000000120/replicated.npz    MLPs replicated on all ranks + their slots + optimizer counters
-    step-000000120/meta.json         step, placement, table sizes, dims: written last
+    step-000000120/meta.json         step, placement, table sizes, dims, the dataset and the
+                                     run (its id, its settings of the model): written last
+    run.json                         the current run's id (written with its checkpoints)
+    superseded/<time>/               earlier runs' checkpoints set aside, with why.json
 
 A checkpoint is written into ``.step-N.tmp`` and renamed once every rank has finished, so a killed
 run leaves either a complete checkpoint or none (the latest complete one is used on restart).
@@ -13,6 +16,10 @@ Table entries are named ``table/<t>/<first col>-<end col>``; a rank restoring a 
 overlapping columns of every saved slice of that table, so a checkpoint can be restored with a
 different number of ranks or a different placement. The directory must be visible to all ranks
 (one host, or a shared filesystem).
+
+Each checkpoint names its run. Resuming, retention, eval and export use the current run's
+checkpoints (``run.json``), never the highest step number: a run restarted at step 0 below an
+older run's checkpoints keeps its own, and a stray ``step-999999999/`` is not taken for the model.
 """
 
 from __future__ import annotations
@@ -20,16 +27,20 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from dlrm_contracts.atomic import replace_directory
-from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.atomic import fsync_tree, replace_directory, write_json_atomic
+from dlrm_contracts.config import TrainConfig, train_model_settings
 from dlrm_contracts.dataset_identity import IDENTITY_KEY
 from dlrm_contracts.layout import CHECKPOINT_META as META
+from dlrm_contracts.layout import (CURRENT_RUN_JSON, RUN_KEY, checkpoint_run, current_run,
+                                   read_checkpoint_meta)
 from dlrm_contracts.layout import (best_checkpoint, checkpoint_dir,  # noqa: F401 — re-exported
                                    complete_checkpoints, latest_checkpoint)
 
@@ -42,11 +53,15 @@ class CheckpointError(RuntimeError):
 
 def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
                     replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int,
-                    protect: Iterable[int | None] = ()) -> Path:
+                    protect: Iterable[int | None] = (), run_start: int = 0) -> Path:
     """Collective: every rank calls it with its own state; returns the final directory.
 
-    The newest ``keep`` checkpoints stay, and those of the steps in ``protect`` (the best so
-    far; the previous model a warm-started run began from).
+    The checkpoint names its run (``meta["run"]``), which becomes the current run
+    (``run.json``). Retention is by run, not by step number: the newest ``keep`` checkpoints of
+    this run stay, with those of the steps in ``protect`` (the best so far; the previous model a
+    warm-started run began from); of other runs only the history this run was numbered on
+    from (steps below ``run_start``, a warm start's earlier days) goes. An older run's
+    checkpoints at higher steps, or a stray ``step-999999999/``, are never taken for this run's.
     """
     kept = {p for p in protect if p is not None}
     final = checkpoint_dir(root, step)
@@ -65,13 +80,25 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
         # flushes every rank's file (the other ranks have passed the barrier above) before
         # the rename, and the rename before older checkpoints are pruned below
         replace_directory(tmp, final)
-        for old_step, old in complete_checkpoints(root)[:-max(1, keep)]:
-            if old_step not in kept:
-                shutil.rmtree(old, ignore_errors=True)
+        run_id = checkpoint_run(meta)
+        if current_run(root) != run_id:
+            write_json_atomic(root / CURRENT_RUN_JSON, {"id": run_id})
+        for old in retired(root, run_id, keep, kept, run_start):
+            shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
             shutil.rmtree(stale, ignore_errors=True)
     comm.barrier()
     return final
+
+
+def retired(root: Path, run_id: str, keep: int, protect: set[int], run_start: int) -> list[Path]:
+    """The checkpoints retention removes after run ``run_id`` saved one (see save_checkpoint)."""
+    found = [(step, path, checkpoint_run(read_checkpoint_meta(path)))
+             for step, path in complete_checkpoints(root)]
+    mine = [(step, path) for step, path, run in found if run == run_id]
+    out = [path for step, path in mine[:-max(1, keep)] if step not in protect]
+    return out + [path for step, path, run in found
+                  if run != run_id and step < run_start and step not in protect]
 
 
 # what numpy raises on a truncated or corrupt .npz member
@@ -155,8 +182,25 @@ class CheckpointReader:
 
 
 def checkpoint_meta(config: TrainConfig, placement_description: dict, table_sizes: list[int],
-                    dims: dict[str, Any], dataset_identity: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
-    return {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
+                    dims: dict[str, Any], dataset_identity: dict[str, Any] | None = None,
+                    run_id: str | None = None) -> dict[str, Any]:
+    """What meta.json records beside the arrays: the model's shape and placement, the dataset,
+    and the run (its id and the settings of the model it trains, TRAIN_SETTING_KINDS)."""
+    meta = {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
             "optimizer": config.optimizer, "seed": config.seed,
             IDENTITY_KEY: dict(dataset_identity or {})}
+    if run_id is not None:
+        meta[RUN_KEY] = {"id": run_id, "settings": train_model_settings(config)}
+    return meta
+
+
+def new_run_id() -> str:
+    """A run's id: when it started (UTC) and a random part, unique across workdirs."""
+    return time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()) + uuid.uuid4().hex[:8]
+
+
+def recorded_settings(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The model settings a checkpoint's run recorded; None before checkpoints did."""
+    run = meta.get(RUN_KEY)
+    settings = run.get("settings") if isinstance(run, dict) else None
+    return settings if isinstance(settings, dict) else None

@@ -25,11 +25,14 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from dlrm_contracts.atomic import write_text_atomic
-from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
-from dlrm_contracts.layout import CHECKPOINT_META, WorkdirLayout, checkpoint_dir
+from dlrm_contracts.config import (ConfigError, PreflightConfig, TrainConfig, changed_settings,
+                                   config_to_dict, train_model_settings)
+from dlrm_contracts.layout import (CHECKPOINT_META, WorkdirLayout, checkpoint_dir, checkpoint_run,
+                                   run_checkpoints)
+from dlrm_contracts.superseded import set_aside
 from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
                                 checkpoint_meta, complete_checkpoints, latest_checkpoint,
-                                save_checkpoint)
+                                new_run_id, recorded_settings, save_checkpoint)
 from trainer.comm import make_comm
 from trainer.data import (Batch, BinaryDataset, RankView, SplitReader, batch_starts, open_dataset,
                           prefetch)
@@ -213,6 +216,10 @@ class Trainer:
         self.early_stopping = EarlyStopping(config.early_stopping_patience,
                                             config.early_stopping_min_delta)
         self._saved_step: int | None = None
+        # The run the checkpoints name (meta "run"): a new id when a run starts (from scratch or
+        # from the previous model), the checkpoint's when it resumes. Rank 0's is the one
+        # written (it writes the meta and does the retention).
+        self.run_id: str | None = None
         self._lineage: tuple[str | None] | None = None   # (lineage,) once read
         self.comm.broadcast_variables([v for _, v in self.replicated])
 
@@ -309,12 +316,14 @@ class Trainer:
         return self.dims.meta()
 
     def save(self) -> Path:
+        if self.run_id is None:  # a save outside train() (tests, tools): one run all the same
+            self.run_id = new_run_id()
         owned = {name: v.numpy() for name, v in self._owned_state()}
         replicated = ({name: v.numpy() for name, v in self._replicated_state()}
                       if self.rank == 0 else {})
         meta = checkpoint_meta(self.config, self.placement.describe(),
                                list(self.dataset.table_sizes), self._dims_meta(),
-                               self.dataset.identity)
+                               self.dataset.identity, self.run_id)
         if self.early_stopping.enabled:
             meta["early_stopping"] = self.early_stopping.to_meta()
         meta[RUN_START_KEY] = self.run_start
@@ -331,7 +340,8 @@ class Trainer:
             protect.append(self.warm_start.source_step)
         self._saved_step = self.step
         return save_checkpoint(self.layout.checkpoints, self.step, self.comm, owned, replicated,
-                               meta, self.config.keep_checkpoints, protect=protect)
+                               meta, self.config.keep_checkpoints, protect=protect,
+                               run_start=self.run_start)
 
     def _dictionaries_lineage(self) -> str | None:
         """The stable dictionaries' lineage (trainer/dictionary_lineage.py), read once a run."""
@@ -354,6 +364,7 @@ class Trainer:
             for name, var in self._owned_state() + self._replicated_state():
                 var.assign(reader.value(name, tuple(var.shape)).astype(var.dtype.as_numpy_dtype))
             self.step = int(reader.meta["step"])
+            self.run_id = checkpoint_run(reader.meta)
             self.run_start = int(reader.meta.get(RUN_START_KEY, 0))
             self.warm_start = WarmStart.from_meta(reader.meta.get(WARM_START_KEY))
             self.days_seen_before = days_before(reader.meta) \
@@ -388,12 +399,13 @@ class Trainer:
         raise first_error or CheckpointError(f"{newest} is damaged on another rank (its log says how)")
 
     def _older_of_this_run(self, newest: Path) -> list[Path]:
-        """The complete checkpoints before ``newest`` trained on this dataset, newest first."""
+        """The current run's complete checkpoints before ``newest`` trained on this dataset,
+        newest first."""
         from dlrm_contracts.dataset_identity import trained_on
 
         older = []
-        for _, path in reversed(complete_checkpoints(self.layout.checkpoints)):
-            if path == newest:
+        for _, path in reversed(run_checkpoints(self.layout.checkpoints)):
+            if path == newest or path.name > newest.name:
                 continue
             try:
                 meta = json.loads((path / CHECKPOINT_META).read_text())
@@ -633,6 +645,12 @@ class Trainer:
         if plan.note:
             self._progress(f"trainer: {plan.note}")
         if plan.kind == "resume":
+            self._check_same_model(plan.path)
+        else:
+            self.run_id = new_run_id()
+        if plan.kind == "scratch":
+            self._set_aside_other_runs()
+        if plan.kind == "resume":
             path = self._resume_intact(plan.path)
             self._progress(f"trainer: resumed from {path} at step {self.step}")
         elif plan.kind == "previous":
@@ -642,6 +660,41 @@ class Trainer:
                            f"{warm.source_step}), optimizer state {warm.optimizer}; tables grown: "
                            f"{grown}")
         return plan
+
+    def _check_same_model(self, path: Path) -> None:
+        """Refuse to resume checkpoints whose run trained another model (its settings of the
+        model differ: TRAIN_SETTING_KINDS): continuing them would mix two configurations.
+        The pipeline's train stage sets such checkpoints aside before it starts the ranks."""
+        try:
+            meta = json.loads((path / CHECKPOINT_META).read_text())
+        except (OSError, ValueError):
+            return  # the resume reports the damage, and falls back to an intact checkpoint
+        recorded = recorded_settings(meta) if isinstance(meta, dict) else None
+        if recorded is None:
+            return  # saved before checkpoints recorded their settings
+        changed = changed_settings(recorded, train_model_settings(self.config))
+        if changed:
+            raise CheckpointError(
+                f"the checkpoints in {self.layout.checkpoints} are another model's run "
+                f"({'; '.join(changed)}): resuming would mix the two. Restore those settings "
+                f"to resume it, or rerun with --no-resume to start anew (its checkpoints are "
+                f"moved to {self.layout.superseded}/, not deleted)")
+
+    def _set_aside_other_runs(self) -> None:
+        """A run from scratch continues none of the checkpoints there: rank 0 moves them to
+        ``superseded/`` (never deletes them), after every rank has planned its start."""
+        found = complete_checkpoints(self.layout.checkpoints)
+        if not found:
+            return
+        self.comm.barrier()
+        if self.rank == 0:
+            record = set_aside(self.layout.checkpoints, [p for _, p in found],
+                               "a new run from scratch (--no-resume, or train.resume: false)")
+            if record:
+                self._progress(f"trainer: {len(record['checkpoints'])} checkpoints of earlier "
+                               f"runs moved to {record['path']} (remove them with: "
+                               f"{record['remove_with']})")
+        self.comm.barrier()
 
     def _schedule_step(self, step: int) -> int:
         """The step the learning-rate schedule is at: counted over every run when a warm

@@ -30,7 +30,9 @@ import numpy as np
 
 from dlrm_contracts.config import ConfigError, TrainConfig
 from dlrm_contracts.dataset_identity import trained_on
-from dlrm_contracts.layout import CHECKPOINT_META, checkpoint_dir, complete_checkpoints
+from dlrm_contracts.layout import (CHECKPOINT_META, checkpoint_dir, checkpoint_run,
+                                   complete_checkpoints, read_checkpoint_meta, run_checkpoints)
+from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.schema import CAT_COLUMNS
 from trainer.checkpoint import TABLE_KEY, CheckpointError, CheckpointReader
 
@@ -99,7 +101,7 @@ def previous_model(root: Path, identity: dict[str, Any]) -> Path | None:
     """The model of the newest run on another dataset: its best checkpoint (early stopping)
     when that one is still there, else its newest checkpoint; or, newer than any such, the
     previous model saved unchanged for this dataset (``holds_previous_model``)."""
-    for step, path in reversed(complete_checkpoints(root)):
+    for step, path in reversed(run_checkpoints(root)):
         meta = _meta(path)
         if trained_on(meta, identity):
             if holds_previous_model(meta):
@@ -118,7 +120,7 @@ def previous_model(root: Path, identity: dict[str, Any]) -> Path | None:
 def plan_start(root: Path, identity: dict[str, Any], config: TrainConfig) -> StartPlan:
     """Scratch, resume or a warm start, from the checkpoints under ``root`` (see the module
     docstring). Every rank computes the same plan from the same files."""
-    found = complete_checkpoints(root)
+    found = run_checkpoints(root)  # the current run's: never a stray at a higher step
     if not found:
         note = ("train.init: previous, but no checkpoint under "
                 f"{root} to start from: training from scratch (the first run of a daily job)"
@@ -224,7 +226,19 @@ def superseded(root: Path, source_step: int) -> list[Path]:
 
 
 def remove_superseded(root: Path, source_step: int, log: Callable[[str], None]) -> None:
+    """The previous model's own run past it goes (its model is the one kept); any other run's
+    checkpoints there (one set aside with --no-resume, a copy) are moved to ``superseded/``."""
+    source_run = checkpoint_run(read_checkpoint_meta(checkpoint_dir(root, source_step)))
+    others = []
     for path in superseded(root, source_step):
+        if checkpoint_run(read_checkpoint_meta(path)) != source_run:
+            others.append(path)
+            continue
         log(f"trainer: removing {path}: the previous run's checkpoint past the model this run "
             "starts from (this run's checkpoints are numbered on from it)")
         shutil.rmtree(path, ignore_errors=True)
+    record = set_aside(root, others, "checkpoints of another run past the previous model a "
+                                     "warm start began from")
+    if record:
+        log(f"trainer: {len(record['checkpoints'])} checkpoints of another run moved to "
+            f"{record['path']} (remove them with: {record['remove_with']})")
