@@ -146,3 +146,23 @@ def test_a_gzip_bomb_is_read_in_bounded_memory(tmp_path):
     assert out.returncode == 0, out.stderr
     growth = int(out.stdout.split()[-1])
     assert growth < 32 << 20, f"peak memory grew by {growth / 2**20:.0f} MB"
+
+
+def test_the_size_estimate_of_a_gzip_bomb_inflates_a_bounded_sample(tmp_path):
+    """Progress and the preflight estimate a day's lines from its first compressed bytes: a
+    bomb's sample is cut short at a bounded amount of text, read a piece at a time."""
+    import tracemalloc
+
+    from spark_jobs.inputs import SAMPLE_TEXT_RATIO, bytes_per_line
+
+    bomb = tmp_path / "day_0.gz"
+    _zeros_gz(bomb, 128 << 20)
+    sample = 64 << 10
+    tracemalloc.start()
+    try:
+        per_line = bytes_per_line(bomb, sample)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert per_line <= sample                    # no line end seen: the bytes read, one line
+    assert peak < 4 << 20 < SAMPLE_TEXT_RATIO * sample * 8, peak
