@@ -166,3 +166,13 @@ def test_the_size_estimate_of_a_gzip_bomb_inflates_a_bounded_sample(tmp_path):
         tracemalloc.stop()
     assert per_line <= sample                    # no line end seen: the bytes read, one line
     assert peak < 4 << 20 < SAMPLE_TEXT_RATIO * sample * 8, peak
+
+
+def test_the_line_limit_is_a_checked_setting():
+    """Below 1024 bytes the limit could reject valid Criteo lines (up to 510 bytes): refused
+    when the config is made, with the setting named."""
+    from dlrm_contracts.config import ConfigError, PreprocessConfig
+
+    assert PreprocessConfig().max_line_bytes == 4096
+    with pytest.raises(ConfigError, match="preprocess.max_line_bytes must be >= 1024"):
+        PreprocessConfig(max_line_bytes=100)
