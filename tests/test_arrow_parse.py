@@ -15,7 +15,7 @@ import pytest
 
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.hex_text import format_hex
-from spark_fixtures import BAD_LINES, random_line, reference_parse, salted_days
+from spark_fixtures import BAD_LINES, TOO_LONG_LINES, random_line, reference_parse, salted_days
 from spark_jobs.engines.arrow.chunks import ChunkReadError, line_blocks, plan_chunks
 from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer,
                                                 parse_block, parse_hex, parse_line_exact)
@@ -81,7 +81,7 @@ def _reference(line: str):
 def _lines(seed: int) -> list[str]:
     rng = random.Random(seed)
     lines = [_odd_line(rng) for _ in range(3000)]
-    lines += [line for group in BAD_LINES.values() for line in group]
+    lines += [line for group in BAD_LINES.values() for line in group] + TOO_LONG_LINES
     lines += [line for day in salted_days(seed, 2, 300) for line in day]
     rng.shuffle(lines)
     return lines
