@@ -207,6 +207,14 @@ class PreprocessConfig:
     # parsing it in blocks of arrow_block_kb of text (small enough to stay in the CPU cache).
     arrow_chunk_mb: int = 256
     arrow_block_kb: int = 1024
+    # A line longer than this many bytes (without its '\n' and a trailing '\r') is rejected as
+    # line_too_long, by both engines, before any field is read; the rejects keep at most this
+    # many bytes of any rejected line (and its full length). The longest valid Criteo line
+    # without zero-padded integers is 510 bytes (13 integers of 20 characters, 26 categoricals
+    # of 8, 39 tabs, the label, a '\r'), so 4 KiB rejects no real line while a line with no
+    # '\n' (a truncated or foreign file, a decompression bomb) costs the Arrow engine's reader
+    # a bounded buffer and linear time, and the rejects a few KiB, whatever its size.
+    max_line_bytes: int = 4096
     # Arrow engine: partial counts (distinct values of a chunk) merged by one task at a time:
     # a column with more is split into value ranges. Bounds a Python worker's memory (~40
     # bytes per entry at the merge's peak) whatever the number of distinct values.
@@ -928,6 +936,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
     "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
                          "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
                          "arrow_block_kb": AT_LEAST_1, "window_days": Limit(2),
+                         "max_line_bytes": Limit(1024),
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,

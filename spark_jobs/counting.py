@@ -20,17 +20,20 @@ from spark_jobs.stats import DayStats
 
 # 2: lines end at '\n' only and fields must match up to the end of the line (parse.py);
 # 3: a value is stored as its integer (the 8 hex digits' value), not as its string. Counts
-# written under another version are recounted, not reused.
-DAYS_FORMAT_VERSION = 3
+# 4: a line longer than preprocess.max_line_bytes is rejected (line_too_long). Counts written
+# under another version, or another line limit, are recounted, not reused.
+DAYS_FORMAT_VERSION = 4
 
 
-def counted_days(counts_dir: Path) -> dict[int, dict]:
+def counted_days(counts_dir: Path, max_line_bytes: int) -> dict[int, dict]:
     """days.json entries whose counts partition still exists, by day number (none when the
-    counts were written by another DAYS_FORMAT_VERSION)."""
+    counts were written by another DAYS_FORMAT_VERSION or line limit: which lines are valid
+    depends on both)."""
     path = days_json_path(counts_dir)
     try:
         data = read_json(path, default={}) or {}
-        if data.get("format_version") != DAYS_FORMAT_VERSION:  # counted under other parsing rules
+        if (data.get("format_version") != DAYS_FORMAT_VERSION   # counted under other rules
+                or data.get("max_line_bytes") != max_line_bytes):
             return {}
         return {int(entry["day"]): entry for entry in data.get("days", [])
                 if (values_dir(counts_dir) / f"day={entry['day']}").is_dir()}
@@ -41,10 +44,10 @@ def counted_days(counts_dir: Path) -> dict[int, dict]:
         return {}
 
 
-def days_to_count(days: list[DayFile], counts_dir: Path) -> list[int]:
+def days_to_count(days: list[DayFile], counts_dir: Path, max_line_bytes: int) -> list[int]:
     """Days that are new, whose file changed since they were counted, or whose stored counts
     are damaged (counted again from the day file, which is at hand)."""
-    known = counted_days(counts_dir)
+    known = counted_days(counts_dir, max_line_bytes)
     return [d.day for d in days
             if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()
             or not _stored_counts_intact(counts_dir, d.day)]
@@ -78,7 +81,8 @@ def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:
             shutil.rmtree(child)
 
 
-def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path) -> None:
+def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path,
+                    max_line_bytes: int) -> None:
     """The record that the days' value counts can be reused: written (and flushed) only once
     the counts themselves are on disk, so a power cut never leaves it vouching for lost ones."""
     fsync_tree(values_dir(counts_dir))
@@ -88,7 +92,8 @@ def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir:
         entries.append({"day": d.day, "file": d.name, "fingerprint": d.fingerprint(),
                         "rows_read": s.rows_read, "rows_counted": s.rows_valid,
                         "missing_rate": s.missing_rates()})
-    write_json_atomic(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION, "days": entries},
+    write_json_atomic(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION,
+                                                    "max_line_bytes": max_line_bytes, "days": entries},
                       sort_keys=False)
 
 

@@ -73,7 +73,8 @@ def day_settings(cfg: PreprocessConfig) -> dict:
     """The settings a day's files depend on (besides its file, role and ids)."""
     return {"shuffle_seed": int(cfg.shuffle_seed), "compression": cfg.compression.lower(),
             "output_files": int(cfg.output_files),
-            "train_rows_per_file": int(cfg.train_rows_per_file)}
+            "train_rows_per_file": int(cfg.train_rows_per_file),
+            "max_line_bytes": int(cfg.max_line_bytes)}
 
 
 def day_part_files(day_dir: Path, split: str) -> list[Path]:

@@ -115,25 +115,41 @@ def bytes_per_line(path: Path, sample_bytes: int) -> float:
         chunk = fh.read(sample_bytes)
     whole = len(chunk) < sample_bytes
     if path.suffix == ".gz":
-        text = _gunzip_sample(path, chunk, whole)
+        lines, read, ends_open = _gunzip_sample(path, chunk, whole, SAMPLE_TEXT_RATIO * sample_bytes)
     else:
-        text = chunk
-    lines = text.count(b"\n") + (1 if whole and text and not text.endswith(b"\n") else 0)
-    return len(chunk) / lines if lines else float(len(chunk))
+        lines, read, ends_open = chunk.count(b"\n"), len(chunk), not chunk.endswith(b"\n")
+    lines += 1 if whole and read and ends_open else 0
+    return read / lines if lines else float(read)
+
+
+# Text a gzip sample may inflate to, per compressed byte: Criteo text compresses about 5:1,
+# deflate at most about 1000:1 (a day of zeros), so a bomb is cut short, not inflated whole.
+SAMPLE_TEXT_RATIO = 16
+_PIECE = 1 << 20
 
 
 class UnreadableSample(ValueError):
     """A day file whose sample cannot be decompressed; the message names the file."""
 
 
-def _gunzip_sample(path: Path, chunk: bytes, whole: bool) -> bytes:
-    """The decompressed sample; a whole file must end its gzip stream (else it is truncated)."""
+def _gunzip_sample(path: Path, chunk: bytes, whole: bool, max_text: int) -> tuple[int, int, bool]:
+    """(lines, compressed bytes they came from, whether the text ends without '\\n') of the
+    sample, inflated a piece at a time up to ``max_text`` bytes of text; a whole file must end
+    its gzip stream (else it is truncated)."""
     stream = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+    lines, text, data, last = 0, 0, chunk, b"\n"
     try:
-        text = stream.decompress(chunk)
+        while text < max_text:
+            piece = stream.decompress(data, _PIECE)
+            lines, text, last = lines + piece.count(b"\n"), text + len(piece), piece[-1:] or last
+            data = stream.unconsumed_tail
+            if stream.eof or (not data and len(piece) < _PIECE):
+                break
     except zlib.error as exc:
         raise UnreadableSample(f"{path} is not a readable gzip file (corrupt: {exc})") from None
+    if text >= max_text and not stream.eof:     # cut short: the bytes that made this text
+        return lines, len(chunk) - len(stream.unconsumed_tail), False
     if whole and chunk and not stream.eof:
         raise UnreadableSample(f"{path} is not a readable gzip file (truncated: its stream ends "
                                f"before the end-of-stream marker, at {len(chunk):,} bytes)")
-    return text
+    return lines, len(chunk), last != b"\n"

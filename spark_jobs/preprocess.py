@@ -131,7 +131,7 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
     work = None
     with timer.stage("count"):
         counting.drop_stale_days(days, layout.counts)
-        recount = counting.days_to_count(days, layout.counts)
+        recount = counting.days_to_count(days, layout.counts, cfg.max_line_bytes)
         if cfg.ids == "stable":
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
                                   retransform)
@@ -159,7 +159,7 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
         # days.json only once the value counts are stored: it says they can be reused
         engine.finish_counts()
-        counting.write_days_json(days, stats, layout.counts)
+        counting.write_days_json(days, stats, layout.counts, cfg.max_line_bytes)
     if work is not None:
         rows = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer, work)
     else:

@@ -13,12 +13,15 @@ import random
 import numpy as np
 import pytest
 
+from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.hex_text import format_hex
-from spark_fixtures import BAD_LINES, random_line, reference_parse, salted_days
+from spark_fixtures import BAD_LINES, TOO_LONG_LINES, random_line, reference_parse, salted_days
 from spark_jobs.engines.arrow.chunks import ChunkReadError, line_blocks, plan_chunks
 from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer,
                                                 parse_block, parse_hex, parse_line_exact)
 from spark_jobs.inputs import DayFile
+
+LIMIT = PreprocessConfig().max_line_bytes
 
 # Pieces that hit every rule's edges: 64-bit limits, leading zeros, signs, case, terminators
 # other than '\n' (data), non-ASCII bytes, fields one character too long.
@@ -64,7 +67,7 @@ def _without_cr(line: str) -> str:
 
 
 def _exact_as_reference(line: str):
-    reason, padded, label, ints, cats = parse_line_exact(_without_cr(line).encode())
+    reason, padded, label, ints, cats = parse_line_exact(_without_cr(line).encode(), LIMIT)
     if reason:
         return REASON_CODES[reason]
     return None, padded, label, ints, [None if c is None else "%08x" % c for c in cats]
@@ -78,7 +81,7 @@ def _reference(line: str):
 def _lines(seed: int) -> list[str]:
     rng = random.Random(seed)
     lines = [_odd_line(rng) for _ in range(3000)]
-    lines += [line for group in BAD_LINES.values() for line in group]
+    lines += [line for group in BAD_LINES.values() for line in group] + TOO_LONG_LINES
     lines += [line for day in salted_days(seed, 2, 300) for line in day]
     rng.shuffle(lines)
     return lines
@@ -87,7 +90,7 @@ def _lines(seed: int) -> list[str]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_vector_path_slow_path_and_reference_agree_line_by_line(seed):
     lines = _lines(seed)
-    parsed = parse_block(*_block(lines))
+    parsed = parse_block(*_block(lines), LIMIT)
     for i, line in enumerate(lines):
         expected = _reference(line)
         assert _as_reference(parsed, i) == expected, repr(line)

@@ -103,7 +103,9 @@ def _salt_test_day(lines: list[str], seed: int) -> list[str]:
         else:            # short hex, written without leading zeros
             fields = fields[:14] + [f.lstrip("0") or ("0" if f else "") for f in fields[14:]]
         test[i] = "\t".join(fields) + ("\r" if i % 3 == 0 else "")
-    bad = [line for group in BAD_LINES.values() for line in group]
+    # the SavedModel scores request lines: the day files' line limit is not its rule
+    bad = [line for reason, group in BAD_LINES.items() if reason != "line_too_long"
+           for line in group]
     bad += ["1\t9223372036854775808" + "\t" * 38, "0\t-9223372036854775809",
             "1\t-9223372036854775808\t9223372036854775807"]  # the last one is valid
     for line in bad:

@@ -24,7 +24,9 @@ HEX_FIELDS = ["", "0", "A", "abcdef12", "ABCDEF12", "abcdef123", "0x12", "zz", "
 
 def _lines() -> list[str]:
     base = ["1"] + ["5"] * 13 + ["0a0b0c0d"] * 26
-    lines = [line for group in BAD_LINES.values() for line in group]
+    # the SavedModel scores request lines: the day files' line limit is not its rule
+    lines = [line for reason, group in BAD_LINES.items() if reason != "line_too_long"
+             for line in group]
     for value in INTEGER_FIELDS:
         lines.append("\t".join(base[:3] + [value] + base[4:]))
     for value in HEX_FIELDS:

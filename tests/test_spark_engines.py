@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.layout import WorkdirLayout
-from spark_fixtures import run, salted_days, spark, write_days  # noqa: F401
+from spark_fixtures import random_days, run, salted_days, spark, write_days  # noqa: F401
 from test_spark_exactness import check_against_reference
 
 pytestmark = pytest.mark.spark
@@ -87,6 +87,61 @@ def test_engines_agree_on_salted_bad_input(tmp_path, spark, broadcast_max_values
                       broadcast_max_values=broadcast_max_values)
     assert summaries["arrow"]["data_quality"]["rows_rejected"] > 0
     check_against_reference(days, tmp_path / "arrow", summaries["arrow"], "2,C7:1")
+
+
+def _gzip_day(path: Path, before: list[str], zeros: int, after: list[str]) -> None:
+    """A gzip day: lines, then one line of ``zeros`` zero bytes (written a megabyte at a time,
+    never held whole), then more lines."""
+    import zlib
+
+    stream = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as fh:
+        fh.write(stream.compress("".join(line + "\n" for line in before).encode()))
+        for k in range(0, zeros, 1 << 20):
+            fh.write(stream.compress(bytes(min(1 << 20, zeros - k))))
+        fh.write(stream.compress(("\n" + "".join(line + "\n" for line in after)).encode()))
+        fh.write(stream.flush())
+
+
+def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
+    """A plain day with a 24 MB line and a gzip day whose 64 MB line of zeros is 64 KB on disk:
+    each is one line_too_long reject whose rejects entry holds only the limit's first bytes
+    and the full length; the other lines are read as usual, by both engines alike."""
+    from dlrm_contracts.config import PreprocessConfig
+
+    limit = PreprocessConfig().max_line_bytes
+    days = random_days(43, 3, 150)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    cut_in_a_character = "x" + "\u00e9" * (limit // 2)       # the engines cut the same bytes
+    (raw / "day_0").write_text("\n".join(days[0][:150] + [cut_in_a_character, "1\t" + "7" * (24 << 20)]
+                                          + days[1][:10]))
+    _gzip_day(raw / "day_1.gz", days[1][10:80], 64 << 20, days[1][80:])
+    (raw / "day_2").write_text("\n".join(days[2]) + "\n")
+    assert (raw / "day_1.gz").stat().st_size < 1 << 20
+    for engine in ("arrow", "sql"):
+        run(spark, raw, tmp_path / engine, "2", engine=engine)
+    a, s = WorkdirLayout.at(tmp_path / "arrow"), WorkdirLayout.at(tmp_path / "sql")
+    for split in SPLITS:         # the rows in order (how the last day's rows fall into files
+        rows = [[row for _, part in _split_files(tmp_path / e, split) for row in part]
+                for e in ("arrow", "sql")]     # follows each engine's read partitions here)
+        assert rows[0] and rows[0] == rows[1], split
+    for name in ("data_quality.json", "model_size.json"):
+        assert json.loads((a.parquet / name).read_text()) == json.loads((s.parquet / name).read_text())
+    assert _rows(a.rejects) == _rows(s.rejects)
+    assert _rows(a.counts / "values") == _rows(s.counts / "values")
+    assert _rows(a.parquet / "dictionaries") == _rows(s.parquet / "dictionaries")
+    report = json.loads(WorkdirLayout.at(tmp_path / "arrow").data_quality.read_text())
+    assert report["totals"]["rejected_by_reason"]["line_too_long"] == 3
+    assert report["rejected"] == 3 and report["identity_holds"]
+    assert report["rows_in"] == 3 * 150 + 3
+    rejects = sorted((json.loads(line) for p in WorkdirLayout.at(tmp_path / "arrow").rejects.glob("*.json")
+                      for line in p.read_text().splitlines()), key=lambda r: (r["file"], r["line_number"]))
+    assert [(r["file"], r["line_number"], r["reason"], r["line_bytes"]) for r in rejects] == [
+        ("day_0", 151, "line_too_long", limit + 1), ("day_0", 152, "line_too_long", 2 + (24 << 20)),
+        ("day_1.gz", 71, "line_too_long", 64 << 20)]
+    assert [r["line"] for r in rejects] == [("x" + "\u00e9" * (limit // 2))[:limit // 2] + "\ufffd",
+                                            ("1\t" + "7" * limit)[:limit], "\0" * limit]
 
 
 def test_order_keys_are_sparks_xxhash64(spark):

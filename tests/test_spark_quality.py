@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import WorkdirLayout
 from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,  # noqa: F401
                             reference_missing_rates, reference_preprocess, run, salted_days,
@@ -143,7 +144,8 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
 
     day = tmp_path / "day_0"
     day.write_text("1\t5\t\tabc\n0\t7\n")
-    rows = parse_for_transform(read_day(spark, str(day), 0), checked=True)
+    rows = parse_for_transform(read_day(spark, str(day), 0), PreprocessConfig().max_line_bytes,
+                               checked=True)
     plan = rows.select("label", "C1")._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("split(") == 1, plan
     assert rows.select("label").count() == 1  # line 1 has a non-integer I3: filtered

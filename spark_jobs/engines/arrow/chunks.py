@@ -46,6 +46,9 @@ class LineBlock:
     starts: np.ndarray
     ends: np.ndarray
     first: int
+    # Each line's full length (without '\n' and a trailing '\r') when the block holds only the
+    # first bytes of a line too long to gather (``line_blocks``); None: every line is whole.
+    cut: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -80,7 +83,8 @@ def input_tasks(days, cfg) -> int:
 
 def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     """The chunk's bytes from one byte before its start (to see whether a line starts there)
-    to the end of the file; gzip streams decompressed (concatenated members included)."""
+    to the end of the file, in pieces of at most ``read_bytes``; gzip streams decompressed
+    (concatenated members included)."""
     with open(chunk.path, "rb", buffering=0) as fh:
         if not chunk.gzipped:
             fh.seek(max(chunk.start - 1, 0))
@@ -91,14 +95,14 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
 
 
 def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
+    """The decompressed stream in pieces of at most ``read_bytes``: a megabyte of deflate
+    can hold a gigabyte of text, so the output, not the input, bounds the memory."""
     stream, fed = zlib.decompressobj(wbits=31), False
     try:
         while compressed := fh.read(read_bytes):
             while compressed:
                 fed = True
-                piece = stream.decompress(compressed)
-                if piece:
-                    yield piece
+                yield from _inflate(stream, compressed, read_bytes)
                 if not stream.eof:
                     break
                 compressed = stream.unused_data          # another gzip member follows
@@ -110,33 +114,99 @@ def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
                              "(the file is truncated)")
 
 
-def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20) -> Iterator[LineBlock]:
-    """The chunk's lines, in order, as blocks of about ``block_bytes`` of text."""
+def _inflate(stream, data: bytes, limit: int) -> Iterator[bytes]:
+    """``data`` fed to ``stream``, its output in pieces of at most ``limit`` bytes, up to the
+    end of ``data`` or of the gzip member (what follows it is then ``stream.unused_data``).
+    A full piece may leave output pending in the stream: it is asked again, with no new input
+    once ``data`` is consumed."""
+    while True:
+        piece = stream.decompress(data, limit)
+        if piece:
+            yield piece
+        if stream.eof:
+            return
+        data = stream.unconsumed_tail
+        if not data and len(piece) < limit:
+            return
+
+
+@dataclass
+class _LongLine:
+    """A line longer than the limit, being read: its first bytes, its length so far, its last
+    byte (a trailing '\\r' is not part of a line's length)."""
+
+    head: bytes
+    length: int
+    last: int
+
+    def add(self, piece: bytes, stop: int) -> None:
+        """``piece[:stop]`` is more of the line (counted, not copied)."""
+        if stop:
+            self.length += stop
+            self.last = piece[stop - 1]
+
+    def block(self, first: int) -> LineBlock:
+        """The line as a block of its first bytes, with its full length."""
+        data = padded_buffer(self.head)
+        return LineBlock(data, np.array([PAD], np.int64), np.array([PAD + len(self.head)], np.int64),
+                         first, cut=np.array([self.length - (self.last == 13)], np.int64))
+
+
+def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
+                max_line_bytes: int | None = None) -> Iterator[LineBlock]:
+    """The chunk's lines, in order, as blocks of about ``block_bytes`` of text.
+
+    A line still unfinished after more than ``max_line_bytes`` + 1 bytes (room for a '\\r')
+    is not gathered: its first ``max_line_bytes`` are kept, the rest only counted, and it comes
+    as a block of its own (``LineBlock.cut``). So every byte is copied a bounded number of
+    times and the reader holds at most ``block_bytes`` + ``max_line_bytes`` + 1 bytes of text,
+    whatever the length of a line or the ratio of a gzip stream. None: no limit."""
     pending = b""                 # bytes after the last complete line seen so far
     offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0   # file offset of pending[0]
     skip_to_line_start = not chunk.gzipped and chunk.start > 0
     first = 0
+    long: _LongLine | None = None
+    end = _end(chunk)
     for piece in _raw_pieces(chunk, block_bytes):
+        if long is not None:
+            cut = piece.find(b"\n")
+            long.add(piece, len(piece) if cut < 0 else cut)
+            offset += len(piece) if cut < 0 else cut + 1
+            if cut < 0:
+                continue
+            yield long.block(first)
+            first, long, piece = first + 1, None, piece[cut + 1:]
+            if offset >= end:
+                return
         text = pending + piece if pending else piece
         if skip_to_line_start:
             cut = text.find(b"\n")
             if cut < 0:
                 pending, offset = b"", offset + len(text)
+                if offset >= end:       # no line starts in this chunk
+                    return
                 continue
             text, offset = text[cut + 1:], offset + cut + 1
             skip_to_line_start = False
+            if offset >= end:
+                return
         last = text.rfind(b"\n")
         if last < 0:
             pending = text
-            continue
-        block, done = _block(text[:last + 1], offset, chunk, first)
-        pending, offset = text[last + 1:], offset + last + 1
-        if block is not None:
-            first += len(block)
-            yield block
-        if done:
-            return
-    if pending and not skip_to_line_start and offset < _end(chunk):
+        else:
+            block, done = _block(text[:last + 1], offset, chunk, first)
+            pending, offset = text[last + 1:], offset + last + 1
+            if block is not None:
+                first += len(block)
+                yield block
+            if done:
+                return
+        if max_line_bytes is not None and len(pending) > max_line_bytes + 1:
+            long = _LongLine(pending[:max_line_bytes], len(pending), pending[-1])
+            pending, offset = b"", offset + len(pending)
+    if long is not None:
+        yield long.block(first)
+    elif pending and not skip_to_line_start and offset < end:
         yield _single_line_block(pending, first)
 
 

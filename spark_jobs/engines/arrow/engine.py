@@ -61,7 +61,8 @@ class ArrowEngine:
         self.days = days
         self.cfg = cfg
         self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
-                                     count_flush_lines=COUNT_FLUSH_LINES)
+                                     count_flush_lines=COUNT_FLUSH_LINES,
+                                     max_line_bytes=cfg.max_line_bytes)
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
         self._partials_dir: Path | None = None   # the count pass's partial files, until merged
@@ -245,7 +246,7 @@ class ArrowEngine:
         names = {d.day: d.name for d in self.days}
         rows.select(literal_lookup(names, "day").alias("file"),
                     (line_number_column(stats, dirty) + 1).alias("line_number"),
-                    "reason", "line").write.mode("overwrite").json(str(out_dir))
+                    "reason", "line", "line_bytes").write.mode("overwrite").json(str(out_dir))
 
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,

@@ -28,7 +28,7 @@ from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER, REJE
 
 # reason codes: 0 = valid, then the reject reasons in their order of precedence
 REASON_CODES: tuple[str, ...] = ("", *REJECT_REASONS)
-TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX = 1, 2, 3, 4
+TOO_LONG, TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX = 1, 2, 3, 4, 5
 MISSING = -1          # the value of a missing categorical (a present one is 0 .. 2**32 - 1)
 PAD = 16              # bytes of padding before and after a block's data
 _FIRST_CAT = 1 + NUM_INTEGER
@@ -199,14 +199,20 @@ def _parse_categoricals(words: np.ndarray, fe: np.ndarray, length: np.ndarray):
     return value, bad
 
 
-def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> ParsedLines:
+def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                max_line_bytes: int | None = None, lengths: np.ndarray | None = None) -> ParsedLines:
     """Parse lines ``data[starts[i]:ends[i]]`` (``data`` from ``padded_buffer``; ends exclude the
     '\\n'; a trailing '\\r' is dropped here). Exact for every line: the few lines the vector
-    path cannot decide are re-parsed by ``parse_line_exact``."""
+    path cannot decide are re-parsed by ``parse_line_exact``. A line longer than
+    ``max_line_bytes`` (None: no limit) is rejected before its fields count; ``lengths``: the
+    lines' full lengths where ``data`` holds only their first bytes (``LineBlock.cut``)."""
     starts = np.asarray(starts, np.int64)
     ends = np.asarray(ends, np.int64)
     crlf = (ends > starts) & (data[np.maximum(ends - 1, 0)] == 13)
     ends = ends - crlf
+    if lengths is None:
+        lengths = ends - starts
+    too_long = lengths > (np.iinfo(np.int64).max if max_line_bytes is None else max_line_bytes)
     fe, length, ntabs = _field_bounds(data, starts, ends)
     words = _words(data)
     label_char = data[starts]
@@ -215,9 +221,9 @@ def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Parse
                                                            length[1:_FIRST_CAT])
     cats, cat_bad = _parse_categoricals(words, fe[_FIRST_CAT:], length[_FIRST_CAT:])
     too_many = ntabs > _TABS
-    reason = np.select([too_many, ~label_ok, int_bad.any(axis=0), cat_bad.any(axis=0)],
-                       [TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX], 0).astype(np.uint8)
-    slow = int_long.any(axis=0) & ~too_many & label_ok
+    reason = np.select([too_long, too_many, ~label_ok, int_bad.any(axis=0), cat_bad.any(axis=0)],
+                       [TOO_LONG, TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX], 0).astype(np.uint8)
+    slow = int_long.any(axis=0) & ~too_many & label_ok & ~too_long
     # [fields, n] → [n, fields] views (no copy)
     parsed = ParsedLines(reason=reason, padded=(ntabs < _TABS) & (reason == 0), slow=slow,
                          label=np.where(reason == 0, label_char.astype(np.int32) - 48, 0).astype(np.int32),
@@ -247,13 +253,15 @@ def _is_integer(field: bytes) -> bool:
     return bool(body) and set(body) <= _DIGITS and -2**63 <= int(field) <= _INT64_MAX
 
 
-def parse_line_exact(line: bytes) -> tuple[int, bool, int, list, list]:
+def parse_line_exact(line: bytes, max_line_bytes: int | None = None) -> tuple[int, bool, int, list, list]:
     """The rules, one line at a time: (reason code, padded, label, 13 ints or None, 26 cats or
     None). ``line`` has no '\\n' and no trailing '\\r'. The slow path, and the reading of the
     rules that the vector path is tested against."""
+    rejected = (0, [None] * NUM_INTEGER, [None] * NUM_CATEGORICAL)
+    if max_line_bytes is not None and len(line) > max_line_bytes:
+        return (TOO_LONG, False, *rejected)
     fields = line.split(b"\t")
     padded = len(fields) < NUM_FIELDS
-    rejected = (0, [None] * NUM_INTEGER, [None] * NUM_CATEGORICAL)
     if len(fields) > NUM_FIELDS:
         return (TOO_MANY, padded, *rejected)
     fields += [b""] * (NUM_FIELDS - len(fields))

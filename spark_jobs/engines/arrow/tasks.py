@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.engines.arrow.dictionaries import KIND_STATS, write_partials
@@ -34,17 +35,19 @@ from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, Counts, coun
 
 STATS_COLUMN = -1
 CODE_BITS = 8
-LINES, PADDED, SLOW = 0, 5, 6          # 1..4: rejected, by reason code
+LINES, PADDED, SLOW = 0, 6, 7          # 1..5: rejected, by reason code
 MISSING_INT, MISSING_CAT = 16, 32      # + column index
 STAT_CODES = 64
 
-REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING"
+REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING, line_bytes LONG"
 
 
 @dataclass(frozen=True)
 class ReadSettings:
     block_bytes: int          # text parsed per numpy block
     count_flush_lines: int    # valid lines whose values are counted together
+    # longer lines are rejected; the rejects keep this much of a line
+    max_line_bytes: int = PreprocessConfig.max_line_bytes
 
 
 def _chunk_ids(batches):
@@ -56,7 +59,11 @@ def _blocks(chunks: list[Chunk], batches, settings: ReadSettings):
     """(chunk number, chunk, its line blocks) for each chunk the task was given."""
     for chunk_id in _chunk_ids(batches):
         chunk = chunks[int(chunk_id)]
-        yield int(chunk_id), chunk, line_blocks(chunk, settings.block_bytes)
+        yield int(chunk_id), chunk, line_blocks(chunk, settings.block_bytes, settings.max_line_bytes)
+
+
+def _parse(block: LineBlock, settings: ReadSettings):
+    return parse_block(block.data, block.starts, block.ends, settings.max_line_bytes, block.cut)
 
 
 # ---------------------------------------------------------------- count pass
@@ -132,7 +139,7 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
             stats = np.zeros(STAT_CODES, np.int64)
             counter = _ValueCounter(settings.count_flush_lines) if chunk.day in count_days else None
             for block in blocks:
-                parsed = parse_block(block.data, block.starts, block.ends)
+                parsed = _parse(block, settings)
                 _add_stats(stats, parsed)
                 if counter is not None:
                     counter.add(parsed.cats.T[:, parsed.valid])
@@ -147,27 +154,41 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
 
 # ---------------------------------------------------------------- rejects
 
-def _strip_cr(line: bytes) -> bytes:
-    return line[:-1] if line.endswith(b"\r") else line
+def _line_lengths(block: LineBlock) -> np.ndarray:
+    """Each line's full length in bytes, without its '\\n' and a trailing '\\r'."""
+    if block.cut is not None:
+        return block.cut
+    crlf = (block.ends > block.starts) & (block.data[np.maximum(block.ends - 1, 0)] == 13)
+    return block.ends - block.starts - crlf
+
+
+def _kept_text(block: LineBlock, i: int, length: int, keep: int) -> str:
+    """What the rejects keep of line ``i``: its first ``keep`` bytes (a line can be any size,
+    and a day file anything the pipeline can read), as text."""
+    start = int(block.starts[i])
+    return block.data[start:start + min(int(length), keep)].tobytes().decode("utf-8", "replace")
 
 
 def reject_task(chunks: list[Chunk], settings: ReadSettings):
-    """mapInArrow function: (day, pos, reason, line) of every rejected line."""
+    """mapInArrow function: (day, pos, reason, line, line_bytes) of every rejected line: the
+    line's first ``max_line_bytes`` bytes and its full length."""
     import pyarrow as pa
 
     def run(batches):
         for _, chunk, blocks in _blocks(chunks, batches, settings):
             for block in blocks:
-                parsed = parse_block(block.data, block.starts, block.ends)
+                parsed = _parse(block, settings)
                 bad = np.flatnonzero(~parsed.valid)
                 if not len(bad):
                     continue
+                lengths = _line_lengths(block)[bad]
                 yield pa.record_batch({
                     "day": pa.array(np.full(len(bad), chunk.day, np.int32)),
                     "pos": pa.array((np.int64(chunk.index) << 33) + block.first + bad),
                     "reason": pa.array([REASON_CODES[parsed.reason[i]] for i in bad], pa.string()),
-                    "line": pa.array([_strip_cr(block.line(i)).decode("utf-8", "replace")
-                                      for i in bad], pa.string())})
+                    "line": pa.array([_kept_text(block, i, n, settings.max_line_bytes)
+                                      for i, n in zip(bad, lengths)], pa.string()),
+                    "line_bytes": pa.array(lengths.astype(np.int64))})
     return run
 
 
@@ -249,7 +270,7 @@ def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: Read
             local = node_local_root() if spec.index_on_node else None
             index = worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
         for block in blocks:
-            parsed = parse_block(block.data, block.starts, block.ends)
+            parsed = _parse(block, settings)
             yield chunk_id, chunk, _transformed(spec, chunk, block, parsed, index)
 
 

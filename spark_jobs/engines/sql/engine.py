@@ -38,7 +38,8 @@ class SqlEngine:
         self.session = session
         self.days = days
         self.cfg = cfg
-        self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day)) for d in days}
+        self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day),
+                                                 cfg.max_line_bytes) for d in days}
         self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
 
@@ -113,7 +114,7 @@ class SqlEngine:
         """The second read of a day: valid rows with join keys and line numbers (checks skipped
         for days whose count pass found every line fast)."""
         rows = parse_for_transform(read_day(self.session, str(day.path), day.day),
-                                   checked=not stats[day.day].all_fast)
+                                   self.cfg.max_line_bytes, checked=not stats[day.day].all_fast)
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,

@@ -4,7 +4,8 @@ Rules (also in docs/spark_jobs.md):
 - lines end at '\\n' only (a '\\r', NEL or U+2028 elsewhere is data); a trailing '\\r' is
   dropped (CRLF files); fields are split on tabs, keeping empty ones;
 - fewer than 40 fields: the missing trailing fields are read as missing values (``padded``);
-- rejected, with the first matching reason: ``too_many_fields`` (more than 40),
+- rejected, with the first matching reason: ``line_too_long`` (more than
+  ``preprocess.max_line_bytes`` bytes), ``too_many_fields`` (more than 40),
   ``bad_label`` (label not exactly 0 or 1), ``non_integer`` (an integer field that is not an
   optional '-' followed by digits, or does not fit in 64 bits), ``non_hex_categorical`` (a
   categorical that is not 1-8 hex digits);
@@ -28,9 +29,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, NON_HEX_CATEGORICAL,
-                                   NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER,
-                                   TOO_MANY_FIELDS)
+from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, LINE_TOO_LONG,
+                                   NON_HEX_CATEGORICAL, NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS,
+                                   NUM_INTEGER, TOO_MANY_FIELDS)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -56,16 +57,17 @@ def _field(j: int) -> str:
     return f"get(f, {j})"
 
 
-def _fast_sql() -> str:
-    """True when the line is valid and its categoricals are already 8 lowercase hex digits."""
+def _fast_sql(max_line_bytes: int) -> str:
+    """True when the line is valid and its categoricals are already 8 lowercase hex digits
+    (``octet_length`` is a field of Spark's strings: the length check costs nothing)."""
     cats = [_field(j) for j in range(FIRST_CAT, NUM_FIELDS)]
     lengths = " AND ".join(f"coalesce(octet_length({c}), 0) IN (0, 8)" for c in cats)
     joined = f"concat_ws('', {', '.join(cats)})"
-    return (f"(size(f) <= {NUM_FIELDS} AND line rlike {_sql_string(FAST_HEAD)} AND {lengths} "
+    return (f"(octet_length(line) <= {int(max_line_bytes)} AND size(f) <= {NUM_FIELDS} AND line rlike {_sql_string(FAST_HEAD)} AND {lengths} "
             f"AND unhex({joined}) IS NOT NULL AND lower({joined}) = {joined})")
 
 
-def _reason_sql() -> str:
+def _reason_sql(max_line_bytes: int) -> str:
     """null for a valid line, else the first failing rule (the field-by-field classification).
 
     Kept small on purpose (it is rarely evaluated, but its generated code shares one method with
@@ -77,7 +79,8 @@ def _reason_sql() -> str:
     cats = f"concat_ws('\\t', slice(f, {FIRST_CAT + 1}, {NUM_CATEGORICAL}))"
     overflow = " OR ".join(f"coalesce({_field(j)} != '' AND try_cast({_field(j)} AS BIGINT) IS NULL, false)"
                            for j in range(1, FIRST_CAT))
-    slow = (f"CASE WHEN size(f) > {NUM_FIELDS} THEN '{TOO_MANY_FIELDS}' "
+    slow = (f"CASE WHEN octet_length(line) > {int(max_line_bytes)} THEN '{LINE_TOO_LONG}' "
+            f"WHEN size(f) > {NUM_FIELDS} THEN '{TOO_MANY_FIELDS}' "
             f"WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN '{BAD_LABEL}' "
             f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*\\\\z' OR {overflow} "
             f"THEN '{NON_INTEGER}' "
@@ -109,7 +112,7 @@ def read_day(session: SparkSession, path: str, day: int) -> DataFrame:
         "ELSE value END AS line")
 
 
-def split_fields(lines: DataFrame, checked: bool = True) -> DataFrame:
+def split_fields(lines: DataFrame, max_line_bytes: int, checked: bool = True) -> DataFrame:
     """(day, line) → + f (the fields), fast, reason, pos.
 
     ``pos`` is monotonically_increasing_id (partition index << 33 | row), so it follows the
@@ -123,8 +126,9 @@ def split_fields(lines: DataFrame, checked: bool = True) -> DataFrame:
     if not checked:
         return frame.selectExpr("*", "true AS fast", "CAST(NULL AS STRING) AS reason",
                                 "monotonically_increasing_id() AS pos")
-    return (frame.selectExpr("*", f"{_fast_sql()} AS fast")
-            .selectExpr("*", f"{_reason_sql()} AS reason", "monotonically_increasing_id() AS pos"))
+    return (frame.selectExpr("*", f"{_fast_sql(max_line_bytes)} AS fast")
+            .selectExpr("*", f"{_reason_sql(max_line_bytes)} AS reason",
+                        "monotonically_increasing_id() AS pos"))
 
 
 def label_sql() -> str:
@@ -165,24 +169,28 @@ def value_key(column: Column) -> Column:
     return F.xxhash64(column)
 
 
-def parse_for_counting(lines: DataFrame) -> DataFrame:
-    """(day, line) → day, pos, fast, reason, padded, raw, I* (raw text), C* (strings).
+def parse_for_counting(lines: DataFrame, max_line_bytes: int) -> DataFrame:
+    """(day, line) → day, pos, fast, reason, padded, raw, raw_bytes, I* (raw text), C* (strings).
 
     The count pass needs only whether an integer field is present, so it is not converted.
+    ``raw`` is what the rejects keep of a rejected line: its first ``max_line_bytes`` bytes
+    (cut as bytes, as the Arrow engine cuts them); ``raw_bytes`` its full length.
     """
-    return split_fields(lines).selectExpr(
+    kept = f"CAST(substr(CAST(line AS BINARY), 1, {int(max_line_bytes)}) AS STRING)"
+    return split_fields(lines, max_line_bytes).selectExpr(
         "day", "pos", "fast", "reason",
         f"size(f) < {NUM_FIELDS} AS padded",
-        "CASE WHEN reason IS NOT NULL THEN line END AS raw",
+        f"CASE WHEN reason IS NOT NULL THEN {kept} END AS raw",
+        "CASE WHEN reason IS NOT NULL THEN CAST(octet_length(line) AS BIGINT) END AS raw_bytes",
         *[f"nullif({_field(i)}, '') AS {c}" for i, c in enumerate(INT_COLUMNS, start=1)],
         *cat_sqls())
 
 
-def parse_for_transform(lines: DataFrame, checked: bool) -> DataFrame:
+def parse_for_transform(lines: DataFrame, max_line_bytes: int, checked: bool) -> DataFrame:
     """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys)."""
     # ``pos >= 0`` (always true) keeps ``pos`` referenced: once pruned the projection is
     # deterministic and the validity filter would be pushed below it.
-    return split_fields(lines, checked).where("reason IS NULL AND pos >= 0").selectExpr(
+    return split_fields(lines, max_line_bytes, checked).where("reason IS NULL AND pos >= 0").selectExpr(
         "day", "pos", label_sql(), *int_sqls(), *cat_key_sqls())
 
 

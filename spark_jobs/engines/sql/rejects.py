@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def write_rejects(parsed: dict[int, DataFrame], days: list[DayFile], stats: dict[int, DayStats],
                   out_dir: Path) -> None:
-    """Rejected lines with their day file, 1-based line number and reason.
+    """Rejected lines with their day file, 1-based line number, reason, first bytes
+    (``parse_for_counting``'s ``raw``) and full length in bytes.
 
     Only days that have rejects are read again (clean data costs nothing here); the directory
     is emptied first, so it always holds exactly this run's rejects.
@@ -38,5 +39,6 @@ def write_rejects(parsed: dict[int, DataFrame], days: list[DayFile], stats: dict
         literal_lookup(names, "day").alias("file"),
         (line_number_column(stats, [d.day for d in dirty]) + 1).alias("line_number"),
         "reason",
-        F.col("raw").alias("line"))
+        F.col("raw").alias("line"),
+        F.col("raw_bytes").alias("line_bytes"))
     rejects.write.mode("overwrite").json(str(out_dir))
