@@ -70,7 +70,9 @@ def assert_same_training(single, multi, single_summary, multi_summary):
     # the row L2 (inverse frequency) is applied by each piece's owner, C2's two halves alike,
     # and the wide weights' own rate by the rank holding them
     {"bottom_mlp_data_parallel": True, "force_column_split": ["C2"], "wide": True,
-     "optimizer": "adagrad", "learning_rate": 0.05, "table_l2": 8.0, "wide_l2": 80.0,
+     # at 0.05 the loss spiked after the warm-up (0.70 -> 0.87 -> 0.91): a step that large
+     # turns kernel rounding into 1e-3 (oneDNN capped at AVX2 failed the 2e-6 bound at step 6)
+     "optimizer": "adagrad", "learning_rate": 0.02, "table_l2": 8.0, "wide_l2": 80.0,
      "row_l2_scaling": "inverse_frequency", "wide_learning_rate_factor": 4.0},
 ], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split",
         "wide+column-split+adagrad+row-l2+wide-rate"])
@@ -185,7 +187,8 @@ def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
     MLP on rank 0; day 2 (tables grown, C7 among them) warm-started from that checkpoint, each
     rank growing its own pieces. Losses of both days, every final weight, C7's optimizer slot
     and the previous model's AUC equal the two days trained in one process."""
-    variant = dict(optimizer="adagrad", learning_rate=0.05, bottom_mlp_data_parallel=False,
+    # 0.02, not 0.05: see the wide variant of test_two_ranks_train_the_same_model_as_one_process
+    variant = dict(optimizer="adagrad", learning_rate=0.02, bottom_mlp_data_parallel=False,
                    force_column_split=["C7"], wide=True)
     rows = {"train": 8192, "test": 1000, "validation": 777}
     day1 = stream_day(tmp_path / "day1", 1, rows=rows)
