@@ -286,7 +286,9 @@ def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, 
     name = damage(work, kind)
     ranks = 2 if kind == "truncated rank-0.npz" else 1
     proc, summary = pipeline(trained, work, "--stages", "eval", "--force", np_=ranks)
-    assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval", proc.stderr
+    # a refusal (a person must retrain or reconvert): a scheduler does not retry it
+    assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval_refused", \
+        proc.stderr
     line = one_failure_line(proc, "eval")
     assert name in line, line
     fix = "--stages convert --force" if kind == "id -2" else "train again (--stages train"
