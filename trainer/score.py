@@ -283,7 +283,8 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     try:  # a model directory is code: only a version the export stage wrote is loaded
         verify_saved_model(model_dir)
     except ModelDigestError as error:
-        raise ScoreError(str(error)) from None
+        raise ScoreError(f"{error}: serve an intact version (run_pipeline.sh export rollback "
+                         "[VERSION]) or export again (--stages export --force)") from None
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
