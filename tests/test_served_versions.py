@@ -109,8 +109,9 @@ def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
     assert proc.returncode == ExitCode.USAGE and "no version older" in proc.stderr
 
 
-def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tmp_path,
-                                                                              monkeypatch):
+def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tmp_path):
+    import os
+
     from dlrm_contracts.layout import WorkdirLayout
     from dlrm_contracts.lock import LOCK_TOKEN_ENV, WorkdirLock
 
@@ -118,9 +119,14 @@ def test_the_commands_wait_for_no_run_they_exit_3_while_one_holds_the_workdir(tm
     fake_versions(export, [1, 2])
     with WorkdirLock(WorkdirLayout.at(tmp_path / "w").lock_file):
         # the command as another run's, not as a child of this holder (which would inherit
-        # its lock: dlrm_contracts.lock)
-        monkeypatch.delenv(LOCK_TOKEN_ENV)
-        proc = export_cli(tmp_path / "w", "rollback")
+        # its lock: dlrm_contracts.lock). Not monkeypatch.delenv: its teardown would put the
+        # token back after the lock's release, and every later child would carry it.
+        token = os.environ.pop(LOCK_TOKEN_ENV)
+        try:
+            proc = export_cli(tmp_path / "w", "rollback")
+        finally:
+            os.environ[LOCK_TOKEN_ENV] = token
+    assert LOCK_TOKEN_ENV not in os.environ  # the lock's exit took its token away
     assert proc.returncode == ExitCode.LOCKED and "in use by another" in proc.stderr, proc.stderr
     assert not (export / "serving.json").exists()
 

@@ -22,7 +22,7 @@ from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTI
                                    flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
-from dlrm_contracts.lock import LOCK_TOKEN_ENV, workdir_lock
+from dlrm_contracts.lock import workdir_lock
 
 # What a known failure of a mode (an unreadable or incompatible checkpoint, an export that
 # cannot be made) exits with: the pipeline stage that runs the mode.
@@ -134,13 +134,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _workdir_lock(args: argparse.Namespace):
-    """The workdir's lock, for every mode (each writes into the workdir). Of the ranks of a
-    job started by hand (``horovodrun ... python -m trainer``), rank 0 takes it for the job;
-    under the pipeline every rank finds its holder's token and runs under its lock."""
-    import os
+    """The workdir's lock, for every mode (each writes into the workdir). Rank 0 takes it
+    for the job (under the pipeline, as a guest of the pipeline's lock); the other ranks run
+    under rank 0's. They never take it themselves: with a token in their environment that is
+    not the holder's (one a parent left behind), they would be refused by their own rank 0."""
     from contextlib import nullcontext
 
-    if _rank() != 0 and LOCK_TOKEN_ENV not in os.environ:
+    if _rank() != 0:
         return nullcontext()
     return workdir_lock(args.workdir, f"trainer --mode {args.mode}")
 
