@@ -34,3 +34,18 @@ def same_tree(left: Path, right: Path, ignore: tuple[str, ...] = ()) -> list[str
     differ += [name for name in sorted(names_left & names_right)
                if not filecmp.cmp(left / name, right / name, shallow=False)]
     return differ
+
+
+def fake_spark_submit(tmp_path: Path, extra: str = "") -> Path:
+    """A stand-in SPARK_HOME whose ``spark-submit`` prints its arguments (then runs ``extra``),
+    and a stand-in python that names it: what docker/spark-cluster/submit.sh runs, without a
+    cluster. Returns the python's path."""
+    spark_home = tmp_path / "spark"
+    (spark_home / "bin").mkdir(parents=True)
+    (spark_home / "bin" / "spark-submit").write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n' + extra)
+    (spark_home / "bin" / "spark-submit").chmod(0o755)
+    python = tmp_path / "python"
+    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
+    python.chmod(0o755)
+    return python

@@ -21,6 +21,7 @@ from dlrm_contracts.secret_file import read_secret_file
 from pipeline.cluster_auth import is_loopback, main as cluster_auth_main
 from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.session import check_spark_config, spark_settings
+from pipeline_helpers import fake_spark_submit
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMIT = REPO / "docker" / "spark-cluster" / "submit.sh"
@@ -31,6 +32,22 @@ def _secret_file(path: Path, text: str = SECRET + "\n", mode: int = 0o600) -> Pa
     path.write_text(text)
     path.chmod(mode)
     return path
+
+
+def _setting_runs(tmp_path: Path, name: str, value: str) -> list[list[str]]:
+    """The three ways a Spark setting reaches a run: the YAML's spark.conf, a --conf-file line
+    (through the YAML's spark.conf_file), and spark_jobs' --conf."""
+    yaml_config = tmp_path / "inline.yaml"
+    yaml_config.write_text(f"spark:\n  conf:\n    {name}: \"{value}\"\n")
+    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
+    file_config = tmp_path / "file.yaml"
+    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
+    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
+             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
+            for config in (yaml_config, file_config)]
+    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
+                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
+    return runs
 
 
 def _prepare(tmp_path: Path, capsys, *args: str) -> tuple[int, dict[str, str], str]:
@@ -155,14 +172,7 @@ def test_pipeline_refuses_a_world_readable_secret_file_before_any_stage(tmp_path
 def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     """submit.sh's command for an authenticated cluster: the job gets the secret file's path
     and the cluster's settings; the real submission is in tests/test_spark_cluster_auth.py."""
-    spark_home = tmp_path / "spark"
-    (spark_home / "bin").mkdir(parents=True)
-    (spark_home / "bin" / "spark-submit").write_text(
-        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
-    (spark_home / "bin" / "spark-submit").chmod(0o755)
-    python = tmp_path / "python"
-    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
-    python.chmod(0o755)
+    python = fake_spark_submit(tmp_path, 'echo "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
     cluster = tmp_path / "cl"
     (cluster / "auth").mkdir(parents=True)
     secret_file = _secret_file(cluster / "auth" / "secret")
@@ -190,13 +200,7 @@ def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
 def test_submit_passes_insecure_for_a_cluster_started_insecure(tmp_path):
     """A cluster started with --insecure (AUTH=off): the job says --insecure too, since it
     refuses an unauthenticated master off loopback otherwise."""
-    spark_home = tmp_path / "spark"
-    (spark_home / "bin").mkdir(parents=True)
-    (spark_home / "bin" / "spark-submit").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    (spark_home / "bin" / "spark-submit").chmod(0o755)
-    python = tmp_path / "python"
-    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
-    python.chmod(0o755)
+    python = fake_spark_submit(tmp_path)
     cluster = tmp_path / "cl"
     cluster.mkdir()
     (cluster / "cluster.env").write_text("MASTER_URL=spark://10.0.0.1:7077\nHOST=10.0.0.1\n"
@@ -240,17 +244,7 @@ def test_a_secret_setting_is_refused_before_anything_is_written_or_started(tmp_p
     """In the YAML's spark.conf, in a --conf-file, or as spark_jobs' --conf: exit 2, the
     setting named, its value nowhere (stdout, stderr, any file), no workdir."""
     value = "s3cr3t-" + SECRET
-    yaml_config = tmp_path / "inline.yaml"
-    yaml_config.write_text(f"spark:\n  conf:\n    {name}: {value}\n")
-    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
-    file_config = tmp_path / "file.yaml"
-    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
-    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
-             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
-            for config in (yaml_config, file_config)]
-    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
-                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
-    for argv in runs:
+    for argv in _setting_runs(tmp_path, name, value):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == ExitCode.USAGE, proc.stderr
         assert f"{name} looks like a secret" in proc.stderr and "Traceback" not in proc.stderr
@@ -312,17 +306,7 @@ def test_a_secret_inside_a_value_is_refused_before_anything_is_written_or_starte
         tmp_path, name, value):
     """A YAML spark.conf entry, a --conf-file line, spark_jobs' --conf: exit 2 naming the
     setting, the secret in no output and no file (effective_config.yaml, logs), no workdir."""
-    yaml_config = tmp_path / "inline.yaml"
-    yaml_config.write_text(f"spark:\n  conf:\n    {name}: \"{value}\"\n")
-    conf_file = _secret_file(tmp_path / "spark.conf", f"{name} {value}\n")
-    file_config = tmp_path / "file.yaml"
-    file_config.write_text(f"spark:\n  conf_file: {conf_file}\n")
-    runs = [[sys.executable, "-m", "pipeline", "--config", str(config), "--workdir",
-             str(tmp_path / "w"), "--stages", "preprocess", "--input", str(tmp_path)]
-            for config in (yaml_config, file_config)]
-    runs.append([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
-                 str(tmp_path / "w"), "--conf", f"{name}={value}"])
-    for argv in runs:
+    for argv in _setting_runs(tmp_path, name, value):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == ExitCode.USAGE, proc.stderr
         assert name in proc.stderr and "Traceback" not in proc.stderr

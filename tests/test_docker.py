@@ -34,6 +34,7 @@ DOCKERFILES = ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu", "Dockerfile
 
 sys.path.insert(0, str(DOCKER))
 import pins  # noqa: E402  (docker/pins.py: the build's reader of pyproject.toml)
+from pipeline_helpers import fake_spark_submit  # noqa: E402
 
 
 @dataclass
@@ -561,13 +562,7 @@ def test_cluster_scripts_refuse_a_directory_with_spaces(tmp_path):
 
 
 def test_submit_keeps_a_job_master_given_as_master_equals(tmp_path):
-    spark_home = tmp_path / "spark"
-    (spark_home / "bin").mkdir(parents=True)
-    (spark_home / "bin" / "spark-submit").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    (spark_home / "bin" / "spark-submit").chmod(0o755)
-    python = tmp_path / "python"
-    python.write_text(f"#!/usr/bin/env bash\necho {spark_home}\n")
-    python.chmod(0o755)
+    python = fake_spark_submit(tmp_path)
     (tmp_path / "cl").mkdir()
     (tmp_path / "cl" / "cluster.env").write_text("MASTER_URL=spark://h:7077\n")
     submit = DOCKER / "spark-cluster" / "submit.sh"
