@@ -11,12 +11,15 @@ pipeline end to end (preprocess, convert) to a binary dataset whose tables are t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlrm_contracts.config import ConfigError, PreprocessConfig
+from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, REJECT_REASONS
 from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
@@ -158,3 +161,18 @@ def test_the_pipeline_makes_a_binary_dataset_whose_tables_are_the_caps(tmp_path)
         ids = np.fromfile(layout.binary / "test" / cat_file(i), cat_dtype(cap))
         assert np.array_equal(ids, test.column(column).to_numpy()), column
         assert ids.min() >= 0 and ids.max() < cap
+    # no threshold to raise: one line, the converters' exit code
+    raised = subprocess.run([sys.executable, "-m", "converters", "rethreshold", "--source",
+                             str(layout.binary), "--counts", str(layout.counts),
+                             "--frequency-threshold", "5", "--output", str(tmp_path / "raised")],
+                            capture_output=True, text=True)
+    assert raised.returncode == ExitCode.CONVERT and "capped ids" in raised.stderr
+    assert not (tmp_path / "raised").exists()
+
+
+def test_the_preflight_sizes_the_tables_as_the_caps(tmp_path):
+    from dlrm_contracts.config import PipelineConfig
+    from pipeline.preflight import _table_sizes
+
+    config = PipelineConfig(preprocess=PreprocessConfig(ids="modulo", caps=CAPS))
+    assert _table_sizes(config, WorkdirLayout.at(tmp_path)) == CAPS
