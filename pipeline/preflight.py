@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig
+from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig, column_caps
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
@@ -123,7 +123,9 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     """The tables at the configured threshold, from the counts' histogram. With stable ids a
     table also keeps the ids of values that left the window or became rare, so it is at least
     the last run's size (``parquet/model_size.json``): the larger of the two, short only by the
-    newcomers of days not counted yet."""
+    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``): the caps."""
+    if config.preprocess.ids == "modulo":
+        return list(column_caps(config.preprocess).values())
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
