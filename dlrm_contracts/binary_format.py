@@ -36,6 +36,8 @@ CHECKSUM_CHUNK_BYTES = 8 * 2**20
 # dataset.json's ids per row of each column, written only when some column has more than one
 # (absent = all one-hot, so one-hot datasets stay byte for byte what they were).
 MULTI_HOT_SIZES_KEY = "multi_hot_sizes"
+MULTI_HOT_SEED_KEY = "multi_hot_seed"
+MULTI_HOT_DISTRIBUTION_KEY = "multi_hot_distribution"
 
 
 class DatasetError(PipelineError, ValueError):
@@ -153,11 +155,14 @@ def multi_hot_sizes(description: "DatasetInfo | dict[str, Any]") -> tuple[int, .
     return tuple(sizes)
 
 
-def multi_hot_extra(sizes: "tuple[int, ...] | list[int] | None") -> dict[str, Any]:
-    """What ``dataset.json`` records for these multi-hot sizes: nothing when all are 1."""
+def multi_hot_extra(sizes: "tuple[int, ...] | list[int] | None", seed: int = 0,
+                    distribution: str = "uniform") -> dict[str, Any]:
+    """What ``dataset.json`` records of a materialization (dlrm_contracts.multi_hot): the sizes
+    and what the draws depend on besides the table sizes; nothing when all sizes are 1."""
     if sizes is None or all(int(k) == 1 for k in sizes):
         return {}
-    return {MULTI_HOT_SIZES_KEY: [int(k) for k in sizes]}
+    return {MULTI_HOT_SIZES_KEY: [int(k) for k in sizes], MULTI_HOT_SEED_KEY: int(seed),
+            MULTI_HOT_DISTRIBUTION_KEY: distribution}
 
 
 @dataclass(frozen=True)

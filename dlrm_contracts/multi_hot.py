@@ -29,6 +29,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from dlrm_contracts.binary_format import (MULTI_HOT_DISTRIBUTION_KEY, MULTI_HOT_SEED_KEY,
+                                          DatasetInfo, multi_hot_sizes)
 from dlrm_contracts.schema import NUM_CATEGORICAL
 
 # The reference seeds numpy's global generator with 0 for every rank.
@@ -175,3 +177,14 @@ def check_sizes(sizes: Sequence[int] | None, where: str = "multi_hot_sizes") -> 
         raise MultiHotError(f"{where} must list {NUM_CATEGORICAL} integers >= 1, "
                             f"not {values!r}")
     return tuple(int(k) for k in values)
+
+
+def spec_of_dataset(info: DatasetInfo) -> MultiHotSpec | None:
+    """The materialization a split binary dataset was written with (``DatasetInfo``); None
+    for a one-hot dataset. Scoring uses it to turn a raw line's ids into the same rows."""
+    sizes = multi_hot_sizes(info)
+    if all(k == 1 for k in sizes):
+        return None
+    return MultiHotSpec(tuple(info.table_sizes), sizes,
+                        int(info.extra.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
+                        str(info.extra.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")))

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+import zipfile
 
 import numpy as np
 import pytest
 
 import dlrm_contracts.multi_hot as multi_hot
 from dlrm_contracts.binary_format import (DatasetError, DatasetInfo, describe, multi_hot_extra,
-                                          multi_hot_sizes, row_width)
+                                          multi_hot_sizes, read_info, row_width)
 from dlrm_contracts.multi_hot import (MultiHotError, MultiHotSpec, check_sizes, iter_tables,
-                                      lookup_table, materialize, materialize_all)
+                                      lookup_table, materialize, materialize_all, spec_of_dataset)
+from dlrm_contracts.verify import verify_dataset
 
 # Produced with the reference (mlcommons/training aa344c7, recommendation_v2/torchrec_dlrm/
 # multi_hot.py) in a venv with torch 2.13.0 and numpy 2.4.6:
@@ -114,3 +118,113 @@ def test_dataset_description_of_multi_hot_columns():
     assert info.nbytes("train") == 10 * (1 + 2 * 13 + 2 * sum(SIZES))
     with pytest.raises(DatasetError, match="26 integers"):
         multi_hot_sizes({"multi_hot_sizes": [2] * 3})
+
+
+# ------------------------------------------------------------------ converters, real runs
+
+MLPERF_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def multi_hot_workdir(tmp_path_factory):
+    """The converter tests' parquet (test_converters.write_workdir), converted one-hot and
+    with MLPerf's multi-hot sizes plus the reference's layout."""
+    from test_converters import CONFIG, write_workdir
+    from converters.convert import convert_parquet
+    root = tmp_path_factory.mktemp("multi_hot")
+    write_workdir(root)
+    one_hot = convert_parquet(root / "parquet", root / "one_hot", CONFIG)
+    config = dataclasses.replace(CONFIG, multi_hot_sizes=MLPERF_SIZES,
+                                 formats=["binary", "mlperf_multihot"])
+    summary = convert_parquet(root / "parquet", root / "binary", config)
+    return root, one_hot, summary
+
+
+def test_convert_writes_the_reference_rows_of_the_one_hot_ids(multi_hot_workdir):
+    root, one_hot, summary = multi_hot_workdir
+    plain, multi = read_info(root / "one_hot"), verify_dataset(root / "binary", full=True)
+    assert "multi_hot_sizes" not in plain.extra
+    assert multi.multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert (multi.extra["multi_hot_seed"], multi.extra["multi_hot_distribution"]) == (0, "uniform")
+    spec = spec_of_dataset(multi)
+    assert spec == MultiHotSpec(plain.table_sizes, tuple(MLPERF_SIZES))
+    for split in ("train", "validation"):
+        ids = [np.fromfile(plain.file(split, f"cat_{c}.bin"), plain.cat_dtypes[c])
+               for c in range(26)]
+        want = materialize_all(spec, ids)
+        for c in range(26):
+            got = np.fromfile(multi.file(split, f"cat_{c}.bin"), multi.cat_dtypes[c])
+            assert got.dtype == np.dtype(plain.cat_dtypes[c])  # same narrow dtype as one-hot
+            np.testing.assert_array_equal(got.reshape(-1, MLPERF_SIZES[c]), want[c])
+    # the files a one-hot column writes are the one-hot dataset's, byte for byte
+    for name in ("label.bin", "numerical.bin", "cat_2.bin"):
+        assert (root / "binary/test" / name).read_bytes() == (root / "one_hot/test" / name).read_bytes()
+
+
+def test_verify_reads_multi_hot_widths(multi_hot_workdir, tmp_path):
+    root, _, _ = multi_hot_workdir
+    copy = tmp_path / "copy"
+    shutil.copytree(root / "binary", copy)
+    path = copy / "train" / "cat_20.bin"
+    ids = np.fromfile(path, read_info(copy).cat_dtypes[20])
+    ids[100 * 7 + 3] = -1  # row 7's fourth id
+    ids.tofile(path)
+    with pytest.raises(DatasetError, match=r"cat_20.bin: id -1 at row 7 "):
+        verify_dataset(copy, full=True)
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * 2)
+    with pytest.raises(DatasetError, match=r"rows of 100 × int32"):
+        verify_dataset(copy, full=False)
+
+
+def _reference_npz_read(path, name):
+    """The reference reader's own way into an npz entry (MultiHotCriteoIterDataPipe.
+    _load_from_npz): the entry must be stored, its .npy header 20 bytes past the local header
+    it recomputes (np.savez's zip64 extra field), then a memory map."""
+    zf = zipfile.ZipFile(path)
+    info = zf.NameToInfo[name]
+    assert info.compress_type == 0
+    zf.fp.seek(info.header_offset + len(info.FileHeader()) + 20)
+    version = np.lib.format.read_magic(zf.fp)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(zf.fp)
+    assert dtype == "int32" and not fortran
+    return np.memmap(path, dtype=dtype, shape=shape, mode="r", offset=zf.fp.tell())
+
+
+def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
+    root, _, summary = multi_hot_workdir
+    info = read_info(root / "binary")
+    out = root / "mlperf_multihot"
+    assert summary["mlperf_multihot"]["output"] == str(out) and (out / "_SUCCESS").is_file()
+    rows = summary["mlperf_multihot"]["rows_per_day"]
+    assert len(rows) == 24 and max(rows[:23]) - min(rows[:23]) <= 1
+    assert sum(rows[:23]) == info.splits["train"]
+    assert rows[23] == info.splits["test"] + info.splits["validation"]
+    flags = json.loads((out / "mlperf_multihot.json").read_text())["dlrm_main_flags"]
+    assert flags["--multi_hot_sizes"] == ",".join(map(str, MLPERF_SIZES))
+    for c in (0, 2, 20):
+        ours = np.concatenate([np.fromfile(info.file(s, f"cat_{c}.bin"), info.cat_dtypes[c])
+                               for s in ("train", "test", "validation")])
+        ours = ours.reshape(-1, MLPERF_SIZES[c])
+        days = [_reference_npz_read(out / f"day_{d}_sparse_multi_hot.npz", f"{c}.npy")
+                for d in range(24)]
+        np.testing.assert_array_equal(np.concatenate(days), ours)
+        assert np.load(out / "day_5_sparse_multi_hot.npz")[str(c)].shape == (rows[5], MLPERF_SIZES[c])
+    labels = np.concatenate([np.load(out / f"day_{d}_labels.npy") for d in range(24)])
+    dense = np.load(out / "day_23_dense.npy")
+    assert labels.dtype == np.int32 and labels.shape == (sum(rows), 1)
+    assert dense.dtype == np.float32 and dense.shape == (rows[23], 13)
+    test_rows = info.splits["test"]
+    np.testing.assert_array_equal(dense[:test_rows], np.fromfile(
+        info.file("test", "numerical.bin"), "<f2").reshape(-1, 13).astype(np.float32))
+    # entry for entry the bytes np.savez writes for the same arrays (what the reference uses)
+    day = np.load(out / "day_3_sparse_multi_hot.npz")
+    arrays = {k: day[k] for k in day.files}
+    np.savez(root / "savez.npz", **arrays)
+    with zipfile.ZipFile(root / "savez.npz") as theirs, \
+            zipfile.ZipFile(out / "day_3_sparse_multi_hot.npz") as mine:
+        assert mine.namelist() == theirs.namelist() == [f"{c}.npy" for c in range(26)]
+        for name in mine.namelist():
+            assert mine.read(name) == theirs.read(name)
