@@ -37,7 +37,8 @@ from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
                                              parquet_footer)
-from dlrm_contracts.multi_hot import MultiHotSpec, check_sizes, iter_tables, materialize
+from dlrm_contracts.multi_hot import (MultiHotSpec, check_sizes, iter_tables, materialize,
+                                      spec_of_dataset)
 from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON,
                                    SUCCESS)
 from dlrm_contracts.progress import counting
@@ -357,6 +358,12 @@ def multi_hot_spec(config: ConvertConfig, table_sizes: list[int]) -> MultiHotSpe
         return None
     return MultiHotSpec(tuple(table_sizes), sizes, config.multi_hot_seed,
                         config.multi_hot_distribution)
+
+
+def same_materialization(info: DatasetInfo, config: ConvertConfig) -> bool:
+    """Whether a dataset's multi-hot rows are the ones ``config`` asks for (sizes, seed,
+    distribution); a dataset derived from it (rethreshold) keeps its materialization."""
+    return spec_of_dataset(info) == multi_hot_spec(config, list(info.table_sizes))
 
 
 def multi_hot_tables(multi: MultiHotSpec | None) -> dict[int, np.ndarray]:

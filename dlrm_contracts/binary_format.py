@@ -38,6 +38,7 @@ CHECKSUM_CHUNK_BYTES = 8 * 2**20
 MULTI_HOT_SIZES_KEY = "multi_hot_sizes"
 MULTI_HOT_SEED_KEY = "multi_hot_seed"
 MULTI_HOT_DISTRIBUTION_KEY = "multi_hot_distribution"
+MULTI_HOT_KEYS = (MULTI_HOT_SIZES_KEY, MULTI_HOT_SEED_KEY, MULTI_HOT_DISTRIBUTION_KEY)
 
 
 class DatasetError(PipelineError, ValueError):

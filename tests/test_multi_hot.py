@@ -228,3 +228,28 @@ def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
         assert mine.namelist() == theirs.namelist() == [f"{c}.npy" for c in range(26)]
         for name in mine.namelist():
             assert mine.read(name) == theirs.read(name)
+
+
+def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir):
+    """Every draw depends on the table sizes, so a raise re-draws the multi-hot columns from
+    their one-hot ids: the result is the reference's rows of the clamped ids at the new sizes,
+    and also the reference layout written beside it."""
+    from test_converters import CONFIG
+    from converters.rethreshold import rethreshold
+    root, _, _ = multi_hot_workdir
+    config = dataclasses.replace(CONFIG, formats=["binary", "mlperf_multihot"])
+    summary = rethreshold(root / "binary", root / "counts", "30", root / "raised", config)
+    plain, raised = read_info(root / "one_hot"), verify_dataset(root / "raised", full=True)
+    assert raised.multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert summary["mlperf_multihot"]["output"] == str(root / "raised_mlperf_multihot")
+    changed = [c for c in range(26) if raised.table_sizes[c] != plain.table_sizes[c]]
+    assert changed and changed[0] < 20  # the columns after it are drawn again too
+    spec = spec_of_dataset(raised)
+    assert spec.table_sizes == raised.table_sizes
+    ids = [np.fromfile(plain.file("test", f"cat_{c}.bin"), plain.cat_dtypes[c]).astype(np.int64)
+           for c in range(26)]
+    ids = [np.where(col >= size, 0, col) for col, size in zip(ids, raised.table_sizes)]
+    want = materialize_all(spec, ids)
+    for c in range(26):
+        got = np.fromfile(raised.file("test", f"cat_{c}.bin"), raised.cat_dtypes[c])
+        np.testing.assert_array_equal(got.reshape(-1, MLPERF_SIZES[c]), want[c])
