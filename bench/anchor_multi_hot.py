@@ -42,13 +42,16 @@ def _ints(text: str) -> list[int]:
 
 def _dataset_days(dataset: Path) -> tuple[list[np.ndarray], list[int]]:
     """A split binary dataset's one-hot ids as the reference's days (our mlperf_multihot
-    day mapping: train in 23 contiguous parts, then test + validation as the last day)."""
+    day mapping: train in 23 contiguous parts, then test + validation as the last day). Use a
+    one-hot dataset of the same parquet for ids independent of our materialization."""
     from converters.mlperf_multihot import day_slices  # the layout's own rule
     info = read_info(dataset)
+    widths = info.multi_hot_sizes
     columns = []
     for split in ("train", "test", "validation"):
-        columns.append(np.stack([np.fromfile(info.file(split, f"cat_{i}.bin"),
-                                             info.cat_dtypes[i]).astype(np.int64)
+        # a multi-hot row starts with its one-hot id (row r of a lookup table starts with r)
+        columns.append(np.stack([np.fromfile(info.file(split, f"cat_{i}.bin"), info.cat_dtypes[i])
+                                 .reshape(info.splits[split], widths[i])[:, 0].astype(np.int64)
                                  for i in range(NUM_CATEGORICAL)], axis=1)
                        .reshape(info.splits[split], NUM_CATEGORICAL))
     train, last = columns[0], np.concatenate(columns[1:])
