@@ -253,3 +253,24 @@ def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir
     for c in range(26):
         got = np.fromfile(raised.file("test", f"cat_{c}.bin"), raised.cat_dtypes[c])
         np.testing.assert_array_equal(got.reshape(-1, MLPERF_SIZES[c]), want[c])
+
+
+def test_stable_ids_reuse_a_day_only_under_the_same_materialization(multi_hot_workdir, tmp_path):
+    """A day's multi-hot rows depend on every table's size and the materialization: the
+    conversion copies them from the previous dataset only when all of that is unchanged."""
+    from converters.segments import SEGMENTS_KEY, previous_segments
+    root, _, _ = multi_hot_workdir
+    copy = tmp_path / "binary"
+    shutil.copytree(root / "binary", copy)
+    info = read_info(copy)
+    description = json.loads((copy / "dataset.json").read_text())
+    description[SEGMENTS_KEY] = {split: [{"day": 0, "rows": rows, "token": f"t-{split}"}]
+                                 for split, rows in info.splits.items()}
+    (copy / "dataset.json").write_text(json.dumps(description))
+    same = spec_of_dataset(info)
+    sizes = list(info.table_sizes)
+    assert set(previous_segments(copy, sizes, same)) == {(s, f"t-{s}") for s in info.splits}
+    grown = sizes[:20] + [sizes[20] + 1] + sizes[21:]
+    assert previous_segments(copy, grown, dataclasses.replace(same, table_sizes=tuple(grown))) == {}
+    assert previous_segments(copy, sizes, dataclasses.replace(same, seed=1)) == {}
+    assert previous_segments(copy, sizes, None) == {}  # now one-hot
