@@ -274,3 +274,15 @@ def test_stable_ids_reuse_a_day_only_under_the_same_materialization(multi_hot_wo
     assert previous_segments(copy, grown, dataclasses.replace(same, table_sizes=tuple(grown))) == {}
     assert previous_segments(copy, sizes, dataclasses.replace(same, seed=1)) == {}
     assert previous_segments(copy, sizes, None) == {}  # now one-hot
+
+
+def test_preflight_sizes_multi_hot_rows_and_the_reference_layout():
+    from dlrm_contracts.config import PipelineConfig
+    from pipeline.preflight_needs import _binary_bytes_per_row
+    sizes = [1000] * 26  # int16 ids
+    config = PipelineConfig()
+    assert _binary_bytes_per_row(sizes, config) == 27 + 26 * 2
+    config.convert = dataclasses.replace(config.convert, multi_hot_sizes=MLPERF_SIZES)
+    assert _binary_bytes_per_row(sizes, config) == 27 + 2 * sum(MLPERF_SIZES)
+    config.convert = dataclasses.replace(config.convert, formats=["binary", "mlperf_multihot"])
+    assert _binary_bytes_per_row(sizes, config) == 27 + 2 * 214 + 4 * 214 + 4 * 13 + 4
