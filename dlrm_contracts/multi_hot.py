@@ -156,15 +156,32 @@ def materialize_one_hot(ids: np.ndarray, table_size: int) -> np.ndarray:
     return index.astype(IDS_DTYPE).reshape(-1, 1)
 
 
+class Materializer:
+    """A spec's lookup tables, built once, for many blocks of one-hot ids (scoring a stream of
+    raw lines: the same rows the converters wrote for the dataset the model trained on)."""
+
+    def __init__(self, spec: MultiHotSpec):
+        self.spec = spec
+        self.tables = dict(iter_tables(spec))
+
+    def column(self, column: int, ids: np.ndarray) -> np.ndarray:
+        """One column's (len(ids), k) int32 rows."""
+        table = self.tables.get(column)
+        return (materialize(ids, table) if table is not None
+                else materialize_one_hot(ids, self.spec.table_sizes[column]))
+
+    def __call__(self, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Every column's rows for one block of one-hot ids (one array of ids per column)."""
+        if len(ids) != len(self.spec.sizes):
+            raise MultiHotError(f"{len(ids)} columns of ids for {len(self.spec.sizes)} tables")
+        return [self.column(c, col) for c, col in enumerate(ids)]
+
+
 def materialize_all(spec: MultiHotSpec, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Every column's multi-hot rows for one block of one-hot ids (one array per column):
     what the reference writes into one day's ``.npz``. Builds the tables, so it suits small
     tables (tests, scoring a few rows); converters keep the tables across blocks."""
-    if len(ids) != len(spec.sizes):
-        raise MultiHotError(f"{len(ids)} columns of ids for {len(spec.sizes)} tables")
-    tables = dict(iter_tables(spec))
-    return [materialize(col, tables[c]) if c in tables
-            else materialize_one_hot(col, spec.table_sizes[c]) for c, col in enumerate(ids)]
+    return Materializer(spec)(ids)
 
 
 def check_sizes(sizes: Sequence[int] | None, where: str = "multi_hot_sizes") -> tuple[int, ...]:
