@@ -7,8 +7,9 @@ with torch (--anchor-python) on one-hot ids written as TorchRec's ``day_<d>_spar
 ``dlrm_contracts.multi_hot`` on the same ids, and, with --ours, with the files our converter
 wrote (``convert.formats: [binary, mlperf_multihot]``) from a split binary dataset. The ids
 are those of --dataset (a split binary dataset: its rows in the reference's day order) or
-random ids below the table sizes. Needs the anchor environment, so it is never part of the
-test suite; see bench/README.md for the command and result.
+random ids below the table sizes. Needs the anchor environment (a venv with torch and numpy,
+outside the repository), so it is never part of the test suite; see bench/README.md for the
+command and result. Exits 1 when any array differs.
 
     python bench/anchor_multi_hot.py --table-sizes 40000,39060,... --rows 200000
     python bench/anchor_multi_hot.py --dataset WORKDIR/binary --ours WORKDIR/mlperf_multihot
@@ -65,13 +66,34 @@ def _random_days(rows: int, table_sizes: list[int], seed: int) -> list[np.ndarra
     return np.array_split(ids, REFERENCE_DAYS)
 
 
+# What the reference script imports from torchrec, for an environment where torchrec does not
+# import (its fbgemm-gpu is built for another torch): the constant it uses and two types it
+# never calls while materializing.
+STAND_IN = {
+    "torchrec/__init__.py": "",
+    "torchrec/datasets/__init__.py": "",
+    "torchrec/datasets/criteo.py": "DAYS = 24\nCAT_FEATURE_COUNT = 26\n",
+    "torchrec/datasets/utils.py": "class Batch:\n    pass\n\n\nPATH_MANAGER_KEY = 'torchrec'\n",
+    "torchrec/sparse/__init__.py": "",
+    "torchrec/sparse/jagged_tensor.py": "class KeyedJaggedTensor:\n    pass\n",
+}
+
+
+def stand_in(folder: Path) -> str:
+    for name, text in STAND_IN.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return str(folder)
+
+
 def run_reference(args, days: list[np.ndarray], table_sizes: list[int], work: Path) -> float:
     """Write the days, run the reference script on them; returns its seconds."""
     inp, out = work / "in", work / "out"
     inp.mkdir()
     for d, ids in enumerate(days):
         np.save(inp / f"day_{d}_sparse.npy", ids.astype(np.int64))
-    env = dict(os.environ, PYTHONPATH=args.shim)
+    shim = stand_in(work / "stand_in") if args.shim == "stand-in" else args.shim
+    env = dict(os.environ, PYTHONPATH=shim)
     command = [args.anchor_python, str(Path(args.reference) / SCRIPT),
                "--in_memory_binary_criteo_path", str(inp), "--output_path", str(out),
                "--num_embeddings_per_feature", ",".join(map(str, table_sizes)),
@@ -113,9 +135,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--anchor-python", default="/work/anchors-mh/.venv/bin/python")
     parser.add_argument("--reference", default="/work/anchors-mh/ref",
-                        help="a directory holding the reference's multi_hot.py and " + SCRIPT)
-    parser.add_argument("--shim", default="/work/anchors-mh/shim",
-                        help="PYTHONPATH for the reference (torchrec, or its stand-in)")
+                        help="the reference's directory (a mlcommons/training checkout's "
+                             "recommendation_v2/torchrec_dlrm: multi_hot.py and " + SCRIPT + ")")
+    parser.add_argument("--shim", default="stand-in",
+                        help="PYTHONPATH for the reference: 'stand-in' writes the stand-in "
+                             "torchrec above; '' uses the anchor environment's torchrec")
     parser.add_argument("--dataset", help="a split binary dataset whose ids to use")
     parser.add_argument("--ours", help="our converter's mlperf_multihot directory to compare too")
     parser.add_argument("--table-sizes", help="26 table sizes (random ids; not with --dataset)")
