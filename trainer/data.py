@@ -27,7 +27,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
-                                          NUMERICAL_FILE, DatasetError, cat_file, read_info)
+                                          NUMERICAL_FILE, DatasetError, cat_file,
+                                          multi_hot_sizes, read_info)
 from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
@@ -67,18 +68,6 @@ class BinaryDataset:
         """Largest id kept per table when read at a higher threshold (None = no clamping)."""
         return tuple(None if new == old else new - 1
                      for new, old in zip(self.table_sizes, self.written_table_sizes))
-
-
-def multi_hot_sizes(info) -> tuple[int, ...]:
-    """Ids per row of each column: dataset.json's ``multi_hot_sizes`` (absent: all 1)."""
-    sizes = info.extra.get("multi_hot_sizes")
-    if sizes is None:
-        return (1,) * NUM_CATEGORICAL
-    if (not isinstance(sizes, list) or len(sizes) != NUM_CATEGORICAL
-            or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in sizes)):
-        raise DatasetError(f"{info.path / DATASET_JSON}: multi_hot_sizes must list "
-                           f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}")
-    return tuple(sizes)
 
 
 def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
