@@ -185,3 +185,34 @@ def test_a_multi_hot_dcn_model_exports_and_serves_multi_hot_rows(multi_hot):
     assert fingerprint["multi_hot_sizes"] == list(MULTI_HOT)
     with pytest.raises(ScoreError, match="multi-hot rows .* serve_multi_hot"):
         load_model(Path(summary["saved_model"]))
+
+
+def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
+    """The daily job with DLRMv2's model: day 2 (a grown multi-hot table) starts from day 1's
+    model, cross layers and optimizer state included; a day of one-hot rows is refused."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop import run
+    from trainer_helpers import checkpoint_arrays
+
+    grown = tuple(s + 100 if i == 9 else s for i, s in enumerate(DEFAULT_TABLE_SIZES))
+    day1, day2 = tmp_path / "day1", tmp_path / "day2"
+    write_planted_dataset(day1, ROWS, seed=1, signal_seed=3, multi_hot_sizes=MULTI_HOT)
+    write_planted_dataset(day2, ROWS, seed=2, signal_seed=3, table_sizes=grown,
+                          multi_hot_sizes=MULTI_HOT)
+    config = dict(optimizer="adagrad", learning_rate=0.05, **DCN)
+    run(small_config(max_steps=4, **config), day1, tmp_path / "w")
+    before = checkpoint_arrays(tmp_path / "w")
+    # nothing to train: the previous model is saved for day 2 as it is, its tables grown
+    summary = run(small_config(max_steps=0, init="previous", **config), day2, tmp_path / "w")
+    assert summary["init"]["mode"] == "previous" and summary["init"]["grown_tables"] == {
+        "C10": [DEFAULT_TABLE_SIZES[9], grown[9]]}
+    after = checkpoint_arrays(tmp_path / "w")
+    cross = [k for k in before if k.startswith("cross/")]
+    assert len(cross) == 3 * 3 * 2  # down, up, bias and their Adagrad accumulators
+    for key in cross:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    np.testing.assert_array_equal(after["table/9"][:DEFAULT_TABLE_SIZES[9]], before["table/9"])
+    one_hot = tmp_path / "day3"
+    write_planted_dataset(one_hot, ROWS, seed=3, signal_seed=3, table_sizes=grown)
+    with pytest.raises(CheckpointError, match="multi_hot_sizes"):
+        run(small_config(max_steps=4, init="previous", **config), one_hot, tmp_path / "w")
