@@ -216,3 +216,59 @@ def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
     write_planted_dataset(one_hot, ROWS, seed=3, signal_seed=3, table_sizes=grown)
     with pytest.raises(CheckpointError, match="multi_hot_sizes"):
         run(small_config(max_steps=4, init="previous", **config), one_hot, tmp_path / "w")
+
+
+def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_path):
+    """A multi-hot model served with each column's lookup table (one-hot id -> its row's k
+    ids, the converter's materialization): a raw line scores as its expanded row does through
+    serve_multi_hot, an unknown value as id 0's row, and serve_features agrees."""
+    import tensorflow as tf
+
+    from trainer.dims import model_dims
+    from trainer.export import write_vocabularies
+    from trainer.model import cross_sizes
+    from trainer.serving import ServingDLRM
+
+    sizes = [5] * NUM_CATEGORICAL
+    k = [1 if j % 3 else 3 for j in range(NUM_CATEGORICAL)]
+    write_stable_dictionaries(tmp_path / "dictionaries", tuple(sizes))
+    vocabularies = write_vocabularies(tmp_path / "dictionaries", sizes, tmp_path / "vocab")
+    dims = model_dims(small_config(**DCN))
+    rng = np.random.default_rng(3)
+
+    def normal(*shape):
+        return rng.normal(0, 0.1, shape).astype(np.float32)
+
+    top_in = dims.top_input(NUM_CATEGORICAL + 1)
+    widths = ((NUM_INTEGER,) + dims.bottom_mlp, (top_in,) + dims.top_mlp)
+    bottom, top = ({f"{name}/{i}/{part}": normal(*((a, b) if part == "kernel" else (b,)))
+                    for i, (a, b) in enumerate(zip(w[:-1], w[1:])) for part in ("kernel", "bias")}
+                   for name, w in zip(("bottom", "top"), widths))
+    cross = {name: normal(*shape) for name, shape in
+             cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()}
+    expansions = [None if kj == 1 else rng.integers(0, 5, (5, kj)).astype(np.int32) for kj in k]
+    model = ServingDLRM(dims, [normal(5, 16) for _ in sizes], bottom, top, vocabularies, -(2**63),
+                        [normal(5, 1) for _ in sizes], cross, expansions)
+
+    one_hot = rng.integers(0, 5, (6, NUM_CATEGORICAL))
+    one_hot[0, 3] = 0  # a missing value (id 0 expands too)
+    values = [[f"{c:02x}{i:06x}" if i else "" for c, i in enumerate(row)] for row in one_hot]
+    values[1][0] = "fffffff"  # unknown: id 0
+    one_hot[1, 0] = 0
+    ints = rng.integers(0, 100, (6, NUM_INTEGER))
+    lines = ["\t".join(["1", *map(str, r), *v]) for r, v in zip(ints, values)]
+    expanded = np.concatenate([one_hot[:, [j]] if e is None else e[one_hot[:, j]]
+                               for j, e in enumerate(expansions)], axis=1)
+    by_ids = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(expanded, tf.int64))
+    by_line = model.serve_lines(tf.constant(lines), tf.constant([True] * 6))
+    by_features = model.serve_features(tf.constant(ints, tf.int64), tf.constant(values))
+    probability = by_ids["probability"].numpy()
+    assert np.all((probability > 0.01) & (probability < 0.99)) and np.ptp(probability) > 1e-3
+    np.testing.assert_allclose(by_line["probability"].numpy(), probability, rtol=1e-6)
+    np.testing.assert_array_equal(by_line["probability"].numpy(),
+                                  by_features["probability"].numpy())
+    # the expansion matters: the one-hot reading of the same ids scores otherwise
+    plain = np.concatenate([one_hot[:, [j]].repeat(kj, axis=1) * (np.arange(kj) == 0)
+                            for j, kj in enumerate(k)], axis=1)
+    other = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(plain, tf.int64))
+    assert np.abs(other["probability"].numpy() - by_ids["probability"].numpy()).max() > 1e-4
