@@ -42,6 +42,13 @@ DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
 INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
 TRAIN_DAYS: tuple[str, ...] = ("window", "new")  # train.days: the rows a run trains on
+# What convert writes (convert.formats): our split binary dataset (always), TorchRec's per-day
+# .npy files, the MLPerf DLRMv2 reference's multi-hot layout (docs/converters.md).
+CONVERT_FORMATS: tuple[str, ...] = ("binary", "torchrec", "mlperf_multihot")
+MULTI_HOT_DISTRIBUTIONS: tuple[str, ...] = ("uniform", "pareto")  # dlrm_contracts.multi_hot's
+# train.interaction: the seed's pairwise dot products, or DCNv2's low-rank cross layers (MLPerf
+# DLRMv2, trainer/model.py)
+INTERACTIONS: tuple[str, ...] = ("dot", "dcn")
 
 # The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
 MISSING_INTEGER_MAX = -3
@@ -327,10 +334,35 @@ class ConvertConfig:
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
     # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
+    # Ids per row of each column C1..C26, materialized from the one-hot ids as the MLPerf
+    # DLRMv2 reference does (dlrm_contracts/multi_hot.py); None = one-hot, as before. MLPerf's:
+    # [3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1].
+    multi_hot_sizes: list[int] | None = None
+    # The reference's generator seed (0: it seeds numpy's legacy generator with 0) and its
+    # draw (--multi_hot_distribution_type; uniform in MLPerf).
+    multi_hot_seed: int = 0
+    multi_hot_distribution: str = "uniform"
+    # The datasets written: "binary" (ours, always) and, beside it in the workdir,
+    # "mlperf_multihot" (the reference's day_<d>_sparse_multi_hot.npz + dense and labels .npy)
+    # and "torchrec" (TorchRec's per-day .npy files).
+    formats: list[str] = field(default_factory=lambda: ["binary"])
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
         _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
+        if self.multi_hot_sizes is not None:
+            _check(len(self.multi_hot_sizes) == len(CAT_COLUMNS)
+                   and all(k >= 1 for k in self.multi_hot_sizes),
+                   f"convert.multi_hot_sizes must list {len(CAT_COLUMNS)} integers >= 1 "
+                   f"(C1..C26), not {self.multi_hot_sizes}")
+        _check(0 <= self.multi_hot_seed < 2**32,
+               f"convert.multi_hot_seed must be in [0, 2**32), not {self.multi_hot_seed}")
+        _one_of("convert.multi_hot_distribution", self.multi_hot_distribution,
+                MULTI_HOT_DISTRIBUTIONS)
+        for name in self.formats:
+            _one_of("convert.formats", name, CONVERT_FORMATS)
+        _check("binary" in self.formats, "convert.formats must include binary (the other "
+               f"layouts are written beside it), not {self.formats}")
 
 
 @dataclass
@@ -355,6 +387,12 @@ class TrainConfig:
     # ~10% more CPU per step (docs/perf-history.md). Off in the Terabyte configs, which keep the
     # reference's model.
     wide: bool = True
+    # How the bottom MLP's output and the 26 pooled embeddings meet before the top MLP: "dot"
+    # (the seed's pairwise dot products) or "dcn" (DCNv2, MLPerf DLRMv2's model: dcn_layers
+    # low-rank cross layers of rank dcn_rank on their concatenation; docs/trainer.md).
+    interaction: str = "dot"
+    dcn_layers: int = 3
+    dcn_rank: int = 512
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
     batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
@@ -500,6 +538,7 @@ class TrainConfig:
         _one_of("train.init", self.init, TRAIN_INITS)
         _one_of("train.init_optimizer", self.init_optimizer, INIT_OPTIMIZERS)
         _one_of("train.days", self.days, TRAIN_DAYS)
+        _one_of("train.interaction", self.interaction, INTERACTIONS)
         _check(not self.top_mlp or self.top_mlp[-1] == 1,
                f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
         if self.frequency_threshold is not None:
@@ -519,7 +558,8 @@ class TrainConfig:
 # Every field of TrainConfig is here (tests/test_config.py checks it).
 TRAIN_SETTING_KINDS: dict[str, str] = {
     **dict.fromkeys((
-        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "batch_size", "optimizer",
+        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "interaction",
+        "dcn_layers", "dcn_rank", "batch_size", "optimizer",
         "learning_rate", "learning_rate_batch", "learning_rate_scaling", "adam_beta1",
         "adam_beta2", "adam_epsilon", "adagrad_initial_accumulator", "adagrad_epsilon",
         "table_l2", "wide_l2", "row_l2_scaling", "wide_learning_rate_factor", "warmup_steps",
@@ -984,6 +1024,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,
+                    "dcn_layers": AT_LEAST_1, "dcn_rank": AT_LEAST_1,
                     "learning_rate": POSITIVE, "adam_beta1": UNIT, "adam_beta2": UNIT,
                     "adam_epsilon": POSITIVE, "warmup_steps": AT_LEAST_0,
                     "decay_start_step": AT_LEAST_0, "decay_steps": AT_LEAST_0,

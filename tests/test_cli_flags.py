@@ -44,6 +44,7 @@ def _converters():
         "convert": options | {"workdir", "parquet", "output", "threshold_spec"},
         "verify": {"dataset", "quick", "json"},
         "rethreshold": options | {"source", "output", "frequency_threshold", "counts", "workdir"},
+        "mlperf-multihot": options | {"dataset", "output"},
         "plan": {"config", "spec", "thresholds", "counts", "workdir", "embedding_dim",
                  "dtype_bytes", "json"},
     }
