@@ -18,7 +18,7 @@ from pathlib import Path
 from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.layout import WorkdirLayout
-from dlrm_contracts.schema import NUM_INTEGER
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from pipeline.calibration import Speed
 from pipeline.diskspace import free_bytes, same_filesystem
 from pipeline.hosts import horovodrun_hosts
@@ -85,10 +85,17 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 
 
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
+    """The binary dataset's bytes per row (k ids per row of a multi-hot column), plus the
+    reference's multi-hot layout when convert.formats asks for it (int32 ids, float32 dense,
+    int32 label)."""
+    ids = config.convert.multi_hot_sizes or [1] * len(CAT_COLUMNS)
+    mlperf = (4 * sum(ids) + 4 * NUM_INTEGER + 4) if "mlperf_multihot" in config.convert.formats \
+        else 0
     if sizes is None:
-        return config.preflight.binary_bytes_per_row_bound
-
-    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize for s in sizes)
+        extra_ids = sum(ids) - len(ids)  # the bound's 4 bytes per id, for the ids beyond one
+        return config.preflight.binary_bytes_per_row_bound + 4 * extra_ids + mlperf
+    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize * k for s, k in zip(sizes, ids)) \
+        + mlperf
 
 
 def _dims(config: PipelineConfig):
