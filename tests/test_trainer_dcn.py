@@ -1,8 +1,8 @@
 """DCNv2 (train.interaction: dcn) and multi-hot rows: the cross layers and the pooled lookups
 against plain numpy, the multi-hot reader, checkpoints that refuse another interaction or
-another multi-hot layout, and the export of a multi-hot model (its serve_multi_hot signature
-equals the trainer's predictions). Two ranks against one process: test_trainer_horovod.py's
-dlrmv2 variant."""
+another multi-hot layout, a warm start, and the export of a multi-hot model (raw lines scored
+through the converters' materialization, and serve_multi_hot, equal the trainer's
+predictions). Two ranks against one process: test_trainer_horovod.py's dlrmv2 variant."""
 
 from __future__ import annotations
 
@@ -142,49 +142,72 @@ def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, t
         run(small_config(), one_hot, tmp_path / "w", mode="eval")
 
 
-def test_a_multi_hot_dcn_model_exports_and_serves_multi_hot_rows(multi_hot):
-    """The export of a multi-hot DCN model takes the rows as the dataset holds them
-    (serve_multi_hot: raw integers + each column's k ids side by side) and scores them as the
-    trainer does; an id outside its table is refused by name; raw-line scoring refuses the
-    model in one line."""
+def raw_lines(path: Path, raw: np.ndarray, split: str = "test") -> list[str]:
+    """The split's rows as raw labelled lines: the known integers, and each column's one-hot id
+    (a multi-hot row's first id) as its value in write_stable_dictionaries's dictionaries."""
+    from trainer.data import SplitReader, open_dataset
+
+    reader = SplitReader(open_dataset(path), split)
+    labels = np.fromfile(path / split / "label.bin", np.uint8)
+    columns = [reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL)]
+    firsts = [ids if ids.ndim == 1 else ids[:, 0] for ids in columns]
+    return ["\t".join([str(labels[r]), *map(str, raw[r]),
+                       *(f"{c:02x}{int(ids[r]):06x}" if ids[r] else "" for c, ids in
+                         enumerate(firsts))]) for r in range(reader.rows)]
+
+
+def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_rows(multi_hot,
+                                                                                  tmp_path):
+    """The export of a multi-hot DCN model: raw lines (the score stage) reach the rows the
+    converters materialized and score as the trainer does; serve_multi_hot takes those rows
+    as the dataset holds them (raw integers + each column's k ids side by side) and agrees; an
+    id outside its table is refused by name."""
+    import pyarrow.parquet as pq
     import tensorflow as tf
 
+    from dlrm_contracts.config import ScoreConfig
     from trainer import export
     from trainer.loop import Trainer, run
-    from trainer.score import ScoreError, load_model
+    from trainer.score import score_files
 
     path, work, raw = multi_hot
     config = small_config(max_steps=8, optimizer="adagrad", learning_rate=0.05, wide=True, **DCN)
     run(config, path, work)
     summary = export.export_model(work, path, ExportConfig())
-    assert summary["signatures"] == ["serve_multi_hot", "serving_default"]
+    assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default",
+                                     "serve_multi_hot"]
     assert summary["multi_hot_sizes"] == list(MULTI_HOT)
+    assert (summary["multi_hot_seed"], summary["multi_hot_distribution"]) == (0, "uniform")
     assert summary["dims"]["interaction"] == "dcn"
 
     trainer = Trainer(config, path, work)
     trainer.restore_best(required=True)
-    _, expected = trainer.predictions("test")
+    labels, expected = trainer.predictions("test")
+    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
+    day = tmp_path / "day_test"
+    day.write_text("\n".join(raw_lines(path, raw)) + "\n")
+    scored = score_files(summary["saved_model"], [day], tmp_path / "scores", ScoreConfig())
+    assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
+    table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
+
     ids = np.concatenate([np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
                           for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)],
                          axis=1).astype(np.int64)
     assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
     model = tf.saved_model.load(summary["saved_model"])
-    out = model.signatures["serving_default"](int_features=tf.constant(raw, tf.int64),
+    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw, tf.int64),
                                               cat_ids=tf.constant(ids))
     np.testing.assert_allclose(out["probability"].numpy(), expected, rtol=1e-5, atol=1e-6)
     assert set(out["reject_reason"].numpy().tolist()) == {b""}
-    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
-
     bad = ids[:2].copy()
     bad[1, 5] = DEFAULT_TABLE_SIZES[2]  # C3's one id, past its table
     out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw[:2], tf.int64),
                                               cat_ids=tf.constant(bad))
     assert out["reject_reason"].numpy().tolist() == [b"", b"id_out_of_range"]
     assert out["probability"].numpy()[1] == -1.0
-    fingerprint = json.loads((Path(summary["saved_model"]) / "fingerprint.json").read_text())
-    assert fingerprint["multi_hot_sizes"] == list(MULTI_HOT)
-    with pytest.raises(ScoreError, match="multi-hot rows .* serve_multi_hot"):
-        load_model(Path(summary["saved_model"]))
 
 
 def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
