@@ -7,6 +7,7 @@ predictions). Two ranks against one process: test_trainer_horovod.py's dlrmv2 va
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +110,8 @@ def multi_hot(tmp_path_factory):
     return path, root / "work", raw
 
 
-def test_multi_hot_rows_read_as_written(multi_hot):
-    from trainer.data import SplitReader, open_dataset, single_process_view
+def test_multi_hot_rows_read_as_written(multi_hot, tmp_path):
+    from trainer.data import DatasetError, SplitReader, open_dataset, single_process_view
 
     path, _, _ = multi_hot
     dataset = open_dataset(path)
@@ -119,8 +120,22 @@ def test_multi_hot_rows_read_as_written(multi_hot):
     c10 = np.fromfile(path / "train" / cat_file(9), dataset.cat_dtypes[9]).reshape(-1, 7)
     np.testing.assert_array_equal(reader.categorical(9, 100, 50), c10[100:150])
     assert reader.categorical(2, 0, 8).shape == (8,)  # C3 is one-hot
-    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)  # the last batch: padded with id 0 rows
+    # the last batch: padded with rows of id 0
+    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)
     assert batch.categorical[9].shape == (32, 7) and not batch.categorical[9][10:].any()
+    # its rows are drawn over the table sizes: read at another threshold they would not be
+    # what converters rethreshold writes
+    with pytest.raises(DatasetError, match="multi-hot columns, which cannot be read at "
+                                           "threshold 2"):
+        open_dataset(path, threshold="2")
+    # an id outside its table is named with its row, not its position in the flat file
+    damaged = tmp_path / "damaged"
+    shutil.copytree(path, damaged)
+    c10 = np.memmap(damaged / "train" / cat_file(9), dataset.cat_dtypes[9], "r+").reshape(-1, 7)
+    c10[5, 3] = DEFAULT_TABLE_SIZES[9] + 1
+    c10.flush()
+    with pytest.raises(DatasetError, match=f"id {DEFAULT_TABLE_SIZES[9] + 1} at row 5 is outside"):
+        SplitReader(open_dataset(damaged), "train").categorical(9, 0, 10)
 
 
 def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, tmp_path):

@@ -125,14 +125,17 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
                                f"be read at threshold {threshold}: only at its own, "
                                f"{info.threshold_spec}")
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
-        sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
-        if any(k > 1 for k in multi_hot_sizes(info)) and sizes != written:
+        if any(k > 1 for k in multi_hot_sizes(info)) and (
+                info.threshold_spec is None
+                or threshold != parse_threshold_spec(info.threshold_spec)):
             # a multi-hot row's ids are drawn over every table's size: clamping ids is not
             # what the rows at the new sizes are (converters rethreshold draws them again)
             raise DatasetError(f"{path} has multi-hot columns, which cannot be read at "
-                               f"another threshold ({threshold}): rethreshold it with "
-                               "`python -m converters rethreshold`, which draws the rows at "
-                               "the new table sizes")
+                               f"threshold {threshold}, only at its own "
+                               f"({info.threshold_spec}): rethreshold it with `python -m "
+                               "converters rethreshold`, which draws the rows at the new "
+                               "table sizes")
+        sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     try:
         days = train_segments(info.extra, int(info.splits.get("train", 0)))
     except (TypeError, KeyError, ValueError) as exc:
@@ -241,7 +244,8 @@ class SplitReader:
             flat = int(np.argmax(((ids < 0) | (ids >= size)).ravel()))
             bad = flat // max(1, ids[:1].size)
             raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
-                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} is outside its table of "
+                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} "
+                               f"is outside its table of "
                                f"size {size}: the dataset is damaged; rebuild it with --stages "
                                "convert --force (`python -m converters verify "
                                f"{self.dataset.path}` finds every such value)")
