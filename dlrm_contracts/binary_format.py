@@ -36,6 +36,7 @@ CHECKSUM_CHUNK_BYTES = 8 * 2**20
 # dataset.json's ids per row of each column, written only when some column has more than one
 # (absent = all one-hot, so one-hot datasets stay byte for byte what they were).
 MULTI_HOT_SIZES_KEY = "multi_hot_sizes"
+MULTI_HOT_KEY = MULTI_HOT_SIZES_KEY  # the name the trainer's branch gave it
 MULTI_HOT_SEED_KEY = "multi_hot_seed"
 MULTI_HOT_DISTRIBUTION_KEY = "multi_hot_distribution"
 MULTI_HOT_KEYS = (MULTI_HOT_SIZES_KEY, MULTI_HOT_SEED_KEY, MULTI_HOT_DISTRIBUTION_KEY)

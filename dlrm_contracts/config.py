@@ -39,13 +39,13 @@ DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
 INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
 TRAIN_DAYS: tuple[str, ...] = ("window", "new")  # train.days: the rows a run trains on
-# train.interaction: the seed's pairwise dot products, or DCNv2's low-rank cross layers (MLPerf
-# DLRMv2, trainer/model.py)
-INTERACTIONS: tuple[str, ...] = ("dot", "dcn")
 # What convert writes (convert.formats): our split binary dataset (always), TorchRec's per-day
 # .npy files, the MLPerf DLRMv2 reference's multi-hot layout (docs/converters.md).
 CONVERT_FORMATS: tuple[str, ...] = ("binary", "torchrec", "mlperf_multihot")
 MULTI_HOT_DISTRIBUTIONS: tuple[str, ...] = ("uniform", "pareto")  # dlrm_contracts.multi_hot's
+# train.interaction: the seed's pairwise dot products, or DCNv2's low-rank cross layers (MLPerf
+# DLRMv2, trainer/model.py)
+INTERACTIONS: tuple[str, ...] = ("dot", "dcn")
 
 # The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
 MISSING_INTEGER_MAX = -3

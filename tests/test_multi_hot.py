@@ -286,3 +286,45 @@ def test_preflight_sizes_multi_hot_rows_and_the_reference_layout():
     assert _binary_bytes_per_row(sizes, config) == 27 + 2 * sum(MLPERF_SIZES)
     config.convert = dataclasses.replace(config.convert, formats=["binary", "mlperf_multihot"])
     assert _binary_bytes_per_row(sizes, config) == 27 + 2 * 214 + 4 * 214 + 4 * 13 + 4
+
+
+def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path):
+    """The pipeline's convert stage (no Spark: the converters' parquet fixture): the layout is
+    written from the final dataset, a threshold raise derives and re-draws, a rerun skips, and
+    another materialization converts again instead of deriving."""
+    from pipeline_helpers import run
+    from test_converters import write_workdir
+    workdir, raw = tmp_path / "w", tmp_path / "raw"
+    raw.mkdir()
+    write_workdir(workdir)
+    config = tmp_path / "mh.yaml"
+
+    def convert(threshold, seed=0):
+        config.write_text(f"convert:\n  multi_hot_sizes: {MLPERF_SIZES}\n  multi_hot_seed: {seed}\n"
+                          "  formats: [binary, mlperf_multihot]\n  fsync: false\n")
+        proc, summary = run(workdir, config, "--input", str(raw), "--stages", "convert",
+                            "--frequency-threshold", str(threshold))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        stage = summary["stages"]["convert"]
+        return stage["action"], stage.get("engine")
+
+    def layout_is_the_dataset():
+        info = read_info(workdir / "binary")
+        meta = json.loads((workdir / "mlperf_multihot/mlperf_multihot.json").read_text())
+        assert meta["source_fingerprint"] == info.source_fingerprint
+        assert meta["threshold_spec"] == info.threshold_spec
+        ours = np.fromfile(info.file("test", "cat_21.bin"), info.cat_dtypes[21]).reshape(-1, 27)
+        day = np.load(workdir / "mlperf_multihot/day_23_sparse_multi_hot.npz")["21"]
+        np.testing.assert_array_equal(day[:len(ours)], ours)
+        return info
+
+    assert convert(2) == ("ran", "converters")
+    assert layout_is_the_dataset().multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert convert(2)[0] == "skipped"
+    assert convert(30) == ("derived", "rethreshold")  # from the binary dataset
+    raised = layout_is_the_dataset()
+    assert raised.threshold_spec == "30" and spec_of_dataset(raised).seed == 0
+    # another materialization: converted again from the parquet (then raised), never derived
+    # from the dataset drawn with seed 0
+    assert convert(30, seed=1) == ("derived", "converters+rethreshold")
+    assert spec_of_dataset(layout_is_the_dataset()).seed == 1
