@@ -24,8 +24,9 @@ return ``probability`` float32 [n]
 and ``reject_reason`` string [n] ("" for a scored row); ``serve_lines`` also returns ``label``
 int32 [n] (-1 when absent or rejected). A model trained on multi-hot rows holds each multi-hot
 column's lookup table (one-hot id -> its row's k ids, the converters' materialization), so raw
-values reach the rows the dataset held, and has a third signature, ``serve_multi_hot(int_features
-int64 [n, 13], cat_ids int64 [n, sum(k)])``, taking those rows as the dataset holds them. Every input and output has the batch as its first
+values reach the rows the dataset held, and has one more signature, ``serve_multi_hot(
+int_features int64 [n, 13], cat_ids int64 [n, sum(k)])``, taking those rows as the dataset
+holds them. Every input and output has the batch as its first
 dimension, so TensorFlow Serving's server-side batching can concatenate requests (it refuses
 scalar inputs), and a REST response holds no NaN (which its JSON writer prints bare).
 """
