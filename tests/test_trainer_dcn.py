@@ -310,3 +310,21 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
                             for j, kj in enumerate(k)], axis=1)
     other = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(plain, tf.int64))
     assert np.abs(other["probability"].numpy() - by_ids["probability"].numpy()).max() > 1e-4
+
+
+def test_dot_runs_record_their_settings_as_before_the_dcn_settings_existed():
+    """A dot run's recorded settings (checkpoints, the train stage's key) are what they were,
+    so upgrading leaves its checkpoints and finished stage valid; the cross layers' shape is
+    no setting of a dot model; switching the interaction is one change, named."""
+    from dlrm_contracts.config import (DCN_SETTINGS, TRAIN_SETTING_KINDS, changed_settings,
+                                       train_model_settings)
+
+    dot = train_model_settings(small_config())
+    assert set(dot) == {k for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"} - set(
+        DCN_SETTINGS)
+    assert train_model_settings(small_config(dcn_rank=64)) == dot
+    dcn = train_model_settings(small_config(**DCN))
+    assert changed_settings(dot, dcn) == ["train.dcn_rank 512 -> 6",
+                                          "train.interaction 'dot' -> 'dcn'"]
+    assert changed_settings(train_model_settings(small_config(interaction="dcn")), dot) == [
+        "train.interaction 'dcn' -> 'dot'"]
