@@ -579,18 +579,27 @@ TRAIN_EXTENT_SETTINGS = ("epochs", "max_steps", "evals_per_epoch", "early_stoppi
                          "early_stopping_min_delta")
 
 
+DCN_SETTINGS = ("interaction", "dcn_layers", "dcn_rank")
+
+
 def train_model_settings(config: TrainConfig) -> dict[str, Any]:
     """The settings that make the model being trained (``TRAIN_SETTING_KINDS`` "model"), in
     their plain form: what a checkpoint records of its run, and compares on resume."""
     plain = config_to_dict(config)
-    return {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"}
+    # The dot interaction (the default) is recorded as before these settings existed, so its
+    # runs' checkpoints and finished train stages stay valid (changed_settings reads an absent
+    # setting as its default), and the cross layers' shape makes no dot model.
+    unused = DCN_SETTINGS if config.interaction == "dot" else ()
+    return {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items()
+            if kind == "model" and k not in unused}
 
 
 def changed_settings(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """``train.NAME old -> new`` for every model setting that differs (a setting one side
     does not record counts as changed only when the other holds a value other than its
     default, so that a setting added later does not set every older run aside)."""
-    defaults = train_model_settings(TrainConfig())
+    plain = config_to_dict(TrainConfig())
+    defaults = {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"}
     out = []
     for name in sorted(set(recorded) | set(wanted)):
         old = recorded.get(name, defaults.get(name))

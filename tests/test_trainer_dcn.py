@@ -1,12 +1,13 @@
 """DCNv2 (train.interaction: dcn) and multi-hot rows: the cross layers and the pooled lookups
 against plain numpy, the multi-hot reader, checkpoints that refuse another interaction or
-another multi-hot layout, and the export of a multi-hot model (its serve_multi_hot signature
-equals the trainer's predictions). Two ranks against one process: test_trainer_horovod.py's
-dlrmv2 variant."""
+another multi-hot layout, a warm start, and the export of a multi-hot model (raw lines scored
+through the converters' materialization, and serve_multi_hot, equal the trainer's
+predictions). Two ranks against one process: test_trainer_horovod.py's dlrmv2 variant."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +110,8 @@ def multi_hot(tmp_path_factory):
     return path, root / "work", raw
 
 
-def test_multi_hot_rows_read_as_written(multi_hot):
-    from trainer.data import SplitReader, open_dataset, single_process_view
+def test_multi_hot_rows_read_as_written(multi_hot, tmp_path):
+    from trainer.data import DatasetError, SplitReader, open_dataset, single_process_view
 
     path, _, _ = multi_hot
     dataset = open_dataset(path)
@@ -119,8 +120,22 @@ def test_multi_hot_rows_read_as_written(multi_hot):
     c10 = np.fromfile(path / "train" / cat_file(9), dataset.cat_dtypes[9]).reshape(-1, 7)
     np.testing.assert_array_equal(reader.categorical(9, 100, 50), c10[100:150])
     assert reader.categorical(2, 0, 8).shape == (8,)  # C3 is one-hot
-    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)  # the last batch: padded with id 0 rows
+    # the last batch: padded with rows of id 0
+    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)
     assert batch.categorical[9].shape == (32, 7) and not batch.categorical[9][10:].any()
+    # its rows are drawn over the table sizes: read at another threshold they would not be
+    # what converters rethreshold writes
+    with pytest.raises(DatasetError, match="multi-hot columns, which cannot be read at "
+                                           "threshold 2"):
+        open_dataset(path, threshold="2")
+    # an id outside its table is named with its row, not its position in the flat file
+    damaged = tmp_path / "damaged"
+    shutil.copytree(path, damaged)
+    c10 = np.memmap(damaged / "train" / cat_file(9), dataset.cat_dtypes[9], "r+").reshape(-1, 7)
+    c10[5, 3] = DEFAULT_TABLE_SIZES[9] + 1
+    c10.flush()
+    with pytest.raises(DatasetError, match=f"id {DEFAULT_TABLE_SIZES[9] + 1} at row 5 is outside"):
+        SplitReader(open_dataset(damaged), "train").categorical(9, 0, 10)
 
 
 def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, tmp_path):
@@ -142,49 +157,72 @@ def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, t
         run(small_config(), one_hot, tmp_path / "w", mode="eval")
 
 
-def test_a_multi_hot_dcn_model_exports_and_serves_multi_hot_rows(multi_hot):
-    """The export of a multi-hot DCN model takes the rows as the dataset holds them
-    (serve_multi_hot: raw integers + each column's k ids side by side) and scores them as the
-    trainer does; an id outside its table is refused by name; raw-line scoring refuses the
-    model in one line."""
+def raw_lines(path: Path, raw: np.ndarray, split: str = "test") -> list[str]:
+    """The split's rows as raw labelled lines: the known integers, and each column's one-hot id
+    (a multi-hot row's first id) as its value in write_stable_dictionaries's dictionaries."""
+    from trainer.data import SplitReader, open_dataset
+
+    reader = SplitReader(open_dataset(path), split)
+    labels = np.fromfile(path / split / "label.bin", np.uint8)
+    columns = [reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL)]
+    firsts = [ids if ids.ndim == 1 else ids[:, 0] for ids in columns]
+    return ["\t".join([str(labels[r]), *map(str, raw[r]),
+                       *(f"{c:02x}{int(ids[r]):06x}" if ids[r] else "" for c, ids in
+                         enumerate(firsts))]) for r in range(reader.rows)]
+
+
+def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_rows(multi_hot,
+                                                                                  tmp_path):
+    """The export of a multi-hot DCN model: raw lines (the score stage) reach the rows the
+    converters materialized and score as the trainer does; serve_multi_hot takes those rows
+    as the dataset holds them (raw integers + each column's k ids side by side) and agrees; an
+    id outside its table is refused by name."""
+    import pyarrow.parquet as pq
     import tensorflow as tf
 
+    from dlrm_contracts.config import ScoreConfig
     from trainer import export
     from trainer.loop import Trainer, run
-    from trainer.score import ScoreError, load_model
+    from trainer.score import score_files
 
     path, work, raw = multi_hot
     config = small_config(max_steps=8, optimizer="adagrad", learning_rate=0.05, wide=True, **DCN)
     run(config, path, work)
     summary = export.export_model(work, path, ExportConfig())
-    assert summary["signatures"] == ["serve_multi_hot", "serving_default"]
+    assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default",
+                                     "serve_multi_hot"]
     assert summary["multi_hot_sizes"] == list(MULTI_HOT)
+    assert (summary["multi_hot_seed"], summary["multi_hot_distribution"]) == (0, "uniform")
     assert summary["dims"]["interaction"] == "dcn"
 
     trainer = Trainer(config, path, work)
     trainer.restore_best(required=True)
-    _, expected = trainer.predictions("test")
+    labels, expected = trainer.predictions("test")
+    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
+    day = tmp_path / "day_test"
+    day.write_text("\n".join(raw_lines(path, raw)) + "\n")
+    scored = score_files(summary["saved_model"], [day], tmp_path / "scores", ScoreConfig())
+    assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
+    table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
+
     ids = np.concatenate([np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
                           for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)],
                          axis=1).astype(np.int64)
     assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
     model = tf.saved_model.load(summary["saved_model"])
-    out = model.signatures["serving_default"](int_features=tf.constant(raw, tf.int64),
+    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw, tf.int64),
                                               cat_ids=tf.constant(ids))
     np.testing.assert_allclose(out["probability"].numpy(), expected, rtol=1e-5, atol=1e-6)
     assert set(out["reject_reason"].numpy().tolist()) == {b""}
-    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
-
     bad = ids[:2].copy()
     bad[1, 5] = DEFAULT_TABLE_SIZES[2]  # C3's one id, past its table
     out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw[:2], tf.int64),
                                               cat_ids=tf.constant(bad))
     assert out["reject_reason"].numpy().tolist() == [b"", b"id_out_of_range"]
     assert out["probability"].numpy()[1] == -1.0
-    fingerprint = json.loads((Path(summary["saved_model"]) / "fingerprint.json").read_text())
-    assert fingerprint["multi_hot_sizes"] == list(MULTI_HOT)
-    with pytest.raises(ScoreError, match="multi-hot rows .* serve_multi_hot"):
-        load_model(Path(summary["saved_model"]))
 
 
 def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
@@ -272,3 +310,21 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
                             for j, kj in enumerate(k)], axis=1)
     other = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(plain, tf.int64))
     assert np.abs(other["probability"].numpy() - by_ids["probability"].numpy()).max() > 1e-4
+
+
+def test_dot_runs_record_their_settings_as_before_the_dcn_settings_existed():
+    """A dot run's recorded settings (checkpoints, the train stage's key) are what they were,
+    so upgrading leaves its checkpoints and finished stage valid; the cross layers' shape is
+    no setting of a dot model; switching the interaction is one change, named."""
+    from dlrm_contracts.config import (DCN_SETTINGS, TRAIN_SETTING_KINDS, changed_settings,
+                                       train_model_settings)
+
+    dot = train_model_settings(small_config())
+    assert set(dot) == {k for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"} - set(
+        DCN_SETTINGS)
+    assert train_model_settings(small_config(dcn_rank=64)) == dot
+    dcn = train_model_settings(small_config(**DCN))
+    assert changed_settings(dot, dcn) == ["train.dcn_rank 512 -> 6",
+                                          "train.interaction 'dot' -> 'dcn'"]
+    assert changed_settings(train_model_settings(small_config(interaction="dcn")), dot) == [
+        "train.interaction 'dcn' -> 'dot'"]

@@ -22,7 +22,11 @@ The two signatures (names and tensors are the serving interface, documented in d
 ``serve_lines(lines string [n], has_label bool [n])``, which is also ``serving_default``; both
 return ``probability`` float32 [n]
 and ``reject_reason`` string [n] ("" for a scored row); ``serve_lines`` also returns ``label``
-int32 [n] (-1 when absent or rejected). Every input and output has the batch as its first
+int32 [n] (-1 when absent or rejected). A model trained on multi-hot rows holds each multi-hot
+column's lookup table (one-hot id -> its row's k ids, the converters' materialization), so raw
+values reach the rows the dataset held, and has one more signature, ``serve_multi_hot(
+int_features int64 [n, 13], cat_ids int64 [n, sum(k)])``, taking those rows as the dataset
+holds them. Every input and output has the batch as its first
 dimension, so TensorFlow Serving's server-side batching can concatenate requests (it refuses
 scalar inputs), and a REST response holds no NaN (which its JSON writer prints bare).
 """
@@ -199,19 +203,6 @@ class ServingCore(tf.Module):
         return {"probability": tf.where(in_range, probability,
                                         tf.fill(tf.shape(probability), REJECTED_PROBABILITY)),
                 "reject_reason": reason}
-
-
-class MultiHotServingDLRM(ServingCore):
-    """A model trained on multi-hot rows whose materialization is not known to the export:
-    ``serve_multi_hot`` only (rows of ids in, numericals as ``serve_features`` takes them)."""
-
-    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
-                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 missing_integer: int, multi_hot_sizes: Sequence[int],
-                 wide: Sequence[np.ndarray] | None = None,
-                 cross: dict[str, np.ndarray] | None = None):
-        super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
-        self._add_multi_hot_signature(multi_hot_sizes)
 
 
 class ServingDLRM(ServingCore):
