@@ -283,8 +283,9 @@ class Location:
         return self.fs.open_input_file(self.path)
 
     def open_stream(self):
-        """A sequential reader (whole ``.gz`` members, a file read once front to back)."""
-        return self.fs.open_input_stream(self.path)
+        """A sequential reader (whole ``.gz`` members, a file read once front to back), of the
+        bytes as stored: pyarrow would otherwise (de)compress by the name's suffix."""
+        return self.fs.open_input_stream(self.path, compression=None)
 
     # ------------------------------------------------------------------ writes
     def write_bytes(self, data: bytes, fsync: bool = True) -> None:
@@ -294,7 +295,7 @@ class Location:
             with atomic_file(self.path, fsync) as temporary:
                 temporary.write_bytes(data)
             return
-        with self.fs.open_output_stream(self.path) as fh:
+        with self.fs.open_output_stream(self.path, compression=None) as fh:
             fh.write(data)
 
     def write_text(self, text: str, fsync: bool = True) -> None:
@@ -305,7 +306,7 @@ class Location:
         writes a temporary name). On a store the object appears only when it is closed."""
         if self.is_local:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        return self.fs.open_output_stream(self.path)
+        return self.fs.open_output_stream(self.path, compression=None)
 
     def mkdir(self) -> None:
         """A directory (local, HDFS); a no-op on stores without directories."""

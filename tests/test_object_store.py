@@ -190,3 +190,31 @@ def test_stage_in_from_the_command_line(moto_s3, binary_dataset, tmp_path):
                          capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["copied"] is True
+
+
+# ------------------------------------------------------------------ the input at a URL
+def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto_s3, tmp_path):
+    import gzip
+    from spark_jobs.errors import PreprocessInputError
+    from spark_jobs.inputs import bytes_per_line, discover_days
+    bucket = moto_s3.bucket()
+    lines = "".join(f"{i % 2}" + "\t1" * 13 + "\tab" * 26 + "\n" for i in range(5000)).encode()
+    files = {"day_0": lines, "day_1.gz": gzip.compress(lines, mtime=0), "notes.txt": b"x"}
+    local = _tree(tmp_path / "raw", files)
+    for name, content in files.items():
+        (resolve(f"s3://{bucket}/raw") / name).write_bytes(content)
+    here = discover_days(local)
+    there = discover_days(f"s3://{bucket}/raw/")
+    assert [(d.day, d.name, d.gzipped) for d in there] == [(d.day, d.name, d.gzipped) for d in here]
+    assert str(there[1].path) == f"s3://{bucket}/raw/day_1.gz"
+    for a, b in zip(here, there):
+        name, size, _mtime, digest = a.fingerprint().split(":")
+        assert b.fingerprint().split(":")[:2] == [name, size]
+        assert b.fingerprint().split(":")[3] == digest           # same bytes, same sample hash
+        assert bytes_per_line(b.path, 4096) == bytes_per_line(a.path, 4096)
+    (resolve(f"s3://{bucket}/raw") / "day_3").write_bytes(lines)
+    with pytest.raises(PreprocessInputError, match="missing day file"):
+        discover_days(f"s3://{bucket}/raw")
+    (resolve(f"s3://{bucket}/raw") / "day_2.gz").write_bytes(lines)
+    with pytest.raises(PreprocessInputError, match="not gzip-compressed"):
+        discover_days(f"s3://{bucket}/raw")
