@@ -70,3 +70,15 @@ def test_an_unreachable_store_is_one_clear_error(moto_s3, monkeypatch):
     location = resolve("s3://no-such-server-bucket/x")
     with pytest.raises(OSError):
         location.read_bytes()
+
+
+def test_the_workdir_layout_names_the_same_files_at_a_url(tmp_path):
+    from dlrm_contracts.layout import WorkdirLayout
+    local = WorkdirLayout.at(tmp_path / "w")
+    assert local.parquet_split("train") == (tmp_path / "w" / "parquet" / "train").resolve()
+    assert WorkdirLayout.at(f"file://{tmp_path}/w") == local
+    remote = WorkdirLayout.at("s3://bucket/criteo/w/")
+    for name in ("parquet", "counts", "binary", "dictionaries", "manifests", "lock_file"):
+        inside = str(getattr(local, name).relative_to(local.root))
+        assert str(getattr(remote, name)) == f"s3://bucket/criteo/w/{inside}", name
+    assert str(remote.parquet_day(3)) == "s3://bucket/criteo/w/parquet/days/day=3"
