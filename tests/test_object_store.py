@@ -218,3 +218,22 @@ def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto
     (resolve(f"s3://{bucket}/raw") / "day_2.gz").write_bytes(lines)
     with pytest.raises(PreprocessInputError, match="not gzip-compressed"):
         discover_days(f"s3://{bucket}/raw")
+
+
+def test_a_dataset_converted_to_a_url_and_staged_in_equals_the_local_one_byte_for_byte(
+        moto_s3, binary_dataset, tmp_path):
+    url = f"s3://{moto_s3.bucket()}/workdir/binary"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop(LOCK_TOKEN_ENV, None)
+    run = subprocess.run([sys.executable, "-m", "converters", "convert",
+                          "--parquet", str(binary_dataset.parent / "parquet"), "--output", url,
+                          "--json"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert not (resolve(url).parent / ".pipeline.lock").exists()     # taken and released
+    from converters.stage_in import stage_in
+    target = tmp_path / "node" / "binary"
+    stage_in(url, target)
+    local = sorted(p.relative_to(binary_dataset) for p in binary_dataset.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(target) for p in target.rglob("*") if p.is_file()) == local
+    for name in local:
+        assert (target / name).read_bytes() == (binary_dataset / name).read_bytes(), name
