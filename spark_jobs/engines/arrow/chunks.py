@@ -22,6 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
+from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.fastparse import PAD, padded_buffer
 
 _NEWLINE = 10
@@ -65,7 +66,7 @@ def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
     """Chunks of about ``chunk_bytes`` per plain day file; one chunk per gzip file."""
     chunks = []
     for d in days:
-        size = d.path.stat().st_size
+        size = remote.size(d.path)
         if d.gzipped:
             chunks.append(Chunk(d.day, str(d.path), 0, 0, size, True))
             continue
@@ -85,6 +86,9 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     """The chunk's bytes from one byte before its start (to see whether a line starts there)
     to the end of the file, in pieces of at most ``read_bytes``; gzip streams decompressed
     (concatenated members included)."""
+    if remote.is_url(chunk.path):
+        yield from _remote_pieces(chunk, read_bytes)
+        return
     with open(chunk.path, "rb", buffering=0) as fh:
         if not chunk.gzipped:
             fh.seek(max(chunk.start - 1, 0))
@@ -92,6 +96,41 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
                 yield piece
             return
         yield from _gunzip(fh, chunk.path, read_bytes)
+
+
+class _RangedReader:
+    """A remote object read front to back by ranged requests of ``REMOTE_READ_BYTES``
+    (``read(n)`` hands them out in pieces of ``n``): a request costs a round trip, so it
+    carries many parse blocks. The first request stops at the chunk's end plus one block (the
+    line running across it), so a chunk reads little of the next one's bytes."""
+
+    def __init__(self, handle, offset: int, first_request: int):
+        self.handle, self.offset, self.next_request = handle, offset, first_request
+        self.buffer, self.at = b"", 0
+
+    def read(self, n: int) -> bytes:
+        if self.at >= len(self.buffer):
+            self.buffer = remote.read_range(self.handle, self.offset, self.next_request)
+            self.offset += len(self.buffer)
+            self.at, self.next_request = 0, remote.REMOTE_READ_BYTES
+        piece = self.buffer[self.at:self.at + n]
+        self.at += len(piece)
+        return piece
+
+
+def _remote_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
+    """``_raw_pieces`` of a day file behind a URL: ranged reads of a plain file, the whole
+    stream of a ``.gz`` (its members are only found by inflating from the start)."""
+    with remote.open_remote(chunk.path) as handle:
+        if chunk.gzipped:
+            reader = _RangedReader(handle, 0, remote.REMOTE_READ_BYTES)
+            yield from _gunzip(reader, chunk.path, read_bytes)
+            return
+        start = max(chunk.start - 1, 0)
+        reader = _RangedReader(handle, start,
+                               min(remote.REMOTE_READ_BYTES, chunk.end - start + read_bytes))
+        while piece := reader.read(read_bytes):
+            yield piece
 
 
 def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
