@@ -1,7 +1,7 @@
 """The Arrow engine with its input and workdir in a bucket of a real S3-compatible server (moto's
 server mode on loopback): every file it writes equals, byte for byte, the file a run on local
-paths writes, with either exchange of the partial counts (Spark's shuffle, the URL default;
-partial objects read by range), and the exchanges equal each other on local paths too."""
+paths writes (with the partial files exchange), with either exchange of the partial counts
+behind the URL (Spark's shuffle, the default there; partial objects read by range)."""
 
 from __future__ import annotations
 
@@ -93,17 +93,13 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
     (raw / "day_2.plain").unlink()
     # chunks of 16 KB (several per plain day) and small value groups (several per big column)
     cfg = dict(frequency_threshold="2", engine="arrow", arrow_group_values=300)
-    local = {}
-    for exchange in ("files", "shuffle"):
-        work = tmp_path / f"work-{exchange}"
-        result = harness.run_engine(session, str(raw), str(work),
-                                    PreprocessConfig(arrow_exchange=exchange, **cfg),
-                                    chunk_bytes=16 << 10)
-        local[exchange] = _outputs(_local_files(work))
-        assert result["rows_in"] == 1200
-    assert local["files"] == local["shuffle"]
-    assert any(k.startswith("parquet/.splits-staging/train/") for k in local["files"])
-    assert any(k.startswith("parquet/dictionary_index/") for k in local["files"])
+    work = tmp_path / "work"
+    result = harness.run_engine(session, str(raw), str(work),
+                                PreprocessConfig(**cfg), chunk_bytes=16 << 10)
+    assert result["rows_in"] == 1200
+    local = _outputs(_local_files(work))
+    assert any(k.startswith("parquet/.splits-staging/train/") for k in local)
+    assert any(k.startswith("parquet/dictionary_index/") for k in local)
 
     input_url = harness.upload_input(raw, store, "input")
     for exchange in ("shuffle", "files"):
@@ -111,8 +107,8 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
         harness.run_engine(session, input_url, work,
                            PreprocessConfig(arrow_exchange=exchange, **cfg), chunk_bytes=16 << 10)
         remote_files = _outputs(_bucket_files(work))
-        assert sorted(remote_files) == sorted(local["files"]), exchange
-        different = [k for k in remote_files if remote_files[k] != local["files"][k]]
+        assert sorted(remote_files) == sorted(local), exchange
+        different = [k for k in remote_files if remote_files[k] != local[k]]
         assert not different, (exchange, different)
 
 

@@ -38,7 +38,10 @@ def is_url(path) -> bool:
 def _filesystem_of(root: str):
     from pyarrow import fs as pafs
 
-    filesystem, _ = pafs.FileSystem.from_uri(root)
+    # S3: an object written whole is one PutObject, not a multipart upload of three requests
+    # (the delayed open sends small objects at close)
+    query = "?allow_delayed_open=true" if root.startswith("s3://") else ""
+    filesystem, _ = pafs.FileSystem.from_uri(root + query)
     return filesystem
 
 
