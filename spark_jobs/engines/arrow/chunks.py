@@ -101,21 +101,43 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
 class _RangedReader:
     """A remote object read front to back by ranged requests of ``REMOTE_READ_BYTES``
     (``read(n)`` hands them out in pieces of ``n``): a request costs a round trip, so it
-    carries many parse blocks. The first request stops at the chunk's end plus one block (the
-    line running across it), so a chunk reads little of the next one's bytes."""
+    carries many parse blocks, and the next one is already under way (a thread: pyarrow's read
+    releases the GIL) while the task parses the current one. Requests stop at ``limit`` (a
+    chunk's end plus one block, for the line running across it); past it, more is fetched
+    only when asked for."""
 
-    def __init__(self, handle, offset: int, first_request: int):
-        self.handle, self.offset, self.next_request = handle, offset, first_request
-        self.buffer, self.at = b"", 0
+    def __init__(self, handle, offset: int, limit: float):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.handle, self.offset, self.limit = handle, offset, limit
+        self.buffer, self.at, self.done = b"", 0, False
+        self.pool = ThreadPoolExecutor(1)
+        self.pending = self._request()
+
+    def _request(self):
+        size = remote.REMOTE_READ_BYTES
+        if self.offset < self.limit:
+            size = int(min(size, self.limit - self.offset))
+        offset, self.offset = self.offset, self.offset + size
+        return self.pool.submit(lambda: (remote.read_range(self.handle, offset, size), size))
 
     def read(self, n: int) -> bytes:
         if self.at >= len(self.buffer):
-            self.buffer = remote.read_range(self.handle, self.offset, self.next_request)
-            self.offset += len(self.buffer)
-            self.at, self.next_request = 0, remote.REMOTE_READ_BYTES
+            if self.pending is None:
+                if self.done:
+                    return b""
+                self.pending = self._request()
+            self.buffer, asked = self.pending.result()
+            self.at, self.pending = 0, None
+            self.done = len(self.buffer) < asked          # the object's end
+            if not self.done and self.offset < self.limit:
+                self.pending = self._request()
         piece = self.buffer[self.at:self.at + n]
         self.at += len(piece)
         return piece
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remote_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
@@ -123,14 +145,17 @@ def _remote_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     stream of a ``.gz`` (its members are only found by inflating from the start)."""
     with remote.open_remote(chunk.path) as handle:
         if chunk.gzipped:
-            reader = _RangedReader(handle, 0, remote.REMOTE_READ_BYTES)
-            yield from _gunzip(reader, chunk.path, read_bytes)
-            return
-        start = max(chunk.start - 1, 0)
-        reader = _RangedReader(handle, start,
-                               min(remote.REMOTE_READ_BYTES, chunk.end - start + read_bytes))
-        while piece := reader.read(read_bytes):
-            yield piece
+            reader = _RangedReader(handle, 0, float("inf"))
+        else:
+            reader = _RangedReader(handle, max(chunk.start - 1, 0), chunk.end + read_bytes)
+        try:
+            if chunk.gzipped:
+                yield from _gunzip(reader, chunk.path, read_bytes)
+                return
+            while piece := reader.read(read_bytes):
+                yield piece
+        finally:
+            reader.close()
 
 
 def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
