@@ -258,7 +258,9 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
                "--driver-memory", args.driver_memory]
     if where == "s3":
         command += ["--moto-log", str(server.log)]
+    server_cpu = _cpu_seconds(server.process.pid) if server else 0.0
     done = subprocess.run(command, env=env, capture_output=True, text=True)
+    server_cpu = _cpu_seconds(server.process.pid) - server_cpu if server else 0.0
     if done.returncode:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"run {run} failed")
@@ -268,9 +270,18 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     result["run"] = run
+    # the S3 server runs on the same cores: its CPU is part of what the run waited for
+    result["server_cpu_seconds"] = round(server_cpu, 1) if where == "s3" else 0.0
     result["cpu_seconds"] = {m[0]: round(n[3] - m[3], 1)
                              for m, n in zip(result["marks"], result["marks"][1:])}
     return result
+
+
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def main(argv=None) -> int:
@@ -312,8 +323,9 @@ def main(argv=None) -> int:
             rate = result["rows_in"] / result["wall_seconds"]
             print(f"{run:16s} {result['wall_seconds']:7.1f} s  {rate:9.0f} rows/s  "
                   + "  ".join(f"{p} {result['seconds'][p]:.1f} s" for p in PHASES)
-                  + "  cpu " + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items()),
-                  flush=True)
+                  + "  cpu " + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items())
+                  + (f"  S3 server cpu {result['server_cpu_seconds']}" if run.startswith("s3")
+                     else ""), flush=True)
             for phase, io in result.get("io", {}).items():
                 print(f"    {phase:13s} requests {io['requests']}  bytes {io['bytes']}  "
                       f"(moto served {io['moto_requests']})", flush=True)
