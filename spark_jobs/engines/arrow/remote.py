@@ -99,7 +99,7 @@ def open_remote(url: str):
 
 def read_bytes(url: str) -> bytes:
     fs, inner = filesystem(url)
-    with fs.open_input_stream(inner) as handle:
+    with fs.open_input_stream(inner, compression=None) as handle:
         data = handle.read()
     log_request("get", len(data))
     return data
@@ -108,7 +108,7 @@ def read_bytes(url: str) -> bytes:
 def write_bytes(url: str, data) -> None:
     """One object written whole: a reader sees the previous object or this one, never half."""
     fs, inner = filesystem(url)
-    with fs.open_output_stream(inner) as out:
+    with fs.open_output_stream(inner, compression=None) as out:
         out.write(data)
     log_request("put", len(memoryview(data).cast("B")))
 

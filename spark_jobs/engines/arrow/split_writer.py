@@ -97,7 +97,7 @@ class _SplitFile:
             if remote.is_url(self.path):
                 # the object appears whole when the stream closes (a multipart upload)
                 fs, inner = remote.filesystem(self.path)
-                self.sink = fs.open_output_stream(inner)
+                self.sink = fs.open_output_stream(inner, compression=None)
             else:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self.writer = pq.ParquetWriter(self.sink or self.path, table.schema,
