@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--output", required=True, help="where the new dataset goes")
     _add_convert_options(re)
 
+    stage = commands.add_parser("stage-in", help="copy the binary dataset from the workdir URL "
+                                "to this node's disk once, checked against its checksums")
+    stage.add_argument("--source", required=True,
+                       help="the dataset's URL or path (e.g. s3://bucket/workdir/binary)")
+    stage.add_argument("--target", required=True, help="the local directory it is copied to")
+    stage.add_argument("--json", action="store_true")
+
     plan = commands.add_parser("plan", help="table sizes and memory per threshold, from counts")
     plan.add_argument("--counts", required=True, help="DIR/counts or its histogram.parquet")
     plan.add_argument("--thresholds", default="", help="global thresholds, e.g. 1,2,5,15")
@@ -131,6 +138,16 @@ def _run_rethreshold(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_stage_in(args: argparse.Namespace) -> int:
+    from converters.stage_in import stage_in
+
+    with output_lock(args.target, "converters stage-in"), \
+            failing_as(ExitCode.DATASET_INVALID, DatasetError):
+        summary = stage_in(args.source, args.target)
+    _print_summary({"source": args.source, "target": args.target, **summary}, args.json)
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from converters.planner import format_plan, plan
 
@@ -149,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     args = build_parser().parse_args(argv)
     run = {"convert": _run_convert, "verify": _run_verify,
-           "rethreshold": _run_rethreshold, "plan": _run_plan}[args.command]
+           "rethreshold": _run_rethreshold, "plan": _run_plan,
+           "stage-in": _run_stage_in}[args.command]
     return run_cli(f"converters {args.command}", lambda: run(args))
 
 
