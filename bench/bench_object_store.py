@@ -89,12 +89,11 @@ def run_engine(session, input_dir: str, workdir: str, cfg, on_phase=None,
     ``chunk_bytes``: chunks smaller than the config's floor of a megabyte (tests)."""
     from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.dictionaries import table_sizes
-    from spark_jobs.engines.arrow import remote
     from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.inputs import discover_days
     from spark_jobs.splits import train_files
 
-    days = url_days(input_dir) if remote.is_url(input_dir) else discover_days(input_dir)
+    days = discover_days(input_dir)
     spec = parse_threshold_spec(cfg.frequency_threshold)
     engine = ArrowEngine(session, days, cfg)
     if chunk_bytes:
@@ -169,20 +168,20 @@ class MotoServer:
         self.process.wait(30)
 
 
-def upload_input(raw: Path, env: dict[str, str], prefix: str) -> str:
-    """The day files copied into the bucket (with boto3, as a user's own tools would)."""
+def upload_input(raw: Path, env: dict[str, str], prefix: str, bucket: str = BUCKET) -> str:
+    """The day files copied into ``bucket`` (with boto3, as a user's own tools would)."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                           aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
     try:
-        client.create_bucket(Bucket=BUCKET)
+        client.create_bucket(Bucket=bucket)
     except client.exceptions.BucketAlreadyOwnedByYou:
         pass
     for path in sorted(raw.glob("day_*")):
-        client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
-    return f"s3://{BUCKET}/{prefix}"
+        client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+    return f"s3://{bucket}/{prefix}"
 
 
 # ---------------------------------------------------------------- one run, in its own process

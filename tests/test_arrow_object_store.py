@@ -5,11 +5,7 @@ behind the URL (Spark's shuffle, the default there; partial objects read by rang
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,46 +18,16 @@ import bench_object_store as harness  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
-BUCKET = "criteo-test"
-
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory):
-    """A moto server on a free loopback port for this module, stopped by its own pid."""
-    port = harness.free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    process = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H",
-                                "127.0.0.1", "-p", str(port)],
-                               stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-@pytest.fixture(scope="module")
-def store(moto):
-    """The endpoint and credentials in the driver's environment and in the Python workers'
-    (``SparkContext.environment``: workers started from now on get it)."""
+def store(moto_s3):
+    """The session's moto server (tests/conftest.py) reached by the Python workers too
+    (``SparkContext.environment``: workers started from now on get it); a bucket of our own."""
     session = spark_session()
-    saved = {k: os.environ.get(k) for k in moto}
-    os.environ.update(moto)
-    session.sparkContext.environment.update(moto)
-    yield moto
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    for key in moto:
+    environment = moto_s3.environment()
+    session.sparkContext.environment.update(environment)
+    yield {**environment, "bucket": moto_s3.bucket("arrow")}
+    for key in environment:
         session.sparkContext.environment.pop(key, None)
 
 
@@ -101,9 +67,9 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
     assert any(k.startswith("parquet/.splits-staging/train/") for k in local)
     assert any(k.startswith("parquet/dictionary_index/") for k in local)
 
-    input_url = harness.upload_input(raw, store, "input")
+    input_url = harness.upload_input(raw, store, "input", store["bucket"])
     for exchange in ("shuffle", "files"):
-        work = f"s3://{harness.BUCKET}/work-{exchange}"
+        work = f"s3://{store['bucket']}/work-{exchange}"
         harness.run_engine(session, input_url, work,
                            PreprocessConfig(arrow_exchange=exchange, **cfg), chunk_bytes=16 << 10)
         remote_files = _outputs(_bucket_files(work))
@@ -121,7 +87,7 @@ def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatc
     import gzip
     (raw / "day_1.gz").write_bytes(gzip.compress((raw / "day_1").read_bytes()))
     (raw / "day_1").unlink()
-    url = harness.upload_input(raw, store, "ranged")
+    url = harness.upload_input(raw, store, "ranged", store["bucket"])
     monkeypatch.setattr(remote, "REMOTE_READ_BYTES", 4096)
 
     def lines(chunk):

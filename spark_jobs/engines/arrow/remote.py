@@ -5,9 +5,9 @@ Why a module of its own: the engine's tasks read day files by byte range, hand p
 to the merge, stage dictionary parts and copy the index; on a local path they keep today's
 ``open``/``pread``/``rename`` (the fast path, unchanged), behind a URL every such step goes
 through a pyarrow filesystem as whole-object writes (an object store has no rename and no
-partial write) and ranged reads. ``filesystem`` is the one place a path becomes a
-filesystem; credentials and endpoints come from the environment (for S3:
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``).
+partial write) and ranged reads. The filesystem comes from ``dlrm_contracts.storage``
+(credentials and endpoints from the environment; for S3: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``).
 
 Accounting: with ``CRITEO_DLRM_IO_LOG`` set to a file, every request made here appends one
 line (pid, kind, bytes), so a benchmark can count requests and bytes per phase across Spark's
@@ -16,7 +16,6 @@ Python workers. Unset (always outside benchmarks) it costs one dictionary lookup
 
 from __future__ import annotations
 
-import functools
 import os
 import posixpath
 import tempfile
@@ -29,35 +28,19 @@ REMOTE_READ_BYTES = 8 << 20
 
 
 def is_url(path) -> bool:
-    """A URL with a scheme other than ``file``: what goes through a pyarrow filesystem."""
-    text = str(path)
-    return "://" in text and not text.startswith("file://")
+    """An object store's or HDFS's URL (or Location): what goes through a pyarrow filesystem."""
+    from dlrm_contracts.storage import is_url as storage_url
 
-
-@functools.lru_cache(maxsize=16)
-def _filesystem_of(root: str):
-    from pyarrow import fs as pafs
-
-    # S3: an object written whole is one PutObject, not a multipart upload of three requests
-    # (the delayed open sends small objects at close)
-    query = "?allow_delayed_open=true" if root.startswith("s3://") else ""
-    filesystem, _ = pafs.FileSystem.from_uri(root + query)
-    return filesystem
+    return storage_url(path)
 
 
 def filesystem(url: str):
-    """(pyarrow filesystem, path within it) of a URL; one filesystem object per bucket (or
-    namenode) and process, so its connections are reused by every request of a task."""
-    from urllib.parse import urlparse
+    """(pyarrow filesystem, path within it) of a URL, through ``dlrm_contracts.storage`` (the
+    one place a URL becomes a filesystem; one client per store and environment, reused)."""
+    from dlrm_contracts.storage import resolve
 
-    parsed = urlparse(url)
-    fs = _filesystem_of(f"{parsed.scheme}://{parsed.netloc}")
-    if parsed.scheme in _OBJECT_SCHEMES:          # bucket/key
-        return fs, f"{parsed.netloc}{parsed.path}"
-    return fs, parsed.path                        # hdfs: a path on the namenode
-
-
-_OBJECT_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az")
+    location = resolve(str(url))
+    return location.fs, location.path
 
 
 def join(base, *parts: str) -> str:
@@ -138,14 +121,17 @@ def exists(url: str) -> bool:
 def list_files(url: str, suffix: str = "", recursive: bool = False) -> list[str]:
     """The objects under the ``url`` prefix whose names end with ``suffix`` (names starting
     with a dot, temporaries, left out), as URLs, sorted."""
+    from dataclasses import replace
+
     from pyarrow import fs as pafs
 
-    fs, inner = filesystem(url)
-    scheme = url.split("://", 1)[0]
+    from dlrm_contracts.storage import resolve
+
+    root = resolve(str(url))
     log_request("list")
-    infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), allow_not_found=True,
-                                               recursive=recursive))
-    return sorted(f"{scheme}://{i.path}" for i in infos
+    infos = root.fs.get_file_info(pafs.FileSelector(root.path.rstrip("/"), allow_not_found=True,
+                                                    recursive=recursive))
+    return sorted(replace(root, path=i.path).url for i in infos
                   if i.type == pafs.FileType.File and i.path.endswith(suffix)
                   and not i.base_name.startswith("."))
 
