@@ -124,7 +124,9 @@ def _new_filesystem(scheme: str, url: str) -> pafs.FileSystem:
         # http:// endpoint (a server on loopback) needs the scheme told to it.
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        options = {}
+        # allow_delayed_open: an object written whole goes up as one PutObject at close, not
+        # as a multipart upload of three requests
+        options = {"allow_delayed_open": True}
         if endpoint:
             parts = urlsplit(endpoint)
             options.update(endpoint_override=parts.netloc or endpoint,

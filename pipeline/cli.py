@@ -126,7 +126,7 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
 def _check_locations(config: PipelineConfig) -> None:
     """A URL with a secret or a store setting in it is refused (dlrm_contracts.storage), and so
     is a workdir URL: the stages write the workdir through local paths (docs/cluster.md
-    §2.0.2), and a URL taken as a path would silently make a local directory ``s3:/...``."""
+    §2.0.3), and a URL taken as a path would silently make a local directory ``s3:/...``."""
     for value in (config.input, config.workdir):
         if value:
             check_url(str(value))
@@ -134,7 +134,7 @@ def _check_locations(config: PipelineConfig) -> None:
         raise UsageError(f"--workdir {config.workdir}: the pipeline's stages write a local or "
                          "shared workdir; a workdir URL is not supported yet (copy the binary "
                          "dataset to training nodes with `python -m converters stage-in`, "
-                         "docs/cluster.md §2.0.2)")
+                         "docs/cluster.md §2.0.3)")
 
 
 def validate(config: PipelineConfig) -> None:
