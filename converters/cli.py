@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from dlrm_contracts.binary_format import DatasetError
@@ -21,6 +22,7 @@ from dlrm_contracts.config import ConvertConfig, flag_overrides, load_config
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.lock import output_lock
+from dlrm_contracts.storage import is_url
 
 
 def _add_convert_options(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     mlperf.add_argument("--output", help="default: beside it (DIR/mlperf_multihot)")
     _add_convert_options(mlperf)
 
+    stage = commands.add_parser("stage-in", help="copy the binary dataset from the workdir URL "
+                                "to this node's disk once, checked against its checksums")
+    stage.add_argument("--source", required=True,
+                       help="the dataset's URL or path (e.g. s3://bucket/workdir/binary)")
+    stage.add_argument("--target", required=True, help="the local directory it is copied to")
+    stage.add_argument("--json", action="store_true")
+
     plan = commands.add_parser("plan", help="table sizes and memory per threshold, from counts")
     plan.add_argument("--counts", required=True, help="DIR/counts or its histogram.parquet")
     plan.add_argument("--thresholds", default="", help="global thresholds, e.g. 1,2,5,15")
@@ -115,15 +124,40 @@ def _run_convert(args: argparse.Namespace) -> int:
     if args.workdir:
         layout = WorkdirLayout.at(args.workdir)
         parquet, output = args.parquet or layout.parquet, args.output or layout.binary
+        if is_url(args.workdir) and not args.parquet:
+            raise UsageError("convert --workdir URL: the converter reads parquet splits from a "
+                             "local or shared path; give --parquet DIR (the output may be a URL)")
+        output = str(output) if is_url(str(output)) else output
     elif args.parquet and args.output:
         parquet, output = args.parquet, args.output
     else:
         raise UsageError("give --workdir DIR, or both --parquet and --output")
     config = _convert_config(args)
     with output_lock(output, "converters convert"), failing_as(ExitCode.CONVERT, DatasetError):
-        summary = convert_parquet(parquet, output, config, args.threshold_spec)
+        if is_url(str(output)):
+            summary = _convert_to_url(parquet, str(output), config, args.threshold_spec)
+        else:
+            summary = convert_parquet(parquet, output, config, args.threshold_spec)
     _print_summary(summary, args.json)
     return 0
+
+
+def _convert_to_url(parquet, output: str, config: ConvertConfig, spec: str | None) -> dict:
+    """The dataset written on this machine's disk (the converter writes its columns in place),
+    then published at the URL by its commit marker (dlrm_contracts.object_commit). Needs the
+    dataset's size in local temporary space; training nodes copy it back with stage-in."""
+    import tempfile
+
+    from converters.convert import convert_parquet
+    from dlrm_contracts.object_commit import publish_directory
+    from dlrm_contracts.storage import resolve
+
+    target = resolve(output)
+    with tempfile.TemporaryDirectory(prefix="criteo-binary-") as scratch:
+        local = Path(scratch) / "binary"
+        summary = convert_parquet(parquet, local, config, spec)
+        version = publish_directory(local, target)
+    return {**summary, "output": output, "version": version.name}
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -165,6 +199,16 @@ def _run_mlperf_multihot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_stage_in(args: argparse.Namespace) -> int:
+    from converters.stage_in import stage_in
+
+    with output_lock(args.target, "converters stage-in"), \
+            failing_as(ExitCode.DATASET_INVALID, DatasetError):
+        summary = stage_in(args.source, args.target)
+    _print_summary({"source": args.source, "target": args.target, **summary}, args.json)
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from converters.planner import format_plan, plan
 
@@ -184,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = {"convert": _run_convert, "verify": _run_verify,
            "rethreshold": _run_rethreshold, "plan": _run_plan,
-           "mlperf-multihot": _run_mlperf_multihot}[args.command]
+           "mlperf-multihot": _run_mlperf_multihot, "stage-in": _run_stage_in}[args.command]
     return run_cli(f"converters {args.command}", lambda: run(args))
 
 

@@ -26,6 +26,7 @@ Section = TypeVar("Section")
 
 # The choices of string settings, checked by the sections' __post_init__.
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
+ARROW_EXCHANGES: tuple[str, ...] = ("auto", "files", "shuffle")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo")
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
@@ -229,6 +230,12 @@ class PreprocessConfig:
     # a column with more is split into value ranges. Bounds a Python worker's memory (~40
     # bytes per entry at the merge's peak) whatever the number of distinct values.
     arrow_group_values: int = 2_000_000
+    # Arrow engine: how the count tasks hand their partial counts to the merge. "files": one
+    # file per chunk in the workdir, read by every merge task by slices (a request per value
+    # group and file: fast on a local or shared filesystem). "shuffle": binary rows kept on
+    # the executors' local disks and shuffled by Spark (no request to the workdir's store).
+    # "auto": files for a local workdir, shuffle for a URL (docs/cluster.md §2.0.1).
+    arrow_exchange: str = "auto"
     # False: the lean-disk mode. The parquet splits are deleted once the binary dataset made
     # from them is complete and verified (the counts, dictionary sizes and data-quality report
     # stay), saving ~57 bytes per row (231 GB on the Terabyte logs, docs/sizing.md). Raising
@@ -278,6 +285,7 @@ class PreprocessConfig:
         _check_caps(self)
         _check(self.arrow_group_values >= 1,
                f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
+        _one_of("preprocess.arrow_exchange", self.arrow_exchange, ARROW_EXCHANGES)
 
 
 def _check_caps(cfg: PreprocessConfig) -> None:

@@ -29,11 +29,17 @@ def block_offsets(size: int, block: int = BLOCK_BYTES, blocks: int = BLOCKS) -> 
 
 def sampled_hash(path: str | os.PathLike, block: int = BLOCK_BYTES, blocks: int = BLOCKS) -> str:
     """Hex digest of the file's size and its sampled blocks (16 characters)."""
-    digest = hashlib.blake2b(digest_size=8)
     with open(Path(path), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        digest.update(size.to_bytes(8, "little"))
-        for offset in block_offsets(size, block, blocks):
-            fh.seek(offset)
-            digest.update(fh.read(block))
+        return sampled_hash_of(lambda offset, length: os.pread(fh.fileno(), length, offset),
+                               size, block, blocks)
+
+
+def sampled_hash_of(read_at, size: int, block: int = BLOCK_BYTES, blocks: int = BLOCKS) -> str:
+    """:func:`sampled_hash` of a file read through ``read_at(offset, length)`` (an object on a
+    store: one ranged request per block), the same digest for the same bytes."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(size.to_bytes(8, "little"))
+    for offset in block_offsets(size, block, blocks):
+        digest.update(read_at(offset, block))
     return digest.hexdigest()

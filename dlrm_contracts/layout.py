@@ -49,6 +49,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm_contracts.storage import Location, location_of
+
 SUCCESS = "_SUCCESS"                 # marks a complete output directory; written last
 PREPROCESS_JSON = "preprocess.json"  # spark_jobs -> converters, pipeline
 MODEL_SIZE_JSON = "model_size.json"  # table sizes C1..C26 (parquet and binary dataset)
@@ -90,9 +92,11 @@ def histogram_path(counts_dir: str | Path) -> Path:
     return path if path.suffix == ".parquet" else path / HISTOGRAM_FILE
 
 
-def counts_beside(binary_dir: str | Path) -> Path:
+def counts_beside(binary_dir: str | Path | Location) -> Path | Location:
     """The counts a binary dataset was made from, when it sits in a workdir (DIR/binary ->
     DIR/counts): the default wherever a threshold raise needs the histogram."""
+    if isinstance(binary_dir, Location):
+        return binary_dir.parent / "counts"
     return Path(binary_dir).parent / "counts"
 
 
@@ -208,11 +212,15 @@ def latest_export(export_dir: str | Path) -> Path | None:
 
 @dataclass(frozen=True)
 class WorkdirLayout:
-    root: Path
+    """Every name below, for a local workdir (Paths) or one at a URL (dlrm_contracts.storage
+    Locations, joined the same way: the layout is the same on every store)."""
+
+    root: Path | Location
 
     @classmethod
-    def at(cls, root: str | Path) -> "WorkdirLayout":
-        return cls(Path(root).resolve())
+    def at(cls, root: str | Path | Location) -> "WorkdirLayout":
+        where = location_of(root)
+        return cls(where if isinstance(where, Location) else where.resolve())
 
     @property
     def raw(self) -> Path:

@@ -129,12 +129,32 @@ def _read_all(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
 
 
-def workdir_lock(workdir: str | Path, who: str) -> WorkdirLock:
-    """The lock of the workdir ``workdir`` (``DIR/.pipeline.lock``)."""
+def _pid_alive_here(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` runs (the object-store lock's stale rule)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def workdir_lock(workdir, who: str):
+    """The lock of the workdir ``workdir`` (``DIR/.pipeline.lock``): flock for a path, a
+    conditional write for a workdir URL (dlrm_contracts.object_lock)."""
+    from dlrm_contracts.storage import is_url
+    if is_url(workdir):
+        from dlrm_contracts.object_lock import ObjectStoreLock
+        from dlrm_contracts.storage import resolve
+        return ObjectStoreLock(resolve(workdir), who)
     return WorkdirLock(WorkdirLayout.at(workdir).lock_file, who)
 
 
-def output_lock(output: str | Path, who: str) -> WorkdirLock:
+def output_lock(output: str | Path, who: str):
     """The lock guarding an output directory written as a whole (a binary dataset, scores):
     the lock of the directory it sits in, which is the workdir's for ``DIR/binary``."""
+    from dlrm_contracts.storage import is_url, resolve
+    if is_url(output):
+        return workdir_lock(str(resolve(output).parent), who)
     return workdir_lock(Path(output).absolute().parent, who)

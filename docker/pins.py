@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10 build hosts
     import tomli as tomllib  # type: ignore[no-redef]
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;,]+)\s*$")
+PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[A-Za-z0-9._,-]*\])?\s*==\s*([^\s;,]+)\s*$")
 
 
 def canonical(name: str) -> str:

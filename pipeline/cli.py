@@ -31,6 +31,7 @@ from dlrm_contracts.errors import ExitCode, PipelineError, UsageError
 from dlrm_contracts.layout import WorkdirLayout, histogram_path
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
 from dlrm_contracts.security import refuse_secret_settings
+from dlrm_contracts.storage import check_url, is_url
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts, host_slots
 from pipeline.preflight import preflight_failed, report
@@ -122,12 +123,27 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
     })
 
 
+def _check_locations(config: PipelineConfig) -> None:
+    """A URL with a secret or a store setting in it is refused (dlrm_contracts.storage), and so
+    is a workdir URL: the stages write the workdir through local paths (docs/cluster.md
+    §2.0.3), and a URL taken as a path would silently make a local directory ``s3:/...``."""
+    for value in (config.input, config.workdir):
+        if value:
+            check_url(str(value))
+    if config.workdir and is_url(str(config.workdir)):
+        raise UsageError(f"--workdir {config.workdir}: the pipeline's stages write a local or "
+                         "shared workdir; a workdir URL is not supported yet (copy the binary "
+                         "dataset to training nodes with `python -m converters stage-in`, "
+                         "docs/cluster.md §2.0.3)")
+
+
 def validate(config: PipelineConfig) -> None:
     if not config.stages:
         raise UsageError(f"--stages names no stage; stages are {', '.join(STAGES)}")
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
+    _check_locations(config)
     if config.input and Path(config.workdir).resolve() == Path(config.input).resolve():
         # (a workdir inside the input is fine: only the files directly in it are input)
         raise UsageError(f"--workdir {config.workdir} is the --input directory: the run's own "

@@ -53,7 +53,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24" "setuptools>=68" wheel
 
 log "installing pinned packages from pyproject.toml"
-"${PIP[@]}" install -q -e "$ROOT[dev]"
+"${PIP[@]}" install -q -e "$ROOT[dev,object-store]"
 
 read -r HOROVOD_PIN < <("$VENV/bin/python" - "$ROOT/pyproject.toml" <<'PY'
 import sys, tomllib

@@ -12,7 +12,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlrm_contracts.content_sample import sampled_hash
+from dlrm_contracts.content_sample import sampled_hash, sampled_hash_of
+from dlrm_contracts.storage import Location, is_url, resolve
 from spark_jobs.errors import PreprocessInputError
 
 _DAY_NAME = re.compile(r"^day_(\d+)(\.gz)?$")
@@ -21,7 +22,7 @@ _DAY_NAME = re.compile(r"^day_(\d+)(\.gz)?$")
 @dataclass(frozen=True)
 class DayFile:
     day: int
-    path: Path
+    path: Path | Location      # a Location for a day file at a URL (dlrm_contracts.storage)
 
     @property
     def name(self) -> str:
@@ -29,11 +30,16 @@ class DayFile:
 
     @property
     def gzipped(self) -> bool:
-        return self.path.suffix == ".gz"
+        return self.path.name.endswith(".gz")
 
     def fingerprint(self) -> str:
         """Name, size, mtime and a hash of a few sampled blocks: a replaced file is noticed
         even when it kept its size and had its mtime put back, for a few reads of it."""
+        if isinstance(self.path, Location):
+            with self.path.open_input() as fh:
+                size = fh.size()
+                digest = sampled_hash_of(lambda offset, length: fh.read_at(length, offset), size)
+            return f"{self.name}:{size}:{self.path.mtime_ns()}:{digest}"
         st = self.path.stat()
         return f"{self.name}:{st.st_size}:{st.st_mtime_ns}:{sampled_hash(self.path)}"
 
@@ -64,6 +70,8 @@ def discover_days(input_dir: str | Path, window_days: int | None = None,
     0..k while fewer than N exist. A day file of the window that is a symbolic link must point
     inside ``input_dir`` or one of ``link_roots`` (preprocess.input_link_roots).
     """
+    if is_url(input_dir):
+        return _discover_days_at_url(resolve(input_dir), window_days)
     root = Path(input_dir)
     if not root.is_dir():
         raise PreprocessInputError(f"input directory {root} does not exist or is not a directory")
@@ -74,6 +82,21 @@ def discover_days(input_dir: str | Path, window_days: int | None = None,
             by_day.setdefault(int(match.group(1)), []).append(path)
     if not by_day:
         raise PreprocessInputError(f"no day files (day_0, day_1, ... or day_<k>.gz) in {root}")
+    days = _whole_window(by_day, window_days, root)
+    for day in days:
+        _check_link(day.path, root, tuple(link_roots))
+        if day.path.stat().st_size == 0:
+            raise PreprocessInputError(f"day file {day.path} is empty")
+        if day.gzipped:
+            with open(day.path, "rb") as fh:
+                if fh.read(2) != b"\x1f\x8b":
+                    raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
+                                               "(no gzip header); decompress it or drop '.gz'")
+    return days
+
+
+def _whole_window(by_day: dict, window_days: int | None, root) -> list[DayFile]:
+    """The window's day files in day order, or the error naming a duplicate or a gap."""
     first = 0 if window_days is None else max(0, max(by_day) - window_days + 1)
     by_day = {d: paths for d, paths in by_day.items() if d >= first}
     duplicates = {d: ps for d, ps in by_day.items() if len(ps) > 1}
@@ -92,29 +115,42 @@ def discover_days(input_dir: str | Path, window_days: int | None = None,
     if len(by_day) < 2:
         raise PreprocessInputError(f"only one day file in {root}: need at least two "
                                    "(train days, then the last day for test/validation)")
-    days = [DayFile(d, by_day[d][0]) for d in sorted(by_day)]
+    return [DayFile(d, by_day[d][0]) for d in sorted(by_day)]
+
+
+def _discover_days_at_url(root: Location, window_days: int | None) -> list[DayFile]:
+    """:func:`discover_days` for an input at a URL (one listing, then per day file of the
+    window a size and a 2-byte read for .gz); object stores have no symbolic links."""
+    by_day: dict[int, list[Location]] = {}
+    for entry in root.iterdir():
+        match = _DAY_NAME.match(entry.name)
+        if match and entry.is_file():
+            by_day.setdefault(int(match.group(1)), []).append(entry)
+    if not by_day:
+        raise PreprocessInputError(f"no day files (day_0, day_1, ... or day_<k>.gz) in {root}")
+    days = _whole_window(by_day, window_days, root)
     for day in days:
-        _check_link(day.path, root, tuple(link_roots))
-        if day.path.stat().st_size == 0:
+        if day.path.size() == 0:
             raise PreprocessInputError(f"day file {day.path} is empty")
-        if day.gzipped:
-            with open(day.path, "rb") as fh:
-                if fh.read(2) != b"\x1f\x8b":
-                    raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
-                                               "(no gzip header); decompress it or drop '.gz'")
+        if day.gzipped and day.path.read_range(0, 2) != b"\x1f\x8b":
+            raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
+                                       "(no gzip header); decompress it or drop '.gz'")
     return days
 
 
-def bytes_per_line(path: Path, sample_bytes: int) -> float:
+def bytes_per_line(path: Path | Location, sample_bytes: int) -> float:
     """Bytes of the file per line, from its first ``sample_bytes`` (compressed bytes for .gz).
 
     A file no longer than the sample is counted whole, so its estimate is its line count.
     Raises UnreadableSample for a gzip file that is truncated or corrupt within the sample.
     """
-    with open(path, "rb") as fh:
-        chunk = fh.read(sample_bytes)
+    if isinstance(path, Location):
+        chunk = path.read_range(0, sample_bytes)     # one ranged request
+    else:
+        with open(path, "rb") as fh:
+            chunk = fh.read(sample_bytes)
     whole = len(chunk) < sample_bytes
-    if path.suffix == ".gz":
+    if path.name.endswith(".gz"):
         lines, read, ends_open = _gunzip_sample(path, chunk, whole, SAMPLE_TEXT_RATIO * sample_bytes)
     else:
         lines, read, ends_open = chunk.count(b"\n"), len(chunk), not chunk.endswith(b"\n")

@@ -27,3 +27,18 @@ def real_sample() -> Path:
 def venv_bin() -> Path:
     """Directory of the interpreter running the tests (holds horovodrun, spark-submit)."""
     return Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """A real S3-compatible server (moto) on loopback for the whole session, with AWS_* in
+    this process's environment pointing at it (tests/object_store.py); ``moto_s3.bucket()``
+    gives a test its own bucket."""
+    from tests.object_store import restore_environment, set_environment, start_moto, stop_moto
+    server = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
+    previous = set_environment(server)
+    try:
+        yield server
+    finally:
+        restore_environment(previous)
+        stop_moto(server)

@@ -351,3 +351,19 @@ def test_a_ranks_known_error_is_a_refusal_a_crash_or_an_interruption_is_not(tmp_
     assert kinds == {"train": "train_refused", "eval": "eval_refused", "crash": "train",
                      "interrupted": "train", "killed": "train", "no cause": "train",
                      "export": "export"}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workdir", "s3://bucket/criteo/w"], "not supported yet"),
+    (["--input", "s3://bucket/raw?secret_key=hunter2"], "query string"),
+    (["--input", "s3://AKIAEXAMPLE:hunter2@bucket/raw"], "password"),
+])
+def test_workdir_urls_and_urls_with_secrets_are_refused_before_anything_is_written(
+        argv, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = {"--workdir": str(tmp_path / "w"), "--input": str(tmp_path / "raw")}
+    base.update(dict(zip(argv[::2], argv[1::2])))
+    assert main([x for pair in base.items() for x in pair]) == ExitCode.USAGE
+    captured = capsys.readouterr()
+    assert words in captured.err and "hunter2" not in captured.err + captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []    # no local "s3:" directory, no workdir

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
+from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.fastparse import PAD, padded_buffer
 
 _NEWLINE = 10
@@ -65,7 +66,7 @@ def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
     """Chunks of about ``chunk_bytes`` per plain day file; one chunk per gzip file."""
     chunks = []
     for d in days:
-        size = d.path.stat().st_size
+        size = remote.size(d.path)
         if d.gzipped:
             chunks.append(Chunk(d.day, str(d.path), 0, 0, size, True))
             continue
@@ -85,6 +86,9 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     """The chunk's bytes from one byte before its start (to see whether a line starts there)
     to the end of the file, in pieces of at most ``read_bytes``; gzip streams decompressed
     (concatenated members included)."""
+    if remote.is_url(chunk.path):
+        yield from _remote_pieces(chunk, read_bytes)
+        return
     with open(chunk.path, "rb", buffering=0) as fh:
         if not chunk.gzipped:
             fh.seek(max(chunk.start - 1, 0))
@@ -92,6 +96,66 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
                 yield piece
             return
         yield from _gunzip(fh, chunk.path, read_bytes)
+
+
+class _RangedReader:
+    """A remote object read front to back by ranged requests of ``REMOTE_READ_BYTES``
+    (``read(n)`` hands them out in pieces of ``n``): a request costs a round trip, so it
+    carries many parse blocks, and the next one is already under way (a thread: pyarrow's read
+    releases the GIL) while the task parses the current one. Requests stop at ``limit`` (a
+    chunk's end plus one block, for the line running across it); past it, more is fetched
+    only when asked for."""
+
+    def __init__(self, handle, offset: int, limit: float):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.handle, self.offset, self.limit = handle, offset, limit
+        self.buffer, self.at, self.done = b"", 0, False
+        self.pool = ThreadPoolExecutor(1)
+        self.pending = self._request()
+
+    def _request(self):
+        size = remote.REMOTE_READ_BYTES
+        if self.offset < self.limit:
+            size = int(min(size, self.limit - self.offset))
+        offset, self.offset = self.offset, self.offset + size
+        return self.pool.submit(lambda: (remote.read_range(self.handle, offset, size), size))
+
+    def read(self, n: int) -> bytes:
+        if self.at >= len(self.buffer):
+            if self.pending is None:
+                if self.done:
+                    return b""
+                self.pending = self._request()
+            self.buffer, asked = self.pending.result()
+            self.at, self.pending = 0, None
+            self.done = len(self.buffer) < asked          # the object's end
+            if not self.done and self.offset < self.limit:
+                self.pending = self._request()
+        piece = self.buffer[self.at:self.at + n]
+        self.at += len(piece)
+        return piece
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _remote_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
+    """``_raw_pieces`` of a day file behind a URL: ranged reads of a plain file, the whole
+    stream of a ``.gz`` (its members are only found by inflating from the start)."""
+    with remote.open_remote(chunk.path) as handle:
+        if chunk.gzipped:
+            reader = _RangedReader(handle, 0, float("inf"))
+        else:
+            reader = _RangedReader(handle, max(chunk.start - 1, 0), chunk.end + read_bytes)
+        try:
+            if chunk.gzipped:
+                yield from _gunzip(reader, chunk.path, read_bytes)
+                return
+            while piece := reader.read(read_bytes):
+                yield piece
+        finally:
+            reader.close()
 
 
 def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:

@@ -26,7 +26,6 @@ evenly spaced sample of the values. The JVM never sees a value. Then:
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.hex_text import format_hex
-from dlrm_contracts.layout import values_dir
+from dlrm_contracts.layout import COUNT_VALUES_DIR, values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files
+from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files, remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE,
                                                    Counts, count_histogram, evenly_spaced,
@@ -87,6 +86,11 @@ def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
     """(day, parquet file) of the stored value counts of ``days``."""
     files = []
     for day in days:
+        if remote.is_url(counts_dir):
+            folder = remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}")
+            files += [(day, p) for p in remote.list_files(folder, ".parquet")
+                      if not p.rsplit("/", 1)[-1].startswith("_")]
+            continue
         folder = values_dir(counts_dir) / f"day={day}"
         files += [(day, str(p)) for p in sorted(folder.glob("*.parquet"))
                   if not p.name.startswith((".", "_"))]
@@ -97,22 +101,30 @@ def stored_batches(files: list[tuple[int, str]], tasks: int) -> list[list[tuple[
     """The stored files dealt into about ``tasks`` lists of equal bytes: a task per file
     cost more than the reading (the Arrow engine stores a file per day, column and value
     group: 720 for 24 days)."""
-    sizes = {k: os.path.getsize(path) for k, (_, path) in enumerate(files)}
+    sizes = {k: remote.size(path) for k, (_, path) in enumerate(files)}
     return [[files[k] for k in batch] for batch in balanced_batches(sizes, tasks)]
 
 
-def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str):
+def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | None):
     """mapInArrow function: stored value counts (either engine's files) → partial files and
     sample rows, one batch of files per item, one file at a time (a file is one group's or one
-    day's counts: a worker's memory stays bounded whatever the batch)."""
+    day's counts: a worker's memory stays bounded whatever the batch). ``directory`` None:
+    the partial counts as rows for Spark's exchange (``count_exchange``)."""
     def run(items):
+        from spark_jobs.engines.arrow.count_exchange import bucket_rows
+
         for item in items:
             for k in item.column(0).to_numpy():
                 for i, (day, path) in enumerate(batches[int(k)]):
                     by_column = _stored_counts(path)
-                    if by_column:
-                        name = f"stored-{int(k):05d}-{i:05d}{partial_files.SUFFIX}"
-                        yield write_partials(os.path.join(directory, name), day, by_column)
+                    if not by_column:
+                        continue
+                    if directory is None:
+                        yield sample_rows(day, by_column)
+                        yield bucket_rows(day, by_column)
+                        continue
+                    name = f"stored-{int(k):05d}-{i:05d}{partial_files.SUFFIX}"
+                    yield write_partials(remote.join(directory, name), day, by_column)
     return run
 
 
@@ -122,7 +134,12 @@ def _stored_counts(path: str) -> dict[int, Counts]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path, columns=["column", "value", "count"])
+        if remote.is_url(path):
+            fs, inner = remote.filesystem(path)
+            remote.log_request("get", remote.size(path))
+            table = pq.read_table(inner, filesystem=fs, columns=["column", "value", "count"])
+        else:
+            table = pq.read_table(path, columns=["column", "value", "count"])
     except Exception as error:      # named here: the task's traceback reaches the user as one line
         raise ValueError(f"the stored value counts {path} are damaged ({error}); delete "
                          f"{Path(path).parent} and run again to count that day again") from error
@@ -248,6 +265,9 @@ def merge_group(spec: MergeSpec, group: int, per_day: dict[int, Counts]):
     sizes_of = count_histogram(totals.counts)
     if spec.minimum is None:
         write_totals(spec.totals_dir, group, totals)
+    elif remote.is_url(spec.totals_dir):
+        dictionary_parts.stage_group_remote(spec.totals_dir, group, totals, sizes_of[0],
+                                            spec.minimum[column])
     else:
         dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0],
                                      spec.minimum[column])
@@ -271,16 +291,41 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
                                           pa.array([column], pa.string()))
     table = pa.table({"column": name, "value": pa.array(counts.values.astype(np.int64)),
                       "count": pa.array(counts.counts.astype(np.int64))})
-    path = values_dir(counts_dir) / f"day={day}" / f"part-{column}-{rank:05d}.parquet"
-    write_atomically(path, lambda temporary: pq.write_table(
-        table, temporary, compression="snappy", use_dictionary=["column", "count"],
-        column_encoding={"value": "DELTA_BINARY_PACKED"}, write_statistics=["value"],
-        store_schema=False))
+    name = f"part-{column}-{rank:05d}.parquet"
+
+    def write(target) -> None:
+        pq.write_table(table, target, compression="snappy", use_dictionary=["column", "count"],
+                       column_encoding={"value": "DELTA_BINARY_PACKED"},
+                       write_statistics=["value"], store_schema=False)
+
+    if remote.is_url(counts_dir):
+        write_parquet_object(write, remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}", name))
+        return
+    write_atomically(values_dir(counts_dir) / f"day={day}" / name, write)
 
 
-def totals_dir(counts_dir: str | Path) -> Path:
+def write_parquet_object(write, url: str) -> None:
+    """``write(sink)`` into memory, then sent as one object (a reader never sees half)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    write(sink)
+    remote.write_bytes(url, sink.getvalue())
+
+
+def totals_dir(counts_dir: str | Path) -> Path | str:
     """Where the merge leaves each group's totals for the dictionary tasks (removed after)."""
+    if remote.is_url(counts_dir):
+        return remote.join(counts_dir, "_totals")
     return Path(counts_dir) / ".totals"
+
+
+def clear_dir(directory: str | Path) -> None:
+    """A scratch directory (or a URL's prefix) removed with everything in it."""
+    if remote.is_url(directory):
+        remote.delete_tree(str(directory))
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _totals_paths(directory: str, group: int) -> tuple[Path, Path]:
@@ -395,6 +440,11 @@ def _fill_group(spec: WriteSpec, group: int, classes) -> int:
         return 0
     column, rank = spec.plan.column_range(group)
     name = CAT_COLUMNS[column]
+    if remote.is_url(spec.dict_dir):
+        part_url = remote.join(spec.dict_dir, f"column={name}", f"part-{rank:05d}.parquet")
+        return dictionary_parts.fill_group_remote(
+            spec.totals_dir, group, classes[0], classes[1], part_url, spec.index_dir, name, rank,
+            spec.regions[group][1])
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
     return dictionary_parts.fill_group(spec.totals_dir, group, classes[0], classes[1], part,
                                        spec.index_dir, name, rank, spec.regions[group][1])
@@ -441,4 +491,7 @@ def clear_day_counts(counts_dir: Path, days) -> None:
     """Drop the recounted days' stored counts (a day left with no value gets no folder, as
     the SQL engine's partitioned write leaves none)."""
     for day in days:
-        shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)
+        if remote.is_url(counts_dir):
+            remote.delete_tree(remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}"))
+        else:
+            shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.atomic import replace_file, write_text_atomic
+from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 
 INDEX_FORMAT_VERSION = 3     # 3: sealed with checksums
@@ -89,9 +90,16 @@ class ColumnLayout:
                 "sizes": self.sizes.tolist()}
 
 
-def create_index(index_dir: Path, layouts: dict[str, ColumnLayout]) -> None:
+def create_index(index_dir: Path | str, layouts: dict[str, ColumnLayout]) -> None:
     """An empty index (a folder per column) and its index.json; the regions' files are then
-    written by the dictionary tasks (``write_region``, or moved in by ``install_region``)."""
+    written by the dictionary tasks (``write_region``, or moved in by ``install_region``).
+    Behind a URL: the prefix emptied and index.json written (objects need no folders)."""
+    if remote.is_url(index_dir):
+        remote.delete_tree(str(index_dir))
+        meta = {"format_version": INDEX_FORMAT_VERSION, "load": INDEX_LOAD,
+                "columns": {c: layout.to_json() for c, layout in layouts.items()}}
+        remote.write_bytes(remote.join(index_dir, INDEX_JSON), json.dumps(meta).encode())
+        return
     shutil.rmtree(index_dir, ignore_errors=True)
     index_dir.mkdir(parents=True)
     for column in layouts:
@@ -129,6 +137,9 @@ def seal_index(index_dir: Path) -> None:
     or whose files or ``index.json`` differ from what was sealed."""
     from spark_jobs.engines.arrow import index_checks as checks
 
+    if remote.is_url(index_dir):
+        _seal_remote(str(index_dir))
+        return
     index_dir = Path(index_dir)
     meta = checks.read_meta(index_dir, sealed=False)
     for column, data in meta["columns"].items():
@@ -141,6 +152,25 @@ def seal_index(index_dir: Path) -> None:
                      fsync=True)
 
 
+def _seal_remote(url: str) -> None:
+    """The index behind ``url`` fetched into a scratch directory, sealed there (every file
+    checked and summed, as on a filesystem), and its sealed index.json written back."""
+    scratch = Path(remote.local_scratch("criteo-dlrm-seal-"))
+    try:
+        fetch_index(url, scratch / "index")
+        seal_index(scratch / "index")
+        remote.upload(scratch / "index" / INDEX_JSON, remote.join(url, INDEX_JSON))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def fetch_index(url: str, target: Path) -> None:
+    """Every file of the index behind ``url`` copied into the local directory ``target``."""
+    prefix = url.rstrip("/") + "/"
+    for source in remote.list_files(url, recursive=True):
+        remote.download(source, target / source[len(prefix):])
+
+
 def _file_checksum(path: Path) -> str:
     from spark_jobs.engines.arrow.index_checks import region_checksum
 
@@ -149,6 +179,8 @@ def _file_checksum(path: Path) -> str:
 
 
 def index_bytes(index_dir: Path) -> int:
+    if remote.is_url(index_dir):
+        return sum(remote.size(p) for p in remote.list_files(str(index_dir), ".slots", True))
     return sum(p.stat().st_size for p in Path(index_dir).glob("*/*.slots"))
 
 
@@ -262,6 +294,9 @@ def worker_index(index_dir: str, columns: tuple[str, ...], token: str,
     key = f"{token}:{index_dir}"
     if key not in _OPEN:
         _OPEN.clear()
+        if remote.is_url(index_dir) and not local_root:     # local mode, workdir behind a URL
+            import tempfile
+            local_root = tempfile.gettempdir()
         source = local_copy(index_dir, local_root, token) if local_root else index_dir
         _OPEN[key] = DictionaryIndex(source, columns)
     return _OPEN[key]
@@ -275,7 +310,10 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
     if not (target / INDEX_JSON).is_file():
         staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(index_dir, staging)
+        if remote.is_url(index_dir):
+            fetch_index(index_dir, staging)
+        else:
+            shutil.copytree(index_dir, staging)
         try:
             staging.rename(target)
         except OSError:                    # another worker's copy landed first

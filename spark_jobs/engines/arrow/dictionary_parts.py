@@ -215,3 +215,60 @@ def save_array(path: Path, array: np.ndarray) -> None:
         with open(temporary, "wb") as out:
             np.save(out, array, allow_pickle=False)
     write_atomically(path, write)
+
+
+# ---------------------------------------------------------------- a workdir behind a URL
+#
+# An object store has no rename and no write into an object: a group's files are staged and
+# filled in a private local directory exactly as on a filesystem (the same functions, so the
+# same bytes), then sent whole, one request per file. The staged objects stay until the
+# driver removes the staging prefix, so a retried fill starts again from them.
+
+_STAGED = (".parquet", ".rows", ".classes.npy", ".slots")
+
+
+def _staged_names(group: int) -> list[str]:
+    return [f"part-{group:07d}{suffix}" for suffix in _STAGED]
+
+
+def stage_group_remote(url: str, group: int, totals: Counts, histogram_counts: np.ndarray,
+                       minimum: int) -> int:
+    """``stage_group`` into a local scratch directory, its files then written under ``url``."""
+    import shutil
+
+    from spark_jobs.engines.arrow import remote
+
+    scratch = remote.local_scratch("criteo-dlrm-stage-")
+    try:
+        kept = stage_group(scratch, group, totals, histogram_counts, minimum)
+        if kept:
+            for name in _staged_names(group):
+                remote.upload(Path(scratch) / name, remote.join(url, name))
+        return kept
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def fill_group_remote(url: str, group: int, classes: np.ndarray, class_first: np.ndarray,
+                      part_url: str, index_url: str, column: str, rank: int, slots: int) -> int:
+    """``fill_group`` on the group's staged files fetched into a local scratch directory; the
+    filled part and the index region then written to ``part_url`` and under ``index_url``."""
+    import shutil
+
+    from spark_jobs.engines.arrow import remote
+
+    scratch = Path(remote.local_scratch("criteo-dlrm-fill-"))
+    try:
+        staged, index_dir = scratch / "staged", scratch / "index"
+        (index_dir / column).mkdir(parents=True)
+        for name in _staged_names(group):
+            remote.download(remote.join(url, name), staged / name)
+        part = scratch / "part.parquet"
+        kept = fill_group(str(staged), group, classes, class_first, part, str(index_dir),
+                          column, rank, slots)
+        remote.upload(part, part_url)
+        region = dictionary_index.region_path(index_dir, column, rank)
+        remote.upload(region, remote.join(index_url, column, region.name))
+        return kept
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -28,7 +28,7 @@ from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import counting, stable_ids
 from spark_jobs.columns import literal_lookup
 from spark_jobs.engines.arrow import dictionaries as dicts
-from spark_jobs.engines.arrow import dictionary_index, partial_files, split_writer
+from spark_jobs.engines.arrow import count_exchange, dictionary_index, partial_files, remote, split_writer
 from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
 from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
@@ -66,6 +66,7 @@ class ArrowEngine:
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
         self._partials_dir: Path | None = None   # the count pass's partial files, until merged
+        self._counted: list = []       # the shuffle exchange's persisted count outputs
         self._samples: list = []       # (column, entries, sampled values) per partial
         self._entries: dict[int, int] = {}   # distinct values per group (totals on disk)
         self._totals_dir: Path | None = None  # where the merge leaves the totals or staged parts
@@ -82,19 +83,45 @@ class ArrowEngine:
         return self.session.range(0, len(items), 1, max(1, len(items))).mapInArrow(task, schema)
 
     # ------------------------------------------------------------ count pass
+    def exchange(self, counts_dir) -> str:
+        """How partial counts reach the merge (``PreprocessConfig.arrow_exchange``)."""
+        if self.cfg.arrow_exchange != "auto":
+            return self.cfg.arrow_exchange
+        return "shuffle" if remote.is_url(counts_dir) else "files"
+
     def count(self, recount: list[int], counts_dir: Path,
               read: set[int] | None = None) -> dict[int, DayStats]:
         """Statistics of every day read (``read``, a superset of ``recount``; None: every
         day); the partial value counts of ``recount`` stay cached for ``count_totals``."""
         days = [d for d in self.days if read is None or d.day in read]
         chunks = [c for c in self.chunks if read is None or c.day in read]
-        partials = self._partials_dir = partial_files.partials_dir(counts_dir)
-        partial_files.clear(partials)
-        task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, str(partials))
-        rows = self._over(chunks, task, dicts.COUNT_SCHEMA).collect()
+        self._release_counted()
+        if self.exchange(counts_dir) == "shuffle":
+            task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, None)
+            rows = self._persisted(self._over(chunks, task, dicts.COUNT_SCHEMA))
+        else:
+            partials = self._partials_dir = partial_files.partials_dir(counts_dir)
+            partial_files.clear(partials)
+            task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, str(partials))
+            rows = self._over(chunks, task, dicts.COUNT_SCHEMA).collect()
         self._recounted = list(recount)
         self._samples = _samples(rows)
         return _stats_from_rows([r for r in rows if r["kind"] == dicts.KIND_STATS], days)
+
+    def _persisted(self, frame) -> list:
+        """``frame`` kept on the executors' local disks for the shuffled merge; its rows other
+        than the partial counts (statistics, samples), collected."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        frame = frame.persist(StorageLevel.DISK_ONLY)
+        self._counted.append(frame)
+        return frame.filter(F.col("kind") != count_exchange.KIND_PARTIAL).collect()
+
+    def _release_counted(self) -> None:
+        for frame in self._counted:
+            frame.unpersist()
+        self._counted = []
 
     def count_totals(self, counts_dir: Path, days: list[int] | None,
                      frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
@@ -102,32 +129,58 @@ class ArrowEngine:
         group, and return (and store) their count histogram per column. With
         ``frequency_ids`` (the threshold of a frequency-ids run) the merge also stages each
         group's dictionary part, so that only the ids are left for ``write_dictionaries``."""
+        shuffle = self.exchange(counts_dir) == "shuffle"
+        if remote.is_url(counts_dir) and frequency_ids is None:
+            raise RuntimeError("stable ids (preprocess.ids: stable) need a workdir on a "
+                               "filesystem path; a workdir URL supports frequency ids")
         wanted = [d.day for d in self.days] if days is None else list(days)
-        partials = partial_files.partials_dir(counts_dir)
+        partials = None if shuffle else partial_files.partials_dir(counts_dir)
         samples = list(self._samples) + self._previous_samples
         stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
             batches = dicts.stored_batches(stored, 4 * self.session.sparkContext.defaultParallelism)
-            task = dicts.stored_partials_task(batches, str(partials))
-            samples += _samples(self._over(batches, task, dicts.COUNT_SCHEMA).collect())
+            task = dicts.stored_partials_task(batches, None if shuffle else str(partials))
+            frame = self._over(batches, task, dicts.COUNT_SCHEMA)
+            samples += _samples(self._persisted(frame) if shuffle else frame.collect())
         self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
         dicts.clear_day_counts(counts_dir, self._recounted)
         self._totals_dir = dicts.totals_dir(counts_dir)
-        shutil.rmtree(self._totals_dir, ignore_errors=True)
+        dicts.clear_dir(self._totals_dir)
         merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
                                 str(counts_dir), str(self._totals_dir),
                                 dicts.thresholds(frequency_ids) if frequency_ids else None)
         self._staged_for = frequency_ids
-        groups = dicts.balanced_batches(self._plan.group_entries(), self._tasks_per_group_pass())
-        rows = self._over(groups, dicts.merge_task(merge, groups, partial_files.files(partials)),
-                          dicts.TOTALS_SCHEMA).collect()
-        partial_files.clear(partials)
+        if shuffle:
+            rows = self._shuffled_merge(merge)
+        else:
+            groups = dicts.balanced_batches(self._plan.group_entries(), self._tasks_per_group_pass())
+            rows = self._over(groups, dicts.merge_task(merge, groups, partial_files.files(partials)),
+                              dicts.TOTALS_SCHEMA).collect()
+            partial_files.clear(partials)
         self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),
                                               np.frombuffer(r["histogram_sizes"], np.int64))
                             for r in rows}
         self._entries = {int(r["group"]): int(r["entries"]) for r in rows}
-        return counting.write_histogram_file(_column_histogram(self._plan, self._histograms),
-                                             counts_dir)
+        return _write_histogram(_column_histogram(self._plan, self._histograms), counts_dir)
+
+    def _shuffled_merge(self, merge: dicts.MergeSpec) -> list:
+        """The merge over Spark's exchange: each persisted partial row routed to its group's
+        task (a broadcast join on (column, fine bucket)), a task's rows sorted by group."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        partials = reduce(lambda a, b: a.unionByName(b), self._counted).filter(
+            F.col("kind") == count_exchange.KIND_PARTIAL)
+        routes = self.session.createDataFrame(count_exchange.group_map(self._plan),
+                                              count_exchange.GROUP_MAP_SCHEMA)
+        routed = partials.join(F.broadcast(routes), ["column", "value"]).select(
+            *count_exchange.MERGE_INPUT)
+        rows = (routed.repartition(self._tasks_per_group_pass(), "group")
+                .sortWithinPartitions("group", "day")
+                .mapInArrow(count_exchange.merge_task(merge), dicts.TOTALS_SCHEMA).collect())
+        self._release_counted()
+        return rows
 
     def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
         """Modulo ids: every day's statistics; no value is counted (the tasks parse and sum
@@ -141,6 +194,7 @@ class ArrowEngine:
         """Remove the partial files of a count pass that did not reach its merge."""
         if self._partials_dir is not None:
             partial_files.clear(self._partials_dir)
+        self._release_counted()
 
     # ------------------------------------------------------------ dictionaries
     def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
@@ -154,8 +208,9 @@ class ArrowEngine:
         first_ids = dicts.first_ids(self._plan, self._histograms, minimum)
         layouts, regions = dicts.index_layouts(self._plan, self._histograms, minimum)
         expected = sum(sizes[c] - 1 for c in CAT_COLUMNS)
-        shutil.rmtree(dict_dir, ignore_errors=True)
-        dict_dir.mkdir(parents=True)
+        dicts.clear_dir(dict_dir)
+        if not remote.is_url(dict_dir):
+            dict_dir.mkdir(parents=True)
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
@@ -175,7 +230,7 @@ class ArrowEngine:
             raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
                                f"the histogram add up to {expected}")
         dictionary_index.seal_index(index_dir)
-        shutil.rmtree(self._totals_dir, ignore_errors=True)
+        dicts.clear_dir(self._totals_dir)
 
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
         """Stable ids: extend ``previous`` (None: the first run); its entries count in the
@@ -241,17 +296,22 @@ class ArrowEngine:
 
     # ------------------------------------------------------------ rejects
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        dicts.clear_dir(out_dir)
         dirty = {d.day for d in self.days if stats[d.day].rows_rejected}
         if not dirty:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            if not remote.is_url(out_dir):
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
             return
         chunks = [c for c in self.chunks if c.day in dirty]
         rows = self._over(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
         names = {d.day: d.name for d in self.days}
-        rows.select(literal_lookup(names, "day").alias("file"),
-                    (line_number_column(stats, dirty) + 1).alias("line_number"),
-                    "reason", "line", "line_bytes").write.mode("overwrite").json(str(out_dir))
+        rejects = rows.select(literal_lookup(names, "day").alias("file"),
+                              (line_number_column(stats, dirty) + 1).alias("line_number"),
+                              "reason", "line", "line_bytes")
+        if remote.is_url(out_dir):
+            _write_json_lines(rejects, remote.join(out_dir, "part-00000.json"))
+        else:
+            rejects.write.mode("overwrite").json(str(out_dir))
 
     # ------------------------------------------------------------ transform pass
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
@@ -264,7 +324,7 @@ class ArrowEngine:
         ``days``: only these days' rows (None: every day)."""
         spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
-        shutil.rmtree(staging, ignore_errors=True)
+        dicts.clear_dir(staging)
         write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
                         row_group_rows=ROW_GROUP_ROWS)
         results = []
@@ -277,6 +337,10 @@ class ArrowEngine:
             results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
                                                      write(test_lines=None))
         split_writer.commit(results, staging)
+        if remote.is_url(index_dir) and not spec.index_on_node:   # local mode's one copy
+            import tempfile
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"criteo-dlrm-index-{spec.run_token}",
+                          ignore_errors=True)
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
@@ -297,6 +361,31 @@ class ArrowEngine:
                              index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
                              chunk_first_line=first_line, eval_day=last.day,
                              test_lines=last.test_lines, caps=caps)
+
+
+def _write_histogram(histogram, counts_dir) -> dict[str, list[tuple[int, int]]]:
+    """The count histogram file (``counting.write_histogram_file``'s bytes), behind a URL
+    written in a scratch directory and sent as one object."""
+    if not remote.is_url(counts_dir):
+        return counting.write_histogram_file(histogram, counts_dir)
+    from dlrm_contracts.layout import HISTOGRAM_FILE
+
+    scratch = Path(remote.local_scratch("criteo-dlrm-histogram-"))
+    try:
+        ordered = counting.write_histogram_file(histogram, scratch)
+        remote.upload(scratch / HISTOGRAM_FILE, remote.join(counts_dir, HISTOGRAM_FILE))
+        return ordered
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_json_lines(frame, url: str) -> None:
+    """A small frame (the rejects) as one object of JSON lines, collected by the driver:
+    Spark's own writer would need the store's Hadoop connector on every node."""
+    import json
+
+    lines = (json.dumps(row.asDict(), ensure_ascii=False) for row in frame.toLocalIterator())
+    remote.write_bytes(url, "".join(line + "\n" for line in lines).encode())
 
 
 def _ship_code(session) -> None:

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
 
@@ -45,17 +46,24 @@ FENCE = 256                             # values per fence: a slice's read is at
 SUFFIX = ".partial"
 
 
-def partials_dir(counts_dir: str | Path) -> Path:
+def partials_dir(counts_dir: str | Path) -> str | Path:
     """Where one count pass leaves its partial counts (removed once merged)."""
+    if remote.is_url(counts_dir):
+        return remote.join(counts_dir, "_partials")
     return Path(counts_dir) / ".partials"
 
 
 def clear(directory: str | Path) -> None:
+    if remote.is_url(directory):
+        remote.delete_tree(str(directory))
+        return
     shutil.rmtree(directory, ignore_errors=True)
 
 
 def files(directory: str | Path) -> list[str]:
     """The complete partial files of a pass (temporaries start with a dot)."""
+    if remote.is_url(directory):
+        return remote.list_files(str(directory), SUFFIX)
     folder = Path(directory)
     if not folder.is_dir():
         return []
@@ -73,8 +81,8 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
         start += len(counts)
         fence += len(fences[k])
 
-    def write_file(temporary: Path) -> None:
-        with open(temporary, "wb") as out:
+    def write_file(temporary) -> None:
+        with (open(temporary, "wb") if isinstance(temporary, Path) else temporary) as out:
             out.write(_MAGIC)
             out.write(np.int64(len(segments)).tobytes())
             out.write(table.tobytes())
@@ -85,7 +93,27 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
             for _, _, counts in segments:
                 out.write(np.ascontiguousarray(counts.counts, DAY_COUNT_DTYPE).data)
 
+    if remote.is_url(path):                # one object, written whole by one request
+        import io
+
+        buffer = io.BytesIO()
+        write_file(_Unclosed(buffer))
+        remote.write_bytes(str(path), buffer.getbuffer())
+        return
     write_atomically(Path(path), write_file)
+
+
+class _Unclosed:
+    """A BytesIO whose ``with`` block leaves it open (its bytes are sent after)."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __enter__(self):
+        return self.buffer
+
+    def __exit__(self, *exc):
+        return False
 
 
 @dataclass(frozen=True)
@@ -97,6 +125,8 @@ class Layout:
     fences: np.ndarray                    # every FENCE-th value of each segment
     entries: int
     values_at: int
+    # behind a URL: the object, opened once for the task's ranged reads (None: a local file)
+    source: object = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -105,23 +135,44 @@ class Layout:
 
 def read_layout(path: str) -> Layout:
     """The file's table and fences, read and checked against its size."""
+    if remote.is_url(path):
+        handle = remote.open_remote(path)
+        size = handle.size()
+        head = remote.read_range(handle, 0, _HEADER)
+        n = _segment_count(path, head)
+        # the table and the fences in one request: the fences' length is only known from the
+        # table, so the request asks for the most they can be (a file's every value a fence)
+        guess = 8 * _SEGMENT_FIELDS * n + 4 * (-(-max(0, size - _HEADER) // (8 * FENCE)) + n)
+        rest = remote.read_range(handle, _HEADER, guess)
+        segments = np.frombuffer(rest, np.int64, _SEGMENT_FIELDS * n).reshape(n, _SEGMENT_FIELDS)
+        fence_count = int((-(-segments[:, 3] // FENCE)).sum())
+        fences = np.frombuffer(rest, VALUE_DTYPE, fence_count, 8 * _SEGMENT_FIELDS * n)
+        return _layout(path, size, n, segments, fences, fence_count, handle)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         head = fh.read(_HEADER)
-        if len(head) < _HEADER or head[:len(_MAGIC)] != _MAGIC:
-            raise ValueError(f"{path} is not a partial counts file of this version; "
-                             f"delete the workdir's counts/.partials and run again")
-        n = int(np.frombuffer(head, np.int64, 1, len(_MAGIC))[0])
+        n = _segment_count(path, head)
         segments = np.frombuffer(fh.read(8 * _SEGMENT_FIELDS * n), np.int64).reshape(
             n, _SEGMENT_FIELDS)
         fence_count = int((-(-segments[:, 3] // FENCE)).sum())
         fences = np.frombuffer(fh.read(4 * fence_count), VALUE_DTYPE)
+    return _layout(path, size, n, segments, fences, fence_count, None)
+
+
+def _segment_count(path: str, head: bytes) -> int:
+    if len(head) < _HEADER or head[:len(_MAGIC)] != _MAGIC:
+        raise ValueError(f"{path} is not a partial counts file of this version; "
+                         f"delete the workdir's counts/.partials and run again")
+    return int(np.frombuffer(head, np.int64, 1, len(_MAGIC))[0])
+
+
+def _layout(path, size, n, segments, fences, fence_count, source) -> Layout:
     by_column: dict[int, list[int]] = {}
     for k, column in enumerate(segments[:, 1].tolist()):
         by_column.setdefault(column, []).append(k)
     entries = int(segments[:, 3].sum()) if n else 0
     layout = Layout(segments, by_column, fences, entries,
-                    _HEADER + 8 * _SEGMENT_FIELDS * n + 4 * fence_count)
+                    _HEADER + 8 * _SEGMENT_FIELDS * n + 4 * fence_count, source)
     if size != layout.size or len(fences) != fence_count:
         raise ValueError(f"{path}: {size} bytes where its segment table says {layout.size}; "
                          f"delete the workdir's counts/.partials and run again")
@@ -136,7 +187,7 @@ def slices(path: str, layout: Layout, column: int, low: int,
     segments = layout.by_column.get(column)
     if not segments:                    # nothing of this column in the file: not even opened
         return out
-    fd = os.open(path, os.O_RDONLY)
+    fd = layout.source if layout.source is not None else os.open(path, os.O_RDONLY)
     try:
         for k in segments:
             day, _, first, entries, fence = (int(x) for x in layout.segments[k])
@@ -155,12 +206,20 @@ def slices(path: str, layout: Layout, column: int, low: int,
                                b - a, DAY_COUNT_DTYPE)
                 out.append((day, Counts(values[a:b], counts)))
     finally:
-        os.close(fd)
+        if layout.source is None:
+            os.close(fd)
     return out
 
 
-def _read(fd: int, path: str, offset: int, n: int, dtype) -> np.ndarray:
-    """``n`` 4-byte items read into a new (writable) array."""
+def _read(fd, path: str, offset: int, n: int, dtype) -> np.ndarray:
+    """``n`` 4-byte items read into a new (writable) array (``fd``: a descriptor, or an
+    opened remote object: one ranged request)."""
+    if not isinstance(fd, int):
+        data = remote.read_range(fd, offset, 4 * n)
+        if len(data) != 4 * n:
+            raise ValueError(f"{path}: short read at {offset}; delete the workdir's "
+                             f"counts/.partials and run again")
+        return np.frombuffer(data, dtype).copy()
     out = np.empty(n, dtype)
     if os.preadv(fd, [out], offset) != out.nbytes:
         raise ValueError(f"{path}: short read at {offset}; delete the workdir's counts/.partials "

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_INTEGER
+from spark_jobs.engines.arrow import remote
 from spark_jobs.splits import parquet_codec, parquet_schema
 
 ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
@@ -70,7 +71,8 @@ class _SplitFile:
 
     def __init__(self, spec: WriteSpec, split: str, part: int, token: str):
         self.spec, self.split, self.part = spec, split, part
-        self.path = Path(spec.out_dir) / split / f"part-{part:05d}.{token}.parquet"
+        self.path = remote.join(spec.out_dir, split, f"part-{part:05d}.{token}.parquet")
+        self.sink = None           # behind a URL: the object's upload stream
         self.pending: list = []
         self.pending_rows = 0
         self.rows = 0
@@ -92,8 +94,14 @@ class _SplitFile:
         table = pa.concat_tables(self.pending)
         self.pending, self.pending_rows = [], 0
         if self.writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, table.schema, compression=parquet_codec(self.spec.compression))
+            if remote.is_url(self.path):
+                # the object appears whole when the stream closes (a multipart upload)
+                fs, inner = remote.filesystem(self.path)
+                self.sink = fs.open_output_stream(inner, compression=None)
+            else:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.sink or self.path, table.schema,
+                                           compression=parquet_codec(self.spec.compression))
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
 
@@ -103,6 +111,10 @@ class _SplitFile:
         if self.writer is None:
             return None
         self.writer.close()
+        if self.sink is not None:
+            written = self.sink.tell()
+            self.sink.close()
+            remote.log_request("put", written)
         return self.split, self.part, str(self.path), self.rows
 
 
@@ -184,9 +196,12 @@ def write_partitions(frame, spec: WriteSpec) -> list:
             .mapInArrow(write_task(spec), RESULT_SCHEMA).collect())
 
 
-def commit(results: list, staging: Path) -> dict[str, int]:
+def commit(results: list, staging: Path | str) -> dict[str, int]:
     """Keep the files of the collected attempts as ``<split>/part-<partition>.parquet``; delete
-    what failed or duplicate attempts left behind. Returns rows per split."""
+    what failed or duplicate attempts left behind. Returns rows per split. Behind a URL the
+    attempt's object is copied to its final name by the store (no rename there)."""
+    if remote.is_url(staging):
+        return _commit_remote(results, str(staging))
     rows: dict[str, int] = {}
     kept = set()
     for r in results:
@@ -197,4 +212,22 @@ def commit(results: list, staging: Path) -> dict[str, int]:
     for path in Path(staging).glob("*/part-*.parquet"):
         if path not in kept:
             path.unlink()
+    return rows
+
+
+def _commit_remote(results: list, staging: str) -> dict[str, int]:
+    rows: dict[str, int] = {}
+    kept = set()
+    for r in results:
+        final = remote.join(staging, r["split"], f"part-{r['part']:05d}.parquet")
+        fs, source = remote.filesystem(r["path"])
+        fs.move(source, remote.filesystem(final)[1])
+        remote.log_request("copy")
+        kept.add(final)
+        rows[r["split"]] = rows.get(r["split"], 0) + r["rows"]
+    for url in remote.list_files(staging, ".parquet", recursive=True):
+        if url not in kept:
+            fs, inner = remote.filesystem(url)
+            fs.delete_file(inner)
+            remote.log_request("delete")
     return rows

@@ -27,7 +27,7 @@ import numpy as np
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
-from spark_jobs.engines.arrow.dictionaries import KIND_STATS, write_partials
+from spark_jobs.engines.arrow.dictionaries import KIND_STATS, sample_rows, write_partials
 from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
 from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, Counts, count_values,
@@ -111,13 +111,18 @@ class _ValueCounter:
         for j in range(NUM_CATEGORICAL):
             self.partials[j].append(count_values(values[j]))
 
-    def write(self, path: str, day: int):
-        """The chunk's partial counts written to ``path``; its sample rows
-        (``dictionaries.COUNT_SCHEMA``), or None when it has no values."""
+    def write(self, path: str | None, day: int) -> list:
+        """The chunk's partial counts written to ``path``, or (None) as rows for Spark's
+        exchange (``count_exchange``); with its sample rows (``dictionaries.COUNT_SCHEMA``)."""
         self._flush()
         merged = {j: merge_counts(parts, DAY_COUNT_DTYPE) for j, parts in enumerate(self.partials)}
         merged = {j: c for j, c in merged.items() if len(c)}
-        return write_partials(path, day, merged) if merged else None
+        if not merged:
+            return []
+        if path is None:
+            from spark_jobs.engines.arrow.count_exchange import bucket_rows
+            return [sample_rows(day, merged), bucket_rows(day, merged)]
+        return [write_partials(path, day, merged)]
 
 
 def _add_stats(stats: np.ndarray, parsed) -> None:
@@ -131,9 +136,10 @@ def _add_stats(stats: np.ndarray, parsed) -> None:
 
 
 def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings,
-               partials_dir: str):
+               partials_dir: str | None):
     """mapInArrow function: statistics of every chunk, value counts of ``count_days`` (to a
-    partial file per chunk in ``partials_dir``, named by its number: a retry replaces it)."""
+    partial file per chunk in ``partials_dir``, named by its number: a retry replaces it;
+    None: as rows, ``count_exchange``)."""
     def run(batches):
         for number, chunk, blocks in _blocks(chunks, batches, settings):
             stats = np.zeros(STAT_CODES, np.int64)
@@ -144,9 +150,8 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 if counter is not None:
                     counter.add(parsed.cats.T[:, parsed.valid])
             if counter is not None:
-                path = f"{partials_dir}/chunk-{number:07d}{PARTIAL_SUFFIX}"
-                if (rows := counter.write(path, chunk.day)) is not None:
-                    yield rows
+                path = partials_dir and f"{partials_dir}/chunk-{number:07d}{PARTIAL_SUFFIX}"
+                yield from counter.write(path, chunk.day)
             if stats[LINES]:
                 yield _stat_rows(chunk.day, chunk.index, stats)
     return run

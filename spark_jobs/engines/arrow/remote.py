@@ -1,0 +1,153 @@
+"""The Arrow engine's reads and writes of input and workdir files that may live behind a URL
+(``s3://``, ``gs://``, ``abfs://``, ``hdfs://``) rather than on a POSIX path.
+
+Why a module of its own: the engine's tasks read day files by byte range, hand partial counts
+to the merge, stage dictionary parts and copy the index; on a local path they keep today's
+``open``/``pread``/``rename`` (the fast path, unchanged), behind a URL every such step goes
+through a pyarrow filesystem as whole-object writes (an object store has no rename and no
+partial write) and ranged reads. The filesystem comes from ``dlrm_contracts.storage``
+(credentials and endpoints from the environment; for S3: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``).
+
+Accounting: with ``CRITEO_DLRM_IO_LOG`` set to a file, every request made here appends one
+line (pid, kind, bytes), so a benchmark can count requests and bytes per phase across Spark's
+Python workers. Unset (always outside benchmarks) it costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tempfile
+from pathlib import Path
+
+IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
+# One ranged read of a plain day file: large enough that the request's latency is a small part
+# of its transfer, small enough that a chunk's last read wastes little past the chunk's end.
+REMOTE_READ_BYTES = 8 << 20
+
+
+def is_url(path) -> bool:
+    """An object store's or HDFS's URL (or Location): what goes through a pyarrow filesystem."""
+    from dlrm_contracts.storage import is_url as storage_url
+
+    return storage_url(path)
+
+
+def filesystem(url: str):
+    """(pyarrow filesystem, path within it) of a URL, through ``dlrm_contracts.storage`` (the
+    one place a URL becomes a filesystem; one client per store and environment, reused)."""
+    from dlrm_contracts.storage import resolve
+
+    location = resolve(str(url))
+    return location.fs, location.path
+
+
+def join(base, *parts: str) -> str:
+    """``base/part/...``: a URL stays a URL (``Path`` would fold its ``//``)."""
+    if is_url(base):
+        return posixpath.join(str(base).rstrip("/"), *parts)
+    return str(Path(base, *parts))
+
+
+def log_request(kind: str, nbytes: int = 0) -> None:
+    """One request, appended to the accounting log when one is set."""
+    log = os.environ.get(IO_LOG_ENV)
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()} {kind} {nbytes}\n")
+
+
+def size(path) -> int:
+    if not is_url(path):
+        return os.stat(path).st_size
+    fs, inner = filesystem(str(path))
+    log_request("head")
+    return fs.get_file_info(inner).size
+
+
+def read_range(handle, offset: int, n: int) -> bytes:
+    """``n`` bytes at ``offset`` of an opened remote file (fewer at its end): one request."""
+    data = handle.read_at(n, offset)
+    log_request("get", len(data))
+    return data
+
+
+def open_remote(url: str):
+    """A random-access handle on an object (its size is known without a request more)."""
+    fs, inner = filesystem(url)
+    log_request("head")
+    return fs.open_input_file(inner)
+
+
+def read_bytes(url: str) -> bytes:
+    fs, inner = filesystem(url)
+    with fs.open_input_stream(inner, compression=None) as handle:
+        data = handle.read()
+    log_request("get", len(data))
+    return data
+
+
+def write_bytes(url: str, data) -> None:
+    """One object written whole: a reader sees the previous object or this one, never half."""
+    fs, inner = filesystem(url)
+    with fs.open_output_stream(inner, compression=None) as out:
+        out.write(data)
+    log_request("put", len(memoryview(data).cast("B")))
+
+
+def upload(local: str | Path, url: str) -> None:
+    """A local file copied to ``url`` whole."""
+    write_bytes(url, Path(local).read_bytes())
+
+
+def download(url: str, local: str | Path) -> None:
+    """An object copied to a local file (written under another name, then renamed)."""
+    target = Path(local)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}")
+    temporary.write_bytes(read_bytes(url))
+    os.replace(temporary, target)
+
+
+def exists(url: str) -> bool:
+    from pyarrow import fs as pafs
+
+    fs, inner = filesystem(url)
+    log_request("head")
+    return fs.get_file_info(inner).type != pafs.FileType.NotFound
+
+
+def list_files(url: str, suffix: str = "", recursive: bool = False) -> list[str]:
+    """The objects under the ``url`` prefix whose names end with ``suffix`` (names starting
+    with a dot, temporaries, left out), as URLs, sorted."""
+    from dataclasses import replace
+
+    from pyarrow import fs as pafs
+
+    from dlrm_contracts.storage import resolve
+
+    root = resolve(str(url))
+    log_request("list")
+    infos = root.fs.get_file_info(pafs.FileSelector(root.path.rstrip("/"), allow_not_found=True,
+                                                    recursive=recursive))
+    return sorted(replace(root, path=i.path).url for i in infos
+                  if i.type == pafs.FileType.File and i.path.endswith(suffix)
+                  and not i.base_name.startswith("."))
+
+
+def delete_tree(url: str) -> None:
+    """Every object under the ``url`` prefix removed (nothing there: nothing to do)."""
+    fs, inner = filesystem(url)
+    log_request("delete")
+    try:
+        fs.delete_dir(inner.rstrip("/"))
+    except FileNotFoundError:
+        pass
+
+
+def local_scratch(prefix: str) -> str:
+    """A private local directory for files staged on their way to or from a URL: under the
+    executor's Spark local directory when there is one (it goes with the application)."""
+    root = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
+    return tempfile.mkdtemp(prefix=prefix, dir=root)

@@ -1,0 +1,239 @@
+"""The workdir on an object store (a real S3-compatible server, moto, on loopback): the commit
+protocol without rename, the workdir lock by conditional writes, and stage-in of the binary
+dataset to a training node's disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dlrm_contracts.binary_format import DatasetError
+from dlrm_contracts.errors import ExitCode, PipelineError
+from dlrm_contracts.lock import LOCK_TOKEN_ENV, workdir_lock
+from dlrm_contracts.object_commit import (COMMIT_MARKER, committed_files, publish_directory,
+                                          remove_other_versions)
+from dlrm_contracts.object_lock import ObjectStoreLock
+from dlrm_contracts.storage import resolve
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return root
+
+
+# ------------------------------------------------------------------ commit without rename
+def test_readers_see_only_what_the_last_marker_names(moto_s3, tmp_path):
+    final = resolve(f"s3://{moto_s3.bucket()}/w/parquet/train")
+    assert committed_files(final) == {}
+    _tree(tmp_path / "one", {"part-0.parquet": b"first", "sub/part-1.parquet": b"first too"})
+    publish_directory(tmp_path / "one", final)
+    files = committed_files(final)
+    assert {n: loc.read_bytes() for n, loc in files.items()} == {
+        "part-0.parquet": b"first", "sub/part-1.parquet": b"first too"}
+    # a writer killed before its marker: its objects are there, but never read
+    orphan = final / ".v-killed-writer"
+    (orphan / "part-0.parquet").write_bytes(b"half")
+    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()}["part-0.parquet"] \
+        == b"first"
+    _tree(tmp_path / "two", {"part-0.parquet": b"second"})
+    publish_directory(tmp_path / "two", final)
+    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()} == {
+        "part-0.parquet": b"second"}
+    # the older version and the orphan are gone: one version and the marker remain
+    names = sorted(p.name for p in final.iterdir())
+    assert len(names) == 2 and names[1] == COMMIT_MARKER and names[0].startswith(".v-")
+    assert remove_other_versions(final) == []
+
+
+def test_a_committed_file_that_went_missing_is_reported_not_read_around(moto_s3, tmp_path):
+    final = resolve(f"s3://{moto_s3.bucket()}/w/binary")
+    _tree(tmp_path / "d", {"a.bin": b"1234", "b.bin": b"5678"})
+    version = publish_directory(tmp_path / "d", final)
+    (version / "b.bin").delete()
+    with pytest.raises(DatasetError, match="b.bin is missing"):
+        committed_files(final)
+
+
+# ------------------------------------------------------------------ the lock
+HOLDER = textwrap.dedent("""
+    import sys
+    from dlrm_contracts.lock import workdir_lock
+    with workdir_lock(sys.argv[1], "pipeline"):
+        print("held", flush=True)
+        sys.stdin.read()
+""")
+
+
+def _holder(url: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != LOCK_TOKEN_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_two_runs_on_one_workdir_url_one_is_refused_and_a_killed_holder_recovers(moto_s3):
+    url = f"s3://{moto_s3.bucket()}/workdir"
+    holder = _holder(url)
+    try:
+        with pytest.raises(PipelineError) as err:
+            with workdir_lock(url, "pipeline"):
+                pass
+        assert err.value.code == ExitCode.LOCKED and "in use by another pipeline run" in str(err.value)
+        assert '"by": "pipeline"' in str(err.value) and "token" not in str(err.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)     # killed: its lock object stays behind
+        holder.wait()
+    assert (resolve(url) / ".pipeline.lock").exists()
+    with workdir_lock(url, "pipeline") as lock:   # its pid is gone on this host: stale
+        assert isinstance(lock, ObjectStoreLock) and not lock.guest
+        record = json.loads((resolve(url) / ".pipeline.lock").read_text())
+        assert record["pid"] == os.getpid()
+    assert not (resolve(url) / ".pipeline.lock").exists()    # released
+
+
+def test_the_holders_children_run_under_its_lock_and_a_lock_not_renewed_goes_stale(moto_s3):
+    url = f"s3://{moto_s3.bucket()}/workdir"
+    with workdir_lock(url, "pipeline"):
+        with workdir_lock(url, "spark_jobs") as child:     # same token in the environment
+            assert child.guest
+        saved = os.environ.pop(LOCK_TOKEN_ENV)
+        try:
+            with pytest.raises(PipelineError):
+                with workdir_lock(url, "converters"):
+                    pass
+            # a holder on another host that stopped renewing: taken over after stale_after
+            lock = resolve(url) / ".pipeline.lock"
+            record = json.loads(lock.read_text())
+            lock.write_text(json.dumps({**record, "host": "elsewhere", "renewed_epoch": 0}))
+            with ObjectStoreLock(resolve(url), "converters") as taker:
+                assert not taker.guest
+        finally:
+            os.environ[LOCK_TOKEN_ENV] = saved
+
+
+def test_a_store_without_conditional_writes_warns_that_it_is_not_locked(caplog, tmp_path):
+    from dlrm_contracts.storage import Location
+    local = resolve(tmp_path)
+    fake = Location(local.fs, local.path, "hdfs://namenode:8020")
+    with caplog.at_level("WARNING"):
+        with ObjectStoreLock(fake, "pipeline") as lock:
+            assert lock.unlocked
+    assert "one scheduler per workdir" in caplog.text
+
+
+# ------------------------------------------------------------------ stage-in
+@pytest.fixture(scope="module")
+def binary_dataset(tmp_path_factory) -> Path:
+    from converters.convert import convert_parquet
+    from dlrm_contracts.config import ConvertConfig
+    from tests.test_converters import write_workdir
+    root = tmp_path_factory.mktemp("dataset")
+    write_workdir(root)
+    convert_parquet(root / "parquet", root / "binary", ConvertConfig())
+    return root / "binary"
+
+
+def test_stage_in_copies_once_checks_checksums_and_recopies_a_damaged_copy(
+        moto_s3, binary_dataset, tmp_path):
+    from converters.stage_in import stage_in
+    url = f"s3://{moto_s3.bucket()}/workdir/binary"
+    publish_directory(binary_dataset, resolve(url))
+    target = tmp_path / "node-local" / "binary"
+    first = stage_in(url, target)
+    assert first["copied"] and first["bytes"] > 0
+    local = sorted(p.relative_to(binary_dataset) for p in binary_dataset.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(target) for p in target.rglob("*") if p.is_file()) == local
+    for name in local:
+        assert (target / name).read_bytes() == (binary_dataset / name).read_bytes()
+    assert stage_in(url, target) == {"copied": False, "files": first["files"], "bytes": 0}
+    damaged = target / "train" / "label.bin"
+    damaged.write_bytes(bytes(len(damaged.read_bytes())))
+    assert stage_in(url, target)["copied"]
+    assert damaged.read_bytes() == (binary_dataset / "train" / "label.bin").read_bytes()
+
+
+def test_stage_in_refuses_a_damaged_source_and_publishes_nothing(moto_s3, binary_dataset,
+                                                                 tmp_path):
+    from converters.stage_in import stage_in
+    url = f"s3://{moto_s3.bucket()}/workdir/binary"
+    version = publish_directory(binary_dataset, resolve(url))
+    label = version / "train" / "label.bin"
+    label.write_bytes(bytes(label.size()))             # same size, other bytes
+    target = tmp_path / "node" / "binary"
+    with pytest.raises(DatasetError, match="checksum"):
+        stage_in(url, target)
+    assert not target.exists()
+    with pytest.raises(DatasetError, match="no complete binary dataset"):
+        stage_in(f"s3://{moto_s3.bucket()}/empty", tmp_path / "other")
+
+
+def test_stage_in_from_the_command_line(moto_s3, binary_dataset, tmp_path):
+    url = f"s3://{moto_s3.bucket()}/workdir/binary"
+    publish_directory(binary_dataset, resolve(url))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop(LOCK_TOKEN_ENV, None)
+    run = subprocess.run([sys.executable, "-m", "converters", "stage-in", "--source", url,
+                          "--target", str(tmp_path / "n" / "binary"), "--json"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1])["copied"] is True
+
+
+# ------------------------------------------------------------------ the input at a URL
+def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto_s3, tmp_path):
+    import gzip
+    from spark_jobs.errors import PreprocessInputError
+    from spark_jobs.inputs import bytes_per_line, discover_days
+    bucket = moto_s3.bucket()
+    lines = "".join(f"{i % 2}" + "\t1" * 13 + "\tab" * 26 + "\n" for i in range(5000)).encode()
+    files = {"day_0": lines, "day_1.gz": gzip.compress(lines, mtime=0), "notes.txt": b"x"}
+    local = _tree(tmp_path / "raw", files)
+    for name, content in files.items():
+        (resolve(f"s3://{bucket}/raw") / name).write_bytes(content)
+    here = discover_days(local)
+    there = discover_days(f"s3://{bucket}/raw/")
+    assert [(d.day, d.name, d.gzipped) for d in there] == [(d.day, d.name, d.gzipped) for d in here]
+    assert str(there[1].path) == f"s3://{bucket}/raw/day_1.gz"
+    for a, b in zip(here, there):
+        name, size, _mtime, digest = a.fingerprint().split(":")
+        assert b.fingerprint().split(":")[:2] == [name, size]
+        assert b.fingerprint().split(":")[3] == digest           # same bytes, same sample hash
+        assert bytes_per_line(b.path, 4096) == bytes_per_line(a.path, 4096)
+    (resolve(f"s3://{bucket}/raw") / "day_3").write_bytes(lines)
+    with pytest.raises(PreprocessInputError, match="missing day file"):
+        discover_days(f"s3://{bucket}/raw")
+    (resolve(f"s3://{bucket}/raw") / "day_2.gz").write_bytes(lines)
+    with pytest.raises(PreprocessInputError, match="not gzip-compressed"):
+        discover_days(f"s3://{bucket}/raw")
+
+
+def test_a_dataset_converted_to_a_url_and_staged_in_equals_the_local_one_byte_for_byte(
+        moto_s3, binary_dataset, tmp_path):
+    url = f"s3://{moto_s3.bucket()}/workdir/binary"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop(LOCK_TOKEN_ENV, None)
+    run = subprocess.run([sys.executable, "-m", "converters", "convert",
+                          "--parquet", str(binary_dataset.parent / "parquet"), "--output", url,
+                          "--json"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert not (resolve(url).parent / ".pipeline.lock").exists()     # taken and released
+    from converters.stage_in import stage_in
+    target = tmp_path / "node" / "binary"
+    stage_in(url, target)
+    local = sorted(p.relative_to(binary_dataset) for p in binary_dataset.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(target) for p in target.rglob("*") if p.is_file()) == local
+    for name in local:
+        assert (target / name).read_bytes() == (binary_dataset / name).read_bytes(), name
