@@ -45,6 +45,7 @@ def _converters():
         "verify": {"dataset", "quick", "json"},
         "rethreshold": options | {"source", "output", "frequency_threshold", "counts", "workdir"},
         "mlperf-multihot": options | {"dataset", "output"},
+        "stage-in": {"source", "target", "json"},
         "plan": {"config", "spec", "thresholds", "counts", "workdir", "embedding_dim",
                  "dtype_bytes", "json"},
     }
