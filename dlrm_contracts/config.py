@@ -263,6 +263,9 @@ class PreprocessConfig:
                f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
 
 
+CONVERT_FORMATS = ("binary", "torchrec", "mlperf_multihot")
+
+
 @dataclass
 class ConvertConfig:
     """Parquet → split binary dataset, and the no-Spark threshold raise."""
@@ -288,10 +291,18 @@ class ConvertConfig:
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
     # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
+    # Layouts written: "binary" (the split binary dataset the trainer reads, always written),
+    # "torchrec" (TorchRec's per-day .npy files for InMemoryBinaryCriteoIterDataPipe and
+    # dlrm_main.py, in binary/torchrec/; converters/torchrec_format.py), "mlperf_multihot".
+    formats: list[str] = field(default_factory=lambda: ["binary"])
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
         _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
+        for name in self.formats:
+            _one_of("convert.formats", name, CONVERT_FORMATS)
+        _check("binary" in self.formats, "convert.formats must include binary (the other "
+               f"layouts are written beside it), not {self.formats}")
 
 
 @dataclass
