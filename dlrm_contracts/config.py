@@ -27,7 +27,10 @@ Section = TypeVar("Section")
 # The choices of string settings, checked by the sections' __post_init__.
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
-ID_MODES: tuple[str, ...] = ("frequency", "stable")
+ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo")
+# The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
+# is 2**31 - 1.
+MAX_CAP = 2**31
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 ROW_L2_SCALINGS: tuple[str, ...] = ("none", "inverse_frequency")
@@ -235,8 +238,14 @@ class PreprocessConfig:
     # scheduled job's way): the workdir's dictionaries are append-only, a value keeps its id in
     # every later run (even once rare) and values that newly pass the threshold get the next
     # free ids, so yesterday's model and datasets stay valid. Stable refuses a threshold change
-    # (docs/spark_jobs.md, "Stable ids and a rolling window").
+    # (docs/spark_jobs.md, "Stable ids and a rolling window"). "modulo" (MLPerf DLRMv2's capped
+    # ids): a value's id is its hexadecimal value modulo its column's cap (`caps`), missing -> 0;
+    # no value is counted and no dictionary is built, and the threshold does not apply
+    # (docs/spark_jobs.md, "Capped ids").
     ids: str = "frequency"
+    # ids: modulo only: the table size of each column, one integer for all 26 or a list of 26
+    # (1 .. 2**31; the MLPerf DLRMv2 list is in docs/spark_jobs.md).
+    caps: int | list[int] | None = None
     # The newest N day files of the input are the data (the newest is test/validation, the
     # others train); older day files are ignored, never deleted. None = every day file. At
     # least 2 (a train day and the test/validation day).
@@ -259,8 +268,38 @@ class PreprocessConfig:
         _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
         _one_of("preprocess.dictionary_days", self.dictionary_days, DICTIONARY_DAYS)
         _one_of("preprocess.ids", self.ids, ID_MODES)
+        _check_caps(self)
         _check(self.arrow_group_values >= 1,
                f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
+
+
+def _check_caps(cfg: PreprocessConfig) -> None:
+    """Caps go with modulo ids and modulo ids with caps; a setting modulo ids would silently
+    ignore (a threshold, dictionary days) is refused rather than dropped."""
+    if cfg.ids != "modulo":
+        _check(cfg.caps is None, f"preprocess.caps is set but preprocess.ids is {cfg.ids!r}: "
+                                 "caps apply only with ids: modulo")
+        return
+    _check(cfg.caps is not None, "preprocess.ids is modulo but preprocess.caps is not set: give "
+                                 "one cap for every column or a list of 26 (docs/spark_jobs.md, "
+                                 "\"Capped ids\", has MLPerf DLRMv2's)")
+    caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps]
+    _check(all(isinstance(c, int) and not isinstance(c, bool) for c in caps),
+           f"preprocess.caps must be integers, got {cfg.caps!r}")
+    _check(isinstance(cfg.caps, int) or len(caps) == len(CAT_COLUMNS),
+           f"preprocess.caps lists {len(caps)} caps: give one for all columns or "
+           f"{len(CAT_COLUMNS)}, one per column C1..C26")
+    _check(cfg.frequency_threshold == ThresholdSpec(2),
+           f"preprocess.frequency_threshold {cfg.frequency_threshold} does not apply with ids: "
+           "modulo (every value keeps its capped id, none is counted): remove the setting")
+    _check(cfg.dictionary_days == "all", "preprocess.dictionary_days does not apply with ids: "
+                                         "modulo (no dictionary is built): remove the setting")
+
+
+def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
+    """ids: modulo: each column's cap (its table size), by column name."""
+    caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps] * len(CAT_COLUMNS)
+    return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
 
 
 CONVERT_FORMATS = ("binary", "torchrec", "mlperf_multihot")
@@ -930,9 +969,14 @@ class Limit:
                      or (not self.below and value == self.high)))
 
     def __str__(self) -> str:
-        low = "" if self.low is None else f"{'>' if self.above else '>='} {self.low:g}"
-        high = "" if self.high is None else f"{'<' if self.below else '<='} {self.high:g}"
+        low = "" if self.low is None else f"{'>' if self.above else '>='} {_number(self.low)}"
+        high = "" if self.high is None else f"{'<' if self.below else '<='} {_number(self.high)}"
         return " and ".join(part for part in (low, high) if part) or "finite"
+
+
+def _number(x: float) -> str:
+    """A bound as written: integers whole (2147483648, not 2.14748e+09)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 AT_LEAST_1, AT_LEAST_0, POSITIVE = Limit(1), Limit(0), Limit(0, above=True)
@@ -947,7 +991,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
     "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
                          "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
                          "arrow_block_kb": AT_LEAST_1, "window_days": Limit(2),
-                         "max_line_bytes": Limit(1024),
+                         "max_line_bytes": Limit(1024), "caps": Limit(1, MAX_CAP),
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,

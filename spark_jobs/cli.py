@@ -12,7 +12,7 @@ import argparse
 import json
 from functools import partial
 
-from dlrm_contracts.config import flag_overrides, load_config
+from dlrm_contracts.config import ID_MODES, flag_overrides, load_config
 from dlrm_contracts.errors import run_cli
 from dlrm_contracts.lock import workdir_lock
 
@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, dest="shuffle_seed", help="train shuffle seed")
     p.add_argument("--max-reject-rate", type=float, help="fail above this rejected fraction")
     p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
-    p.add_argument("--ids", choices=("frequency", "stable"),
-                   help="frequency: ids by count each run; stable: ids never move across runs")
+    p.add_argument("--ids", choices=ID_MODES,
+                   help="frequency: ids by count each run; stable: ids never move across runs; "
+                        "modulo: hex value modulo preprocess.caps, nothing counted")
     p.add_argument("--window-days", type=int, metavar="N",
                    help="only the newest N day files are the data (default: every day file)")
     p.add_argument("--retransform", action="store_true",

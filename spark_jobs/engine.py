@@ -39,6 +39,11 @@ class Engine(Protocol):
         days in ``recount`` (a subset of ``read``), kept for ``count_totals``."""
         ...
 
+    def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
+        """Modulo ids: every day's statistics (those of ``count``), with no value counted or
+        stored (``counts_dir``: where a pass may keep its temporaries)."""
+        ...
+
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
         """Replace ``out_dir`` with the rejected lines (file, 1-based line number, reason,
         line) as JSON lines; an empty directory when there are none."""

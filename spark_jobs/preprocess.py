@@ -6,6 +6,10 @@ lines are written only when there are some), the dictionaries, then the transfor
 query writes train, test and validation). Outputs
 follow docs/architecture.md under ``WorkdirLayout(workdir)``; ``parquet/_SUCCESS`` is written
 last and removed first, so a half-finished run never looks complete.
+
+With ``preprocess.ids: modulo`` (capped ids, ``spark_jobs.capped_ids``) the first read only
+gathers the statistics (no value is counted, no dictionary built) and the transform computes
+every id from its value and its column's cap.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlrm_contracts.atomic import fsync_tree, write_json_atomic, write_text_atomic
-from dlrm_contracts.config import PreprocessConfig, SparkConfig
+from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from spark_jobs import counting, day_store, progress, quality, stable_ids
@@ -129,10 +133,14 @@ def _run(session: SparkSession, days: list[DayFile], layout: WorkdirLayout, spec
 def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
                 cfg: PreprocessConfig, timer: StageTimer, retransform: bool = False) -> dict:
     work = None
+    modulo = cfg.ids == "modulo"
     with timer.stage("count"):
-        counting.drop_stale_days(days, layout.counts)
-        recount = counting.days_to_count(days, layout.counts, cfg.max_line_bytes)
-        if cfg.ids == "stable":
+        if not modulo:
+            counting.drop_stale_days(days, layout.counts)
+        recount = [] if modulo else counting.days_to_count(days, layout.counts, cfg.max_line_bytes)
+        if modulo:
+            stats = _count_modulo(engine, layout)
+        elif cfg.ids == "stable":
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
                                   retransform)
             # the progress report plans the transform on the days it will read, not the window
@@ -146,20 +154,14 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         write_json_atomic(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        histogram = engine.count_totals(layout.counts, _dictionary_days(days, cfg),
-                                        frequency_ids=None if cfg.ids == "stable" else spec)
-    with timer.stage("dictionaries"):
-        if cfg.ids == "stable":
-            sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout),
-                                                     layout.dictionary_index)
-        else:
-            sizes = table_sizes(histogram, spec)
-            engine.write_dictionaries(spec, sizes, dictionaries_dir(layout),
-                                      layout.dictionary_index)
+        histogram = None if modulo else engine.count_totals(
+            layout.counts, _dictionary_days(days, cfg),
+            frequency_ids=None if cfg.ids == "stable" else spec)
+    if modulo:   # no dictionaries: the tables are the caps
+        sizes = column_caps(cfg)
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
-        # days.json only once the value counts are stored: it says they can be reused
-        engine.finish_counts()
-        counting.write_days_json(days, stats, layout.counts, cfg.max_line_bytes)
+    else:
+        sizes = _dictionaries(engine, days, layout, spec, cfg, stats, histogram, timer)
     if work is not None:
         rows = _write_stable_splits(engine, days, layout, sizes, stats, cfg, timer, work)
     else:
@@ -170,7 +172,8 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
     quality.check_identity(report)
     summary = {
         "format_version": PREPROCESS_FORMAT_VERSION,
-        "threshold_spec": str(spec),
+        # modulo ids keep every value (capped): they are at no threshold
+        "threshold_spec": None if modulo else str(spec),
         "seed": cfg.shuffle_seed,
         "engine": engine.name,
         "lookups": engine.lookups,
@@ -179,7 +182,7 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         "window_days": cfg.window_days,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
-        "days_reused": [d.day for d in days if d.day not in recount],
+        "days_reused": [] if modulo else [d.day for d in days if d.day not in recount],
         # stable ids: which days were transformed (and why), reused, dropped
         **({"transform": work.summary()} if work is not None else {}),
         "rows": rows,
@@ -194,6 +197,34 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
     fsync_tree(layout.parquet)
     write_text_atomic(layout.parquet / SUCCESS, "")
     return summary
+
+
+def _dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
+                  cfg: PreprocessConfig, stats: dict[int, DayStats], histogram,
+                  timer: StageTimer) -> dict[str, int]:
+    """Frequency or stable ids: the dictionaries and their table sizes (model_size.json), then
+    days.json (once the recounted days' value counts are stored: it says they can be reused)."""
+    with timer.stage("dictionaries"):
+        if cfg.ids == "stable":
+            sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout),
+                                                     layout.dictionary_index)
+        else:
+            sizes = table_sizes(histogram, spec)
+            engine.write_dictionaries(spec, sizes, dictionaries_dir(layout),
+                                      layout.dictionary_index)
+        write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
+        engine.finish_counts()
+        counting.write_days_json(days, stats, layout.counts, cfg.max_line_bytes)
+    return sizes
+
+
+def _count_modulo(engine: Engine, layout: WorkdirLayout) -> dict[int, DayStats]:
+    """Modulo ids: every day's statistics, no value counted. The counts of another mode's
+    runs stay as they are (days.json vouches only for the counts it lists); the dictionaries
+    and their index go, since no id of these splits comes from them."""
+    shutil.rmtree(dictionaries_dir(layout), ignore_errors=True)
+    shutil.rmtree(layout.dictionary_index, ignore_errors=True)
+    return engine.count_statistics(layout.counts)
 
 
 def _count_stable(engine: Engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.config import PreprocessConfig, column_caps
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import counting, stable_ids
@@ -128,6 +128,11 @@ class ArrowEngine:
         self._entries = {int(r["group"]): int(r["entries"]) for r in rows}
         return counting.write_histogram_file(_column_histogram(self._plan, self._histograms),
                                              counts_dir)
+
+    def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
+        """Modulo ids: every day's statistics; no value is counted (the tasks parse and sum
+        their statistics rows only)."""
+        return self.count([], counts_dir)
 
     def finish_counts(self) -> None:
         """The merge wrote the recounted days' value counts before count_totals returned."""
@@ -253,7 +258,7 @@ class ArrowEngine:
                      index_dir: Path, staging: Path, train_files: int,
                      days: set[int] | None = None) -> None:
         """Write ``staging/<split>/part-*.parquet``. Every id comes from
-        the dictionary index. Train is hash-partitioned into ``train_files`` by its order key
+        the dictionary index (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``). Train is hash-partitioned into ``train_files`` by its order key
         and sorted within each file; the last day's tasks write test and validation in line
         order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
         spec = self.transform_spec(stats, index_dir)
@@ -285,10 +290,12 @@ class ArrowEngine:
                       for chunk, offset in s.line_offsets().items()}
         last = stats[self.days[-1].day]
         on_cluster = not self.session.sparkContext.master.startswith("local")
+        caps = (tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
+                if self.cfg.ids == "modulo" else None)
         return TransformSpec(index_dir=str(index_dir), run_token=uuid.uuid4().hex,
                              index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
                              chunk_first_line=first_line, eval_day=last.day,
-                             test_lines=last.test_lines)
+                             test_lines=last.test_lines, caps=caps)
 
 
 def _ship_code(session) -> None:

@@ -10,8 +10,8 @@ Each task gets chunk numbers (``spark.range``, one per partition), reads its chu
   them) with samples of the values as rows;
 - ``reject_task``: the rejected lines with their position and reason;
 - ``transform_task``: the output rows of the splits, ids looked up in the memory-mapped
-  dictionary index (``spark_jobs.engines.arrow.dictionary_index``), with the train order keys of
-  ``spark_jobs.order``.
+  dictionary index (``spark_jobs.engines.arrow.dictionary_index``) or, with ``ids: modulo``,
+  capped (``spark_jobs.capped_ids``), with the train order keys of ``spark_jobs.order``.
 
 Statistics rows have ``column = STATS_COLUMN`` and ``value = chunk << CODE_BITS | code``; the codes
 are below. Every statistic a task emits is a sum over its lines, so summing them gives the
@@ -205,6 +205,7 @@ class TransformSpec:
     chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
     eval_day: int
     test_lines: int                     # test = lines [0, test_lines) of the eval day
+    caps: tuple[int, ...] | None = None  # ids: modulo (spark_jobs.capped_ids); None: the index
 
 
 # The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
@@ -260,15 +261,25 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
                             "row": pack_rows(rows.label, rows.numericals, rows.ids.T)})
 
 
-def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
-    """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
+def _ids_of(spec: TransformSpec):
+    """What gives a task its ids (``lookup_into``): the caps under ``ids: modulo``, else the
+    dictionary index, opened once per worker."""
+    if spec.caps is not None:
+        from spark_jobs.capped_ids import CappedIds
+
+        return CappedIds(spec.caps)
     from spark_jobs.engines.arrow.dictionary_index import node_local_root, worker_index
 
+    local = node_local_root() if spec.index_on_node else None
+    return worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
+
+
+def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
+    """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
     index = None
     for chunk_id, chunk, blocks in _blocks(chunks, batches, settings):
         if index is None:
-            local = node_local_root() if spec.index_on_node else None
-            index = worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
+            index = _ids_of(spec)
         for block in blocks:
             parsed = _parse(block, settings)
             yield chunk_id, chunk, _transformed(spec, chunk, block, parsed, index)

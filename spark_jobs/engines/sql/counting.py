@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.counting import write_histogram_file
-from spark_jobs.engines.sql.row_classes import (ROW_CLASS_COLUMN, add_categorical_missing,
+from spark_jobs.engines.sql.row_classes import (ALL_MASKED_COLUMNS, MASKED_COLUMNS,
+                                                ROW_CLASS_COLUMN, add_categorical_missing,
                                                 row_class_sql, stats_from_counts)
 from spark_jobs.stats import DayStats
 
@@ -29,11 +30,11 @@ if TYPE_CHECKING:
 COUNTS_SCHEMA = "column STRING, value LONG, count LONG, day STRING"
 
 
-def _pairs(parsed: DataFrame, recount: bool) -> DataFrame:
+def _pairs(parsed: DataFrame, recount: bool, masked=MASKED_COLUMNS) -> DataFrame:
     """(day, column, value) pairs of one day: its row classes, and its values if recounted."""
     from pyspark.sql import functions as F
 
-    classes = parsed.withColumn("_class", F.expr(row_class_sql()))
+    classes = parsed.withColumn("_class", F.expr(row_class_sql(masked)))
     if not recount:
         return classes.select("day", F.lit(ROW_CLASS_COLUMN).alias("column"), F.col("_class").alias("value"))
     pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS_COLUMN}', _class"])
@@ -45,20 +46,26 @@ def _pairs(parsed: DataFrame, recount: bool) -> DataFrame:
 
 
 def count_pass(parsed_days: dict[int, DataFrame], recount: list[int],
-               counts_dir: Path) -> dict[int, DayStats]:
+               counts_dir: Path, values_counted: bool = True) -> dict[int, DayStats]:
     """One aggregation over every day: value counts of the recounted days (written to their
-    partitions) and every day's statistics (from the row classes)."""
+    partitions) and every day's statistics (from the row classes). ``values_counted=False``
+    (modulo ids, ``recount`` empty): no stored counts to take the missing categoricals from,
+    so the row classes' mask covers the categoricals too."""
     from functools import reduce
 
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    frames = [_pairs(frame, day in recount) for day, frame in parsed_days.items()]
+    masked = MASKED_COLUMNS if values_counted else ALL_MASKED_COLUMNS
+    frames = [_pairs(frame, day in recount, masked) for day, frame in parsed_days.items()]
     counts = (reduce(lambda a, b: a.unionByName(b), frames)
               .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS_COLUMN).collect())
+        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS_COLUMN).collect(),
+                                  masked)
+        if not values_counted:
+            return stats
         if recount:
             # a recounted day with no value left (every line rejected or without categoricals)
             # writes no partition: dynamic overwrite alone would keep its old counts

@@ -4,7 +4,9 @@ It is what the RAPIDS accelerator can run on GPUs (it runs SQL, not Python), so 
 uses it; on CPUs the Arrow engine (``spark_jobs.engines.arrow.engine``) writes the same data
 faster. Count pass: one aggregation over (day, column, value) pairs plus one row-class pair per
 line (``engines.sql.counting``, ``engines.sql.row_classes``). Transform pass: categoricals become 64-bit
-keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.engines.sql.transform``).
+keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.engines.sql.transform``);
+with ``ids: modulo`` their hex values taken modulo the caps, with no count of values and no
+join.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.config import PreprocessConfig, column_caps
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import stable_ids
@@ -48,6 +50,11 @@ class SqlEngine:
         """Statistics of the days in ``read`` (None: every day), value counts of ``recount``."""
         parsed = {d: f for d, f in self.parsed.items() if read is None or d in read}
         return counting.count_pass(parsed, recount, counts_dir)
+
+    def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
+        """Modulo ids: every day's statistics from the row classes alone; no value is counted
+        or stored, so the classes carry the missing categoricals too."""
+        return counting.count_pass(self.parsed, [], counts_dir, values_counted=False)
 
     def count_totals(self, counts_dir: Path, days: list[int] | None,
                      frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
@@ -114,7 +121,8 @@ class SqlEngine:
         """The second read of a day: valid rows with join keys and line numbers (checks skipped
         for days whose count pass found every line fast)."""
         rows = parse_for_transform(read_day(self.session, str(day.path), day.day),
-                                   self.cfg.max_line_bytes, checked=not stats[day.day].all_fast)
+                                   self.cfg.max_line_bytes, checked=not stats[day.day].all_fast,
+                                   hex_values=self.cfg.ids == "modulo")
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
@@ -145,6 +153,8 @@ class SqlEngine:
         from pyspark.sql import functions as F
 
         def mapped(rows):
+            if self.cfg.ids == "modulo":
+                return transform.capped_categoricals(rows, column_caps(self.cfg))
             return transform.map_categoricals(rows, self.session, dict_dir, sizes,
                                               self.cfg.broadcast_max_values)
 

@@ -162,6 +162,13 @@ def cat_key_sqls() -> list[str]:
             for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
 
 
+def cat_hex_sqls() -> list[str]:
+    """C1..C26 as the BIGINT value of their hex digits, null when missing (capped ids: the
+    value itself, not a join key, is what the id is computed from)."""
+    return [f"CAST(conv({cat_value_sql(j)}, 16, 10) AS BIGINT) AS {c}"
+            for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+
+
 def value_key(column: Column) -> Column:
     """The join key of a normalised value column (the dictionary side of ``cat_key_sqls``)."""
     from pyspark.sql import functions as F
@@ -186,12 +193,15 @@ def parse_for_counting(lines: DataFrame, max_line_bytes: int) -> DataFrame:
         *cat_sqls())
 
 
-def parse_for_transform(lines: DataFrame, max_line_bytes: int, checked: bool) -> DataFrame:
-    """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys)."""
+def parse_for_transform(lines: DataFrame, max_line_bytes: int, checked: bool,
+                        hex_values: bool = False) -> DataFrame:
+    """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys; with
+    ``hex_values`` the values themselves, as BIGINT)."""
     # ``pos >= 0`` (always true) keeps ``pos`` referenced: once pruned the projection is
     # deterministic and the validity filter would be pushed below it.
+    cats = cat_hex_sqls() if hex_values else cat_key_sqls()
     return split_fields(lines, max_line_bytes, checked).where("reason IS NULL AND pos >= 0").selectExpr(
-        "day", "pos", label_sql(), *int_sqls(), *cat_key_sqls())
+        "day", "pos", label_sql(), *int_sqls(), *cats)
 
 
 def log_transform(column: Column) -> Column:

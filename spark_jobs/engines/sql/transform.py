@@ -52,6 +52,16 @@ def map_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Path, siz
     return rows, shuffled
 
 
+def capped_categoricals(rows: DataFrame, caps: dict[str, int]) -> tuple[DataFrame, bool]:
+    """Capped ids (``spark_jobs.capped_ids``): each C* (its hex value) becomes value % cap, 0
+    when missing. Nothing is joined, so the rows keep their order: (rows, False)."""
+    from pyspark.sql import functions as F
+
+    for c in CAT_COLUMNS:
+        rows = rows.withColumn(c, F.coalesce(F.col(c) % F.lit(int(caps[c])), F.lit(0)).cast("int"))
+    return rows, False
+
+
 def output_projection(rows: DataFrame, extra: tuple = ()) -> DataFrame:
     """label int32, I* float32 (log transform), C* int32, plus ``extra`` helper columns."""
     from pyspark.sql import functions as F
