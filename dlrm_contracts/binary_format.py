@@ -121,6 +121,23 @@ def dtype_name(dtype: np.dtype) -> str:
     return np.dtype(dtype).name  # 'int8', 'int16', 'int32', 'uint8', 'float16'
 
 
+MULTI_HOT_KEY = "multi_hot_sizes"
+
+
+def multi_hot_sizes(description: "DatasetInfo") -> tuple[int, ...]:
+    """Ids per row of each categorical column: ``dataset.json``'s ``multi_hot_sizes`` (written
+    only when some size is above 1; absent = all 1, one-hot). Column i's ``cat_<i>.bin`` holds
+    rows x k ids, row-major."""
+    sizes = description.extra.get(MULTI_HOT_KEY)
+    if sizes is None:
+        return (1,) * NUM_CATEGORICAL
+    if (not isinstance(sizes, list) or len(sizes) != NUM_CATEGORICAL
+            or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in sizes)):
+        raise DatasetError(f"{description.path / DATASET_JSON}: {MULTI_HOT_KEY} must list "
+                           f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}")
+    return tuple(sizes)
+
+
 def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
     """(dtype, values per row) of one file of the dataset."""
     if name == LABEL_FILE:
@@ -128,7 +145,7 @@ def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
     if name == NUMERICAL_FILE:
         return NUMERICAL_DTYPE, NUM_NUMERICAL
     index = int(name[len("cat_"):-len(".bin")])
-    return np.dtype(info.cat_dtypes[index]).newbyteorder("<"), 1
+    return np.dtype(info.cat_dtypes[index]).newbyteorder("<"), multi_hot_sizes(info)[index]
 
 
 @dataclass(frozen=True)

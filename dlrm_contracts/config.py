@@ -42,6 +42,9 @@ DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
 INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
 TRAIN_DAYS: tuple[str, ...] = ("window", "new")  # train.days: the rows a run trains on
+# train.interaction: the seed's pairwise dot products, or DCNv2's low-rank cross layers (MLPerf
+# DLRMv2, trainer/model.py)
+INTERACTIONS: tuple[str, ...] = ("dot", "dcn")
 
 # The largest integer the log transform maps to 0 (log(x + 3) is taken only for x > -3).
 MISSING_INTEGER_MAX = -3
@@ -366,6 +369,12 @@ class TrainConfig:
     # ~10% more CPU per step (docs/perf-history.md). Off in the Terabyte configs, which keep the
     # reference's model.
     wide: bool = True
+    # How the bottom MLP's output and the 26 pooled embeddings meet before the top MLP: "dot"
+    # (the seed's pairwise dot products) or "dcn" (DCNv2, MLPerf DLRMv2's model: dcn_layers
+    # low-rank cross layers of rank dcn_rank on their concatenation; docs/trainer.md).
+    interaction: str = "dot"
+    dcn_layers: int = 3
+    dcn_rank: int = 512
     # Global batch (all ranks together); each rank's dense part sees batch_size / ranks.
     batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
@@ -511,6 +520,7 @@ class TrainConfig:
         _one_of("train.init", self.init, TRAIN_INITS)
         _one_of("train.init_optimizer", self.init_optimizer, INIT_OPTIMIZERS)
         _one_of("train.days", self.days, TRAIN_DAYS)
+        _one_of("train.interaction", self.interaction, INTERACTIONS)
         _check(not self.top_mlp or self.top_mlp[-1] == 1,
                f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
         if self.frequency_threshold is not None:
@@ -530,7 +540,8 @@ class TrainConfig:
 # Every field of TrainConfig is here (tests/test_config.py checks it).
 TRAIN_SETTING_KINDS: dict[str, str] = {
     **dict.fromkeys((
-        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "batch_size", "optimizer",
+        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "interaction",
+        "dcn_layers", "dcn_rank", "batch_size", "optimizer",
         "learning_rate", "learning_rate_batch", "learning_rate_scaling", "adam_beta1",
         "adam_beta2", "adam_epsilon", "adagrad_initial_accumulator", "adagrad_epsilon",
         "table_l2", "wide_l2", "row_l2_scaling", "wide_learning_rate_factor", "warmup_steps",
@@ -995,6 +1006,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
                          "compression": PARQUET_CODECS},
     "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
                     "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,
+                    "dcn_layers": AT_LEAST_1, "dcn_rank": AT_LEAST_1,
                     "learning_rate": POSITIVE, "adam_beta1": UNIT, "adam_beta2": UNIT,
                     "adam_epsilon": POSITIVE, "warmup_steps": AT_LEAST_0,
                     "decay_start_step": AT_LEAST_0, "decay_steps": AT_LEAST_0,

@@ -43,6 +43,23 @@ def dataset(tmp_path_factory):
     return path
 
 
+# MLPerf DLRMv2's ids per row of C1..C26, its 100 (C21) cut to 20 to keep the test small
+DLRMV2_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3,
+                    1, 1)
+# DLRMv2's structure at small dims: a 3-layer bottom MLP, 3 low-rank cross layers, a 5-layer top
+# MLP, no wide term (the reference's model)
+DLRMV2_SMALL = dict(interaction="dcn", dcn_layers=3, dcn_rank=32, embedding_dim=16,
+                    bottom_mlp=[64, 32, 16], top_mlp=[128, 128, 64, 32, 1], wide=False)
+
+
+@pytest.fixture(scope="module")
+def multi_hot_dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hvd_multi_hot") / "binary"
+    write_planted_dataset(path, {"train": 8192, "test": 1000, "validation": 777}, seed=2,
+                          multi_hot_sizes=DLRMV2_MULTI_HOT)
+    return path
+
+
 def assert_same_training(single, multi, single_summary, multi_summary):
     losses_1, losses_2 = step_losses(single), step_losses(multi)
     assert sorted(losses_1) == sorted(losses_2) == list(range(1, STEPS + 1))
@@ -74,9 +91,17 @@ def assert_same_training(single, multi, single_summary, multi_summary):
      # turns kernel rounding into 1e-3 (oneDNN capped at AVX2 failed the 2e-6 bound at step 6)
      "optimizer": "adagrad", "learning_rate": 0.02, "table_l2": 8.0, "wide_l2": 80.0,
      "row_l2_scaling": "inverse_frequency", "wide_learning_rate_factor": 4.0},
+    # DLRMv2's shape: multi-hot rows pooled by the owner of each table (C10's 7 ids per row
+    # on both ranks' halves of it), the cross layers' gradients allreduced
+    {"multi_hot": True, **DLRMV2_SMALL, "optimizer": "adagrad", "learning_rate": 0.02,
+     "bottom_mlp_data_parallel": True, "force_column_split": ["C10"]},
 ], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split",
-        "wide+column-split+adagrad+row-l2+wide-rate"])
-def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, variant):
+        "wide+column-split+adagrad+row-l2+wide-rate", "dlrmv2-dcn+multi-hot+column-split"])
+def test_two_ranks_train_the_same_model_as_one_process(dataset, multi_hot_dataset, tmp_path,
+                                                       variant):
+    variant = dict(variant)
+    if variant.pop("multi_hot", False):
+        dataset = multi_hot_dataset
     config = small_config(max_steps=STEPS, **variant)
     multi_summary, proc = run_trainer_cli(
         ["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"), *config_flags(config)],
@@ -84,12 +109,17 @@ def test_two_ranks_train_the_same_model_as_one_process(dataset, tmp_path, varian
     placement = json.loads((tmp_path / "multi" / "logs" / "trainer_config.json").read_text())
     ranks = placement["placement"]["ranks"]
     assert all(r["pieces"] for r in ranks), "both ranks must own tables"
-    if variant.get("force_column_split"):
-        assert "C2[0:8]" in ranks[0]["pieces"] and "C2[8:16]" in ranks[1]["pieces"]
+    split = variant.get("force_column_split", [None])[0]
+    if split:
+        assert f"{split}[0:8]" in ranks[0]["pieces"] and f"{split}[8:16]" in ranks[1]["pieces"]
         assert placement["placement"]["bottom_owner"] == (
             None if variant["bottom_mlp_data_parallel"] else 0)
     single_summary = run(config, dataset, tmp_path / "single")
     assert_same_training(tmp_path / "single", tmp_path / "multi", single_summary, multi_summary)
+    if variant.get("interaction") == "dcn":
+        weights = checkpoint_arrays(tmp_path / "multi")
+        assert weights["cross/2/down"].shape == (27 * 16, 32)  # over the 27 vectors' concatenation
+        assert weights["top/0/kernel"].shape == (27 * 16, 128)
     if variant.get("wide"):
         # Each table's wide weights are its column 16, held (and trained) by the rank holding
         # its column 0 only: C2's by rank 0, not by rank 1, which holds C2[8:16].

@@ -94,6 +94,15 @@ def config_flags(config: TrainConfig) -> list[str]:
         flags += ["--xla"]
     if config.intra_op_threads:
         flags += ["--intra-op-threads", str(config.intra_op_threads)]
+    if config.interaction != "dot":
+        flags += ["--interaction", config.interaction, "--dcn-layers", str(config.dcn_layers),
+                  "--dcn-rank", str(config.dcn_rank)]
+    if config.embedding_dim:
+        flags += ["--embedding-dim", str(config.embedding_dim)]
+    if config.bottom_mlp:
+        flags += ["--bottom-mlp", ",".join(map(str, config.bottom_mlp))]
+    if config.top_mlp:
+        flags += ["--top-mlp", ",".join(map(str, config.top_mlp))]
     if config.init != "scratch":
         flags += ["--init", config.init, "--init-optimizer", config.init_optimizer]
     return flags

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from dlrm_contracts.atomic import write_text_atomic
-from dlrm_contracts.config import (INIT_OPTIMIZERS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
+from dlrm_contracts.config import (INIT_OPTIMIZERS, INTERACTIONS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
                                    ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS, TrainConfig,
                                    flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-mlp", help="comma-separated layer sizes ending in 1")
     p.add_argument("--wide", type=_bool, metavar="BOOL",
                    help="a per-id scalar weight per table summed into the logit (train.wide)")
+    p.add_argument("--interaction", choices=list(INTERACTIONS),
+                   help="dot products, or DCNv2's low-rank cross layers (train.interaction)")
+    p.add_argument("--dcn-layers", type=int, help="cross layers with --interaction dcn")
+    p.add_argument("--dcn-rank", type=int, help="their rank with --interaction dcn")
     p.add_argument("--batch-size", type=int, help="global batch over all ranks")
     p.add_argument("--eval-batch-size", type=int)
     p.add_argument("--epochs", type=int)

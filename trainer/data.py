@@ -6,6 +6,9 @@ hybrid-parallel mode a rank reads the categorical files of the tables it owns fo
 global batch and only its own slice of the labels (and of the numericals when the bottom MLP is
 data parallel; the rank that owns a model-parallel bottom MLP reads them for the whole batch).
 
+A multi-hot column (``multi_hot_sizes`` in ``dataset.json``: k ids per row, row-major) reads as
+int32 [batch, k]; a one-hot column as [batch]. The model pools a row's k embeddings by sum.
+
 A dataset written at threshold T can be read at a higher threshold T': ids are ordered by count,
 so the values kept at T' are the ids 1..k'(T') and every id above k' becomes 0 (``clamp``).
 
@@ -24,7 +27,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
-                                          NUMERICAL_FILE, DatasetError, cat_file, read_info)
+                                          NUMERICAL_FILE, DatasetError, cat_file,
+                                          multi_hot_sizes, read_info)
 from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
@@ -52,6 +56,12 @@ class BinaryDataset:
     # (day, first row, end row) of the train split's days (stable ids' datasets list them in
     # dataset.json); None: no days listed. What train.days: new selects rows by.
     train_days: tuple[tuple[int, int, int], ...] | None = field(default=None, compare=False)
+    # ids per row of each categorical column (1 = one-hot; dataset.json "multi_hot_sizes")
+    multi_hot_sizes: tuple[int, ...] = (1,) * NUM_CATEGORICAL
+
+    @property
+    def multi_hot(self) -> bool:
+        return any(k > 1 for k in self.multi_hot_sizes)
 
     @property
     def clamp(self) -> tuple[int | None, ...]:
@@ -121,7 +131,7 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
     return BinaryDataset(path, dict(info.splits), written, sizes,
                          tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
                          dataset_identity(info, threshold),
-                         None if days is None else tuple(days))
+                         None if days is None else tuple(days), multi_hot_sizes(info))
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ class Batch:
     """One global batch as this rank sees it; rows past ``valid`` are zero padding."""
 
     step: int
-    categorical: list[np.ndarray]  # int32 [global batch] per table of the view
+    categorical: list[np.ndarray]  # int32 [global batch] (or [global batch, k]) per table
     numerical: np.ndarray  # float32 [local or global batch, 13], or [0, 13]
     label: np.ndarray  # float32 [local batch]
     valid: int
@@ -177,8 +187,9 @@ class SplitReader:
         self._label = self._map(folder / LABEL_FILE, LABEL_DTYPE, (total,))
         self._numerical = self._map(folder / NUMERICAL_FILE, NUMERICAL_DTYPE,
                                     (total, NUM_NUMERICAL))
-        self._cats = [self._map(folder / cat_file(i), dt, (total,))
-                      for i, dt in enumerate(dataset.cat_dtypes)]
+        self._cats = [self._map(folder / cat_file(i), dt, (total,) if k == 1 else (total, k))
+                      for i, (dt, k) in enumerate(zip(dataset.cat_dtypes,
+                                                      dataset.multi_hot_sizes))]
         self._clamp = dataset.clamp
 
     @staticmethod
@@ -210,14 +221,16 @@ class SplitReader:
         return self._ranges[index][0] + row - int(self._firsts[index])
 
     def categorical(self, table: int, start: int, length: int) -> np.ndarray:
+        """int32 ids of rows [start, start + length): [length], or [length, k] multi-hot."""
         ids = self._slice(self._cats[table], start, start + length, np.int32, length)
         size = self.dataset.written_table_sizes[table]
         if ids.size and (ids.min() < 0 or ids.max() >= size):
             # The quick dataset check reads no values; an id outside its table would otherwise
             # fail deep inside TensorFlow (CPU) or be read as zeros (GPU gather).
-            bad = int(np.argmax((ids < 0) | (ids >= size)))
+            flat = int(np.argmax(((ids < 0) | (ids >= size)).ravel()))
+            bad = flat // max(1, ids[:1].size)
             raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
-                               f"{int(ids[bad])} at row {self.file_row(start + bad)} is outside its table of "
+                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} is outside its table of "
                                f"size {size}: the dataset is damaged; rebuild it with --stages "
                                "convert --force (`python -m converters verify "
                                f"{self.dataset.path}` finds every such value)")

@@ -243,6 +243,16 @@ class _Source:
     size: dict[str, int]
     # trained on earlier dictionaries of the same stable lineage: what the current ones add
     extended: dict[str, Any] | None = None
+    # ids per row of each column when the model was trained on multi-hot rows (None: one-hot)
+    multi_hot_sizes: tuple[int, ...] | None = None
+
+    @property
+    def signatures(self) -> list[str]:
+        """The SavedModel's signatures: a multi-hot model takes its rows of ids (the raw-value
+        signatures need the converter's materialization, which the SavedModel does not hold)."""
+        if self.multi_hot_sizes is not None:
+            return ["serve_multi_hot", "serving_default"]
+        return ["serve_features", "serve_lines", "serving_default"]
 
 
 def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_model: Path,
@@ -262,7 +272,9 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "test_auc": _test_auc(layout, int(meta["step"])),
         "dims": source.dims.meta(),
         "table_sizes": source.sizes,
-        "signatures": ["serve_features", "serve_lines", "serving_default"],
+        "signatures": source.signatures,
+        # only for a multi-hot model: the width of each column in serve_multi_hot's cat_ids
+        **({"multi_hot_sizes": list(source.multi_hot_sizes)} if source.multi_hot_sizes else {}),
         "missing_integer": config.missing_integer,
         "size": source.size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
@@ -388,7 +400,9 @@ def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any
     identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
     # the wide weights are one more column of every table
     size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
-    return _Source(checkpoint, meta, dims, sizes, identity, size, extended)
+    multi_hot = dims_meta.get("multi_hot_sizes")
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended,
+                   tuple(int(k) for k in multi_hot) if multi_hot else None)
 
 
 def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Source,
@@ -402,11 +416,15 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
     temporary = temporary_sibling(final)
     try:
-        vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
-                                          temporary / "vocabularies")
         saved_model = temporary / "model"
-        _save(reader, source.dims, source.sizes, vocabularies, saved_model, config)
-        verify_saved_model(saved_model)
+        if source.multi_hot_sizes is None:
+            vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
+                                              temporary / "vocabularies")
+            _save(reader, source.dims, source.sizes, vocabularies, saved_model, config)
+            verify_saved_model(saved_model)
+        else:
+            _save_multi_hot(reader, source, saved_model, config)
+            verify_multi_hot_model(saved_model, source.multi_hot_sizes)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -453,23 +471,75 @@ def verify_saved_model(saved_model: Path) -> None:
                           "nothing was written")
 
 
+def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dict[str, Any]:
+    """The checkpoint's model as the serving modules take it: tables (a generator: each one is
+    read, copied into its variable and released before the next), MLPs, wide weights and
+    cross layers."""
+    from trainer.model import cross_sizes, wide_key
+
+    top_in = dims.top_input(len(CAT_COLUMNS) + 1)
+    return {
+        "tables": (reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
+                   for t, rows in enumerate(sizes)),
+        "bottom": _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
+        "top": _mlp_weights(reader, "top", dims.top_mlp, top_in),
+        "wide": ([reader.value(wide_key(t, dims.embedding_dim), (rows, 1))
+                  for t, rows in enumerate(sizes)] if dims.wide else None),
+        "cross": ({name: reader.value(name, shape) for name, shape in
+                   cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()}
+                  if dims.interaction == "dcn" else None)}
+
+
+def _save_multi_hot(reader: CheckpointReader, source: _Source, out: Path,
+                    config: ExportConfig) -> None:
+    """A multi-hot model's SavedModel: ``serve_multi_hot`` (also ``serving_default``)."""
+    import tensorflow as tf
+
+    from trainer.serving import MultiHotServingDLRM
+
+    w = _weights(reader, source.dims, source.sizes)
+    module = MultiHotServingDLRM(source.dims, w["tables"], w["bottom"], w["top"],
+                                 config.missing_integer, source.multi_hot_sizes, w["wide"],
+                                 w["cross"])
+    rows = module.serve_multi_hot.get_concrete_function()
+    tf.saved_model.save(module, str(out), signatures={"serve_multi_hot": rows,
+                                                      "serving_default": rows})
+
+
+def verify_multi_hot_model(saved_model: Path, multi_hot_sizes: tuple[int, ...]) -> None:
+    """Load a multi-hot version as a server would and score a row of missing numericals and
+    one of 1s, with id 0 (which every table has) in every place: probabilities in [0, 1], the
+    same from both signature names. Refused (ExportError) otherwise, before the rename."""
+    import tensorflow as tf
+
+    width = sum(multi_hot_sizes)
+    ints = tf.constant([[-(2**63)] * NUM_INTEGER, [1] * NUM_INTEGER], tf.int64)
+    ids = tf.zeros([2, width], tf.int64)
+    try:
+        model = tf.saved_model.load(str(saved_model))
+        out = model.signatures["serve_multi_hot"](int_features=ints, cat_ids=ids)
+        default = model.signatures["serving_default"](int_features=ints, cat_ids=ids)
+        probability = out["probability"].numpy()
+        agree = np.array_equal(probability, default["probability"].numpy())
+    except (tf.errors.OpError, ValueError, KeyError, OSError) as exc:
+        raise ExportError(f"the new version does not load and score in TensorFlow "
+                          f"({type(exc).__name__}: {exc}); nothing was written") from None
+    if not agree or not np.all(np.isfinite(probability) & (probability >= 0)
+                               & (probability <= 1)):
+        raise ExportError(f"the new version scores test rows wrongly (probabilities "
+                          f"{probability.tolist()}, signatures agree: {agree}); nothing was "
+                          "written")
+
+
 def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],
           out: Path, config: ExportConfig) -> None:
     import tensorflow as tf
 
-    from trainer.model import wide_key
     from trainer.serving import ServingDLRM
 
-    # A generator: each table is read, copied into its variable and released before the next.
-    tables = (reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
-              for t, rows in enumerate(sizes))
-    wide = ([reader.value(wide_key(t, dims.embedding_dim), (rows, 1)) for t, rows in enumerate(sizes)]
-            if dims.wide else None)
-    features = len(CAT_COLUMNS) + 1
-    module = ServingDLRM(dims, tables, _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
-                         _mlp_weights(reader, "top", dims.top_mlp,
-                                      dims.embedding_dim + features * (features - 1) // 2),
-                         vocabularies, config.missing_integer, wide)
+    w = _weights(reader, dims, sizes)
+    module = ServingDLRM(dims, w["tables"], w["bottom"], w["top"], vocabularies,
+                         config.missing_integer, w["wide"], w["cross"])
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.
     signatures = {"serve_features": module.serve_features.get_concrete_function(),

@@ -313,7 +313,13 @@ class Trainer:
         return out + self.optimizer.state() + [("loss_scale", self.loss_scale)]
 
     def _dims_meta(self) -> dict[str, Any]:
-        return self.dims.meta()
+        """The model's shape as checkpoints record it: the dims, and the ids per row of each
+        column when some column is multi-hot (a checkpoint trained on one-hot rows is not
+        restored for multi-hot ones, nor the reverse: its embeddings were pooled otherwise)."""
+        meta = self.dims.meta()
+        if self.dataset.multi_hot:
+            meta["multi_hot_sizes"] = list(self.dataset.multi_hot_sizes)
+        return meta
 
     def save(self) -> Path:
         if self.run_id is None:  # a save outside train() (tests, tools): one run all the same

@@ -1,4 +1,4 @@
-"""The DLRM: bottom MLP, embedding tables, dot interaction, top MLP — one rank's share of it.
+"""The DLRM: bottom MLP, embedding tables, dot or DCNv2 interaction, top MLP — one rank's share.
 
 Every variable is initialised from a stateless random seed derived from its identity (the global
 seed and the layer, or the table and column), so a table has the same initial values whichever
@@ -10,10 +10,14 @@ Forward pass on rank r with global batch B and N ranks (local batch b = B / N):
    this rank owns a model-parallel bottom MLP) -> [B, W_r];
 2. alltoall: samples j*b..(j+1)*b go to rank j; each rank receives [b, sum W_s] and reorders
    the columns to [bottom?] C1..C26 (``Placement.feature_columns``);
-3. the dense part on the local b samples: bottom MLP (if data parallel), dot interaction, top
-   MLP -> one logit. It is a separate function so that ``--xla`` can compile it (Horovod ops
+3. the dense part on the local b samples: bottom MLP (if data parallel), interaction (dot, or
+   DCNv2's cross layers), top MLP -> one logit. It is a separate function so that ``--xla`` can compile it (Horovod ops
    cannot sit inside an XLA cluster).
 The alltoall's registered gradient sends embedding gradients back to the owners.
+
+A multi-hot column (several ids per row, [B, k]) is pooled by sum on the rank that owns its
+table, before the exchange: the alltoall moves one vector per (row, table) whatever k, and the
+gather's gradient reaches each of the k rows (duplicates summed by the optimizer).
 
 With ``dims.wide`` each table also has one scalar weight per id (the first-order term a
 logistic regression has and the dot interaction lacks), held by the rank holding the table's
@@ -49,6 +53,69 @@ def dot_interaction(features: tf.Tensor) -> tf.Tensor:
     flat = tf.reshape(products, [-1, num_features * num_features])
     pairs = tf.gather(flat, interaction_pairs(num_features), axis=1)
     return tf.concat([features[:, 0, :], pairs], axis=1)
+
+
+def pooled_lookup(table: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of ``table`` at ``ids``: [B] -> [B, w] (one-hot), [B, k] -> [B, w] summed over the
+    k ids of a row (multi-hot, sum pooling as MLPerf DLRMv2's embedding bags)."""
+    rows = tf.gather(table, ids)
+    return tf.reduce_sum(rows, axis=1) if ids.shape.rank == 2 else rows
+
+
+class CrossNet(tf.Module):
+    """DCNv2's low-rank cross layers (MLPerf DLRMv2's interaction) over x0 [b, N]:
+
+        x_{l+1} = x0 * (up_l(down_l(x_l)) + bias_l) + x_l,   down_l: N -> r, up_l: r -> N
+
+    Each layer multiplies the input element-wise with a low-rank linear map of the previous
+    layer's output, so layer l holds products of up to l + 1 input features; the residual keeps
+    the lower orders. Kernels are Xavier-normal from stateless seeds (like the MLPs: the same
+    on every rank), biases start at 0 (as in the reference).
+    """
+
+    def __init__(self, width: int, layers: int, rank: int, seed: int, ident: int,
+                 name: str = "cross"):
+        super().__init__(name=name)
+        std = math.sqrt(2.0 / (width + rank))
+        self.downs, self.ups, self.biases = [], [], []
+        for i in range(layers):
+            self.downs.append(tf.Variable(tf.random.stateless_normal(
+                [width, rank], seed=[seed, ident + 2 * i], stddev=std), name=f"{name}_{i}_down"))
+            self.ups.append(tf.Variable(tf.random.stateless_normal(
+                [rank, width], seed=[seed, ident + 2 * i + 1], stddev=std), name=f"{name}_{i}_up"))
+            self.biases.append(tf.Variable(tf.zeros([width]), name=f"{name}_{i}_bias"))
+
+    def __call__(self, x0: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        x0 = tf.cast(x0, dtype)
+        x = x0
+        for down, up, bias in zip(self.downs, self.ups, self.biases):
+            mapped = tf.matmul(tf.matmul(x, tf.cast(down, dtype)), tf.cast(up, dtype))
+            x = x0 * (mapped + tf.cast(bias, dtype)) + x
+        return x
+
+    def named_variables(self) -> list[tuple[str, tf.Variable]]:
+        out = []
+        for i, (down, up, bias) in enumerate(zip(self.downs, self.ups, self.biases)):
+            out += [(f"{self.name}/{i}/down", down), (f"{self.name}/{i}/up", up),
+                    (f"{self.name}/{i}/bias", bias)]
+        return out
+
+
+def cross_sizes(width: int, layers: int, rank: int) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape of every cross-layer variable (what the export reads)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(layers):
+        out.update({f"cross/{i}/down": (width, rank), f"cross/{i}/up": (rank, width),
+                    f"cross/{i}/bias": (width,)})
+    return out
+
+
+def interaction(features: tf.Tensor, cross: CrossNet | None, dtype: tf.DType) -> tf.Tensor:
+    """[b, F, d] (bottom MLP output first) -> the top MLP's input: the dot interaction, or
+    (``cross`` given) the cross layers over the concatenation [b, F * d]."""
+    if cross is None:
+        return dot_interaction(features)
+    return cross(tf.reshape(features, [-1, features.shape[1] * features.shape[2]]), dtype)
 
 
 class MLP(tf.Module):
@@ -140,7 +207,9 @@ class DLRM(tf.Module):
         self.bottom = (MLP(NUM_NUMERICAL, dims.bottom_mlp, seed, 1000, True, "bottom")
                        if self.owns_bottom else None)
         features = placement.exchanged_features() + (1 if self.bottom_data_parallel else 0)
-        top_in = dims.embedding_dim + features * (features - 1) // 2
+        top_in = dims.top_input(features)
+        self.cross = (CrossNet(top_in, dims.dcn_layers, dims.dcn_rank, seed, 3000)
+                      if dims.interaction == "dcn" else None)
         self.top = MLP(top_in, dims.top_mlp, seed, 2000, False, "top")
         self._columns = placement.feature_columns()
         self._identity_columns = bool(np.array_equal(self._columns, np.arange(len(self._columns))))
@@ -148,8 +217,10 @@ class DLRM(tf.Module):
 
     # -- variables, by how their gradients are combined ------------------------------------
     def replicated_variables(self) -> list[tuple[str, tf.Variable]]:
-        """Same on every rank, gradients allreduced: top MLP (+ bottom MLP if data parallel)."""
-        out = self.top.named_variables()
+        """Same on every rank, gradients allreduced: cross layers and top MLP (+ bottom MLP if
+        data parallel)."""
+        out = (self.cross.named_variables() if self.cross is not None else []) \
+            + self.top.named_variables()
         if self.bottom_data_parallel:
             out = self.bottom.named_variables() + out
         return out
@@ -175,7 +246,7 @@ class DLRM(tf.Module):
         if self.owns_bottom and not self.bottom_data_parallel:
             parts.append(tf.cast(self.bottom(numerical, self.compute_dtype), tf.float32))
         for piece, table in zip(self.pieces, self.tables):
-            parts.append(tf.gather(table, categorical[self._cat_index[piece.table]]))
+            parts.append(pooled_lookup(table, categorical[self._cat_index[piece.table]]))
         if self._wide_width and self.placement.world > 1:
             # this rank's partial first-order sum travels as the exchange's last column
             parts.append(self._wide_sum(categorical, global_batch)[:, None])
@@ -186,7 +257,7 @@ class DLRM(tf.Module):
     def _wide_sum(self, categorical: list[tf.Tensor], batch: int) -> tf.Tensor:
         """[batch]: the sum of this rank's wide weights at each sample's ids."""
         # gather, then drop the column: the gradient stays sparse (the looked-up rows only)
-        weights = [tf.gather(w, categorical[self._cat_index[p.table]])[:, 0]
+        weights = [pooled_lookup(w, categorical[self._cat_index[p.table]])[:, 0]
                    for p, w in zip(self.wide_pieces, self.wide)]
         return tf.add_n(weights) if weights else tf.zeros([batch])
 
@@ -219,7 +290,8 @@ class DLRM(tf.Module):
         if self.bottom_data_parallel:
             bottom = self.bottom(numerical, self.compute_dtype)
             features = tf.concat([bottom[:, None, :], features], axis=1)
-        logits = self.top(dot_interaction(features), self.compute_dtype)
+        logits = self.top(interaction(features, self.cross, self.compute_dtype),
+                          self.compute_dtype)
         return tf.cast(logits[:, 0], tf.float32) + wide
 
     def features(self, categorical: list[tf.Tensor], numerical: tf.Tensor,

@@ -40,7 +40,7 @@ def inverse_frequency(dataset: BinaryDataset, table: int, rows: int, global_batc
     counts = np.zeros(rows, np.int64)
     for start in range(0, reader.rows, counts_chunk):
         ids = reader.categorical(table, start, min(counts_chunk, reader.rows - start))
-        counts += np.bincount(ids, minlength=rows)[:rows]
+        counts += np.bincount(ids.ravel(), minlength=rows)[:rows]  # each id of a multi-hot row
     presence = batch_presence(counts, global_batch, reader.rows)
     return tf.constant((1.0 / presence).astype(np.float32))
 

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from dlrm_contracts.schema import (BAD_LABEL, NON_HEX_CATEGORICAL, NON_INTEGER, NUM_CATEGORICAL,
                                    NUM_FIELDS, NUM_INTEGER, TOO_MANY_FIELDS)
-from trainer.model import MLP, ModelDims, dot_interaction
+from trainer.model import MLP, CrossNet, ModelDims, interaction, pooled_lookup
 
 INT64_MAX_TAIL = 223_372_036_854_775_807  # 2**63 - 1 = 9 * 10**18 + this
 _INTEGER = "-?[0-9]+"
@@ -47,6 +47,8 @@ _HEX = "[0-9a-fA-F]{1,8}"
 VOCABULARY_HEADER = "<id 0: rare or missing>"
 # The probability of a row the Spark job would reject: outside [0, 1], and valid JSON.
 REJECTED_PROBABILITY = -1.0
+# serve_multi_hot's reason for a row holding an id its table has no row for
+ID_OUT_OF_RANGE = "id_out_of_range"
 
 
 def fits_int64(integers: tf.Tensor) -> tf.Tensor:
@@ -118,14 +120,16 @@ def first_reason(conditions: Sequence[tuple[str, tf.Tensor]]) -> tf.Tensor:
     return reason
 
 
-class ServingDLRM(tf.Module):
-    """Whole tables, both MLPs and one vocabulary lookup per column, in one process."""
+class ServingCore(tf.Module):
+    """Whole tables, both MLPs, the cross layers of a DCN model and the wide weights: ids and
+    numericals -> a click probability, with the trainer's own ops (so the same rounding)."""
 
     def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
                  bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 vocabularies: Sequence[Path], missing_integer: int,
-                 wide: Sequence[np.ndarray] | None = None):
-        """``wide``: each table's [rows, 1] first-order weights (``dims.wide``), or None."""
+                 missing_integer: int, wide: Sequence[np.ndarray] | None = None,
+                 cross: dict[str, np.ndarray] | None = None):
+        """``wide``: each table's [rows, 1] first-order weights (``dims.wide``), or None;
+        ``cross``: the cross layers' weights (``dims.interaction`` dcn), or None."""
         super().__init__(name="dlrm_serving")
         self.missing_integer = missing_integer
         self.tables = [tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}")
@@ -133,13 +137,13 @@ class ServingDLRM(tf.Module):
         self.wide = [tf.Variable(w, trainable=False, name=f"wide_C{i + 1}")
                      for i, w in enumerate(wide or [])]
         self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", bottom)
-        features = NUM_CATEGORICAL + 1
-        top_in = dims.embedding_dim + features * (features - 1) // 2
+        top_in = dims.top_input(NUM_CATEGORICAL + 1)
+        self.cross = None
+        if dims.interaction == "dcn":
+            self.cross = CrossNet(top_in, dims.dcn_layers, dims.dcn_rank, 0, 0)
+            for key, variable in self.cross.named_variables():
+                variable.assign(cross[key])
         self.top = self._mlp(top_in, dims.top_mlp, False, "top", top)
-        self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-            str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
-            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
-            for path in vocabularies]
 
     @staticmethod
     def _mlp(in_dim: int, sizes: tuple[int, ...], final_relu: bool, name: str,
@@ -150,24 +154,80 @@ class ServingDLRM(tf.Module):
             variable.assign(weights[key])
         return mlp
 
+    def _probability_of_ids(self, integers: tf.Tensor, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        """``ids``: per column [n] (one-hot) or [n, k] (multi-hot, pooled by sum)."""
+        numerical = log_transform(integers)
+        embedded = tf.stack([pooled_lookup(self.tables[j], ids[j])
+                             for j in range(NUM_CATEGORICAL)], axis=1)
+        bottom = self.bottom(numerical, tf.float32)
+        features = tf.concat([bottom[:, None, :], embedded], axis=1)
+        logits = self.top(interaction(features, self.cross, tf.float32), tf.float32)[:, 0]
+        if self.wide:  # the top MLP's logit + the tables' weights, as in training
+            # One reduction, not a chain of adds: graph rewriting may regroup an add_n
+            # differently in each signature, and the signatures must agree to the bit.
+            weights = tf.concat([pooled_lookup(w, ids[j]) for j, w in enumerate(self.wide)],
+                                axis=1)
+            logits += tf.reduce_sum(weights, axis=1)
+        return tf.sigmoid(logits)
+
+
+class MultiHotServingDLRM(ServingCore):
+    """A model trained on multi-hot rows: ``serve_multi_hot`` takes the rows as the dataset
+    holds them (each column's k ids), numericals as ``serve_features`` takes them."""
+
+    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
+                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
+                 missing_integer: int, multi_hot_sizes: Sequence[int],
+                 wide: Sequence[np.ndarray] | None = None,
+                 cross: dict[str, np.ndarray] | None = None):
+        super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
+        self.multi_hot_sizes = tuple(int(k) for k in multi_hot_sizes)
+        self.offsets = np.concatenate([[0], np.cumsum(self.multi_hot_sizes)]).tolist()
+        # the width is the model's: a request of another width is refused by the signature
+        self.serve_multi_hot = tf.function(self._serve_multi_hot, input_signature=[
+            tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
+            tf.TensorSpec([None, self.offsets[-1]], tf.int64, name="cat_ids")])
+
+    def _serve_multi_hot(self, int_features, cat_ids):
+        """``cat_ids`` int64 [n, sum(k)]: C1's k1 ids, then C2's k2 ids, ... (a row of the
+        dataset's cat_<i>.bin files side by side). A row with an id outside its table gets
+        probability -1 and ``id_out_of_range``."""
+        ids, in_range = [], []
+        for j in range(NUM_CATEGORICAL):
+            column = cat_ids[:, self.offsets[j]:self.offsets[j + 1]]
+            rows = tf.cast(tf.shape(self.tables[j])[0], tf.int64)
+            ok = tf.reduce_all((column >= 0) & (column < rows), axis=1)
+            in_range.append(ok)
+            ids.append(tf.where(ok[:, None], column, tf.zeros_like(column)))
+        in_range = tf.reduce_all(tf.stack(in_range, axis=1), axis=1)
+        reason = first_reason([(ID_OUT_OF_RANGE, ~in_range)])
+        probability = self._probability_of_ids(int_features, ids)
+        return {"probability": tf.where(in_range, probability,
+                                        tf.fill(tf.shape(probability), REJECTED_PROBABILITY)),
+                "reject_reason": reason}
+
+
+class ServingDLRM(ServingCore):
+    """A one-hot model: the core plus one vocabulary lookup per column (raw values in)."""
+
+    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
+                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
+                 vocabularies: Sequence[Path], missing_integer: int,
+                 wide: Sequence[np.ndarray] | None = None,
+                 cross: dict[str, np.ndarray] | None = None):
+        super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
+        self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
+            for path in vocabularies]
+
     def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
         ids = tf.stack([self.vocabularies[j].lookup(normalised[:, j])
                         for j in range(NUM_CATEGORICAL)], axis=1)
         return tf.where(unusable, tf.zeros_like(ids), ids)
 
     def _probability(self, integers: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-        numerical = log_transform(integers)
-        embedded = tf.stack([tf.gather(self.tables[j], ids[:, j])
-                             for j in range(NUM_CATEGORICAL)], axis=1)
-        bottom = self.bottom(numerical, tf.float32)
-        features = tf.concat([bottom[:, None, :], embedded], axis=1)
-        logits = self.top(dot_interaction(features), tf.float32)[:, 0]
-        if self.wide:  # the top MLP's logit + the tables' weights, as in training
-            # One reduction, not a chain of adds: graph rewriting may regroup an add_n
-            # differently in each signature, and the signatures must agree to the bit.
-            weights = tf.concat([tf.gather(w, ids[:, j]) for j, w in enumerate(self.wide)], axis=1)
-            logits += tf.reduce_sum(weights, axis=1)
-        return tf.sigmoid(logits)
+        return self._probability_of_ids(integers, [ids[:, j] for j in range(NUM_CATEGORICAL)])
 
     def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
                reason: tf.Tensor) -> tf.Tensor:

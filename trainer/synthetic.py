@@ -81,12 +81,16 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
                           table_sizes: tuple[int, ...] = DEFAULT_TABLE_SIZES,
                           strength: float = 3.0, threshold_spec: str = "1",
                           signal_seed: int | None = None,
-                          extra: dict | None = None) -> PlantedSignal:
+                          extra: dict | None = None,
+                          multi_hot_sizes: tuple[int, ...] | None = None) -> PlantedSignal:
     """Write a complete dataset (with ``_SUCCESS``) at ``path``; returns the planted signal.
 
     ``signal_seed``: draw the signal from it, independently of ``seed`` (which then draws the
     rows only) and of the table sizes: the days of one stream whose tables grow. ``extra``:
     more dataset.json keys (a dictionaries fingerprint, as convert records it).
+    ``multi_hot_sizes``: k ids per row for each column (the multi-hot format: [rows, k]
+    row-major, recorded in dataset.json); a row's first id carries the planted signal, the
+    others are more draws of the same skewed ids.
     """
     path = Path(path)
     assert len(table_sizes) == NUM_CATEGORICAL
@@ -99,10 +103,16 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
         cats = [_ids(split_rng, size, n) for size in table_sizes]
         p = 1.0 / (1.0 + np.exp(-signal.logit(numerical.astype(np.float32), cats)))
         label = (split_rng.random(n) < p).astype(np.uint8)
+        if multi_hot_sizes is not None:
+            cats = [ids if k == 1 else np.column_stack(
+                        [ids] + [_ids(split_rng, size, n) for _ in range(k - 1)])
+                    for ids, size, k in zip(cats, table_sizes, multi_hot_sizes)]
         write_split(path / split, label, numerical, cats, table_sizes)
     # recorded as convert records them, so the dataset can be derived from (rethreshold)
     checksums = {file_key(split, f.name): file_checksum(f)
                  for split in SPLITS for f in sorted((path / split).iterdir())}
+    if multi_hot_sizes is not None and any(k > 1 for k in multi_hot_sizes):
+        extra = {**(extra or {}), "multi_hot_sizes": [int(k) for k in multi_hot_sizes]}
     info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), threshold_spec,
                     f"synthetic-planted-seed{seed}", {**(extra or {}), CHECKSUMS_KEY: checksums})
     write_json(path / DATASET_JSON, info.to_json())

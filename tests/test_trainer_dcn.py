@@ -1,0 +1,218 @@
+"""DCNv2 (train.interaction: dcn) and multi-hot rows: the cross layers and the pooled lookups
+against plain numpy, the multi-hot reader, checkpoints that refuse another interaction or
+another multi-hot layout, and the export of a multi-hot model (its serve_multi_hot signature
+equals the trainer's predictions). Two ranks against one process: test_trainer_horovod.py's
+dlrmv2 variant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlrm_contracts.binary_format import NUMERICAL_FILE, cat_file
+from dlrm_contracts.config import ExportConfig
+from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
+from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_INTEGER
+from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
+from trainer_helpers import small_config, write_stable_dictionaries
+
+ROWS = {"train": 2048, "test": 300, "validation": 200}
+# some columns one-hot, others with several ids per row (C1 3, C2 2, C5 6, C10 7, ...)
+MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3, 1, 1)
+DCN = dict(interaction="dcn", dcn_layers=3, dcn_rank=6)
+
+
+def numpy_cross(x0: np.ndarray, downs, ups, biases) -> np.ndarray:
+    x = x0
+    for down, up, bias in zip(downs, ups, biases):
+        x = x0 * (x @ down @ up + bias) + x
+    return x
+
+
+def test_cross_layers_match_numpy():
+    import tensorflow as tf
+
+    from trainer.model import CrossNet
+
+    cross = CrossNet(12, 3, 4, seed=5, ident=3000)
+    rng = np.random.default_rng(0)
+    for bias in cross.biases:  # they start at 0: make the bias term count
+        bias.assign(rng.normal(size=12).astype(np.float32))
+    x0 = rng.normal(size=(7, 12)).astype(np.float32)
+    got = cross(tf.constant(x0), tf.float32).numpy()
+    want = numpy_cross(x0.astype(np.float64), *([v.numpy().astype(np.float64) for v in vs]
+                                                 for vs in (cross.downs, cross.ups, cross.biases)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert [v.shape for v in cross.downs[0:1] + cross.ups[0:1]] == [(12, 4), (4, 12)]
+    # one layer with zero kernels and bias is the identity (the residual): x1 = x0
+    zero = CrossNet(12, 1, 4, seed=5, ident=3000)
+    zero.downs[0].assign(tf.zeros([12, 4]))
+    np.testing.assert_array_equal(zero(tf.constant(x0), tf.float32).numpy(), x0)
+
+
+def test_pooled_lookup_sums_a_rows_ids_and_sends_each_its_gradient():
+    import tensorflow as tf
+
+    from trainer.model import pooled_lookup
+
+    table = tf.Variable(np.random.default_rng(1).normal(size=(10, 4)).astype(np.float32))
+    ids = np.array([[1, 2, 2], [0, 9, 3]], np.int32)  # a duplicate id in the first row
+    with tf.GradientTape() as tape:
+        pooled = pooled_lookup(table, tf.constant(ids))
+        loss = tf.reduce_sum(pooled * tf.constant([[1.0], [2.0]]))
+    np.testing.assert_allclose(pooled.numpy(), table.numpy()[ids].sum(axis=1), rtol=1e-6)
+    grad = tape.gradient(loss, table)
+    assert isinstance(grad, tf.IndexedSlices)  # sparse: the looked-up rows only
+    dense = tf.convert_to_tensor(grad).numpy()
+    want = np.zeros((10, 4))
+    np.add.at(want, ids.ravel(), np.repeat([1.0, 2.0], 3)[:, None] * np.ones(4))
+    np.testing.assert_allclose(dense, want)
+    # a one-hot column [B] is the plain lookup
+    np.testing.assert_array_equal(pooled_lookup(table, tf.constant([4, 4])).numpy(),
+                                  table.numpy()[[4, 4]])
+
+
+def test_dense_parameters_count_the_cross_layers():
+    from trainer.comm import LocalComm
+    from trainer.dims import dense_parameters, model_dims
+    from trainer.model import DLRM
+    from trainer.placement import plan_placement
+
+    config = small_config(**DCN)
+    dims = model_dims(config)
+    placement = plan_placement(DEFAULT_TABLE_SIZES, dims.embedding_dim, 1)
+    model = DLRM(dims, placement, 0, 256, config.seed, LocalComm())
+    counted = sum(int(np.prod(v.shape)) for _, v in model.replicated_variables())
+    assert dense_parameters(dims) == counted
+    assert model.top.kernels[0].shape == (27 * 16, 128)
+    assert dims.meta()["interaction"] == "dcn" and "interaction" not in model_dims(
+        small_config()).meta()  # a dot model's dims are recorded as before
+
+
+@pytest.fixture(scope="module")
+def multi_hot(tmp_path_factory):
+    """A multi-hot dataset whose test rows' numericals are the log transform of known raw
+    integers (as preprocess writes them), with dictionaries beside it for the export."""
+    root = tmp_path_factory.mktemp("multi_hot")
+    dictionaries = root / "work" / "parquet" / "dictionaries"
+    write_stable_dictionaries(dictionaries, DEFAULT_TABLE_SIZES)
+    path = root / "binary"
+    write_planted_dataset(path, ROWS, seed=4, multi_hot_sizes=MULTI_HOT,
+                          extra={DICTIONARIES_FINGERPRINT_KEY:
+                                 dictionaries_fingerprint(dictionaries)})
+    raw = np.random.default_rng(9).integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
+    transformed = np.where(raw > -3, np.log(np.maximum(raw, -2) + 3.0), 0.0)
+    transformed.astype(np.float32).astype(np.float16).tofile(path / "test" / NUMERICAL_FILE)
+    return path, root / "work", raw
+
+
+def test_multi_hot_rows_read_as_written(multi_hot):
+    from trainer.data import SplitReader, open_dataset, single_process_view
+
+    path, _, _ = multi_hot
+    dataset = open_dataset(path)
+    assert dataset.multi_hot_sizes == MULTI_HOT and dataset.multi_hot
+    reader = SplitReader(dataset, "train")
+    c10 = np.fromfile(path / "train" / cat_file(9), dataset.cat_dtypes[9]).reshape(-1, 7)
+    np.testing.assert_array_equal(reader.categorical(9, 100, 50), c10[100:150])
+    assert reader.categorical(2, 0, 8).shape == (8,)  # C3 is one-hot
+    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)  # the last batch: padded with id 0 rows
+    assert batch.categorical[9].shape == (32, 7) and not batch.categorical[9][10:].any()
+
+
+def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, tmp_path):
+    """The interaction and the ids per row shape the model: a checkpoint trained with another
+    is never resumed, evaluated or warm-started from as if it fitted."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop import run
+
+    path, _, _ = multi_hot
+    run(small_config(max_steps=2), path, tmp_path / "w")
+    with pytest.raises(CheckpointError, match=r"train\.interaction 'dot' -> 'dcn'"):
+        run(small_config(max_steps=4, **DCN), path, tmp_path / "w")
+    with pytest.raises(CheckpointError, match=r"model dims .*'interaction': 'dcn'"):
+        run(small_config(**DCN), path, tmp_path / "w", mode="eval")
+    # the same rows read one-hot (C1..C26's first ids): the checkpoint pooled k ids per row
+    one_hot = tmp_path / "one_hot"
+    write_planted_dataset(one_hot, ROWS, seed=4)
+    with pytest.raises(CheckpointError, match=r"multi_hot_sizes"):
+        run(small_config(), one_hot, tmp_path / "w", mode="eval")
+
+
+def test_a_multi_hot_dcn_model_exports_and_serves_multi_hot_rows(multi_hot):
+    """The export of a multi-hot DCN model takes the rows as the dataset holds them
+    (serve_multi_hot: raw integers + each column's k ids side by side) and scores them as the
+    trainer does; an id outside its table is refused by name; raw-line scoring refuses the
+    model in one line."""
+    import tensorflow as tf
+
+    from trainer import export
+    from trainer.loop import Trainer, run
+    from trainer.score import ScoreError, load_model
+
+    path, work, raw = multi_hot
+    config = small_config(max_steps=8, optimizer="adagrad", learning_rate=0.05, wide=True, **DCN)
+    run(config, path, work)
+    summary = export.export_model(work, path, ExportConfig())
+    assert summary["signatures"] == ["serve_multi_hot", "serving_default"]
+    assert summary["multi_hot_sizes"] == list(MULTI_HOT)
+    assert summary["dims"]["interaction"] == "dcn"
+
+    trainer = Trainer(config, path, work)
+    trainer.restore_best(required=True)
+    _, expected = trainer.predictions("test")
+    ids = np.concatenate([np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
+                          for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)],
+                         axis=1).astype(np.int64)
+    assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
+    model = tf.saved_model.load(summary["saved_model"])
+    out = model.signatures["serving_default"](int_features=tf.constant(raw, tf.int64),
+                                              cat_ids=tf.constant(ids))
+    np.testing.assert_allclose(out["probability"].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert set(out["reject_reason"].numpy().tolist()) == {b""}
+    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
+
+    bad = ids[:2].copy()
+    bad[1, 5] = DEFAULT_TABLE_SIZES[2]  # C3's one id, past its table
+    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw[:2], tf.int64),
+                                              cat_ids=tf.constant(bad))
+    assert out["reject_reason"].numpy().tolist() == [b"", b"id_out_of_range"]
+    assert out["probability"].numpy()[1] == -1.0
+    fingerprint = json.loads((Path(summary["saved_model"]) / "fingerprint.json").read_text())
+    assert fingerprint["multi_hot_sizes"] == list(MULTI_HOT)
+    with pytest.raises(ScoreError, match="multi-hot rows .* serve_multi_hot"):
+        load_model(Path(summary["saved_model"]))
+
+
+def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
+    """The daily job with DLRMv2's model: day 2 (a grown multi-hot table) starts from day 1's
+    model, cross layers and optimizer state included; a day of one-hot rows is refused."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop import run
+    from trainer_helpers import checkpoint_arrays
+
+    grown = tuple(s + 100 if i == 9 else s for i, s in enumerate(DEFAULT_TABLE_SIZES))
+    day1, day2 = tmp_path / "day1", tmp_path / "day2"
+    write_planted_dataset(day1, ROWS, seed=1, signal_seed=3, multi_hot_sizes=MULTI_HOT)
+    write_planted_dataset(day2, ROWS, seed=2, signal_seed=3, table_sizes=grown,
+                          multi_hot_sizes=MULTI_HOT)
+    config = dict(optimizer="adagrad", learning_rate=0.05, **DCN)
+    run(small_config(max_steps=4, **config), day1, tmp_path / "w")
+    before = checkpoint_arrays(tmp_path / "w")
+    # nothing to train: the previous model is saved for day 2 as it is, its tables grown
+    summary = run(small_config(max_steps=0, init="previous", **config), day2, tmp_path / "w")
+    assert summary["init"]["mode"] == "previous" and summary["init"]["grown_tables"] == {
+        "C10": [DEFAULT_TABLE_SIZES[9], grown[9]]}
+    after = checkpoint_arrays(tmp_path / "w")
+    cross = [k for k in before if k.startswith("cross/")]
+    assert len(cross) == 3 * 3 * 2  # down, up, bias and their Adagrad accumulators
+    for key in cross:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    np.testing.assert_array_equal(after["table/9"][:DEFAULT_TABLE_SIZES[9]], before["table/9"])
+    one_hot = tmp_path / "day3"
+    write_planted_dataset(one_hot, ROWS, seed=3, signal_seed=3, table_sizes=grown)
+    with pytest.raises(CheckpointError, match="multi_hot_sizes"):
+        run(small_config(max_steps=4, init="previous", **config), one_hot, tmp_path / "w")
