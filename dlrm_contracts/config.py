@@ -333,6 +333,9 @@ class ConvertConfig:
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
     # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
+    # Ids per row of each column C1..C26 (26 ints >= 1: MLPerf DLRMv2's multi-hot dataset,
+    # dlrm_contracts/multi_hot.py); None = one-hot, as every dataset before it.
+    multi_hot_sizes: list[int] | None = None
     # Layouts written: "binary" (the split binary dataset the trainer reads, always written),
     # "torchrec" (TorchRec's per-day .npy files for InMemoryBinaryCriteoIterDataPipe and
     # dlrm_main.py, in binary/torchrec/; converters/torchrec_format.py), "mlperf_multihot".
@@ -341,6 +344,11 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
         _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
+        _check(self.multi_hot_sizes is None or (
+            len(self.multi_hot_sizes) == len(CAT_COLUMNS)
+            and all(isinstance(k, int) and k >= 1 for k in self.multi_hot_sizes)),
+            f"convert.multi_hot_sizes must be {len(CAT_COLUMNS)} integers >= 1 (one per column "
+            f"C1..C26), not {self.multi_hot_sizes}")
         for name in self.formats:
             _one_of("convert.formats", name, CONVERT_FORMATS)
         _check("binary" in self.formats, "convert.formats must include binary (the other "

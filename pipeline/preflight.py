@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig
+from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig, column_caps
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
@@ -123,7 +123,11 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     """The tables at the configured threshold, from the counts' histogram. With stable ids a
     table also keeps the ids of values that left the window or became rare, so it is at least
     the last run's size (``parquet/model_size.json``): the larger of the two, short only by the
-    newcomers of days not counted yet."""
+    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``) make the tables
+    the caps, known before any day is read."""
+    if config.preprocess.ids == "modulo":
+        caps = column_caps(config.preprocess)
+        return [caps[c] for c in CAT_COLUMNS]
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
@@ -297,7 +301,9 @@ def estimate(config: PipelineConfig) -> Estimate:
     except (OSError, ValueError) as exc:
         est.say(f"tables: counts unreadable ({exc})")
         sizes = None
-    if sizes is not None:
+    if sizes is not None and config.preprocess.ids == "modulo":
+        est.say(f"tables: {sum(sizes):,} embedding rows (the caps of preprocess.caps)")
+    elif sizes is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows at threshold "
                 f"{config.preprocess.frequency_threshold} (from the counts)")
     state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]

@@ -18,7 +18,7 @@ from pathlib import Path
 from dlrm_contracts.binary_format import cat_dtype
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.layout import WorkdirLayout
-from dlrm_contracts.schema import NUM_INTEGER
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from pipeline.calibration import Speed
 from pipeline.diskspace import free_bytes, same_filesystem
 from pipeline.hosts import horovodrun_hosts
@@ -85,10 +85,16 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 
 
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
+    """Label, float16 numericals and each column's ids (k of them a row with multi-hot
+    size k); the TorchRec layout beside it adds float32 dense, int64 ids and an int32 label."""
+    hot = config.convert.multi_hot_sizes or [1] * len(CAT_COLUMNS)
+    torchrec = 4 * NUM_INTEGER + 8 * len(CAT_COLUMNS) + 4 \
+        if "torchrec" in config.convert.formats else 0
     if sizes is None:
-        return config.preflight.binary_bytes_per_row_bound
-
-    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize for s in sizes)
+        # the bound is the one-hot row at int32 ids: multi-hot ids add (k - 1) x 4 bytes each
+        return config.preflight.binary_bytes_per_row_bound + 4 * (sum(hot) - len(hot)) + torchrec
+    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize * k for s, k in zip(sizes, hot)) \
+        + torchrec
 
 
 def _dims(config: PipelineConfig):
