@@ -95,3 +95,29 @@ def test_formats_config_accepts_the_contract_names_and_refuses_others():
         ConvertConfig(formats=["binary", "parquet"])
     with pytest.raises(ConfigError, match="must include binary"):
         ConvertConfig(formats=["torchrec"])
+
+
+def _stage_context(root, threshold):
+    from dlrm_contracts.config import PipelineConfig, PreprocessConfig
+    from dlrm_contracts.layout import WorkdirLayout
+    from pipeline.manifest import ManifestStore
+    from pipeline.stages import StageContext
+
+    config = PipelineConfig(workdir=str(root), preprocess=PreprocessConfig(
+        frequency_threshold=threshold), convert=TORCHREC_CONFIG)
+    layout = WorkdirLayout.at(root)
+    return StageContext(config, layout, ManifestStore(layout.root / "manifests"),
+                        layout.root / "effective_config.yaml")
+
+
+def test_the_convert_stage_writes_torchrec_files_and_refuses_a_raise_it_cannot_give(tmp_path):
+    from dlrm_contracts.errors import PipelineError
+    from pipeline.stages import _convert
+
+    write_workdir(tmp_path)  # its parquet is at threshold 2
+    outcome = _convert(_stage_context(tmp_path, 2))
+    assert outcome.action == "ran" and (tmp_path / "binary" / "torchrec" / TORCHREC_JSON).exists()
+    # A raise would rethreshold the binary alone and leave the TorchRec ids at threshold 2.
+    with pytest.raises(PipelineError, match="convert.formats torchrec writes the parquet's ids"):
+        _convert(_stage_context(tmp_path, 5))
+    assert json.loads((tmp_path / "binary" / "dataset.json").read_text())["threshold_spec"] == "2"
