@@ -119,7 +119,6 @@ def torchrec_run(anchors: Path, npz_dir: Path, table_sizes: list[int], args) -> 
     command = [anchors / ".venv/bin/torchrun", "--standalone", "--nproc_per_node", "1",
                "dlrm_main.py", "--synthetic_multi_hot_criteo_path", npz_dir,
                "--num_embeddings_per_feature", ",".join(map(str, table_sizes)),
-               "--multi_hot_sizes", ",".join(map(str, MULTI_HOT)),
                "--embedding_dim", args.dim, "--dense_arch_layer_sizes", f"64,{args.dim}",
                "--over_arch_layer_sizes", "64,32,1", "--interaction_type", "dcn",
                "--dcn_num_layers", 3, "--dcn_low_rank_dim", args.dim, "--adagrad",
@@ -138,7 +137,7 @@ def torchrec_run(anchors: Path, npz_dir: Path, table_sizes: list[int], args) -> 
 
 
 def ours_run(dataset: Path, interaction: str, out: Path, args) -> dict:
-    config = out / f"trainer_{interaction}.yaml"
+    config = out / f"trainer_{interaction}{args.tag}.yaml"
     config.write_text(
         "train:\n"
         f"  embedding_dim: {args.dim}\n  bottom_mlp: [64, {args.dim}]\n  top_mlp: [64, 32, 1]\n"
@@ -148,7 +147,7 @@ def ours_run(dataset: Path, interaction: str, out: Path, args) -> dict:
         "  adagrad_initial_accumulator: 0.0\n  adagrad_epsilon: 1.0e-8\n  warmup_steps: 0\n"
         f"  batch_size: {args.batch}\n  epochs: 1\n  early_stopping_patience: 0\n"
         "  evals_per_epoch: 1\n")
-    workdir = out / f"trainer_{interaction}"
+    workdir = out / f"trainer_{interaction}{args.tag}"
     shutil.rmtree(workdir, ignore_errors=True)
     start = time.perf_counter()
     command = [sys.executable, "-m", "trainer", "--dataset", dataset, "--workdir", workdir,
@@ -173,6 +172,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--models", default="torchrec,dcn,dot")
+    parser.add_argument("--tag", default="", help="suffix of the trainers' workdirs (runs "
+                        "side by side in one --out)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     raw, _padded = anchor.raw_days(args.out, args.rows_per_day, args.seed, anchor.REAL_SAMPLE)
