@@ -24,7 +24,8 @@ and with the dot interaction, one epoch each, small dimensions.
 Both sides use the same model and optimizer: embedding dim ``--dim``, bottom MLP
 ``64,<dim>``, top MLP ``64,32,1``, 3 cross layers of rank ``--dim`` (dot: pairwise dot
 products), Adagrad (eps 1e-8, initial accumulator 0, as dlrm_main.py fixes them) at
-``--lr`` for tables and MLPs, batch ``--batch``, one epoch in the data's order, no schedule.
+``--lr`` for tables and MLPs, batch ``--batch``, one epoch in the data's order (batches not
+shuffled: dlrm_main.py's default), no schedule.
 
 Usage::
 
@@ -146,7 +147,7 @@ def ours_run(dataset: Path, interaction: str, out: Path, args) -> dict:
         f"  learning_rate: {args.lr}\n  learning_rate_scaling: none\n"
         "  adagrad_initial_accumulator: 0.0\n  adagrad_epsilon: 1.0e-8\n  warmup_steps: 0\n"
         f"  batch_size: {args.batch}\n  epochs: 1\n  early_stopping_patience: 0\n"
-        "  evals_per_epoch: 1\n")
+        "  evals_per_epoch: 1\n  shuffle_batches: false\n")
     workdir = out / f"trainer_{interaction}{args.tag}"
     shutil.rmtree(workdir, ignore_errors=True)
     start = time.perf_counter()
