@@ -179,7 +179,9 @@ def run_once(args) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     spark = SparkConfig(master=args.master, driver_memory=args.driver_memory,
                         conf=parse_conf_pairs(args.conf))
-    cfg = PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine)
+    # --caps: capped ids (ids: modulo), the same cap for every column
+    cfg = (PreprocessConfig(engine=args.engine, ids="modulo", caps=args.caps) if args.caps
+           else PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine))
     start, cpu = time.perf_counter(), process_tree_cpu_seconds()
     with WorkerMemory() as memory:
         summary = run_preprocess(raw, work, spark, cfg)
@@ -209,7 +211,7 @@ def print_run(result: dict, csv_seconds: float) -> None:
     n = result["rows_in"]
     t, c = result["timings"], result["cpu_seconds"]
     print(f"engine {result['engine']}: {n:,} rows")
-    for stage in ("count", "dictionaries", "transform"):
+    for stage in (s for s in ("count", "dictionaries", "transform") if s in t):  # capped: none
         print(f"  {stage:13s} {t[stage]:7.1f} s {n / t[stage]:>12,.0f} rows/s "
               f"{c[stage] / n * 1e6:7.2f} CPU-s per 1M rows")
     wall = result["wall_seconds"]
@@ -233,7 +235,8 @@ def child_run(args, raw: str, engine: str) -> dict:
     """One preprocessing run in a fresh process (cold JVM); its result dict."""
     argv = ["--input", raw, "--engine", engine, "--threshold", args.threshold,
             "--master", args.master, "--driver-memory", args.driver_memory,
-            "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once"]
+            "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once",
+            *(["--caps", str(args.caps)] if args.caps else [])]
     out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
                          stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -295,6 +298,8 @@ def main() -> int:
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
     p.add_argument("--threshold", default=str(PreprocessConfig().frequency_threshold))
     p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
+    p.add_argument("--caps", type=int, help="capped ids (preprocess.ids: modulo), this cap for "
+                                            "every column; the threshold does not apply")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")

@@ -274,12 +274,14 @@ def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Pa
     return pieces, segments
 
 
-def _stable_ids(parquet_dir: Path) -> bool:
-    """Whether preprocess gave stable ids (preprocess.ids: stable): recorded in dataset.json,
-    since a threshold raise is then no prefix of the ids (rethreshold refuses it)."""
+def _ids_mode(parquet_dir: Path) -> str | None:
+    """How preprocess gave the ids when no threshold raise is a prefix of them (rethreshold and
+    the trainer refuse one): stable (not ordered by count) or modulo (capped, no threshold);
+    recorded in dataset.json. None for frequency ids."""
     preprocess = parquet_dir / PREPROCESS_JSON
     data = read_json(preprocess) if preprocess.exists() else {}
-    return isinstance(data, dict) and data.get("ids") == "stable"
+    ids = data.get("ids") if isinstance(data, dict) else None
+    return ids if ids in ("stable", "modulo") else None
 
 
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
@@ -384,7 +386,7 @@ def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str]) -> di
     return {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
             # what a model trained on it must be served with (trainer.export)
             DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
-            **({"ids": "stable"} if _stable_ids(parquet_dir) else {}),
+            **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),
             **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
             CHECKSUMS_KEY: dict(sorted(checksums.items()))}
 

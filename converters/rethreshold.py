@@ -116,6 +116,10 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     source, output = Path(source_binary_dir), Path(output_dir)
     refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
     info = _intact_source(source, config)
+    if info.extra.get("ids") == "modulo":
+        raise DatasetError(f"{source} has capped ids (preprocess.ids: modulo): every value keeps "
+                           "its id modulo its column's cap, so there is no threshold to raise; "
+                           "change preprocess.caps and run the preprocess stage instead")
     base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
     if info.extra.get("ids") == "stable" and new != base:

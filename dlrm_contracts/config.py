@@ -30,7 +30,7 @@ DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo")
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
 # is 2**31 - 1.
-MAX_CAP = 2**31
+MAX_CAP = 2**31   # dlrm_contracts.binary_format.MAX_TABLE_SIZE
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 ROW_L2_SCALINGS: tuple[str, ...] = ("none", "inverse_frequency")

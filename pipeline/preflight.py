@@ -123,11 +123,9 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     """The tables at the configured threshold, from the counts' histogram. With stable ids a
     table also keeps the ids of values that left the window or became rare, so it is at least
     the last run's size (``parquet/model_size.json``): the larger of the two, short only by the
-    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``) make the tables
-    the caps, known before any day is read."""
+    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``): the caps."""
     if config.preprocess.ids == "modulo":
-        caps = column_caps(config.preprocess)
-        return [caps[c] for c in CAT_COLUMNS]
+        return list(column_caps(config.preprocess).values())
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(

@@ -177,6 +177,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
             "threshold": str(ctx.threshold),
             # only when set, so that a workdir made before these settings keeps its key
             **({"ids": p.ids} if p.ids != "frequency" else {}),
+            **({"caps": p.caps} if p.caps is not None else {}),
             **({"window_days": p.window_days} if p.window_days is not None else {})}
 
 

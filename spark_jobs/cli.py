@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", choices=ID_MODES,
                    help="frequency: ids by count each run; stable: ids never move across runs; "
                         "modulo: hex value modulo preprocess.caps, nothing counted")
+    p.add_argument("--caps", type=_caps, metavar="N|N1,...,N26",
+                   help="ids: modulo: each column's table size, one for all or 26 (C1..C26)")
     p.add_argument("--window-days", type=int, metavar="N",
                    help="only the newest N day files are the data (default: every day file)")
     p.add_argument("--retransform", action="store_true",
@@ -59,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument("--ui-admin-users", metavar="U1,U2", help="spark.admin.acls")
     security.add_argument("--ui-view-users", metavar="U1,U2", help="spark.ui.view.acls")
     return p
+
+
+def _caps(text: str) -> int | list[int]:
+    """``--caps 1000`` or ``--caps 40000000,39060,...`` (26); their range is the config's check."""
+    try:
+        caps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or a list of integers") from None
+    return caps[0] if len(caps) == 1 else caps
 
 
 def _users(names: str) -> list[str]:

@@ -134,7 +134,9 @@ class PreprocessProgress:
                  sample_bytes: int,
                  reporter: Reporter | None = None):
         self.cfg = cfg
-        self.shares = settings.preprocess_phase_shares
+        # capped ids build no dictionaries: their share would keep the job's fraction below 1
+        self.shares = {name: share for name, share in settings.preprocess_phase_shares.items()
+                       if not (cfg.ids == "modulo" and name == "dictionaries")}
         self.read_shares = settings.preprocess_read_shares
         self.input_tasks = input_tasks    # the engine's tasks reading these days (its plan)
         self.sample_bytes = sample_bytes

@@ -11,12 +11,15 @@ pipeline end to end (preprocess, convert) to a binary dataset whose tables are t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlrm_contracts.config import ConfigError, PreprocessConfig
+from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, REJECT_REASONS
 from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
@@ -115,3 +118,61 @@ def test_caps_are_checked_with_the_ids_mode():
                              "does not apply")]:
         with pytest.raises(ConfigError, match=words):
             PreprocessConfig(**settings)
+
+
+PIPELINE_CONFIG = """
+generator:
+  days: 3
+  rows_per_day: 3000
+  seed: 77
+spark:
+  driver_memory: 2g
+preprocess:
+  ids: modulo
+  caps: {caps}
+convert:
+  batch_rows: 512
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_pipeline_makes_a_binary_dataset_whose_tables_are_the_caps(tmp_path):
+    import pyarrow.parquet as pq
+
+    from dlrm_contracts.binary_format import cat_dtype, cat_file, read_info
+    from pipeline_helpers import run as run_pipeline
+
+    caps = [100_000, 40, 3, *[300] * 20, 2**31, 1, 50_000]
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(PIPELINE_CONFIG.format(caps=json.dumps(caps)))
+    proc, summary = run_pipeline(tmp_path / "work", config, "--stages",
+                                 "generate,preprocess,convert")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert summary["table_sizes"] == caps
+    layout = WorkdirLayout.at(tmp_path / "work")
+    info = read_info(layout.binary)
+    assert list(info.table_sizes) == caps and info.extra["ids"] == "modulo"
+    assert info.threshold_spec is None
+    # each column in the narrowest type that holds its cap, the same ids as the parquet
+    test = pq.read_table(sorted(layout.parquet_split("test").glob("part-*.parquet")))
+    for i, (column, cap) in enumerate(zip(CAT_COLUMNS, caps)):
+        assert info.cat_dtypes[i] == cat_dtype(cap).name
+        ids = np.fromfile(layout.binary / "test" / cat_file(i), cat_dtype(cap))
+        assert np.array_equal(ids, test.column(column).to_numpy()), column
+        assert ids.min() >= 0 and ids.max() < cap
+    # no threshold to raise: one line, the converters' exit code
+    raised = subprocess.run([sys.executable, "-m", "converters", "rethreshold", "--source",
+                             str(layout.binary), "--counts", str(layout.counts),
+                             "--frequency-threshold", "5", "--output", str(tmp_path / "raised")],
+                            capture_output=True, text=True)
+    assert raised.returncode == ExitCode.CONVERT and "capped ids" in raised.stderr
+    assert not (tmp_path / "raised").exists()
+
+
+def test_the_preflight_sizes_the_tables_as_the_caps(tmp_path):
+    from dlrm_contracts.config import PipelineConfig
+    from pipeline.preflight import _table_sizes
+
+    config = PipelineConfig(preprocess=PreprocessConfig(ids="modulo", caps=CAPS))
+    assert _table_sizes(config, WorkdirLayout.at(tmp_path)) == CAPS

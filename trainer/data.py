@@ -114,6 +114,9 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
     sizes = written
     if threshold is not None:
         threshold = parse_threshold_spec(threshold)
+        if info.extra.get("ids") == "modulo":
+            raise DatasetError(f"{path} has capped ids (preprocess.ids: modulo), which no "
+                               f"threshold applies to: unset train.frequency_threshold")
         if info.extra.get("ids") == "stable" and (
                 info.threshold_spec is None
                 or threshold != parse_threshold_spec(info.threshold_spec)):

@@ -257,10 +257,11 @@ class ArrowEngine:
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
                      index_dir: Path, staging: Path, train_files: int,
                      days: set[int] | None = None) -> None:
-        """Write ``staging/<split>/part-*.parquet``. Every id comes from
-        the dictionary index (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``). Train is hash-partitioned into ``train_files`` by its order key
-        and sorted within each file; the last day's tasks write test and validation in line
-        order (chunk k writes part k). ``days``: only these days' rows (None: every day)."""
+        """Write ``staging/<split>/part-*.parquet``. Every id comes from the dictionary index
+        (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``). Train is
+        hash-partitioned into ``train_files`` by its order key and sorted within each file;
+        the last day's tasks write test and validation in line order (chunk k writes part k).
+        ``days``: only these days' rows (None: every day)."""
         spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
         shutil.rmtree(staging, ignore_errors=True)
