@@ -12,6 +12,8 @@ Usage::
 
     .venv/bin/python bench/bench_converters.py --rows 1000000 4000000
     .venv/bin/python bench/bench_converters.py --workdir DIR --rethreshold 15
+    .venv/bin/python bench/bench_converters.py --rows 1000000 --cap 500000 \
+        --multi-hot-sizes 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1
 
 The seed's converter needed 4.3 s per 1M rows on this machine type, writing the data twice.
 """
@@ -52,10 +54,10 @@ def _ids(rng: np.random.Generator, kept: int, n: int) -> np.ndarray:
 
 
 def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int = 4,
-                         seed: int = 0, row_group_rows: int = 1_000_000) -> Path:
+                         seed: int = 0, row_group_rows: int = 1_000_000, cap: int = CAP) -> Path:
     """A workdir with parquet/{train,test,validation} and counts/histogram.parquet."""
     rng = np.random.default_rng(seed)
-    kept = [min(u, CAP) for u in TERABYTE_UNIQUES]
+    kept = [min(u, cap) for u in TERABYTE_UNIQUES]
     parquet = root / "parquet"
     split_rows = {"train": rows * 8 // 10, "test": rows // 10}
     split_rows["validation"] = rows - split_rows["train"] - split_rows["test"]
@@ -121,15 +123,18 @@ def _peak_rss_mb() -> float:
 
 def _options(config: ConvertConfig) -> list[str]:
     return ["--workers", str(config.workers), "--batch-rows", str(config.batch_rows)] + \
-        ([] if config.fsync else ["--no-fsync"])
+        ([] if config.fsync else ["--no-fsync"]) + \
+        (["--formats", ",".join(config.formats)] if config.formats != ["binary"] else [])
 
 
 def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     parquet, binary = workdir / "parquet", workdir / "bench_binary"
     shutil.rmtree(binary, ignore_errors=True)
     cpu = _children_cpu_s()
+    multi_hot = (["--multi-hot-sizes", ",".join(map(str, config.multi_hot_sizes))]
+                 if config.multi_hot_sizes else [])
     summary = _run_cli(["convert", "--parquet", str(parquet), "--output", str(binary),
-                        *_options(config)])
+                        *_options(config), *multi_hot])
     convert_rss = _peak_rss_mb()
     convert_cpu = _children_cpu_s() - cpu
     rows = sum(summary["rows"].values())
@@ -175,15 +180,21 @@ def main() -> None:
     parser.add_argument("--no-fsync", action="store_true")
     parser.add_argument("--row-group-rows", type=int, default=1_000_000,
                         help="parquet row group size of the generated input (Spark: ~128 MB)")
+    parser.add_argument("--cap", type=int, default=CAP, help="largest table of the input")
+    parser.add_argument("--multi-hot-sizes", help="convert multi-hot, e.g. MLPerf's 3,2,1,...")
+    parser.add_argument("--formats", default="binary", help="e.g. binary,mlperf_multihot")
     args = parser.parse_args()
     config = ConvertConfig(workers=args.workers, batch_rows=args.batch_rows, progress=False,
-                           fsync=not args.no_fsync)
+                           fsync=not args.no_fsync, formats=args.formats.split(","),
+                           multi_hot_sizes=[int(k) for k in args.multi_hot_sizes.split(",")]
+                           if args.multi_hot_sizes else None)
     if args.workdir:
         print(json.dumps(bench(Path(args.workdir), args.rethreshold, config)))
         return
     for rows in args.rows:
         with tempfile.TemporaryDirectory(prefix="bench_converters_") as tmp:
-            make_parquet_workdir(Path(tmp), rows, row_group_rows=args.row_group_rows)
+            make_parquet_workdir(Path(tmp), rows, row_group_rows=args.row_group_rows,
+                                 cap=args.cap)
             print(json.dumps(bench(Path(tmp), args.rethreshold, config)), flush=True)
 
 

@@ -9,13 +9,15 @@
 
 At the seed's default dimensions (embedding 128, bottom 512-256-128, top 1024-1024-512-256-1)
 and, by default, a batch of 4096, for float32, --xla and --amp (a variant can combine flags:
-``amp+xla``). Without ``--dataset`` it writes a synthetic dataset (trainer.synthetic) into a
-temporary directory.
+``amp+xla``; ``dcn`` trains the DCNv2 interaction, three cross layers of rank 512). Without
+``--dataset`` it writes a synthetic dataset (trainer.synthetic) into a temporary directory,
+multi-hot with ``--multi-hot-sizes`` (``mlperf``: MLPerf DLRMv2's ids per row).
 
 Usage::
 
     .venv/bin/python bench/bench_trainer.py
     .venv/bin/python bench/bench_trainer.py --dataset DIR/binary --variants float32,xla,amp,amp+xla
+    .venv/bin/python bench/bench_trainer.py --variants float32,dcn --multi-hot-sizes mlperf
 
 The issue's reference figures on an idle machine of this type: a plain TF train step of the
 default DLRM at batch 4096 runs ~10.3k samples/s (float32), ~12.9k with XLA.
@@ -89,6 +91,17 @@ def bench_full(config: TrainConfig, dataset: Path, workdir: Path, steps: int) ->
             "samples_per_cpu_s": round((steps + 1) * config.batch_size / cpu), "steps": steps}
 
 
+# MLPerf DLRMv2's ids per row of C1..C26 (its multi-hot dataset)
+MLPERF_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
+                    1, 1)
+
+
+def multi_hot_sizes(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    return MLPERF_MULTI_HOT if text == "mlperf" else tuple(int(k) for k in text.split(","))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", type=Path, help="split binary dataset (default: synthetic)")
@@ -98,26 +111,30 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--loader-batches", type=int, default=300)
     p.add_argument("--variants", default="float32,xla,amp",
-                   help="comma list of float32, xla, amp, or flags joined by '+' (amp+xla)")
+                   help="comma list of float32, xla, amp, dcn, or flags joined by '+' (amp+xla)")
+    p.add_argument("--multi-hot-sizes", help="synthetic dataset: 26 comma-separated ids per row, "
+                                             "or 'mlperf' (MLPerf DLRMv2's)")
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench_trainer_"))
     try:
         dataset = args.dataset
         if dataset is None:
             dataset = scratch / "binary"
-            write_planted_dataset(dataset, {"train": args.rows, "test": 4096, "validation": 4096})
+            write_planted_dataset(dataset, {"train": args.rows, "test": 4096, "validation": 4096},
+                                  multi_hot_sizes=multi_hot_sizes(args.multi_hot_sizes))
         results = [bench_loader(dataset, args.batch_size, args.loader_batches)]
         print(json.dumps(results[-1]), flush=True)
         for variant in args.variants.split(","):
             flags = set(variant.split("+")) - {"float32"}
-            if flags - {"xla", "amp"}:
+            if flags - {"xla", "amp", "dcn"}:
                 p.error(f"unknown variant {variant!r}")
             # SGD without early stopping: the figures stay comparable with the history in
             # docs/perf-history.md, and no validation pass runs inside the timed steps.
             base = dict(preset=args.preset, batch_size=args.batch_size, log_every=10,
                         optimizer="sgd", learning_rate=0.1, learning_rate_scaling="none",
                         warmup_steps=0, early_stopping_patience=0, xla="xla" in flags,
-                        amp="amp" in flags, resume=False)
+                        amp="amp" in flags, resume=False,
+                        interaction="dcn" if "dcn" in flags else "dot")
             for bench in (bench_model, bench_full):
                 result = bench(TrainConfig(**base), dataset, scratch / f"{variant}_{bench.__name__}",
                                args.steps)

@@ -38,7 +38,20 @@ def _add_convert_options(parser: argparse.ArgumentParser) -> None:
                         help="rethreshold: copy unchanged files instead of hard-linking them")
     parser.add_argument("--full-verify", dest="verify_full", action="store_true", default=None,
                         help="scan every value of the result before marking it complete")
+    parser.add_argument("--formats", type=_names,
+                        help="datasets to write, e.g. binary,mlperf_multihot (convert.formats)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 26 comma-separated integers, not {text!r}")
 
 
 def _convert_config(args: argparse.Namespace) -> ConvertConfig:
@@ -54,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--parquet", help="parquet directory (instead of --workdir)")
     convert.add_argument("--output", help="binary dataset directory (instead of --workdir)")
     convert.add_argument("--threshold-spec", help="override preprocess.json's threshold_spec")
+    convert.add_argument("--multi-hot-sizes", type=_sizes,
+                         help="ids per row of C1..C26, e.g. MLPerf's 3,2,1,2,6,...; "
+                              "materialized as the MLPerf DLRMv2 reference does")
     _add_convert_options(convert)
 
     verify = commands.add_parser("verify", help="check a split binary dataset")

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from converters.mlperf_multihot import FORMAT as MLPERF_MULTIHOT, write_mlperf_multihot
 from converters.segments import (SEGMENTS_KEY, Reuse, copy_rows, parquet_segments,
                                  previous_segments, recorded_segments)
 from converters.torchrec_format import TORCHREC_DIR, TorchrecWriter
@@ -31,11 +32,14 @@ from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
                                           NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
                                           DatasetInfo, cat_dtype, cat_file, checksum_text,
-                                          describe, file_key, model_size_list, new_checksum,
+                                          describe, file_key, model_size_list,
+                                          multi_hot_extra, new_checksum,
                                           read_json, unreadable_parquet, write_json)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
                                              parquet_footer)
+from dlrm_contracts.multi_hot import (MultiHotSpec, check_sizes, iter_tables, materialize,
+                                      spec_of_dataset)
 from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON,
                                    SUCCESS)
 from dlrm_contracts.progress import counting
@@ -141,6 +145,12 @@ class _NumericalOutput(_Output):
 class _CatOutput(_Output):
     index: int = 0
     table_size: int = 1
+    # The column's multi-hot lookup table (dlrm_contracts.multi_hot), already in the file's
+    # dtype; None for a one-hot column.
+    table: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.cost = 1 if self.table is None else self.table.shape[1]
 
     @property
     def dtype(self) -> np.dtype:
@@ -152,6 +162,8 @@ class _CatOutput(_Output):
             raise DatasetError(f"{where}: column {CAT_COLUMNS[self.index]} has id "
                                f"{ids.min() if ids.min() < 0 else ids.max()} outside its "
                                f"table of size {self.table_size}")
+        if self.table is not None:  # rows x k ids, row-major, straight in the file's dtype
+            return materialize(ids, self.table)
         return ids.astype(cat_dtype(self.table_size), copy=False)
 
 
@@ -198,7 +210,7 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
 
 def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
                    table_sizes: list[int], config: ConvertConfig, pool: ThreadPoolExecutor,
-                   bar: Any, checksums: dict[str, str],
+                   bar: Any, checksums: dict[str, str], tables: dict[int, np.ndarray],
                    torchrec: TorchrecWriter | None = None) -> int:
     """Write one split's files from its pieces in order (parquet files to convert, or rows of
     the previous dataset to copy); their checksums go into ``checksums``; each batch also goes
@@ -210,8 +222,8 @@ def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
     try:
         outputs: list[_Output] = [_LabelOutput(LABEL_FILE, handles[0]),
                                   _NumericalOutput(NUMERICAL_FILE, handles[1])]
-        outputs += [_CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size)
-                    for i, size in enumerate(table_sizes)]
+        outputs += [_CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size,
+                               table=tables.get(i)) for i, size in enumerate(table_sizes)]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
         for files, reuse in pieces:
@@ -255,14 +267,15 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
 
 
 def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Path]],
-            table_sizes: list[int]):
+            table_sizes: list[int], multi: MultiHotSpec | None):
     """Per split, what to write in order: (parquet files, None) to convert, or (files, Reuse)
     to copy from the previous dataset (a day converted before, converters.segments); and the
     parquet's segments (None without days)."""
     segments = parquet_segments(parquet_dir, files)
     if segments is None:
         return {split: [(files[split], None)] for split in SPLITS}, None
-    previous = previous_segments(binary_dir, table_sizes) if binary_dir is not None else {}
+    previous = (previous_segments(binary_dir, table_sizes, multi)
+                if binary_dir is not None else {})
     pieces = {}
     for split in SPLITS:
         pieces[split] = []
@@ -319,21 +332,25 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     fingerprint = source_fingerprint(parquet_dir, files)
     # The TorchRec layout is written from parquet batches: no day is copied from before.
     reuse = reuse and TORCHREC not in config.formats
-    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes)
+    multi = multi_hot_spec(config, table_sizes)
+    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes,
+                               multi)
     start = time.perf_counter()
     checksums: dict[str, str] = {}
     with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp:
+        tables = multi_hot_tables(multi)
         torchrec = (TorchrecWriter(tmp / TORCHREC_DIR, expected, table_sizes)
                     if TORCHREC in config.formats else None)
         try:
-            rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums,
+            rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums, tables,
                                    torchrec and torchrec.open())
             torchrec_description = torchrec and torchrec.finish()
         finally:
             if torchrec is not None:
                 torchrec.close()
+        del tables
         info = describe(tmp, rows, table_sizes, spec, fingerprint,
-                        _dataset_extra(parquet_dir, segments, checksums))
+                        _dataset_extra(parquet_dir, segments, checksums, multi))
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)
@@ -343,7 +360,44 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     if torchrec_description:
         summary[TORCHREC] = {"path": str(binary_dir / TORCHREC_DIR),
                              "rows_per_day": torchrec_description["rows_per_day"]}
-    return summary
+    return {**summary, **write_other_formats(binary_dir, config)}
+
+
+def write_other_formats(binary_dir: Path, config: ConvertConfig) -> dict[str, Any]:
+    """The datasets besides ours that ``convert.formats`` asks for, each written from the
+    finished binary dataset into its own directory beside it; their summaries by format."""
+    written = {}
+    if MLPERF_MULTIHOT in config.formats:
+        written[MLPERF_MULTIHOT] = write_mlperf_multihot(binary_dir, config=config)
+    return written
+
+
+def multi_hot_spec(config: ConvertConfig, table_sizes: list[int]) -> MultiHotSpec | None:
+    """The materialization ``convert.multi_hot_sizes`` asks for over these tables; None when
+    every column stays one-hot (the dataset is then byte for byte a one-hot one)."""
+    sizes = check_sizes(config.multi_hot_sizes, "convert.multi_hot_sizes")
+    if all(k == 1 for k in sizes):
+        return None
+    return MultiHotSpec(tuple(table_sizes), sizes, config.multi_hot_seed,
+                        config.multi_hot_distribution)
+
+
+def same_materialization(info: DatasetInfo, config: ConvertConfig) -> bool:
+    """Whether a dataset's multi-hot rows are the ones ``config`` asks for (sizes, seed,
+    distribution); a dataset derived from it (rethreshold) keeps its materialization."""
+    return spec_of_dataset(info) == multi_hot_spec(config, list(info.table_sizes))
+
+
+def multi_hot_tables(multi: MultiHotSpec | None) -> dict[int, np.ndarray]:
+    """Every multi-hot column's lookup table, in the dtype of its ids file (ids < the table
+    size, so the narrowing is exact): a row of output is then one gather, no cast. They take
+    sum(table size x k) ids in memory, the reference's own cost (docs/converters.md)."""
+    if multi is None:
+        return {}
+    log.info("building multi-hot lookup tables (%.1f MB)",
+             sum(multi.table_bytes(c) for c in range(len(multi.sizes))) / 1e6)
+    return dict(iter_tables(multi, allocate=lambda c, shape, _dtype: np.empty(
+        shape, cat_dtype(multi.table_sizes[c]))))
 
 
 def _complete_table_sizes(parquet_dir: Path) -> list[int]:
@@ -361,6 +415,7 @@ def _complete_table_sizes(parquet_dir: Path) -> list[int]:
 def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
                     expected: dict[str, int], tmp: Path, table_sizes: list[int],
                     config: ConvertConfig, checksums: dict[str, str],
+                    tables: dict[int, np.ndarray],
                     torchrec: TorchrecWriter | None = None) -> dict[str, int]:
     """Every split into ``tmp``, each checked against the rows its parquet metadata gives.
     Progress counts the rows converted only: a day's rows copied from the previous dataset
@@ -373,21 +428,24 @@ def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
                      enabled=config.progress) as bar:
         for split in SPLITS:
             rows[split] = _convert_split(pieces[split], tmp / split, table_sizes, config, pool,
-                                         bar, checksums, torchrec)
+                                         bar, checksums, tables, torchrec)
             if rows[split] != expected[split]:
                 raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
                                    f"{expected[split]}")
     return rows
 
 
-def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str]) -> dict[str, Any]:
+def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str],
+                   multi: MultiHotSpec | None) -> dict[str, Any]:
     """What dataset.json records beyond the format: the source, the dictionaries it must be
-    served with, stable ids and their day segments, and every file's checksum."""
+    served with, stable ids and their day segments, the multi-hot sizes and what their draws
+    depend on, and every file's checksum."""
     return {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
             # what a model trained on it must be served with (trainer.export)
             DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
             **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),
             **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
+            **(multi_hot_extra(multi.sizes, multi.seed, multi.distribution) if multi else {}),
             CHECKSUMS_KEY: dict(sorted(checksums.items()))}
 
 

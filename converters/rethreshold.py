@@ -6,10 +6,15 @@ each table, with k′ read off the count histogram. Deriving the T′ dataset is
 do not change (labels, numericals, tables whose size stays) are hard-linked (or copied across
 filesystems); the rest are streamed in memory-mapped chunks over a thread pool. A lower
 threshold would need values the dataset no longer has: that is refused (rerun spark_jobs).
+A multi-hot dataset's rows depend on every table's size (dlrm_contracts.multi_hot), so its
+multi-hot columns from the first one whose table shrinks on are materialized again from their
+one-hot ids (each row's first id): the result is the dataset convert writes at the new
+threshold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,13 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from converters.convert import write_other_formats
 from dlrm_contracts.atomic import atomic_directory, refuse_overlap
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_FILE,
                                           DamagedDatasetError, DatasetError, DatasetInfo,
-                                          cat_dtype, cat_file, checksum_text, describe, file_key,
+                                          MULTI_HOT_KEYS, cat_dtype, cat_file, checksum_text,
+                                          describe, file_key,
                                           new_checksum, write_json)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY
+from dlrm_contracts.multi_hot import MultiHotSpec, iter_tables, materialize, spec_of_dataset
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
@@ -66,6 +74,41 @@ def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: in
             out.write(data)
             digest.update(data)
     return checksum_text(digest)
+
+
+def rematerialize_ids_file(source: Path, target: Path, old_dtype: np.dtype, width: int,
+                           new_size: int, table: np.ndarray, chunk_rows: int) -> str:
+    """A multi-hot column at new table sizes: each row's first id is its one-hot id (row r of
+    a lookup table starts with r), clamped like a one-hot column, then materialized again with
+    the lookup table of the new sizes (every draw depends on them); returns the checksum."""
+    digest = new_checksum()
+    ids = np.memmap(source, dtype=old_dtype, mode="r").reshape(-1, width) \
+        if source.stat().st_size else np.empty((0, width), old_dtype)
+    with open(target, "wb") as out:
+        for start in range(0, len(ids), chunk_rows):
+            one_hot = ids[start:start + chunk_rows, 0].astype(np.int64)
+            one_hot[one_hot >= new_size] = 0
+            data = memoryview(materialize(one_hot, table)).cast("B")
+            out.write(data)
+            digest.update(data)
+    return checksum_text(digest)
+
+
+def _rewritten_multi_hot(info: DatasetInfo, sizes) -> tuple[MultiHotSpec | None, set[int]]:
+    """The source's materialization at the new sizes, and the multi-hot columns whose rows
+    change: those whose draws come after a multi-hot column whose table changed size (one
+    stream runs through the columns in order)."""
+    old = spec_of_dataset(info)
+    if old is None:
+        return None, set()
+    new = dataclasses.replace(old, table_sizes=tuple(sizes))
+    changed, columns = False, set()
+    for c, k in enumerate(old.sizes):
+        if k > 1:
+            changed = changed or old.table_sizes[c] != new.table_sizes[c]
+            if changed:
+                columns.add(c)
+    return new, columns
 
 
 def _intact_source(source: Path, config: ConvertConfig) -> DatasetInfo:
@@ -127,13 +170,17 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                            f"ordered by count: threshold {new} is no prefix of its ids at {base}. "
                            "A stable workdir keeps its threshold; use a new workdir for another")
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
+    multi, rematerialized = _rewritten_multi_hot(info, sizes)
     start = time.perf_counter()
     # Files reused as they are keep the source's checksums (recorded when it was written;
     # checked above when config.verify_checksums), the rewritten ones get their own below.
     checksums = dict(info.checksums)
     with atomic_directory(output, overwrite=config.overwrite, fsync=config.fsync) as tmp:
-        jobs = _link_unchanged(info, sizes, tmp, config.link_unchanged)
-        checksums.update(_clamp_files(jobs, config))
+        jobs = _link_unchanged(info, sizes, tmp, config.link_unchanged, rematerialized)
+        tables = dict(iter_tables(multi, rematerialized, allocate=lambda c, shape, _d: np.empty(
+            shape, cat_dtype(sizes[c])))) if rematerialized else {}
+        checksums.update(_clamp_files(jobs, config, tables))
+        del tables
         written = sum(job.target.stat().st_size for job in jobs)
         extra = _output_extra(info, source, counts_dir, checksums)
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)
@@ -143,7 +190,8 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     seconds = time.perf_counter() - start
     log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, sum(info.splits.values()),
              seconds)
-    return _summary(output, info, new, base, result, jobs, written, seconds)
+    return {**_summary(output, info, new, base, result, jobs, written, seconds),
+            **write_other_formats(output, config)}
 
 
 @dataclass(frozen=True)
@@ -155,12 +203,14 @@ class _ClampJob:
     target: Path
     old_dtype: np.dtype
     new_size: int
+    width: int = 1  # ids per row (multi-hot size)
 
 
 def _link_unchanged(info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: Path,
-                    link: bool) -> list[_ClampJob]:
+                    link: bool, rematerialized: set[int]) -> list[_ClampJob]:
     """Lay out the new dataset's splits: labels, numericals and the tables that keep their size
-    linked (or copied) from the source; the files of the tables that shrink are returned."""
+    (and, multi-hot, their rows) linked (or copied) from the source; the files of the other
+    tables are returned."""
     jobs = []
     for split in SPLITS:
         (tmp / split).mkdir()
@@ -168,21 +218,27 @@ def _link_unchanged(info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: 
             _link_or_copy(info.file(split, name), tmp / split / name, link)
         for i, (old_size, new_size) in enumerate(zip(info.table_sizes, sizes)):
             name = cat_file(i)
-            if new_size == old_size:
+            if new_size == old_size and i not in rematerialized:
                 _link_or_copy(info.file(split, name), tmp / split / name, link)
             else:
                 jobs.append(_ClampJob(i, info.file(split, name), tmp / split / name,
-                                      np.dtype(info.cat_dtypes[i]), new_size))
+                                      np.dtype(info.cat_dtypes[i]), new_size,
+                                      info.multi_hot_sizes[i]))
     return jobs
 
 
-def _clamp_files(jobs: list[_ClampJob], config: ConvertConfig) -> dict[str, str]:
-    """Write every clamped file over the thread pool; their checksums by file key."""
+def _clamp_files(jobs: list[_ClampJob], config: ConvertConfig,
+                 tables: dict[int, np.ndarray]) -> dict[str, str]:
+    """Write every clamped (or materialized again) file over the thread pool; their checksums
+    by file key."""
     checksums = {}
     with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
             counting("convert", len(jobs), "files", phase="rethreshold",
                      enabled=config.progress) as bar:
-        futures = [pool.submit(clamp_ids_file, job.source, job.target, job.old_dtype,
+        futures = [pool.submit(rematerialize_ids_file, job.source, job.target, job.old_dtype,
+                               job.width, job.new_size, tables[job.column], config.batch_rows)
+                   if job.column in tables else
+                   pool.submit(clamp_ids_file, job.source, job.target, job.old_dtype,
                                job.new_size, config.batch_rows * 8) for job in jobs]
         for job, future in zip(jobs, futures):
             checksums[file_key(job.target.parent.name, job.target.name)] = future.result()
@@ -200,7 +256,8 @@ def _output_extra(info: DatasetInfo, source: Path, counts_dir: str | Path,
              "counts": str(Path(counts_dir).absolute()),
              # same dictionaries: the kept values are a prefix of their ids
              DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
-             **({"ids": info.extra["ids"]} if "ids" in info.extra else {})}
+             **({"ids": info.extra["ids"]} if "ids" in info.extra else {}),
+             **{key: info.extra[key] for key in MULTI_HOT_KEYS if key in info.extra}}
     if info.checksums:  # all or none: a dataset without them cannot be shown intact
         extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
     return extra

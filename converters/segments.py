@@ -24,6 +24,7 @@ import numpy as np
 from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
                                           NUMERICAL_FILE, DatasetError, cat_file, read_info,
                                           read_json)
+from dlrm_contracts.multi_hot import MultiHotSpec, spec_of_dataset
 from dlrm_contracts.layout import DATASET_JSON, SEGMENTS_JSON, SUCCESS
 from dlrm_contracts.schema import NUM_CATEGORICAL, SPLITS
 from dlrm_contracts.verify import verify_dataset
@@ -75,9 +76,12 @@ def parquet_segments(parquet_dir: Path, files: dict[str, list[Path]]) -> dict[st
     return listed
 
 
-def previous_segments(binary_dir: Path, table_sizes: list[int]) -> dict[tuple[str, str], Reuse]:
+def previous_segments(binary_dir: Path, table_sizes: list[int],
+                      multi: MultiHotSpec | None = None) -> dict[tuple[str, str], Reuse]:
     """(split, token) → where that day's rows sit in the complete dataset at ``binary_dir``;
-    empty when there is none, it has no segments, or a table shrank (its ids may not fit)."""
+    empty when there is none, it has no segments, or a table shrank (its ids may not fit),
+    or its multi-hot rows are not the ones ``multi`` gives: they are drawn from a stream that
+    depends on every table's size, so a multi-hot day is reused only when nothing changed."""
     if not (binary_dir / SUCCESS).exists() or not (binary_dir / DATASET_JSON).exists():
         return {}
     try:
@@ -85,6 +89,9 @@ def previous_segments(binary_dir: Path, table_sizes: list[int]) -> dict[tuple[st
         info = read_info(binary_dir)
     except DatasetError as exc:
         log.warning("the previous dataset %s is not reused: %s", binary_dir, exc)
+        return {}
+    if (multi is not None or info.multi_hot_sizes != (1,) * NUM_CATEGORICAL) \
+            and spec_of_dataset(info) != multi:
         return {}
     recorded = info.extra.get(SEGMENTS_KEY)
     if not isinstance(recorded, dict) or any(new < old for new, old in
@@ -118,7 +125,7 @@ def copy_rows(outputs, reuse: Reuse) -> None:
         else:
             index = next(i for i in range(NUM_CATEGORICAL) if cat_file(i) == name)
             source, target = reuse.cat_dtypes[index], output.dtype
-            width = 1
+            width = 1 if output.table is None else output.table.shape[1]
         data = np.memmap(reuse.folder / name, dtype=source, mode="r",
                          offset=reuse.start * width * source.itemsize, shape=(reuse.rows * width,))
         for first in range(0, len(data), COPY_ROWS * width):

@@ -1,7 +1,8 @@
 """The split binary dataset format (docs/architecture.md), named once for writer and readers.
 
 ``DIR/binary/<split>/label.bin`` (uint8), ``numerical.bin`` (float16, 13 per row, row-major),
-``cat_<i>.bin`` (narrowest signed integer holding table i), plus ``model_size.json``,
+``cat_<i>.bin`` (narrowest signed integer holding table i; k ids per row, row-major, for a
+column of multi-hot size k), plus ``model_size.json``,
 ``dataset.json`` and ``_SUCCESS`` at the top. Everything that knows a file name, a dtype or a
 key of ``dataset.json`` lives here, so convert, rethreshold, verify and the trainer agree.
 """
@@ -32,6 +33,13 @@ MAX_TABLE_SIZE = 2**31  # ids must fit int32
 CHECKSUMS_KEY = "checksums"
 CHECKSUM_PREFIX = "xxh3_128:"
 CHECKSUM_CHUNK_BYTES = 8 * 2**20
+# dataset.json's ids per row of each column, written only when some column has more than one
+# (absent = all one-hot, so one-hot datasets stay byte for byte what they were).
+MULTI_HOT_SIZES_KEY = "multi_hot_sizes"
+MULTI_HOT_KEY = MULTI_HOT_SIZES_KEY  # the name the trainer's branch gave it
+MULTI_HOT_SEED_KEY = "multi_hot_seed"
+MULTI_HOT_DISTRIBUTION_KEY = "multi_hot_distribution"
+MULTI_HOT_KEYS = (MULTI_HOT_SIZES_KEY, MULTI_HOT_SEED_KEY, MULTI_HOT_DISTRIBUTION_KEY)
 
 
 class DatasetError(PipelineError, ValueError):
@@ -121,23 +129,6 @@ def dtype_name(dtype: np.dtype) -> str:
     return np.dtype(dtype).name  # 'int8', 'int16', 'int32', 'uint8', 'float16'
 
 
-MULTI_HOT_KEY = "multi_hot_sizes"
-
-
-def multi_hot_sizes(description: "DatasetInfo") -> tuple[int, ...]:
-    """Ids per row of each categorical column: ``dataset.json``'s ``multi_hot_sizes`` (written
-    only when some size is above 1; absent = all 1, one-hot). Column i's ``cat_<i>.bin`` holds
-    rows x k ids, row-major."""
-    sizes = description.extra.get(MULTI_HOT_KEY)
-    if sizes is None:
-        return (1,) * NUM_CATEGORICAL
-    if (not isinstance(sizes, list) or len(sizes) != NUM_CATEGORICAL
-            or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in sizes)):
-        raise DatasetError(f"{description.path / DATASET_JSON}: {MULTI_HOT_KEY} must list "
-                           f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}")
-    return tuple(sizes)
-
-
 def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
     """(dtype, values per row) of one file of the dataset."""
     if name == LABEL_FILE:
@@ -146,6 +137,34 @@ def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
         return NUMERICAL_DTYPE, NUM_NUMERICAL
     index = int(name[len("cat_"):-len(".bin")])
     return np.dtype(info.cat_dtypes[index]).newbyteorder("<"), multi_hot_sizes(info)[index]
+
+
+def multi_hot_sizes(description: "DatasetInfo | dict[str, Any]") -> tuple[int, ...]:
+    """Ids per row of each of the 26 columns (1 = one-hot), from a dataset's description
+    (``DatasetInfo`` or the parsed ``dataset.json``); every reader of ``cat_<i>.bin`` asks here.
+
+    Raises:
+        DatasetError: the recorded value is not 26 integers >= 1.
+    """
+    data = description.extra if isinstance(description, DatasetInfo) else description
+    sizes = data.get(MULTI_HOT_SIZES_KEY) if isinstance(data, dict) else None
+    if sizes is None:
+        return (1,) * NUM_CATEGORICAL
+    if (not isinstance(sizes, list) or len(sizes) != NUM_CATEGORICAL
+            or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in sizes)):
+        raise DatasetError(f"{DATASET_JSON}: '{MULTI_HOT_SIZES_KEY}' must list "
+                           f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}")
+    return tuple(sizes)
+
+
+def multi_hot_extra(sizes: "tuple[int, ...] | list[int] | None", seed: int = 0,
+                    distribution: str = "uniform") -> dict[str, Any]:
+    """What ``dataset.json`` records of a materialization (dlrm_contracts.multi_hot): the sizes
+    and what the draws depend on besides the table sizes; nothing when all sizes are 1."""
+    if sizes is None or all(int(k) == 1 for k in sizes):
+        return {}
+    return {MULTI_HOT_SIZES_KEY: [int(k) for k in sizes], MULTI_HOT_SEED_KEY: int(seed),
+            MULTI_HOT_DISTRIBUTION_KEY: distribution}
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,11 @@ class DatasetInfo:
         """``<split>/<file>`` -> checksum recorded when written (empty for older datasets)."""
         recorded = self.extra.get(CHECKSUMS_KEY)
         return dict(recorded) if isinstance(recorded, dict) else {}
+
+    @property
+    def multi_hot_sizes(self) -> tuple[int, ...]:
+        """Ids per row of each column (1 = one-hot); see :func:`multi_hot_sizes`."""
+        return multi_hot_sizes(self)
 
     @property
     def model_size(self) -> dict[str, int]:

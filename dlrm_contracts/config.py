@@ -42,6 +42,10 @@ DATASET_CHECKS: tuple[str, ...] = ("quick", "full", "none")
 TRAIN_INITS: tuple[str, ...] = ("scratch", "previous")
 INIT_OPTIMIZERS: tuple[str, ...] = ("continue", "restart")
 TRAIN_DAYS: tuple[str, ...] = ("window", "new")  # train.days: the rows a run trains on
+# What convert writes (convert.formats): our split binary dataset (always), TorchRec's per-day
+# .npy files, the MLPerf DLRMv2 reference's multi-hot layout (docs/converters.md).
+CONVERT_FORMATS: tuple[str, ...] = ("binary", "torchrec", "mlperf_multihot")
+MULTI_HOT_DISTRIBUTIONS: tuple[str, ...] = ("uniform", "pareto")  # dlrm_contracts.multi_hot's
 # train.interaction: the seed's pairwise dot products, or DCNv2's low-rank cross layers (MLPerf
 # DLRMv2, trainer/model.py)
 INTERACTIONS: tuple[str, ...] = ("dot", "dcn")
@@ -305,8 +309,6 @@ def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
     return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
 
 
-CONVERT_FORMATS = ("binary", "torchrec", "mlperf_multihot")
-
 
 @dataclass
 class ConvertConfig:
@@ -333,26 +335,36 @@ class ConvertConfig:
     # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
     # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
     verify_checksums: bool = True
-    # Ids per row of each column C1..C26 (26 ints >= 1: MLPerf DLRMv2's multi-hot dataset,
-    # dlrm_contracts/multi_hot.py); None = one-hot, as every dataset before it.
+    # Ids per row of each column C1..C26, materialized from the one-hot ids as the MLPerf
+    # DLRMv2 reference does (dlrm_contracts/multi_hot.py); None = one-hot, as before. MLPerf's:
+    # [3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1].
     multi_hot_sizes: list[int] | None = None
-    # Layouts written: "binary" (the split binary dataset the trainer reads, always written),
-    # "torchrec" (TorchRec's per-day .npy files for InMemoryBinaryCriteoIterDataPipe and
-    # dlrm_main.py, in binary/torchrec/; converters/torchrec_format.py), "mlperf_multihot".
+    # The reference's generator seed (0: it seeds numpy's legacy generator with 0) and its
+    # draw (--multi_hot_distribution_type; uniform in MLPerf).
+    multi_hot_seed: int = 0
+    multi_hot_distribution: str = "uniform"
+    # The datasets written: "binary" (ours, always) and, beside it in the workdir,
+    # "mlperf_multihot" (the reference's day_<d>_sparse_multi_hot.npz + dense and labels .npy)
+    # and "torchrec" (TorchRec's per-day .npy files for InMemoryBinaryCriteoIterDataPipe and
+    # dlrm_main.py, in binary/torchrec/: converters/torchrec_format.py).
     formats: list[str] = field(default_factory=lambda: ["binary"])
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
         _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
-        _check(self.multi_hot_sizes is None or (
-            len(self.multi_hot_sizes) == len(CAT_COLUMNS)
-            and all(isinstance(k, int) and k >= 1 for k in self.multi_hot_sizes)),
-            f"convert.multi_hot_sizes must be {len(CAT_COLUMNS)} integers >= 1 (one per column "
-            f"C1..C26), not {self.multi_hot_sizes}")
+        if self.multi_hot_sizes is not None:
+            _check(len(self.multi_hot_sizes) == len(CAT_COLUMNS)
+                   and all(k >= 1 for k in self.multi_hot_sizes),
+                   f"convert.multi_hot_sizes must list {len(CAT_COLUMNS)} integers >= 1 "
+                   f"(C1..C26), not {self.multi_hot_sizes}")
+        _check(0 <= self.multi_hot_seed < 2**32,
+               f"convert.multi_hot_seed must be in [0, 2**32), not {self.multi_hot_seed}")
+        _one_of("convert.multi_hot_distribution", self.multi_hot_distribution,
+                MULTI_HOT_DISTRIBUTIONS)
         for name in self.formats:
             _one_of("convert.formats", name, CONVERT_FORMATS)
-        _check("binary" in self.formats, "convert.formats must include binary (the other "
-               f"layouts are written beside it), not {self.formats}")
+        _check("binary" in self.formats, "convert.formats must include \"binary\" (the other "
+               "formats are written from it)")
 
 
 @dataclass

@@ -23,6 +23,9 @@ the product's interface (schedulers read it), so change it only with a note in t
     DIR/parquet/_REMOVED.json     the splits were deleted after conversion (keep_parquet: false)
     DIR/rejects/                  rejected raw lines with their reason
     DIR/binary/{train,test,validation}/    split binary dataset (+ model_size.json, dataset.json)
+    DIR/mlperf_multihot/          convert.formats: the same rows in the MLPerf DLRMv2 reference's
+                                  multi-hot layout (day_<d>_sparse_multi_hot.npz, _dense.npy,
+                                  _labels.npy; docs/converters.md)
     DIR/checkpoints/step-<N>/     trainer checkpoints (each rank's tables, the replicated part,
                                   meta.json naming the run that wrote it)
     DIR/checkpoints/run.json      the current run: the one whose checkpoints training resumes

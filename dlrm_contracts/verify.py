@@ -1,7 +1,8 @@
 """Check a split binary dataset before anyone trusts it (the trainer calls this at start).
 
 Quick mode reads only metadata: ``_SUCCESS``, ``dataset.json`` against the format and against
-``model_size.json``, and every file's size against rows × dtype. The full scan also reads every
+``model_size.json``, and every file's size against rows × ids per row × dtype (a multi-hot
+column holds its multi-hot size of ids per row). The full scan also reads every
 value, in memory-mapped chunks spread over a thread pool (numpy reductions release the GIL):
 labels in {0, 1}, numericals finite, every id in [0, table size). All problems found are
 reported together in one :class:`DatasetError`.
@@ -18,7 +19,7 @@ from dlrm_contracts.binary_format import (FORMAT_VERSION, LABEL_DTYPE, LABEL_FIL
                                           NUMERICAL_DTYPE, NUMERICAL_FILE, DamagedDatasetError,
                                           DatasetError, DatasetInfo, all_files, cat_dtype,
                                           dtype_name, file_checksum, file_key, model_size_list,
-                                          read_info, read_json, row_width)
+                                          multi_hot_sizes, read_info, read_json, row_width)
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, SPLITS
 
@@ -55,6 +56,10 @@ def _description_problems(info: DatasetInfo, model_size: dict) -> list[str]:
         if name != want:
             problems.append(f"cat_dtypes[{i}] ({CAT_COLUMNS[i]}) is {name!r} but a table of "
                             f"{size} needs {want!r}")
+    try:
+        multi_hot_sizes(info)
+    except DatasetError as exc:
+        problems.append(str(exc))
     try:
         sizes = model_size_list(model_size, info.path / MODEL_SIZE_JSON)
         if sizes != list(info.table_sizes):
@@ -106,7 +111,7 @@ def _scan_file(path: Path, dtype: np.dtype, width: int, name: str, info: Dataset
             low, high = chunk.min(), chunk.max()
             if low < 0 or high >= size:
                 bad = int(np.argmax((chunk < 0) | (chunk >= size)))
-                return (f"id {int(chunk[bad])} at row {row + bad} outside [0, {size}) "
+                return (f"id {int(chunk[bad])} at row {row + bad // width} outside [0, {size}) "
                         f"({CAT_COLUMNS[index]})")
     return None
 

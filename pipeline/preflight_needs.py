@@ -85,16 +85,19 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 
 
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
-    """Label, float16 numericals and each column's ids (k of them a row with multi-hot
-    size k); the TorchRec layout beside it adds float32 dense, int64 ids and an int32 label."""
-    hot = config.convert.multi_hot_sizes or [1] * len(CAT_COLUMNS)
-    torchrec = 4 * NUM_INTEGER + 8 * len(CAT_COLUMNS) + 4 \
+    """The binary dataset's bytes per row (k ids per row of a multi-hot column), plus the
+    reference's multi-hot layout when convert.formats asks for it (int32 ids, float32 dense,
+    int32 label) and TorchRec's one-hot layout (float32 dense, int64 ids, int32 label)."""
+    ids = config.convert.multi_hot_sizes or [1] * len(CAT_COLUMNS)
+    mlperf = (4 * sum(ids) + 4 * NUM_INTEGER + 4) if "mlperf_multihot" in config.convert.formats \
+        else 0
+    torchrec = (4 * NUM_INTEGER + 8 * len(CAT_COLUMNS) + 4) \
         if "torchrec" in config.convert.formats else 0
     if sizes is None:
-        # the bound is the one-hot row at int32 ids: multi-hot ids add (k - 1) x 4 bytes each
-        return config.preflight.binary_bytes_per_row_bound + 4 * (sum(hot) - len(hot)) + torchrec
-    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize * k for s, k in zip(sizes, hot)) \
-        + torchrec
+        extra_ids = sum(ids) - len(ids)  # the bound's 4 bytes per id, for the ids beyond one
+        return config.preflight.binary_bytes_per_row_bound + 4 * extra_ids + mlperf + torchrec
+    return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize * k for s, k in zip(sizes, ids)) \
+        + mlperf + torchrec
 
 
 def _dims(config: PipelineConfig):

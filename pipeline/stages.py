@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from converters.convert import TORCHREC, convert_parquet
+from converters.convert import (TORCHREC, convert_parquet, same_materialization,
+                                write_other_formats)
 from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
@@ -257,7 +258,14 @@ def _preprocess_run(ctx: StageContext) -> Outcome:
 
 # ---------------------------------------------------------------- convert
 def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
-    return {"parquet": _preprocess_outputs(ctx), "threshold": str(ctx.threshold)}
+    convert = ctx.config.convert
+    # named only when asked for, so the inputs of a one-hot, binary-only workdir are unchanged
+    wanted = {key: value for key, value in (
+        ("multi_hot", None if convert.multi_hot_sizes is None or set(convert.multi_hot_sizes) == {1}
+         else [convert.multi_hot_sizes, convert.multi_hot_seed, convert.multi_hot_distribution]),
+        ("formats", None if convert.formats == ["binary"] else sorted(convert.formats)))
+        if value is not None}
+    return {"parquet": _preprocess_outputs(ctx), "threshold": str(ctx.threshold), **wanted}
 
 
 def _convert_outputs(ctx: StageContext) -> str:
@@ -404,13 +412,17 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     _needs_parquet(ctx)
     # stable ids: the days converted before are copied from the dataset in place, never
     # from one found damaged
-    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary, ctx.config.convert,
+    derive = made_at is not None and wanted != made_at
+    # other formats (convert.formats) are written from the final dataset only
+    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary,
+                              _binary_only(ctx.config.convert) if derive else ctx.config.convert,
                               reuse=not damaged)
-    if made_at is not None and wanted != made_at:
+    if derive:
         # The dataset was just written and checked: no need to read it back for its checksums.
-        fresh = dataclasses.replace(ctx.config.convert, verify_checksums=False)
+        fresh = dataclasses.replace(_binary_only(ctx.config.convert), verify_checksums=False)
         summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh)
         replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+        summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
         return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
     return Outcome("ran", "converters", summary)
 
@@ -441,7 +453,8 @@ def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, An
     """
     info = verify_dataset(ctx.layout.binary, full=False)
     have = _recorded_spec({"threshold_spec": info.threshold_spec})
-    if have is None or not ctx.threshold.is_at_least(have):
+    if have is None or not ctx.threshold.is_at_least(have) \
+            or not same_materialization(info, ctx.config.convert):
         return None
     recorded = previous.get("output_files")
     if not ctx.config.convert.verify_checksums and isinstance(recorded, dict):
@@ -451,9 +464,15 @@ def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, An
                                       [f"{name} changed (size or modification time)"
                                        for name in changed])
     summary = rethreshold(ctx.layout.binary, ctx.layout.counts, ctx.threshold, derived,
-                          ctx.config.convert)  # checks every file's checksum first
+                          _binary_only(ctx.config.convert))  # checks every file's checksum first
     replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
+    summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
     return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+
+
+def _binary_only(config):
+    """The convert settings for a dataset that is not yet the final one (no other formats)."""
+    return dataclasses.replace(config, formats=["binary"])
 
 
 # ---------------------------------------------------------------- train / eval

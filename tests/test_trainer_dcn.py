@@ -1,12 +1,13 @@
 """DCNv2 (train.interaction: dcn) and multi-hot rows: the cross layers and the pooled lookups
 against plain numpy, the multi-hot reader, checkpoints that refuse another interaction or
-another multi-hot layout, and the export of a multi-hot model (its serve_multi_hot signature
-equals the trainer's predictions). Two ranks against one process: test_trainer_horovod.py's
-dlrmv2 variant."""
+another multi-hot layout, a warm start, and the export of a multi-hot model (raw lines scored
+through the converters' materialization, and serve_multi_hot, equal the trainer's
+predictions). Two ranks against one process: test_trainer_horovod.py's dlrmv2 variant."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +110,8 @@ def multi_hot(tmp_path_factory):
     return path, root / "work", raw
 
 
-def test_multi_hot_rows_read_as_written(multi_hot):
-    from trainer.data import SplitReader, open_dataset, single_process_view
+def test_multi_hot_rows_read_as_written(multi_hot, tmp_path):
+    from trainer.data import DatasetError, SplitReader, open_dataset, single_process_view
 
     path, _, _ = multi_hot
     dataset = open_dataset(path)
@@ -119,8 +120,22 @@ def test_multi_hot_rows_read_as_written(multi_hot):
     c10 = np.fromfile(path / "train" / cat_file(9), dataset.cat_dtypes[9]).reshape(-1, 7)
     np.testing.assert_array_equal(reader.categorical(9, 100, 50), c10[100:150])
     assert reader.categorical(2, 0, 8).shape == (8,)  # C3 is one-hot
-    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)  # the last batch: padded with id 0 rows
+    # the last batch: padded with rows of id 0
+    batch = reader.read(single_process_view(), 0, ROWS["train"] - 10, 32)
     assert batch.categorical[9].shape == (32, 7) and not batch.categorical[9][10:].any()
+    # its rows are drawn over the table sizes: read at another threshold they would not be
+    # what converters rethreshold writes
+    with pytest.raises(DatasetError, match="multi-hot columns, which cannot be read at "
+                                           "threshold 2"):
+        open_dataset(path, threshold="2")
+    # an id outside its table is named with its row, not its position in the flat file
+    damaged = tmp_path / "damaged"
+    shutil.copytree(path, damaged)
+    c10 = np.memmap(damaged / "train" / cat_file(9), dataset.cat_dtypes[9], "r+").reshape(-1, 7)
+    c10[5, 3] = DEFAULT_TABLE_SIZES[9] + 1
+    c10.flush()
+    with pytest.raises(DatasetError, match=f"id {DEFAULT_TABLE_SIZES[9] + 1} at row 5 is outside"):
+        SplitReader(open_dataset(damaged), "train").categorical(9, 0, 10)
 
 
 def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, tmp_path):
@@ -142,49 +157,72 @@ def test_checkpoints_refuse_another_interaction_or_multi_hot_layout(multi_hot, t
         run(small_config(), one_hot, tmp_path / "w", mode="eval")
 
 
-def test_a_multi_hot_dcn_model_exports_and_serves_multi_hot_rows(multi_hot):
-    """The export of a multi-hot DCN model takes the rows as the dataset holds them
-    (serve_multi_hot: raw integers + each column's k ids side by side) and scores them as the
-    trainer does; an id outside its table is refused by name; raw-line scoring refuses the
-    model in one line."""
+def raw_lines(path: Path, raw: np.ndarray, split: str = "test") -> list[str]:
+    """The split's rows as raw labelled lines: the known integers, and each column's one-hot id
+    (a multi-hot row's first id) as its value in write_stable_dictionaries's dictionaries."""
+    from trainer.data import SplitReader, open_dataset
+
+    reader = SplitReader(open_dataset(path), split)
+    labels = np.fromfile(path / split / "label.bin", np.uint8)
+    columns = [reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL)]
+    firsts = [ids if ids.ndim == 1 else ids[:, 0] for ids in columns]
+    return ["\t".join([str(labels[r]), *map(str, raw[r]),
+                       *(f"{c:02x}{int(ids[r]):06x}" if ids[r] else "" for c, ids in
+                         enumerate(firsts))]) for r in range(reader.rows)]
+
+
+def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_rows(multi_hot,
+                                                                                  tmp_path):
+    """The export of a multi-hot DCN model: raw lines (the score stage) reach the rows the
+    converters materialized and score as the trainer does; serve_multi_hot takes those rows
+    as the dataset holds them (raw integers + each column's k ids side by side) and agrees; an
+    id outside its table is refused by name."""
+    import pyarrow.parquet as pq
     import tensorflow as tf
 
+    from dlrm_contracts.config import ScoreConfig
     from trainer import export
     from trainer.loop import Trainer, run
-    from trainer.score import ScoreError, load_model
+    from trainer.score import score_files
 
     path, work, raw = multi_hot
     config = small_config(max_steps=8, optimizer="adagrad", learning_rate=0.05, wide=True, **DCN)
     run(config, path, work)
     summary = export.export_model(work, path, ExportConfig())
-    assert summary["signatures"] == ["serve_multi_hot", "serving_default"]
+    assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default",
+                                     "serve_multi_hot"]
     assert summary["multi_hot_sizes"] == list(MULTI_HOT)
+    assert (summary["multi_hot_seed"], summary["multi_hot_distribution"]) == (0, "uniform")
     assert summary["dims"]["interaction"] == "dcn"
 
     trainer = Trainer(config, path, work)
     trainer.restore_best(required=True)
-    _, expected = trainer.predictions("test")
+    labels, expected = trainer.predictions("test")
+    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
+    day = tmp_path / "day_test"
+    day.write_text("\n".join(raw_lines(path, raw)) + "\n")
+    scored = score_files(summary["saved_model"], [day], tmp_path / "scores", ScoreConfig())
+    assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
+    table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
+
     ids = np.concatenate([np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
                           for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)],
                          axis=1).astype(np.int64)
     assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
     model = tf.saved_model.load(summary["saved_model"])
-    out = model.signatures["serving_default"](int_features=tf.constant(raw, tf.int64),
+    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw, tf.int64),
                                               cat_ids=tf.constant(ids))
     np.testing.assert_allclose(out["probability"].numpy(), expected, rtol=1e-5, atol=1e-6)
     assert set(out["reject_reason"].numpy().tolist()) == {b""}
-    assert np.std(expected) > 1e-3  # the rows' scores differ: not a constant model
-
     bad = ids[:2].copy()
     bad[1, 5] = DEFAULT_TABLE_SIZES[2]  # C3's one id, past its table
     out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw[:2], tf.int64),
                                               cat_ids=tf.constant(bad))
     assert out["reject_reason"].numpy().tolist() == [b"", b"id_out_of_range"]
     assert out["probability"].numpy()[1] == -1.0
-    fingerprint = json.loads((Path(summary["saved_model"]) / "fingerprint.json").read_text())
-    assert fingerprint["multi_hot_sizes"] == list(MULTI_HOT)
-    with pytest.raises(ScoreError, match="multi-hot rows .* serve_multi_hot"):
-        load_model(Path(summary["saved_model"]))
 
 
 def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
@@ -216,3 +254,59 @@ def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
     write_planted_dataset(one_hot, ROWS, seed=3, signal_seed=3, table_sizes=grown)
     with pytest.raises(CheckpointError, match="multi_hot_sizes"):
         run(small_config(max_steps=4, init="previous", **config), one_hot, tmp_path / "w")
+
+
+def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_path):
+    """A multi-hot model served with each column's lookup table (one-hot id -> its row's k
+    ids, the converter's materialization): a raw line scores as its expanded row does through
+    serve_multi_hot, an unknown value as id 0's row, and serve_features agrees."""
+    import tensorflow as tf
+
+    from trainer.dims import model_dims
+    from trainer.export import write_vocabularies
+    from trainer.model import cross_sizes
+    from trainer.serving import ServingDLRM
+
+    sizes = [5] * NUM_CATEGORICAL
+    k = [1 if j % 3 else 3 for j in range(NUM_CATEGORICAL)]
+    write_stable_dictionaries(tmp_path / "dictionaries", tuple(sizes))
+    vocabularies = write_vocabularies(tmp_path / "dictionaries", sizes, tmp_path / "vocab")
+    dims = model_dims(small_config(**DCN))
+    rng = np.random.default_rng(3)
+
+    def normal(*shape):
+        return rng.normal(0, 0.1, shape).astype(np.float32)
+
+    top_in = dims.top_input(NUM_CATEGORICAL + 1)
+    widths = ((NUM_INTEGER,) + dims.bottom_mlp, (top_in,) + dims.top_mlp)
+    bottom, top = ({f"{name}/{i}/{part}": normal(*((a, b) if part == "kernel" else (b,)))
+                    for i, (a, b) in enumerate(zip(w[:-1], w[1:])) for part in ("kernel", "bias")}
+                   for name, w in zip(("bottom", "top"), widths))
+    cross = {name: normal(*shape) for name, shape in
+             cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()}
+    expansions = [None if kj == 1 else rng.integers(0, 5, (5, kj)).astype(np.int32) for kj in k]
+    model = ServingDLRM(dims, [normal(5, 16) for _ in sizes], bottom, top, vocabularies, -(2**63),
+                        [normal(5, 1) for _ in sizes], cross, expansions)
+
+    one_hot = rng.integers(0, 5, (6, NUM_CATEGORICAL))
+    one_hot[0, 3] = 0  # a missing value (id 0 expands too)
+    values = [[f"{c:02x}{i:06x}" if i else "" for c, i in enumerate(row)] for row in one_hot]
+    values[1][0] = "fffffff"  # unknown: id 0
+    one_hot[1, 0] = 0
+    ints = rng.integers(0, 100, (6, NUM_INTEGER))
+    lines = ["\t".join(["1", *map(str, r), *v]) for r, v in zip(ints, values)]
+    expanded = np.concatenate([one_hot[:, [j]] if e is None else e[one_hot[:, j]]
+                               for j, e in enumerate(expansions)], axis=1)
+    by_ids = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(expanded, tf.int64))
+    by_line = model.serve_lines(tf.constant(lines), tf.constant([True] * 6))
+    by_features = model.serve_features(tf.constant(ints, tf.int64), tf.constant(values))
+    probability = by_ids["probability"].numpy()
+    assert np.all((probability > 0.01) & (probability < 0.99)) and np.ptp(probability) > 1e-3
+    np.testing.assert_allclose(by_line["probability"].numpy(), probability, rtol=1e-6)
+    np.testing.assert_array_equal(by_line["probability"].numpy(),
+                                  by_features["probability"].numpy())
+    # the expansion matters: the one-hot reading of the same ids scores otherwise
+    plain = np.concatenate([one_hot[:, [j]].repeat(kj, axis=1) * (np.arange(kj) == 0)
+                            for j, kj in enumerate(k)], axis=1)
+    other = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(plain, tf.int64))
+    assert np.abs(other["probability"].numpy() - by_ids["probability"].numpy()).max() > 1e-4

@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 
 from dlrm_contracts.atomic import write_text_atomic
-from dlrm_contracts.config import (INIT_OPTIMIZERS, INTERACTIONS, LEARNING_RATE_SCALINGS, OPTIMIZERS,
-                                   ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS, TrainConfig,
-                                   flag_overrides, load_config)
+from dlrm_contracts.config import (INIT_OPTIMIZERS, INTERACTIONS, LEARNING_RATE_SCALINGS,
+                                   OPTIMIZERS, ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS,
+                                   TrainConfig, flag_overrides, load_config)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.lock import workdir_lock

@@ -27,8 +27,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
-                                          NUMERICAL_FILE, DatasetError, cat_file,
-                                          multi_hot_sizes, read_info)
+                                          MULTI_HOT_KEYS, NUMERICAL_FILE, DatasetError,
+                                          cat_file, multi_hot_sizes, read_info)
 from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
@@ -58,6 +58,9 @@ class BinaryDataset:
     train_days: tuple[tuple[int, int, int], ...] | None = field(default=None, compare=False)
     # ids per row of each categorical column (1 = one-hot; dataset.json "multi_hot_sizes")
     multi_hot_sizes: tuple[int, ...] = (1,) * NUM_CATEGORICAL
+    # dataset.json's record of the materialization (sizes, seed, distribution; empty when
+    # one-hot): what a checkpoint keeps so that the export turns raw values into the same rows
+    multi_hot_record: dict = field(default_factory=dict, compare=False)
 
     @property
     def multi_hot(self) -> bool:
@@ -125,6 +128,16 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
                                f"be read at threshold {threshold}: only at its own, "
                                f"{info.threshold_spec}")
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
+        if any(k > 1 for k in multi_hot_sizes(info)) and (
+                info.threshold_spec is None
+                or threshold != parse_threshold_spec(info.threshold_spec)):
+            # a multi-hot row's ids are drawn over every table's size: clamping ids is not
+            # what the rows at the new sizes are (converters rethreshold draws them again)
+            raise DatasetError(f"{path} has multi-hot columns, which cannot be read at "
+                               f"threshold {threshold}, only at its own "
+                               f"({info.threshold_spec}): rethreshold it with `python -m "
+                               "converters rethreshold`, which draws the rows at the new "
+                               "table sizes")
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     try:
         days = train_segments(info.extra, int(info.splits.get("train", 0)))
@@ -134,7 +147,8 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
     return BinaryDataset(path, dict(info.splits), written, sizes,
                          tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
                          dataset_identity(info, threshold),
-                         None if days is None else tuple(days), multi_hot_sizes(info))
+                         None if days is None else tuple(days), multi_hot_sizes(info),
+                         {k: info.extra[k] for k in MULTI_HOT_KEYS if k in info.extra})
 
 
 @dataclass(frozen=True)
@@ -233,7 +247,8 @@ class SplitReader:
             flat = int(np.argmax(((ids < 0) | (ids >= size)).ravel()))
             bad = flat // max(1, ids[:1].size)
             raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
-                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} is outside its table of "
+                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} "
+                               f"is outside its table of "
                                f"size {size}: the dataset is damaged; rebuild it with --stages "
                                "convert --force (`python -m converters verify "
                                f"{self.dataset.path}` finds every such value)")

@@ -35,12 +35,15 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from dlrm_contracts.atomic import publish, remove_stale_temporaries, temporary_sibling
+from dlrm_contracts.binary_format import (MULTI_HOT_DISTRIBUTION_KEY, MULTI_HOT_KEYS,
+                                          MULTI_HOT_SEED_KEY, MULTI_HOT_SIZES_KEY)
 from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
                                              dictionaries_fingerprint, trained_on)
 from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, EXPORT_FINGERPRINT,
                                    WorkdirLayout, complete_checkpoints, export_versions)
 from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
+from dlrm_contracts.multi_hot import DEFAULT_SEED, MultiHotError, MultiHotSpec, iter_tables
 from dlrm_contracts.serving_state import (ServingState, protected_versions, read_state,
                                           write_state)
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
@@ -116,15 +119,17 @@ def _available_memory() -> int | None:
     return None
 
 
-def check_export_fits(table_sizes: list[int], embedding_dim: int, config: ExportConfig) -> dict:
+def check_export_fits(table_sizes: list[int], embedding_dim: int, config: ExportConfig,
+                      multi_hot_bytes: int = 0) -> dict:
     """Refuse, before reading any table, an export that would not fit in this process.
 
     The exporting process holds every table once plus one more while it is copied in, and the
-    vocabularies as hash tables while the SavedModel is traced.
+    vocabularies as hash tables while the SavedModel is traced (and a multi-hot model's
+    lookup tables, ``multi_hot_bytes``).
     """
     size = export_size(table_sizes, embedding_dim)
     largest = max(table_sizes) * embedding_dim * 4
-    needed = size["serving_memory_bytes"] + largest
+    needed = size["serving_memory_bytes"] + largest + multi_hot_bytes
     if config.max_memory_mb > 0:
         limit, where = int(config.max_memory_mb * 2**20), f"export.max_memory_mb = {config.max_memory_mb:g}"
     else:
@@ -243,16 +248,14 @@ class _Source:
     size: dict[str, int]
     # trained on earlier dictionaries of the same stable lineage: what the current ones add
     extended: dict[str, Any] | None = None
-    # ids per row of each column when the model was trained on multi-hot rows (None: one-hot)
-    multi_hot_sizes: tuple[int, ...] | None = None
+    # the materialization of the multi-hot rows the model was trained on (None: one-hot)
+    multi_hot: MultiHotSpec | None = None
 
     @property
     def signatures(self) -> list[str]:
-        """The SavedModel's signatures: a multi-hot model takes its rows of ids (the raw-value
-        signatures need the converter's materialization, which the SavedModel does not hold)."""
-        if self.multi_hot_sizes is not None:
-            return ["serve_multi_hot", "serving_default"]
-        return ["serve_features", "serve_lines", "serving_default"]
+        """The SavedModel's signatures: a multi-hot model also takes its rows of ids."""
+        rows = ["serve_multi_hot"] if self.multi_hot is not None else []
+        return ["serve_features", "serve_lines", "serving_default", *rows]
 
 
 def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_model: Path,
@@ -273,8 +276,10 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "dims": source.dims.meta(),
         "table_sizes": source.sizes,
         "signatures": source.signatures,
-        # only for a multi-hot model: the width of each column in serve_multi_hot's cat_ids
-        **({"multi_hot_sizes": list(source.multi_hot_sizes)} if source.multi_hot_sizes else {}),
+        # only for a multi-hot model: its materialization (serve_multi_hot's cat_ids holds
+        # multi_hot_sizes[i] ids of column i)
+        **({k: v for k, v in source.meta["dims"].items() if k in MULTI_HOT_KEYS}
+           if source.multi_hot is not None else {}),
         "missing_integer": config.missing_integer,
         "size": source.size,
         "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
@@ -398,11 +403,29 @@ def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any
     dims = ModelDims.from_meta(dims_meta)
     _check_dictionary_folders(layout.dictionaries, sizes)
     identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
-    # the wide weights are one more column of every table
-    size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config)
-    multi_hot = dims_meta.get("multi_hot_sizes")
-    return _Source(checkpoint, meta, dims, sizes, identity, size, extended,
-                   tuple(int(k) for k in multi_hot) if multi_hot else None)
+    multi_hot = multi_hot_spec(checkpoint, dims_meta, sizes)
+    # the wide weights are one more column of every table; a multi-hot column adds its
+    # lookup table (table rows x k int32)
+    size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config,
+                             sum(multi_hot.table_bytes(c) for c in range(len(sizes)))
+                             if multi_hot is not None else 0)
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot)
+
+
+def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any],
+                   sizes: list[int]) -> MultiHotSpec | None:
+    """The materialization a multi-hot checkpoint was trained on (its dims record the
+    dataset's sizes, seed and distribution; the draws depend on the table sizes too), so that
+    the export turns a raw value's one-hot id into the same row of ids; None when one-hot."""
+    if MULTI_HOT_SIZES_KEY not in dims_meta:
+        return None
+    try:
+        return MultiHotSpec(tuple(sizes), tuple(dims_meta[MULTI_HOT_SIZES_KEY]),
+                            int(dims_meta.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
+                            str(dims_meta.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")))
+    except (MultiHotError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{checkpoint / 'meta.json'} records a multi-hot layout that "
+                              f"cannot be materialized ({exc})") from None
 
 
 def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Source,
@@ -416,15 +439,11 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
     temporary = temporary_sibling(final)
     try:
+        vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
+                                          temporary / "vocabularies")
         saved_model = temporary / "model"
-        if source.multi_hot_sizes is None:
-            vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
-                                              temporary / "vocabularies")
-            _save(reader, source.dims, source.sizes, vocabularies, saved_model, config)
-            verify_saved_model(saved_model)
-        else:
-            _save_multi_hot(reader, source, saved_model, config)
-            verify_multi_hot_model(saved_model, source.multi_hot_sizes)
+        _save(reader, source, vocabularies, saved_model, config)
+        verify_saved_model(saved_model)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -490,59 +509,24 @@ def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dic
                   if dims.interaction == "dcn" else None)}
 
 
-def _save_multi_hot(reader: CheckpointReader, source: _Source, out: Path,
-                    config: ExportConfig) -> None:
-    """A multi-hot model's SavedModel: ``serve_multi_hot`` (also ``serving_default``)."""
-    import tensorflow as tf
-
-    from trainer.serving import MultiHotServingDLRM
-
-    w = _weights(reader, source.dims, source.sizes)
-    module = MultiHotServingDLRM(source.dims, w["tables"], w["bottom"], w["top"],
-                                 config.missing_integer, source.multi_hot_sizes, w["wide"],
-                                 w["cross"])
-    rows = module.serve_multi_hot.get_concrete_function()
-    tf.saved_model.save(module, str(out), signatures={"serve_multi_hot": rows,
-                                                      "serving_default": rows})
-
-
-def verify_multi_hot_model(saved_model: Path, multi_hot_sizes: tuple[int, ...]) -> None:
-    """Load a multi-hot version as a server would and score a row of missing numericals and
-    one of 1s, with id 0 (which every table has) in every place: probabilities in [0, 1], the
-    same from both signature names. Refused (ExportError) otherwise, before the rename."""
-    import tensorflow as tf
-
-    width = sum(multi_hot_sizes)
-    ints = tf.constant([[-(2**63)] * NUM_INTEGER, [1] * NUM_INTEGER], tf.int64)
-    ids = tf.zeros([2, width], tf.int64)
-    try:
-        model = tf.saved_model.load(str(saved_model))
-        out = model.signatures["serve_multi_hot"](int_features=ints, cat_ids=ids)
-        default = model.signatures["serving_default"](int_features=ints, cat_ids=ids)
-        probability = out["probability"].numpy()
-        agree = np.array_equal(probability, default["probability"].numpy())
-    except (tf.errors.OpError, ValueError, KeyError, OSError) as exc:
-        raise ExportError(f"the new version does not load and score in TensorFlow "
-                          f"({type(exc).__name__}: {exc}); nothing was written") from None
-    if not agree or not np.all(np.isfinite(probability) & (probability >= 0)
-                               & (probability <= 1)):
-        raise ExportError(f"the new version scores test rows wrongly (probabilities "
-                          f"{probability.tolist()}, signatures agree: {agree}); nothing was "
-                          "written")
-
-
-def _save(reader: CheckpointReader, dims: ModelDims, sizes: list[int], vocabularies: list[Path],
-          out: Path, config: ExportConfig) -> None:
+def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path], out: Path,
+          config: ExportConfig) -> None:
     import tensorflow as tf
 
     from trainer.serving import ServingDLRM
 
-    w = _weights(reader, dims, sizes)
-    module = ServingDLRM(dims, w["tables"], w["bottom"], w["top"], vocabularies,
-                         config.missing_integer, w["wide"], w["cross"])
+    w = _weights(reader, source.dims, source.sizes)
+    expansions = None
+    if source.multi_hot is not None:  # one lookup table per multi-hot column
+        built = dict(iter_tables(source.multi_hot))
+        expansions = [built.get(c) for c in range(len(source.sizes))]
+    module = ServingDLRM(source.dims, w["tables"], w["bottom"], w["top"], vocabularies,
+                         config.missing_integer, w["wide"], w["cross"], expansions)
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.
     signatures = {"serve_features": module.serve_features.get_concrete_function(),
                   "serve_lines": lines, "serving_default": lines}
+    if expansions is not None:
+        signatures["serve_multi_hot"] = module.serve_multi_hot.get_concrete_function()
     tf.saved_model.save(module, str(out), signatures=signatures)
 

@@ -313,13 +313,11 @@ class Trainer:
         return out + self.optimizer.state() + [("loss_scale", self.loss_scale)]
 
     def _dims_meta(self) -> dict[str, Any]:
-        """The model's shape as checkpoints record it: the dims, and the ids per row of each
-        column when some column is multi-hot (a checkpoint trained on one-hot rows is not
-        restored for multi-hot ones, nor the reverse: its embeddings were pooled otherwise)."""
-        meta = self.dims.meta()
-        if self.dataset.multi_hot:
-            meta["multi_hot_sizes"] = list(self.dataset.multi_hot_sizes)
-        return meta
+        """The model's shape as checkpoints record it: the dims, and with multi-hot rows the
+        dataset's record of their materialization (sizes, seed, distribution): a checkpoint
+        trained on other rows is not restored for these (its embeddings were pooled over
+        other ids), and the export rebuilds the same rows from raw values."""
+        return {**self.dims.meta(), **self.dataset.multi_hot_record}
 
     def save(self) -> Path:
         if self.run_id is None:  # a save outside train() (tests, tools): one run all the same

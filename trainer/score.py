@@ -307,23 +307,13 @@ def load_model(model_dir: Path):
 
     try:
         model = tf.saved_model.load(str(model_dir))
-        signatures = set(model.signatures.keys())
+        model.signatures["serve_lines"]
+        return model
     except (tf.errors.OpError, ValueError, KeyError, OSError, RuntimeError) as exc:
         cause = " ".join(str(exc).split())[:300]
         raise ScoreError(f"the SavedModel {model_dir} cannot be loaded ({type(exc).__name__}: "
                          f"{cause}): serve an intact version (run_pipeline.sh export rollback "
                          "[VERSION]) or export again (--stages export --force)") from None
-    if "serve_lines" not in signatures and "serve_multi_hot" in signatures:
-        raise ScoreError(
-            f"the SavedModel {model_dir} was trained on multi-hot rows and takes them (signature "
-            "serve_multi_hot), not raw lines: scoring raw files needs the converter's multi-hot "
-            "materialization inside the model, which the export does not hold yet; send it "
-            "multi-hot rows (docs/trainer.md, \"Serving\")")
-    if "serve_lines" not in signatures:
-        raise ScoreError(f"the SavedModel {model_dir} cannot be loaded (KeyError: it has no "
-                         "serve_lines signature): serve an intact version (run_pipeline.sh "
-                         "export rollback [VERSION]) or export again (--stages export --force)")
-    return model
 
 
 def main(argv: list[str] | None = None) -> int:

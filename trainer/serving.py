@@ -22,7 +22,11 @@ The two signatures (names and tensors are the serving interface, documented in d
 ``serve_lines(lines string [n], has_label bool [n])``, which is also ``serving_default``; both
 return ``probability`` float32 [n]
 and ``reject_reason`` string [n] ("" for a scored row); ``serve_lines`` also returns ``label``
-int32 [n] (-1 when absent or rejected). Every input and output has the batch as its first
+int32 [n] (-1 when absent or rejected). A model trained on multi-hot rows holds each multi-hot
+column's lookup table (one-hot id -> its row's k ids, the converters' materialization), so raw
+values reach the rows the dataset held, and has one more signature, ``serve_multi_hot(
+int_features int64 [n, 13], cat_ids int64 [n, sum(k)])``, taking those rows as the dataset
+holds them. Every input and output has the batch as its first
 dimension, so TensorFlow Serving's server-side batching can concatenate requests (it refuses
 scalar inputs), and a REST response holds no NaN (which its JSON writer prints bare).
 """
@@ -171,30 +175,24 @@ class ServingCore(tf.Module):
         return tf.sigmoid(logits)
 
 
-class MultiHotServingDLRM(ServingCore):
-    """A model trained on multi-hot rows: ``serve_multi_hot`` takes the rows as the dataset
-    holds them (each column's k ids), numericals as ``serve_features`` takes them."""
-
-    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
-                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 missing_integer: int, multi_hot_sizes: Sequence[int],
-                 wide: Sequence[np.ndarray] | None = None,
-                 cross: dict[str, np.ndarray] | None = None):
-        super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
-        self.multi_hot_sizes = tuple(int(k) for k in multi_hot_sizes)
-        self.offsets = np.concatenate([[0], np.cumsum(self.multi_hot_sizes)]).tolist()
-        # the width is the model's: a request of another width is refused by the signature
+    def _add_multi_hot_signature(self, multi_hot_sizes: Sequence[int]) -> None:
+        """``serve_multi_hot``: rows of ids as the dataset holds them. A tf.function made per
+        instance, so that the width of ``cat_ids`` is the model's and a request of another
+        width is refused by the signature."""
+        sizes = tuple(int(k) for k in multi_hot_sizes)
+        self.multi_hot_offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self.serve_multi_hot = tf.function(self._serve_multi_hot, input_signature=[
             tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
-            tf.TensorSpec([None, self.offsets[-1]], tf.int64, name="cat_ids")])
+            tf.TensorSpec([None, self.multi_hot_offsets[-1]], tf.int64, name="cat_ids")])
 
     def _serve_multi_hot(self, int_features, cat_ids):
         """``cat_ids`` int64 [n, sum(k)]: C1's k1 ids, then C2's k2 ids, ... (a row of the
         dataset's cat_<i>.bin files side by side). A row with an id outside its table gets
         probability -1 and ``id_out_of_range``."""
+        offsets = self.multi_hot_offsets
         ids, in_range = [], []
         for j in range(NUM_CATEGORICAL):
-            column = cat_ids[:, self.offsets[j]:self.offsets[j + 1]]
+            column = cat_ids[:, offsets[j]:offsets[j + 1]]
             rows = tf.cast(tf.shape(self.tables[j])[0], tf.int64)
             ok = tf.reduce_all((column >= 0) & (column < rows), axis=1)
             in_range.append(ok)
@@ -208,18 +206,28 @@ class MultiHotServingDLRM(ServingCore):
 
 
 class ServingDLRM(ServingCore):
-    """A one-hot model: the core plus one vocabulary lookup per column (raw values in)."""
+    """The core plus one vocabulary lookup per column (raw values in). A multi-hot model also
+    holds each multi-hot column's lookup table (``expansions``: one-hot id -> its row's k ids,
+    the converter's materialization, dlrm_contracts/multi_hot.py), so raw values reach the
+    same k ids the dataset held, and gets ``serve_multi_hot`` too."""
 
     def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
                  bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
                  vocabularies: Sequence[Path], missing_integer: int,
                  wide: Sequence[np.ndarray] | None = None,
-                 cross: dict[str, np.ndarray] | None = None):
+                 cross: dict[str, np.ndarray] | None = None,
+                 expansions: Sequence[np.ndarray | None] | None = None):
         super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
         self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
             str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
             tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
             for path in vocabularies]
+        # column index -> its lookup table (multi-hot columns only)
+        self.expansions = {str(j): tf.Variable(e, trainable=False, name=f"multi_hot_C{j + 1}")
+                           for j, e in enumerate(expansions or []) if e is not None}
+        if expansions is not None:
+            self._add_multi_hot_signature([1 if e is None else int(e.shape[1])
+                                           for e in expansions])
 
     def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
         ids = tf.stack([self.vocabularies[j].lookup(normalised[:, j])
@@ -227,7 +235,10 @@ class ServingDLRM(ServingCore):
         return tf.where(unusable, tf.zeros_like(ids), ids)
 
     def _probability(self, integers: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-        return self._probability_of_ids(integers, [ids[:, j] for j in range(NUM_CATEGORICAL)])
+        """``ids`` [n, 26] one-hot ids; a multi-hot column's become its row's k ids."""
+        columns = [tf.gather(self.expansions[str(j)], ids[:, j]) if str(j) in self.expansions
+                   else ids[:, j] for j in range(NUM_CATEGORICAL)]
+        return self._probability_of_ids(integers, columns)
 
     def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
                reason: tf.Tensor) -> tf.Tensor:

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_FILE, cat_dtype,
-                                          cat_file, describe, file_checksum, file_key, write_json)
+                                          cat_file, describe, file_checksum, file_key,
+                                          multi_hot_extra, write_json)
+from dlrm_contracts.multi_hot import Materializer, MultiHotSpec
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
@@ -88,14 +90,17 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
     ``signal_seed``: draw the signal from it, independently of ``seed`` (which then draws the
     rows only) and of the table sizes: the days of one stream whose tables grow. ``extra``:
     more dataset.json keys (a dictionaries fingerprint, as convert records it).
-    ``multi_hot_sizes``: k ids per row for each column (the multi-hot format: [rows, k]
-    row-major, recorded in dataset.json); a row's first id carries the planted signal, the
-    others are more draws of the same skewed ids.
+    ``multi_hot_sizes``: k ids per row for each column, materialized from the one-hot ids as
+    the converters do (dlrm_contracts.multi_hot, seed 0, uniform; [rows, k] row-major,
+    recorded in dataset.json); a row's first id is its one-hot id, which carries the signal.
     """
     path = Path(path)
     assert len(table_sizes) == NUM_CATEGORICAL
     signal = planted_signal(table_sizes, seed if signal_seed is None else signal_seed, strength,
                             stable=signal_seed is not None)
+    multi_hot = (Materializer(MultiHotSpec(table_sizes, tuple(multi_hot_sizes)))
+                 if multi_hot_sizes is not None and any(k > 1 for k in multi_hot_sizes)
+                 else None)
     for split in SPLITS:
         n = rows.get(split, 0)
         split_rng = np.random.default_rng([seed, SPLITS.index(split) + 1])
@@ -103,16 +108,16 @@ def write_planted_dataset(path: str | Path, rows: dict[str, int], *, seed: int =
         cats = [_ids(split_rng, size, n) for size in table_sizes]
         p = 1.0 / (1.0 + np.exp(-signal.logit(numerical.astype(np.float32), cats)))
         label = (split_rng.random(n) < p).astype(np.uint8)
-        if multi_hot_sizes is not None:
-            cats = [ids if k == 1 else np.column_stack(
-                        [ids] + [_ids(split_rng, size, n) for _ in range(k - 1)])
-                    for ids, size, k in zip(cats, table_sizes, multi_hot_sizes)]
+        if multi_hot is not None:
+            cats = [rows[:, 0] if k == 1 else rows
+                    for rows, k in zip(multi_hot(cats), multi_hot.spec.sizes)]
         write_split(path / split, label, numerical, cats, table_sizes)
     # recorded as convert records them, so the dataset can be derived from (rethreshold)
     checksums = {file_key(split, f.name): file_checksum(f)
                  for split in SPLITS for f in sorted((path / split).iterdir())}
-    if multi_hot_sizes is not None and any(k > 1 for k in multi_hot_sizes):
-        extra = {**(extra or {}), "multi_hot_sizes": [int(k) for k in multi_hot_sizes]}
+    if multi_hot is not None:
+        extra = {**(extra or {}), **multi_hot_extra(multi_hot.spec.sizes, multi_hot.spec.seed,
+                                                    multi_hot.spec.distribution)}
     info = describe(path, {s: rows.get(s, 0) for s in SPLITS}, list(table_sizes), threshold_spec,
                     f"synthetic-planted-seed{seed}", {**(extra or {}), CHECKSUMS_KEY: checksums})
     write_json(path / DATASET_JSON, info.to_json())
