@@ -5,7 +5,8 @@ Runs ``materialize_synthetic_multihot_dataset.py`` (mlcommons/training,
 with torch (--anchor-python) on one-hot ids written as TorchRec's ``day_<d>_sparse.npy``
 (int64, rows x 26), then compares every ``day_<d>_sparse_multi_hot.npz`` it writes with
 ``dlrm_contracts.multi_hot`` on the same ids, and, with --ours, with the files our converter
-wrote (``convert.formats: [binary, mlperf_multihot]``) from a split binary dataset. The ids
+wrote (``convert.formats: [binary, mlperf_multihot]``) from a split binary dataset, which the
+reference reader's own loader (``data/multi_hot_criteo.py``) then reads back. The ids
 are those of --dataset (a split binary dataset: its rows in the reference's day order) or
 random ids below the table sizes. Needs the anchor environment (a venv with torch and numpy,
 outside the repository), so it is never part of the test suite; see bench/README.md for the
@@ -72,7 +73,8 @@ def _random_days(rows: int, table_sizes: list[int], seed: int) -> list[np.ndarra
 STAND_IN = {
     "torchrec/__init__.py": "",
     "torchrec/datasets/__init__.py": "",
-    "torchrec/datasets/criteo.py": "DAYS = 24\nCAT_FEATURE_COUNT = 26\n",
+    "torchrec/datasets/criteo.py": ("DAYS = 24\nCAT_FEATURE_COUNT = 26\n"
+                                    "DEFAULT_CAT_NAMES = [f'cat_{i}' for i in range(26)]\n"),
     "torchrec/datasets/utils.py": "class Batch:\n    pass\n\n\nPATH_MANAGER_KEY = 'torchrec'\n",
     "torchrec/sparse/__init__.py": "",
     "torchrec/sparse/jagged_tensor.py": "class KeyedJaggedTensor:\n    pass\n",
@@ -84,6 +86,44 @@ def stand_in(folder: Path) -> str:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
     return str(folder)
+
+
+# The reference reader's own loader of one npz entry (MultiHotCriteoIterDataPipe.
+# _load_from_npz: stored entry, header offset rule, memory map), run in the anchor environment
+# on our files; the reader's other imports (iopath, pyre_extensions) are not needed for it.
+READER = """
+import json, sys, types
+from pathlib import Path
+import numpy as np
+for name in ("iopath", "iopath.common", "iopath.common.file_io", "pyre_extensions"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["iopath.common.file_io"].PathManager = object
+sys.modules["iopath.common.file_io"].PathManagerFactory = object
+sys.modules["pyre_extensions"].none_throws = lambda x: x
+if not hasattr(np.lib.format, "_read_array_header"):  # numpy 2 moved the private helper
+    from numpy.lib import _format_impl
+    np.lib.format._read_array_header = _format_impl._read_array_header
+from data.multi_hot_criteo import MultiHotCriteoIterDataPipe
+ours, checked = Path(sys.argv[1]), 0
+for d in range(24):
+    path = ours / f"day_{d}_sparse_multi_hot.npz"
+    plain = np.load(path)
+    for c in range(26):
+        mapped = MultiHotCriteoIterDataPipe._load_from_npz(None, str(path), f"{c}.npy")
+        assert mapped.dtype == np.int32 and np.array_equal(np.asarray(mapped), plain[str(c)]), (d, c)
+        checked += mapped.size
+print(json.dumps(checked))
+"""
+
+
+def run_reader(args, work: Path) -> int:
+    """The reference reader's loader over every entry of our files; the ids it read."""
+    shim = stand_in(work / "stand_in") if args.shim == "stand-in" else args.shim
+    (work / "reader.py").write_text(READER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([shim, str(args.reference)]))
+    done = subprocess.run([args.anchor_python, str(work / "reader.py"), str(args.ours)], env=env,
+                          check=True, capture_output=True, text=True)
+    return int(done.stdout.strip().splitlines()[-1])
 
 
 def run_reference(args, days: list[np.ndarray], table_sizes: list[int], work: Path) -> float:
@@ -156,6 +196,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="anchor-multi-hot-") as work:
         reference_seconds = run_reference(args, days, table_sizes, Path(work))
         result = compare(args, days, table_sizes, Path(work) / "out")
+        if args.ours:
+            result["ids_read_by_the_reference_reader"] = run_reader(args, Path(work))
     result["reference_seconds"] = round(reference_seconds, 2)
     result["equal"] = result["arrays_differing"] == 0
     print(json.dumps(result))

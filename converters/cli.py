@@ -1,8 +1,8 @@
-"""``python -m converters {convert,verify,rethreshold,plan}``.
+"""``python -m converters {convert,verify,rethreshold,plan,mlperf-multihot}``.
 
 Exit codes are the pipeline's (dlrm_contracts.errors): 0 success; 2 wrong usage or a bad
 threshold spec; 3 the output's directory (the workdir) in use by another run (convert and
-rethreshold hold its lock, dlrm_contracts.lock); 6 convert or rethreshold failed on its input (a broken parquet, counts or source
+rethreshold hold its lock, dlrm_contracts.lock); 6 convert, rethreshold or mlperf-multihot failed on its input (a broken parquet, counts or source
 dataset, or a threshold below the source's, which needs a Spark rerun); 7 the dataset does not
 verify (verify, plan's counts); 1 a bug (with its traceback). With ``--json`` the last stdout
 line is the JSON summary.
@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--output", required=True, help="where the new dataset goes")
     _add_convert_options(re)
 
+    mlperf = commands.add_parser("mlperf-multihot",
+                                 help="the MLPerf DLRMv2 reference's multi-hot layout of a dataset")
+    mlperf.add_argument("dataset", help="a complete split binary dataset (e.g. DIR/binary)")
+    mlperf.add_argument("--output", help="default: beside it (DIR/mlperf_multihot)")
+    _add_convert_options(mlperf)
+
     plan = commands.add_parser("plan", help="table sizes and memory per threshold, from counts")
     plan.add_argument("--counts", required=True, help="DIR/counts or its histogram.parquet")
     plan.add_argument("--thresholds", default="", help="global thresholds, e.g. 1,2,5,15")
@@ -147,6 +153,18 @@ def _run_rethreshold(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_mlperf_multihot(args: argparse.Namespace) -> int:
+    from converters.mlperf_multihot import output_dir, write_mlperf_multihot
+
+    config = _convert_config(args)
+    output = args.output or output_dir(args.dataset)
+    with output_lock(output, "converters mlperf-multihot"), \
+            failing_as(ExitCode.CONVERT, DatasetError):
+        summary = write_mlperf_multihot(args.dataset, output, config)
+    _print_summary(summary, args.json)
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from converters.planner import format_plan, plan
 
@@ -165,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     args = build_parser().parse_args(argv)
     run = {"convert": _run_convert, "verify": _run_verify,
-           "rethreshold": _run_rethreshold, "plan": _run_plan}[args.command]
+           "rethreshold": _run_rethreshold, "plan": _run_plan,
+           "mlperf-multihot": _run_mlperf_multihot}[args.command]
     return run_cli(f"converters {args.command}", lambda: run(args))
 
 

@@ -363,8 +363,8 @@ class ConvertConfig:
                 MULTI_HOT_DISTRIBUTIONS)
         for name in self.formats:
             _one_of("convert.formats", name, CONVERT_FORMATS)
-        _check("binary" in self.formats, "convert.formats must include \"binary\" (the other "
-               "formats are written from it)")
+        _check("binary" in self.formats, "convert.formats must include binary (the other "
+               f"layouts are written beside it), not {self.formats}")
 
 
 @dataclass

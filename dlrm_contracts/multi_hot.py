@@ -144,8 +144,8 @@ def lookup_table(spec: MultiHotSpec, column: int) -> np.ndarray:
 
 
 def materialize(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """The multi-hot rows (len(ids), k) int32 of one-hot ``ids``: row ``id % table_size`` of
-    the column's table, as the reference looks them up."""
+    """The multi-hot rows (len(ids), k) of one-hot ``ids``: row ``id % table_size`` of the
+    column's table, as the reference looks them up, in the table's dtype (int32 as built)."""
     index = np.asarray(ids).astype(np.int64, copy=False) % len(table)
     return np.take(table, index, axis=0)
 

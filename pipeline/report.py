@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlrm_contracts.atomic import atomic_file, write_text_atomic
 from dlrm_contracts.config import STAGES
 from dlrm_contracts.layout import WorkdirLayout
@@ -57,6 +59,27 @@ def _auc_points(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
     return series
 
 
+def split_final_points(points: list[tuple[int, float]]
+                       ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(the curve, the final evaluations): the run's model is evaluated once more at its end,
+    after the best checkpoint is restored, so that point comes back to an earlier step. Drawn
+    on the curve it would run back from the last step; it is a marker of its own."""
+    curve: list[tuple[int, float]] = []
+    finals: list[tuple[int, float]] = []
+    for step, value in points:
+        (finals if curve and step <= curve[-1][0] else curve).append((step, value))
+    return curve, finals
+
+
+def smoothed(values: list[float], window: int) -> np.ndarray:
+    """A trailing mean over ``window`` values (shorter at the start), the same length as
+    ``values``: the per-step loss is too noisy to read a trend from."""
+    sums = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(0, ends - window)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
 def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
     losses = [(r["step"], r["loss"]) for r in metrics if "loss" in r and "step" in r
               and isinstance(r["loss"], (int, float))]
@@ -66,10 +89,19 @@ def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
     plt = _plt()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     if losses:
-        left.plot(*zip(*losses), lw=1)
+        steps, values = zip(*losses)
+        left.plot(steps, values, lw=0.6, alpha=0.4, label="loss")
+        window = max(1, len(values) // 50)
+        left.plot(steps, smoothed(list(values), window), lw=1.5,
+                  label=f"mean of {window} logged steps")
+        left.legend()
     left.set(title="training loss", xlabel="step", ylabel="log loss")
     for name, points in sorted(aucs.items()):
-        right.plot(*zip(*points), marker="o", label=name)
+        curve, finals = split_final_points(points)
+        line = right.plot(*zip(*curve), marker="o", label=name)[0]
+        if finals:
+            right.plot(*zip(*finals), ls="none", marker="*", markersize=12,
+                       color=line.get_color(), label=f"{name}, the run's model at its end")
     right.set(title="ROC AUC", xlabel="step", ylabel="AUC")
     if aucs:
         right.legend()

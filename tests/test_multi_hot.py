@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -61,9 +63,9 @@ def test_one_column_alone_equals_the_full_pass():
 
 def test_chunked_draws_equal_one_draw(monkeypatch):
     """Tables are filled (and skipped) a chunk at a time: the stream is the same whatever
-    the chunk (a size that is no multiple of any k, so chunks end mid-row too)."""
+    the chunk (a prime, so a skipped column's chunks end mid-row)."""
     whole = dict(iter_tables(SPEC))
-    monkeypatch.setattr(multi_hot, "CHUNK_DRAWS", 7)
+    monkeypatch.setattr(multi_hot, "CHUNK_DRAWS", 997)
     chunked = dict(iter_tables(SPEC))
     assert sorted(chunked) == sorted(whole)
     for column in whole:
@@ -328,3 +330,23 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
     # from the dataset drawn with seed 0
     assert convert(30, seed=1) == ("derived", "converters+rethreshold")
     assert spec_of_dataset(layout_is_the_dataset()).seed == 1
+
+
+def test_cli_writes_the_layout_of_an_existing_dataset(multi_hot_workdir, tmp_path):
+    root, _, _ = multi_hot_workdir
+    out = tmp_path / "layout"
+    done = subprocess.run([sys.executable, "-m", "converters", "mlperf-multihot",
+                           str(root / "binary"), "--output", str(out), "--no-fsync",
+                           "--no-progress", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["output"] == str(out)
+    for name in ("day_0_sparse_multi_hot.npz", "day_23_sparse_multi_hot.npz"):
+        with zipfile.ZipFile(out / name) as ours, \
+                zipfile.ZipFile(root / "mlperf_multihot" / name) as theirs:
+            assert all(ours.read(n) == theirs.read(n) for n in theirs.namelist())
+    for name in ("day_23_dense.npy", "day_7_labels.npy"):
+        assert (out / name).read_bytes() == (root / "mlperf_multihot" / name).read_bytes()
+    missing = subprocess.run([sys.executable, "-m", "converters", "mlperf-multihot",
+                              str(tmp_path / "none")], capture_output=True, text=True)
+    assert missing.returncode == 6 and "Traceback" not in missing.stderr
+    assert "is not a directory" in missing.stderr
