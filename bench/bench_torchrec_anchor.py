@@ -17,6 +17,9 @@ What "equal" can mean, from TorchRec's code (``BinaryCriteoUtils.tsv_to_npys``,
   ours by count descending (from 1; rare or missing -> 0). Both are checked against the same
   canonical form: the value's 32-bit hex integer where the value is kept, 0 where it is rare
   or missing. Equal canonical forms in every cell = the same kept sets and the same rows.
+  With ``--cap N`` ours are capped ids instead (``preprocess.ids: modulo``, cap N for every
+  column), compared with TorchRec's raw ids modulo N, what its reader computes with
+  ``--num_embeddings_per_feature N,...``: equal cell for cell.
 * **dense**: TorchRec computes ``log(x - m + 2)`` in float32, with missing -> 0 first and m
   the smallest integer in the whole day file (so its shift changes from day to day with the
   data: ``log(x + 3)`` only on a day whose minimum is -1); we store ``log(x + 3)`` for every
@@ -32,7 +35,7 @@ What "equal" can mean, from TorchRec's code (``BinaryCriteoUtils.tsv_to_npys``,
 Usage (the anchors environment is described in /work/anchors/README.txt)::
 
     python bench/bench_torchrec_anchor.py --out /tmp/anchor --anchors /work/anchors \\
-        [--rows-per-day 20000] [--threshold 3] [--seed 37]
+        [--rows-per-day 20000] [--threshold 3] [--seed 37] [--cap N]
 
 Exit 0 when every check holds, 1 otherwise; the last stdout line is a JSON summary.
 """
@@ -89,11 +92,14 @@ def raw_days(out: Path, rows_per_day: int, seed: int, real_sample: Path) -> tupl
     return ours, padded
 
 
-def ours(out: Path, raw: Path, threshold: int) -> Path:
-    work = out / "work"
-    config = out / "ours.yaml"
-    config.write_text(f"preprocess:\n  frequency_threshold: {threshold}\n"
-                      "convert:\n  formats: [binary, torchrec]\n")
+def ours(out: Path, raw: Path, threshold: int, cap: int | None = None) -> Path:
+    """Our pipeline's preprocess and convert: frequency ids at ``threshold``, or capped ids
+    (``preprocess.ids: modulo``, every column's cap ``cap``) in a workdir of their own."""
+    work = out / ("work" if cap is None else f"work_cap{cap}")
+    config = out / ("ours.yaml" if cap is None else f"ours_cap{cap}.yaml")
+    ids = (f"  frequency_threshold: {threshold}\n" if cap is None
+           else f"  ids: modulo\n  caps: {cap}\n")
+    config.write_text(f"preprocess:\n{ids}convert:\n  formats: [binary, torchrec]\n")
     run([ROOT / "run_pipeline.sh", "--input", raw, "--workdir", work, "--stages",
          "preprocess,convert", "--config", config], cwd=ROOT)
     return work
@@ -154,15 +160,22 @@ def row_order(labels: np.ndarray, canonical: np.ndarray) -> np.ndarray:
     return np.lexsort(np.column_stack([labels.reshape(-1, 1), canonical]).T[::-1])
 
 
-def compare(work: Path, npy: Path, contig: Path, padded: Path) -> dict:
+def compare(work: Path, npy: Path, contig: Path, padded: Path, cap: int | None = None) -> dict:
+    """Ours against TorchRec's. Frequency ids: both sides as canonical values (above).
+    Capped ids: our ids against TorchRec's raw ids modulo the cap, which is what its reader
+    (InMemoryBinaryCriteoIterDataPipe with the caps as hashes) feeds the model."""
     mine = work / "binary" / "torchrec"
-    lookup = dictionaries(work)
+    lookup = dictionaries(work) if cap is None else None
     result: dict = {}
     for name, days in (("train", range(EVAL_DAY)), ("day_23", [EVAL_DAY])):
         labels_o, labels_t = load_days(mine, "labels", days), load_days(npy, "labels", days)
-        canon_o = canonical_ours(load_days(mine, "sparse", days), lookup)
-        canon_t = canonical_torchrec(load_days(npy, "sparse", days), np.concatenate(
-            [np.load(contig / f"day_{d}_sparse_contig_freq.npy") for d in days]))
+        if cap is None:
+            canon_o = canonical_ours(load_days(mine, "sparse", days), lookup)
+            canon_t = canonical_torchrec(load_days(npy, "sparse", days), np.concatenate(
+                [np.load(contig / f"day_{d}_sparse_contig_freq.npy") for d in days]))
+        else:
+            canon_o = load_days(mine, "sparse", days)
+            canon_t = load_days(npy, "sparse", days) % cap
         dense_o, dense_t = load_days(mine, "dense", days), load_days(npy, "dense", days)
         if name == "train":  # same rows, other order: compare in content order
             order_o, order_t = row_order(labels_o, canon_o), row_order(labels_t, canon_t)
@@ -214,20 +227,24 @@ def main() -> int:
     parser.add_argument("--rows-per-day", type=int, default=20_000)
     parser.add_argument("--threshold", type=int, default=3)
     parser.add_argument("--seed", type=int, default=37)
+    parser.add_argument("--cap", type=int, default=None,
+                        help="compare capped ids (preprocess.ids: modulo, this cap for every "
+                             "column) instead of frequency ids")
     parser.add_argument("--real-sample", type=Path, default=REAL_SAMPLE)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     raw, padded = raw_days(args.out, args.rows_per_day, args.seed, args.real_sample)
-    work = ours(args.out, raw, args.threshold)
+    work = ours(args.out, raw, args.threshold, args.cap)
     npy, contig = torchrec(args.out, padded, args.threshold, args.anchors / ".venv/bin/python")
-    result = compare(work, npy, contig, padded)
+    result = compare(work, npy, contig, padded, args.cap)
     ok = all(r["labels_equal"] and r["sparse_equal"] and r["torchrec_dense_is_its_formula"]
              and r["dense_elsewhere_ours_zero"]
              and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] is not None
              and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] <= 1
              for r in result.values())
-    print(json.dumps({"ok": ok, "threshold": args.threshold, "rows_per_day": args.rows_per_day,
+    print(json.dumps({"ok": ok, "threshold": args.threshold, "cap": args.cap,
+                      "rows_per_day": args.rows_per_day,
                       "seconds": round(time.perf_counter() - start, 1), **result}))
     return 0 if ok else 1
 
