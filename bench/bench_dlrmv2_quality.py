@@ -132,7 +132,7 @@ def torchrec_run(anchors: Path, npz_dir: Path, table_sizes: list[int], args) -> 
                           env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "2"})
     if proc.returncode != 0:
         sys.exit(f"dlrm_main.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    found = dict(re.findall(r"AUROC over (\w+) set: ([0-9.]+)", proc.stdout))
+    found = dict(re.findall(r"AUROC over (\w+) set: ([0-9]+\.[0-9]+)", proc.stdout))
     return {"model": "TorchRec dlrm_main.py, DCN", "validation_auc": float(found["test"]),
             "test_auc": None, "seconds": round(time.perf_counter() - start, 1)}
 
