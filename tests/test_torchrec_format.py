@@ -93,7 +93,7 @@ def test_formats_config_accepts_the_contract_names_and_refuses_others():
     assert ConvertConfig().formats == ["binary"]
     with pytest.raises(ConfigError, match="convert.formats 'parquet'"):
         ConvertConfig(formats=["binary", "parquet"])
-    with pytest.raises(ConfigError, match="must include \"binary\""):
+    with pytest.raises(ConfigError, match="convert.formats must include \"?binary"):
         ConvertConfig(formats=["torchrec"])
 
 
