@@ -27,6 +27,7 @@ import xxhash
 from converters.mlperf_multihot import FORMAT as MLPERF_MULTIHOT, write_mlperf_multihot
 from converters.segments import (SEGMENTS_KEY, Reuse, copy_rows, parquet_segments,
                                  previous_segments, recorded_segments)
+from converters.torchrec_format import TORCHREC_DIR, TorchrecWriter
 from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
 from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
                                           NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
@@ -47,6 +48,8 @@ from dlrm_contracts.thresholds import parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 
 log = logging.getLogger(__name__)
+
+TORCHREC = "torchrec"  # the convert.formats name of converters.torchrec_format's layout
 
 
 
@@ -207,9 +210,11 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
 
 def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
                    table_sizes: list[int], config: ConvertConfig, pool: ThreadPoolExecutor,
-                   bar: Any, checksums: dict[str, str], tables: dict[int, np.ndarray]) -> int:
+                   bar: Any, checksums: dict[str, str], tables: dict[int, np.ndarray],
+                   torchrec: TorchrecWriter | None = None) -> int:
     """Write one split's files from its pieces in order (parquet files to convert, or rows of
-    the previous dataset to copy); their checksums go into ``checksums``. Returns the rows."""
+    the previous dataset to copy); their checksums go into ``checksums``; each batch also goes
+    to the TorchRec layout when one is written. Returns the rows."""
     out_dir.mkdir()
     handles = [open(out_dir / name, "wb") for name in
                [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
@@ -232,6 +237,8 @@ def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
                 for future in pending:  # files are appended in batch order
                     future.result()
                 pending = [pool.submit(write_batch_columns, g, batch, where) for g in groups]
+                if torchrec is not None:
+                    pending.append(pool.submit(torchrec.write, out_dir.name, batch, where))
                 rows += batch.num_rows
                 bar.update(batch.num_rows)
         for future in pending:
@@ -323,6 +330,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     files = {split: parquet_files(parquet_dir / split) for split in SPLITS}
     expected = {split: sum(_num_rows(p) for p in files[split]) for split in SPLITS}
     fingerprint = source_fingerprint(parquet_dir, files)
+    # The TorchRec layout is written from parquet batches: no day is copied from before.
+    reuse = reuse and TORCHREC not in config.formats
     multi = multi_hot_spec(config, table_sizes)
     pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes,
                                multi)
@@ -330,7 +339,15 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     checksums: dict[str, str] = {}
     with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp:
         tables = multi_hot_tables(multi)
-        rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums, tables)
+        torchrec = (TorchrecWriter(tmp / TORCHREC_DIR, expected, table_sizes)
+                    if TORCHREC in config.formats else None)
+        try:
+            rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums, tables,
+                                   torchrec and torchrec.open())
+            torchrec_description = torchrec and torchrec.finish()
+        finally:
+            if torchrec is not None:
+                torchrec.close()
         del tables
         info = describe(tmp, rows, table_sizes, spec, fingerprint,
                         _dataset_extra(parquet_dir, segments, checksums, multi))
@@ -339,8 +356,11 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
         verify_dataset(tmp, full=config.verify_full, require_success=False)
     seconds = time.perf_counter() - start
     log.info("converted %d rows in %.2f s into %s", sum(rows.values()), seconds, binary_dir)
-    return {**_summary(binary_dir, info, spec, fingerprint, pieces, segments, seconds),
-            **write_other_formats(binary_dir, config)}
+    summary = _summary(binary_dir, info, spec, fingerprint, pieces, segments, seconds)
+    if torchrec_description:
+        summary[TORCHREC] = {"path": str(binary_dir / TORCHREC_DIR),
+                             "rows_per_day": torchrec_description["rows_per_day"]}
+    return {**summary, **write_other_formats(binary_dir, config)}
 
 
 def write_other_formats(binary_dir: Path, config: ConvertConfig) -> dict[str, Any]:
@@ -395,7 +415,8 @@ def _complete_table_sizes(parquet_dir: Path) -> list[int]:
 def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
                     expected: dict[str, int], tmp: Path, table_sizes: list[int],
                     config: ConvertConfig, checksums: dict[str, str],
-                    tables: dict[int, np.ndarray]) -> dict[str, int]:
+                    tables: dict[int, np.ndarray],
+                    torchrec: TorchrecWriter | None = None) -> dict[str, int]:
     """Every split into ``tmp``, each checked against the rows its parquet metadata gives.
     Progress counts the rows converted only: a day's rows copied from the previous dataset
     (stable ids) cost a fraction of converting them, and counting them would make a daily
@@ -407,7 +428,7 @@ def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
                      enabled=config.progress) as bar:
         for split in SPLITS:
             rows[split] = _convert_split(pieces[split], tmp / split, table_sizes, config, pool,
-                                         bar, checksums, tables)
+                                         bar, checksums, tables, torchrec)
             if rows[split] != expected[split]:
                 raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
                                    f"{expected[split]}")

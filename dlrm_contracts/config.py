@@ -317,6 +317,7 @@ def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
     return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
 
 
+
 @dataclass
 class ConvertConfig:
     """Parquet → split binary dataset, and the no-Spark threshold raise."""
@@ -352,7 +353,8 @@ class ConvertConfig:
     multi_hot_distribution: str = "uniform"
     # The datasets written: "binary" (ours, always) and, beside it in the workdir,
     # "mlperf_multihot" (the reference's day_<d>_sparse_multi_hot.npz + dense and labels .npy)
-    # and "torchrec" (TorchRec's per-day .npy files).
+    # and "torchrec" (TorchRec's per-day .npy files for InMemoryBinaryCriteoIterDataPipe and
+    # dlrm_main.py, in binary/torchrec/: converters/torchrec_format.py).
     formats: list[str] = field(default_factory=lambda: ["binary"])
 
     def __post_init__(self) -> None:

@@ -299,7 +299,9 @@ def estimate(config: PipelineConfig) -> Estimate:
     except (OSError, ValueError) as exc:
         est.say(f"tables: counts unreadable ({exc})")
         sizes = None
-    if sizes is not None:
+    if sizes is not None and config.preprocess.ids == "modulo":
+        est.say(f"tables: {sum(sizes):,} embedding rows (the caps of preprocess.caps)")
+    elif sizes is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows at threshold "
                 f"{config.preprocess.frequency_threshold} (from the counts)")
     state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]

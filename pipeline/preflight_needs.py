@@ -87,15 +87,17 @@ def spark_local_dirs(config: PipelineConfig) -> list[Path]:
 def _binary_bytes_per_row(sizes: list[int] | None, config: PipelineConfig) -> float:
     """The binary dataset's bytes per row (k ids per row of a multi-hot column), plus the
     reference's multi-hot layout when convert.formats asks for it (int32 ids, float32 dense,
-    int32 label)."""
+    int32 label) and TorchRec's one-hot layout (float32 dense, int64 ids, int32 label)."""
     ids = config.convert.multi_hot_sizes or [1] * len(CAT_COLUMNS)
     mlperf = (4 * sum(ids) + 4 * NUM_INTEGER + 4) if "mlperf_multihot" in config.convert.formats \
         else 0
+    torchrec = (4 * NUM_INTEGER + 8 * len(CAT_COLUMNS) + 4) \
+        if "torchrec" in config.convert.formats else 0
     if sizes is None:
         extra_ids = sum(ids) - len(ids)  # the bound's 4 bytes per id, for the ids beyond one
-        return config.preflight.binary_bytes_per_row_bound + 4 * extra_ids + mlperf
+        return config.preflight.binary_bytes_per_row_bound + 4 * extra_ids + mlperf + torchrec
     return 1 + 2 * NUM_INTEGER + sum(cat_dtype(s).itemsize * k for s, k in zip(sizes, ids)) \
-        + mlperf
+        + mlperf + torchrec
 
 
 def _dims(config: PipelineConfig):

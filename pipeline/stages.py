@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from converters.convert import convert_parquet, same_materialization, write_other_formats
+from converters.convert import (TORCHREC, convert_parquet, same_materialization,
+                                write_other_formats)
 from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
 from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
@@ -381,7 +382,10 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     previous = ctx.manifests.load("convert") or {}
     same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
     damaged = False
-    if same_parquet and ctx.layout.binary.exists():
+    # the TorchRec files hold the parquet's ids: a threshold raise of the binary alone would
+    # leave them behind (rethreshold does not carry them), so they are always converted
+    torchrec = TORCHREC in ctx.config.convert.formats
+    if same_parquet and ctx.layout.binary.exists() and not torchrec:
         try:
             outcome = _derive_from_binary(ctx, derived, previous)
             if outcome is not None:
@@ -399,6 +403,11 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
         raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
                             "rarer values are already merged into id 0, so the preprocess "
                             "stage must run again (add it: --stages preprocess,convert)",
+                            ExitCode.CONVERT)
+    if torchrec and made_at is not None and wanted != made_at:
+        raise PipelineError(f"convert.formats torchrec writes the parquet's ids (threshold "
+                            f"{made_at}), not ids at threshold {wanted}: run the preprocess "
+                            f"stage at {wanted} too (--stages preprocess,convert)",
                             ExitCode.CONVERT)
     _needs_parquet(ctx)
     # stable ids: the days converted before are copied from the dataset in place, never
