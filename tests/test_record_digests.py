@@ -130,6 +130,14 @@ def test_the_rapids_jar_is_recorded_only_under_a_valid_signature_of_the_named_ke
                                                                                  tmp_path):
     home = tmp_path / "gnupg"
     home.mkdir(mode=0o700)
+    try:
+        _signed_jar_is_recorded_only_under_its_key(home, registry, tmp_path)
+    finally:  # key generation starts a gpg-agent for this home: it must not outlive the test
+        if shutil.which("gpgconf"):
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
+
+
+def _signed_jar_is_recorded_only_under_its_key(home: Path, registry: str, tmp_path: Path):
     _gpg(home, "--quick-gen-key", "release@example.invalid", "ed25519", "sign", "never")
     fingerprint = [line.split(":")[9] for line in _gpg(
         home, "--with-colons", "--list-keys", text=True).stdout.splitlines()
