@@ -141,7 +141,8 @@ def symlink_refused(path: Path) -> OSError:
                    "a workdir are never written through a link; remove it", str(path))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` runs (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +167,7 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
         if prefix is None:
             continue
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             stale.append((prefix, entry))
     set_aside = [entry for prefix, entry in stale if prefix == prefixes[1]]
     if set_aside and not (final.exists() or final.is_symlink()):

@@ -129,17 +129,6 @@ def _read_all(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
 
 
-def _pid_alive_here(pid: int) -> bool:
-    """Whether a process of this host with ``pid`` runs (the object-store lock's stale rule)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def workdir_lock(workdir, who: str):
     """The lock of the workdir ``workdir`` (``DIR/.pipeline.lock``): flock for a path, a
     conditional write for a workdir URL (dlrm_contracts.object_lock)."""

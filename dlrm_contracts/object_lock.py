@@ -28,8 +28,9 @@ import threading
 import time
 import uuid
 
+from dlrm_contracts.atomic import pid_alive
 from dlrm_contracts.errors import ExitCode, PipelineError
-from dlrm_contracts.lock import LOCK_TOKEN_ENV, _pid_alive_here
+from dlrm_contracts.lock import LOCK_TOKEN_ENV
 from dlrm_contracts.storage import CONDITIONAL_WRITE_SCHEMES, Location, StorageError
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class ObjectStoreLock:
 
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
-            if not _pid_alive_here(holder["pid"]):
+            if not pid_alive(holder["pid"]):
                 return True
         renewed = holder.get("renewed_epoch")
         return isinstance(renewed, (int, float)) and time.time() - renewed > self.stale_after
