@@ -299,7 +299,8 @@ def _ids_mode(parquet_dir: Path) -> str | None:
 
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                     config: ConvertConfig | None = None,
-                    threshold_spec: str | None = None, reuse: bool = True) -> dict[str, Any]:
+                    threshold_spec: str | None = None, reuse: bool = True,
+                    source: str | None = None) -> dict[str, Any]:
     """Convert the parquet splits of spark_jobs into the split binary dataset the trainer reads.
 
     The dataset is written into a temporary directory, verified, then renamed into place: a
@@ -313,6 +314,8 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
             ``preprocess.json``. ``rethreshold`` needs it to know which values were kept.
         reuse: copy the days converted before from the dataset at ``binary_dir`` (stable
             ids, ``converters.segments``); False when that dataset is known to be damaged.
+        source: where the parquet was published, recorded in ``dataset.json`` when
+            ``parquet_dir`` is a local copy of it (a workdir URL); None = ``parquet_dir``.
 
     Returns:
         A summary: rows per split, table sizes, id dtypes, threshold spec, source fingerprint,
@@ -350,7 +353,7 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
                 torchrec.close()
         del tables
         info = describe(tmp, rows, table_sizes, spec, fingerprint,
-                        _dataset_extra(parquet_dir, segments, checksums, multi))
+                        _dataset_extra(parquet_dir, segments, checksums, multi, source))
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)
@@ -436,11 +439,11 @@ def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
 
 
 def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str],
-                   multi: MultiHotSpec | None) -> dict[str, Any]:
+                   multi: MultiHotSpec | None, source: str | None = None) -> dict[str, Any]:
     """What dataset.json records beyond the format: the source, the dictionaries it must be
     served with, stable ids and their day segments, the multi-hot sizes and what their draws
     depend on, and every file's checksum."""
-    return {"source": {"kind": "parquet", "path": str(parquet_dir.absolute())},
+    return {"source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
             # what a model trained on it must be served with (trainer.export)
             DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
             **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),

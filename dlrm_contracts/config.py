@@ -520,9 +520,16 @@ class TrainConfig:
     # TensorFlow's inter-op pool; 0 = max(2, intra-op threads): at least 2, so that --amp's
     # casts overlap the matmuls.
     inter_op_threads: int = 0
+    # With a workdir URL (docs/cluster.md §2.0.3): this node's local side of the workdir, where
+    # the binary dataset is staged in (binary/) and the trainer writes its checkpoints, logs
+    # and exports; None = <system temp>/dlrm-workdirs/<hash of the URL>. Unused for a local
+    # workdir.
+    stage_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_limits(self)
+        _check(self.stage_dir is None or "://" not in self.stage_dir,
+               f"train.stage_dir must be a local path, not {self.stage_dir!r}")
         _check(self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
                f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
                f"{self.eval_batch_size})")
@@ -580,7 +587,8 @@ TRAIN_SETTING_KINDS: dict[str, str] = {
         "early_stopping_min_delta", "xla", "bottom_mlp_data_parallel",
         "column_split_threshold_mb", "force_column_split", "checkpoint_every",
         "keep_checkpoints", "resume", "evaluate_previous", "verify_dataset", "log_every",
-        "prefetch_batches", "inference_steps", "intra_op_threads", "inter_op_threads"), "run"),
+        "prefetch_batches", "inference_steps", "intra_op_threads", "inter_op_threads",
+        "stage_dir"), "run"),
 }
 # Of the "run" settings, those that decide where the run ends (its result): the train stage's
 # key holds them with the model settings, so that a finished run is trained further when

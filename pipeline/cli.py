@@ -124,17 +124,16 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
 
 
 def _check_locations(config: PipelineConfig) -> None:
-    """A URL with a secret or a store setting in it is refused (dlrm_contracts.storage), and so
-    is a workdir URL: the stages write the workdir through local paths (docs/cluster.md
-    §2.0.3), and a URL taken as a path would silently make a local directory ``s3:/...``."""
+    """A URL with a secret or a store setting in it is refused (dlrm_contracts.storage)."""
     for value in (config.input, config.workdir):
         if value:
             check_url(str(value))
-    if config.workdir and is_url(str(config.workdir)):
-        raise UsageError(f"--workdir {config.workdir}: the pipeline's stages write a local or "
-                         "shared workdir; a workdir URL is not supported yet (copy the binary "
-                         "dataset to training nodes with `python -m converters stage-in`, "
-                         "docs/cluster.md §2.0.3)")
+
+
+def _same_place(workdir: str, input_dir: str) -> bool:
+    if is_url(workdir) or is_url(input_dir):
+        return workdir.rstrip("/") == input_dir.rstrip("/")
+    return Path(workdir).resolve() == Path(input_dir).resolve()
 
 
 def validate(config: PipelineConfig) -> None:
@@ -144,7 +143,7 @@ def validate(config: PipelineConfig) -> None:
     if unknown:
         raise UsageError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGES)}")
     _check_locations(config)
-    if config.input and Path(config.workdir).resolve() == Path(config.input).resolve():
+    if config.input and _same_place(str(config.workdir), str(config.input)):
         # (a workdir inside the input is fine: only the files directly in it are input)
         raise UsageError(f"--workdir {config.workdir} is the --input directory: the run's own "
                          "files (summary.json, the lock) would sit among the day files and change "

@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_contracts.atomic import open_append, write_json_atomic
+from dlrm_contracts.storage import Location
 from pipeline.fingerprint import stable_hash
 
 log = logging.getLogger("pipeline")
 _warned: set[str] = set()  # damaged records already reported in this run
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path | Location) -> dict[str, Any] | None:
     """A JSON object the stages wrote (manifest, marker, dataset description), or None when it
     is missing or damaged (not JSON, not an object): a damaged record says nothing, so the
-    stage that wrote it counts as not done and runs again. A warning names the file."""
+    stage that wrote it counts as not done and runs again. A warning names the file. ``path``
+    may be a Location at a workdir URL (dlrm_contracts.storage)."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json.loads(path.read_bytes() if isinstance(path, Location) else
+                          Path(path).read_bytes())
     except FileNotFoundError:
         return None
     except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -26,7 +26,8 @@ from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
                                    permission_cause)
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
-from dlrm_contracts.lock import WorkdirLock
+from dlrm_contracts.lock import WorkdirLock, workdir_lock
+from dlrm_contracts.storage import is_url
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.progress import Display
 from dlrm_contracts.superseded import superseded_runs
@@ -37,6 +38,7 @@ from pipeline.fingerprint import file_stats
 from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
+from pipeline.remote import RemoteWorkdir, local_side
 from pipeline.stages import STAGE_TABLE, Outcome, StageContext, current_training_summary
 from pipeline.synthetic.writer import IN_PROGRESS_FILE
 
@@ -241,12 +243,14 @@ def _served_version(layout: WorkdirLayout) -> int | None:
 
 
 def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
-             status: str, ctx: StageContext | None = None) -> dict[str, Any]:
+             status: str, ctx: StageContext | None = None,
+             remote: RemoteWorkdir | None = None) -> dict[str, Any]:
     dataset = read_record(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
         "status": status,
-        "workdir": str(layout.root),
+        "workdir": str(remote.root) if remote else str(layout.root),
+        **({"local_side": str(layout.root)} if remote else {}),
         "threshold": str(config.preprocess.frequency_threshold),
         # The threshold of the binary dataset in the workdir (what train/eval used); differs
         # from "threshold" when the convert stage was not part of the run.
@@ -264,7 +268,8 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
         # earlier runs' checkpoints set aside by a change of the model (never deleted): each
         # folder, its size and why; `rm -r` of a folder removes it
         "checkpoints_set_aside": superseded_runs(layout.checkpoints),
-        "report": str(layout.report / "report.md"),
+        "report": str(remote.root / "report" / "report.md") if remote
+        else str(layout.report / "report.md"),
     }
 
 
@@ -353,6 +358,7 @@ class RunState:
     status: str = "ok"
     code: ExitCode = ExitCode.OK
     summary: dict[str, Any] = field(default_factory=dict)
+    remote: RemoteWorkdir | None = None  # a workdir URL (``layout`` is then its local side)
 
 
 def run_pipeline(config: PipelineConfig) -> int:
@@ -365,16 +371,24 @@ def run_pipeline(config: PipelineConfig) -> int:
         The process exit code (dlrm_contracts.errors.ExitCode): 0, or the code of the failure.
         The one-line JSON summary is printed last on stdout either way.
     """
-    layout = WorkdirLayout.at(config.workdir)
+    url = str(config.workdir) if is_url(str(config.workdir)) else None
+    layout = WorkdirLayout.at(local_side(url, config.train.stage_dir) if url else config.workdir)
     display = make_display(config.progress)
     log_path = _prepare_workdir(layout, display)
-    run = RunState(config, layout, [s for s in STAGES if s in config.stages], display=display)
+    run = RunState(config, layout, [s for s in STAGES if s in config.stages], display=display,
+                   remote=RemoteWorkdir(url, layout) if url else None)
     _check_raw_input(run)
     # its children (the wings) run under this lock: they inherit its token (dlrm_contracts.lock)
-    with WorkdirLock(layout.lock_file, "pipeline"):
+    with workdir_lock(url, "pipeline") if url else WorkdirLock(layout.lock_file, "pipeline"):
         install_signal_handlers()
-        log.info("workdir %s, stages %s, log %s", layout.root, ",".join(run.wanted), log_path)
+        log.info("workdir %s, stages %s, log %s", url or layout.root, ",".join(run.wanted),
+                 log_path)
+        if url:
+            log.info("workdir URL: this node's local side (staged dataset, checkpoints, logs, "
+                     "exports) is %s", layout.root)
         try:
+            if run.remote:
+                run.remote.pull_records()
             _run_stages(run)
         except Exception as exc:  # noqa: BLE001 — sorted by _record_failure: known kinds, a bug
             _record_failure(run, exc)
@@ -405,11 +419,12 @@ def _run_stages(run: RunState) -> None:
     # A shortfall refuses the run here, before any stage; what needs the counts (tables per
     # rank, checkpoints) is checked again before train when it is unknown now, or when this
     # run's preprocess grows the tables (stable ids: today's newcomers are not counted yet).
-    check_before_train = config.preflight.enabled and (
+    # (with a workdir URL the preflight's disk figures would be the local side's: not run)
+    check_before_train = config.preflight.enabled and run.remote is None and (
         not _tables_known(config)
         or (config.preprocess.ids == "stable" and "preprocess" in run.wanted))
     run.ctx = StageContext(config, run.layout, ManifestStore(run.layout.manifests),
-                           _write_effective_config(config, run.layout))
+                           _write_effective_config(config, run.layout), remote=run.remote)
     first_model_stage = next((s for s in run.wanted if s in ("train", "eval")), None)
     for name in run.wanted:
         if name == "generate" and config.input:
@@ -421,6 +436,8 @@ def _run_stages(run: RunState) -> None:
         if name == "train" and check_before_train:
             preflight.before_train(config, log.info)
         run.records.append(_run_stage(name, run.ctx, config.force, run.display))
+        if run.remote:   # a rerun after a kill, on any node, sees this stage done
+            run.remote.push_records()
         run.running = None
 
 
@@ -450,13 +467,16 @@ def _close_run(run: RunState) -> None:
         action = "interrupted" if run.code == ExitCode.INTERRUPTED else "failed"
         run.records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
                                        seconds=time.time() - started))
-    summary = run.summary = _summary(run.config, run.layout, run.records, run.status, run.ctx)
+    summary = run.summary = _summary(run.config, run.layout, run.records, run.status, run.ctx,
+                                     run.remote)
     history = ManifestStore(run.layout.manifests)
     _save_quietly("run history", lambda: history.append_history(
         {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}))
     _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json",
                                                             summary))
     _write_report_safely(run.layout)
+    if run.remote:
+        _save_quietly(f"the records at {run.remote.root}", run.remote.push_records)
 
 
 def _write_report_safely(layout: WorkdirLayout) -> None:

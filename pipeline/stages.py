@@ -31,11 +31,13 @@ from dlrm_contracts.config import (TRAIN_EXTENT_SETTINGS, PipelineConfig, change
                                    config_to_dict, train_model_settings)
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
+from dlrm_contracts.object_commit import publish_directory
 from dlrm_contracts.layout import (DATASET_JSON, DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON,
                                    SUPERSEDED_DIR, WorkdirLayout, best_checkpoint, checkpoint_dir,
                                    complete_checkpoints, read_checkpoint_meta, run_checkpoints)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.serving_state import ServingStateError, served_export
+from dlrm_contracts.storage import is_url
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
@@ -45,6 +47,7 @@ from pipeline.fingerprint import (changed_files, file_content_hash, input_finger
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import KNOWN_ERROR, run_child
+from pipeline.remote import RemoteWorkdir, drop_local_parquet, input_fingerprint as url_fingerprint
 from trainer.checkpoint import recorded_settings
 from trainer.warm_start import holds_previous_model
 
@@ -59,10 +62,20 @@ class StageContext:
     config_path: Path  # the effective config, written as YAML for the child processes
     # What a child needs in its environment: the running stage's progress channel.
     child_env: dict[str, str] = field(default_factory=dict)
+    # A workdir URL (pipeline.remote): ``layout`` is then its local side on this node.
+    remote: RemoteWorkdir | None = None
+    staged: bool = False  # the binary dataset was staged in (and checked) by this run
 
     @property
-    def raw_dir(self) -> Path:
+    def raw_dir(self) -> Path | str:
+        if self.config.input and is_url(self.config.input):
+            return self.config.input
         return Path(self.config.input).resolve() if self.config.input else self.layout.raw
+
+    @property
+    def workdir(self) -> str:
+        """The workdir as the wings are told it (the URL for a workdir URL)."""
+        return str(self.remote.root) if self.remote else str(self.layout.root)
 
     @property
     def threshold(self) -> ThresholdSpec:
@@ -164,6 +177,10 @@ def _recorded_spec(meta: dict[str, Any] | None) -> ThresholdSpec | None:
 
 
 def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
+    if ctx.remote is not None:
+        if not ctx.remote.parquet_complete():
+            return None
+        return _recorded_spec(read_record(ctx.remote.parquet / PREPROCESS_JSON))
     if not is_complete(ctx.layout.parquet):
         return None
     return _recorded_spec(read_record(ctx.layout.parquet / PREPROCESS_JSON))
@@ -171,7 +188,8 @@ def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
 
 def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     p = ctx.config.preprocess
-    return {"raw": input_fingerprint(ctx.raw_dir),
+    raw = ctx.raw_dir
+    return {"raw": url_fingerprint(raw) if isinstance(raw, str) else input_fingerprint(raw),
             "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
             "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
             "dictionary_days": p.dictionary_days,
@@ -183,13 +201,18 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
 
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
+    if ctx.remote is not None:
+        return ctx.remote.parquet_fingerprint()
     ignore = (ctx.layout.parquet_removed.name, *ignore)
     return stable_hash([file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
                         tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
 
 
 def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
-    """The lean mode's record, when the splits it deleted are all that is missing."""
+    """The lean mode's record, when the splits it deleted are all that is missing (never at a
+    workdir URL, whose splits stay published)."""
+    if ctx.remote is not None:
+        return None
     record = read_record(ctx.layout.parquet_removed)
     if record and record.get("remaining") == _parquet_fingerprint(ctx):
         return record
@@ -227,7 +250,7 @@ def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
 def _spark_argv(ctx: StageContext) -> list[str]:
     s = ctx.config.spark
     argv = [_python(), "-m", "spark_jobs", "--input", str(ctx.raw_dir),
-            "--workdir", str(ctx.layout.root), "--frequency-threshold", str(ctx.threshold),
+            "--workdir", ctx.workdir, "--frequency-threshold", str(ctx.threshold),
             "--config", str(ctx.config_path), "--master", s.master]
     if s.conf_file:
         argv += ["--conf-file", s.conf_file]
@@ -269,6 +292,8 @@ def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
 
 
 def _convert_outputs(ctx: StageContext) -> str:
+    if ctx.remote is not None:
+        return ctx.remote.binary_fingerprint()
     return stable_hash([file_content_hash(ctx.layout.binary / DATASET_JSON),
                         tree_fingerprint(ctx.layout.binary)])
 
@@ -335,11 +360,39 @@ def _needs_parquet(ctx: StageContext, damage: str | None = None) -> None:
 
 
 def _convert_run(ctx: StageContext) -> Outcome:
+    if ctx.remote is not None:
+        return _convert_at_url(ctx)
     outcome = _convert(ctx)
     outcome.rows = sum((outcome.summary.get("rows") or {}).values()) or None
     removed = _drop_parquet_when_lean(ctx)
     if removed:
         outcome.summary = {**outcome.summary, "parquet_removed": removed}
+    return outcome
+
+
+def _convert_at_url(ctx: StageContext) -> Outcome:
+    """A workdir URL: the published splits copied to the local side, converted there as for a
+    local workdir, the dataset published at the URL by its marker (dlrm_contracts.object_commit);
+    the local copy stays as the dataset train and eval stage in (already intact: no copy)."""
+    remote, layout = ctx.remote, ctx.layout
+    with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
+        fetched = remote.fetch_parquet(layout.parquet)
+        remote.fetch_histogram(layout.counts)
+    log.info("convert    %.1f MiB of published parquet copied from %s", fetched / 2**20,
+             remote.parquet)
+    if layout.binary.exists() and (not (layout.binary / DATASET_JSON).is_file() or (
+            layout.binary / DATASET_JSON).read_bytes() != remote.binary_description()):
+        shutil.rmtree(layout.binary)   # not the published dataset: never derived from
+    try:
+        outcome = _convert(ctx)
+    finally:
+        drop_local_parquet(layout)   # the splits; the dictionaries stay for the export stage
+    with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
+        version = publish_directory(layout.binary, remote.binary)
+    ctx.staged = True
+    outcome.rows = sum((outcome.summary.get("rows") or {}).values()) or None
+    outcome.summary = {**outcome.summary, "published": str(remote.binary),
+                       "version": version.name}
     return outcome
 
 
@@ -416,7 +469,8 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     # other formats (convert.formats) are written from the final dataset only
     summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary,
                               _binary_only(ctx.config.convert) if derive else ctx.config.convert,
-                              reuse=not damaged)
+                              reuse=not damaged,
+                              source=str(ctx.remote.parquet) if ctx.remote else None)
     if derive:
         # The dataset was just written and checked: no need to read it back for its checksums.
         fresh = dataclasses.replace(_binary_only(ctx.config.convert), verify_checksums=False)
@@ -510,6 +564,35 @@ def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
     return argv
 
 
+def _dataset_hash(ctx: StageContext) -> str:
+    """The binary dataset's description, by content (at a workdir URL: the published one,
+    whichever node's copy the ranks read)."""
+    if ctx.remote is not None:
+        return ctx.remote.dataset_hash()
+    return file_content_hash(ctx.layout.binary / DATASET_JSON)
+
+
+def _binary_fingerprint(ctx: StageContext) -> str:
+    if ctx.remote is not None:
+        return ctx.remote.binary_fingerprint()
+    return tree_fingerprint(ctx.layout.binary)
+
+
+def stage_in_dataset(ctx: StageContext) -> None:
+    """At a workdir URL: the published dataset copied to the local side once per run (nothing
+    is copied when an intact copy of it is there), checked against its checksums."""
+    if ctx.remote is None or ctx.staged:
+        return
+    from converters.stage_in import stage_in
+
+    with failing_as(ExitCode.DATASET_INVALID, DatasetError, what="stage-in failed"):
+        done = stage_in(ctx.remote.binary, ctx.layout.binary, fsync=ctx.config.convert.fsync)
+    log.info("stage-in   %s -> %s: %s", ctx.remote.binary, ctx.layout.binary,
+             f"{done['bytes'] / 2**20:.1f} MiB copied" if done["copied"]
+             else "the local copy is intact, nothing copied")
+    ctx.staged = True
+
+
 def train_inputs(ctx: StageContext) -> dict[str, Any]:
     """What the train stage's key is computed from: the dataset, the settings of the model and
     those that decide where the run ends (TRAIN_SETTING_KINDS, TRAIN_EXTENT_SETTINGS). A change
@@ -517,8 +600,7 @@ def train_inputs(ctx: StageContext) -> dict[str, Any]:
     stage done. A changed key reruns the stage; whether that resumes the checkpoints or sets
     them aside is decided from the checkpoints themselves (``checkpoints_to_set_aside``)."""
     plain = config_to_dict(ctx.config.train)
-    return {"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
-            "binary": tree_fingerprint(ctx.layout.binary),
+    return {"dataset": _dataset_hash(ctx), "binary": _binary_fingerprint(ctx),
             "model": train_model_settings(ctx.config.train),
             "extent": {name: plain[name] for name in TRAIN_EXTENT_SETTINGS}}
 
@@ -526,8 +608,8 @@ def train_inputs(ctx: StageContext) -> dict[str, Any]:
 def _legacy_train_key(ctx: StageContext) -> str:
     """The key ``train.started`` recorded before checkpoints named their settings: the whole
     train section and the rank count."""
-    return ManifestStore.key_of({"dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
-                                 "binary": tree_fingerprint(ctx.layout.binary),
+    return ManifestStore.key_of({"dataset": _dataset_hash(ctx),
+                                 "binary": _binary_fingerprint(ctx),
                                  "train": config_to_dict(ctx.config.train),
                                  "np": ctx.config.launch.np})
 
@@ -543,11 +625,14 @@ def verify_binary_dataset(ctx: StageContext) -> None:
     rather than as a crashed horovodrun (8/9). A file whose size or mtime changed after the
     convert stage wrote it is refused too (naming it): the convert stage checks it and rebuilds
     what is damaged."""
+    stage_in_dataset(ctx)
     if ctx.config.train.verify_dataset == "none":
         return
 
     recorded = (ctx.manifests.load("convert") or {}).get("output_files")
-    changed = changed_files(recorded, ctx.layout.binary) if isinstance(recorded, dict) else []
+    # (a staged-in copy was checked against every checksum; its mtimes are the copy's)
+    changed = changed_files(recorded, ctx.layout.binary) \
+        if isinstance(recorded, dict) and ctx.remote is None else []
     if changed:
         raise PipelineError(f"{_listed(changed)} in {ctx.layout.binary} changed after the "
                             "convert stage wrote it (size or modification time): add the convert "
@@ -653,9 +738,8 @@ def run_train(ctx: StageContext) -> Outcome:
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
-    return {"checkpoints": _train_outputs(ctx),
-            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
-            "binary": tree_fingerprint(ctx.layout.binary)}
+    return {"checkpoints": _train_outputs(ctx), "dataset": _dataset_hash(ctx),
+            "binary": _binary_fingerprint(ctx)}
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -718,7 +802,7 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     return {"checkpoint": model.name if model else None,
             "checkpoint_files": tree_fingerprint(model) if model else "missing",
             "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
-            "dataset": file_content_hash(ctx.layout.binary / DATASET_JSON),
+            "dataset": _dataset_hash(ctx),
             "export": _export_settings(ctx)}
 
 
@@ -744,6 +828,7 @@ def _export_run(ctx: StageContext) -> Outcome:
     if best_checkpoint(ctx.layout.checkpoints) is None:
         raise PipelineError(f"no checkpoint under {ctx.layout.checkpoints} to export: run the "
                             "train stage first", ExitCode.EXPORT)
+    stage_in_dataset(ctx)
     argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),
             "--workdir", str(ctx.layout.root), "--config", str(ctx.config_path),
             "--verify-dataset", "none"]

@@ -354,11 +354,11 @@ def test_a_ranks_known_error_is_a_refusal_a_crash_or_an_interruption_is_not(tmp_
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--workdir", "s3://bucket/criteo/w"], "not supported yet"),
+    (["--workdir", "s3://bucket/criteo/w?access_key=hunter2"], "query string"),
     (["--input", "s3://bucket/raw?secret_key=hunter2"], "query string"),
     (["--input", "s3://AKIAEXAMPLE:hunter2@bucket/raw"], "password"),
 ])
-def test_workdir_urls_and_urls_with_secrets_are_refused_before_anything_is_written(
+def test_urls_with_secrets_are_refused_before_anything_is_written(
         argv, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     base = {"--workdir": str(tmp_path / "w"), "--input": str(tmp_path / "raw")}

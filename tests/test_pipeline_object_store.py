@@ -1,0 +1,193 @@
+"""``run_pipeline.sh`` with its input and workdir in a bucket of a real S3-compatible server
+(moto on loopback): the convert stage reads the published parquet and publishes the binary
+dataset at the URL, byte for byte a local run's; train stages it in once; the records live at
+the URL; a second run is refused while the first holds the lock; a failed run recovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dlrm_contracts.layout import MODEL_SIZE_JSON, PREPROCESS_JSON
+from dlrm_contracts.lock import LOCK_TOKEN_ENV
+from dlrm_contracts.object_commit import committed_files, publish_directory
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.storage import resolve
+from tests.pipeline_helpers import same_tree
+
+REPO = Path(__file__).resolve().parent.parent
+
+CONFIG = """
+convert:
+  batch_rows: 700
+  fsync: false
+train:
+  preset: small
+  batch_size: 256
+  warmup_steps: 2
+  evaluate_previous: false
+preflight:
+  enabled: false
+launch:
+  np: 1
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != LOCK_TOKEN_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _pipeline(*args: str, code: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m pipeline ARGS`` (or ``code`` run first, then the same main); with its
+    summary, the last stdout line."""
+    prefix = [sys.executable, "-c", f"{code}\nimport sys\nfrom pipeline.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))"] if code else [sys.executable, "-m", "pipeline"]
+    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=_env())
+    lines = proc.stdout.strip().splitlines()
+    return proc, json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+
+
+def _publish_parquet(parquet: Path, url: str) -> None:
+    """A local run's published preprocess outputs at ``url``: each split and the
+    dictionaries committed by their markers, the descriptions as single objects."""
+    target = resolve(url)
+    for split in SPLITS:
+        publish_directory(parquet / split, target / split)
+    for name in (PREPROCESS_JSON, MODEL_SIZE_JSON):
+        (target / name).write_bytes((parquet / name).read_bytes())
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(a local workdir converted by the pipeline, the config file)."""
+    from tests.test_converters import write_workdir
+    root = tmp_path_factory.mktemp("local")
+    config = root / "pipeline.yaml"
+    config.write_text(CONFIG)
+    workdir = root / "workdir"
+    write_workdir(workdir)
+    (root / "raw").mkdir()
+    proc, summary = _pipeline("--workdir", str(workdir), "--config", str(config),
+                              "--input", str(root / "raw"), "--stages", "convert")
+    assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr
+    return workdir, config
+
+
+@pytest.fixture
+def bucket_workdir(moto_s3, local_run, tmp_path) -> tuple[str, str, Path]:
+    """(workdir URL holding the local run's published parquet, input URL, local side)."""
+    bucket = moto_s3.bucket()
+    workdir = f"s3://{bucket}/criteo/workdir"
+    _publish_parquet(local_run[0] / "parquet", f"{workdir}/parquet")
+    (resolve(f"s3://{bucket}/criteo/raw") / "day_0").write_bytes(b"1\t2\n")
+    return workdir, f"s3://{bucket}/criteo/raw", tmp_path / "node"
+
+
+def _args(workdir: str, raw: str, local: Path, config: Path, *more: str) -> list[str]:
+    # the local side set in a YAML file, as a user would
+    yaml = local.parent / f"{local.name}.yaml"
+    yaml.write_text(config.read_text().replace("train:\n", f"train:\n  stage_dir: {local}\n"))
+    return ["--workdir", workdir, "--input", raw, "--config", str(yaml), *more]
+
+
+def _published(url: str) -> dict[str, bytes]:
+    return {name: loc.read_bytes() for name, loc in committed_files(resolve(url)).items()}
+
+
+def _assert_local_runs_dataset(workdir: str, local_binary: Path) -> None:
+    """The dataset published at the URL is the local run's, byte for byte, but for where
+    dataset.json says its parquet came from (each workdir names its own)."""
+    published = _published(f"{workdir}/binary")
+    expected = {p.relative_to(local_binary).as_posix(): p.read_bytes()
+                for p in local_binary.rglob("*") if p.is_file()}
+    assert published.keys() == expected.keys()
+    assert [n for n in expected if n != "dataset.json" and published[n] != expected[n]] == []
+    here, there = (json.loads(d["dataset.json"]) for d in (published, expected))
+    assert here["source"] == {"kind": "parquet", "path": f"{workdir}/parquet"}
+    assert {**here, "source": None} == {**there, "source": None}
+
+
+def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(
+        bucket_workdir, local_run):
+    workdir, raw, local = bucket_workdir
+    local_workdir, config = local_run
+    proc, summary = _pipeline(*_args(workdir, raw, local, config, "--stages", "convert,train",
+                                     "--max-steps", "3"))
+    assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr[-3000:]
+    assert summary["workdir"] == workdir and summary["local_side"] == str(local)
+    assert summary["stages"]["convert"]["action"] == "ran"
+    assert summary["stages"]["train"]["action"] == "ran"
+    _assert_local_runs_dataset(workdir, local_workdir / "binary")
+    # the train stage read the dataset the convert stage left on this node
+    assert same_tree(local / "binary", local_workdir / "binary") == ["dataset.json"]
+    assert list((local / "checkpoints").glob("step-*"))        # checkpoints stay on the node
+    # the records live at the URL; the lock was released
+    root = resolve(workdir)
+    for name in ("manifests/convert.json", "manifests/convert.done", "manifests/train.done",
+                 "summary.json", "report/report.md"):
+        assert (root / name).is_file(), name
+    assert json.loads((root / "summary.json").read_text())["status"] == "ok"
+    assert not (root / ".pipeline.lock").exists()
+    assert not (local / "parquet" / "train").exists()    # the local copy of the splits is gone
+
+    # a rerun here: the intact local copy is checked, not copied again
+    proc, summary = _pipeline(*_args(workdir, raw, local, config, "--stages", "convert,eval"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["convert"]["action"] == "skipped"
+    assert "the local copy is intact, nothing copied" in proc.stderr
+
+    # another node, its local side empty: up to date from the URL's records alone
+    proc, summary = _pipeline(*_args(workdir, raw, local.parent / "other-node", config,
+                                     "--stages", "convert"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["convert"]["action"] == "skipped"
+
+
+def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lock(
+        bucket_workdir, local_run):
+    workdir, raw, local = bucket_workdir
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from dlrm_contracts.lock import workdir_lock
+        with workdir_lock(sys.argv[1], "pipeline"):
+            print("held", flush=True)
+            sys.stdin.read()
+        """), workdir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc, summary = _pipeline(*_args(workdir, raw, local, local_run[1], "--stages", "convert"))
+    finally:
+        holder.communicate("")
+    assert proc.returncode == 3, proc.stderr
+    assert summary["status"] == "failed: locked" and "in use by another" in summary["error"]
+    assert not (resolve(workdir) / "binary").exists()
+
+
+FAIL_ONCE = """
+import pipeline.stages as stages
+def _killed(*args, **kwargs):
+    raise OSError("connection reset while publishing")
+stages.publish_directory = _killed
+"""
+
+
+def test_a_run_that_failed_while_publishing_is_recovered_by_the_next(bucket_workdir, local_run):
+    workdir, raw, local = bucket_workdir
+    args = _args(workdir, raw, local, local_run[1], "--stages", "convert")
+    proc, summary = _pipeline(*args, code=FAIL_ONCE)
+    assert proc.returncode != 0 and summary["status"].startswith("failed"), proc.stderr
+    root = resolve(workdir)
+    assert not (root / "manifests" / "convert.done").exists()
+    assert not (root / ".pipeline.lock").exists()
+    proc, summary = _pipeline(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["convert"]["action"] in ("ran", "derived")
+    _assert_local_runs_dataset(workdir, local_run[0] / "binary")
