@@ -117,8 +117,10 @@ class RemoteWorkdir:
                             for p in parts])
 
     def parquet_complete(self) -> bool:
-        return (self.parquet / PREPROCESS_JSON).is_file() and all(
-            is_committed(self.parquet / split) for split in SPLITS)
+        """Whether the preprocess stage finished publishing: its ``_SUCCESS`` (removed when a
+        run starts, written last), its description and every split's marker are there."""
+        return all(f.is_file() for f in (self.parquet / SUCCESS, self.parquet / PREPROCESS_JSON)) \
+            and all(is_committed(self.parquet / split) for split in SPLITS)
 
     def fetch_parquet(self, target: Path) -> int:
         """The published splits (only the files their markers name), their description and
@@ -129,8 +131,8 @@ class RemoteWorkdir:
         """
         if not self.parquet_complete():
             raise DatasetError(f"{self.parquet} holds no complete published parquet ("
-                               f"{PREPROCESS_JSON} and a {COMMIT_MARKER} per split): run the "
-                               "preprocess stage")
+                               f"{SUCCESS}, {PREPROCESS_JSON} and a {COMMIT_MARKER} per split): "
+                               "run the preprocess stage")
         copied = 0
         with atomic_directory(target, overwrite=True, fsync=False) as temporary:
             for split in SPLITS:

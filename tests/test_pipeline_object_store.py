@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_contracts.layout import MODEL_SIZE_JSON, PREPROCESS_JSON
+from dlrm_contracts.layout import MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
 from dlrm_contracts.lock import LOCK_TOKEN_ENV
 from dlrm_contracts.object_commit import committed_files, publish_directory
 from dlrm_contracts.schema import SPLITS
@@ -61,7 +61,7 @@ def _publish_parquet(parquet: Path, url: str) -> None:
     target = resolve(url)
     for split in SPLITS:
         publish_directory(parquet / split, target / split)
-    for name in (PREPROCESS_JSON, MODEL_SIZE_JSON):
+    for name in (PREPROCESS_JSON, MODEL_SIZE_JSON, SUCCESS):   # _SUCCESS last
         (target / name).write_bytes((parquet / name).read_bytes())
 
 
