@@ -8,12 +8,12 @@ so a crash in between only means the day is counted again.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
-from dlrm_contracts.atomic import atomic_file, fsync_tree, read_json, write_json_atomic
-from dlrm_contracts.layout import days_json_path, histogram_path, values_dir
+from dlrm_contracts import workdir_io
+from dlrm_contracts.atomic import atomic_file, fsync_tree
+from dlrm_contracts.layout import COUNT_VALUES_DIR, DAYS_JSON, histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats
@@ -25,18 +25,23 @@ from spark_jobs.stats import DayStats
 DAYS_FORMAT_VERSION = 4
 
 
+def _values(counts_dir):
+    """counts/values (a Path or, for a workdir URL, a Location: both join with ``/``)."""
+    return counts_dir / COUNT_VALUES_DIR
+
+
 def counted_days(counts_dir: Path, max_line_bytes: int) -> dict[int, dict]:
     """days.json entries whose counts partition still exists, by day number (none when the
     counts were written by another DAYS_FORMAT_VERSION or line limit: which lines are valid
     depends on both)."""
-    path = days_json_path(counts_dir)
+    path = counts_dir / DAYS_JSON
     try:
-        data = read_json(path, default={}) or {}
+        data = workdir_io.read_json(path, default={}) or {}
         if (data.get("format_version") != DAYS_FORMAT_VERSION   # counted under other rules
                 or data.get("max_line_bytes") != max_line_bytes):
             return {}
         return {int(entry["day"]): entry for entry in data.get("days", [])
-                if (values_dir(counts_dir) / f"day={entry['day']}").is_dir()}
+                if workdir_io.is_dir(_values(counts_dir) / f"day={entry['day']}")}
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         # our own bookkeeping, damaged (a disk, a hand edit): every day is counted again
         print(f"spark_jobs: {path} is damaged ({type(error).__name__}: {error}): every day is "
@@ -58,11 +63,13 @@ def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
     fails here, on its footer, for the cost of one small read per file)."""
     import pyarrow.parquet as pq
 
-    for path in sorted((values_dir(counts_dir) / f"day={day}").glob("*.parquet")):
-        if path.name.startswith((".", "_")):
-            continue
+    for path in workdir_io.published_files(_values(counts_dir) / f"day={day}", "*.parquet"):
         try:
-            pq.read_metadata(path)
+            if workdir_io.is_remote(path):
+                with path.open_input() as handle:
+                    pq.read_metadata(handle)
+            else:
+                pq.read_metadata(path)
         except Exception as error:   # ArrowInvalid, OSError: whatever makes it unreadable
             print(f"spark_jobs: the stored value counts {path} are damaged "
                   f"({type(error).__name__}): day {day} is counted again", file=sys.stderr)
@@ -72,29 +79,30 @@ def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
 
 def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:
     """Remove counts of days no longer in the input, so totals cover exactly the input."""
-    root = values_dir(counts_dir)
-    if not root.is_dir():
+    root = _values(counts_dir)
+    if not workdir_io.is_dir(root):
         return
     wanted = {f"day={d.day}" for d in days}
-    for child in root.iterdir():
-        if child.is_dir() and child.name.startswith("day=") and child.name not in wanted:
-            shutil.rmtree(child)
+    for child in workdir_io.entries(root):
+        if workdir_io.is_dir(child) and child.name.startswith("day=") and child.name not in wanted:
+            workdir_io.remove_tree(child)
 
 
 def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path,
                     max_line_bytes: int) -> None:
     """The record that the days' value counts can be reused: written (and flushed) only once
     the counts themselves are on disk, so a power cut never leaves it vouching for lost ones."""
-    fsync_tree(values_dir(counts_dir))
+    if not workdir_io.is_remote(counts_dir):   # a store's objects are durable once written
+        fsync_tree(_values(counts_dir))
     entries = []
     for d in days:
         s = stats[d.day]
         entries.append({"day": d.day, "file": d.name, "fingerprint": d.fingerprint(),
                         "rows_read": s.rows_read, "rows_counted": s.rows_valid,
                         "missing_rate": s.missing_rates()})
-    write_json_atomic(days_json_path(counts_dir), {"format_version": DAYS_FORMAT_VERSION,
-                                                    "max_line_bytes": max_line_bytes, "days": entries},
-                      sort_keys=False)
+    workdir_io.write_json(counts_dir / DAYS_JSON, {"format_version": DAYS_FORMAT_VERSION,
+                                                   "max_line_bytes": max_line_bytes,
+                                                   "days": entries}, sort_keys=False)
 
 
 def write_histogram_file(histogram: dict[str, list[tuple[int, int]]],

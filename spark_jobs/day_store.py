@@ -35,6 +35,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dlrm_contracts import workdir_io
 from dlrm_contracts.atomic import publish, read_json, write_json_atomic
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
@@ -286,5 +287,5 @@ def drop_days(layout: WorkdirLayout, dropped: list[int]) -> None:
 def forget_days(layout: WorkdirLayout) -> None:
     """Frequency mode keeps no days (any id may move): a stable workdir's days and segment
     list go, so nothing reads them against other ids."""
-    (layout.parquet / SEGMENTS_JSON).unlink(missing_ok=True)
-    shutil.rmtree(layout.parquet_days, ignore_errors=True)
+    workdir_io.remove(layout.parquet / SEGMENTS_JSON)
+    workdir_io.remove_tree(layout.parquet_days)

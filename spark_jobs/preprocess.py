@@ -7,6 +7,11 @@ query writes train, test and validation). Outputs
 follow docs/architecture.md under ``WorkdirLayout(workdir)``; ``parquet/_SUCCESS`` is written
 last and removed first, so a half-finished run never looks complete.
 
+The workdir may be a URL (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``): every record and
+directory is then written and read through ``dlrm_contracts.workdir_io`` (local paths keep
+their code), the splits and the dictionaries are published by a commit marker each
+(``dlrm_contracts.object_commit``), records are one PUT each (docs/cluster.md §2.0.3).
+
 With ``preprocess.ids: modulo`` (capped ids, ``spark_jobs.capped_ids``) the first read only
 gathers the statistics (no value is counted, no dictionary built) and the transform computes
 every id from its value and its column's cap.
@@ -14,11 +19,11 @@ every id from its value and its column's cap.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlrm_contracts.atomic import fsync_tree, write_json_atomic, write_text_atomic
+from dlrm_contracts import workdir_io
+from dlrm_contracts.atomic import fsync_tree
 from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
@@ -29,10 +34,12 @@ from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
 from spark_jobs.engines.arrow.engine import ArrowEngine
 from spark_jobs.engines.sql.engine import SqlEngine
 from spark_jobs.engines.sql.parse import input_tasks as sql_input_tasks
+from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
-from spark_jobs.splits import move_split_dirs, rows_in_files, train_files, write_empty
+from spark_jobs.splits import (move_split_dirs, publish_split_dirs, rows_in_files, train_files,
+                               write_empty)
 from spark_jobs.stats import DayStats
 from spark_jobs.timing import StageTimer
 
@@ -45,8 +52,15 @@ PREPROCESS_FORMAT_VERSION = 1
 
 
 def dictionaries_dir(layout: WorkdirLayout) -> Path:
-    """value → id tables, partitioned by column (kept for inspection and for serving)."""
+    """value → id tables, partitioned by column (kept for inspection and for serving). At a
+    URL the tables are in the version its ``_COMMIT.json`` names (``published_dictionaries``)."""
     return layout.parquet / "dictionaries"
+
+
+def published_dictionaries(layout: WorkdirLayout):
+    """Where the dictionaries' tables are: ``dictionaries_dir`` on a path, the committed
+    version under it at a URL (None before any run published them)."""
+    return workdir_io.published_dir(dictionaries_dir(layout))
 
 
 def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig,
@@ -79,20 +93,75 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     engine_id = engine_name(preprocess, spark)
     days = discover_days(input_dir, preprocess.window_days, preprocess.input_link_roots)
     layout = WorkdirLayout.at(workdir)
-    # before anything is replaced: a killed run's half-done swap is settled, and a stable
-    # workdir's threshold is checked
-    stable_ids.recover(dictionaries_dir(layout))
+    remote = workdir_io.is_remote(layout.root)
+    if remote:
+        check_url_workdir(preprocess, engine_id)
+    else:
+        # before anything is replaced: a killed run's half-done swap is settled, and a stable
+        # workdir's threshold is checked
+        stable_ids.recover(dictionaries_dir(layout))
     previous = (stable_ids.previous_dictionaries(dictionaries_dir(layout), spec)
                 if preprocess.ids == "stable" else None)
-    layout.parquet.mkdir(parents=True, exist_ok=True)
-    (layout.parquet / SUCCESS).unlink(missing_ok=True)
-    (layout.parquet / SEGMENTS_JSON).unlink(missing_ok=True)
+    workdir_io.make_dir(layout.parquet)
+    workdir_io.remove(layout.parquet / SUCCESS)
+    workdir_io.remove(layout.parquet / SEGMENTS_JSON)
     if preprocess.ids != "stable":
         day_store.forget_days(layout)
-    day_store.clear_leftovers(layout)
+    if not remote:    # stable ids' staging (refused at a URL)
+        day_store.clear_leftovers(layout)
     with spark_errors():
         session = get_session(spark)
+        if engine_id == "sql":
+            check_spark_connector(session, [input_dir, workdir])
         return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
+
+
+def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
+    """What a workdir URL does not support, refused (exit 2) before anything is written:
+    stable ids keep their dictionaries' lineage by directory swaps on a filesystem."""
+    if preprocess.ids == "stable":
+        raise PreprocessConfigError(
+            "preprocess.ids: stable needs a workdir on a filesystem path (its dictionaries are "
+            "extended in place run after run); a workdir URL supports ids: frequency and "
+            "modulo (docs/cluster.md §2.0.3)")
+
+
+# Hadoop's FileSystem for each URL scheme the SQL engine may meet (docs/cluster.md §2.0.3)
+_HADOOP_SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "abfs": "abfs", "abfss": "abfss",
+                   "hdfs": "hdfs", "viewfs": "viewfs"}
+
+
+def check_spark_connector(session: SparkSession, targets: list) -> None:
+    """The SQL engine reads and writes a URL through Hadoop's filesystems: a URL whose scheme
+    has none in this session (no ``hadoop-aws``, ``gcs-connector``, ``hadoop-azure`` jar, or
+    no ``spark.hadoop.fs.<scheme>.impl``) is refused with one line (exit 2) naming the
+    settings, instead of a Java stack trace from the first read."""
+    from urllib.parse import urlsplit
+
+    from py4j.protocol import Py4JJavaError
+
+    for target in targets:
+        if not _is_url(target):
+            continue
+        scheme = urlsplit(str(target)).scheme.lower()
+        try:
+            session._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+                _HADOOP_SCHEMES.get(scheme, scheme), session._jsc.hadoopConfiguration())
+        except Py4JJavaError:
+            raise PreprocessConfigError(
+                f"{target}: preprocess.engine: sql reads and writes '{scheme}://' through "
+                f"Spark's Hadoop connector, and this Spark session has none for it (no "
+                f"FileSystem for scheme {_HADOOP_SCHEMES.get(scheme, scheme)}): add the "
+                "connector's jars and settings (for S3: spark.jars.packages "
+                "org.apache.hadoop:hadoop-aws:<Hadoop version>, "
+                "spark.hadoop.fs.s3.impl org.apache.hadoop.fs.s3a.S3AFileSystem; "
+                "docs/cluster.md §2.0.3), or use preprocess.engine: arrow") from None
+
+
+def _is_url(target) -> bool:
+    from dlrm_contracts.storage import is_url
+
+    return is_url(target)
 
 
 def engine_name(preprocess: PreprocessConfig, spark: SparkConfig) -> str:
@@ -152,14 +221,14 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         quality.check_days_not_empty(days, stats)
         engine.write_rejects(stats, layout.rejects)
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
-        write_json_atomic(layout.data_quality, report, sort_keys=False)
+        workdir_io.write_json(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
         histogram = None if modulo else engine.count_totals(
             layout.counts, _dictionary_days(days, cfg),
             frequency_ids=None if cfg.ids == "stable" else spec)
     if modulo:   # no dictionaries: the tables are the caps
         sizes = column_caps(cfg)
-        write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
+        workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
     else:
         sizes = _dictionaries(engine, days, layout, spec, cfg, stats, histogram, timer)
     if work is not None:
@@ -168,7 +237,7 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         rows = _write_splits(engine, days, layout, sizes, stats, cfg, timer)
     rows_out = sum(rows.values())
     report = quality.quality_report(days, stats, cfg.max_reject_rate, rows_out_checked=rows_out)
-    write_json_atomic(layout.data_quality, report, sort_keys=False)
+    workdir_io.write_json(layout.data_quality, report, sort_keys=False)
     quality.check_identity(report)
     summary = {
         "format_version": PREPROCESS_FORMAT_VERSION,
@@ -191,11 +260,13 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         "timings": {**timer.seconds, "total": round(sum(timer.seconds.values()), 3)},
         "cpu_seconds": {**timer.cpu_seconds, "total": round(sum(timer.cpu_seconds.values()), 3)},
     }
-    write_json_atomic(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
-    # the splits, dictionaries, index and records on disk before the marker that says they are
-    # complete (the tasks wrote most of them without flushing: one pass here instead)
-    fsync_tree(layout.parquet)
-    write_text_atomic(layout.parquet / SUCCESS, "")
+    workdir_io.write_json(layout.parquet / PREPROCESS_JSON, summary, sort_keys=False)
+    if not workdir_io.is_remote(layout.parquet):
+        # the splits, dictionaries, index and records on disk before the marker that says they
+        # are complete (the tasks wrote most of them without flushing: one pass here instead);
+        # a store's objects are durable once their upload completed
+        fsync_tree(layout.parquet)
+    workdir_io.write_text(layout.parquet / SUCCESS, "")
     return summary
 
 
@@ -210,20 +281,32 @@ def _dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout, sp
                                                      layout.dictionary_index)
         else:
             sizes = table_sizes(histogram, spec)
-            engine.write_dictionaries(spec, sizes, dictionaries_dir(layout),
-                                      layout.dictionary_index)
-        write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
+            _write_frequency_dictionaries(engine, spec, sizes, layout)
+        workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
         engine.finish_counts()
         counting.write_days_json(days, stats, layout.counts, cfg.max_line_bytes)
     return sizes
+
+
+def _write_frequency_dictionaries(engine: Engine, spec: ThresholdSpec, sizes: dict[str, int],
+                                  layout: WorkdirLayout) -> None:
+    """The engine writes the dictionaries in place on a path; at a URL into a new version
+    under ``dictionaries/``, published by its marker once every table is written."""
+    final = dictionaries_dir(layout)
+    if not workdir_io.is_remote(final):
+        engine.write_dictionaries(spec, sizes, final, layout.dictionary_index)
+        return
+    version = workdir_io.new_version(final)
+    engine.write_dictionaries(spec, sizes, version, layout.dictionary_index)
+    workdir_io.commit_version(final, version)
 
 
 def _count_modulo(engine: Engine, layout: WorkdirLayout) -> dict[int, DayStats]:
     """Modulo ids: every day's statistics, no value counted. The counts of another mode's
     runs stay as they are (days.json vouches only for the counts it lists); the dictionaries
     and their index go, since no id of these splits comes from them."""
-    shutil.rmtree(dictionaries_dir(layout), ignore_errors=True)
-    shutil.rmtree(layout.dictionary_index, ignore_errors=True)
+    workdir_io.remove_tree(dictionaries_dir(layout))
+    workdir_io.remove_tree(layout.dictionary_index)
     return engine.count_statistics(layout.counts)
 
 
@@ -253,11 +336,14 @@ def _write_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout, si
     with timer.stage("transform"):
         staging = layout.parquet / ".splits-staging"
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
-                            staging, partitions)
+        engine.write_splits(stats, sizes, published_dictionaries(layout) or dictionaries_dir(layout),
+                            layout.dictionary_index, staging, partitions)
         targets = {s: layout.parquet_split(s) for s in SPLITS}
-        for name in move_split_dirs(staging, targets):
-            write_empty(targets[name] / "part-00000.parquet", cfg.compression)
+        if workdir_io.is_remote(staging):
+            publish_split_dirs(staging, targets, cfg.compression)
+        else:
+            for name in move_split_dirs(staging, targets):
+                write_empty(targets[name] / "part-00000.parquet", cfg.compression)
     return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
@@ -293,7 +379,7 @@ def clean_outputs(workdir) -> None:
     """Remove this job's outputs (not the counts, which are reused across runs)."""
     layout = WorkdirLayout.at(workdir)
     for path in (layout.parquet, layout.rejects):
-        shutil.rmtree(path, ignore_errors=True)
+        workdir_io.remove_tree(path)
 
 
-__all__ = ["run_preprocess", "clean_outputs", "dictionaries_dir"]
+__all__ = ["run_preprocess", "clean_outputs", "dictionaries_dir", "published_dictionaries"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from dlrm_contracts import workdir_io
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+from dlrm_contracts.storage import Location
 
 # pyarrow's names for the codecs the config accepts
 _CODECS = {"uncompressed": "none", "none": "none"}
@@ -32,10 +34,17 @@ def parquet_codec(compression: str) -> str:
     return _CODECS.get(compression.lower(), compression.lower())
 
 
-def write_empty(path: Path, compression: str) -> None:
-    """A parquet file with the splits' schema and no rows."""
+def write_empty(path: Path | Location, compression: str) -> None:
+    """A parquet file with the splits' schema and no rows (at a URL: one object, the same
+    bytes)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if workdir_io.is_remote(path):
+        sink = pa.BufferOutputStream()
+        pq.write_table(parquet_schema().empty_table(), sink, compression=parquet_codec(compression))
+        path.write_bytes(sink.getvalue().to_pybytes())
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(parquet_schema().empty_table(), path, compression=parquet_codec(compression))
 
@@ -54,10 +63,42 @@ def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
     return empty
 
 
-def rows_in_files(split_dir: Path) -> int:
+def publish_split_dirs(staging: Location, targets: dict[str, Location],
+                       compression: str) -> list[str]:
+    """At a URL: each ``staging/<name>`` published as ``targets[name]`` by its commit marker
+    (``workdir_io.publish_staged``; a split the engine wrote no file for gets one empty part);
+    returns the names that had no rows. A kill before a split's marker leaves that split's
+    previous publication (or none) for readers: ``_SUCCESS``, removed at the run's start,
+    is what says the set is complete."""
+    empty = []
+    for name, target in targets.items():
+        source = staging / name
+        if source.files():
+            workdir_io.publish_staged(source, target)
+            continue
+        version = workdir_io.new_version(target)
+        write_empty(version / "part-00000.parquet", compression)
+        workdir_io.commit_version(target, version)
+        empty.append(name)
+    staging.delete_tree()
+    return empty
+
+
+def split_files(split_dir: Path | Location) -> list[Path | Location]:
+    """The parquet parts of a split directory, in order (at a URL: those its marker names)."""
+    return workdir_io.published_files(split_dir, "part-*.parquet")
+
+
+def rows_in_files(split_dir: Path | Location) -> int:
     """Rows of a split directory, from its parquet footers."""
     import pyarrow.parquet as pq
 
+    if workdir_io.is_remote(split_dir):
+        total = 0
+        for part in split_files(split_dir):
+            with part.open_input() as handle:
+                total += pq.ParquetFile(handle).metadata.num_rows
+        return total
     return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(split_dir).glob("part-*.parquet")))
 
 

@@ -381,10 +381,12 @@ def _write_histogram(histogram, counts_dir) -> dict[str, list[tuple[int, int]]]:
 
 def _write_json_lines(frame, url: str) -> None:
     """A small frame (the rejects) as one object of JSON lines, collected by the driver:
-    Spark's own writer would need the store's Hadoop connector on every node."""
-    import json
+    Spark's own writer would need the store's Hadoop connector on every node. Each line is
+    made by Spark's JSON generator (``to_json``), so it has the bytes of a local run's lines."""
+    from pyspark.sql import functions as F
 
-    lines = (json.dumps(row.asDict(), ensure_ascii=False) for row in frame.toLocalIterator())
+    json_lines = frame.select(F.to_json(F.struct(*frame.columns)).alias("line"))
+    lines = (row["line"] for row in json_lines.toLocalIterator())
     remote.write_bytes(url, "".join(line + "\n" for line in lines).encode())
 
 

@@ -1,0 +1,168 @@
+"""``run_preprocess`` (what ``python -m spark_jobs`` runs) with its input and workdir in a bucket
+of a real S3-compatible server (the session's moto server): the published splits, the
+dictionaries and the records equal a local run's byte for byte, a rerun at another threshold
+reuses the counts, and a run killed between a directory's files and its commit marker leaves
+readers the previous publication and is recovered by the next run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrm_contracts import object_commit, workdir_io
+from dlrm_contracts.config import PreprocessConfig
+from dlrm_contracts.layout import SUCCESS, WorkdirLayout
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.storage import resolve
+from spark_fixtures import BAD_LINES, random_days, spark_config, spark_session, write_days
+from spark_jobs.preprocess import run_preprocess
+
+pytestmark = pytest.mark.spark
+
+# What differs between any two runs, or between a file on disk and an object (its mtime in the
+# days' fingerprints): left out of the records' comparison.
+_VARYING = ("timings", "cpu_seconds", "days")
+
+
+@pytest.fixture(scope="module")
+def store(moto_s3):
+    """The moto server reached by Spark's Python workers too; a bucket for this module."""
+    session = spark_session()
+    environment = moto_s3.environment()
+    session.sparkContext.environment.update(environment)
+    yield moto_s3.bucket("spark-jobs")
+    for key in environment:
+        session.sparkContext.environment.pop(key, None)
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory, moto_s3, store):
+    """Three small days (one with rejected lines) on disk, and the same files in the bucket."""
+    days = random_days(381, 3, 300)
+    days[1] += BAD_LINES["bad_label"][:2]
+    local = write_days(tmp_path_factory.mktemp("raw"), days)
+    client = moto_s3.client()
+    for path in sorted(local.glob("day_*")):
+        client.upload_file(str(path), store, f"raw/{path.name}")
+    return local, f"s3://{store}/raw"
+
+
+def _run(input_dir, workdir, threshold: str) -> dict:
+    return run_preprocess(input_dir, workdir, spark_config(),
+                          PreprocessConfig(frequency_threshold=threshold, engine="arrow"))
+
+
+def _published(workdir) -> dict[str, bytes]:
+    """What readers of the workdir get: each split's and the dictionaries' published files
+    (at a URL: those their markers name) and the records, by name relative to parquet/."""
+    layout = WorkdirLayout.at(workdir)
+    files = {}
+    for name in (*SPLITS, "dictionaries"):
+        final = layout.parquet / name
+        root = workdir_io.published_dir(final)
+        assert root is not None, f"{final} was not published"
+        for part in workdir_io.published_files(final, "*") if name != "dictionaries" else \
+                _all_files(root):
+            relative = part.relative_to(root) if hasattr(part, "fs") else \
+                part.relative_to(root).as_posix()
+            files[f"{name}/{relative}"] = _read_bytes(part)
+    for record in ("model_size.json", "data_quality.json"):
+        files[record] = workdir_io.read_text(layout.parquet / record).encode()
+    rejects = layout.rejects
+    files["rejects"] = b"".join(_read_bytes(p) for p in _all_files(rejects)
+                                if p.name.endswith(".json"))
+    return files
+
+
+def _all_files(root):
+    if workdir_io.is_remote(root):
+        return root.files()
+    return sorted(p for p in Path(root).rglob("*")
+                  if p.is_file() and not p.name.startswith((".", "_")))
+
+
+def _read_bytes(path) -> bytes:
+    return path.read_bytes()
+
+
+def _summary(workdir) -> dict:
+    record = json.loads(workdir_io.read_text(WorkdirLayout.at(workdir).parquet / "preprocess.json"))
+    return {k: v for k, v in record.items() if k not in _VARYING}
+
+
+def _versions(final) -> list[str]:
+    return [e.name for e in final.iterdir() if e.name.startswith(object_commit.VERSION_PREFIX)]
+
+
+@pytest.fixture(scope="module")
+def local_runs(raw, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """A local workdir run at threshold 2, then again at 3: (published files, summary) each."""
+    workdir = tmp_path_factory.mktemp("local")
+    runs = {}
+    for threshold in ("2", "3"):
+        _run(raw[0], workdir, threshold)
+        runs[threshold] = (_published(workdir), _summary(workdir))
+    assert runs["2"][0]["rejects"], "the input has rejected lines"
+    assert runs["2"][0] != runs["3"][0]
+    return runs
+
+
+def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_threshold(
+        raw, store, local_runs):
+    url = f"s3://{store}/work"
+    first = _run(raw[1], url, "2")
+    assert first["days_counted"] == [0, 1, 2]
+    assert (_published(url), _summary(url)) == local_runs["2"]
+    layout = WorkdirLayout.at(url)
+    assert workdir_io.exists(layout.parquet / SUCCESS)
+    assert object_commit.is_committed(layout.parquet / "train")
+    assert not (layout.parquet / ".splits-staging").files()
+
+    # a new threshold: no day counted again, as locally; the local run's outputs
+    again = _run(raw[1], url, "3")
+    assert again["days_counted"] == [] and again["days_reused"] == [0, 1, 2]
+    assert (_published(url), _summary(url)) == local_runs["3"]
+    for name in (*SPLITS, "dictionaries"):      # the superseded versions are gone
+        assert len(_versions(layout.parquet / name)) == 1, name
+
+
+def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_runs,
+                                                                 monkeypatch):
+    url = f"s3://{store}/killed"
+    layout = WorkdirLayout.at(url)
+    train = layout.parquet / "train"
+    real = object_commit.write_marker
+
+    def killed(final, version, files):
+        if final.name == "train":       # the train split's files are up, its marker is not
+            raise KeyboardInterrupt("killed")
+        real(final, version, files)
+
+    monkeypatch.setattr(object_commit, "write_marker", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(raw[1], url, "3")
+    monkeypatch.setattr(object_commit, "write_marker", real)
+    assert not workdir_io.exists(layout.parquet / SUCCESS)
+    assert len(_versions(train)) == 1 and train.files()    # its files are there ...
+    assert workdir_io.published_dir(train) is None         # ... and no reader trusts them
+    assert workdir_io.published_files(train) == []
+
+    # the next run counts nothing again (days.json was written before the transform),
+    # publishes every split and deletes the killed run's version
+    again = _run(raw[1], url, "3")
+    assert again["days_counted"] == []
+    assert _published(url) == local_runs["3"][0]
+    assert workdir_io.exists(layout.parquet / SUCCESS)
+    assert len(_versions(train)) == 1
+
+
+def test_stable_ids_at_a_url_are_refused_before_anything_is_written(raw, store):
+    from spark_jobs.errors import PreprocessConfigError
+
+    url = f"s3://{store}/stable"
+    with pytest.raises(PreprocessConfigError, match="ids: stable needs a workdir on a"):
+        run_preprocess(raw[1], url, spark_config(),
+                       PreprocessConfig(frequency_threshold="2", ids="stable"))
+    assert not resolve(url).files()
