@@ -52,7 +52,9 @@ def _run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the settings (see show-config)")
     parser.add_argument("--input", help="directory of raw day files day_0..day_N[.gz]; "
                                         "without it the generate stage makes synthetic data")
-    parser.add_argument("--workdir", help=f"where every output goes ({DEFAULT_WORKDIR_NOTE})")
+    parser.add_argument("--workdir", help=f"where every output goes ({DEFAULT_WORKDIR_NOTE}); a "
+                                          "path or a URL such as s3://bucket/criteo/workdir "
+                                          "(docs/cluster.md §2.0.3)")
     parser.add_argument("--frequency-threshold", help="e.g. 15 or 15,C3:3,C20:40")
     parser.add_argument("--np", type=int, help="trainer ranks (horovodrun when > 1)")
     parser.add_argument("--hosts", help="horovodrun hosts, e.g. node1:4,node2:4")
@@ -128,6 +130,15 @@ def _check_locations(config: PipelineConfig) -> None:
     for value in (config.input, config.workdir):
         if value:
             check_url(str(value))
+
+
+def _refuse_url(workdir: str, command: str) -> None:
+    """``plan`` and ``export`` read files of a workdir by path: with a workdir URL they act on
+    a node's local side (docs/cluster.md §2.0.3), named here rather than taken as a path."""
+    check_url(str(workdir))
+    if is_url(str(workdir)):
+        raise UsageError(f"{command} --workdir {workdir}: give the local side of the workdir "
+                         "URL on this node instead (summary.json's local_side, train.stage_dir)")
 
 
 def _same_place(workdir: str, input_dir: str) -> bool:
@@ -213,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         raise
     try:
         if args.command == "plan":
+            _refuse_url(args.workdir, "plan")
             return _plan(args)
         if args.command == "export":
             workdir = args.workdir or load_config(args.config).workdir
+            _refuse_url(workdir, "export")
             return export_command(workdir, args.action, args.version)
         config = load_config(args.config)
         if args.command == "show-config":

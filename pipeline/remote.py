@@ -149,6 +149,19 @@ class RemoteWorkdir:
             (temporary / SUCCESS).write_text("")
         return copied
 
+    def dictionaries_fingerprint(self) -> str:
+        marker = _bytes_or_missing(self.parquet / DICTIONARIES_DIR / COMMIT_MARKER)
+        return hashlib.sha256(marker).hexdigest()[:16] if marker is not None else "missing"
+
+    def fetch_dictionaries(self, target: Path) -> None:
+        """The published dictionaries (the export stage's) copied to ``target`` unless there,
+        replaced whole."""
+        source = self.parquet / DICTIONARIES_DIR
+        if target.is_dir() or not is_committed(source):
+            return
+        with atomic_directory(target, overwrite=True, fsync=False) as temporary:
+            _copy_all(committed_files(source), temporary)
+
     def fetch_histogram(self, counts: Path) -> None:
         """The count histogram (a threshold raise derives the dataset from it), when published."""
         source = self.root / "counts" / HISTOGRAM_FILE

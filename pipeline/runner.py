@@ -394,8 +394,13 @@ def run_pipeline(config: PipelineConfig) -> int:
             _record_failure(run, exc)
         finally:
             _close_run(run)
-    log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
-             layout.parquet, layout.binary, layout.checkpoints, layout.logs, layout.report)
+    if run.remote:
+        log.info("outputs: parquet %s, binary %s, records and report at %s; checkpoints %s, "
+                 "logs %s on this node", run.remote.parquet, run.remote.binary, run.remote.root,
+                 layout.checkpoints, layout.logs)
+    else:
+        log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
+                 layout.parquet, layout.binary, layout.checkpoints, layout.logs, layout.report)
     print(json.dumps(run.summary, sort_keys=True), flush=True)
     return int(run.code)
 

@@ -801,7 +801,8 @@ def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     model = best_checkpoint(ctx.layout.checkpoints)
     return {"checkpoint": model.name if model else None,
             "checkpoint_files": tree_fingerprint(model) if model else "missing",
-            "dictionaries": tree_fingerprint(ctx.layout.dictionaries),
+            "dictionaries": ctx.remote.dictionaries_fingerprint() if ctx.remote
+            else tree_fingerprint(ctx.layout.dictionaries),
             "dataset": _dataset_hash(ctx),
             "export": _export_settings(ctx)}
 
@@ -829,6 +830,8 @@ def _export_run(ctx: StageContext) -> Outcome:
         raise PipelineError(f"no checkpoint under {ctx.layout.checkpoints} to export: run the "
                             "train stage first", ExitCode.EXPORT)
     stage_in_dataset(ctx)
+    if ctx.remote is not None:   # a node other than the convert stage's has none yet
+        ctx.remote.fetch_dictionaries(ctx.layout.dictionaries)
     argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),
             "--workdir", str(ctx.layout.root), "--config", str(ctx.config_path),
             "--verify-dataset", "none"]

@@ -191,3 +191,12 @@ def test_a_run_that_failed_while_publishing_is_recovered_by_the_next(bucket_work
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["convert"]["action"] in ("ran", "derived")
     _assert_local_runs_dataset(workdir, local_run[0] / "binary")
+
+
+@pytest.mark.parametrize("argv", [["export", "list"], ["plan"]])
+def test_commands_that_read_a_workdir_by_path_refuse_a_url(argv, tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--workdir", "s3://bucket/criteo/workdir"]) == 2
+    assert "local side" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []          # no local "s3:" directory
