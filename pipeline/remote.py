@@ -60,6 +60,7 @@ class RemoteWorkdir:
     def __init__(self, url: str, local: WorkdirLayout):
         self.root = resolve(url)
         self.local = local
+        self.local_root = Path(str(local.root))   # always a path: a layout of this node's disk
 
     @property
     def parquet(self) -> Location:
@@ -74,7 +75,7 @@ class RemoteWorkdir:
         """The URL's records over the local side's (a record the URL lacks is removed here:
         the URL's state is the workdir's)."""
         for name in PULLED:
-            remote, local = self.root / name, self.local.root / name
+            remote, local = self.root / name, self.local_root / name
             if name == "manifests":
                 wanted = {f.relative_to(remote): f for f in remote.files()}
                 for path in (local.rglob("*") if local.is_dir() else []):
@@ -93,14 +94,14 @@ class RemoteWorkdir:
         deleted there first, completion markers are uploaded last."""
         files: dict[str, Path] = {}
         for name in PUSHED:
-            path = self.local.root / name
+            path = self.local_root / name
             if path.is_dir():
-                files.update({p.relative_to(self.local.root).as_posix(): p
+                files.update({p.relative_to(self.local_root).as_posix(): p
                               for p in sorted(path.rglob("*")) if p.is_file()})
             elif path.is_file():
                 files[name] = path
-        for path in sorted(self.local.logs.glob(f"*{PROGRESS_SUFFIX}")):
-            files[path.relative_to(self.local.root).as_posix()] = path
+        for path in sorted((self.local_root / "logs").glob(f"*{PROGRESS_SUFFIX}")):
+            files[path.relative_to(self.local_root).as_posix()] = path
         for stale in (self.root / "manifests").files():
             if stale.relative_to(self.root) not in files:
                 stale.delete()
@@ -221,4 +222,4 @@ def drop_local_parquet(layout: WorkdirLayout) -> None:
     """The converter's local copy of the splits, once the dataset is made (the URL keeps them);
     the dictionaries stay, for the export stage."""
     for split in SPLITS:
-        shutil.rmtree(layout.parquet_split(split), ignore_errors=True)
+        shutil.rmtree(str(layout.parquet_split(split)), ignore_errors=True)

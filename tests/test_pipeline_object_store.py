@@ -48,9 +48,10 @@ def _env() -> dict[str, str]:
 def _pipeline(*args: str, code: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """``python -m pipeline ARGS`` (or ``code`` run first, then the same main); with its
     summary, the last stdout line."""
-    prefix = [sys.executable, "-c", f"{code}\nimport sys\nfrom pipeline.cli import main\n"
-              "sys.exit(main(sys.argv[1:]))"] if code else [sys.executable, "-m", "pipeline"]
-    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=_env())
+    main = f"{code}\nimport sys\nfrom pipeline.cli import main\nsys.exit(main(sys.argv[1:]))"
+    prefix = [sys.executable, "-c", main] if code else [sys.executable, "-m", "pipeline"]
+    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=_env(),
+                          check=False)
     lines = proc.stdout.strip().splitlines()
     return proc, json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
 
