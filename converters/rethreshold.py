@@ -131,7 +131,8 @@ def _intact_source(source: Path, config: ConvertConfig) -> DatasetInfo:
 
 def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
                 spec: str | int | ThresholdSpec, output_dir: str | Path,
-                config: ConvertConfig | None = None) -> dict[str, Any]:
+                config: ConvertConfig | None = None,
+                recorded_as: tuple[str, str] | None = None) -> dict[str, Any]:
     """Write the dataset at a higher threshold from an existing one, without Spark.
 
     Ids are ordered by count, so raising the threshold only maps the ids past each new table
@@ -144,6 +145,8 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
         spec: the new threshold spec; at least the source's for every column.
         output_dir: where the new dataset goes, atomically (must not overlap the inputs).
         config: workers, fsync, overwrite, link_unchanged; defaults to ``ConvertConfig()``.
+        recorded_as: (source, counts) as ``dataset.json`` names them, when the two directories
+            are local copies of published ones (a workdir URL); None = their paths.
 
     Returns:
         A summary: rows, threshold specs (new and base), table sizes before and after, the
@@ -182,7 +185,7 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
         checksums.update(_clamp_files(jobs, config, tables))
         del tables
         written = sum(job.target.stat().st_size for job in jobs)
-        extra = _output_extra(info, source, counts_dir, checksums)
+        extra = _output_extra(info, source, counts_dir, checksums, recorded_as)
         result = describe(tmp, info.splits, sizes, str(new), info.source_fingerprint, extra)
         write_json(tmp / MODEL_SIZE_JSON, result.model_size)
         write_json(tmp / DATASET_JSON, result.to_json())
@@ -247,13 +250,16 @@ def _clamp_files(jobs: list[_ClampJob], config: ConvertConfig,
 
 
 def _output_extra(info: DatasetInfo, source: Path, counts_dir: str | Path,
-                  checksums: dict[str, str]) -> dict[str, Any]:
+                  checksums: dict[str, str],
+                  recorded_as: tuple[str, str] | None = None) -> dict[str, Any]:
     """What dataset.json records beyond the format: where the dataset came from, and the
     checksums of every file (reused ones keep the source's)."""
-    extra = {"source": {"kind": "binary", "path": str(source.absolute()),
+    source_text, counts_text = recorded_as or (str(source.absolute()),
+                                               str(Path(counts_dir).absolute()))
+    extra = {"source": {"kind": "binary", "path": source_text,
                         "threshold_spec": info.threshold_spec,
                         "source_fingerprint": info.source_fingerprint},
-             "counts": str(Path(counts_dir).absolute()),
+             "counts": counts_text,
              # same dictionaries: the kept values are a prefix of their ids
              DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
              **({"ids": info.extra["ids"]} if "ids" in info.extra else {}),

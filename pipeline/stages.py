@@ -474,7 +474,8 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
     if derive:
         # The dataset was just written and checked: no need to read it back for its checksums.
         fresh = dataclasses.replace(_binary_only(ctx.config.convert), verify_checksums=False)
-        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh)
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh,
+                              _recorded_as(ctx))
         replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
         summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
         return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
@@ -518,10 +519,19 @@ def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, An
                                       [f"{name} changed (size or modification time)"
                                        for name in changed])
     summary = rethreshold(ctx.layout.binary, ctx.layout.counts, ctx.threshold, derived,
-                          _binary_only(ctx.config.convert))  # checks every file's checksum first
+                          _binary_only(ctx.config.convert),  # checks every file's checksum first
+                          _recorded_as(ctx))
     replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
     summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
     return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
+
+
+def _recorded_as(ctx: StageContext) -> tuple[str, str] | None:
+    """What a derived dataset names as its source and counts: at a workdir URL the published
+    ones, of which the local side holds copies."""
+    if ctx.remote is None:
+        return None
+    return str(ctx.remote.binary), str(ctx.remote.root / "counts")
 
 
 def _binary_only(config):
