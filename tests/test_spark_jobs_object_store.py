@@ -184,3 +184,16 @@ def test_the_sql_engine_without_spark_s_s3_connector_is_refused_in_one_line(raw,
                            PreprocessConfig(frequency_threshold="2", engine="sql"))
         assert error.value.code == ExitCode.USAGE and "\n" not in str(error.value)
     assert not resolve(url).files() and not (tmp_path / "work").exists()
+
+
+def test_a_workdir_in_a_missing_bucket_is_one_line_at_the_lock(moto_s3):
+    """The job's first write at a workdir URL is its lock: a bucket that does not exist is a
+    usage error (exit 2) naming it, not a traceback."""
+    from dlrm_contracts.errors import ExitCode
+    from dlrm_contracts.lock import workdir_lock
+    from dlrm_contracts.storage import StorageError
+
+    with pytest.raises(StorageError, match="the bucket no-such-bucket-i38 does not exist") as error:
+        with workdir_lock("s3://no-such-bucket-i38/work", "spark_jobs"):
+            pass
+    assert error.value.code == ExitCode.USAGE
