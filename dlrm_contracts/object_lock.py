@@ -134,6 +134,9 @@ class ObjectStoreLock:
         except Exception as exc:  # botocore's ClientError; its module is optional here
             if _precondition_failed(exc):
                 return False
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
+                raise StorageError(f"{self.location}: the bucket {self._bucket} does not exist "
+                                   "(create it, or check the URL and AWS_ENDPOINT_URL)") from None
             raise
         self._etag = response.get("ETag")
         return True

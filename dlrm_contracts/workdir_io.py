@@ -25,14 +25,14 @@ import fnmatch
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from dlrm_contracts import object_commit
 from dlrm_contracts.atomic import read_json as _read_json_local
 from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.storage import Location
 
-Target = Union[Path, Location]
+Target = Path | Location
 
 
 def is_remote(target) -> bool:

@@ -21,8 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spark_jobs",
         description="Count, build frequency-thresholded dictionaries and write Criteo parquet splits.")
-    p.add_argument("--input", required=True, help="directory of day_0..day_N-1 files (optionally .gz)")
-    p.add_argument("--workdir", required=True, help="output root (counts/, parquet/, rejects/)")
+    p.add_argument("--input", required=True,
+                   help="directory or URL (s3://, gs://, abfs://, hdfs://) of day_0..day_N-1 "
+                        "files (optionally .gz)")
+    p.add_argument("--workdir", required=True,
+                   help="output root, a path or URL (counts/, parquet/, rejects/); credentials "
+                        "from the environment (docs/cluster.md §2.0.3)")
     p.add_argument("--frequency-threshold", metavar="SPEC",
                    help="global threshold with per-column overrides, e.g. '15,C3:3,C20:40'")
     p.add_argument("--master", help="Spark master URL (default local[2])")

@@ -32,6 +32,12 @@ class DayFile:
     def gzipped(self) -> bool:
         return self.path.name.endswith(".gz")
 
+    def size(self) -> int:
+        """The file's bytes (at a URL: one HEAD request)."""
+        if isinstance(self.path, Location):
+            return self.path.size()
+        return self.path.stat().st_size
+
     def fingerprint(self) -> str:
         """Name, size, mtime and a hash of a few sampled blocks: a replaced file is noticed
         even when it kept its size and had its mtime put back, for a few reads of it."""

@@ -38,8 +38,13 @@ from spark_jobs.errors import PreprocessConfigError
 from spark_jobs.inputs import DayFile, discover_days
 from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
-from spark_jobs.splits import (move_split_dirs, publish_split_dirs, rows_in_files, train_files,
-                               write_empty)
+from spark_jobs.splits import (
+    move_split_dirs,
+    publish_split_dirs,
+    rows_in_files,
+    train_files,
+    write_empty,
+)
 from spark_jobs.stats import DayStats
 from spark_jobs.timing import StageTimer
 
@@ -94,6 +99,9 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     days = discover_days(input_dir, preprocess.window_days, preprocess.input_link_roots)
     layout = WorkdirLayout.at(workdir)
     remote = workdir_io.is_remote(layout.root)
+    if engine_id == "sql" and (remote or _is_url(input_dir)):
+        with spark_errors():    # before the workdir is touched
+            check_spark_connector(get_session(spark), [input_dir, workdir])
     if remote:
         check_url_workdir(preprocess, engine_id)
     else:
@@ -111,14 +119,18 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         day_store.clear_leftovers(layout)
     with spark_errors():
         session = get_session(spark)
-        if engine_id == "sql":
-            check_spark_connector(session, [input_dir, workdir])
         return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
 
 
 def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
     """What a workdir URL does not support, refused (exit 2) before anything is written:
-    stable ids keep their dictionaries' lineage by directory swaps on a filesystem."""
+    stable ids keep their dictionaries' lineage by directory swaps on a filesystem, and the
+    SQL engine settles its splits by renaming Spark's output directories."""
+    if engine_id == "sql":
+        raise PreprocessConfigError(
+            "preprocess.engine: sql writes its splits by renaming directories, which a workdir "
+            "URL does not have: use preprocess.engine: arrow with a workdir URL, or a workdir "
+            "path (the input may be a URL) (docs/cluster.md §2.0.3)")
     if preprocess.ids == "stable":
         raise PreprocessConfigError(
             "preprocess.ids: stable needs a workdir on a filesystem path (its dictionaries are "

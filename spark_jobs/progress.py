@@ -164,7 +164,7 @@ class PreprocessProgress:
         try:
             self.days = discover_days(self.input_dir, self.cfg.window_days,
                                       self.cfg.input_link_roots)
-            self._day_bytes = {d.day: d.path.stat().st_size for d in self.days}
+            self._day_bytes = {d.day: d.size() for d in self.days}
             self._day_rows = {d.day: self._day_bytes[d.day] / bytes_per_line(d.path,
                                                                              self.sample_bytes)
                               for d in self.days}
@@ -257,7 +257,7 @@ class PreprocessProgress:
             return ""
         if name == "count":
             days = self._phase_days(name)
-            size = sum(d.path.stat().st_size for d in days)
+            size = sum(self._day_bytes.get(d.day, 0) for d in days)
             return f"{self._days_text(days)}, {_size(size)}"
         if name == "dictionaries":
             chosen = self.days[:-1] if self.cfg.dictionary_days == "train" else self.days

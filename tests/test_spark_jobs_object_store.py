@@ -10,13 +10,19 @@ import json
 from pathlib import Path
 
 import pytest
+from spark_fixtures import (
+    BAD_LINES,
+    random_days,
+    spark_config,
+    spark_session,
+    write_days,
+)
 
 from dlrm_contracts import object_commit, workdir_io
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
-from spark_fixtures import BAD_LINES, random_days, spark_config, spark_session, write_days
 from spark_jobs.preprocess import run_preprocess
 
 pytestmark = pytest.mark.spark
@@ -56,24 +62,25 @@ def _run(input_dir, workdir, threshold: str) -> dict:
 
 def _published(workdir) -> dict[str, bytes]:
     """What readers of the workdir get: each split's and the dictionaries' published files
-    (at a URL: those their markers name) and the records, by name relative to parquet/."""
+    (at a URL: those their markers name), the records and the rejects, by name."""
     layout = WorkdirLayout.at(workdir)
     files = {}
     for name in (*SPLITS, "dictionaries"):
         final = layout.parquet / name
         root = workdir_io.published_dir(final)
         assert root is not None, f"{final} was not published"
-        for part in workdir_io.published_files(final, "*") if name != "dictionaries" else \
-                _all_files(root):
-            relative = part.relative_to(root) if hasattr(part, "fs") else \
-                part.relative_to(root).as_posix()
-            files[f"{name}/{relative}"] = _read_bytes(part)
+        parts = workdir_io.published_files(final) if name in SPLITS else _all_files(root)
+        files.update({f"{name}/{_relative(p, root)}": p.read_bytes() for p in parts})
     for record in ("model_size.json", "data_quality.json"):
         files[record] = workdir_io.read_text(layout.parquet / record).encode()
-    rejects = layout.rejects
-    files["rejects"] = b"".join(_read_bytes(p) for p in _all_files(rejects)
+    files["rejects"] = b"".join(p.read_bytes() for p in _all_files(layout.rejects)
                                 if p.name.endswith(".json"))
     return files
+
+
+def _relative(path, root) -> str:
+    return path.relative_to(root) if workdir_io.is_remote(root) else \
+        path.relative_to(root).as_posix()
 
 
 def _all_files(root):
@@ -81,10 +88,6 @@ def _all_files(root):
         return root.files()
     return sorted(p for p in Path(root).rglob("*")
                   if p.is_file() and not p.name.startswith((".", "_")))
-
-
-def _read_bytes(path) -> bytes:
-    return path.read_bytes()
 
 
 def _summary(workdir) -> dict:
@@ -97,38 +100,38 @@ def _versions(final) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local_runs(raw, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """A local workdir run at threshold 2, then again at 3: (published files, summary) each."""
+def local_run(raw, tmp_path_factory) -> tuple[dict, dict]:
+    """A local workdir's run at threshold 3: (published files, summary)."""
     workdir = tmp_path_factory.mktemp("local")
-    runs = {}
-    for threshold in ("2", "3"):
-        _run(raw[0], workdir, threshold)
-        runs[threshold] = (_published(workdir), _summary(workdir))
-    assert runs["2"][0]["rejects"], "the input has rejected lines"
-    assert runs["2"][0] != runs["3"][0]
-    return runs
+    _run(raw[0], workdir, "3")
+    published = _published(workdir)
+    assert published["rejects"], "the input has rejected lines"
+    return published, _summary(workdir)
 
 
 def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_threshold(
-        raw, store, local_runs):
+        raw, store, local_run):
     url = f"s3://{store}/work"
     first = _run(raw[1], url, "2")
     assert first["days_counted"] == [0, 1, 2]
-    assert (_published(url), _summary(url)) == local_runs["2"]
     layout = WorkdirLayout.at(url)
     assert workdir_io.exists(layout.parquet / SUCCESS)
     assert object_commit.is_committed(layout.parquet / "train")
     assert not (layout.parquet / ".splits-staging").files()
+    at_2 = _published(url)
+    assert at_2 != local_run[0]
 
-    # a new threshold: no day counted again, as locally; the local run's outputs
+    # a new threshold: no day counted again (as locally), the bytes of a local run at it
     again = _run(raw[1], url, "3")
     assert again["days_counted"] == [] and again["days_reused"] == [0, 1, 2]
-    assert (_published(url), _summary(url)) == local_runs["3"]
+    assert _published(url) == local_run[0]
+    reused = {"days_counted": [0, 1, 2], "days_reused": []}   # the local run counted them
+    assert {**_summary(url), **reused} == local_run[1]
     for name in (*SPLITS, "dictionaries"):      # the superseded versions are gone
         assert len(_versions(layout.parquet / name)) == 1, name
 
 
-def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_runs,
+def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_run,
                                                                  monkeypatch):
     url = f"s3://{store}/killed"
     layout = WorkdirLayout.at(url)
@@ -153,7 +156,7 @@ def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, loc
     # publishes every split and deletes the killed run's version
     again = _run(raw[1], url, "3")
     assert again["days_counted"] == []
-    assert _published(url) == local_runs["3"][0]
+    assert _published(url) == local_run[0]
     assert workdir_io.exists(layout.parquet / SUCCESS)
     assert len(_versions(train)) == 1
 
@@ -166,3 +169,31 @@ def test_stable_ids_at_a_url_are_refused_before_anything_is_written(raw, store):
         run_preprocess(raw[1], url, spark_config(),
                        PreprocessConfig(frequency_threshold="2", ids="stable"))
     assert not resolve(url).files()
+
+
+def test_the_sql_engine_without_spark_s_s3_connector_is_refused_in_one_line(raw, store, tmp_path):
+    """This Spark has no hadoop-aws: a URL for the SQL engine is exit 2 naming the settings,
+    before the workdir is touched (not a Java stack trace from its first read)."""
+    from dlrm_contracts.errors import ExitCode
+    from spark_jobs.errors import PreprocessConfigError
+
+    url = f"s3://{store}/sql"
+    for input_dir, workdir in ((raw[1], url), (raw[0], url), (raw[1], tmp_path / "work")):
+        with pytest.raises(PreprocessConfigError, match="hadoop-aws") as error:
+            run_preprocess(input_dir, workdir, spark_config(),
+                           PreprocessConfig(frequency_threshold="2", engine="sql"))
+        assert error.value.code == ExitCode.USAGE and "\n" not in str(error.value)
+    assert not resolve(url).files() and not (tmp_path / "work").exists()
+
+
+def test_a_workdir_in_a_missing_bucket_is_one_line_at_the_lock(moto_s3):
+    """The job's first write at a workdir URL is its lock: a bucket that does not exist is a
+    usage error (exit 2) naming it, not a traceback."""
+    from dlrm_contracts.errors import ExitCode
+    from dlrm_contracts.lock import workdir_lock
+    from dlrm_contracts.storage import StorageError
+
+    with pytest.raises(StorageError, match="the bucket no-such-bucket-i38 does not exist") as error:
+        with workdir_lock("s3://no-such-bucket-i38/work", "spark_jobs"):
+            pass
+    assert error.value.code == ExitCode.USAGE
