@@ -181,6 +181,11 @@ def validate(config: PipelineConfig) -> None:
             read_secret_file(config.spark.auth_secret_file)
         except SecretFileError as exc:
             raise UsageError(f"--spark-secret-file: {exc}") from None
+    if "preprocess" in config.stages and is_url(str(config.workdir)):
+        # what the Spark job cannot do at a workdir URL (stable ids, the SQL engine): exit 2
+        # before the lock is taken or a record written
+        from spark_jobs.preprocess import check_url_workdir, engine_name
+        check_url_workdir(config.preprocess, engine_name(config.preprocess, config.spark))
     if "preprocess" in config.stages:
         # an unauthenticated or unencrypted master off loopback: exit 2 before any stage runs
         deploy_security(config.spark, config.spark.master, warn=False)

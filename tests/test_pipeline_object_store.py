@@ -201,3 +201,14 @@ def test_commands_that_read_a_workdir_by_path_refuse_a_url(argv, tmp_path, monke
     assert main([*argv, "--workdir", "s3://bucket/criteo/workdir"]) == 2
     assert "local side" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []          # no local "s3:" directory
+
+
+def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anything(
+        tmp_path, capsys):
+    from pipeline.cli import main
+    config = tmp_path / "stable.yaml"
+    config.write_text("preprocess:\n  ids: stable\n")
+    argv = ["--workdir", "s3://bucket/criteo/workdir", "--input", "s3://bucket/criteo/raw",
+            "--config", str(config), "--stages", "preprocess,convert"]
+    assert main(argv) == 2                 # no store is reached: the bucket does not exist
+    assert "preprocess.ids: stable needs a workdir on a filesystem path" in capsys.readouterr().err
