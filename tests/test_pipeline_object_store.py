@@ -172,26 +172,35 @@ def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lo
     assert not (resolve(workdir) / "binary").exists()
 
 
-FAIL_ONCE = """
-import pipeline.stages as stages
+# The convert stage killed (SIGKILL: no handler, no clean-up, the lock object left behind)
+# after the dataset's files were uploaded and before its commit marker.
+KILLED_BEFORE_MARKER = """
+import os, signal
+import dlrm_contracts.object_commit as commit
 def _killed(*args, **kwargs):
-    raise OSError("connection reset while publishing")
-stages.publish_directory = _killed
+    os.kill(os.getpid(), signal.SIGKILL)
+commit.write_marker = _killed
 """
 
 
-def test_a_run_that_failed_while_publishing_is_recovered_by_the_next(bucket_workdir, local_run):
+def test_a_run_killed_before_the_datasets_marker_is_recovered_by_the_next(
+        bucket_workdir, local_run):
     workdir, raw, local = bucket_workdir
     args = _args(workdir, raw, local, local_run[1], "--stages", "convert")
-    proc, summary = _pipeline(*args, code=FAIL_ONCE)
-    assert proc.returncode != 0 and summary["status"].startswith("failed"), proc.stderr
+    proc, _summary = _pipeline(*args, code=KILLED_BEFORE_MARKER)
+    assert proc.returncode == -9, proc.stderr
     root = resolve(workdir)
+    assert (root / ".pipeline.lock").exists()                 # left behind by the kill
+    assert not (root / "binary" / "_COMMIT.json").exists()    # nothing a reader trusts
+    assert any(p.name.startswith(".v-") for p in (root / "binary").iterdir())
     assert not (root / "manifests" / "convert.done").exists()
-    assert not (root / ".pipeline.lock").exists()
-    proc, summary = _pipeline(*args)
+    proc, summary = _pipeline(*args)          # its holder's pid is gone on this host: stale
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "took over a stale lock" in proc.stderr
     assert summary["stages"]["convert"]["action"] in ("ran", "derived")
     _assert_local_runs_dataset(workdir, local_run[0] / "binary")
+    assert len([p for p in (root / "binary").iterdir() if p.name.startswith(".v-")]) == 1
+    assert not (root / ".pipeline.lock").exists()
 
 
 @pytest.mark.parametrize("argv", [["export", "list"], ["plan"]])
