@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 import shutil
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs as pafs
 
 from dlrm_contracts import object_commit
 from dlrm_contracts.atomic import read_json as _read_json_local
@@ -127,10 +130,18 @@ def commit_version(final: Location, version: Location) -> dict[str, int]:
     """Publish ``version`` (written under ``final`` by :func:`new_version`): its marker names
     every file in it with its size, written last; then the other versions go. Returns the
     files named (relative name -> size)."""
-    files = {entry.relative_to(version): entry.size() for entry in version.files()}
+    files = _sizes_under(version)
     object_commit.write_marker(final, version.name, files)
     object_commit.remove_other_versions(final, keep=version.name)
     return files
+
+
+def _sizes_under(root: Location) -> dict[str, int]:
+    """relative name -> size of every file under ``root``, from one listing (no request per
+    file)."""
+    selector = pafs.FileSelector(root.path, allow_not_found=True, recursive=True)
+    return {posixpath.relpath(info.path, root.path): info.size
+            for info in root.fs.get_file_info(selector) if info.type == pafs.FileType.File}
 
 
 def publish_staged(staged: Location, final: Location) -> dict[str, int]:

@@ -23,7 +23,7 @@ from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
-from spark_jobs.preprocess import run_preprocess
+from spark_jobs.preprocess import clean_outputs, run_preprocess
 
 pytestmark = pytest.mark.spark
 
@@ -130,6 +130,10 @@ def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_thresh
     for name in (*SPLITS, "dictionaries"):      # the superseded versions are gone
         assert len(_versions(layout.parquet / name)) == 1, name
 
+    clean_outputs(url)                          # the job's outputs go, the counts stay
+    assert not layout.parquet.files() and not layout.rejects.files()
+    assert workdir_io.exists(layout.counts / "days.json")
+
 
 def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_run,
                                                                  monkeypatch):
@@ -193,7 +197,7 @@ def test_a_workdir_in_a_missing_bucket_is_one_line_at_the_lock(moto_s3):
     from dlrm_contracts.lock import workdir_lock
     from dlrm_contracts.storage import StorageError
 
+    lock = workdir_lock("s3://no-such-bucket-i38/work", "spark_jobs")
     with pytest.raises(StorageError, match="the bucket no-such-bucket-i38 does not exist") as error:
-        with workdir_lock("s3://no-such-bucket-i38/work", "spark_jobs"):
-            pass
+        lock.__enter__()
     assert error.value.code == ExitCode.USAGE
