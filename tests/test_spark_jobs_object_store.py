@@ -1,8 +1,9 @@
 """``run_preprocess`` (what ``python -m spark_jobs`` runs) with its input and workdir in a bucket
 of a real S3-compatible server (the session's moto server): the published splits, the
 dictionaries and the records equal a local run's byte for byte, a rerun at another threshold
-reuses the counts, and a run killed between a directory's files and its commit marker leaves
-readers the previous publication and is recovered by the next run."""
+reuses the counts, a run killed between a split's files and its commit marker leaves readers
+nothing of that split and is recovered by the next run, and what a URL cannot take is refused
+in one line."""
 
 from __future__ import annotations
 
@@ -10,19 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from spark_fixtures import (
-    BAD_LINES,
-    random_days,
-    spark_config,
-    spark_session,
-    write_days,
-)
 
 from dlrm_contracts import object_commit, workdir_io
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
+from spark_fixtures import BAD_LINES, random_days, spark_config, spark_session, write_days
 from spark_jobs.preprocess import clean_outputs, run_preprocess
 
 pytestmark = pytest.mark.spark
