@@ -155,6 +155,14 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
         ordered.unpersist()
 
 
-__all__ = ["contiguous_ids", "first_seen", "merge_first_seen", "ContiguousIds",
-           "build_dictionaries", "table_sizes", "PARTIAL_SCHEMA",
-           "RARE_ID", "FIRST_ID"]
+__all__ = [
+    "FIRST_ID",
+    "PARTIAL_SCHEMA",
+    "RARE_ID",
+    "ContiguousIds",
+    "build_dictionaries",
+    "contiguous_ids",
+    "first_seen",
+    "merge_first_seen",
+    "table_sizes",
+]
