@@ -45,6 +45,10 @@ FIRST_ID = 2     # the first value to appear
 # One row per (column index, value, chunk or partition): the value's first position there and
 # its count. ``pos`` orders the lines of a day (read partition or chunk << 33 | line in it).
 PARTIAL_SCHEMA = "column INT, value LONG, day INT, pos LONG, count LONG"
+# Beside the splits, not in parquet/dictionaries: a reader of those (the export's vocabulary,
+# the stable lineage) takes an absent value as id 0 and the ids as table rows, neither of which
+# holds here (missing is a value, rare is 1, the caps apply after).
+DICTIONARIES_DIR = "contiguous_dictionaries"
 
 
 def contiguous_ids(days: list[np.ndarray], spec: ThresholdSpec, caps=None) -> list[np.ndarray]:
@@ -115,7 +119,7 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
     """The dictionaries from the engines' partial first appearances (``PARTIAL_SCHEMA``):
     returns (column index, value, id, count) of every kept value, persisted (the caller
     unpersists it), and the kept values per column name; written as the other modes' dictionaries (value as 8 hex digits, id,
-    count, partitioned by column name) to ``dict_dir``.
+    count, partitioned by column name) to ``dict_dir`` (``DICTIONARIES_DIR``).
 
     The ids come from one global sort by (column, first day, first position) and the row
     counts of the sorted partitions, so no column has to fit one task or the driver."""
@@ -157,6 +161,7 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
 
 __all__ = [
     "FIRST_ID",
+    "DICTIONARIES_DIR",
     "PARTIAL_SCHEMA",
     "RARE_ID",
     "ContiguousIds",

@@ -230,8 +230,9 @@ def _contiguous_dictionaries(engine: Engine, days: list[DayFile], layout: Workdi
     caps, or each column's highest id + 1) in model_size.json."""
     with timer.stage("dictionaries"):
         numbered = _dictionary_days(days, cfg) or [d.day for d in days]
-        kept = engine.write_contiguous_dictionaries(spec, stats, numbered, dictionaries_dir(layout),
-                                                    layout.dictionary_index)
+        kept = engine.write_contiguous_dictionaries(
+            spec, stats, numbered, layout.parquet / contiguous_ids.DICTIONARIES_DIR,
+            layout.dictionary_index)
         sizes = contiguous_ids.table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
     return sizes

@@ -45,6 +45,7 @@ class SqlEngine:
         self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
         self._contiguous_kept: dict[str, int] | None = None   # ids: contiguous, kept per column
+        self._contiguous_dir: Path | None = None   # and their dictionaries
 
     def count(self, recount: list[int], counts_dir: Path,
               read: set[int] | None = None) -> dict[int, DayStats]:
@@ -118,7 +119,7 @@ class SqlEngine:
         partials = contiguous.first_seen_partials(self.session, read, stats, self.cfg.max_line_bytes)
         ids, kept = build_dictionaries(partials, spec, dict_dir)
         ids.unpersist()
-        self._contiguous_kept = kept
+        self._contiguous_kept, self._contiguous_dir = kept, Path(dict_dir)
         return kept
 
     def finish_counts(self) -> None:
@@ -172,7 +173,7 @@ class SqlEngine:
                 return transform.capped_categoricals(rows, column_caps(self.cfg))
             if self.cfg.ids == "contiguous":
                 return contiguous.contiguous_categoricals(
-                    rows, self.session, dict_dir, self._contiguous_kept,
+                    rows, self.session, self._contiguous_dir, self._contiguous_kept,
                     self.cfg.broadcast_max_values,
                     column_caps(self.cfg) if self.cfg.caps is not None else None)
             return transform.map_categoricals(rows, self.session, dict_dir, sizes,
