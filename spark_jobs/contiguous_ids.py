@@ -98,13 +98,14 @@ class ContiguousIds:
 
     def __init__(self, index, caps: tuple[int, ...] | None):
         self.index = index
-        self.caps = None if caps is None else np.asarray(caps, np.int32).reshape(-1, 1)
+        # int64: a cap may be 2**31 (MAX_CAP), one above int32's range
+        self.caps = None if caps is None else np.asarray(caps, np.int64).reshape(-1, 1)
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
         self.index.lookup_into(np.where(values < 0, 0, values), out)
         out[out == 0] = RARE_ID
         if self.caps is not None:
-            np.remainder(out, self.caps, out=out)
+            out[...] = np.remainder(out, self.caps)
 
 
 def table_sizes(kept: dict[str, int], caps: dict[str, int] | None) -> dict[str, int]:
