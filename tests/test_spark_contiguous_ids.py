@@ -68,6 +68,23 @@ def test_the_mode_takes_optional_caps_and_its_threshold():
         PreprocessConfig(ids="contiguous", caps=[5] * 25)
 
 
+def test_the_transform_lookup_maps_missing_rare_and_caps():
+    from spark_jobs.contiguous_ids import ContiguousIds, table_sizes
+
+    class Index:   # value 5 has no id (rare); another value v has id v + 2
+        def lookup_into(self, values, out):
+            out[...] = np.where(values == 5, 0, values + 2)
+
+    values = np.array([[-1, 5, 7]] * 26, np.int64)
+    for caps, want in [(None, [2, 1, 9]), ([2**31] * 26, [2, 1, 9]), ([3] * 26, [2, 1, 0])]:
+        out = np.empty(values.shape, np.int32)
+        ContiguousIds(Index(), caps).lookup_into(values, out)
+        assert out.tolist() == [want] * 26
+    # a table holds ids 0 .. highest: kept values + 2 rows, or the cap
+    assert table_sizes(dict.fromkeys(CAT_COLUMNS, 3), None) == dict.fromkeys(CAT_COLUMNS, 5)
+    assert table_sizes({}, dict.fromkeys(CAT_COLUMNS, 9)) == dict.fromkeys(CAT_COLUMNS, 9)
+
+
 def _reference(days: list[list[str]], spec: str, caps) -> dict:
     """Rows per split by the line rules, ids by ``contiguous_ids`` over the valid lines."""
     parsed_days, values = [], []
@@ -113,10 +130,3 @@ def test_both_engines_number_values_like_the_rule(tmp_path, spark, real_sample):
     # the rule mattered: ids beyond 1 in C1 (kept values), 1 (rare) too, and C2 kept them all
     train = np.array(read_split(WorkdirLayout.at(tmp_path / "sql").parquet_split("train")))
     assert (train[:, 14] == 1).any() and train[:, 14].max() > 2 and (train[:, 15] > 1).all()
-    # without caps: a column's table is its highest id + 1
-    summary = run(spark, raw, tmp_path / "uncapped", spec, engine="arrow", ids="contiguous",
-                  max_reject_rate=0.5)
-    ids = np.concatenate([np.array(read_split(
-        WorkdirLayout.at(tmp_path / "uncapped").parquet_split(s)))[:, 14:] for s in SPLITS])
-    assert [summary["table_sizes"][c] for c in CAT_COLUMNS] == (ids.max(axis=0) + 1).tolist()
-
