@@ -24,7 +24,9 @@ from dlrm_contracts.atomic import fsync_tree, write_json_atomic, write_text_atom
 from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from spark_jobs import contiguous_ids, counting, day_store, progress, quality, stable_ids
+from spark_jobs import counting, day_store, progress, quality, stable_ids
+from spark_jobs.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES
+from spark_jobs.contiguous_ids import table_sizes as contiguous_table_sizes
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.engine import Engine
 from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
@@ -231,9 +233,9 @@ def _contiguous_dictionaries(engine: Engine, days: list[DayFile], layout: Workdi
     with timer.stage("dictionaries"):
         numbered = _dictionary_days(days, cfg) or [d.day for d in days]
         kept = engine.write_contiguous_dictionaries(
-            spec, stats, numbered, layout.parquet / contiguous_ids.DICTIONARIES_DIR,
+            spec, stats, numbered, layout.parquet / CONTIGUOUS_DICTIONARIES,
             layout.dictionary_index)
-        sizes = contiguous_ids.table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
+        sizes = contiguous_table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
         write_json_atomic(layout.parquet_model_size, sizes, sort_keys=False)
     return sizes
 
