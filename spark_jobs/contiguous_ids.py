@@ -161,8 +161,8 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
 
 
 __all__ = [
-    "FIRST_ID",
     "DICTIONARIES_DIR",
+    "FIRST_ID",
     "PARTIAL_SCHEMA",
     "RARE_ID",
     "ContiguousIds",
