@@ -242,8 +242,11 @@ class ArrowEngine:
         from spark_jobs.engines.arrow import contiguous
 
         if remote.is_url(index_dir):
-            raise RuntimeError("contiguous ids (preprocess.ids: contiguous) need a workdir on a "
-                               "filesystem path with the arrow engine")
+            from spark_jobs.errors import PreprocessConfigError
+
+            raise PreprocessConfigError("contiguous ids (preprocess.ids: contiguous) need a "
+                                        "workdir on a filesystem path with the arrow engine "
+                                        "(or preprocess.engine: sql)")
         chunks = [c for c in self.chunks if c.day in set(days)]
         partials = self._over(chunks, contiguous.first_seen_task(chunks, self.settings),
                               PARTIAL_SCHEMA)
