@@ -179,9 +179,15 @@ def run_once(args) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     spark = SparkConfig(master=args.master, driver_memory=args.driver_memory,
                         conf=parse_conf_pairs(args.conf))
-    # --caps: capped ids (ids: modulo), the same cap for every column
-    cfg = (PreprocessConfig(engine=args.engine, ids="modulo", caps=args.caps) if args.caps
-           else PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine))
+    # --caps: capped ids (ids: modulo), the same cap for every column; --ids contiguous: the
+    # threshold applies and the caps (if any) after
+    if args.ids == "contiguous":
+        cfg = PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine,
+                               ids="contiguous", caps=args.caps)
+    elif args.caps:
+        cfg = PreprocessConfig(engine=args.engine, ids="modulo", caps=args.caps)
+    else:
+        cfg = PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine)
     start, cpu = time.perf_counter(), process_tree_cpu_seconds()
     with WorkerMemory() as memory:
         summary = run_preprocess(raw, work, spark, cfg)
@@ -236,7 +242,7 @@ def child_run(args, raw: str, engine: str) -> dict:
     argv = ["--input", raw, "--engine", engine, "--threshold", args.threshold,
             "--master", args.master, "--driver-memory", args.driver_memory,
             "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once",
-            *(["--caps", str(args.caps)] if args.caps else [])]
+            *(["--caps", str(args.caps)] if args.caps else []), "--ids", args.ids]
     out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
                          stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -300,6 +306,9 @@ def main() -> int:
     p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
     p.add_argument("--caps", type=int, help="capped ids (preprocess.ids: modulo), this cap for "
                                             "every column; the threshold does not apply")
+    p.add_argument("--ids", default="frequency", choices=["frequency", "contiguous"],
+                   help="contiguous: preprocess.ids: contiguous at --threshold (with --caps "
+                        "capped after); frequency with --caps: ids: modulo")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")

@@ -289,12 +289,12 @@ def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Pa
 
 def _ids_mode(parquet_dir: Path) -> str | None:
     """How preprocess gave the ids when no threshold raise is a prefix of them (rethreshold and
-    the trainer refuse one): stable (not ordered by count) or modulo (capped, no threshold);
-    recorded in dataset.json. None for frequency ids."""
+    the trainer refuse one): stable or contiguous (not ordered by count) or modulo (capped, no
+    threshold); recorded in dataset.json. None for frequency ids."""
     preprocess = parquet_dir / PREPROCESS_JSON
     data = read_json(preprocess) if preprocess.exists() else {}
     ids = data.get("ids") if isinstance(data, dict) else None
-    return ids if ids in ("stable", "modulo") else None
+    return ids if ids in ("stable", "modulo", "contiguous") else None
 
 
 def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,

@@ -166,6 +166,11 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
         raise DatasetError(f"{source} has capped ids (preprocess.ids: modulo): every value keeps "
                            "its id modulo its column's cap, so there is no threshold to raise; "
                            "change preprocess.caps and run the preprocess stage instead")
+    if info.extra.get("ids") == "contiguous":
+        raise DatasetError(f"{source} has contiguous ids (preprocess.ids: contiguous), numbered "
+                           "by first appearance, not by count: no higher threshold is a prefix "
+                           "of them; change preprocess.frequency_threshold and run the "
+                           "preprocess stage instead")
     base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
     if info.extra.get("ids") == "stable" and new != base:

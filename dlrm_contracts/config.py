@@ -28,7 +28,7 @@ Section = TypeVar("Section")
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
 ARROW_EXCHANGES: tuple[str, ...] = ("auto", "files", "shuffle")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
-ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo")
+ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo", "contiguous")
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
 # is 2**31 - 1.
 MAX_CAP = 2**31   # dlrm_contracts.binary_format.MAX_TABLE_SIZE
@@ -255,10 +255,14 @@ class PreprocessConfig:
     # (docs/spark_jobs.md, "Stable ids and a rolling window"). "modulo" (MLPerf DLRMv2's capped
     # ids): a value's id is its hexadecimal value modulo its column's cap (`caps`), missing -> 0;
     # no value is counted and no dictionary is built, and the threshold does not apply
-    # (docs/spark_jobs.md, "Capped ids").
+    # (docs/spark_jobs.md, "Capped ids"). "contiguous" (TorchRec's contiguous_preproc_criteo,
+    # what the MLPerf DLRMv2 dataset is made with): ids 2, 3, ... by first appearance over the
+    # days in order, a value seen fewer than the threshold's times -> 1, missing = hex 0;
+    # then modulo `caps` when given (docs/spark_jobs.md, "Contiguous ids").
     ids: str = "frequency"
-    # ids: modulo only: the table size of each column, one integer for all 26 or a list of 26
-    # (1 .. 2**31; the MLPerf DLRMv2 list is in docs/spark_jobs.md).
+    # ids: modulo (required) or contiguous (optional): the table size of each column, one
+    # integer for all 26 or a list of 26 (1 .. 2**31; the MLPerf DLRMv2 list is in
+    # docs/spark_jobs.md).
     caps: int | list[int] | None = None
     # The newest N day files of the input are the data (the newest is test/validation, the
     # others train); older day files are ignored, never deleted. None = every day file. At
@@ -289,21 +293,27 @@ class PreprocessConfig:
 
 
 def _check_caps(cfg: PreprocessConfig) -> None:
-    """Caps go with modulo ids and modulo ids with caps; a setting modulo ids would silently
-    ignore (a threshold, dictionary days) is refused rather than dropped."""
-    if cfg.ids != "modulo":
+    """Caps go with modulo ids (which need them) or contiguous ids (capped after numbering, as
+    the reference's reader does); a setting modulo ids would silently ignore (a threshold,
+    dictionary days) is refused rather than dropped."""
+    if cfg.ids not in ("modulo", "contiguous"):
         _check(cfg.caps is None, f"preprocess.caps is set but preprocess.ids is {cfg.ids!r}: "
-                                 "caps apply only with ids: modulo")
+                                 "caps apply only with ids: modulo or contiguous")
         return
-    _check(cfg.caps is not None, "preprocess.ids is modulo but preprocess.caps is not set: give "
-                                 "one cap for every column or a list of 26 (docs/spark_jobs.md, "
-                                 "\"Capped ids\", has MLPerf DLRMv2's)")
+    if cfg.ids == "modulo":
+        _check(cfg.caps is not None, "preprocess.ids is modulo but preprocess.caps is not set: "
+                                     "give one cap for every column or a list of 26 "
+                                     "(docs/spark_jobs.md, \"Capped ids\", has MLPerf DLRMv2's)")
+    if cfg.caps is None:
+        return
     caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps]
     _check(all(isinstance(c, int) and not isinstance(c, bool) for c in caps),
            f"preprocess.caps must be integers, got {cfg.caps!r}")
     _check(isinstance(cfg.caps, int) or len(caps) == len(CAT_COLUMNS),
            f"preprocess.caps lists {len(caps)} caps: give one for all columns or "
            f"{len(CAT_COLUMNS)}, one per column C1..C26")
+    if cfg.ids == "contiguous":   # the threshold and dictionary days apply: ids are numbered
+        return
     _check(cfg.frequency_threshold == ThresholdSpec(2),
            f"preprocess.frequency_threshold {cfg.frequency_threshold} does not apply with ids: "
            "modulo (every value keeps its capped id, none is counted): remove the setting")
@@ -312,7 +322,8 @@ def _check_caps(cfg: PreprocessConfig) -> None:
 
 
 def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
-    """ids: modulo: each column's cap (its table size), by column name."""
+    """ids: modulo (or capped contiguous ids): each column's cap (its table size), by column
+    name."""
     caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps] * len(CAT_COLUMNS)
     return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
 

@@ -123,9 +123,12 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     """The tables at the configured threshold, from the counts' histogram. With stable ids a
     table also keeps the ids of values that left the window or became rare, so it is at least
     the last run's size (``parquet/model_size.json``): the larger of the two, short only by the
-    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``): the caps."""
-    if config.preprocess.ids == "modulo":
+    newcomers of days not counted yet. Capped ids (``preprocess.ids: modulo``, or contiguous
+    with caps): the caps; contiguous ids without caps: not known before their pass (None)."""
+    if config.preprocess.caps is not None:
         return list(column_caps(config.preprocess).values())
+    if config.preprocess.ids == "contiguous":
+        return None
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(
@@ -299,7 +302,7 @@ def estimate(config: PipelineConfig) -> Estimate:
     except (OSError, ValueError) as exc:
         est.say(f"tables: counts unreadable ({exc})")
         sizes = None
-    if sizes is not None and config.preprocess.ids == "modulo":
+    if sizes is not None and config.preprocess.caps is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows (the caps of preprocess.caps)")
     elif sizes is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows at threshold "

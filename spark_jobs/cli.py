@@ -41,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver-memory", help="Spark driver memory (local mode), e.g. 12g")
     p.add_argument("--ids", choices=ID_MODES,
                    help="frequency: ids by count each run; stable: ids never move across runs; "
-                        "modulo: hex value modulo preprocess.caps, nothing counted")
+                        "modulo: hex value modulo preprocess.caps, nothing counted; "
+                        "contiguous: TorchRec's first-appearance ids (MLPerf DLRMv2's dataset)")
     p.add_argument("--caps", type=_caps, metavar="N|N1,...,N26",
-                   help="ids: modulo: each column's table size, one for all or 26 (C1..C26)")
+                   help="ids: modulo or contiguous: each column's table size, one for all or 26 "
+                        "(C1..C26)")
     p.add_argument("--window-days", type=int, metavar="N",
                    help="only the newest N day files are the data (default: every day file)")
     p.add_argument("--retransform", action="store_true",

@@ -70,6 +70,14 @@ class Engine(Protocol):
         ``index_dir``: where an engine that looks ids up without a join keeps its index."""
         ...
 
+    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
+                                      days: list[int], dict_dir: Path,
+                                      index_dir: Path) -> dict[str, int]:
+        """Contiguous ids (``spark_jobs.contiguous_ids``): read ``days`` for each value's first
+        appearance and count, write the dictionaries into ``dict_dir`` (and the index an
+        engine looks ids up in into ``index_dir``); returns the kept values per column."""
+        ...
+
     def use_previous_dictionaries(self, previous: Previous | None) -> None:
         """Stable ids: the dictionaries this run extends (None: the first run). Called before
         ``count``."""

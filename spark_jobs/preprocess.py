@@ -14,7 +14,9 @@ their code), the splits and the dictionaries are published by a commit marker ea
 
 With ``preprocess.ids: modulo`` (capped ids, ``spark_jobs.capped_ids``) the first read only
 gathers the statistics (no value is counted, no dictionary built) and the transform computes
-every id from its value and its column's cap.
+every id from its value and its column's cap. With ``preprocess.ids: contiguous``
+(``spark_jobs.contiguous_ids``) the first read gathers the statistics alone too, and a
+dictionary pass numbers the values by first appearance before the transform.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from spark_jobs import counting, day_store, progress, quality, stable_ids
+from spark_jobs.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES
+from spark_jobs.contiguous_ids import table_sizes as contiguous_table_sizes
 from spark_jobs.dictionaries import table_sizes
 from spark_jobs.engine import Engine
 from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
@@ -215,11 +219,12 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
                 cfg: PreprocessConfig, timer: StageTimer, retransform: bool = False) -> dict:
     work = None
     modulo = cfg.ids == "modulo"
+    uncounted = cfg.ids in ("modulo", "contiguous")   # no value counts are kept
     with timer.stage("count"):
-        if not modulo:
+        if not uncounted:
             counting.drop_stale_days(days, layout.counts)
-        recount = [] if modulo else counting.days_to_count(days, layout.counts, cfg.max_line_bytes)
-        if modulo:
+        recount = [] if uncounted else counting.days_to_count(days, layout.counts, cfg.max_line_bytes)
+        if uncounted:
             stats = _count_modulo(engine, layout)
         elif cfg.ids == "stable":
             work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
@@ -235,12 +240,14 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         workdir_io.write_json(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        histogram = None if modulo else engine.count_totals(
+        histogram = None if uncounted else engine.count_totals(
             layout.counts, _dictionary_days(days, cfg),
             frequency_ids=None if cfg.ids == "stable" else spec)
     if modulo:   # no dictionaries: the tables are the caps
         sizes = column_caps(cfg)
         workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
+    elif cfg.ids == "contiguous":
+        sizes = _contiguous_dictionaries(engine, days, layout, spec, cfg, stats, timer)
     else:
         sizes = _dictionaries(engine, days, layout, spec, cfg, stats, histogram, timer)
     if work is not None:
@@ -263,7 +270,7 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         "window_days": cfg.window_days,
         "days": [{"day": d.day, "file": d.name, "fingerprint": d.fingerprint()} for d in days],
         "days_counted": recount,
-        "days_reused": [] if modulo else [d.day for d in days if d.day not in recount],
+        "days_reused": [] if uncounted else [d.day for d in days if d.day not in recount],
         # stable ids: which days were transformed (and why), reused, dropped
         **({"transform": work.summary()} if work is not None else {}),
         "rows": rows,
@@ -313,8 +320,23 @@ def _write_frequency_dictionaries(engine: Engine, spec: ThresholdSpec, sizes: di
     workdir_io.commit_version(final, version)
 
 
+def _contiguous_dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout,
+                             spec: ThresholdSpec, cfg: PreprocessConfig,
+                             stats: dict[int, DayStats], timer: StageTimer) -> dict[str, int]:
+    """Contiguous ids: the dictionary pass over the dictionary days; the table sizes (the
+    caps, or each column's highest id + 1) in model_size.json."""
+    with timer.stage("dictionaries"):
+        numbered = _dictionary_days(days, cfg) or [d.day for d in days]
+        kept = engine.write_contiguous_dictionaries(
+            spec, stats, numbered, layout.parquet / CONTIGUOUS_DICTIONARIES,
+            layout.dictionary_index)
+        sizes = contiguous_table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
+        workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
+    return sizes
+
+
 def _count_modulo(engine: Engine, layout: WorkdirLayout) -> dict[int, DayStats]:
-    """Modulo ids: every day's statistics, no value counted. The counts of another mode's
+    """Modulo (and contiguous) ids: every day's statistics, no value counted. The counts of another mode's
     runs stay as they are (days.json vouches only for the counts it lists); the dictionaries
     and their index go, since no id of these splits comes from them."""
     workdir_io.remove_tree(dictionaries_dir(layout))

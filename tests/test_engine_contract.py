@@ -33,7 +33,8 @@ def _returns(function) -> str:
 def test_the_contract_names_every_phase():
     assert set(METHODS) == {"count", "count_statistics", "write_rejects", "count_totals", "finish_counts",
                             "write_dictionaries", "use_previous_dictionaries",
-                            "write_stable_dictionaries", "write_splits", "close"}
+                            "write_stable_dictionaries", "write_contiguous_dictionaries",
+                            "write_splits", "close"}
 
 
 @pytest.mark.parametrize("engine", [ArrowEngine, SqlEngine], ids=["arrow", "sql"])

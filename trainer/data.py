@@ -120,6 +120,10 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
         if info.extra.get("ids") == "modulo":
             raise DatasetError(f"{path} has capped ids (preprocess.ids: modulo), which no "
                                f"threshold applies to: unset train.frequency_threshold")
+        if info.extra.get("ids") == "contiguous":
+            raise DatasetError(f"{path} has contiguous ids (preprocess.ids: contiguous), "
+                               f"numbered by first appearance, not by count: no threshold "
+                               f"raise applies; unset train.frequency_threshold")
         if info.extra.get("ids") == "stable" and (
                 info.threshold_spec is None
                 or threshold != parse_threshold_spec(info.threshold_spec)):

@@ -232,6 +232,32 @@ class ArrowEngine:
         dictionary_index.seal_index(index_dir)
         dicts.clear_dir(self._totals_dir)
 
+    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
+                                      days: list[int], dict_dir: Path,
+                                      index_dir: Path) -> dict[str, int]:
+        """Contiguous ids (``spark_jobs.contiguous_ids``): first-seen tasks over the chunks of
+        ``days``, the shared builder's dictionaries, then their index
+        (``engines.arrow.contiguous``). Returns the kept values per column."""
+        from spark_jobs.contiguous_ids import PARTIAL_SCHEMA, build_dictionaries
+        from spark_jobs.engines.arrow import contiguous
+
+        if remote.is_url(index_dir):
+            from spark_jobs.errors import PreprocessConfigError
+
+            raise PreprocessConfigError("contiguous ids (preprocess.ids: contiguous) need a "
+                                        "workdir on a filesystem path with the arrow engine "
+                                        "(or preprocess.engine: sql)")
+        chunks = [c for c in self.chunks if c.day in set(days)]
+        partials = self._over(chunks, contiguous.first_seen_task(chunks, self.settings),
+                              PARTIAL_SCHEMA)
+        ids, kept = build_dictionaries(partials, spec, dict_dir)
+        try:
+            contiguous.write_index(self.session, ids, kept, str(index_dir),
+                                   self.cfg.arrow_group_values)
+        finally:
+            ids.unpersist()
+        return kept
+
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
         """Stable ids: extend ``previous`` (None: the first run); its entries count in the
         value ranges' sizes, so a range holds about ``arrow_group_values`` of old and new."""
@@ -318,7 +344,8 @@ class ArrowEngine:
                      index_dir: Path, staging: Path, train_files: int,
                      days: set[int] | None = None) -> None:
         """Write ``staging/<split>/part-*.parquet``. Every id comes from the dictionary index
-        (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``). Train is
+        (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``; with ``ids:
+        contiguous`` from the index and the caps, ``spark_jobs.contiguous_ids``). Train is
         hash-partitioned into ``train_files`` by its order key and sorted within each file;
         the last day's tasks write test and validation in line order (chunk k writes part k).
         ``days``: only these days' rows (None: every day)."""
@@ -356,11 +383,12 @@ class ArrowEngine:
         last = stats[self.days[-1].day]
         on_cluster = not self.session.sparkContext.master.startswith("local")
         caps = (tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
-                if self.cfg.ids == "modulo" else None)
+                if self.cfg.ids == "modulo" or self.cfg.caps is not None else None)
         return TransformSpec(index_dir=str(index_dir), run_token=uuid.uuid4().hex,
                              index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
                              chunk_first_line=first_line, eval_day=last.day,
-                             test_lines=last.test_lines, caps=caps)
+                             test_lines=last.test_lines, caps=caps,
+                             contiguous=self.cfg.ids == "contiguous")
 
 
 def _write_histogram(histogram, counts_dir) -> dict[str, list[tuple[int, int]]]:

@@ -211,6 +211,7 @@ class TransformSpec:
     eval_day: int
     test_lines: int                     # test = lines [0, test_lines) of the eval day
     caps: tuple[int, ...] | None = None  # ids: modulo (spark_jobs.capped_ids); None: the index
+    contiguous: bool = False   # ids: contiguous: the index, then caps (spark_jobs.contiguous_ids)
 
 
 # The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
@@ -269,14 +270,19 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
 def _ids_of(spec: TransformSpec):
     """What gives a task its ids (``lookup_into``): the caps under ``ids: modulo``, else the
     dictionary index, opened once per worker."""
-    if spec.caps is not None:
+    if spec.caps is not None and not spec.contiguous:
         from spark_jobs.capped_ids import CappedIds
 
         return CappedIds(spec.caps)
     from spark_jobs.engines.arrow.dictionary_index import node_local_root, worker_index
 
     local = node_local_root() if spec.index_on_node else None
-    return worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
+    index = worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
+    if spec.contiguous:
+        from spark_jobs.contiguous_ids import ContiguousIds
+
+        return ContiguousIds(index, spec.caps)
+    return index
 
 
 def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):

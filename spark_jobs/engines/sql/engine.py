@@ -6,7 +6,7 @@ faster. Count pass: one aggregation over (day, column, value) pairs plus one row
 line (``engines.sql.counting``, ``engines.sql.row_classes``). Transform pass: categoricals become 64-bit
 keys joined to the dictionaries, broadcast or shuffled (``spark_jobs.engines.sql.transform``);
 with ``ids: modulo`` their hex values taken modulo the caps, with no count of values and no
-join.
+join; with ``ids: contiguous`` joined on their hex values (``engines.sql.contiguous``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import stable_ids
 from spark_jobs.columns import hex_value
-from spark_jobs.engines.sql import counting, rejects, transform
+from spark_jobs.engines.sql import contiguous, counting, rejects, transform
 from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
 from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
 from spark_jobs.inputs import DayFile
@@ -44,6 +44,8 @@ class SqlEngine:
                                                  cfg.max_line_bytes) for d in days}
         self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
+        self._contiguous_kept: dict[str, int] | None = None   # ids: contiguous, kept per column
+        self._contiguous_dir: Path | None = None   # and their dictionaries
 
     def count(self, recount: list[int], counts_dir: Path,
               read: set[int] | None = None) -> dict[int, DayStats]:
@@ -106,6 +108,20 @@ class SqlEngine:
         self.close()
         return sizes
 
+    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
+                                      days: list[int], dict_dir: Path,
+                                      index_dir: Path) -> dict[str, int]:
+        """Contiguous ids (``spark_jobs.contiguous_ids``): a read of ``days`` for the first
+        appearances, the dictionaries written; returns the kept values per column."""
+        from spark_jobs.contiguous_ids import build_dictionaries
+
+        read = [d for d in self.days if d.day in set(days)]
+        partials = contiguous.first_seen_partials(self.session, read, stats, self.cfg.max_line_bytes)
+        ids, kept = build_dictionaries(partials, spec, dict_dir)
+        ids.unpersist()
+        self._contiguous_kept, self._contiguous_dir = kept, Path(dict_dir)
+        return kept
+
     def finish_counts(self) -> None:
         """The count pass wrote its value counts before returning."""
 
@@ -122,7 +138,7 @@ class SqlEngine:
         for days whose count pass found every line fast)."""
         rows = parse_for_transform(read_day(self.session, str(day.path), day.day),
                                    self.cfg.max_line_bytes, checked=not stats[day.day].all_fast,
-                                   hex_values=self.cfg.ids == "modulo")
+                                   hex_values=self.cfg.ids in ("modulo", "contiguous"))
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
     def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
@@ -155,6 +171,11 @@ class SqlEngine:
         def mapped(rows):
             if self.cfg.ids == "modulo":
                 return transform.capped_categoricals(rows, column_caps(self.cfg))
+            if self.cfg.ids == "contiguous":
+                return contiguous.contiguous_categoricals(
+                    rows, self.session, self._contiguous_dir, self._contiguous_kept,
+                    self.cfg.broadcast_max_values,
+                    column_caps(self.cfg) if self.cfg.caps is not None else None)
             return transform.map_categoricals(rows, self.session, dict_dir, sizes,
                                               self.cfg.broadcast_max_values)
 
