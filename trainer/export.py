@@ -476,7 +476,7 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
                                            temporary / "vocabularies"))
         saved_model = temporary / "model"
         _save(reader, source, vocabularies, saved_model, config)
-        verify_saved_model(saved_model)
+        verify_saved_model(saved_model, capped_ids=source.capped)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -487,10 +487,11 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     return final, fingerprint
 
 
-def verify_saved_model(saved_model: Path) -> None:
+def verify_saved_model(saved_model: Path, capped_ids: bool = False) -> None:
     """Load the SavedModel as a server would and score a few lines through both signatures:
     a probability in [0, 1], the same from both, for a line of missing values and for one of
-    each column's first known value. Refused (ExportError) otherwise, before the version is
+    each column's first known value (``capped_ids``: a model with no vocabulary, every hex
+    value has an id: CAPPED_TEST_VALUE). Refused (ExportError) otherwise, before the version is
     renamed into place, so that a server never loads a model that cannot answer."""
     import tensorflow as tf
 
@@ -498,11 +499,10 @@ def verify_saved_model(saved_model: Path) -> None:
 
     known = []
     for column in CAT_COLUMNS:
-        vocabulary = saved_model / "assets" / f"{column}.vocab"
-        if not vocabulary.exists():  # capped ids: every hex value has an id
+        if capped_ids:
             known.append(CAPPED_TEST_VALUE)
             continue
-        lines = vocabulary.read_text(encoding="ascii").split("\n")
+        lines = (saved_model / "assets" / f"{column}.vocab").read_text(encoding="ascii").split("\n")
         known.append(lines[1] if len(lines) > 1 and lines[1] else "")
     rows = [([""] * NUM_INTEGER, [""] * NUM_CATEGORICAL), (["1"] * NUM_INTEGER, known)]
     lines = ["\t".join(["0", *ints, *cats]) for ints, cats in rows]
