@@ -35,7 +35,7 @@ CAPS = (3, 20, 20, 50, 200, 997, 4000, 7, 100, 300, 128, 129, 2, 60, 500, 1, 330
         400, 15, 250, 700, 4, 1500)
 ROWS = {"train": 2048, "test": 300, "validation": 200}
 MULTI_HOT = (3, 1, 1, 2, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
-DCN = dict(interaction="dcn", dcn_layers=2, dcn_rank=4)
+DCN = {"interaction": "dcn", "dcn_layers": 2, "dcn_rank": 4}
 MODULO = {"ids": "modulo"}
 BAD_HEX = ["abcdef123", "0x12", "zz", "-1", " 1", "ff\rff", "éé", "1 ", "+a", "0X1"]
 
@@ -70,8 +70,8 @@ def test_served_capped_ids_equal_the_preprocess_rule(real_sample):
     that is not 1-8 hex digits is refused as the preprocess rejects it."""
     import tensorflow as tf
 
-    from trainer.serving import NON_HEX_CATEGORICAL, capped_ids, normalise_categoricals, \
-        split_lines
+    from trainer.serving import (NON_HEX_CATEGORICAL, capped_ids, normalise_categoricals,
+                                 split_lines)
 
     lines = real_sample.read_text().splitlines() + generated_lines(3, 2000)
     fields, _ = split_lines(tf.constant([line.encode() for line in lines]), tf.constant(True))
@@ -182,15 +182,18 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
     A cap doubled (C7 4000 -> 8000): new row s starts as old row s mod 4000, and the previous
     model is evaluated as it serves (every id its remapped row). A cap changed otherwise, a
     multi-hot model's cap changed, or dictionary ids after capped ones: refused by name."""
-    from trainer.checkpoint import CheckpointError
+    from trainer.checkpoint import CheckpointError, CheckpointReader, latest_checkpoint
     from trainer.loop import Trainer, run
     from trainer.warm_start import check_warm_start
     from trainer_helpers import checkpoint_arrays
 
-    base = dict(optimizer="adagrad", learning_rate=0.05, max_steps=4)
+    base = {"optimizer": "adagrad", "learning_rate": 0.05, "max_steps": 4}
     work = tmp_path / "work"
     run(small_config(**base), _modulo_day(tmp_path / "day1", 1, CAPS), work)
     before = checkpoint_arrays(work)
+    reader = CheckpointReader(latest_checkpoint(work / "checkpoints"))
+    slots = {t: reader.value(f"table/{t}/0-16/adagrad", (cap, 16)) for t, cap in enumerate(CAPS)}
+    reader.close()
     c7 = CAT_COLUMNS.index("C7")
     doubled = tuple(2 * c if i == c7 else c for i, c in enumerate(CAPS))
     for name, caps in (("same", CAPS), ("doubled", doubled)):
@@ -202,13 +205,15 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
         for t, cap in enumerate(caps):
             table = state[f"table/{t}/0-16"]
             assert table.shape[0] == cap
-            np.testing.assert_array_equal(table, before[f"table/{t}"][np.arange(cap) % CAPS[t]])
+            rows = np.arange(cap) % CAPS[t]
+            np.testing.assert_array_equal(table, before[f"table/{t}"][rows])
+            np.testing.assert_array_equal(state[f"table/{t}/0-16/adagrad"], slots[t][rows])
         assert trainer.warm_start.grown == ({} if name == "same" else {"C7": [4000, 8000]})
         assert trainer.warm_start.served_sizes(caps) == caps
     summary = trainer.train()
     assert 0.5 < summary["previous_model_test_auc"] < 1
 
-    meta = json.loads((sorted((work / "checkpoints").glob("step-*"))[-1] / "meta.json").read_text())
+    meta = json.loads((max((work / "checkpoints").glob("step-*")) / "meta.json").read_text())
     config = small_config(init="previous")
     odd = list(doubled)
     odd[c7] = 8001
