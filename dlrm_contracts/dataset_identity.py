@@ -26,6 +26,11 @@ from dlrm_contracts.thresholds import ThresholdSpec
 # Keys: dataset.json's (written by the converters) and the checkpoint meta's.
 DICTIONARIES_FINGERPRINT_KEY = "dictionaries_fingerprint"
 IDENTITY_KEY = "dataset_identity"
+# The identity of a dataset with capped ids (``preprocess.ids: modulo``) says so: its ids come
+# from no dictionary, so the export and a warm start must know (recorded for that mode alone,
+# so the identities of the other modes' datasets stay what they were).
+IDS_KEY = "ids"
+CAPPED_IDS = "modulo"
 
 
 def parquet_footer(path: Path) -> bytes:
@@ -69,7 +74,13 @@ def dataset_identity(info: DatasetInfo,
     return {"source_fingerprint": info.source_fingerprint,
             DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
             "threshold_spec": (info.threshold_spec if read_threshold is None
-                               else str(read_threshold))}
+                               else str(read_threshold)),
+            **({IDS_KEY: CAPPED_IDS} if info.extra.get(IDS_KEY) == CAPPED_IDS else {})}
+
+
+def capped(identity: dict[str, Any] | None) -> bool:
+    """Whether a dataset identity (or a checkpoint's record of one) is of capped ids."""
+    return isinstance(identity, dict) and identity.get(IDS_KEY) == CAPPED_IDS
 
 
 def trained_on(checkpoint_meta: dict[str, Any], identity: dict[str, Any]) -> bool:

@@ -1,5 +1,9 @@
 """``python -m trainer --mode export``: the run's checkpoint + the dictionaries -> one SavedModel.
 
+A model trained on capped ids (``preprocess.ids: modulo``, recorded in its checkpoint's dataset
+identity) needs no dictionaries: its SavedModel computes each value's id from the value and
+its column's cap, the table's size (trainer.serving.capped_ids), and holds no vocabulary.
+
 The run's checkpoint is ``best_checkpoint``: the best validation AUC's with early stopping,
 else the latest.
 
@@ -38,8 +42,9 @@ from dlrm_contracts.atomic import publish, remove_stale_temporaries, temporary_s
 from dlrm_contracts.binary_format import (MULTI_HOT_DISTRIBUTION_KEY, MULTI_HOT_KEYS,
                                           MULTI_HOT_SEED_KEY, MULTI_HOT_SIZES_KEY)
 from dlrm_contracts.config import ExportConfig
-from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, IDENTITY_KEY,
-                                             dictionaries_fingerprint, trained_on)
+from dlrm_contracts.dataset_identity import (CAPPED_IDS, DICTIONARIES_FINGERPRINT_KEY,
+                                             IDENTITY_KEY, capped, dictionaries_fingerprint,
+                                             trained_on)
 from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, EXPORT_FINGERPRINT,
                                    WorkdirLayout, complete_checkpoints, export_versions)
 from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
@@ -56,6 +61,9 @@ FINGERPRINT = EXPORT_FINGERPRINT
 # Memory of one kept value in a serving process's hash table (std::string key + int64 value +
 # bucket), a generous estimate; used only for the size check.
 HASH_ENTRY_BYTES = 64
+# A present value the check of a new version scores when the model has no vocabulary to take
+# one from (capped ids): the highest 8-digit value, so the fold of all 8 digits is exercised.
+CAPPED_TEST_VALUE = "ffffffff"
 
 
 class ExportError(ValueError):
@@ -100,12 +108,15 @@ def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path
                       "(--stages convert,train,eval,export)")
 
 
-def export_size(table_sizes: list[int], embedding_dim: int) -> dict[str, int]:
-    """Bytes of the export: on disk (tables + vocabularies) and in a serving process."""
+def export_size(table_sizes: list[int], embedding_dim: int,
+                vocabularies: bool = True) -> dict[str, int]:
+    """Bytes of the export: on disk (tables + vocabularies) and in a serving process.
+    ``vocabularies`` False: a model of capped ids, which has none."""
     tables = embedding_bytes(table_sizes, embedding_dim, 4)
-    values = int(sum(max(0, s - 1) for s in table_sizes))
+    values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
     return {"tables_bytes": tables, "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
-            "disk_bytes": export_bytes(table_sizes, embedding_dim),
+            "disk_bytes": (export_bytes(table_sizes, embedding_dim) if vocabularies
+                           else tables),
             "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES}
 
 
@@ -120,14 +131,14 @@ def _available_memory() -> int | None:
 
 
 def check_export_fits(table_sizes: list[int], embedding_dim: int, config: ExportConfig,
-                      multi_hot_bytes: int = 0) -> dict:
+                      multi_hot_bytes: int = 0, vocabularies: bool = True) -> dict:
     """Refuse, before reading any table, an export that would not fit in this process.
 
     The exporting process holds every table once plus one more while it is copied in, and the
     vocabularies as hash tables while the SavedModel is traced (and a multi-hot model's
     lookup tables, ``multi_hot_bytes``).
     """
-    size = export_size(table_sizes, embedding_dim)
+    size = export_size(table_sizes, embedding_dim, vocabularies)
     largest = max(table_sizes) * embedding_dim * 4
     needed = size["serving_memory_bytes"] + largest + multi_hot_bytes
     if config.max_memory_mb > 0:
@@ -250,6 +261,9 @@ class _Source:
     extended: dict[str, Any] | None = None
     # the materialization of the multi-hot rows the model was trained on (None: one-hot)
     multi_hot: MultiHotSpec | None = None
+    # trained on capped ids (preprocess.ids: modulo): the caps are the table sizes, and the
+    # export ships no vocabulary
+    capped: bool = False
 
     @property
     def signatures(self) -> list[str]:
@@ -275,6 +289,9 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "test_auc": _test_auc(layout, int(meta["step"])),
         "dims": source.dims.meta(),
         "table_sizes": source.sizes,
+        # how a raw value becomes its id: "vocabulary" (a file per column in assets/) or
+        # "modulo" (its hex value modulo its column's cap, the table size)
+        "ids": CAPPED_IDS if source.capped else "vocabulary",
         "signatures": source.signatures,
         # only for a multi-hot model: its materialization (serve_multi_hot's cat_ids holds
         # multi_hot_sizes[i] ids of column i)
@@ -332,7 +349,7 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     best = best_checkpoint(layout.checkpoints)
     if best is None:
         raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
-    if not layout.dictionaries.is_dir():
+    if not layout.dictionaries.is_dir() and not _capped_checkpoint(best):
         raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes "
                           "them")
     state = read_state(layout.export)  # a damaged record is refused before anything is written
@@ -356,6 +373,16 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
             "saved_model": str(final), "removed_versions": removed,
             "served_version": record["served_version"], "damaged_checkpoints": damaged}
+
+
+def _capped_checkpoint(checkpoint: Path) -> bool:
+    """Whether a checkpoint records a dataset of capped ids (a damaged meta.json: no, and its
+    damage is reported where the checkpoint is read)."""
+    try:
+        meta = json.loads((checkpoint / CHECKPOINT_META).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and capped(meta.get(IDENTITY_KEY))
 
 
 def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> list[Path]:
@@ -401,15 +428,20 @@ def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any
     if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
         raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
     dims = ModelDims.from_meta(dims_meta)
-    _check_dictionary_folders(layout.dictionaries, sizes)
-    identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
+    capped_ids = capped(meta.get(IDENTITY_KEY))
+    if capped_ids:  # the ids are the values' own: no dictionary to check them against
+        identity, extended = meta[IDENTITY_KEY], None
+    else:
+        _check_dictionary_folders(layout.dictionaries, sizes)
+        identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
     multi_hot = multi_hot_spec(checkpoint, dims_meta, sizes)
     # the wide weights are one more column of every table; a multi-hot column adds its
     # lookup table (table rows x k int32)
     size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config,
                              sum(multi_hot.table_bytes(c) for c in range(len(sizes)))
-                             if multi_hot is not None else 0)
-    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot)
+                             if multi_hot is not None else 0, vocabularies=not capped_ids)
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot,
+                   capped_ids)
 
 
 def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any],
@@ -439,11 +471,12 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
     temporary = temporary_sibling(final)
     try:
-        vocabularies = write_vocabularies(layout.dictionaries, source.sizes,
-                                          temporary / "vocabularies")
+        vocabularies = (None if source.capped else
+                        write_vocabularies(layout.dictionaries, source.sizes,
+                                           temporary / "vocabularies"))
         saved_model = temporary / "model"
         _save(reader, source, vocabularies, saved_model, config)
-        verify_saved_model(saved_model)
+        verify_saved_model(saved_model, capped_ids=source.capped)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -454,10 +487,11 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     return final, fingerprint
 
 
-def verify_saved_model(saved_model: Path) -> None:
+def verify_saved_model(saved_model: Path, capped_ids: bool = False) -> None:
     """Load the SavedModel as a server would and score a few lines through both signatures:
     a probability in [0, 1], the same from both, for a line of missing values and for one of
-    each column's first known value. Refused (ExportError) otherwise, before the version is
+    each column's first known value (``capped_ids``: a model with no vocabulary, every hex
+    value has an id: CAPPED_TEST_VALUE). Refused (ExportError) otherwise, before the version is
     renamed into place, so that a server never loads a model that cannot answer."""
     import tensorflow as tf
 
@@ -465,6 +499,9 @@ def verify_saved_model(saved_model: Path) -> None:
 
     known = []
     for column in CAT_COLUMNS:
+        if capped_ids:
+            known.append(CAPPED_TEST_VALUE)
+            continue
         lines = (saved_model / "assets" / f"{column}.vocab").read_text(encoding="ascii").split("\n")
         known.append(lines[1] if len(lines) > 1 and lines[1] else "")
     rows = [([""] * NUM_INTEGER, [""] * NUM_CATEGORICAL), (["1"] * NUM_INTEGER, known)]
@@ -509,8 +546,8 @@ def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dic
                   if dims.interaction == "dcn" else None)}
 
 
-def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path], out: Path,
-          config: ExportConfig) -> None:
+def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path] | None,
+          out: Path, config: ExportConfig) -> None:
     import tensorflow as tf
 
     from trainer.serving import ServingDLRM
@@ -521,7 +558,8 @@ def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path], o
         built = dict(iter_tables(source.multi_hot))
         expansions = [built.get(c) for c in range(len(source.sizes))]
     module = ServingDLRM(source.dims, w["tables"], w["bottom"], w["top"], vocabularies,
-                         config.missing_integer, w["wide"], w["cross"], expansions)
+                         config.missing_integer, w["wide"], w["cross"], expansions,
+                         caps=source.sizes if source.capped else None)
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.
     signatures = {"serve_features": module.serve_features.get_concrete_function(),

@@ -27,6 +27,7 @@ from tensorflow.core.framework import summary_pb2
 from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import (ConfigError, PreflightConfig, TrainConfig, changed_settings,
                                    config_to_dict, train_model_settings)
+from dlrm_contracts.dataset_identity import IDENTITY_KEY, capped
 from dlrm_contracts.layout import (CHECKPOINT_META, WorkdirLayout, checkpoint_dir, checkpoint_run,
                                    run_checkpoints)
 from dlrm_contracts.superseded import set_aside
@@ -440,7 +441,7 @@ class Trainer:
         try:
             meta = reader.meta
             grown = check_warm_start(meta, path, list(self.dataset.table_sizes),
-                                     self._dims_meta(), self.config)
+                                     self._dims_meta(), self.config, self.dataset.identity)
             source_step = int(meta["step"])
             check_schedule(source_step, self.config)
             continued = self.config.init_optimizer == "continue"
@@ -456,7 +457,7 @@ class Trainer:
         self.early_stopping = EarlyStopping(self.config.early_stopping_patience,
                                             self.config.early_stopping_min_delta)
         self.warm_start = WarmStart(str(path), source_step, self.config.init_optimizer,
-                                    old_sizes, grown)
+                                    old_sizes, grown, capped=capped(meta.get(IDENTITY_KEY)))
         self.comm.barrier()  # every rank has read the checkpoints before any is removed
         if self.rank == 0:
             remove_superseded(self.layout.checkpoints, source_step, self._progress)
@@ -711,9 +712,8 @@ class Trainer:
         is served: a value it had no row for reads as id 0, not as a fresh row."""
         if self.dataset.rows.get("test", 0) == 0:
             return None
-        sizes = tuple(self.warm_start.old_table_sizes)
-        as_served = dataclasses.replace(self.dataset, table_sizes=tuple(
-            min(a, b) for a, b in zip(sizes, self.dataset.table_sizes)))
+        as_served = dataclasses.replace(self.dataset, table_sizes=self.warm_start.served_sizes(
+            self.dataset.table_sizes))
         return self.evaluate("test", dataset=as_served, model="previous").auc
 
     def _init_record(self, start: StartPlan) -> dict[str, Any]:

@@ -10,7 +10,9 @@ TensorFlow Serving) without this project's code. The rules are those of the Spar
   trained on the binary dataset's float16 numericals;
 - categoricals: 1-8 hex digits, any case, left-padded with zeros to 8 lowercase digits and
   looked up in the column's dictionary; unknown, rare (beyond the trained table) or missing
-  values get id 0;
+  values get id 0. A model trained on capped ids (``preprocess.ids: modulo``) has no
+  dictionary: a value's id is its hex value modulo its column's cap (its table size), a
+  missing value's 0, as ``spark_jobs.capped_ids`` gives them (``capped_ids`` below);
 - lines: a trailing ``\\n`` and then one trailing ``\\r`` are dropped; fields are split on tabs;
   fewer than 40 fields are padded with missing values; a line the Spark job would reject gets
   probability REJECTED_PROBABILITY (-1: not a probability, and valid JSON where NaN is not)
@@ -99,6 +101,30 @@ def normalise_categoricals(fields: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.
     lower = tf.strings.lower(fields)
     padded = tf.strings.substr(tf.strings.join(["00000000", lower]), -8, 8)  # the last 8
     return padded, missing | ~valid, tf.reduce_all(valid, axis=1)
+
+
+# The value of each of the 8 hex digits normalise_categoricals leaves, from its ASCII code.
+_HEX_WEIGHTS = [16 ** (7 - i) for i in range(8)]
+
+
+def hex_values(normalised: tf.Tensor) -> tf.Tensor:
+    """string [...] of 8 lowercase hex digits -> their int64 value [...], exactly.
+
+    TensorFlow's string-to-number reads decimal only (and a hash bucket is not the value), so
+    the digits are taken as bytes and folded: '0'-'9' are 48-57, 'a'-'f' 97-102. Any other
+    byte (a field already refused as non-hex) gives some number, never an error.
+    """
+    codes = tf.cast(tf.io.decode_raw(normalised, tf.uint8, fixed_length=8), tf.int64)
+    digits = tf.where(codes >= ord("a"), codes - (ord("a") - 10), codes - ord("0"))
+    return tf.reduce_sum(digits * tf.constant(_HEX_WEIGHTS, tf.int64), axis=-1)
+
+
+def capped_ids(normalised: tf.Tensor, unusable: tf.Tensor, caps: Sequence[int]) -> tf.Tensor:
+    """Capped ids (``preprocess.ids: modulo``, ``spark_jobs.capped_ids``): [n, 26] normalised
+    values -> each one's hex value modulo its column's cap; 0 where ``unusable`` (missing, or
+    not hex: such a row is refused anyway, as the preprocess rejects its line)."""
+    ids = tf.math.floormod(hex_values(normalised), tf.constant(list(caps), tf.int64))
+    return tf.where(unusable, tf.zeros_like(ids), ids)
 
 
 def split_lines(lines: tf.Tensor, has_label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -206,22 +232,31 @@ class ServingCore(tf.Module):
 
 
 class ServingDLRM(ServingCore):
-    """The core plus one vocabulary lookup per column (raw values in). A multi-hot model also
+    """The core plus how a raw value becomes its id: one vocabulary lookup per column, or,
+    for a model trained on capped ids, the value modulo its column's cap (``caps``, the
+    tables' sizes). A multi-hot model also
     holds each multi-hot column's lookup table (``expansions``: one-hot id -> its row's k ids,
     the converter's materialization, dlrm_contracts/multi_hot.py), so raw values reach the
     same k ids the dataset held, and gets ``serve_multi_hot`` too."""
 
     def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
                  bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 vocabularies: Sequence[Path], missing_integer: int,
+                 vocabularies: Sequence[Path] | None, missing_integer: int,
                  wide: Sequence[np.ndarray] | None = None,
                  cross: dict[str, np.ndarray] | None = None,
-                 expansions: Sequence[np.ndarray | None] | None = None):
+                 expansions: Sequence[np.ndarray | None] | None = None,
+                 caps: Sequence[int] | None = None):
+        """Exactly one of ``vocabularies`` (a file per column) and ``caps`` (26 ints)."""
+        if (vocabularies is None) == (caps is None):
+            raise ValueError("a served model takes its ids from vocabularies or from caps, "
+                             "one of the two")
         super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
+        # plain ints: a constant of the graph, nothing to restore
+        self.caps = None if caps is None else tuple(int(c) for c in caps)
         self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
             str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
             tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
-            for path in vocabularies]
+            for path in vocabularies or []]
         # column index -> its lookup table (multi-hot columns only)
         self.expansions = {str(j): tf.Variable(e, trainable=False, name=f"multi_hot_C{j + 1}")
                            for j, e in enumerate(expansions or []) if e is not None}
@@ -230,6 +265,8 @@ class ServingDLRM(ServingCore):
                                            for e in expansions])
 
     def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
+        if self.caps is not None:
+            return capped_ids(normalised, unusable, self.caps)
         ids = tf.stack([self.vocabularies[j].lookup(normalised[:, j])
                         for j in range(NUM_CATEGORICAL)], axis=1)
         return tf.where(unusable, tf.zeros_like(ids), ids)

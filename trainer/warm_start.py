@@ -16,6 +16,13 @@ past the old size keep the values a fresh model gets (new values start as at the
 table that shrank means the ids moved, and is refused. The optimizer state and the step follow
 ``train.init_optimizer`` (continue or restart); either way the new run's checkpoints are
 numbered on from the previous model's step, so the newest checkpoint is always the newest model.
+
+With capped ids (``preprocess.ids: modulo``) an id is the value's hex value modulo its column's
+cap, the table size: equal caps carry every row over as it is. A cap that became a multiple
+of the previous one (k x old) is remapped exactly: every value whose new id is s had id
+s mod old, so new row s starts as old row s mod old (and its optimizer state likewise). Any
+other change of a cap, or of the kind of ids (capped on one day, dictionary ids on the other),
+is refused: no row of the new table means what one row of the old meant.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from typing import Any, Callable
 import numpy as np
 
 from dlrm_contracts.config import ConfigError, TrainConfig
-from dlrm_contracts.dataset_identity import trained_on
+from dlrm_contracts.dataset_identity import IDENTITY_KEY, capped, trained_on
 from dlrm_contracts.layout import (CHECKPOINT_META, checkpoint_dir, checkpoint_run,
                                    complete_checkpoints, read_checkpoint_meta, run_checkpoints)
+from dlrm_contracts.binary_format import MULTI_HOT_SIZES_KEY
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.schema import CAT_COLUMNS
 from trainer.checkpoint import TABLE_KEY, CheckpointError, CheckpointReader
@@ -63,11 +71,14 @@ class WarmStart:
     # The previous model's AUC on this run's test split before any step (rank 0; kept in the
     # meta so that a resumed run reports it too)
     previous_test_auc: float | None = None
+    # capped ids: the grown tables were remapped (row s from old row s mod old), not padded
+    capped: bool = False
 
     def to_meta(self) -> dict[str, Any]:
         return {"from": self.source, "from_step": self.source_step, "optimizer": self.optimizer,
                 "old_table_sizes": self.old_table_sizes, "grown_tables": self.grown,
-                "previous_model_test_auc": self.previous_test_auc}
+                "previous_model_test_auc": self.previous_test_auc,
+                **({"capped_ids": True} if self.capped else {})}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None) -> WarmStart | None:
@@ -75,7 +86,17 @@ class WarmStart:
             return None
         return cls(str(meta.get("from")), int(meta["from_step"]), str(meta.get("optimizer")),
                    [int(s) for s in meta.get("old_table_sizes", [])],
-                   dict(meta.get("grown_tables") or {}), meta.get("previous_model_test_auc"))
+                   dict(meta.get("grown_tables") or {}), meta.get("previous_model_test_auc"),
+                   bool(meta.get("capped_ids", False)))
+
+    def served_sizes(self, table_sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """The table sizes at which this run's dataset reads as the previous model serves it
+        (its evaluation before any step): an id past an old table is a value the previous
+        model had no row for, id 0; with capped ids every remapped row is the previous
+        model's own (the served model takes the value modulo the old cap), so none is."""
+        if self.capped:
+            return tuple(table_sizes)
+        return tuple(min(a, b) for a, b in zip(self.old_table_sizes, table_sizes))
 
 
 def _meta(path: Path) -> dict[str, Any]:
@@ -148,12 +169,16 @@ def plan_start(root: Path, identity: dict[str, Any], config: TrainConfig) -> Sta
 
 
 def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
-                     dims: dict[str, Any], config: TrainConfig) -> dict[str, list[int]]:
-    """Refuse a previous model that cannot seed this run; returns the tables that grow.
+                     dims: dict[str, Any], config: TrainConfig,
+                     identity: dict[str, Any] | None = None) -> dict[str, list[int]]:
+    """Refuse a previous model that cannot seed this run; returns the tables that grow
+    (with capped ids: that are remapped to a multiple of their cap). ``identity``: this
+    run's dataset's (None: a dataset of dictionary ids).
 
     Raises:
-        CheckpointError: other model dims, a table that shrank, or another optimizer's state
-            asked to continue.
+        CheckpointError: other model dims, a table that shrank, another kind of ids, a cap
+            changed other than to a multiple of itself, or another optimizer's state asked to
+            continue.
     """
     old = [int(s) for s in meta.get("table_sizes", [])]
     if len(old) != len(table_sizes):
@@ -163,6 +188,16 @@ def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
         raise CheckpointError(f"the previous model {path} has dims {meta.get('dims')}, this run "
                               f"{dims}: a warm start keeps the model's shape (train.init: "
                               "scratch to train the new shape)")
+    was_capped, is_capped = capped(meta.get(IDENTITY_KEY)), capped(identity)
+    if was_capped != is_capped:
+        kinds = {True: "capped ids (preprocess.ids: modulo)",
+                 False: "dictionary ids (preprocess.ids: frequency or stable)"}
+        raise CheckpointError(
+            f"the previous model {path} was trained on {kinds[was_capped]}, this dataset has "
+            f"{kinds[is_capped]}: its rows mean other values. Train from scratch with "
+            "train.init: scratch")
+    if is_capped:
+        _check_caps(path, old, table_sizes, dims)
     shrunk = {c: [o, n] for c, o, n in zip(CAT_COLUMNS, old, table_sizes) if n < o}
     if shrunk:
         raise CheckpointError(
@@ -176,6 +211,27 @@ def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
             f"{config.optimizer}: its optimizer state cannot continue (set "
             "train.init_optimizer: restart to take the weights only)")
     return {c: [o, n] for c, o, n in zip(CAT_COLUMNS, old, table_sizes) if n > o}
+
+
+def _check_caps(path: Path, old: list[int], new: list[int], dims: dict[str, Any]) -> None:
+    """Capped ids: a cap may stay or become a multiple of itself (the remap is then exact);
+    a multi-hot model's caps must stay, since its rows of ids are drawn over the table sizes."""
+    changed = {c: [o, n] for c, o, n in zip(CAT_COLUMNS, old, new) if n != o}
+    if not changed:
+        return
+    if dims.get(MULTI_HOT_SIZES_KEY):
+        raise CheckpointError(
+            f"preprocess.caps changed since the previous model {path} ({_listed(changed)}) and "
+            "the model is multi-hot: its rows of ids are drawn over the table sizes, so none "
+            "carries over. Keep the caps, or train from scratch with train.init: scratch")
+    uneven = {c: on for c, on in changed.items() if on[1] % on[0]}
+    if uneven:
+        raise CheckpointError(
+            f"preprocess.caps changed since the previous model {path} ({_listed(uneven)}) to "
+            "caps that are not multiples of the old ones: the values of a new id had several "
+            "old ids, so no old row stands for them. Keep the caps (or make each new cap a "
+            "multiple of its old one: its rows are then remapped exactly), or train from "
+            "scratch with train.init: scratch")
 
 
 def _listed(tables: dict[str, list[int]], limit: int = 4) -> str:
@@ -201,7 +257,10 @@ def check_schedule(start_step: int, config: TrainConfig) -> None:
 def load_grown(reader: CheckpointReader, variables: list[tuple[str, Any]],
                old_sizes: list[int]) -> None:
     """Assign every variable its saved value; a table (or its optimizer slot) saved with fewer
-    rows gets them as its first rows, the rest keeping the values it was created with."""
+    rows gets them as its first rows, the rest keeping the values it was created with; with
+    capped ids (a cap now a multiple of the saved one, ``check_warm_start``) row s gets saved
+    row s mod the old size instead."""
+    remap = capped(reader.meta.get(IDENTITY_KEY))
     for name, var in variables:
         shape = tuple(var.shape)
         match = TABLE_KEY.match(name)
@@ -212,8 +271,12 @@ def load_grown(reader: CheckpointReader, variables: list[tuple[str, Any]],
         if rows == shape[0]:
             var.assign(reader.value(name, shape).astype(var.dtype.as_numpy_dtype))
             continue
+        saved = reader.value(name, (rows,) + shape[1:])
+        if remap:
+            var.assign(saved[np.arange(shape[0]) % rows].astype(var.dtype.as_numpy_dtype))
+            continue
         value = np.array(var.numpy())
-        value[:rows] = reader.value(name, (rows,) + shape[1:])
+        value[:rows] = saved
         var.assign(value)
 
 
