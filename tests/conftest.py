@@ -1,4 +1,6 @@
-"""Shared test fixtures: paths to the repo, the shared real sample, and the venv's tools."""
+"""Shared test fixtures: paths to the repo, the shared real sample, the venv's tools, the one
+Spark session; and the test tiers (pyproject's markers; ``./run_tests.sh --quick`` runs the
+unit tier, every test not marked spark, horovod or slow)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_SAMPLE = REPO.parent / "shared" / "data" / "criteo_real_sample.tsv"
+
+# The benchmark scripts are not a package; their tests import them by name.
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the Spark session is of the spark tier whether or not its module says
+    so, so that the quick tier never starts a JVM."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one local Spark session of the run (tests/spark_fixtures.py)."""
+    from spark_fixtures import spark_session
+
+    return spark_session()
 
 
 @pytest.fixture(scope="session")
