@@ -284,7 +284,7 @@ def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(t
     config.force = True
     stages.run_train(ctx)          # forced: the old checkpoints are set aside before training
     assert seen == [[20], []]
-    # set aside, not deleted (issue 35)
+    # set aside, not deleted: a model change must never lose a trained model
     assert [p.name for p in layout.superseded.glob("*/step-*")] == ["step-000000020"]
 
 
