@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
-# The test command of the README and of CI: installs what is missing, checks the import layering
-# (pyproject's [tool.importlinter]), then runs the whole suite.
-# Extra arguments go to pytest (for example: ./run_tests.sh -k thresholds -x).
+# The test command of the README and of CI: installs what is missing, then the static checks
+# (the import layering of pyproject's [tool.importlinter], ruff's lint and format, mypy), then
+# the whole suite.
+#   ./run_tests.sh            everything (what CI runs: .ci/run)
+#   ./run_tests.sh --quick    the static checks and the unit tier only: no Spark, no horovodrun,
+#                             no test marked slow (pyproject's markers), for the inner loop
+# Other arguments go to pytest (for example: ./run_tests.sh -k thresholds -x).
+#
+# The format check runs once the tree has been formatted as a whole, which the marker file
+# .ruff-formatted records. The one command that formats it (one commit of its own):
+#   .venv/bin/ruff format . && .venv/bin/ruff check . && touch .ruff-formatted && git add -u . && git add .ruff-formatted && git commit -m "ruff format: the whole tree"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+QUICK=0
+if [[ "${1:-}" == "--quick" ]]; then
+  QUICK=1
+  shift
+fi
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
-# A broken layering contract fails the run before any test starts.
+# Each check fails the run before any test starts: a broken layering contract, a lint finding,
+# an unformatted file, a type error.
 "$ROOT/.venv/bin/lint-imports"
+"$ROOT/.venv/bin/ruff" check --no-cache .
+if [[ -f "$ROOT/.ruff-formatted" ]]; then
+  "$ROOT/.venv/bin/ruff" format --no-cache --check .
+fi
+"$ROOT/.venv/bin/mypy"
+TIER=()
+if [[ $QUICK -eq 1 ]]; then
+  TIER=(-m "not spark and not horovod and not slow")
+fi
 set +e
-"$ROOT/.venv/bin/python" -m pytest "$@"
+"$ROOT/.venv/bin/python" -m pytest "${TIER[@]}" "$@"
 status=$?
 set -e
 if [[ $status -eq 5 ]]; then

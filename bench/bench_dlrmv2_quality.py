@@ -55,8 +55,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_torchrec_anchor as anchor  # noqa: E402
 from converters.torchrec_format import DAYS, EVAL_DAY  # noqa: E402
-from dlrm_contracts.binary_format import (CHECKSUMS_KEY, MULTI_HOT_KEY, checksum_text,  # noqa: E402
-                                          file_key, new_checksum)
+from dlrm_contracts.binary_format import CHECKSUMS_KEY, MULTI_HOT_KEY, checksum_text  # noqa: E402
+from dlrm_contracts.binary_format import file_key, new_checksum  # noqa: E402
 from dlrm_contracts.schema import CAT_COLUMNS  # noqa: E402
 
 MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]

@@ -137,7 +137,7 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
     }
     figures: dict[str, list] = {}
     for _ in range(rounds):
-        cpu, start = time.process_time(), time.perf_counter()
+        cpu = time.process_time()
         rate = trainer.run_inference_benchmark()["inference_samples_per_s"]
         cpu = time.process_time() - cpu
         figures.setdefault("inference_benchmark_samples_per_s", []).append(rate)

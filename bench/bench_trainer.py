@@ -37,9 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlrm_contracts.config import TrainConfig  # noqa: E402
-from trainer.data import SplitReader, batch_starts, open_dataset, prefetch, single_process_view  # noqa: E402
-from trainer.synthetic import write_planted_dataset  # noqa: E402
+from dlrm_contracts.config import TrainConfig
+from trainer.data import SplitReader, batch_starts, open_dataset, prefetch, single_process_view
+from trainer.synthetic import write_planted_dataset
 
 
 def cpu_seconds() -> float:

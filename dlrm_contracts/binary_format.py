@@ -64,13 +64,13 @@ class DamagedDatasetError(DatasetError):
                         else "")
 
 
-def new_checksum():
+def new_checksum() -> xxhash.xxh3_128:
     """A streaming checksum of a file's bytes (xxh3-128: ~9 GB/s on one core)."""
     return xxhash.xxh3_128()
 
 
-def checksum_text(digest) -> str:
-    return CHECKSUM_PREFIX + digest.hexdigest()
+def checksum_text(digest: xxhash.xxh3_128) -> str:
+    return CHECKSUM_PREFIX + str(digest.hexdigest())
 
 
 def file_checksum(path: Path) -> str:
@@ -125,8 +125,8 @@ def cat_dtype(table_size: int) -> np.dtype:
     raise DatasetError(f"table size {table_size} does not fit int32 ids")
 
 
-def dtype_name(dtype: np.dtype) -> str:
-    return np.dtype(dtype).name  # 'int8', 'int16', 'int32', 'uint8', 'float16'
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    return str(np.dtype(dtype).name)  # 'int8', 'int16', 'int32', 'uint8', 'float16'
 
 
 def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:

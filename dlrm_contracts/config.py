@@ -351,8 +351,9 @@ class ConvertConfig:
     # Check the finished dataset with the full scan (ids, labels, finiteness) before _SUCCESS.
     verify_full: bool = False
     # Before a threshold raise reuses the binary dataset's files, check each against the
-    # checksum recorded when it was written (xxh3-128; reads the whole dataset once: cost in
-    # docs/perf-history.md). False trusts files whose size and modification time are unchanged.
+    # checksum recorded when it was written (xxh3-128; reads the whole dataset once, a small
+    # cost beside the conversion it saves). False trusts files whose size and modification
+    # time are unchanged.
     verify_checksums: bool = True
     # Ids per row of each column C1..C26, materialized from the one-hot ids as the MLPerf
     # DLRMv2 reference does (dlrm_contracts/multi_hot.py); None = one-hot, as before. MLPerf's:
@@ -400,13 +401,11 @@ class TrainConfig:
     # A first-order ("wide") term: one scalar weight per id of every table, their sum added
     # to the top MLP's logit (a logistic regression on the ids inside the DLRM). The DLRM
     # otherwise sees an id only through dot products with other features, and on small data
-    # loses to a plain logistic regression (docs/perf-history.md, "Model quality"). Each weight
-    # lives beside its table's rows (the rank holding column 0), so it follows the tables'
-    # model-parallel placement, checkpoints and warm starts (saved as the table's column
-    # embedding_dim). Measured with learning_rate 0.045 against main's defaults: +0.001 to
-    # +0.013 test AUC at 60k-150k train rows, +0.007 at 400k, +0.0055 at 4M (one epoch);
-    # ~10% more CPU per step (docs/perf-history.md). Off in the Terabyte configs, which keep the
-    # reference's model.
+    # loses to a plain logistic regression. Each weight lives beside its table's rows (the
+    # rank holding column 0), so it follows the tables' model-parallel placement, checkpoints
+    # and warm starts (saved as the table's column embedding_dim). It costs one more lookup
+    # per id and step, and gains test AUC at every data size tried (bench/README.md). Off in
+    # the Terabyte configs, which keep the reference's model.
     wide: bool = True
     # How the bottom MLP's output and the 26 pooled embeddings meet before the top MLP: "dot"
     # (the seed's pairwise dot products) or "dcn" (DCNv2, MLPerf DLRMv2's model: dcn_layers
@@ -418,8 +417,8 @@ class TrainConfig:
     batch_size: int = 1024
     eval_batch_size: int | None = None  # None = batch_size
     # At most this many epochs: early stopping (below) ends the run when the validation AUC
-    # stops improving, so the data's size, not this number, sets how many run (2-5 on the
-    # 60k-600k-row datasets measured in docs/perf-history.md, "Model quality").
+    # stops improving, so the data's size, not this number, sets how many run (a few on small
+    # datasets).
     epochs: int = 20
     # Steps of the run, counted from its first step: step 0 from scratch, the previous model's
     # step after a warm start (train.init: previous); a resumed run counts from the same start.
@@ -429,8 +428,8 @@ class TrainConfig:
     optimizer: str = "adagrad"
     # The rate at learning_rate_batch; another global batch B scales it by
     # sqrt(B / learning_rate_batch) ("sqrt"), B / learning_rate_batch ("linear") or not
-    # ("none"). Measured for Adagrad: sqrt keeps the AUC at 2-4x the batch. 0.045 with the
-    # wide term (0.03 before it): chosen on 60k rows, confirmed at 150k and 600k.
+    # ("none"). sqrt is the default because it keeps Adagrad's AUC when the batch grows; 0.045
+    # is the rate that suits the model with its wide term.
     learning_rate: float = 0.045
     learning_rate_batch: int = 1024
     learning_rate_scaling: str = "sqrt"
@@ -451,15 +450,15 @@ class TrainConfig:
     # start-up), so every row gets the same pull per epoch (the prior of a logistic
     # regression); "none" pulls a row once per batch holding it. wide_l2 30 (C = 0.033; the
     # tuned logistic regression's C is 0.03 at 60k-150k rows) with the wide rate below lets the
-    # first-order weights reach their fit before the embeddings over-fit: measured on 60k-400k
-    # train rows (docs/perf-history.md, "Model quality"). table_l2: no gain measured, off.
+    # first-order weights reach their fit before the embeddings over-fit. table_l2 is off:
+    # the embeddings gain nothing from it.
     table_l2: float = 0.0
     wide_l2: float = 30.0
     row_l2_scaling: str = "inverse_frequency"
     # The wide weights' rate = the schedule's rate x this (the rest of the model keeps the
     # schedule's). A first-order weight is one number per id fitted from that id's rows alone;
     # at the tables' rate it is still far from its fit when the embeddings start to over-fit.
-    # The faster rate needs wide_l2 (without it, 4x lost 0.003-0.008 validation AUC).
+    # The faster rate needs wide_l2 (without it, the wide weights over-fit).
     wide_learning_rate_factor: float = 4.0
     # The seed's schedule: linear warm-up, then constant, then polynomial decay (power 2).
     warmup_steps: int = 0
@@ -471,17 +470,14 @@ class TrainConfig:
     # without a better validation AUC before the run stops; the checkpoint of the best one is
     # the run's model (test AUC, eval, export). 0 = off: every epoch runs and the last model is
     # the result (the Terabyte configs: one epoch is the reference's recipe). 3 (1.5 epochs at
-    # evals_per_epoch 2): the validation AUC of a half-epoch moves by +-0.003 around a flat top
-    # on small data, and 2 stopped seed 7202's 60k-row run in a dip before its best (0.7679
-    # validation, 0.7609 test, against 0.7660 / 0.7587); on six other sets from 60k to 400k
-    # rows 3 keeps the same model, for half an epoch more of training (docs/perf-history.md,
-    # "Model quality", fourth round).
+    # evals_per_epoch 2): on small data the validation AUC of a half-epoch moves around a flat
+    # top by more than min_delta, so a patience of 2 can stop a run in a dip before its best;
+    # where it changes nothing, 3 costs half an epoch more of training.
     early_stopping_patience: int = 3
     # Validation AUC changes smaller than this from the best are rounding, not learning: they
     # neither reset nor spend the patience (a higher one still becomes the kept model). Without
-    # it, the embedded default's flat stretch, which two ranks read 0.76452, 0.76427, 0.76425
-    # (one process: 0.7643, 0.7643, 0.7646), spent the patience and stopped the run before its
-    # embeddings had learnt (docs/perf-history.md, "Model quality").
+    # it, a flat stretch that two ranks and one process read a little differently (float
+    # rounding) spends the patience and stops a run before its embeddings have learnt.
     early_stopping_min_delta: float = 0.001
     amp: bool = False  # bfloat16 on CPU, float16 + loss scaling on GPU
     xla: bool = False  # jit_compile the dense part (bottom MLP, interaction, top MLP, loss)
@@ -514,7 +510,7 @@ class TrainConfig:
     # The train rows of a run: "window" = the whole train split (every day of the window);
     # "new" = with init: previous, only the train days the previous model has not been trained
     # on (its checkpoint records them), so a daily run trains one day whatever the window's
-    # length (issue 25's cost target). From scratch, or on a dataset that lists no days (ids
+    # length. From scratch, or on a dataset that lists no days (ids
     # by frequency), "new" trains the whole window. "window" (default) revisits the older days
     # every run (W days of cost); "new" costs one day.
     days: str = "window"
@@ -716,8 +712,8 @@ class PreflightConfig:
     binary_bytes_per_row_bound: float = 131.0
     # Per-core rates on the reference machine (below), rows or samples per CPU-second of a
     # core the run has to itself: the Arrow engine's preprocess, convert, the trainer's default
-    # model on 2 ranks in float32 and in bfloat16 (--amp). docs/perf-history.md, "The rates
-    # the preflight estimates from".
+    # model on 2 ranks in float32 and in bfloat16 (--amp); bench/README.md has the runs they
+    # come from.
     spark_rows_per_core_s: float = 111_000.0
     convert_rows_per_core_s: float = 1_800_000.0
     train_samples_per_core_s: float = 4_400.0
@@ -779,9 +775,9 @@ class ProgressConfig:
     # Rows per second are measured over this last stretch of a phase.
     rate_window_s: float = 60.0
     # The preprocess stage's fraction done weighs its phases by their share of its time
-    # (docs/perf-history.md, "Progress and ETA", run 3: the Arrow engine at the Terabyte shape,
-    # count 42.2 s, dictionaries 1.0 s, transform 75.6 s). A phase not named here counts for
-    # nothing.
+    # (the Arrow engine's shares at the Terabyte shape, where the count and the transform
+    # read every row and the dictionaries only the counts). A phase not named here counts
+    # for nothing.
     preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
         "count": 0.36, "dictionaries": 0.02, "transform": 0.62})
     # Within the count and the transform, the share of the phase spent in the tasks that read

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from dlrm_contracts.layout import EXPORT_FINGERPRINT
 
@@ -44,7 +45,7 @@ def saved_model_digest(directory: str | Path) -> str:
     return hashlib.sha256(listing).hexdigest()
 
 
-def verify_saved_model(directory: str | Path) -> dict:
+def verify_saved_model(directory: str | Path) -> dict[str, Any]:
     """The version's fingerprint when its files hash to the digest it records; else
     ModelDigestError naming the version and what is wrong."""
     root = Path(directory)
@@ -66,4 +67,5 @@ def verify_saved_model(directory: str | Path) -> dict:
     if saved_model_digest(root) != recorded:
         raise ModelDigestError(f"{root}: its files differ from what the export stage recorded "
                                f"({EXPORT_FINGERPRINT} {DIGEST_KEY}); refusing to load it")
-    return fingerprint
+    result: dict[str, Any] = fingerprint
+    return result

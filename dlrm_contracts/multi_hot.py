@@ -25,7 +25,7 @@ scoring compute the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -114,7 +114,8 @@ def _fill(rng: np.random.RandomState, table: np.ndarray, distribution: str) -> N
 
 
 def iter_tables(spec: MultiHotSpec, columns: Iterable[int] | None = None,
-                allocate=None) -> Iterator[tuple[int, np.ndarray]]:
+                allocate: Callable[..., np.ndarray] | None = None
+                ) -> Iterator[tuple[int, np.ndarray]]:
     """The lookup tables of the wanted multi-hot columns (default: all with k > 1), in column
     order, from one pass over the generator's stream.
 

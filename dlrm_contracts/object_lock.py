@@ -169,7 +169,7 @@ class ObjectStoreLock:
                     log.error("workdir %s: the lock was taken by another run; this run no "
                               "longer holds it", self.workdir)
                     return
-            except Exception as exc:  # a store hiccup: the next renewal tries again
+            except Exception as exc:  # noqa: BLE001 — a store hiccup: the next renewal tries again
                 log.warning("workdir %s: renewing the lock failed (%s)", self.workdir, exc)
 
     def __exit__(self, *exc) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ CHUNK_ELEMENTS = 8 * 1024 * 1024
 MAX_PROBLEMS = 20
 
 
-def _description_problems(info: DatasetInfo, model_size: dict) -> list[str]:
+def _description_problems(info: DatasetInfo, model_size: dict[str, Any]) -> list[str]:
     problems = []
     data = read_json(info.path / DATASET_JSON)
     if data.get("format_version") != FORMAT_VERSION:

@@ -114,7 +114,7 @@ def base_images(dockerfiles=DOCKERFILES) -> dict[str, str]:
 
 
 def _get(url: str, headers: dict[str, str]):
-    request = urllib.request.Request(url, headers=headers)
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (https or a mirror)
     return urllib.request.urlopen(request, timeout=TIMEOUT_S)  # noqa: S310 (https or a mirror)
 
 

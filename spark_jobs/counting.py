@@ -72,7 +72,7 @@ def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
             continue
         try:
             pq.read_metadata(path)
-        except Exception as error:   # ArrowInvalid, OSError: whatever makes it unreadable
+        except Exception as error:  # noqa: BLE001 — ArrowInvalid, OSError: whatever makes it unreadable
             print(f"spark_jobs: the stored value counts {path} are damaged "
                   f"({type(error).__name__}): day {day} is counted again", file=sys.stderr)
             return False

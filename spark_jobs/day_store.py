@@ -116,7 +116,7 @@ def why_not_reused(layout: WorkdirLayout, day: DayFile, role: str, cfg: Preproce
                 return f"its {split} parts are missing or damaged"
         if _stats(record).rows_valid != sum(record["rows"][s] for s in ROLE_SPLITS[role]):
             return "its record is damaged"
-    except Exception as error:   # a truncated part (ArrowInvalid, OSError), a bad record
+    except Exception as error:  # noqa: BLE001 — a truncated part (ArrowInvalid, OSError), a bad record
         return f"its parts or record are damaged ({type(error).__name__})"
     return None
 
@@ -154,7 +154,7 @@ def stored_stats(layout: WorkdirLayout, work: DayWork, days: list[DayFile],
             if day.day not in redo and day.day not in work.reused:
                 continue
             stats = _stats(record)
-        except Exception:     # no record, or a damaged one: the day is read
+        except Exception:  # noqa: BLE001 — no record, or a damaged one: the day is read
             continue
         if stats.rows_rejected == 0:
             out[day.day] = stats

@@ -420,7 +420,7 @@ def get_session(spark: SparkConfig):
             if key.startswith("spark.sql.") and key != "spark.sql.session.timeZone":
                 try:
                     active.conf.set(key, value)
-                except Exception:  # a static SQL conf: the running session keeps its own
+                except Exception:  # noqa: BLE001 — a static SQL conf: the running session keeps its own
                     pass
         return active
     if not submitted and local_cores(spark.master):

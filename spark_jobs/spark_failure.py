@@ -59,7 +59,7 @@ def java_root_cause(error: Exception) -> str | None:
             return None
         message = java.getMessage()
         return f"{java.getClass().getName()}: {message}" if message else java.getClass().getName()
-    except Exception:  # the gateway may be gone
+    except Exception:  # noqa: BLE001 — the gateway may be gone
         return None
 
 

@@ -1,4 +1,6 @@
-"""Shared test fixtures: paths to the repo, the shared real sample, and the venv's tools."""
+"""Shared test fixtures: paths to the repo, the shared real sample, the venv's tools, the one
+Spark session; and the test tiers (pyproject's markers; ``./run_tests.sh --quick`` runs the
+unit tier, every test not marked spark, horovod or slow)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,49 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_SAMPLE = REPO.parent / "shared" / "data" / "criteo_real_sample.tsv"
+
+# The benchmark scripts are not a package; their tests import them by name.
+sys.path.insert(0, str(REPO / "bench"))
+
+
+# Modules whose tests train models or run pipeline stages end to end (TensorFlow, the
+# converter, several processes): the slow tier as a whole, whatever their own markers say.
+SLOW_MODULES = {
+    "test_bench_quality.py", "test_checkpoint_runs.py", "test_export_superset.py",
+    "test_hardening.py", "test_served_versions.py", "test_train_new_days.py",
+    "test_trainer_dcn.py", "test_trainer_single.py", "test_trainer_warm_start.py",
+}
+# Single tests of that kind in modules of quick ones.
+SLOW_TESTS = {
+    "test_multi_hot.py::test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout",
+    "test_generator.py::test_memory_does_not_grow_with_rows",
+    "test_disk.py::test_preflight_refuses_a_workdir_too_small_before_any_stage",
+    "test_disk.py::test_full_disk_from_the_start_logs_to_stderr_and_still_prints_the_summary",
+    "test_calibration.py::test_a_calibration_that_cannot_run_leaves_the_rates_with_a_warning",
+    "test_calibration.py::test_the_calibration_is_measured_once_and_reused",
+    "test_object_store.py::test_stage_in_copies_once_checks_checksums_and_recopies_a_damaged_copy",
+    "test_object_store.py::test_a_dataset_converted_to_a_url_and_staged_in_equals_the_local_one_byte_for_byte",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tiers ``./run_tests.sh --quick`` leaves out: a test that takes the Spark session is
+    of the spark tier whether or not its module says so (the quick tier never starts a JVM),
+    and the tests above are of the slow tier."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+        module = item.path.name
+        if module in SLOW_MODULES or f"{module}::{item.originalname}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one local Spark session of the run (tests/spark_fixtures.py)."""
+    from spark_fixtures import spark_session
+
+    return spark_session()
 
 
 @pytest.fixture(scope="session")

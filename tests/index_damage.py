@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_jobs.engines.arrow import dictionary_index as di  # noqa: E402
-from spark_jobs.engines.arrow import index_checks  # noqa: E402
+from spark_jobs.engines.arrow import dictionary_index as di
+from spark_jobs.engines.arrow import index_checks
 
 COLUMNS = ("C1", "C2", "C3")
 FIX = "--stages preprocess --force"

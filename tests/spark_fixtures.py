@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
 from dlrm_contracts.schema import CAT_COLUMNS
@@ -52,11 +51,6 @@ def spark_session():
                     .getOrCreate())
         _SESSION.sparkContext.setLogLevel("ERROR")
     return _SESSION
-
-
-@pytest.fixture(scope="session")
-def spark():
-    return spark_session()
 
 
 def spark_config(**overrides) -> SparkConfig:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_fixtures import random_days, run, salted_days, spark, write_days  # noqa: F401
+from spark_fixtures import random_days, run, salted_days, write_days
 from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import dictionary_index
 from spark_jobs.engines.arrow.index_checks import DictionaryIndexError
@@ -90,8 +90,8 @@ def test_merge_counts_sums_runs_of_any_sizes_and_large_counts():
     runs.append(Counts(runs[4].values[::3].copy(), np.full(len(runs[4].values[::3]), 7, np.int64)))
     merged = merge_counts(runs)
     want: dict[int, int] = {}
-    for run in runs:
-        for v, c in zip(run.values.tolist(), run.counts.tolist()):
+    for part in runs:
+        for v, c in zip(part.values.tolist(), part.counts.tolist()):
             want[v] = want.get(v, 0) + c
     assert merged.counts.dtype == np.int64 and merged.values.dtype == np.uint32
     assert merged.values.tolist() == sorted(want)

@@ -17,7 +17,6 @@ import textwrap
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from spark_jobs.engines.arrow import chunks as chunks_module

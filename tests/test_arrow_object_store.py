@@ -5,7 +5,6 @@ behind the URL (Spark's shuffle, the default there; partial objects read by rang
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ import pytest
 from dlrm_contracts.config import PreprocessConfig
 from spark_fixtures import random_days, spark_session, write_days
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import bench_object_store as harness  # noqa: E402
+import bench_object_store as harness
 
 pytestmark = pytest.mark.spark
 

@@ -3,8 +3,6 @@ DLRM's test scores read back from the run's model (the best checkpoint, not the 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ from trainer.metrics import roc_auc
 from trainer.synthetic import write_planted_dataset
 from trainer_helpers import SMALL_ROWS, config_flags, small_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import bench_quality  # noqa: E402
+import bench_quality
 
 
 def test_paired_difference_is_zero_for_the_same_model_and_sees_a_real_gap():

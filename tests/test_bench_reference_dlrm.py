@@ -4,7 +4,6 @@ it needs PyTorch, which this project does not install)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,7 @@ from dlrm_contracts.binary_format import NUM_CATEGORICAL, NUM_NUMERICAL, Dataset
 from spark_jobs.engines.arrow.tasks import log_numericals
 from trainer.synthetic import write_planted_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import bench_reference_dlrm as ref  # noqa: E402
+import bench_reference_dlrm as ref
 
 ROWS = {"train": 300, "test": 200, "validation": 50}
 SIZES = (5, 100, 200, 40000, 3) + (2,) * 20 + (70000,)  # int8, int16 and int32 id files

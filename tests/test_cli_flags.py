@@ -1,7 +1,11 @@
 """Every flag of the entry points that take settings lands somewhere: its destination is a field
 of the config section the CLI overrides with ``flag_overrides`` (which silently skips any other
 name), or one of the CLI's own run arguments listed here. A flag added with a misspelt ``dest``
-fails this test instead of being ignored at run time."""
+fails this test instead of being ignored at run time.
+
+The CLIs with settings flags are all here: spark_jobs, converters, trainer, pipeline.generate
+and the pipeline's own. ``python -m trainer.score`` takes only run arguments (model, input,
+output, the YAML file) and ``pipeline.cluster_auth`` only the cluster daemons' own flags."""
 
 from __future__ import annotations
 
@@ -77,3 +81,47 @@ def test_a_misspelt_destination_is_caught():
     parser.add_argument("--verify-datset", dest="verify_datset")
     strays = _destinations(parser)[""] - settings - run_arguments[""]
     assert strays == {"verify_datset"}
+
+
+# The pipeline's CLI maps its flags by hand (pipeline.cli.apply_flags) rather than by name, so
+# its check is by effect: each flag of `run` and `preflight`, given alone, changes the config.
+PIPELINE_RUN_ARGUMENTS = {"config"}              # read before the flags: the YAML file itself
+PIPELINE_SAMPLES = {"hosts": "node1:2,node2:2", "stages": "train", "np": "3"}
+
+
+def _pipeline_changes(argv: list[str]) -> bool:
+    from pipeline.cli import apply_flags, build_parser
+    base = c.PipelineConfig()
+    return apply_flags(base, build_parser().parse_args(argv)) != base
+
+
+@pytest.mark.parametrize("command", ["run", "preflight"])
+def test_every_flag_of_the_pipeline_changes_its_config(command):
+    from pipeline.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = [a for a in sub.choices[command]._actions
+               if a.dest != "help" and a.dest not in PIPELINE_RUN_ARGUMENTS]
+    assert len(actions) > 10
+    inert = []
+    for action in actions:
+        argv = [command, action.option_strings[-1]]
+        if action.nargs != 0:  # a flag with a value (store_true takes none)
+            argv.append(PIPELINE_SAMPLES.get(action.dest, "7"))
+        if not _pipeline_changes(argv):
+            inert.append(action.option_strings[-1])
+    assert not inert, f"pipeline {command}: flags {inert} reach no config field"
+
+
+def test_a_pipeline_flag_that_apply_flags_ignores_is_caught(monkeypatch):
+    from pipeline import cli
+    build = cli.build_parser
+
+    def with_a_stray_flag():
+        parser = build()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["run"].add_argument("--eval-every")
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", with_a_stray_flag)
+    assert not _pipeline_changes(["run", "--eval-every", "7"])
+    assert _pipeline_changes(["run", "--max-steps", "7"])

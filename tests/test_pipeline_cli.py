@@ -1,5 +1,7 @@
 """Flag handling of the pipeline CLI (no stages run: these fail or stop before the lock)."""
 
+import fcntl
+import json
 import subprocess
 import sys
 
@@ -7,6 +9,7 @@ import pytest
 
 from dlrm_contracts.config import PipelineConfig
 from dlrm_contracts.errors import ExitCode, PipelineError
+from pipeline import runner
 from pipeline.cli import apply_flags, build_parser, main, validate
 from pipeline.hosts import horovodrun_hosts, host_slots
 
@@ -95,11 +98,6 @@ def test_show_config_prints_every_section():
 
 
 # ---- defects found by adversarial runs (each failed before its fix) ----
-
-import fcntl
-import json
-
-from pipeline import runner
 
 
 def last_json(out: str) -> dict:
@@ -286,7 +284,7 @@ def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(t
     config.force = True
     stages.run_train(ctx)          # forced: the old checkpoints are set aside before training
     assert seen == [[20], []]
-    # set aside, not deleted (issue 35)
+    # set aside, not deleted: a model change must never lose a trained model
     assert [p.name for p in layout.superseded.glob("*/step-*")] == ["step-000000020"]
 
 

@@ -31,7 +31,7 @@ class Registry(BaseHTTPRequestHandler):
     lie = False
     requests: list[str] = []
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         type(self).requests.append(self.path)
         if self.path.startswith("/token"):
             return self._send(200, json.dumps({"token": "t0k"}).encode())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 
 import numpy as np
-import pytest
 
 from pipeline.report import _plot_training, smoothed, split_final_points
 

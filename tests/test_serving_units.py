@@ -4,6 +4,7 @@ and the export's vocabulary files and size check (no pipeline run needed)."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa

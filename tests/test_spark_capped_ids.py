@@ -23,7 +23,7 @@ from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, REJECT_REASONS
 from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
-                            run, salted_days, sort_key, spark, write_days)  # noqa: F401
+                            run, salted_days, sort_key, write_days)
 
 # small caps collide (and cap 1 sends everything to 0), 2**31 keeps every 32-bit value whole
 CAPS = [1, 2, 3, 7, 10, 97, 1000, 2**31, 65536, 5, *range(11, 27)]

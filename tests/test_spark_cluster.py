@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,62 +19,25 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from spark_cluster import CLUSTER, cluster_env, free_ports, generate_raw, run_checked, standalone_cluster
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "docker" / "spark-cluster"
 SPLITS = ("train", "test", "validation")
 THRESHOLD = "2,C3:3"
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def cluster_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
-    env.pop("SPARK_HOME", None)  # the scripts find the pip PySpark's own
-    return env
-
-
-def run_checked(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=cluster_env(), cwd=cwd)
-    assert proc.returncode == 0, f"{argv[:3]} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
 @pytest.fixture(scope="module")
 def raw_input(tmp_path_factory) -> Path:
-    raw = tmp_path_factory.mktemp("cluster") / "raw"
-    run_checked([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "3",
-          "--rows-per-day", "2000", "--seed", "7"], timeout=300)
-    return raw
+    return generate_raw(tmp_path_factory.mktemp("cluster") / "raw", days=3, rows_per_day=2000, seed=7)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(master URL, cluster dir): a master and one worker, stopped at teardown whatever happens."""
     directory = tmp_path_factory.mktemp("standalone")
-    port, webui, worker_webui = free_ports(3)
-    try:
-        out = run_checked(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
-                    "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
-                    "--worker-webui-port", str(worker_webui), "--workers", "1",
-                    "--worker-cores", "2", "--worker-memory", "2g", "--timeout", "150"], timeout=200)
-        url = out.stdout.strip().splitlines()[-1]
-        assert url == f"spark://127.0.0.1:{port}"
+    with standalone_cluster(directory) as (url, _, _):
         yield url, directory
-    finally:
-        subprocess.run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
-                       capture_output=True, text=True, timeout=120, env=cluster_env())
 
 
 def _split_rows(workdir: Path, split: str):

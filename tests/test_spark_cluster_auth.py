@@ -12,7 +12,6 @@ register them); the secret may appear in no command line and in no file any of t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,13 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_cluster import cluster_env, generate_raw, standalone_cluster
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "docker" / "spark-cluster"
 SPLITS = ("train", "test", "validation")
 THRESHOLD = "2,C3:3"
-from test_spark_cluster import cluster_env, free_ports, run_checked
 
 
 class CommandLineWatch(threading.Thread):
@@ -75,31 +73,18 @@ LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::
 
 @pytest.fixture(scope="module")
 def raw_input(tmp_path_factory) -> Path:
-    raw = tmp_path_factory.mktemp("auth_cluster") / "raw"
-    run_checked([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "2",
-          "--rows-per-day", "1500", "--seed", "11"], timeout=300)
-    return raw
+    return generate_raw(tmp_path_factory.mktemp("auth_cluster") / "raw", days=2, rows_per_day=1500,
+                        seed=11)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(master URL, cluster dir, ports): stopped at teardown whatever happens."""
     directory = tmp_path_factory.mktemp("auth_standalone")
-    port, webui, worker_webui = free_ports(3)
-    try:
-        out = run_checked(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
-                    "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
-                    "--worker-webui-port", str(worker_webui), "--workers", "1",
-                    "--worker-cores", "2", "--worker-memory", "2g", "--timeout", "150",
-                    "--authenticate"], timeout=200)
-        url = out.stdout.strip().splitlines()[-1]
-        assert url == f"spark://127.0.0.1:{port}"
+    with standalone_cluster(directory, "--authenticate") as (url, out, ports):
         secret = (directory / "auth" / "secret").read_text().strip()
         assert secret not in out.stdout + out.stderr
-        yield url, directory, {port, webui, worker_webui}
-    finally:
-        subprocess.run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
-                       capture_output=True, text=True, timeout=120, env=cluster_env())
+        yield url, directory, ports
 
 
 def _popen(argv: list[str], cwd: Path, name: str) -> subprocess.Popen:

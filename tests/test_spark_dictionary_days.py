@@ -10,7 +10,7 @@ import pytest
 
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_fixtures import random_days, read_split, run, spark, write_days  # noqa: F401
+from spark_fixtures import random_days, read_split, run, write_days
 
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.layout import WorkdirLayout
-from spark_fixtures import random_days, run, salted_days, spark, write_days  # noqa: F401
+from spark_fixtures import random_days, run, salted_days, write_days
 from test_spark_exactness import check_against_reference
 
 pytestmark = pytest.mark.spark

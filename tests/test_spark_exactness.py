@@ -16,8 +16,8 @@ import pytest
 from dlrm_contracts.config import GeneratorConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_fixtures import (assert_rows_equal, read_split, reference_missing_rates,  # noqa: F401
-                            reference_preprocess, run, random_days, sort_key, spark, write_days)
+from spark_fixtures import (assert_rows_equal, read_split, reference_missing_rates,
+                            reference_preprocess, run, random_days, sort_key, write_days)
 
 pytestmark = pytest.mark.spark
 

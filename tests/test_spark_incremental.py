@@ -23,7 +23,7 @@ from dlrm_contracts.binary_format import LABEL_FILE, NUMERICAL_FILE, cat_file, r
 from dlrm_contracts.config import ConvertConfig, PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
-from spark_fixtures import random_days, spark, spark_config  # noqa: F401
+from spark_fixtures import random_days, spark_config
 from spark_jobs import day_store
 
 WINDOW = 3
@@ -37,7 +37,7 @@ def _land(raw: Path, day: int, lines: list[str]) -> None:
     part.rename(raw / f"day_{day}")
 
 
-def _preprocess(spark, raw: Path, work: Path, retransform: bool = False) -> dict:  # noqa: F811
+def _preprocess(spark, raw: Path, work: Path, retransform: bool = False) -> dict:
     from spark_jobs.preprocess import run_preprocess
 
     assert spark is not None
@@ -74,7 +74,7 @@ def _as_of_sizes(work: Path, binary: Path, split: str) -> np.ndarray:
     return np.array(sizes, np.int64).reshape(-1, len(CAT_COLUMNS))
 
 
-def _compare_with_retransform(spark, raw: Path, work: Path, tmp: Path) -> int:  # noqa: F811
+def _compare_with_retransform(spark, raw: Path, work: Path, tmp: Path) -> int:
     """The workdir's binary dataset against a full retransform of a copy of it (same
     dictionaries, every day transformed again, converted afresh): same rows in the same order;
     ids equal, except 0 where the day was transformed before the value got its id. Returns
@@ -105,7 +105,7 @@ def _compare_with_retransform(spark, raw: Path, work: Path, tmp: Path) -> int:  
 
 
 @pytest.mark.spark
-def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):  # noqa: F811
+def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
     """Five days landing one by one (window 3): each run transforms the new day and the one
     that joined train, reuses the rest, drops the one that left; the converter copies the
     days it converted before (and its output equals a conversion from scratch, byte for
@@ -153,7 +153,7 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):  #
 
 @pytest.mark.spark
 def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_completes(
-        tmp_path, spark, monkeypatch):  # noqa: F811
+        tmp_path, spark, monkeypatch):
     """Killed after the new day was transformed, before the splits were relinked: the
     previous binary dataset is untouched, the parquet is marked incomplete, and the next run
     transforms only what is left (the day done before the kill is reused) and completes."""
@@ -320,7 +320,7 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
 
 
 @pytest.mark.spark
-def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,  # noqa: F811
+def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,
                                                            monkeypatch):
     """A day lands in a full window: the count plans on the one day it reads, the transform on
     the two it writes (yesterday joins train, the new day is test/validation), each phase's
@@ -391,7 +391,7 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,  # 
 
 @pytest.mark.spark
 def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(
-        tmp_path, spark):  # noqa: F811
+        tmp_path, spark):
     """A day file whose values changed but whose size and mtime were put back (``touch -r``,
     ``cp -p``) is not the day counted before: its counts and parts are made again, and the
     tables equal those of a run from scratch on the same files."""

@@ -11,9 +11,9 @@ import pytest
 
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import WorkdirLayout
-from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,  # noqa: F401
+from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,
                             reference_missing_rates, reference_preprocess, run, salted_days,
-                            sort_key, spark, write_days)
+                            sort_key, write_days)
 from spark_jobs.errors import PreprocessInputError
 
 pytestmark = pytest.mark.spark

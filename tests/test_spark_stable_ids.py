@@ -22,8 +22,8 @@ import pytest
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
-from spark_fixtures import (assert_rows_equal, random_days, read_split, reference_numerical,  # noqa: F401
-                            reference_parse, reference_preprocess, run, sort_key, spark)
+from spark_fixtures import (assert_rows_equal, random_days, read_split, reference_numerical,
+                            reference_parse, reference_preprocess, run, sort_key)
 from spark_jobs import stable_ids
 from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.errors import PreprocessConfigError, PreprocessInputError

@@ -19,7 +19,6 @@ from dlrm_contracts.layout import complete_checkpoints
 from trainer.data import SplitReader, open_dataset
 from trainer.synthetic import write_planted_dataset
 from trainer.train_days import TRAIN_DAYS_KEY, plan_days
-from spark_fixtures import spark  # noqa: F401 (the session fixture)
 from trainer_helpers import STREAM_SIGNAL, STREAM_SIZES_1, STREAM_SIZES_2, small_config
 
 BATCH = 128
@@ -178,7 +177,7 @@ def test_window_trains_every_day_and_a_killed_run_records_only_what_it_had(tmp_p
 
 # -- a real stable-ids preprocess and convert -------------------------------------------------
 @pytest.mark.spark
-def test_stable_id_days_from_spark_train_the_new_day_only(tmp_path, spark):  # noqa: F811
+def test_stable_id_days_from_spark_train_the_new_day_only(tmp_path, spark):
     """Days 0-1 (train day 0), then day 2 lands (train days 0, 1): real Spark preprocess and
     convert; the warm-started run trains exactly day 1's rows of the train split."""
     from converters.convert import convert_parquet

@@ -6,7 +6,6 @@ predictions). Two ranks against one process: test_trainer_horovod.py's dlrmv2 va
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 

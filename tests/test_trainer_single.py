@@ -140,7 +140,7 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
     # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
-    adam = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
+    run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
                dataset, tmp_path / "adam")
     adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True,
                                 xla=True), dataset, tmp_path / "adam_xla")

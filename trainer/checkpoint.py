@@ -35,14 +35,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from dlrm_contracts.atomic import fsync_tree, replace_directory, write_json_atomic
+from dlrm_contracts.atomic import replace_directory, write_json_atomic
 from dlrm_contracts.config import TrainConfig, train_model_settings
 from dlrm_contracts.dataset_identity import IDENTITY_KEY
 from dlrm_contracts.layout import CHECKPOINT_META as META
 from dlrm_contracts.layout import (CURRENT_RUN_JSON, RUN_KEY, checkpoint_run, current_run,
                                    read_checkpoint_meta)
-from dlrm_contracts.layout import (best_checkpoint, checkpoint_dir,  # noqa: F401 — re-exported
-                                   complete_checkpoints, latest_checkpoint)
+from dlrm_contracts.layout import complete_checkpoints
+# re-exported: the trainer's callers find the checkpoint paths beside the checkpoints
+from dlrm_contracts.layout import best_checkpoint, checkpoint_dir, latest_checkpoint  # noqa: F401
 
 TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
 

@@ -31,7 +31,7 @@ from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import count_exchange, dictionary_index, partial_files, remote, split_writer
 from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
-from spark_jobs.engines.arrow.chunks import Chunk, plan_chunks
+from spark_jobs.engines.arrow.chunks import plan_chunks
 from spark_jobs.engines.arrow.fastparse import REASON_CODES
 from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlrm_contracts.config import PreprocessConfig
-from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_CATEGORICAL, NUM_INTEGER
+from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.engines.arrow.dictionaries import KIND_STATS, sample_rows, write_partials
 from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
