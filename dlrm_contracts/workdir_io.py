@@ -26,7 +26,7 @@ import json
 import posixpath
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow.fs as pafs
 
@@ -38,7 +38,7 @@ from dlrm_contracts.storage import Location
 Target = Path | Location
 
 
-def is_remote(target) -> bool:
+def is_remote(target: object) -> TypeGuard[Location]:
     """Whether ``target`` is a Location on a store (a local Location counts as local)."""
     return isinstance(target, Location) and not target.is_local
 
@@ -54,7 +54,7 @@ def write_text(target: Target, text: str) -> None:
     if is_remote(target):
         target.write_text(text)
     else:
-        write_text_atomic(_local(target), text)
+        write_text_atomic(local_path(target), text)
 
 
 def write_json(target: Target, data: Any, sort_keys: bool = True) -> None:
@@ -66,13 +66,13 @@ def read_text(target: Target) -> str:
     """A small file's text (FileNotFoundError when it is not there)."""
     if is_remote(target):
         return target.read_text()
-    return _local(target).read_text(encoding="utf-8")
+    return local_path(target).read_text(encoding="utf-8")
 
 
 def read_json(target: Target, default: Any = None) -> Any:
     """A JSON record, or ``default`` when there is none."""
     if not is_remote(target):
-        return _read_json_local(_local(target), default)
+        return _read_json_local(local_path(target), default)
     try:
         return json.loads(target.read_text())
     except FileNotFoundError:
@@ -80,20 +80,20 @@ def read_json(target: Target, default: Any = None) -> Any:
 
 
 def exists(target: Target) -> bool:
-    return target.exists() if is_remote(target) else _local(target).exists()
+    return target.exists() if is_remote(target) else local_path(target).exists()
 
 
 def is_dir(target: Target) -> bool:
     """A directory, or on a store a prefix with at least one object under it."""
-    return target.is_dir() if is_remote(target) else _local(target).is_dir()
+    return target.is_dir() if is_remote(target) else local_path(target).is_dir()
 
 
 def entries(directory: Target) -> list[Target]:
     """The entries directly inside ``directory``, sorted by name ([] when it is missing)."""
     if is_remote(directory):
-        return directory.iterdir()
-    path = _local(directory)
-    return sorted(path.iterdir()) if path.is_dir() else []
+        return list(directory.iterdir())
+    path = local_path(directory)
+    return list(sorted(path.iterdir())) if path.is_dir() else []
 
 
 def remove(target: Target) -> None:
@@ -101,7 +101,7 @@ def remove(target: Target) -> None:
     if is_remote(target):
         target.delete()
     else:
-        _local(target).unlink(missing_ok=True)
+        local_path(target).unlink(missing_ok=True)
 
 
 def remove_tree(target: Target) -> None:
@@ -109,14 +109,14 @@ def remove_tree(target: Target) -> None:
     if is_remote(target):
         target.delete_tree()
     else:
-        shutil.rmtree(_local(target), ignore_errors=True)
+        shutil.rmtree(local_path(target), ignore_errors=True)
 
 
 def make_dir(target: Target) -> None:
     """A directory (nothing to do on a store without directories)."""
     if is_remote(target):
         return
-    _local(target).mkdir(parents=True, exist_ok=True)
+    local_path(target).mkdir(parents=True, exist_ok=True)
 
 
 # ---------------------------------------------------------------------- published directories
@@ -161,7 +161,7 @@ def published_dir(final: Target) -> Target | None:
     is missing), the committed version on a store (None before its first commit)."""
     if is_remote(final):
         return object_commit.committed_version(final)
-    path = _local(final)
+    path = local_path(final)
     return path if path.is_dir() else None
 
 
@@ -170,12 +170,13 @@ def published_files(final: Target, pattern: str = "*") -> list[Target]:
     locally its files (names starting with "." or "_" left out); on a store only those its
     commit marker names, each checked present at its recorded size."""
     if not is_remote(final):
-        path = _local(final)
-        return sorted(p for p in path.glob(pattern)
-                      if p.is_file() and not p.name.startswith((".", "_")))
+        path = local_path(final)
+        return [p for p in sorted(path.glob(pattern))
+                if p.is_file() and not p.name.startswith((".", "_"))]
     named = object_commit.committed_files(final)
     return [named[name] for name in sorted(named) if fnmatch.fnmatch(name, pattern)]
 
 
-def _local(target: Target) -> Path:
+def local_path(target: Target) -> Path:
+    """The local path of a Path or of a Location on the local filesystem."""
     return target.local_path() if isinstance(target, Location) else Path(target)

@@ -45,8 +45,9 @@ def write_empty(path: Path | Location, compression: str) -> None:
         pq.write_table(parquet_schema().empty_table(), sink, compression=parquet_codec(compression))
         path.write_bytes(sink.getvalue().to_pybytes())
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(parquet_schema().empty_table(), path, compression=parquet_codec(compression))
+    local = workdir_io.local_path(path)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(parquet_schema().empty_table(), local, compression=parquet_codec(compression))
 
 
 def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
@@ -96,10 +97,12 @@ def rows_in_files(split_dir: Path | Location) -> int:
     if workdir_io.is_remote(split_dir):
         total = 0
         for part in split_files(split_dir):
+            assert isinstance(part, Location)   # a marker names objects of the store
             with part.open_input() as handle:
                 total += pq.ParquetFile(handle).metadata.num_rows
         return total
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(split_dir).glob("part-*.parquet")))
+    local = workdir_io.local_path(split_dir)
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(local.glob("part-*.parquet")))
 
 
 def train_files(cfg: PreprocessConfig, train_rows: int) -> int:

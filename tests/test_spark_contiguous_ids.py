@@ -21,7 +21,7 @@ from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
 from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
-                            run, salted_days, sort_key, spark, write_days)  # noqa: F401
+                            run, salted_days, sort_key, write_days)
 from spark_jobs.contiguous_ids import contiguous_ids
 
 SPLITS = ("train", "test", "validation")
