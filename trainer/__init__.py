@@ -10,8 +10,14 @@ One code path serves one process and N ranks: embedding tables live on the rank 
 - :mod:`trainer.model`      the DLRM variables, dot interaction, forward pass
 - :mod:`trainer.optim`      SGD / Adam and the warm-up + polynomial-decay schedule
 - :mod:`trainer.checkpoint` per-rank checkpoints that survive a kill and a change of ranks
+- :mod:`trainer.checkpoint_lifecycle` a run's checkpoints: save, retain, restore, set aside
+- :mod:`trainer.run_state`  where a run stands, as checkpoints record it
 - :mod:`trainer.warm_start` where a run starts: scratch, resume, or the previous model grown
 - :mod:`trainer.metrics`    exact ROC AUC and log loss (numpy), metrics log
+- :mod:`trainer.run_log`    metrics log, TensorBoard scalars and progress lines (rank 0)
+- :mod:`trainer.steps`      the training and prediction step functions
+- :mod:`trainer.step_plan`  the steps of a run and the rows of each
+- :mod:`trainer.evaluation` predictions, AUC and log loss of a split; the inference rate
 - :mod:`trainer.loop`       the training / evaluation / inference-benchmark loops
 - :mod:`trainer.serving`    the servable module: line rules, lookups, model, two signatures
 - :mod:`trainer.export`     ``--mode export``: checkpoint + dictionaries -> a SavedModel version

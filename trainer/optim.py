@@ -82,20 +82,36 @@ def penalties_for(variables, penalties) -> list[RowL2 | None]:
     return [penalties.get(name) for name, _ in variables]
 
 
-class SGD:
+class Optimizer:
+    """What the optimizers share: their variables, each one's row L2 (or None) and rate
+    factor, and their state by name (the checkpoints save it); a kind makes its own slots
+    in ``make_slots`` and updates them in ``apply``."""
+
     def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
                  penalties: dict[str, RowL2] | None = None,
                  rate_factors: dict[str, float] | None = None):
         self.variables = variables
         self.penalties = penalties_for(variables, penalties)
         self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
+        self._by_name = {name: i for i, (name, _) in enumerate(variables)}
+        self.make_slots(config)
+
+    def make_slots(self, config: TrainConfig) -> None:
+        """The kind's own settings and per-variable state (none for SGD)."""
 
     def state(self) -> list[tuple[str, tf.Variable]]:
+        """State of the optimizer as a whole (counters), saved with the replicated part."""
         return []
 
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
+        """The slots of variable ``name``, saved beside it."""
         return []
 
+    def apply(self, grads: list, lr: tf.Tensor) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
     def apply(self, grads: list, lr_all: tf.Tensor) -> None:
         for (_, var), grad, penalty, factor in zip(self.variables, grads, self.penalties,
                                                    self.rates):
@@ -109,21 +125,15 @@ class SGD:
                 var.assign_sub(grad * lr)
 
 
-class Adam:
+class Adam(Optimizer):
     """Adam; sparse gradients update only the rows they touch ("lazy" Adam)."""
 
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None,
-                 rate_factors: dict[str, float] | None = None):
-        self.variables = variables
-        self.penalties = penalties_for(variables, penalties)
-        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
+    def make_slots(self, config: TrainConfig) -> None:
         self.beta1, self.beta2 = config.adam_beta1, config.adam_beta2
         self.epsilon = config.adam_epsilon
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_iterations")
-        self.m = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in variables]
-        self.v = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in variables]
-        self._by_name = {name: i for i, (name, _) in enumerate(variables)}
+        self.m = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in self.variables]
+        self.v = [tf.Variable(tf.zeros_like(v), trainable=False) for _, v in self.variables]
 
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
         i = self._by_name[name]
@@ -154,7 +164,7 @@ class Adam:
                 var.assign_sub(step * m / (tf.sqrt(v) + self.epsilon))
 
 
-class Adagrad:
+class Adagrad(Optimizer):
     """Adagrad (one accumulator per value); sparse gradients touch only their rows' accumulators.
 
     The sparse optimizer of TorchRec's and MLPerf DLRMv2's DLRM: a value's step shrinks as its
@@ -163,22 +173,13 @@ class Adagrad:
     the square of its whole-batch gradient, as with a dense gradient.
     """
 
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None,
-                 rate_factors: dict[str, float] | None = None):
-        self.variables = variables
-        self.penalties = penalties_for(variables, penalties)
-        self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
+    def make_slots(self, config: TrainConfig) -> None:
         self.epsilon = config.adagrad_epsilon
         self.accumulators = [tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator),
-                                         trainable=False) for _, v in variables]
-        self._by_name = {name: i for i, (name, _) in enumerate(variables)}
+                                         trainable=False) for _, v in self.variables]
 
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
         return [(f"{name}/adagrad", self.accumulators[self._by_name[name]])]
-
-    def state(self) -> list[tuple[str, tf.Variable]]:
-        return []
 
     def apply(self, grads: list, lr_all: tf.Tensor) -> None:
         for (_, var), grad, acc, penalty, factor in zip(self.variables, grads, self.accumulators,
@@ -199,7 +200,7 @@ class Adagrad:
 
 def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig,
                    penalties: dict[str, RowL2] | None = None,
-                   rate_factors: dict[str, float] | None = None):
+                   rate_factors: dict[str, float] | None = None) -> Optimizer:
     """The configured optimizer; ``penalties`` names the sparse variables with a row L2,
     ``rate_factors`` those whose rate is the schedule's times a factor."""
     kinds = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}
