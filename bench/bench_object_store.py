@@ -276,6 +276,19 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     return result
 
 
+def _cores(master: str) -> int:
+    """The cores of a ``local[N]`` master (``local[*]``: this machine's)."""
+    inside = master.partition("[")[2].rstrip("]")
+    return int(inside) if inside.isdigit() else os.cpu_count() or 1
+
+
+def _without_server(result: dict, cores: int) -> float:
+    """The run's wall time less the S3 server's CPU seconds spread over the cores: an estimate
+    of the run against a store that does not share the run's cores (a real one); the moto
+    server does, and answers a ranged GET with work in proportion to the whole object."""
+    return result["wall_seconds"] - result["server_cpu_seconds"] / cores
+
+
 def _cpu_seconds(pid: int) -> float:
     import psutil
 
@@ -332,10 +345,17 @@ def main(argv=None) -> int:
     if locals_:                 # each run against the mean of the local runs (the machine drifts)
         wall = sum(r["wall_seconds"] for r in locals_) / len(locals_)
         phase = {p: sum(r["seconds"][p] for r in locals_) / len(locals_) for p in PHASES}
+        cpu = sum(sum(r["cpu_seconds"].values()) for r in locals_) / len(locals_)
+        cores = _cores(args.master)
         for r in results:
             if r["run"] != "local":
                 print(f"{r['run']} / local rate: {wall / r['wall_seconds']:.2f}  "
                       + "  ".join(f"{p} {phase[p] / r['seconds'][p]:.2f}" for p in PHASES))
+                if r["server_cpu_seconds"]:
+                    print(f"    not the headline, the S3 server's share taken out: wall less its "
+                          f"CPU / {cores} cores {wall / _without_server(r, cores):.2f}; "
+                          f"engine CPU only (local CPU-s / this run's) "
+                          f"{cpu / sum(r['cpu_seconds'].values()):.2f}")
     (root / "last_results.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -99,3 +99,31 @@ def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatc
     for a, b in zip(local, behind):
         assert lines(b) == lines(a)
     assert sum(len(lines(c)) for c in behind) == 600
+
+
+def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
+    """A chunk's requests double from the first size to the largest (then stay there), one
+    ahead of the parse, and still give the lines of a local read."""
+    from spark_jobs.engines.arrow import chunks, remote
+
+    raw = write_days(tmp_path / "raw", random_days(40, 1, 300))
+    url = harness.upload_input(raw, store, "growing", store["bucket"])
+    monkeypatch.setattr(remote, "REMOTE_FIRST_READ_BYTES", 1024)
+    monkeypatch.setattr(remote, "REMOTE_READ_BYTES", 4096)
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv(remote.IO_LOG_ENV, str(log))
+    [local] = chunks.plan_chunks([harness.UrlDay(0, str(raw / "day_0"))], 1 << 30)
+    [behind] = chunks.plan_chunks(harness.url_days(url), 1 << 30)
+    log.unlink()
+
+    def lines(chunk):
+        return [block.line(i) for block in chunks.line_blocks(chunk, 512, 4096)
+                for i in range(len(block))]
+
+    assert lines(behind) == lines(local)
+    sizes = [int(line.split()[2]) for line in log.read_text().splitlines()
+             if line.split()[1] == "get"]
+    size = (raw / "day_0").stat().st_size
+    assert sum(sizes) == size
+    assert sizes[:3] == [1024, 2048, 4096]
+    assert all(s == 4096 for s in sizes[3:-1]) and 0 < sizes[-1] <= 4096

@@ -99,23 +99,25 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
 
 
 class _RangedReader:
-    """A remote object read front to back by ranged requests of ``REMOTE_READ_BYTES``
-    (``read(n)`` hands them out in pieces of ``n``): a request costs a round trip, so it
-    carries many parse blocks, and the next one is already under way (a thread: pyarrow's read
-    releases the GIL) while the task parses the current one. Requests stop at ``limit`` (a
-    chunk's end plus one block, for the line running across it); past it, more is fetched
-    only when asked for."""
+    """A remote object read front to back by ranged requests (``read(n)`` hands them out in
+    pieces of ``n``): a request costs a round trip and, on some stores, work in proportion to
+    the object rather than the range, so requests grow from ``REMOTE_FIRST_READ_BYTES`` to
+    ``REMOTE_READ_BYTES`` (a chunk costs a few), and the next one is already under way (a
+    thread: pyarrow's read releases the GIL) while the task parses the current one. Requests
+    stop at ``limit`` (a chunk's end plus one block, for the line running across it); past
+    it, more is fetched only when asked for."""
 
     def __init__(self, handle, offset: int, limit: float):
         from concurrent.futures import ThreadPoolExecutor
 
         self.handle, self.offset, self.limit = handle, offset, limit
         self.buffer, self.at, self.done = b"", 0, False
+        self.size = min(remote.REMOTE_FIRST_READ_BYTES, remote.REMOTE_READ_BYTES)
         self.pool = ThreadPoolExecutor(1)
         self.pending = self._request()
 
     def _request(self):
-        size = remote.REMOTE_READ_BYTES
+        size, self.size = self.size, min(2 * self.size, remote.REMOTE_READ_BYTES)
         if self.offset < self.limit:
             size = int(min(size, self.limit - self.offset))
         offset, self.offset = self.offset, self.offset + size

@@ -22,10 +22,12 @@ import tempfile
 from pathlib import Path
 
 IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
-# One ranged read of a plain day file: large enough that the request's latency is a small part
-# of its transfer, small enough that a chunk's last read wastes little past the chunk's end.
-REMOTE_READ_BYTES = 8 << 20
-
+# Ranged reads of a day file: the first small, so a task starts parsing after a short wait;
+# each next one twice the last up to the largest, so a chunk costs a few requests whose
+# latency is a small part of their transfer. A reader holds two of them (one parsed, one on
+# its way), which bounds a task's read buffers at twice the largest.
+REMOTE_FIRST_READ_BYTES = 8 << 20
+REMOTE_READ_BYTES = 64 << 20
 
 def is_url(path) -> bool:
     """An object store's or HDFS's URL (or Location): what goes through a pyarrow filesystem."""

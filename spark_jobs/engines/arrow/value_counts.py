@@ -63,24 +63,30 @@ def count_values(values: np.ndarray) -> Counts:
 def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
     """One Counts from several (each sorted): values summed, in ``count_dtype``. Runs are
     merged pairwise, smallest first, in one linear pass each (``kernels.merge_two``): the
-    values are already sorted, so nothing is sorted again."""
+    values are already sorted, so nothing is sorted again. The runs wait in a heap by length:
+    the shuffle exchange hands a group thousands of small runs (one per fine bucket and chunk),
+    and a sorted list kept by scanning would cost their number squared."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty_counts(count_dtype)
     if len(parts) == 1:
         return Counts(parts[0].values, parts[0].counts.astype(count_dtype, copy=False))
+    import heapq
+
     from spark_jobs.engines.arrow.kernels import merge_two
 
-    runs = sorted((Counts(p.values, p.counts.astype(np.int64, copy=False)) for p in parts), key=len)
+    runs = [(len(p), k, Counts(p.values, p.counts.astype(np.int64, copy=False)))
+            for k, p in enumerate(parts)]
+    heapq.heapify(runs)
+    order = len(runs)                    # ties broken by arrival: the heap never compares Counts
     while len(runs) > 1:
-        a, b = runs.pop(0), runs.pop(0)
+        (_, _, a), (_, _, b) = heapq.heappop(runs), heapq.heappop(runs)
         values = np.empty(len(a) + len(b), VALUE_DTYPE)
         counts = np.empty(len(a) + len(b), np.int64)
         n = merge_two(a.values, a.counts, b.values, b.counts, values, counts)
-        merged = Counts(values[:n], counts[:n])
-        k = next((i for i, r in enumerate(runs) if len(r) >= n), len(runs))
-        runs.insert(k, merged)
-    out = runs[0]              # trimmed: the last merge's buffers had room for no duplicates
+        heapq.heappush(runs, (n, order, Counts(values[:n], counts[:n])))
+        order += 1
+    out = runs[0][2]           # trimmed: the last merge's buffers had room for no duplicates
     return Counts(out.values.copy(), out.counts.astype(count_dtype))
 
 
