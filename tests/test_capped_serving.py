@@ -200,7 +200,7 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
         trainer = Trainer(small_config(init="previous", **base),
                           _modulo_day(tmp_path / name, 2, caps), work)
         assert trainer._start().kind == "previous"
-        assert trainer.warm_start.capped
+        assert trainer.run.warm_start.capped
         state = {n: v.numpy() for n, v in trainer._owned_state()}
         for t, cap in enumerate(caps):
             table = state[f"table/{t}/0-16"]
@@ -208,8 +208,8 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
             rows = np.arange(cap) % CAPS[t]
             np.testing.assert_array_equal(table, before[f"table/{t}"][rows])
             np.testing.assert_array_equal(state[f"table/{t}/0-16/adagrad"], slots[t][rows])
-        assert trainer.warm_start.grown == ({} if name == "same" else {"C7": [4000, 8000]})
-        assert trainer.warm_start.served_sizes(caps) == caps
+        assert trainer.run.warm_start.grown == ({} if name == "same" else {"C7": [4000, 8000]})
+        assert trainer.run.warm_start.served_sizes(caps) == caps
     summary = trainer.train()
     assert 0.5 < summary["previous_model_test_auc"] < 1
 
