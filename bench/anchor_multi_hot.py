@@ -47,15 +47,23 @@ def _dataset_days(dataset: Path) -> tuple[list[np.ndarray], list[int]]:
     day mapping: train in 23 contiguous parts, then test + validation as the last day). Use a
     one-hot dataset of the same parquet for ids independent of our materialization."""
     from converters.mlperf_multihot import day_slices  # the layout's own rule
+
     info = read_info(dataset)
     widths = info.multi_hot_sizes
     columns = []
     for split in ("train", "test", "validation"):
         # a multi-hot row starts with its one-hot id (row r of a lookup table starts with r)
-        columns.append(np.stack([np.fromfile(info.file(split, f"cat_{i}.bin"), info.cat_dtypes[i])
-                                 .reshape(info.splits[split], widths[i])[:, 0].astype(np.int64)
-                                 for i in range(NUM_CATEGORICAL)], axis=1)
-                       .reshape(info.splits[split], NUM_CATEGORICAL))
+        columns.append(
+            np.stack(
+                [
+                    np.fromfile(info.file(split, f"cat_{i}.bin"), info.cat_dtypes[i])
+                    .reshape(info.splits[split], widths[i])[:, 0]
+                    .astype(np.int64)
+                    for i in range(NUM_CATEGORICAL)
+                ],
+                axis=1,
+            ).reshape(info.splits[split], NUM_CATEGORICAL)
+        )
     train, last = columns[0], np.concatenate(columns[1:])
     days = [train[s] for s in day_slices(len(train))] + [last]
     return days, list(info.table_sizes)
@@ -73,8 +81,9 @@ def _random_days(rows: int, table_sizes: list[int], seed: int) -> list[np.ndarra
 STAND_IN = {
     "torchrec/__init__.py": "",
     "torchrec/datasets/__init__.py": "",
-    "torchrec/datasets/criteo.py": ("DAYS = 24\nCAT_FEATURE_COUNT = 26\n"
-                                    "DEFAULT_CAT_NAMES = [f'cat_{i}' for i in range(26)]\n"),
+    "torchrec/datasets/criteo.py": (
+        "DAYS = 24\nCAT_FEATURE_COUNT = 26\nDEFAULT_CAT_NAMES = [f'cat_{i}' for i in range(26)]\n"
+    ),
     "torchrec/datasets/utils.py": "class Batch:\n    pass\n\n\nPATH_MANAGER_KEY = 'torchrec'\n",
     "torchrec/sparse/__init__.py": "",
     "torchrec/sparse/jagged_tensor.py": "class KeyedJaggedTensor:\n    pass\n",
@@ -121,8 +130,13 @@ def run_reader(args, work: Path) -> int:
     shim = stand_in(work / "stand_in") if args.shim == "stand-in" else args.shim
     (work / "reader.py").write_text(READER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([shim, str(args.reference)]))
-    done = subprocess.run([args.anchor_python, str(work / "reader.py"), str(args.ours)], env=env,
-                          check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [args.anchor_python, str(work / "reader.py"), str(args.ours)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return int(done.stdout.strip().splitlines()[-1])
 
 
@@ -134,19 +148,27 @@ def run_reference(args, days: list[np.ndarray], table_sizes: list[int], work: Pa
         np.save(inp / f"day_{d}_sparse.npy", ids.astype(np.int64))
     shim = stand_in(work / "stand_in") if args.shim == "stand-in" else args.shim
     env = dict(os.environ, PYTHONPATH=shim)
-    command = [args.anchor_python, str(Path(args.reference) / SCRIPT),
-               "--in_memory_binary_criteo_path", str(inp), "--output_path", str(out),
-               "--num_embeddings_per_feature", ",".join(map(str, table_sizes)),
-               "--multi_hot_sizes", args.sizes,
-               "--multi_hot_distribution_type", args.distribution]
+    command = [
+        args.anchor_python,
+        str(Path(args.reference) / SCRIPT),
+        "--in_memory_binary_criteo_path",
+        str(inp),
+        "--output_path",
+        str(out),
+        "--num_embeddings_per_feature",
+        ",".join(map(str, table_sizes)),
+        "--multi_hot_sizes",
+        args.sizes,
+        "--multi_hot_distribution_type",
+        args.distribution,
+    ]
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
 def compare(args, days: list[np.ndarray], table_sizes: list[int], out: Path) -> dict:
-    spec = MultiHotSpec(tuple(table_sizes), tuple(_ints(args.sizes)), DEFAULT_SEED,
-                        args.distribution)
+    spec = MultiHotSpec(tuple(table_sizes), tuple(_ints(args.sizes)), DEFAULT_SEED, args.distribution)
     start = time.perf_counter()
     tables = dict(iter_tables(spec))
     ours_seconds = time.perf_counter() - start
@@ -165,21 +187,34 @@ def compare(args, days: list[np.ndarray], table_sizes: list[int], out: Path) -> 
             compared += got.size
             if not same:
                 print(f"day {d} column {c}: differs", file=sys.stderr)
-    return {"days": len(days), "rows": int(sum(len(d) for d in days)), "ids_compared": compared,
-            "arrays_differing": mismatches, "tables_seconds_ours": round(ours_seconds, 2),
-            "table_sizes": table_sizes, "multi_hot_sizes": args.sizes,
-            "distribution": args.distribution, "ours_files": bool(args.ours)}
+    return {
+        "days": len(days),
+        "rows": int(sum(len(d) for d in days)),
+        "ids_compared": compared,
+        "arrays_differing": mismatches,
+        "tables_seconds_ours": round(ours_seconds, 2),
+        "table_sizes": table_sizes,
+        "multi_hot_sizes": args.sizes,
+        "distribution": args.distribution,
+        "ours_files": bool(args.ours),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--anchor-python", default="/work/anchors-mh/.venv/bin/python")
-    parser.add_argument("--reference", default="/work/anchors-mh/ref",
-                        help="the reference's directory (a mlcommons/training checkout's "
-                             "recommendation_v2/torchrec_dlrm: multi_hot.py and " + SCRIPT + ")")
-    parser.add_argument("--shim", default="stand-in",
-                        help="PYTHONPATH for the reference: 'stand-in' writes the stand-in "
-                             "torchrec above; '' uses the anchor environment's torchrec")
+    parser.add_argument(
+        "--reference",
+        default="/work/anchors-mh/ref",
+        help="the reference's directory (a mlcommons/training checkout's "
+        "recommendation_v2/torchrec_dlrm: multi_hot.py and " + SCRIPT + ")",
+    )
+    parser.add_argument(
+        "--shim",
+        default="stand-in",
+        help="PYTHONPATH for the reference: 'stand-in' writes the stand-in "
+        "torchrec above; '' uses the anchor environment's torchrec",
+    )
     parser.add_argument("--dataset", help="a split binary dataset whose ids to use")
     parser.add_argument("--ours", help="our converter's mlperf_multihot directory to compare too")
     parser.add_argument("--table-sizes", help="26 table sizes (random ids; not with --dataset)")

@@ -44,6 +44,7 @@ def _chunk_line_counter(chunks):
                 for block in line_blocks(chunks[int(chunk_id)]):
                     n += len(block)
         yield pa.record_batch({"n": pa.array([n], pa.int64())})
+
     return run
 
 

@@ -45,8 +45,34 @@ from pathlib import Path
 ANCHORS_PYTHON = "/work/anchors/.venv/bin/python"
 # MLPerf DLRMv2's --num_embeddings_per_feature (mlcommons/training recommendation_v2 README):
 # on 32-bit hex values every one of them folds values, the 40M ones too
-CAPS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282,
-        10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+CAPS = [
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
+]
 
 
 def torchrec_side(days: list[str], caps: list[int], out: str) -> None:
@@ -63,11 +89,23 @@ def torchrec_side(days: list[str], caps: list[int], out: str) -> None:
         for k in paths:
             paths[k].append(names[k])
     # stage "train" reads every file whole; the caps are applied on load (not mmap_mode)
-    pipe = InMemoryBinaryCriteoIterDataPipe("train", paths["dense"], paths["sparse"],
-                                            paths["labels"], batch_size=1, rank=0,
-                                            world_size=1, hashes=caps)
-    np.savez(out, **{f"day_{i}": np.concatenate([labels.reshape(-1, 1), sparse], axis=1)
-                     for i, (labels, sparse) in enumerate(zip(pipe.labels_arrs, pipe.sparse_arrs))})
+    pipe = InMemoryBinaryCriteoIterDataPipe(
+        "train",
+        paths["dense"],
+        paths["sparse"],
+        paths["labels"],
+        batch_size=1,
+        rank=0,
+        world_size=1,
+        hashes=caps,
+    )
+    np.savez(
+        out,
+        **{
+            f"day_{i}": np.concatenate([labels.reshape(-1, 1), sparse], axis=1)
+            for i, (labels, sparse) in enumerate(zip(pipe.labels_arrs, pipe.sparse_arrs))
+        },
+    )
 
 
 def _days(workdir: Path, rows_per_day: int, real_sample: Path) -> tuple[Path, Path]:
@@ -82,16 +120,16 @@ def _days(workdir: Path, rows_per_day: int, real_sample: Path) -> tuple[Path, Pa
     for d in (ours, theirs):
         shutil.rmtree(d, ignore_errors=True)
     generate(ours, GeneratorConfig(days=3, rows_per_day=rows_per_day, seed=31))
-    days = sorted((p for p in ours.iterdir() if p.name.startswith("day_")),
-                  key=lambda p: int(p.name.split("_")[1]))
+    days = sorted(
+        (p for p in ours.iterdir() if p.name.startswith("day_")), key=lambda p: int(p.name.split("_")[1])
+    )
     real = [line for line in real_sample.read_text().split("\n") if line]
     last = ours / f"day_{len(days)}"
     last.write_text("".join(line + "\n" for line in real))
     theirs.mkdir(parents=True)
     for day in days:
         (theirs / day.name).symlink_to(day.resolve())
-    (theirs / last.name).write_text("".join(
-        line + "\t" * (39 - line.count("\t")) + "\n" for line in real))
+    (theirs / last.name).write_text("".join(line + "\t" * (39 - line.count("\t")) + "\n" for line in real))
     return ours, theirs
 
 
@@ -105,14 +143,19 @@ def _ours(raw: Path, workdir: Path, engine: str) -> dict[str, "object"]:
     from dlrm_contracts.schema import CAT_COLUMNS, LABEL
     from spark_jobs.preprocess import run_preprocess
 
-    run_preprocess(raw, workdir, SparkConfig(master="local[2]", driver_memory="2g"),
-                   PreprocessConfig(ids="modulo", caps=CAPS, engine=engine))
+    run_preprocess(
+        raw,
+        workdir,
+        SparkConfig(master="local[2]", driver_memory="2g"),
+        PreprocessConfig(ids="modulo", caps=CAPS, engine=engine),
+    )
     out = {}
     for split in ("train", "test", "validation"):
         files = sorted(WorkdirLayout.at(workdir).parquet_split(split).glob("part-*.parquet"))
         table = pq.read_table(files)
-        out[split] = np.stack([table.column(c).to_numpy().astype(np.int64)
-                               for c in (LABEL, *CAT_COLUMNS)], axis=1)
+        out[split] = np.stack(
+            [table.column(c).to_numpy().astype(np.int64) for c in (LABEL, *CAT_COLUMNS)], axis=1
+        )
     return out
 
 
@@ -128,11 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/capped-ids-anchor")
     p.add_argument("--rows-per-day", type=int, default=5_000)
     p.add_argument("--engines", default="arrow,sql")
-    p.add_argument("--torchrec-path", default="",
-                   help="PYTHONPATH for TorchRec's environment, e.g. a directory holding iopath "
-                        "(torchrec[datasets]) when that environment lacks it")
-    p.add_argument("--real-sample", default=str(Path(__file__).resolve().parents[2]
-                                                 / "shared" / "data" / "criteo_real_sample.tsv"))
+    p.add_argument(
+        "--torchrec-path",
+        default="",
+        help="PYTHONPATH for TorchRec's environment, e.g. a directory holding iopath "
+        "(torchrec[datasets]) when that environment lacks it",
+    )
+    p.add_argument(
+        "--real-sample",
+        default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_real_sample.tsv"),
+    )
     p.add_argument("--torchrec-side", nargs=2, metavar=("DAYS_JSON", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.torchrec_side:
@@ -151,19 +199,27 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if args.torchrec_path:
         env["PYTHONPATH"] = args.torchrec_path
-    subprocess.run([args.torchrec_python, __file__, "--torchrec-side", json.dumps(day_files),
-                    str(npz)], check=True, env=env)
+    subprocess.run(
+        [args.torchrec_python, __file__, "--torchrec-side", json.dumps(day_files), str(npz)],
+        check=True,
+        env=env,
+    )
     theirs = np.load(npz)
     their_days = [theirs[f"day_{i}"].astype(np.int64) for i in range(len(day_files))]
     report, equal = {}, True
     for engine in args.engines.split(","):
         ours = _ours(ours_raw, workdir / f"ours_{engine}", engine)
-        train_same = np.array_equal(_sorted_rows(ours["train"]),
-                                    _sorted_rows(np.concatenate(their_days[:-1])))
+        train_same = np.array_equal(
+            _sorted_rows(ours["train"]), _sorted_rows(np.concatenate(their_days[:-1]))
+        )
         last_same = np.array_equal(np.concatenate([ours["test"], ours["validation"]]), their_days[-1])
         equal &= train_same and last_same
-        report[engine] = {"train_rows": len(ours["train"]), "train_equal": bool(train_same),
-                          "last_day_rows": len(their_days[-1]), "last_day_equal": bool(last_same)}
+        report[engine] = {
+            "train_rows": len(ours["train"]),
+            "train_equal": bool(train_same),
+            "last_day_rows": len(their_days[-1]),
+            "last_day_equal": bool(last_same),
+        }
     print(json.dumps({"caps": CAPS, "engines": report, "equal": bool(equal)}))
     return 0 if equal else 1
 

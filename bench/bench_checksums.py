@@ -60,7 +60,7 @@ def _hash_in_memory(files: list[Path]) -> float:
         start = time.process_time()
         digest = new_checksum()
         for offset in range(0, len(data), CHECKSUM_CHUNK_BYTES):
-            digest.update(view[offset:offset + CHECKSUM_CHUNK_BYTES])
+            digest.update(view[offset : offset + CHECKSUM_CHUNK_BYTES])
         total += time.process_time() - start
     return total
 
@@ -78,30 +78,39 @@ def bench(root: Path, rows: int, threshold: str, config: ConvertConfig) -> dict:
         print(f"input: {rows:,} rows of parquet written in {seconds:.1f} s", flush=True)
     binary = root / "binary"
     shutil.rmtree(binary, ignore_errors=True)
-    convert_s, convert_cpu, summary = _timed(lambda: convert_parquet(root / "parquet", binary,
-                                                                      config))
+    convert_s, convert_cpu, summary = _timed(lambda: convert_parquet(root / "parquet", binary, config))
     files = _files(binary)
     size = sum(p.stat().st_size for p in files)
     hash_cpu = _hash_in_memory(files)
     warm_s, warm_cpu, _ = _timed(lambda: verify_checksums(binary, config.workers))
     _drop_cache(files)
     cold_s, cold_cpu, _ = _timed(lambda: verify_checksums(binary, config.workers))
-    result = {"rows": sum(summary["rows"].values()), "binary_GB": round(size / 1e9, 3),
-              "convert_s": round(convert_s, 2), "convert_cpu_s": round(convert_cpu, 2),
-              "hash_cpu_s": round(hash_cpu, 2),
-              "hash_GB_per_cpu_s": round(size / hash_cpu / 1e9, 2),
-              "hash_share_of_convert_cpu": round(hash_cpu / convert_cpu, 4),
-              "check_warm_s": round(warm_s, 2), "check_warm_cpu_s": round(warm_cpu, 2),
-              "check_cold_s": round(cold_s, 2), "check_cold_cpu_s": round(cold_cpu, 2),
-              "check_cold_GB_per_s": round(size / cold_s / 1e9, 2)}
+    result = {
+        "rows": sum(summary["rows"].values()),
+        "binary_GB": round(size / 1e9, 3),
+        "convert_s": round(convert_s, 2),
+        "convert_cpu_s": round(convert_cpu, 2),
+        "hash_cpu_s": round(hash_cpu, 2),
+        "hash_GB_per_cpu_s": round(size / hash_cpu / 1e9, 2),
+        "hash_share_of_convert_cpu": round(hash_cpu / convert_cpu, 4),
+        "check_warm_s": round(warm_s, 2),
+        "check_warm_cpu_s": round(warm_cpu, 2),
+        "check_cold_s": round(cold_s, 2),
+        "check_cold_cpu_s": round(cold_cpu, 2),
+        "check_cold_GB_per_s": round(size / cold_s / 1e9, 2),
+    }
     for verify in (True, False):
         target = root / "derived"
         shutil.rmtree(target, ignore_errors=True)
         _drop_cache(files)
-        options = ConvertConfig(workers=config.workers, batch_rows=config.batch_rows,
-                                progress=False, fsync=config.fsync, verify_checksums=verify)
-        seconds, cpu, _ = _timed(lambda: rethreshold(binary, root / "counts", threshold, target,
-                                                     options))
+        options = ConvertConfig(
+            workers=config.workers,
+            batch_rows=config.batch_rows,
+            progress=False,
+            fsync=config.fsync,
+            verify_checksums=verify,
+        )
+        seconds, cpu, _ = _timed(lambda: rethreshold(binary, root / "counts", threshold, target, options))
         tag = "checked" if verify else "unchecked"
         result[f"rethreshold_cold_s_{tag}"] = round(seconds, 2)
         result[f"rethreshold_cpu_s_{tag}"] = round(cpu, 2)

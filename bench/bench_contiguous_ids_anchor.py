@@ -47,10 +47,36 @@ import sys
 from pathlib import Path
 
 ANCHORS_PYTHON = "/work/anchors/.venv/bin/python"
-DAYS = 24   # what npy_preproc_criteo and contiguous_preproc_criteo read: day_0 .. day_23
+DAYS = 24  # what npy_preproc_criteo and contiguous_preproc_criteo read: day_0 .. day_23
 # MLPerf DLRMv2's --num_embeddings_per_feature (mlcommons/training recommendation_v2 README)
-CAPS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282,
-        10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+CAPS = [
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
+]
 VARIANTS = {"mlperf": (0, CAPS), "t0": (0, None), "t3": (3, None)}
 
 
@@ -67,16 +93,29 @@ def torchrec_side(npy_dir: str, contig_dir: str, caps: list[int] | None, out: st
     for k in range(DAYS):
         for kind in ("dense", "labels"):
             (staged / f"day_{k}_{kind}.npy").symlink_to(Path(npy_dir) / f"day_{k}_{kind}.npy")
-        (staged / f"day_{k}_sparse.npy").symlink_to(
-            Path(contig_dir) / f"day_{k}_sparse_contig_freq.npy")
-    paths = {kind: [str(staged / f"day_{k}_{kind}.npy") for k in range(DAYS)]
-             for kind in ("dense", "sparse", "labels")}
+        (staged / f"day_{k}_sparse.npy").symlink_to(Path(contig_dir) / f"day_{k}_sparse_contig_freq.npy")
+    paths = {
+        kind: [str(staged / f"day_{k}_{kind}.npy") for k in range(DAYS)]
+        for kind in ("dense", "sparse", "labels")
+    }
     # stage "train" reads every file whole; the caps are applied on load (not mmap_mode)
-    pipe = InMemoryBinaryCriteoIterDataPipe("train", paths["dense"], paths["sparse"],
-                                            paths["labels"], batch_size=1, rank=0,
-                                            world_size=1, hashes=caps)
-    np.savez(out, **{f"day_{k}": np.concatenate([labels.reshape(-1, 1), sparse], axis=1)
-                     for k, (labels, sparse) in enumerate(zip(pipe.labels_arrs, pipe.sparse_arrs))})
+    pipe = InMemoryBinaryCriteoIterDataPipe(
+        "train",
+        paths["dense"],
+        paths["sparse"],
+        paths["labels"],
+        batch_size=1,
+        rank=0,
+        world_size=1,
+        hashes=caps,
+    )
+    np.savez(
+        out,
+        **{
+            f"day_{k}": np.concatenate([labels.reshape(-1, 1), sparse], axis=1)
+            for k, (labels, sparse) in enumerate(zip(pipe.labels_arrs, pipe.sparse_arrs))
+        },
+    )
 
 
 def _days(workdir: Path, rows_per_day: int, real_sample: Path) -> tuple[Path, Path]:
@@ -94,8 +133,9 @@ def _days(workdir: Path, rows_per_day: int, real_sample: Path) -> tuple[Path, Pa
     theirs.mkdir(parents=True)
     for k in range(DAYS - 1):
         (theirs / f"day_{k}").symlink_to((ours / f"day_{k}").resolve())
-    (theirs / f"day_{DAYS - 1}").write_text("".join(
-        line + "\t" * (39 - line.count("\t")) + "\n" for line in real))
+    (theirs / f"day_{DAYS - 1}").write_text(
+        "".join(line + "\t" * (39 - line.count("\t")) + "\n" for line in real)
+    )
     return ours, theirs
 
 
@@ -109,15 +149,19 @@ def _ours(raw: Path, workdir: Path, engine: str, threshold: int, caps) -> dict:
     from dlrm_contracts.schema import CAT_COLUMNS, LABEL
     from spark_jobs.preprocess import run_preprocess
 
-    run_preprocess(raw, workdir, SparkConfig(master="local[2]", driver_memory="2g"),
-                   PreprocessConfig(ids="contiguous", frequency_threshold=str(threshold),
-                                    caps=caps, engine=engine))
+    run_preprocess(
+        raw,
+        workdir,
+        SparkConfig(master="local[2]", driver_memory="2g"),
+        PreprocessConfig(ids="contiguous", frequency_threshold=str(threshold), caps=caps, engine=engine),
+    )
     out = {}
     for split in ("train", "test", "validation"):
         files = sorted(WorkdirLayout.at(workdir).parquet_split(split).glob("part-*.parquet"))
         table = pq.read_table(files)
-        out[split] = np.stack([table.column(c).to_numpy().astype(np.int64)
-                               for c in (LABEL, *CAT_COLUMNS)], axis=1)
+        out[split] = np.stack(
+            [table.column(c).to_numpy().astype(np.int64) for c in (LABEL, *CAT_COLUMNS)], axis=1
+        )
     return out
 
 
@@ -135,23 +179,49 @@ def _torchrec(python: str, env: dict, theirs_raw: Path, workdir: Path, variants:
     npy = workdir / "torchrec" / "npy"
     shutil.rmtree(workdir / "torchrec", ignore_errors=True)
     npy.mkdir(parents=True)
-    subprocess.run([python, "-m", "torchrec.datasets.scripts.npy_preproc_criteo", "--input_dir",
-                    str(theirs_raw), "--output_dir", str(npy)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "torchrec.datasets.scripts.npy_preproc_criteo",
+            "--input_dir",
+            str(theirs_raw),
+            "--output_dir",
+            str(npy),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     out = {}
     for name in variants:
         threshold, caps = VARIANTS[name]
         contig = workdir / "torchrec" / f"contig_t{threshold}"
         if not contig.is_dir():
             contig.mkdir()
-            subprocess.run([python, "-m", "torchrec.datasets.scripts.contiguous_preproc_criteo",
-                            "--input_dir", str(npy), "--output_dir", str(contig),
-                            "--frequency_threshold", str(threshold)], check=True, env=env,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    python,
+                    "-m",
+                    "torchrec.datasets.scripts.contiguous_preproc_criteo",
+                    "--input_dir",
+                    str(npy),
+                    "--output_dir",
+                    str(contig),
+                    "--frequency_threshold",
+                    str(threshold),
+                ],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
         npz = workdir / "torchrec" / name / "ids.npz"
         npz.parent.mkdir(parents=True)
-        subprocess.run([python, __file__, "--torchrec-side", str(npy), str(contig),
-                        json.dumps(caps), str(npz)], check=True, env=env)
+        subprocess.run(
+            [python, __file__, "--torchrec-side", str(npy), str(contig), json.dumps(caps), str(npz)],
+            check=True,
+            env=env,
+        )
         data = np.load(npz)
         out[name] = [data[f"day_{k}"].astype(np.int64) for k in range(DAYS)]
     return out
@@ -164,12 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-per-day", type=int, default=2_000)
     p.add_argument("--engines", default="arrow,sql")
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--torchrec-path", default="",
-                   help="PYTHONPATH for TorchRec's environment (e.g. a directory holding iopath)")
-    p.add_argument("--real-sample", default=str(Path(__file__).resolve().parents[2]
-                                                 / "shared" / "data" / "criteo_real_sample.tsv"))
-    p.add_argument("--torchrec-side", nargs=4, metavar=("NPY", "CONTIG", "CAPS_JSON", "OUT"),
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--torchrec-path",
+        default="",
+        help="PYTHONPATH for TorchRec's environment (e.g. a directory holding iopath)",
+    )
+    p.add_argument(
+        "--real-sample",
+        default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_real_sample.tsv"),
+    )
+    p.add_argument(
+        "--torchrec-side", nargs=4, metavar=("NPY", "CONTIG", "CAPS_JSON", "OUT"), help=argparse.SUPPRESS
+    )
     args = p.parse_args(argv)
     if args.torchrec_side:
         npy, contig, caps, out = args.torchrec_side
@@ -193,18 +269,23 @@ def main(argv: list[str] | None = None) -> int:
         their_days = theirs[name]
         for engine in args.engines.split(","):
             ours = _ours(ours_raw, workdir / f"ours_{name}_{engine}", engine, threshold, caps)
-            train_same = np.array_equal(_sorted_rows(ours["train"]),
-                                        _sorted_rows(np.concatenate(their_days[:-1])))
-            last_same = np.array_equal(np.concatenate([ours["test"], ours["validation"]]),
-                                       their_days[-1])
+            train_same = np.array_equal(
+                _sorted_rows(ours["train"]), _sorted_rows(np.concatenate(their_days[:-1]))
+            )
+            last_same = np.array_equal(np.concatenate([ours["test"], ours["validation"]]), their_days[-1])
             equal &= train_same and last_same
             report[f"{name}/{engine}"] = {
-                "threshold": threshold, "capped": caps is not None,
-                "train_rows": len(ours["train"]), "train_equal": bool(train_same),
-                "last_day_rows": len(their_days[-1]), "last_day_equal": bool(last_same),
-                "highest_id": int(max(ours[s][:, 1:].max() for s in ours if len(ours[s])))}
-    print(json.dumps({"days": DAYS, "rows_per_day": args.rows_per_day, "results": report,
-                      "equal": bool(equal)}))
+                "threshold": threshold,
+                "capped": caps is not None,
+                "train_rows": len(ours["train"]),
+                "train_equal": bool(train_same),
+                "last_day_rows": len(their_days[-1]),
+                "last_day_equal": bool(last_same),
+                "highest_id": int(max(ours[s][:, 1:].max() for s in ours if len(ours[s]))),
+            }
+    print(
+        json.dumps({"days": DAYS, "rows_per_day": args.rows_per_day, "results": report, "equal": bool(equal)})
+    )
     return 0 if equal else 1
 
 

@@ -41,9 +41,34 @@ from dlrm_contracts.verify import verify_dataset
 
 # Criteo Terabyte unique values per column (docs: criteo_terabyte_facts.md), capped so the
 # benchmark input stays laptop-sized while keeping int32 tables.
-TERABYTE_UNIQUES = [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956,
-                    405282, 10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510,
-                    590152, 12973, 108, 36]
+TERABYTE_UNIQUES = [
+    227605432,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    130229467,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    292775614,
+    40790948,
+    187188510,
+    590152,
+    12973,
+    108,
+    36,
+]
 CAP = 5_000_000
 
 
@@ -53,8 +78,15 @@ def _ids(rng: np.random.Generator, kept: int, n: int) -> np.ndarray:
     return np.where(ranks > kept, 0, ranks).astype(np.int32)
 
 
-def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int = 4,
-                         seed: int = 0, row_group_rows: int = 1_000_000, cap: int = CAP) -> Path:
+def make_parquet_workdir(
+    root: Path,
+    rows: int,
+    threshold: int = 2,
+    files: int = 4,
+    seed: int = 0,
+    row_group_rows: int = 1_000_000,
+    cap: int = CAP,
+) -> Path:
     """A workdir with parquet/{train,test,validation} and counts/histogram.parquet."""
     rng = np.random.default_rng(seed)
     kept = [min(u, cap) for u in TERABYTE_UNIQUES]
@@ -71,8 +103,12 @@ def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int =
                 columns[name] = pa.array(np.log(rng.integers(0, 5000, n) + 3).astype(np.float32))
             for name, k in zip(CAT_COLUMNS, kept):
                 columns[name] = pa.array(_ids(rng, k, n))
-            pq.write_table(pa.table(columns), parquet / split / f"part-{f:05d}.snappy.parquet",
-                           row_group_size=max(1, min(n, row_group_rows)), compression="snappy")
+            pq.write_table(
+                pa.table(columns),
+                parquet / split / f"part-{f:05d}.snappy.parquet",
+                row_group_size=max(1, min(n, row_group_rows)),
+                compression="snappy",
+            )
     (parquet / "model_size.json").write_text(json.dumps({c: k + 1 for c, k in zip(CAT_COLUMNS, kept)}))
     (parquet / "preprocess.json").write_text(json.dumps({"threshold_spec": str(threshold)}))
     (parquet / "_SUCCESS").write_text("")
@@ -80,8 +116,7 @@ def make_parquet_workdir(root: Path, rows: int, threshold: int = 2, files: int =
     return root
 
 
-def _write_histogram(counts: Path, kept: list[int], threshold: int,
-                     rng: np.random.Generator) -> None:
+def _write_histogram(counts: Path, kept: list[int], threshold: int, rng: np.random.Generator) -> None:
     """Counts consistent with the ids: value of id i has a count that falls with i, >= T."""
     counts.mkdir(parents=True, exist_ok=True)
     column, count, num_values = [], [], []
@@ -94,9 +129,16 @@ def _write_histogram(counts: Path, kept: list[int], threshold: int,
         column.append(name)  # values below the base threshold exist too
         count.append(1)
         num_values.append(int(rng.integers(1, 1000)))
-    pq.write_table(pa.table({"column": column, "count": pa.array(count, pa.int64()),
-                             "num_values": pa.array(num_values, pa.int64())}),
-                   counts / "histogram.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "column": column,
+                "count": pa.array(count, pa.int64()),
+                "num_values": pa.array(num_values, pa.int64()),
+            }
+        ),
+        counts / "histogram.parquet",
+    )
 
 
 def _bytes(path: Path) -> int:
@@ -105,8 +147,12 @@ def _bytes(path: Path) -> int:
 
 def _run_cli(args: list[str]) -> dict:
     """Run ``python -m converters ...`` in a child (so its peak RSS is its own); JSON summary."""
-    done = subprocess.run([sys.executable, "-m", "converters", *args, "--json", "--no-progress"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "converters", *args, "--json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"converters {args[0]} failed: {done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -122,30 +168,39 @@ def _peak_rss_mb() -> float:
 
 
 def _options(config: ConvertConfig) -> list[str]:
-    return ["--workers", str(config.workers), "--batch-rows", str(config.batch_rows)] + \
-        ([] if config.fsync else ["--no-fsync"]) + \
-        (["--formats", ",".join(config.formats)] if config.formats != ["binary"] else [])
+    return (
+        ["--workers", str(config.workers), "--batch-rows", str(config.batch_rows)]
+        + ([] if config.fsync else ["--no-fsync"])
+        + (["--formats", ",".join(config.formats)] if config.formats != ["binary"] else [])
+    )
 
 
 def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
     parquet, binary = workdir / "parquet", workdir / "bench_binary"
     shutil.rmtree(binary, ignore_errors=True)
     cpu = _children_cpu_s()
-    multi_hot = (["--multi-hot-sizes", ",".join(map(str, config.multi_hot_sizes))]
-                 if config.multi_hot_sizes else [])
-    summary = _run_cli(["convert", "--parquet", str(parquet), "--output", str(binary),
-                        *_options(config), *multi_hot])
+    multi_hot = (
+        ["--multi-hot-sizes", ",".join(map(str, config.multi_hot_sizes))] if config.multi_hot_sizes else []
+    )
+    summary = _run_cli(
+        ["convert", "--parquet", str(parquet), "--output", str(binary), *_options(config), *multi_hot]
+    )
     convert_rss = _peak_rss_mb()
     convert_cpu = _children_cpu_s() - cpu
     rows = sum(summary["rows"].values())
     out_mb = summary["bytes_written"] / 1e6
-    result = {"rows": rows, "parquet_MB": round(_bytes(parquet) / 1e6, 1),
-              "convert_s": summary["seconds"], "convert_rows_per_s": round(rows / summary["seconds"]),
-              "convert_s_per_1M_rows": round(summary["seconds"] / rows * 1e6, 3),
-              "convert_out_MB_per_s": round(out_mb / summary["seconds"], 1),
-              "convert_cpu_s": round(convert_cpu, 2),
-              "convert_cpu_s_per_1M_rows": round(convert_cpu / rows * 1e6, 3),
-              "convert_peak_rss_MB": round(convert_rss), "binary_MB": round(out_mb, 1)}
+    result = {
+        "rows": rows,
+        "parquet_MB": round(_bytes(parquet) / 1e6, 1),
+        "convert_s": summary["seconds"],
+        "convert_rows_per_s": round(rows / summary["seconds"]),
+        "convert_s_per_1M_rows": round(summary["seconds"] / rows * 1e6, 3),
+        "convert_out_MB_per_s": round(out_mb / summary["seconds"], 1),
+        "convert_cpu_s": round(convert_cpu, 2),
+        "convert_cpu_s_per_1M_rows": round(convert_cpu / rows * 1e6, 3),
+        "convert_peak_rss_MB": round(convert_rss),
+        "binary_MB": round(out_mb, 1),
+    }
     start = time.perf_counter()
     verify_dataset(binary, full=True, workers=config.workers)
     seconds = time.perf_counter() - start
@@ -154,15 +209,31 @@ def bench(workdir: Path, new_threshold: str, config: ConvertConfig) -> dict:
         target = workdir / "bench_rethreshold"
         shutil.rmtree(target, ignore_errors=True)
         cpu = _children_cpu_s()
-        re = _run_cli(["rethreshold", "--source", str(binary), "--counts", str(workdir / "counts"),
-                       "--frequency-threshold", new_threshold, "--output", str(target),
-                       *_options(config)] + ([] if link else ["--copy-unchanged"]))
+        re = _run_cli(
+            [
+                "rethreshold",
+                "--source",
+                str(binary),
+                "--counts",
+                str(workdir / "counts"),
+                "--frequency-threshold",
+                new_threshold,
+                "--output",
+                str(target),
+                *_options(config),
+            ]
+            + ([] if link else ["--copy-unchanged"])
+        )
         tag = "rethreshold" if link else "rethreshold_copy"
-        result.update({f"{tag}_s": re["seconds"],
-                       f"{tag}_rows_per_s": round(rows / re["seconds"]),
-                       f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1),
-                       f"{tag}_cpu_s_process": round(_children_cpu_s() - cpu, 2),
-                       f"{tag}_MB_written": round(re["bytes_written"] / 1e6, 1)})
+        result.update(
+            {
+                f"{tag}_s": re["seconds"],
+                f"{tag}_rows_per_s": round(rows / re["seconds"]),
+                f"{tag}_in_MB_per_s": round(out_mb / re["seconds"], 1),
+                f"{tag}_cpu_s_process": round(_children_cpu_s() - cpu, 2),
+                f"{tag}_MB_written": round(re["bytes_written"] / 1e6, 1),
+            }
+        )
         shutil.rmtree(target, ignore_errors=True)
     result["peak_rss_MB_any_child"] = round(_peak_rss_mb())
     result["load_average_1min"] = round(os.getloadavg()[0], 1)
@@ -178,23 +249,30 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=ConvertConfig().workers)
     parser.add_argument("--batch-rows", type=int, default=ConvertConfig().batch_rows)
     parser.add_argument("--no-fsync", action="store_true")
-    parser.add_argument("--row-group-rows", type=int, default=1_000_000,
-                        help="parquet row group size of the generated input (Spark: ~128 MB)")
+    parser.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=1_000_000,
+        help="parquet row group size of the generated input (Spark: ~128 MB)",
+    )
     parser.add_argument("--cap", type=int, default=CAP, help="largest table of the input")
     parser.add_argument("--multi-hot-sizes", help="convert multi-hot, e.g. MLPerf's 3,2,1,...")
     parser.add_argument("--formats", default="binary", help="e.g. binary,mlperf_multihot")
     args = parser.parse_args()
-    config = ConvertConfig(workers=args.workers, batch_rows=args.batch_rows, progress=False,
-                           fsync=not args.no_fsync, formats=args.formats.split(","),
-                           multi_hot_sizes=[int(k) for k in args.multi_hot_sizes.split(",")]
-                           if args.multi_hot_sizes else None)
+    config = ConvertConfig(
+        workers=args.workers,
+        batch_rows=args.batch_rows,
+        progress=False,
+        fsync=not args.no_fsync,
+        formats=args.formats.split(","),
+        multi_hot_sizes=[int(k) for k in args.multi_hot_sizes.split(",")] if args.multi_hot_sizes else None,
+    )
     if args.workdir:
         print(json.dumps(bench(Path(args.workdir), args.rethreshold, config)))
         return
     for rows in args.rows:
         with tempfile.TemporaryDirectory(prefix="bench_converters_") as tmp:
-            make_parquet_workdir(Path(tmp), rows, row_group_rows=args.row_group_rows,
-                                 cap=args.cap)
+            make_parquet_workdir(Path(tmp), rows, row_group_rows=args.row_group_rows, cap=args.cap)
             print(json.dumps(bench(Path(tmp), args.rethreshold, config)), flush=True)
 
 

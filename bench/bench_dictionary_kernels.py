@@ -89,15 +89,17 @@ def lookups(rng, kept: int) -> str:
 
         pandas_index = pd.Index(values.astype(np.int64))
         ids0 = np.concatenate([[0], ids])
-        pandas_index.get_indexer(query[:1])    # builds its hash table once, outside the timing
+        pandas_index.get_indexer(query[:1])  # builds its hash table once, outside the timing
         searched = best_seconds(by_searchsorted)
         hashed = best_seconds(lambda: ids0[pandas_index.get_indexer(query) + 1])
         assert (by_searchsorted() == expected).all()
         assert (ids0[pandas_index.get_indexer(query) + 1] == expected).all()
         size = dictionary_index.index_bytes(Path(tmp) / "index")
     per = lambda s: s / BATCH * 1e9  # noqa: E731
-    return (f"{kept:>12,} kept: index {per(ours):6.1f} ns, numpy searchsorted {per(searched):6.1f} ns, "
-            f"pandas get_indexer {per(hashed):6.1f} ns per lookup; index {size / kept:.2f} B/value")
+    return (
+        f"{kept:>12,} kept: index {per(ours):6.1f} ns, numpy searchsorted {per(searched):6.1f} ns, "
+        f"pandas get_indexer {per(hashed):6.1f} ns per lookup; index {size / kept:.2f} B/value"
+    )
 
 
 def sealing_and_opening(rng, kept: int) -> str:
@@ -115,14 +117,22 @@ def sealing_and_opening(rng, kept: int) -> str:
         layout = dictionary_index.ColumnLayout.of(bounds, np.diff(cut))
         dictionary_index.create_index(directory, {"C1": layout})
         for r in range(ranges):
-            dictionary_index.write_region(str(directory), "C1", r, int(layout.sizes[r]),
-                                          values[cut[r]:cut[r + 1]], ids[cut[r]:cut[r + 1]])
+            dictionary_index.write_region(
+                str(directory),
+                "C1",
+                r,
+                int(layout.sizes[r]),
+                values[cut[r] : cut[r + 1]],
+                ids[cut[r] : cut[r + 1]],
+            )
         seal = best_seconds(lambda: dictionary_index.seal_index(directory), 3)
         opened = best_seconds(lambda: dictionary_index.DictionaryIndex(str(directory), ("C1",)), 3)
         size = dictionary_index.index_bytes(directory)
-    return (f"{kept:>12,} kept ({size / 1e6:,.0f} MB, {ranges} ranges): seal {seal:.3f} s "
-            f"({size / seal / 1e9:.1f} GB/s), a worker's open {opened:.3f} s "
-            f"({size / opened / 1e9:.1f} GB/s, {opened / kept * 1e9:.1f} ns per kept value)")
+    return (
+        f"{kept:>12,} kept ({size / 1e6:,.0f} MB, {ranges} ranges): seal {seal:.3f} s "
+        f"({size / seal / 1e9:.1f} GB/s), a worker's open {opened:.3f} s "
+        f"({size / opened / 1e9:.1f} GB/s, {opened / kept * 1e9:.1f} ns per kept value)"
+    )
 
 
 def counting(rng, distinct: int) -> str:
@@ -131,17 +141,24 @@ def counting(rng, distinct: int) -> str:
     chunk = rng.integers(0, distinct, 262_144).astype(np.int64)
     ours = best_seconds(lambda: count_values(chunk))
     theirs = best_seconds(lambda: pd.Series(chunk).value_counts(sort=False))
-    return (f"{distinct:>12,} possible values: count_values {ours / len(chunk) * 1e9:5.1f} ns, "
-            f"pandas value_counts {theirs / len(chunk) * 1e9:5.1f} ns per value")
+    return (
+        f"{distinct:>12,} possible values: count_values {ours / len(chunk) * 1e9:5.1f} ns, "
+        f"pandas value_counts {theirs / len(chunk) * 1e9:5.1f} ns per value"
+    )
 
 
 def merging(rng, distinct: int, parts: int = 40) -> str:
     """A value group's merge: ``parts`` partial counts (sorted runs) of a column with
     ``distinct`` possible values summed, by ``merge_counts`` (one sort of packed
     value-count keys) and by the argsort and two gathers it replaced; results checked equal."""
-    runs = [Counts(np.unique(rng.integers(0, distinct, 60_000)).astype(np.uint32),
-                   rng.integers(1, 4, 60_000).astype(np.uint32)) for _ in range(parts)]
-    runs = [Counts(r.values, r.counts[:len(r.values)]) for r in runs]
+    runs = [
+        Counts(
+            np.unique(rng.integers(0, distinct, 60_000)).astype(np.uint32),
+            rng.integers(1, 4, 60_000).astype(np.uint32),
+        )
+        for _ in range(parts)
+    ]
+    runs = [Counts(r.values, r.counts[: len(r.values)]) for r in runs]
     entries = sum(len(r) for r in runs)
 
     def by_argsort():
@@ -151,14 +168,17 @@ def merging(rng, distinct: int, parts: int = 40) -> str:
         values, counts = values[order], counts[order]
         starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
         return Counts(values[starts], np.add.reduceat(counts, starts))
+
     ours, theirs = merge_counts(runs), by_argsort()
     assert np.array_equal(ours.values, theirs.values) and np.array_equal(ours.counts, theirs.counts)
     a = b = float("inf")
-    for _ in range(5):                      # alternated: a drifting machine treats both alike
+    for _ in range(5):  # alternated: a drifting machine treats both alike
         a = min(a, best_seconds(lambda: merge_counts(runs), 1))
         b = min(b, best_seconds(by_argsort, 1))
-    return (f"{entries:>12,} entries of {distinct:,} possible values: merge_counts "
-            f"{a / entries * 1e9:5.1f} ns, argsort and gathers {b / entries * 1e9:5.1f} ns per entry")
+    return (
+        f"{entries:>12,} entries of {distinct:,} possible values: merge_counts "
+        f"{a / entries * 1e9:5.1f} ns, argsort and gathers {b / entries * 1e9:5.1f} ns per entry"
+    )
 
 
 def group_write(rng, kept: int) -> str:
@@ -175,11 +195,14 @@ def group_write(rng, kept: int) -> str:
     steps["hex strings"] = best_seconds(lambda: format_hex(values), 3)
     table = pa.table({"value": format_hex(values), "id": pa.array(ids), "count": pa.array(counts)})
     with tempfile.TemporaryDirectory() as tmp:
-        steps["parquet"] = best_seconds(lambda: pq.write_table(
-            table, f"{tmp}/part.parquet", compression="snappy", use_dictionary=["count"]), 3)
-        slots = dictionary_index.region_slots(kept)   # an empty region each time: a full one never ends
-        steps["index region"] = best_seconds(
-            lambda: build_region(values, ids, np.zeros(slots, np.uint64)), 3)
+        steps["parquet"] = best_seconds(
+            lambda: pq.write_table(
+                table, f"{tmp}/part.parquet", compression="snappy", use_dictionary=["count"]
+            ),
+            3,
+        )
+        slots = dictionary_index.region_slots(kept)  # an empty region each time: a full one never ends
+        steps["index region"] = best_seconds(lambda: build_region(values, ids, np.zeros(slots, np.uint64)), 3)
     total = sum(steps.values())
     parts = ", ".join(f"{k} {v / kept * 1e9:.0f}" for k, v in steps.items())
     return f"{kept:>12,} kept: {total / kept * 1e9:.0f} ns per value ({parts})"
@@ -193,7 +216,7 @@ def group_staged_then_filled(rng, kept: int) -> str:
     counts = rng.poisson(4, kept).astype(np.int64) + 2
     totals = Counts(values, counts)
     classes = np.unique(counts)
-    class_first = np.arange(len(classes), dtype=np.int64) * kept + 1   # as if among other groups
+    class_first = np.arange(len(classes), dtype=np.int64) * kept + 1  # as if among other groups
     slots = dictionary_index.region_slots(kept)
     with tempfile.TemporaryDirectory() as tmp:
         index_dir = Path(tmp) / "index"
@@ -202,14 +225,18 @@ def group_staged_then_filled(rng, kept: int) -> str:
         stage = best_seconds(lambda: dictionary_parts.stage_group(tmp, 0, totals, classes, 1), 3)
 
         def fill():
-            dictionary_parts.stage_group(tmp, 0, totals, classes, 1)   # a fresh part each time
+            dictionary_parts.stage_group(tmp, 0, totals, classes, 1)  # a fresh part each time
             start = time.perf_counter()
-            dictionary_parts.fill_group(tmp, 0, classes, class_first, Path(tmp) / "part.parquet",
-                                        str(index_dir), "C1", 0, slots)
+            dictionary_parts.fill_group(
+                tmp, 0, classes, class_first, Path(tmp) / "part.parquet", str(index_dir), "C1", 0, slots
+            )
             return time.perf_counter() - start
+
         filled = min(fill() for _ in range(3))
-    return (f"{kept:>12,} kept: staged in the merge {stage / kept * 1e9:.0f} ns, "
-            f"filled after the barrier {filled / kept * 1e9:.1f} ns per value")
+    return (
+        f"{kept:>12,} kept: staged in the merge {stage / kept * 1e9:.0f} ns, "
+        f"filled after the barrier {filled / kept * 1e9:.1f} ns per value"
+    )
 
 
 def partial_reads(rng, files: int = 200, segment_values: int = 200_000, groups: int = 20) -> str:
@@ -225,21 +252,24 @@ def partial_reads(rng, files: int = 200, segment_values: int = 200_000, groups: 
                 segments.append((0, column, Counts(values, np.ones(len(values), np.uint32))))
             paths.append(f"{tmp}/{f:05d}{partial_files.SUFFIX}")
             partial_files.write(paths[-1], segments)
-        width = 2**32 // 4000                 # a group's share of a column: ~4000 groups in all
+        width = 2**32 // 4000  # a group's share of a column: ~4000 groups in all
         layouts: dict = {}
-        partial_files.read_range(paths, 0, 0, width, layouts)     # the task's first group
+        partial_files.read_range(paths, 0, 0, width, layouts)  # the task's first group
         start, cpu = time.perf_counter(), time.process_time()
         for g in range(1, groups + 1):
             partial_files.read_range(paths, g % 26, g * width, (g + 1) * width, layouts)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     visits = groups * files
-    return (f"{files} files of 26 x {segment_values:,} values: {wall / visits * 1e6:.1f} us "
-            f"({cpu / visits * 1e6:.1f} CPU-us) per (group, file)")
+    return (
+        f"{files} files of 26 x {segment_values:,} values: {wall / visits * 1e6:.1f} us "
+        f"({cpu / visits * 1e6:.1f} CPU-us) per (group, file)"
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="5000,100000,2270000,20000000")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

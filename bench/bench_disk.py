@@ -68,26 +68,45 @@ def one_run(raw: Path, keep: bool, steps: int, size: str, root: Path) -> dict:
         base = {p: used(p) for p in (work, local)}
         sampler.start()
         started = time.time()
-        proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw),
-                               "--workdir", str(work / "w"), "--config", str(config),
-                               "--stages", "preprocess,convert,train", "--max-steps", str(steps)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "--input",
+                str(raw),
+                "--workdir",
+                str(work / "w"),
+                "--config",
+                str(config),
+                "--stages",
+                "preprocess,convert,train",
+                "--max-steps",
+                str(steps),
+            ],
+            capture_output=True,
+            text=True,
+        )
         sampler.stop.set()
         sampler.join()
         if proc.returncode != 0:
             sys.exit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return {"keep_parquet": keep, "seconds": time.time() - started,
-                "workdir_peak": sampler.peaks[work] - base[work],
-                "workdir_final": used(work) - base[work],
-                "local_peak": sampler.peaks[local] - base[local]}
+        return {
+            "keep_parquet": keep,
+            "seconds": time.time() - started,
+            "workdir_peak": sampler.peaks[work] - base[work],
+            "workdir_final": used(work) - base[work],
+            "local_peak": sampler.peaks[local] - base[local],
+        }
     finally:
         for path in (work, local):
             subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--raw", required=True, type=Path)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--size", default="8g", help="size of each tmpfs")
@@ -96,9 +115,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-disk-") as tmp:
         for keep in (True, False):
             r = one_run(args.raw.resolve(), keep, args.steps, args.size, Path(tmp))
-            print(f"keep_parquet={str(keep).lower():<5}  workdir peak {r['workdir_peak'] / mib:8.1f} MiB"
-                  f"  final {r['workdir_final'] / mib:8.1f} MiB  spark.local.dir peak "
-                  f"{r['local_peak'] / mib:8.1f} MiB  ({r['seconds']:.0f} s)", flush=True)
+            print(
+                f"keep_parquet={str(keep).lower():<5}  workdir peak {r['workdir_peak'] / mib:8.1f} MiB"
+                f"  final {r['workdir_final'] / mib:8.1f} MiB  spark.local.dir peak "
+                f"{r['local_peak'] / mib:8.1f} MiB  ({r['seconds']:.0f} s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -84,9 +84,14 @@ def make_step(batch: int, dims, rows_per_table: int, with_tables: bool, xla: boo
     def mlp(fan_in, sizes):
         layers = []
         for size in sizes:
-            layers.append((tf.Variable(rng.normal(0, (2.0 / (fan_in + size)) ** 0.5,
-                                                  (fan_in, size)).astype(np.float32)),
-                           tf.Variable(np.zeros(size, np.float32))))
+            layers.append(
+                (
+                    tf.Variable(
+                        rng.normal(0, (2.0 / (fan_in + size)) ** 0.5, (fan_in, size)).astype(np.float32)
+                    ),
+                    tf.Variable(np.zeros(size, np.float32)),
+                )
+            )
             fan_in = size
         return layers
 
@@ -120,8 +125,7 @@ def make_step(batch: int, dims, rows_per_table: int, with_tables: bool, xla: boo
         for v, g in zip(dense_vars, grads[:-1]):
             v.assign_sub(0.01 * g)
         if with_tables:
-            table.scatter_sub(tf.IndexedSlices(0.01 * tf.reshape(grads[-1], [-1, d]),
-                                               embedded_or_ids))
+            table.scatter_sub(tf.IndexedSlices(0.01 * tf.reshape(grads[-1], [-1, d]), embedded_or_ids))
         return loss
 
     numerical = tf.constant(rng.normal(size=(batch, NUM_NUMERICAL)).astype(np.float32))
@@ -157,10 +161,14 @@ def main() -> int:
     tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
     flops = flops_per_sample(dims.embedding_dim, dims.bottom_mlp, dims.top_mlp)
     gflops = matmul_gflops(args.batch_size, args.steps)
-    print(f"default dims (embedding {dims.embedding_dim}, bottom {dims.bottom_mlp}, top "
-          f"{dims.top_mlp}), batch {args.batch_size}, float32, {threads} threads")
-    print(f"matmul [{args.batch_size},1024]x[1024,1024]: {gflops:.0f} GFLOP/s; a sample's forward "
-          f"+ backward is {flops / 1e6:.2f} MFLOP: arithmetic limit {gflops * 1e9 / flops:,.0f} samples/s")
+    print(
+        f"default dims (embedding {dims.embedding_dim}, bottom {dims.bottom_mlp}, top "
+        f"{dims.top_mlp}), batch {args.batch_size}, float32, {threads} threads"
+    )
+    print(
+        f"matmul [{args.batch_size},1024]x[1024,1024]: {gflops:.0f} GFLOP/s; a sample's forward "
+        f"+ backward is {flops / 1e6:.2f} MFLOP: arithmetic limit {gflops * 1e9 / flops:,.0f} samples/s"
+    )
     results: dict[str, list[float]] = {}
     for _ in range(args.repeat):
         for with_tables in (False, True):
@@ -169,10 +177,19 @@ def main() -> int:
                 fn, inputs = make_step(args.batch_size, dims, args.rows_per_table, with_tables, xla)
                 seconds = timed(fn, inputs, args.steps)
                 results.setdefault(name, []).append(args.batch_size / seconds)
-                print(f"{name:12s} {seconds * 1000:7.1f} ms/step {args.batch_size / seconds:>9,.0f} "
-                      f"samples/s", flush=True)
-    print(json.dumps({"matmul_gflops": round(gflops, 1), "arithmetic_limit": round(gflops * 1e9 / flops),
-                      "samples_per_s": {k: [round(x) for x in v] for k, v in results.items()}}))
+                print(
+                    f"{name:12s} {seconds * 1000:7.1f} ms/step {args.batch_size / seconds:>9,.0f} samples/s",
+                    flush=True,
+                )
+    print(
+        json.dumps(
+            {
+                "matmul_gflops": round(gflops, 1),
+                "arithmetic_limit": round(gflops * 1e9 / flops),
+                "samples_per_s": {k: [round(x) for x in v] for k, v in results.items()},
+            }
+        )
+    )
     return 0
 
 

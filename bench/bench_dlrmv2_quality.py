@@ -68,12 +68,25 @@ def materialize(anchors: Path, torchrec_dir: Path, out: Path, table_sizes: list[
     target = out / "multi_hot_npz"
     if not (target / f"day_{EVAL_DAY}_sparse_multi_hot.npz").exists():
         script = anchors / REFERENCE_DIR / "scripts" / "materialize_synthetic_multihot_dataset.py"
-        anchor.run([anchors / ".venv/bin/python", script, "--in_memory_binary_criteo_path",
-                    torchrec_dir, "--output_path", target, "--copy_labels_and_dense",
-                    "--num_embeddings_per_feature", ",".join(map(str, table_sizes)),
-                    "--multi_hot_sizes", ",".join(map(str, MULTI_HOT)),
-                    "--multi_hot_distribution_type", "uniform"],
-                   cwd=anchors / REFERENCE_DIR, env={**os.environ, "PYTHONPATH": ""})
+        anchor.run(
+            [
+                anchors / ".venv/bin/python",
+                script,
+                "--in_memory_binary_criteo_path",
+                torchrec_dir,
+                "--output_path",
+                target,
+                "--copy_labels_and_dense",
+                "--num_embeddings_per_feature",
+                ",".join(map(str, table_sizes)),
+                "--multi_hot_sizes",
+                ",".join(map(str, MULTI_HOT)),
+                "--multi_hot_distribution_type",
+                "uniform",
+            ],
+            cwd=anchors / REFERENCE_DIR,
+            env={**os.environ, "PYTHONPATH": ""},
+        )
     return target
 
 
@@ -92,9 +105,11 @@ def multi_hot_dataset(one_hot: Path, npz_dir: Path, out: Path) -> Path:
         with np.load(npz_dir / f"day_{day}_sparse_multi_hot.npz") as npz:
             for j in columns:
                 columns[j].append(npz[str(j)])
-    bounds = {"train": (0, splits["train"]),
-              "test": (splits["train"], splits["train"] + splits["test"]),
-              "validation": (splits["train"] + splits["test"], sum(splits.values()))}
+    bounds = {
+        "train": (0, splits["train"]),
+        "test": (splits["train"], splits["train"] + splits["test"]),
+        "validation": (splits["train"] + splits["test"], sum(splits.values())),
+    }
     checksums = dict(description[CHECKSUMS_KEY])
     for split, (lo, hi) in bounds.items():
         (target / split).mkdir(parents=True)
@@ -117,24 +132,59 @@ def multi_hot_dataset(one_hot: Path, npz_dir: Path, out: Path) -> Path:
 
 
 def torchrec_run(anchors: Path, npz_dir: Path, table_sizes: list[int], args) -> dict:
-    command = [anchors / ".venv/bin/torchrun", "--standalone", "--nproc_per_node", "1",
-               "dlrm_main.py", "--synthetic_multi_hot_criteo_path", npz_dir,
-               "--num_embeddings_per_feature", ",".join(map(str, table_sizes)),
-               "--embedding_dim", args.dim, "--dense_arch_layer_sizes", f"64,{args.dim}",
-               "--over_arch_layer_sizes", "64,32,1", "--interaction_type", "dcn",
-               "--dcn_num_layers", 3, "--dcn_low_rank_dim", args.dim, "--adagrad",
-               "--learning_rate", args.lr, "--batch_size", args.batch, "--test_batch_size",
-               args.batch, "--epochs", 1, "--evaluate_on_training_end", "--seed", args.seed]
+    command = [
+        anchors / ".venv/bin/torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "dlrm_main.py",
+        "--synthetic_multi_hot_criteo_path",
+        npz_dir,
+        "--num_embeddings_per_feature",
+        ",".join(map(str, table_sizes)),
+        "--embedding_dim",
+        args.dim,
+        "--dense_arch_layer_sizes",
+        f"64,{args.dim}",
+        "--over_arch_layer_sizes",
+        "64,32,1",
+        "--interaction_type",
+        "dcn",
+        "--dcn_num_layers",
+        3,
+        "--dcn_low_rank_dim",
+        args.dim,
+        "--adagrad",
+        "--learning_rate",
+        args.lr,
+        "--batch_size",
+        args.batch,
+        "--test_batch_size",
+        args.batch,
+        "--epochs",
+        1,
+        "--evaluate_on_training_end",
+        "--seed",
+        args.seed,
+    ]
     start = time.perf_counter()
     print("+", " ".join(map(str, command)), flush=True)
-    proc = subprocess.run([str(c) for c in command], cwd=anchors / REFERENCE_DIR,
-                          capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "2"})
+    proc = subprocess.run(
+        [str(c) for c in command],
+        cwd=anchors / REFERENCE_DIR,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "2"},
+    )
     if proc.returncode != 0:
         sys.exit(f"dlrm_main.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     found = dict(re.findall(r"AUROC over (\w+) set: ([0-9]+\.[0-9]+)", proc.stdout))
-    return {"model": "TorchRec dlrm_main.py, DCN", "validation_auc": float(found["test"]),
-            "test_auc": None, "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "model": "TorchRec dlrm_main.py, DCN",
+        "validation_auc": float(found["test"]),
+        "test_auc": None,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def ours_run(dataset: Path, interaction: str, out: Path, args) -> dict:
@@ -147,19 +197,35 @@ def ours_run(dataset: Path, interaction: str, out: Path, args) -> dict:
         f"  learning_rate: {args.lr}\n  learning_rate_scaling: none\n"
         "  adagrad_initial_accumulator: 0.0\n  adagrad_epsilon: 1.0e-8\n  warmup_steps: 0\n"
         f"  batch_size: {args.batch}\n  epochs: 1\n  early_stopping_patience: 0\n"
-        "  evals_per_epoch: 1\n  shuffle_batches: false\n")
+        "  evals_per_epoch: 1\n  shuffle_batches: false\n"
+    )
     workdir = out / f"trainer_{interaction}{args.tag}"
     shutil.rmtree(workdir, ignore_errors=True)
     start = time.perf_counter()
-    command = [sys.executable, "-m", "trainer", "--dataset", dataset, "--workdir", workdir,
-               "--config", config, "--seed", args.seed]
+    command = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--dataset",
+        dataset,
+        "--workdir",
+        workdir,
+        "--config",
+        config,
+        "--seed",
+        args.seed,
+    ]
     print("+", " ".join(map(str, command)), flush=True)
     proc = subprocess.run([str(c) for c in command], cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"our trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads((workdir / "logs" / "summary_train.json").read_text())
-    return {"model": f"ours, {interaction}", "validation_auc": summary.get("validation_auc"),
-            "test_auc": summary.get("test_auc"), "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "model": f"ours, {interaction}",
+        "validation_auc": summary.get("validation_auc"),
+        "test_auc": summary.get("test_auc"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def main() -> int:
@@ -173,25 +239,39 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--models", default="torchrec,dcn,dot")
-    parser.add_argument("--tag", default="", help="suffix of the trainers' workdirs (runs "
-                        "side by side in one --out)")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the trainers' workdirs (runs side by side in one --out)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     raw, _padded = anchor.raw_days(args.out, args.rows_per_day, args.seed, anchor.REAL_SAMPLE)
     work = anchor.ours(args.out, raw, args.threshold)
     one_hot = work / "binary"
     table_sizes = json.loads((one_hot / "torchrec" / "torchrec.json").read_text())[
-        "num_embeddings_per_feature"]
+        "num_embeddings_per_feature"
+    ]
     npz_dir = materialize(args.anchors, one_hot / "torchrec", args.out, table_sizes)
     dataset = multi_hot_dataset(one_hot, npz_dir, args.out)
     results = []
     for model in args.models.split(","):
-        result = (torchrec_run(args.anchors, npz_dir, table_sizes, args) if model == "torchrec"
-                  else ours_run(dataset, model, args.out, args))
+        result = (
+            torchrec_run(args.anchors, npz_dir, table_sizes, args)
+            if model == "torchrec"
+            else ours_run(dataset, model, args.out, args)
+        )
         print(json.dumps(result), flush=True)
         results.append(result)
-    print(json.dumps({"rows": json.loads((one_hot / "dataset.json").read_text())["splits"],
-                      "dim": args.dim, "batch": args.batch, "lr": args.lr, "results": results}))
+    print(
+        json.dumps(
+            {
+                "rows": json.loads((one_hot / "dataset.json").read_text())["splits"],
+                "dim": args.dim,
+                "batch": args.batch,
+                "lr": args.lr,
+                "results": results,
+            }
+        )
+    )
     return 0
 
 

@@ -41,9 +41,16 @@ def run_once(config: GeneratorConfig, out: Path) -> dict:
     seconds = time.perf_counter() - start
     cpu = cpu_seconds() - cpu
     size = sum(d["bytes"] for d in meta["days"])
-    return {"workers": config.workers, "rows": meta["rows"], "seconds": seconds,
-            "rows_per_s": meta["rows"] / seconds, "mb_per_s": size / seconds / 1e6,
-            "mb": size / 1e6, "bayes_auc": meta["bayes_auc"], "cpu": cpu}
+    return {
+        "workers": config.workers,
+        "rows": meta["rows"],
+        "seconds": seconds,
+        "rows_per_s": meta["rows"] / seconds,
+        "mb_per_s": size / seconds / 1e6,
+        "mb": size / 1e6,
+        "bayes_auc": meta["bayes_auc"],
+        "cpu": cpu,
+    }
 
 
 def main() -> None:
@@ -55,10 +62,16 @@ def main() -> None:
     p.add_argument("--cardinality-scale", type=float, default=GeneratorConfig.cardinality_scale)
     p.add_argument("--keep", help="write here instead of a temporary directory (kept)")
     args = p.parse_args()
-    base = GeneratorConfig(days=args.days, rows_per_day=args.rows_per_day, gzip=args.gzip,
-                           cardinality_scale=args.cardinality_scale)
-    print(f"generator benchmark: {args.days} days x {args.rows_per_day} rows, "
-          f"gzip={args.gzip}, cardinality_scale={args.cardinality_scale}")
+    base = GeneratorConfig(
+        days=args.days,
+        rows_per_day=args.rows_per_day,
+        gzip=args.gzip,
+        cardinality_scale=args.cardinality_scale,
+    )
+    print(
+        f"generator benchmark: {args.days} days x {args.rows_per_day} rows, "
+        f"gzip={args.gzip}, cardinality_scale={args.cardinality_scale}"
+    )
     for workers in [int(w) for w in args.workers.split(",")]:
         config = dataclasses.replace(base, workers=workers)
         root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-gen-"))
@@ -68,11 +81,13 @@ def main() -> None:
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
-        print(f"workers={r['workers']}: {r['rows']} rows in {r['seconds']:.2f} s = "
-              f"{r['rows_per_s']:,.0f} rows/s, {r['mb_per_s']:.1f} MB/s "
-              f"({r['mb']:.0f} MB, Bayes AUC {r['bayes_auc']:.4f}); CPU {r['cpu']:.1f} s = "
-              f"{r['rows'] / r['cpu']:,.0f} rows per CPU-second; "
-              f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(
+            f"workers={r['workers']}: {r['rows']} rows in {r['seconds']:.2f} s = "
+            f"{r['rows_per_s']:,.0f} rows/s, {r['mb_per_s']:.1f} MB/s "
+            f"({r['mb']:.0f} MB, Bayes AUC {r['bayes_auc']:.4f}); CPU {r['cpu']:.1f} s = "
+            f"{r['rows'] / r['cpu']:,.0f} rows per CPU-second; "
+            f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ def _path(text: str):
     return text if remote.is_url(text) else Path(text)
 
 
-def run_engine(session, input_dir: str, workdir: str, cfg, on_phase=None,
-               chunk_bytes: int | None = None) -> dict:
+def run_engine(
+    session, input_dir: str, workdir: str, cfg, on_phase=None, chunk_bytes: int | None = None
+) -> dict:
     """The Arrow engine's phases on ``input_dir`` into ``workdir`` (paths or URLs), as the
     preprocess job calls them: counts under ``counts/``, dictionaries and index under
     ``parquet/``, the splits in ``parquet/.splits-staging``. Returns the rows per split and
@@ -98,6 +99,7 @@ def run_engine(session, input_dir: str, workdir: str, cfg, on_phase=None,
     engine = ArrowEngine(session, days, cfg)
     if chunk_bytes:
         from spark_jobs.engines.arrow.chunks import plan_chunks
+
         engine.chunks = plan_chunks(days, chunk_bytes)
     seconds = {}
     counts = _path(join(workdir, "counts"))
@@ -111,16 +113,25 @@ def run_engine(session, input_dir: str, workdir: str, cfg, on_phase=None,
         start = time.perf_counter()
         on_phase and on_phase("dictionaries")
         sizes = table_sizes(histogram, spec)
-        engine.write_dictionaries(spec, sizes, _path(join(workdir, "parquet", "dictionaries")),
-                                  _path(join(workdir, "parquet", "dictionary_index")))
+        engine.write_dictionaries(
+            spec,
+            sizes,
+            _path(join(workdir, "parquet", "dictionaries")),
+            _path(join(workdir, "parquet", "dictionary_index")),
+        )
         seconds["dictionaries"] = time.perf_counter() - start
         start = time.perf_counter()
         on_phase and on_phase("transform")
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
         staging = _path(join(workdir, "parquet", ".splits-staging"))
-        engine.write_splits(stats, sizes, _path(join(workdir, "parquet", "dictionaries")),
-                            _path(join(workdir, "parquet", "dictionary_index")), staging,
-                            partitions)
+        engine.write_splits(
+            stats,
+            sizes,
+            _path(join(workdir, "parquet", "dictionaries")),
+            _path(join(workdir, "parquet", "dictionary_index")),
+            staging,
+            partitions,
+        )
         seconds["transform"] = time.perf_counter() - start
         on_phase and on_phase("end")
     finally:
@@ -130,6 +141,7 @@ def run_engine(session, input_dir: str, workdir: str, cfg, on_phase=None,
 
 
 # ---------------------------------------------------------------- the moto server
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -148,8 +160,11 @@ class MotoServer:
 
     def __enter__(self):
         moto = Path(sys.executable).parent / "moto_server"
-        self.process = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -160,8 +175,12 @@ class MotoServer:
         return self
 
     def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}"}
+        return {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+        }
 
     def __exit__(self, *exc):
         self.process.terminate()
@@ -172,9 +191,13 @@ def upload_input(raw: Path, env: dict[str, str], prefix: str, bucket: str = BUCK
     """The day files copied into ``bucket`` (with boto3, as a user's own tools would)."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
     try:
         client.create_bucket(Bucket=bucket)
     except client.exceptions.BucketAlreadyOwnedByYou:
@@ -186,6 +209,7 @@ def upload_input(raw: Path, env: dict[str, str], prefix: str, bucket: str = BUCK
 
 # ---------------------------------------------------------------- one run, in its own process
 
+
 def one_run(args) -> dict:
     from pyspark.sql import SparkSession
 
@@ -194,16 +218,18 @@ def one_run(args) -> dict:
     from spark_jobs.timing import process_tree_cpu_seconds
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (SparkSession.builder.master(args.master).appName("bench-object-store")
-               .config("spark.driver.memory", args.driver_memory)
-               .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "8")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master(args.master)
+        .appName("bench-object-store")
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
-    cfg = PreprocessConfig(frequency_threshold=args.threshold, engine="arrow",
-                           arrow_exchange=args.exchange)
+    cfg = PreprocessConfig(frequency_threshold=args.threshold, engine="arrow", arrow_exchange=args.exchange)
     marks = []
     log = os.environ.get("CRITEO_DLRM_IO_LOG")
 
@@ -233,8 +259,7 @@ def phase_requests(log: Path, moto_log: Path | None, marks) -> dict:
             kinds[kind] += 1
             nbytes[kind] += int(size)
         served = [m for m in moto[ma:mb] if '" 20' in m or '" 40' in m]
-        out[name] = {"requests": dict(kinds), "bytes": dict(nbytes),
-                     "moto_requests": len(served)}
+        out[name] = {"requests": dict(kinds), "bytes": dict(nbytes), "moto_requests": len(served)}
     return out
 
 
@@ -252,9 +277,23 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     else:
         input_dir = str(raw)
         workdir = str(Path(args.data_root) / f"work-{tag}")
-    command = [sys.executable, __file__, "--one", "--input", input_dir, "--workdir", workdir,
-               "--exchange", exchange, "--threshold", args.threshold, "--master", args.master,
-               "--driver-memory", args.driver_memory]
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        "--input",
+        input_dir,
+        "--workdir",
+        workdir,
+        "--exchange",
+        exchange,
+        "--threshold",
+        args.threshold,
+        "--master",
+        args.master,
+        "--driver-memory",
+        args.driver_memory,
+    ]
     if where == "s3":
         command += ["--moto-log", str(server.log)]
     server_cpu = _cpu_seconds(server.process.pid) if server else 0.0
@@ -271,8 +310,9 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     result["run"] = run
     # the S3 server runs on the same cores: its CPU is part of what the run waited for
     result["server_cpu_seconds"] = round(server_cpu, 1) if where == "s3" else 0.0
-    result["cpu_seconds"] = {m[0]: round(n[3] - m[3], 1)
-                             for m, n in zip(result["marks"], result["marks"][1:])}
+    result["cpu_seconds"] = {
+        m[0]: round(n[3] - m[3], 1) for m, n in zip(result["marks"], result["marks"][1:])
+    }
     return result
 
 
@@ -307,11 +347,15 @@ def main(argv=None) -> int:
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=2_500_000)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--high-cardinality", action="store_true",
-                        help="the input whose five big columns are uniform over --uniform-values")
+    parser.add_argument(
+        "--high-cardinality",
+        action="store_true",
+        help="the input whose five big columns are uniform over --uniform-values",
+    )
     parser.add_argument("--uniform-values", type=int, default=2_500_000)
-    parser.add_argument("--runs", default="local,s3",
-                        help="comma-separated: local, s3, and <where>:<files|shuffle>")
+    parser.add_argument(
+        "--runs", default="local,s3", help="comma-separated: local, s3, and <where>:<files|shuffle>"
+    )
     parser.add_argument("--threshold", default="2")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
@@ -324,8 +368,9 @@ def main(argv=None) -> int:
 
     root = Path(args.data_root)
     root.mkdir(parents=True, exist_ok=True)
-    uniform = tuple((c, args.uniform_values) for c in HIGH_CARDINALITY_COLUMNS) \
-        if args.high_cardinality else ()
+    uniform = (
+        tuple((c, args.uniform_values) for c in HIGH_CARDINALITY_COLUMNS) if args.high_cardinality else ()
+    )
     raw = ensure_input(root, args.days, args.rows_per_day, args.seed, uniform)
     results = []
     with MotoServer(root / "moto.log") as server:
@@ -333,29 +378,39 @@ def main(argv=None) -> int:
             result = launch(run, raw, args, server)
             results.append(result)
             rate = result["rows_in"] / result["wall_seconds"]
-            print(f"{run:16s} {result['wall_seconds']:7.1f} s  {rate:9.0f} rows/s  "
-                  + "  ".join(f"{p} {result['seconds'][p]:.1f} s" for p in PHASES)
-                  + "  cpu " + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items())
-                  + (f"  S3 server cpu {result['server_cpu_seconds']}" if run.startswith("s3")
-                     else ""), flush=True)
+            print(
+                f"{run:16s} {result['wall_seconds']:7.1f} s  {rate:9.0f} rows/s  "
+                + "  ".join(f"{p} {result['seconds'][p]:.1f} s" for p in PHASES)
+                + "  cpu "
+                + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items())
+                + (f"  S3 server cpu {result['server_cpu_seconds']}" if run.startswith("s3") else ""),
+                flush=True,
+            )
             for phase, io in result.get("io", {}).items():
-                print(f"    {phase:13s} requests {io['requests']}  bytes {io['bytes']}  "
-                      f"(moto served {io['moto_requests']})", flush=True)
+                print(
+                    f"    {phase:13s} requests {io['requests']}  bytes {io['bytes']}  "
+                    f"(moto served {io['moto_requests']})",
+                    flush=True,
+                )
     locals_ = [r for r in results if r["run"] == "local"]
-    if locals_:                 # each run against the mean of the local runs (the machine drifts)
+    if locals_:  # each run against the mean of the local runs (the machine drifts)
         wall = sum(r["wall_seconds"] for r in locals_) / len(locals_)
         phase = {p: sum(r["seconds"][p] for r in locals_) / len(locals_) for p in PHASES}
         cpu = sum(sum(r["cpu_seconds"].values()) for r in locals_) / len(locals_)
         cores = _cores(args.master)
         for r in results:
             if r["run"] != "local":
-                print(f"{r['run']} / local rate: {wall / r['wall_seconds']:.2f}  "
-                      + "  ".join(f"{p} {phase[p] / r['seconds'][p]:.2f}" for p in PHASES))
+                print(
+                    f"{r['run']} / local rate: {wall / r['wall_seconds']:.2f}  "
+                    + "  ".join(f"{p} {phase[p] / r['seconds'][p]:.2f}" for p in PHASES)
+                )
                 if r["server_cpu_seconds"]:
-                    print(f"    not the headline, the S3 server's share taken out: wall less its "
-                          f"CPU / {cores} cores {wall / _without_server(r, cores):.2f}; "
-                          f"engine CPU only (local CPU-s / this run's) "
-                          f"{cpu / sum(r['cpu_seconds'].values()):.2f}")
+                    print(
+                        f"    not the headline, the S3 server's share taken out: wall less its "
+                        f"CPU / {cores} cores {wall / _without_server(r, cores):.2f}; "
+                        f"engine CPU only (local CPU-s / this run's) "
+                        f"{cpu / sum(r['cpu_seconds'].values()):.2f}"
+                    )
     (root / "last_results.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -34,12 +34,15 @@ TIMED = ("preprocess", "convert", "train", "eval")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--load", type=float, help="other jobs' load as the run started")
-    parser.add_argument("--config", help="the preflight section to estimate with (default: "
-                                         "the product's defaults, not the run's)")
+    parser.add_argument(
+        "--config",
+        help="the preflight section to estimate with (default: the product's defaults, not the run's)",
+    )
     args = parser.parse_args()
     summary = json.loads((args.workdir / "summary.json").read_text())
     ran = [s for s in TIMED if summary["stages"].get(s, {}).get("action") == "ran"]
@@ -51,22 +54,27 @@ def main() -> int:
     rows = sum(splits.values())
     speed = calibration.speed(config.preflight, print)
     load = other_load() if args.load is None else args.load
-    needs = time_needs(config, rows, splits["test"] + splits["validation"], speed=speed,
-                       load=load)
-    out = {"workdir": str(args.workdir), "load": load, "speed": dataclasses.asdict(speed),
-           "stages": {}}
+    needs = time_needs(config, rows, splits["test"] + splits["validation"], speed=speed, load=load)
+    out = {"workdir": str(args.workdir), "load": load, "speed": dataclasses.asdict(speed), "stages": {}}
     print(f"{args.workdir}: {rows:,} rows, load {load:.1f}; {speed.source}")
     for part in needs.stages:
         actual = summary["stages"][part.stage]["seconds"]
         bound = f" [{part.seconds:.1f}]" if part.likely is not None else ""
-        print(f"{part.stage:<10} estimate {part.expected:8.1f} s{bound:<10} actual "
-              f"{actual:8.1f} s  actual/estimate {actual / part.expected:5.2f}")
-        out["stages"][part.stage] = {"estimate": round(part.expected, 1),
-                                     "bound": round(part.seconds, 1), "actual": actual,
-                                     "ratio": round(actual / part.expected, 2)}
+        print(
+            f"{part.stage:<10} estimate {part.expected:8.1f} s{bound:<10} actual "
+            f"{actual:8.1f} s  actual/estimate {actual / part.expected:5.2f}"
+        )
+        out["stages"][part.stage] = {
+            "estimate": round(part.expected, 1),
+            "bound": round(part.seconds, 1),
+            "actual": actual,
+            "ratio": round(actual / part.expected, 2),
+        }
     actual_total = sum(summary["stages"][s]["seconds"] for s in out["stages"])
-    print(f"{'total':<10} estimate {needs.expected_total:8.1f} s{'':<10} actual "
-          f"{actual_total:8.1f} s  actual/estimate {actual_total / needs.expected_total:5.2f}")
+    print(
+        f"{'total':<10} estimate {needs.expected_total:8.1f} s{'':<10} actual "
+        f"{actual_total:8.1f} s  actual/estimate {actual_total / needs.expected_total:5.2f}"
+    )
     out["total"] = {"estimate": round(needs.expected_total, 1), "actual": round(actual_total, 1)}
     print(json.dumps(out))
     return 0

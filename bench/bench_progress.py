@@ -51,13 +51,12 @@ def line_gaps(lines: list[tuple[float, str]], stage: str) -> tuple[int, float] |
     if not starts:
         return None
     start = starts[-1]
-    end = next((i for i in range(start, len(lines))
-                if lines[i][1].startswith(f"{stage:<10} ran")), None)
+    end = next((i for i in range(start, len(lines)) if lines[i][1].startswith(f"{stage:<10} ran")), None)
     if end is None:
         return None
     marks = [lines[start][0]]
     count = 0
-    for stamp, message in lines[start + 1:end]:
+    for stamp, message in lines[start + 1 : end]:
         if message.startswith(stage) and " · elapsed " in message:
             marks.append(stamp)
             count += 1
@@ -90,25 +89,40 @@ def eta_errors(workdir: Path, stage: str, min_left: float) -> dict | None:
         ratio = eta / left
         samples += 1
         if at_10 is None:
-            at_10 = {"fraction": round(record.fraction, 3), "eta_s": round(eta, 1),
-                     "left_s": round(left, 1), "ratio": round(ratio, 2)}
+            at_10 = {
+                "fraction": round(record.fraction, 3),
+                "eta_s": round(eta, 1),
+                "left_s": round(left, 1),
+                "ratio": round(ratio, 2),
+            }
         if worst is None or _badness(ratio) > _badness(worst):
             worst = ratio
-    return {"seconds": round(meta["seconds"], 1), "at_10_percent": at_10,
-            "worst_ratio": None if worst is None else round(worst, 2), "reports_judged": samples}
+    return {
+        "seconds": round(meta["seconds"], 1),
+        "at_10_percent": at_10,
+        "worst_ratio": None if worst is None else round(worst, 2),
+        "reports_judged": samples,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--min-left", type=float, default=30.0,
-                        help="judge the ETA only while at least this many seconds were left")
+    parser.add_argument(
+        "--min-left",
+        type=float,
+        default=30.0,
+        help="judge the ETA only while at least this many seconds were left",
+    )
     args = parser.parse_args()
     lines = log_lines(args.workdir)
     table = {}
-    print(f"{'stage':<11}{'seconds':>9}{'lines':>7}{'max gap s':>11}   ETA/actual at 10%"
-          "            worst from 10% on")
+    print(
+        f"{'stage':<11}{'seconds':>9}{'lines':>7}{'max gap s':>11}   ETA/actual at 10%"
+        "            worst from 10% on"
+    )
     for stage in STAGES:
         gaps = line_gaps(lines, stage)
         if gaps is None:
@@ -116,12 +130,17 @@ def main() -> int:
         errors = eta_errors(args.workdir, stage, args.min_left) or {}
         table[stage] = {"progress_lines": gaps[0], "max_gap_s": gaps[1], **errors}
         at_10 = errors.get("at_10_percent")
-        shown = (f"{at_10['ratio']:.2f} (ETA {at_10['eta_s']:.0f} s, left {at_10['left_s']:.0f} s)"
-                 if at_10 else "-")
+        shown = (
+            f"{at_10['ratio']:.2f} (ETA {at_10['eta_s']:.0f} s, left {at_10['left_s']:.0f} s)"
+            if at_10
+            else "-"
+        )
         worst = errors.get("worst_ratio")
-        print(f"{stage:<11}{errors.get('seconds', float('nan')):>9.1f}{gaps[0]:>7}{gaps[1]:>11.0f}"
-              f"   {shown:<29}{'-' if worst is None else f'{worst:.2f}':>6}"
-              f"  ({errors.get('reports_judged', 0)} reports)")
+        print(
+            f"{stage:<11}{errors.get('seconds', float('nan')):>9.1f}{gaps[0]:>7}{gaps[1]:>11.0f}"
+            f"   {shown:<29}{'-' if worst is None else f'{worst:.2f}':>6}"
+            f"  ({errors.get('reports_judged', 0)} reports)"
+        )
     print(json.dumps(table))
     return 0
 

@@ -67,8 +67,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlrm_contracts.binary_format import (  # noqa: E402
-    LABEL_FILE, NUM_CATEGORICAL, NUM_NUMERICAL, NUMERICAL_FILE, DatasetError, cat_file, read_info,
-    row_width)
+    LABEL_FILE,
+    NUM_CATEGORICAL,
+    NUM_NUMERICAL,
+    NUMERICAL_FILE,
+    DatasetError,
+    cat_file,
+    read_info,
+    row_width,
+)
 from trainer.data import open_dataset  # noqa: E402
 
 RECORD_WIDTH = 1 + NUM_NUMERICAL + NUM_CATEGORICAL  # label, 13 integers, 26 ids (int32 each)
@@ -78,22 +85,41 @@ INT32_MAX = np.iinfo(np.int32).max
 # The reference's own recipes (its bench/ scripts), less the data paths and the flags named
 # in the module docstring.
 RECIPES = {
-    "mlperf": ["--arch-sparse-feature-size=128", "--arch-mlp-bot=13-512-256-128",
-               "--arch-mlp-top=1024-1024-512-256-1", "--learning-rate=1.0",
-               "--mini-batch-size=2048", "--mlperf-bin-shuffle"],
-    "terabyte": ["--arch-sparse-feature-size=64", "--arch-mlp-bot=13-512-256-64",
-                 "--arch-mlp-top=512-512-256-1", "--learning-rate=0.1",
-                 "--mini-batch-size=2048"],
+    "mlperf": [
+        "--arch-sparse-feature-size=128",
+        "--arch-mlp-bot=13-512-256-128",
+        "--arch-mlp-top=1024-1024-512-256-1",
+        "--learning-rate=1.0",
+        "--mini-batch-size=2048",
+        "--mlperf-bin-shuffle",
+    ],
+    "terabyte": [
+        "--arch-sparse-feature-size=64",
+        "--arch-mlp-bot=13-512-256-64",
+        "--arch-mlp-top=512-512-256-1",
+        "--learning-rate=0.1",
+        "--mini-batch-size=2048",
+    ],
 }
 # The reference scores the test split every --test-freq batches and after the last one; its
 # default (-1) never does, so a period longer than any epoch means "once, at the end".
 ONLY_AT_THE_END = 10**9
 # --mlperf-logging is what makes the reference score AUC (else accuracy only); with
 # --memory-map and --data-set=terabyte it selects the MLPerf binary loader.
-COMMON = ["--data-generation=dataset", "--data-set=terabyte", "--loss-function=bce",
-          "--round-targets=True", "--nepochs=1", f"--test-freq={ONLY_AT_THE_END}",
-          "--test-mini-batch-size=16384", "--print-freq=64", "--print-time", "--memory-map",
-          "--mlperf-logging", "--mlperf-bin-loader"]
+COMMON = [
+    "--data-generation=dataset",
+    "--data-set=terabyte",
+    "--loss-function=bce",
+    "--round-targets=True",
+    "--nepochs=1",
+    f"--test-freq={ONLY_AT_THE_END}",
+    "--test-mini-batch-size=16384",
+    "--print-freq=64",
+    "--print-time",
+    "--memory-map",
+    "--mlperf-logging",
+    "--mlperf-bin-loader",
+]
 AUC_LINE = re.compile(r"\bauc ([0-9.]+), best auc")
 
 
@@ -104,12 +130,16 @@ def reference_ints(numerical: np.ndarray) -> np.ndarray:
     x >= -2) or one the reference's int32 record cannot hold (x + 3 >= 2^31), instead of
     feeding the reference a log of 0 or a wrapped integer."""
     if numerical.size and numerical.min() < 0:
-        raise DatasetError(f"a numerical of {float(numerical.min())} is below 0: not the "
-                           f"pipeline's log(x + 3), which the reference's records rebuild")
+        raise DatasetError(
+            f"a numerical of {float(numerical.min())} is below 0: not the "
+            f"pipeline's log(x + 3), which the reference's records rebuild"
+        )
     restored = np.rint(np.exp(numerical.astype(np.float64)))
     if restored.size and restored.max() > INT32_MAX:
-        raise DatasetError(f"a numerical of {restored.max():.0f} (exp of the stored log) does "
-                           f"not fit the reference's int32 records")
+        raise DatasetError(
+            f"a numerical of {restored.max():.0f} (exp of the stored log) does "
+            f"not fit the reference's int32 records"
+        )
     return restored.astype(np.int32) - 1
 
 
@@ -132,9 +162,9 @@ def write_records(dataset: Path, split: str, out_path: Path, rows: int | None = 
     with open(out_path, "wb") as out:
         for start in range(0, rows, CHUNK_ROWS):
             stop = min(start + CHUNK_ROWS, rows)
-            block = record[:stop - start]
+            block = record[: stop - start]
             block[:, 0] = columns[LABEL_FILE][start:stop]
-            block[:, 1:1 + NUM_NUMERICAL] = reference_ints(columns[NUMERICAL_FILE][start:stop])
+            block[:, 1 : 1 + NUM_NUMERICAL] = reference_ints(columns[NUMERICAL_FILE][start:stop])
             for i in range(NUM_CATEGORICAL):
                 block[:, 1 + NUM_NUMERICAL + i] = columns[cat_file(i)][start:stop]
             out.write(block.tobytes())
@@ -153,17 +183,24 @@ def convert(dataset: Path, workdir: Path, train_rows: int | None, test_rows: int
     """The three files the reference's MLPerf loader opens, under ``workdir/input``."""
     started = time.perf_counter()
     data = workdir / "input"
-    written = {"train": write_records(dataset, "train", data / "processed_train.bin", train_rows),
-               "test": write_records(dataset, "test", data / "processed_test.bin", test_rows)}
+    written = {
+        "train": write_records(dataset, "train", data / "processed_train.bin", train_rows),
+        "test": write_records(dataset, "test", data / "processed_test.bin", test_rows),
+    }
     write_counts(dataset, data / "day_fea_count.npz")
     return {"rows": written, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def reference_command(python: str, reference: Path, workdir: Path, recipe: str) -> list[str]:
     data = workdir / "input"
-    return [python, str(reference / "dlrm_s_pytorch.py"), *RECIPES[recipe], *COMMON,
-            f"--raw-data-file={data / 'day'}",
-            f"--processed-data-file={data / 'processed.npz'}"]
+    return [
+        python,
+        str(reference / "dlrm_s_pytorch.py"),
+        *RECIPES[recipe],
+        *COMMON,
+        f"--raw-data-file={data / 'day'}",
+        f"--processed-data-file={data / 'processed.npz'}",
+    ]
 
 
 def child_cpu_seconds() -> float:
@@ -180,37 +217,54 @@ def run_reference(command: list[str], reference: Path, log_path: Path, threads: 
     started, cpu_before = time.perf_counter(), child_cpu_seconds()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(log_path, "w") as log:
-        code = subprocess.run(command, cwd=reference, stdout=log, stderr=subprocess.STDOUT,
-                              env=env).returncode
+        code = subprocess.run(
+            command, cwd=reference, stdout=log, stderr=subprocess.STDOUT, env=env
+        ).returncode
     text = log_path.read_text()
     aucs = AUC_LINE.findall(text)
     if code != 0 or not aucs:
         tail = "\n".join(text.splitlines()[-20:])
-        raise SystemExit(f"the reference failed (exit {code}, {len(aucs)} AUC lines); "
-                         f"log {log_path}:\n{tail}")
-    return {"test_auc": float(aucs[-1]), "wall_s": round(time.perf_counter() - started, 1),
-            "cpu_s": round(child_cpu_seconds() - cpu_before, 1), "threads": threads,
-            "log": str(log_path)}
+        raise SystemExit(
+            f"the reference failed (exit {code}, {len(aucs)} AUC lines); log {log_path}:\n{tail}"
+        )
+    return {
+        "test_auc": float(aucs[-1]),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "cpu_s": round(child_cpu_seconds() - cpu_before, 1),
+        "threads": threads,
+        "log": str(log_path),
+    }
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, required=True, help="split binary dataset (DIR/binary)")
-    p.add_argument("--workdir", type=Path, required=True,
-                   help="where the records, the reference's log and the result go")
+    p.add_argument(
+        "--workdir", type=Path, required=True, help="where the records, the reference's log and the result go"
+    )
     p.add_argument("--reference", type=Path, help="facebookresearch/dlrm checkout")
     p.add_argument("--python", default="python", help="python of the reference's environment")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="terabyte")
     p.add_argument("--train-rows", type=int, help="first N train rows only (a quick check)")
     p.add_argument("--test-rows", type=int, help="first N test rows only")
-    p.add_argument("--ours-auc", type=float,
-                   help="our trainer's test AUC on the same dataset, printed beside (from "
-                        "bench/bench_quality.py --dataset DIR --trainer-args '--epochs 1')")
-    p.add_argument("--threads", type=int, default=1,
-                   help="OMP_NUM_THREADS of the reference (1: no spinning on a shared machine)")
+    p.add_argument(
+        "--ours-auc",
+        type=float,
+        help="our trainer's test AUC on the same dataset, printed beside (from "
+        "bench/bench_quality.py --dataset DIR --trainer-args '--epochs 1')",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of the reference (1: no spinning on a shared machine)",
+    )
     p.add_argument("--convert-only", action="store_true")
-    p.add_argument("--reuse-records", action="store_true",
-                   help="keep records already in WORKDIR/input (same dataset and row counts)")
+    p.add_argument(
+        "--reuse-records",
+        action="store_true",
+        help="keep records already in WORKDIR/input (same dataset and row counts)",
+    )
     args = p.parse_args()
     if not args.convert_only and args.reference is None:
         p.error("--reference is needed unless --convert-only")
@@ -220,8 +274,11 @@ def parse_args() -> argparse.Namespace:
 def records(args: argparse.Namespace) -> dict:
     """Convert, or with --reuse-records take the records a run with the same rows wrote."""
     marker = args.workdir / "input" / "converted.json"
-    wanted = {"dataset": str(args.dataset.resolve()), "train_rows": args.train_rows,
-              "test_rows": args.test_rows}
+    wanted = {
+        "dataset": str(args.dataset.resolve()),
+        "train_rows": args.train_rows,
+        "test_rows": args.test_rows,
+    }
     if args.reuse_records and marker.exists():
         earlier = json.loads(marker.read_text())
         if earlier["wanted"] == wanted:
@@ -235,8 +292,7 @@ def report(result: dict) -> None:
     rows = result["conversion"]["rows"]
     print(f"\n| one epoch, {rows['train']:,} train rows; test AUC on {rows['test']:,} rows | AUC |")
     print("|---|---|")
-    print(f"| facebookresearch/dlrm, recipe {result['recipe']} | "
-          f"{result['reference']['test_auc']:.4f} |")
+    print(f"| facebookresearch/dlrm, recipe {result['recipe']} | {result['reference']['test_auc']:.4f} |")
     if result["ours_test_auc"] is not None:
         print(f"| ours (--ours-auc) | {result['ours_test_auc']:.4f} |")
     print(json.dumps(result, indent=2))
@@ -251,8 +307,7 @@ def main() -> int:
         return 0
     command = reference_command(args.python, args.reference, args.workdir, args.recipe)
     print(f"reference command: OMP_NUM_THREADS={args.threads}", " ".join(command), flush=True)
-    result["reference"] = run_reference(command, args.reference, args.workdir / "reference.log",
-                                        args.threads)
+    result["reference"] = run_reference(command, args.reference, args.workdir / "reference.log", args.threads)
     result["ours_test_auc"] = args.ours_auc
     (args.workdir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     report(result)

@@ -74,8 +74,7 @@ def agreement(workdir: Path, lines: list[bytes]) -> dict:
 
     run([sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--stages", "export"])
     model = tf.saved_model.load(str(latest_export(workdir / "export")))
-    out = model.signatures["serve_lines"](lines=tf.constant(lines),
-                                          has_label=tf.fill([len(lines)], True))
+    out = model.signatures["serve_lines"](lines=tf.constant(lines), has_label=tf.fill([len(lines)], True))
     probability = out["probability"].numpy()
     kept = probability[out["reject_reason"].numpy() == b""]
     config = load_config(workdir / "manifests" / "effective_config.yaml").train
@@ -83,21 +82,41 @@ def agreement(workdir: Path, lines: list[bytes]) -> dict:
     trainer.restore_latest(required=True)
     labels, predictions = trainer.predictions("test")
     reported = json.loads((workdir / "eval.json").read_text())["test_auc"]
-    return {"rows": int(kept.size), "trainer_rows": int(predictions.size),
-            "max_abs_diff": float(np.abs(kept - predictions).max()),
-            "serve_lines_auc": roc_auc(labels, kept), "reported_test_auc": reported}
+    return {
+        "rows": int(kept.size),
+        "trainer_rows": int(predictions.size),
+        "max_abs_diff": float(np.abs(kept - predictions).max()),
+        "serve_lines_auc": roc_auc(labels, kept),
+        "reported_test_auc": reported,
+    }
 
 
 def default_dims_export(workdir: Path, scratch: Path, batch: int) -> dict:
     """Export time at the default dims with the workdir's tables (one-step checkpoint)."""
     (scratch / "parquet").symlink_to(workdir / "parquet")
-    trainer = [sys.executable, "-m", "trainer", "--dataset", str(workdir / "binary"),
-               "--workdir", str(scratch), "--preset", "default", "--batch-size", str(batch),
-               "--eval-batch-size", str(batch)]
+    trainer = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--dataset",
+        str(workdir / "binary"),
+        "--workdir",
+        str(scratch),
+        "--preset",
+        "default",
+        "--batch-size",
+        str(batch),
+        "--eval-batch-size",
+        str(batch),
+    ]
     run(trainer + ["--max-steps", "1", "--epochs", "1"])
     summary, wall, cpu = run(trainer + ["--mode", "export"])
-    return {"export_wall_s": round(wall, 2), "export_cpu_s": round(cpu, 2),
-            "export_inner_s": summary["seconds"], "saved_model_bytes": summary["saved_model_bytes"]}
+    return {
+        "export_wall_s": round(wall, 2),
+        "export_cpu_s": round(cpu, 2),
+        "export_inner_s": summary["seconds"],
+        "saved_model_bytes": summary["saved_model_bytes"],
+    }
 
 
 def _timed(call, repeats: int) -> tuple[float, float]:
@@ -109,8 +128,9 @@ def _timed(call, repeats: int) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, steps: int,
-                  rounds: int) -> dict:
+def serving_speed(
+    workdir: Path, scratch: Path, lines: list[bytes], batch: int, steps: int, rounds: int
+) -> dict:
     """serve_features / serve_lines against the trainer's inference-benchmark step, alternated
     in one process (same thread pools, same moment of a shared machine's load)."""
     import numpy as np
@@ -119,14 +139,12 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
     from dlrm_contracts.config import TrainConfig
     from trainer.loop import Trainer
 
-    config = TrainConfig(preset="default", batch_size=batch, eval_batch_size=batch,
-                         inference_steps=steps)
+    config = TrainConfig(preset="default", batch_size=batch, eval_batch_size=batch, inference_steps=steps)
     trainer = Trainer(config, workdir / "binary", scratch)  # first: it sets the thread pools
     model = tf.saved_model.load(str(latest_export(scratch / "export")))
     batch_lines = (lines * (batch // len(lines) + 1))[:batch]
     fields = [line.rstrip(b"\r").split(b"\t") + [b""] * 40 for line in batch_lines]
-    ints = tf.constant(np.array([[int(f) if f else -(2**63) for f in row[1:14]] for row in fields],
-                                np.int64))
+    ints = tf.constant(np.array([[int(f) if f else -(2**63) for f in row[1:14]] for row in fields], np.int64))
     cats = tf.constant(np.array([row[14:40] for row in fields], object))
     text = tf.constant(batch_lines)
     labelled = tf.fill([len(batch_lines)], True)
@@ -143,7 +161,8 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
         figures.setdefault("inference_benchmark_samples_per_s", []).append(rate)
         # the mode's own figure leaves out its first (tracing) step; its CPU figure does not
         figures.setdefault("inference_benchmark_samples_per_cpu_s", []).append(
-            round(max(2, steps) * batch / cpu, 1))
+            round(max(2, steps) * batch / cpu, 1)
+        )
         for name, call in calls.items():
             wall, cpu = _timed(call, steps)
             figures.setdefault(f"{name}_samples_per_s", []).append(round(steps * batch / wall, 1))
@@ -152,8 +171,9 @@ def serving_speed(workdir: Path, scratch: Path, lines: list[bytes], batch: int, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workdir", required=True, help="a finished pipeline workdir")
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=20, help="batches per timing")
@@ -162,14 +182,18 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(args.workdir).resolve()
     lines = test_day_lines(workdir)
-    result = {"batch": args.batch, "load_average_1min": os.getloadavg()[0],
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "batch": args.batch,
+        "load_average_1min": os.getloadavg()[0],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if not args.skip_agreement:
         result["agreement"] = agreement(workdir, lines)
     with tempfile.TemporaryDirectory(prefix="bench_serving_") as scratch:
         result["default_dims"] = default_dims_export(workdir, Path(scratch), args.batch)
-        result["default_dims"].update(serving_speed(workdir, Path(scratch), lines, args.batch,
-                                                    args.steps, args.rounds))
+        result["default_dims"].update(
+            serving_speed(workdir, Path(scratch), lines, args.batch, args.steps, args.rounds)
+        )
     result["load_average_1min_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     return 0

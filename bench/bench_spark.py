@@ -47,28 +47,47 @@ sys.path.insert(0, str(REPO))
 
 from dlrm_contracts.config import PreprocessConfig, SparkConfig  # noqa: E402
 
-REFERENCE_SECONDS_8M = (355.5, 397.0)        # the seed's flow, 8M rows, this machine type
+REFERENCE_SECONDS_8M = (355.5, 397.0)  # the seed's flow, 8M rows, this machine type
 REFERENCE_ROWS_PER_SECOND = 8_000_000 / REFERENCE_SECONDS_8M[0]
 
 
 HIGH_CARDINALITY_COLUMNS = ("C1", "C10", "C11", "C21", "C23")
 
 
-def ensure_input(root: Path, days: int, rows_per_day: int, seed: int,
-                 uniform: tuple[tuple[str, int], ...] = ()) -> Path:
+def ensure_input(
+    root: Path, days: int, rows_per_day: int, seed: int, uniform: tuple[tuple[str, int], ...] = ()
+) -> Path:
     """The generated input (made once): ``uniform`` columns drawn uniformly over N values."""
     name = f"raw_{days}x{rows_per_day}_s{seed}"
     if uniform:
         sizes = {n for _, n in uniform}
-        name += f"_uniform{sizes.pop()}" if len(sizes) == 1 else "_uniform" + "_".join(
-            f"{c}{n}" for c, n in uniform)
+        name += (
+            f"_uniform{sizes.pop()}"
+            if len(sizes) == 1
+            else "_uniform" + "_".join(f"{c}{n}" for c, n in uniform)
+        )
     raw = root / name
     if not (raw / f"day_{days - 1}").exists():
         shutil.rmtree(raw, ignore_errors=True)
         flags = [f"--uniform-column={c}={n}" for c, n in uniform]
-        subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(raw),
-                        "--days", str(days), "--rows-per-day", str(rows_per_day),
-                        "--seed", str(seed), *flags], check=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.generate",
+                "--out",
+                str(raw),
+                "--days",
+                str(days),
+                "--rows-per-day",
+                str(rows_per_day),
+                "--seed",
+                str(seed),
+                *flags,
+            ],
+            check=True,
+            cwd=REPO,
+        )
     return raw
 
 
@@ -80,8 +99,14 @@ def resident_bytes(paths) -> int:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     total = 0
@@ -110,9 +135,11 @@ def csv_parse_seconds(raw: Path) -> float:
     from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS
 
     names = list(ALL_COLUMNS)
-    options = dict(read_options=pv.ReadOptions(column_names=names, block_size=64 << 20),
-                   parse_options=pv.ParseOptions(delimiter="\t", quote_char=False),
-                   convert_options=pv.ConvertOptions(column_types={c: pa.string() for c in CAT_COLUMNS}))
+    options = dict(
+        read_options=pv.ReadOptions(column_names=names, block_size=64 << 20),
+        parse_options=pv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pv.ConvertOptions(column_types={c: pa.string() for c in CAT_COLUMNS}),
+    )
     start = time.perf_counter()
     for path in sorted(raw.glob("day_*")):
         table = pv.read_csv(path, **options)
@@ -177,13 +204,15 @@ def run_once(args) -> dict:
     raw = Path(args.input)
     work = Path(args.data_root) / f"work_{raw.name}_{args.engine}"
     shutil.rmtree(work, ignore_errors=True)
-    spark = SparkConfig(master=args.master, driver_memory=args.driver_memory,
-                        conf=parse_conf_pairs(args.conf))
+    spark = SparkConfig(
+        master=args.master, driver_memory=args.driver_memory, conf=parse_conf_pairs(args.conf)
+    )
     # --caps: capped ids (ids: modulo), the same cap for every column; --ids contiguous: the
     # threshold applies and the caps (if any) after
     if args.ids == "contiguous":
-        cfg = PreprocessConfig(frequency_threshold=args.threshold, engine=args.engine,
-                               ids="contiguous", caps=args.caps)
+        cfg = PreprocessConfig(
+            frequency_threshold=args.threshold, engine=args.engine, ids="contiguous", caps=args.caps
+        )
     elif args.caps:
         cfg = PreprocessConfig(engine=args.engine, ids="modulo", caps=args.caps)
     else:
@@ -198,19 +227,25 @@ def run_once(args) -> dict:
     index_resident = resident_bytes(slots)
     shutil.rmtree(work, ignore_errors=True)
     kept = sum(size - 1 for size in summary["table_sizes"].values())
-    return {"engine": summary["engine"], "input": raw.name,
-            "rows_in": summary["data_quality"]["rows_read"],
-            "rows": summary["rows"], "wall_seconds": round(wall, 1),
-            "cpu_seconds_total": round(total_cpu, 1), "timings": summary["timings"],
-            "cpu_seconds": summary["cpu_seconds"],
-            "worker_peak_rss_mb": round(memory.peak_single / 2**20),
-            "workers_peak_rss_total_mb": round(memory.peak_total / 2**20),
-            "worker_peak_private_mb": round(memory.peak_private / 2**20),
-            "max_table_size": max(summary["table_sizes"].values()),
-            "kept_values": kept, "columns_over_2m": sum(
-                1 for size in summary["table_sizes"].values() if size > 2_000_000),
-            "index_bytes": index_bytes, "index_resident_bytes": index_resident,
-            "index_bytes_per_kept_value": round(index_bytes / max(kept, 1), 2)}
+    return {
+        "engine": summary["engine"],
+        "input": raw.name,
+        "rows_in": summary["data_quality"]["rows_read"],
+        "rows": summary["rows"],
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds_total": round(total_cpu, 1),
+        "timings": summary["timings"],
+        "cpu_seconds": summary["cpu_seconds"],
+        "worker_peak_rss_mb": round(memory.peak_single / 2**20),
+        "workers_peak_rss_total_mb": round(memory.peak_total / 2**20),
+        "worker_peak_private_mb": round(memory.peak_private / 2**20),
+        "max_table_size": max(summary["table_sizes"].values()),
+        "kept_values": kept,
+        "columns_over_2m": sum(1 for size in summary["table_sizes"].values() if size > 2_000_000),
+        "index_bytes": index_bytes,
+        "index_resident_bytes": index_resident,
+        "index_bytes_per_kept_value": round(index_bytes / max(kept, 1), 2),
+    }
 
 
 def print_run(result: dict, csv_seconds: float) -> None:
@@ -218,33 +253,62 @@ def print_run(result: dict, csv_seconds: float) -> None:
     t, c = result["timings"], result["cpu_seconds"]
     print(f"engine {result['engine']}: {n:,} rows")
     for stage in (s for s in ("count", "dictionaries", "transform") if s in t):  # capped: none
-        print(f"  {stage:13s} {t[stage]:7.1f} s {n / t[stage]:>12,.0f} rows/s "
-              f"{c[stage] / n * 1e6:7.2f} CPU-s per 1M rows")
+        print(
+            f"  {stage:13s} {t[stage]:7.1f} s {n / t[stage]:>12,.0f} rows/s "
+            f"{c[stage] / n * 1e6:7.2f} CPU-s per 1M rows"
+        )
     wall = result["wall_seconds"]
-    print(f"  {'end to end':13s} {wall:7.1f} s {n / wall:>12,.0f} rows/s "
-          f"{result['cpu_seconds_total'] / n * 1e6:7.2f} CPU-s per 1M rows (session start included)")
-    csv = (f"; CSV ratio {wall / csv_seconds:.2f} (end to end / pyarrow CSV parse "
-           f"{csv_seconds:.1f} s)" if csv_seconds == csv_seconds else "")
-    print(f"  = {n / wall / REFERENCE_ROWS_PER_SECOND:.2f}x the reference's rows/s "
-          f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s){csv}")
-    print(f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker "
-          f"(private: {result.get('worker_peak_private_mb', '?')} MB at most; the rest is mapped "
-          f"files, the index among them), {result['workers_peak_rss_total_mb']} MB for all together")
+    print(
+        f"  {'end to end':13s} {wall:7.1f} s {n / wall:>12,.0f} rows/s "
+        f"{result['cpu_seconds_total'] / n * 1e6:7.2f} CPU-s per 1M rows (session start included)"
+    )
+    csv = (
+        f"; CSV ratio {wall / csv_seconds:.2f} (end to end / pyarrow CSV parse {csv_seconds:.1f} s)"
+        if csv_seconds == csv_seconds
+        else ""
+    )
+    print(
+        f"  = {n / wall / REFERENCE_ROWS_PER_SECOND:.2f}x the reference's rows/s "
+        f"({REFERENCE_ROWS_PER_SECOND:,.0f} rows/s: 8M rows in {REFERENCE_SECONDS_8M[0]} s){csv}"
+    )
+    print(
+        f"  Python workers' peak RSS: {result['worker_peak_rss_mb']} MB for one worker "
+        f"(private: {result.get('worker_peak_private_mb', '?')} MB at most; the rest is mapped "
+        f"files, the index among them), {result['workers_peak_rss_total_mb']} MB for all together"
+    )
     if result.get("index_bytes"):
-        print(f"  dictionary index: {result['kept_values']:,} kept values "
-              f"({result['columns_over_2m']} columns over 2M), {result['index_bytes'] / 2**20:.1f} MB "
-              f"on disk = {result['index_bytes_per_kept_value']} bytes per kept value, "
-              f"{result['index_resident_bytes'] / 2**20:.1f} MB resident after the run")
+        print(
+            f"  dictionary index: {result['kept_values']:,} kept values "
+            f"({result['columns_over_2m']} columns over 2M), {result['index_bytes'] / 2**20:.1f} MB "
+            f"on disk = {result['index_bytes_per_kept_value']} bytes per kept value, "
+            f"{result['index_resident_bytes'] / 2**20:.1f} MB resident after the run"
+        )
 
 
 def child_run(args, raw: str, engine: str) -> dict:
     """One preprocessing run in a fresh process (cold JVM); its result dict."""
-    argv = ["--input", raw, "--engine", engine, "--threshold", args.threshold,
-            "--master", args.master, "--driver-memory", args.driver_memory,
-            "--data-root", args.data_root, *[f"--conf={c}" for c in args.conf], "--once",
-            *(["--caps", str(args.caps)] if args.caps else []), "--ids", args.ids]
-    out = subprocess.run([sys.executable, __file__, *argv], check=True, cwd=REPO,
-                         stdout=subprocess.PIPE, text=True).stdout
+    argv = [
+        "--input",
+        raw,
+        "--engine",
+        engine,
+        "--threshold",
+        args.threshold,
+        "--master",
+        args.master,
+        "--driver-memory",
+        args.driver_memory,
+        "--data-root",
+        args.data_root,
+        *[f"--conf={c}" for c in args.conf],
+        "--once",
+        *(["--caps", str(args.caps)] if args.caps else []),
+        "--ids",
+        args.ids,
+    ]
+    out = subprocess.run(
+        [sys.executable, __file__, *argv], check=True, cwd=REPO, stdout=subprocess.PIPE, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -255,10 +319,15 @@ def high_cardinality(args) -> int:
     """Ordinary and high-cardinality inputs of the same rows, alternately: rates and ratios."""
     root = Path(args.data_root)
     uniform = tuple((c, args.uniform_values) for c in args.uniform_columns.split(","))
-    inputs = {"ordinary": ensure_input(root, args.days, args.rows_per_day, args.seed),
-              "high-cardinality": ensure_input(root, args.days, args.rows_per_day, args.seed, uniform)}
-    print(f"inputs {', '.join(str(p) for p in inputs.values())}; threshold {args.threshold}, "
-          f"master {args.master}, driver memory {args.driver_memory}", flush=True)
+    inputs = {
+        "ordinary": ensure_input(root, args.days, args.rows_per_day, args.seed),
+        "high-cardinality": ensure_input(root, args.days, args.rows_per_day, args.seed, uniform),
+    }
+    print(
+        f"inputs {', '.join(str(p) for p in inputs.values())}; threshold {args.threshold}, "
+        f"master {args.master}, driver memory {args.driver_memory}",
+        flush=True,
+    )
     pairs = []
     for _ in range(args.repeat):
         pair = {}
@@ -272,8 +341,10 @@ def high_cardinality(args) -> int:
     if len(pairs) > 1:
         for phase in (*PHASES, "end to end"):
             ratios = [_ratio(p, phase) for p in pairs]
-            print(f"{phase}: rate ratio median {statistics.median(ratios):.2f} "
-                  f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
+            print(
+                f"{phase}: rate ratio median {statistics.median(ratios):.2f} "
+                f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
     return 0
 
 
@@ -304,17 +375,27 @@ def main() -> int:
     p.add_argument("--data-root", default="/tmp/spark_jobs_bench")
     p.add_argument("--threshold", default=str(PreprocessConfig().frequency_threshold))
     p.add_argument("--engine", default="both", choices=["arrow", "sql", "both"])
-    p.add_argument("--caps", type=int, help="capped ids (preprocess.ids: modulo), this cap for "
-                                            "every column; the threshold does not apply")
-    p.add_argument("--ids", default="frequency", choices=["frequency", "contiguous"],
-                   help="contiguous: preprocess.ids: contiguous at --threshold (with --caps "
-                        "capped after); frequency with --caps: ids: modulo")
+    p.add_argument(
+        "--caps",
+        type=int,
+        help="capped ids (preprocess.ids: modulo), this cap for every column; the threshold does not apply",
+    )
+    p.add_argument(
+        "--ids",
+        default="frequency",
+        choices=["frequency", "contiguous"],
+        help="contiguous: preprocess.ids: contiguous at --threshold (with --caps "
+        "capped after); frequency with --caps: ids: modulo",
+    )
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="12g")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--repeat", type=int, default=1, help="fresh processes per engine")
-    p.add_argument("--high-cardinality", action="store_true",
-                   help="ordinary vs high-cardinality input of the same rows (Arrow engine)")
+    p.add_argument(
+        "--high-cardinality",
+        action="store_true",
+        help="ordinary vs high-cardinality input of the same rows (Arrow engine)",
+    )
     p.add_argument("--uniform-columns", default=",".join(HIGH_CARDINALITY_COLUMNS))
     p.add_argument("--uniform-values", type=int, default=2_500_000)
     p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
@@ -323,15 +404,18 @@ def main() -> int:
         print(json.dumps(run_once(args)))
         return 0
     if args.high_cardinality:
-        if args.rows_per_day == 2_000_000:      # the default shape: 4 x 2.5M
+        if args.rows_per_day == 2_000_000:  # the default shape: 4 x 2.5M
             args.rows_per_day = 2_500_000
         return high_cardinality(args)
     if args.terabyte_shape:
         args.days, args.rows_per_day = 24, 1_000_000
     if not args.input:
         args.input = str(ensure_input(Path(args.data_root), args.days, args.rows_per_day, args.seed))
-    print(f"input {args.input}, threshold {args.threshold}, master {args.master}, "
-          f"driver memory {args.driver_memory}", flush=True)
+    print(
+        f"input {args.input}, threshold {args.threshold}, master {args.master}, "
+        f"driver memory {args.driver_memory}",
+        flush=True,
+    )
     engines = ["arrow", "sql"] if args.engine == "both" else [args.engine]
     results = {}
     for _ in range(args.repeat):
@@ -345,8 +429,10 @@ def main() -> int:
     for engine, runs in results.items():
         walls = [r["wall_seconds"] for r in runs]
         ratios = [r["wall_seconds"] / r["csv_parse_seconds"] for r in runs]
-        print(f"{engine}: best {min(walls):.1f} s, median {statistics.median(walls):.1f} s "
-              f"over {len(runs)} run(s); CSV ratio best {min(ratios):.2f}")
+        print(
+            f"{engine}: best {min(walls):.1f} s, median {statistics.median(walls):.1f} s "
+            f"over {len(runs)} run(s); CSV ratio best {min(ratios):.2f}"
+        )
     return 0
 
 

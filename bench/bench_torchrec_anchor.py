@@ -73,15 +73,30 @@ def raw_days(out: Path, rows_per_day: int, seed: int, real_sample: Path) -> tupl
     40 fields (TorchRec's)."""
     gen = out / "gen"
     if not (gen / "generator_meta.json").exists():
-        run([sys.executable, "-m", "pipeline.generate", "--out", gen, "--days", DAYS,
-             "--rows-per-day", rows_per_day, "--seed", seed], cwd=ROOT)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.generate",
+                "--out",
+                gen,
+                "--days",
+                DAYS,
+                "--rows-per-day",
+                rows_per_day,
+                "--seed",
+                seed,
+            ],
+            cwd=ROOT,
+        )
     ours, padded = out / "raw", out / "raw_padded"
     real = real_sample.read_text().splitlines()
     if (padded / f"day_{EVAL_DAY}").exists():  # made before: a rewrite would redo preprocess
         return ours, padded
-    for target, lines in ((ours, real),
-                          (padded, [line + "\t" * (FIELDS - 1 - line.count("\t"))
-                                    for line in real])):
+    for target, lines in (
+        (ours, real),
+        (padded, [line + "\t" * (FIELDS - 1 - line.count("\t")) for line in real]),
+    ):
         target.mkdir(exist_ok=True)
         for day in range(DAYS):
             source = gen / f"day_{day}"
@@ -97,11 +112,22 @@ def ours(out: Path, raw: Path, threshold: int, cap: int | None = None) -> Path:
     (``preprocess.ids: modulo``, every column's cap ``cap``) in a workdir of their own."""
     work = out / ("work" if cap is None else f"work_cap{cap}")
     config = out / ("ours.yaml" if cap is None else f"ours_cap{cap}.yaml")
-    ids = (f"  frequency_threshold: {threshold}\n" if cap is None
-           else f"  ids: modulo\n  caps: {cap}\n")
+    ids = f"  frequency_threshold: {threshold}\n" if cap is None else f"  ids: modulo\n  caps: {cap}\n"
     config.write_text(f"preprocess:\n{ids}convert:\n  formats: [binary, torchrec]\n")
-    run([ROOT / "run_pipeline.sh", "--input", raw, "--workdir", work, "--stages",
-         "preprocess,convert", "--config", config], cwd=ROOT)
+    run(
+        [
+            ROOT / "run_pipeline.sh",
+            "--input",
+            raw,
+            "--workdir",
+            work,
+            "--stages",
+            "preprocess,convert",
+            "--config",
+            config,
+        ],
+        cwd=ROOT,
+    )
     return work
 
 
@@ -110,11 +136,31 @@ def torchrec(out: Path, padded: Path, threshold: int, python: Path) -> tuple[Pat
     for directory in (npy, contig):
         directory.mkdir(exist_ok=True)
     if not (npy / day_file(EVAL_DAY, "labels")).exists():
-        run([python, "-m", "torchrec.datasets.scripts.npy_preproc_criteo", "--input_dir", padded,
-             "--output_dir", npy])
+        run(
+            [
+                python,
+                "-m",
+                "torchrec.datasets.scripts.npy_preproc_criteo",
+                "--input_dir",
+                padded,
+                "--output_dir",
+                npy,
+            ]
+        )
     if not (contig / f"day_{EVAL_DAY}_sparse_contig_freq.npy").exists():
-        run([python, "-m", "torchrec.datasets.scripts.contiguous_preproc_criteo", "--input_dir",
-             npy, "--output_dir", contig, "--frequency_threshold", threshold])
+        run(
+            [
+                python,
+                "-m",
+                "torchrec.datasets.scripts.contiguous_preproc_criteo",
+                "--input_dir",
+                npy,
+                "--output_dir",
+                contig,
+                "--frequency_threshold",
+                threshold,
+            ]
+        )
     return npy, contig
 
 
@@ -171,8 +217,10 @@ def compare(work: Path, npy: Path, contig: Path, padded: Path, cap: int | None =
         labels_o, labels_t = load_days(mine, "labels", days), load_days(npy, "labels", days)
         if cap is None:
             canon_o = canonical_ours(load_days(mine, "sparse", days), lookup)
-            canon_t = canonical_torchrec(load_days(npy, "sparse", days), np.concatenate(
-                [np.load(contig / f"day_{d}_sparse_contig_freq.npy") for d in days]))
+            canon_t = canonical_torchrec(
+                load_days(npy, "sparse", days),
+                np.concatenate([np.load(contig / f"day_{d}_sparse_contig_freq.npy") for d in days]),
+            )
         else:
             canon_o = load_days(mine, "sparse", days)
             canon_t = load_days(npy, "sparse", days) % cap
@@ -197,24 +245,29 @@ def compare(work: Path, npy: Path, contig: Path, padded: Path, cap: int | None =
         at_shift_3 = np.log(np.where(present, ints_t + 3, 1).astype(np.int32), dtype=np.float32)
         result[name] = {
             "rows": [int(len(labels_o)), int(len(labels_t))],
-            "labels_equal": bool(same_rows and np.array_equal(labels_o[order_o],
-                                                              labels_t[order_t])),
-            "sparse_equal": bool(same_rows and np.array_equal(canon_o[order_o],
-                                                              canon_t[order_t])),
-            "torchrec_dense_is_its_formula": bool(np.array_equal(
-                dense_t, np.concatenate(expected_t))),
+            "labels_equal": bool(same_rows and np.array_equal(labels_o[order_o], labels_t[order_t])),
+            "sparse_equal": bool(same_rows and np.array_equal(canon_o[order_o], canon_t[order_t])),
+            "torchrec_dense_is_its_formula": bool(np.array_equal(dense_t, np.concatenate(expected_t))),
             "day_minimum": sorted({int(i.min()) for i in ints}),
-            "dense_cells_equal_to_torchrec": float(np.mean(d_o == dense_t[order_t]))
-            if same_rows else None,
+            "dense_cells_equal_to_torchrec": float(np.mean(d_o == dense_t[order_t])) if same_rows else None,
             "dense_cells_logged": float(np.mean(present)),
-            "dense_equal_to_torchrec_rule_at_shift_3": float(np.mean(
-                (d_o == at_shift_3)[present])) if same_rows else None,
-            "dense_max_abs_diff_to_torchrec_rule_at_shift_3": float(np.max(
-                np.abs(d_o - at_shift_3)[present], initial=0.0)) if same_rows else None,
+            "dense_equal_to_torchrec_rule_at_shift_3": float(np.mean((d_o == at_shift_3)[present]))
+            if same_rows
+            else None,
+            "dense_max_abs_diff_to_torchrec_rule_at_shift_3": float(
+                np.max(np.abs(d_o - at_shift_3)[present], initial=0.0)
+            )
+            if same_rows
+            else None,
             # ours is log in float64 rounded once; numpy's float32 log may be 1 ulp off it
-            "dense_max_ulps_to_torchrec_rule_at_shift_3": int(np.max(np.abs(
-                d_o.view(np.int32).astype(np.int64) - at_shift_3.view(np.int32))[present],
-                initial=0)) if same_rows else None,
+            "dense_max_ulps_to_torchrec_rule_at_shift_3": int(
+                np.max(
+                    np.abs(d_o.view(np.int32).astype(np.int64) - at_shift_3.view(np.int32))[present],
+                    initial=0,
+                )
+            )
+            if same_rows
+            else None,
             "dense_elsewhere_ours_zero": bool(same_rows and not d_o[~present].any()),
         }
     return result
@@ -227,9 +280,13 @@ def main() -> int:
     parser.add_argument("--rows-per-day", type=int, default=20_000)
     parser.add_argument("--threshold", type=int, default=3)
     parser.add_argument("--seed", type=int, default=37)
-    parser.add_argument("--cap", type=int, default=None,
-                        help="compare capped ids (preprocess.ids: modulo, this cap for every "
-                             "column) instead of frequency ids")
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=None,
+        help="compare capped ids (preprocess.ids: modulo, this cap for every "
+        "column) instead of frequency ids",
+    )
     parser.add_argument("--real-sample", type=Path, default=REAL_SAMPLE)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,14 +295,27 @@ def main() -> int:
     work = ours(args.out, raw, args.threshold, args.cap)
     npy, contig = torchrec(args.out, padded, args.threshold, args.anchors / ".venv/bin/python")
     result = compare(work, npy, contig, padded, args.cap)
-    ok = all(r["labels_equal"] and r["sparse_equal"] and r["torchrec_dense_is_its_formula"]
-             and r["dense_elsewhere_ours_zero"]
-             and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] is not None
-             and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] <= 1
-             for r in result.values())
-    print(json.dumps({"ok": ok, "threshold": args.threshold, "cap": args.cap,
-                      "rows_per_day": args.rows_per_day,
-                      "seconds": round(time.perf_counter() - start, 1), **result}))
+    ok = all(
+        r["labels_equal"]
+        and r["sparse_equal"]
+        and r["torchrec_dense_is_its_formula"]
+        and r["dense_elsewhere_ours_zero"]
+        and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] is not None
+        and r["dense_max_ulps_to_torchrec_rule_at_shift_3"] <= 1
+        for r in result.values()
+    )
+    print(
+        json.dumps(
+            {
+                "ok": ok,
+                "threshold": args.threshold,
+                "cap": args.cap,
+                "rows_per_day": args.rows_per_day,
+                "seconds": round(time.perf_counter() - start, 1),
+                **result,
+            }
+        )
+    )
     return 0 if ok else 1
 
 

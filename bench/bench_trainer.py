@@ -55,8 +55,13 @@ def bench_loader(dataset: Path, batch: int, batches: int) -> dict:
     cpu, t = cpu_seconds(), time.perf_counter()
     rows = sum(b.label.shape[0] for b in prefetch(reader, single_process_view(), plan, batch))
     wall, cpu = time.perf_counter() - t, cpu_seconds() - cpu
-    return {"what": "loader", "samples_per_s": round(rows / wall), "samples_per_cpu_s":
-            round(rows / max(cpu, 1e-9)), "batches": batches, "batch": batch}
+    return {
+        "what": "loader",
+        "samples_per_s": round(rows / wall),
+        "samples_per_cpu_s": round(rows / max(cpu, 1e-9)),
+        "batches": batches,
+        "batch": batch,
+    }
 
 
 def bench_model(config: TrainConfig, dataset: Path, workdir: Path, steps: int) -> dict:
@@ -64,8 +69,7 @@ def bench_model(config: TrainConfig, dataset: Path, workdir: Path, steps: int) -
 
     trainer = Trainer(config, dataset, workdir)
     reader = SplitReader(trainer.dataset, "train")
-    batches = [reader.read(trainer.view, i, i * config.batch_size, config.batch_size)
-               for i in range(4)]
+    batches = [reader.read(trainer.view, i, i * config.batch_size, config.batch_size) for i in range(4)]
     trainer.train_on_batch(batches[0], 0.1).numpy()  # trace / compile
     trainer.train_on_batch(batches[1], 0.1).numpy()
     cpu, t = cpu_seconds(), time.perf_counter()
@@ -73,8 +77,12 @@ def bench_model(config: TrainConfig, dataset: Path, workdir: Path, steps: int) -
         loss = trainer.train_on_batch(batches[i % len(batches)], 0.1)
     loss.numpy()
     wall, cpu = time.perf_counter() - t, cpu_seconds() - cpu
-    return {"what": "model", "samples_per_s": round(steps * config.batch_size / wall),
-            "samples_per_cpu_s": round(steps * config.batch_size / cpu), "steps": steps}
+    return {
+        "what": "model",
+        "samples_per_s": round(steps * config.batch_size / wall),
+        "samples_per_cpu_s": round(steps * config.batch_size / cpu),
+        "steps": steps,
+    }
 
 
 def bench_full(config: TrainConfig, dataset: Path, workdir: Path, steps: int) -> dict:
@@ -87,13 +95,16 @@ def bench_full(config: TrainConfig, dataset: Path, workdir: Path, steps: int) ->
     cpu = cpu_seconds()
     summary = trainer.train(final_eval=False)  # steps 2..steps+2; the first of them is untimed
     cpu = cpu_seconds() - cpu
-    return {"what": "trainer", "samples_per_s": round(summary["train_samples_per_s"]),
-            "samples_per_cpu_s": round((steps + 1) * config.batch_size / cpu), "steps": steps}
+    return {
+        "what": "trainer",
+        "samples_per_s": round(summary["train_samples_per_s"]),
+        "samples_per_cpu_s": round((steps + 1) * config.batch_size / cpu),
+        "steps": steps,
+    }
 
 
 # MLPerf DLRMv2's ids per row of C1..C26 (its multi-hot dataset)
-MLPERF_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
-                    1, 1)
+MLPERF_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 
 
 def multi_hot_sizes(text: str | None) -> tuple[int, ...] | None:
@@ -110,18 +121,26 @@ def main() -> int:
     p.add_argument("--preset", default="default")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--loader-batches", type=int, default=300)
-    p.add_argument("--variants", default="float32,xla,amp",
-                   help="comma list of float32, xla, amp, dcn, or flags joined by '+' (amp+xla)")
-    p.add_argument("--multi-hot-sizes", help="synthetic dataset: 26 comma-separated ids per row, "
-                                             "or 'mlperf' (MLPerf DLRMv2's)")
+    p.add_argument(
+        "--variants",
+        default="float32,xla,amp",
+        help="comma list of float32, xla, amp, dcn, or flags joined by '+' (amp+xla)",
+    )
+    p.add_argument(
+        "--multi-hot-sizes",
+        help="synthetic dataset: 26 comma-separated ids per row, or 'mlperf' (MLPerf DLRMv2's)",
+    )
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench_trainer_"))
     try:
         dataset = args.dataset
         if dataset is None:
             dataset = scratch / "binary"
-            write_planted_dataset(dataset, {"train": args.rows, "test": 4096, "validation": 4096},
-                                  multi_hot_sizes=multi_hot_sizes(args.multi_hot_sizes))
+            write_planted_dataset(
+                dataset,
+                {"train": args.rows, "test": 4096, "validation": 4096},
+                multi_hot_sizes=multi_hot_sizes(args.multi_hot_sizes),
+            )
         results = [bench_loader(dataset, args.batch_size, args.loader_batches)]
         print(json.dumps(results[-1]), flush=True)
         for variant in args.variants.split(","):
@@ -130,22 +149,36 @@ def main() -> int:
                 p.error(f"unknown variant {variant!r}")
             # SGD without early stopping: the figures stay comparable with the history in
             # docs/perf-history.md, and no validation pass runs inside the timed steps.
-            base = dict(preset=args.preset, batch_size=args.batch_size, log_every=10,
-                        optimizer="sgd", learning_rate=0.1, learning_rate_scaling="none",
-                        warmup_steps=0, early_stopping_patience=0, xla="xla" in flags,
-                        amp="amp" in flags, resume=False,
-                        interaction="dcn" if "dcn" in flags else "dot")
+            base = dict(
+                preset=args.preset,
+                batch_size=args.batch_size,
+                log_every=10,
+                optimizer="sgd",
+                learning_rate=0.1,
+                learning_rate_scaling="none",
+                warmup_steps=0,
+                early_stopping_patience=0,
+                xla="xla" in flags,
+                amp="amp" in flags,
+                resume=False,
+                interaction="dcn" if "dcn" in flags else "dot",
+            )
             for bench in (bench_model, bench_full):
-                result = bench(TrainConfig(**base), dataset, scratch / f"{variant}_{bench.__name__}",
-                               args.steps)
+                result = bench(
+                    TrainConfig(**base), dataset, scratch / f"{variant}_{bench.__name__}", args.steps
+                )
                 results.append({**result, "variant": variant})
                 print(json.dumps(results[-1]), flush=True)
         load = os.getloadavg()[0]
-        print(f"\nbatch {args.batch_size}, preset {args.preset}, 1-min load average {load:.1f} "
-              f"on {os.cpu_count()} cores")
+        print(
+            f"\nbatch {args.batch_size}, preset {args.preset}, 1-min load average {load:.1f} "
+            f"on {os.cpu_count()} cores"
+        )
         for r in results:
-            print(f"{r['what']:8s} {r.get('variant', ''):8s} {r['samples_per_s']:>12,} samples/s "
-                  f"{r['samples_per_cpu_s']:>12,} samples/CPU-s")
+            print(
+                f"{r['what']:8s} {r.get('variant', ''):8s} {r['samples_per_s']:>12,} samples/s "
+                f"{r['samples_per_cpu_s']:>12,} samples/CPU-s"
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -29,19 +29,44 @@ def _add_convert_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="pipeline YAML; its 'convert' section is used")
     parser.add_argument("--workers", type=int, help="threads (default: config, 2)")
     parser.add_argument("--batch-rows", type=int, help="rows per record batch / chunk")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                        help="report no progress (no bar on a terminal, no lines on stderr)")
-    parser.add_argument("--no-fsync", dest="fsync", action="store_false", default=None,
-                        help="skip fsync (faster; atomic against a crash of the process only)")
-    parser.add_argument("--keep-existing", dest="overwrite", action="store_false", default=None,
-                        help="refuse to replace a complete output instead of swapping it")
-    parser.add_argument("--copy-unchanged", dest="link_unchanged", action="store_false",
-                        default=None,
-                        help="rethreshold: copy unchanged files instead of hard-linking them")
-    parser.add_argument("--full-verify", dest="verify_full", action="store_true", default=None,
-                        help="scan every value of the result before marking it complete")
-    parser.add_argument("--formats", type=_names,
-                        help="datasets to write, e.g. binary,mlperf_multihot (convert.formats)")
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="report no progress (no bar on a terminal, no lines on stderr)",
+    )
+    parser.add_argument(
+        "--no-fsync",
+        dest="fsync",
+        action="store_false",
+        default=None,
+        help="skip fsync (faster; atomic against a crash of the process only)",
+    )
+    parser.add_argument(
+        "--keep-existing",
+        dest="overwrite",
+        action="store_false",
+        default=None,
+        help="refuse to replace a complete output instead of swapping it",
+    )
+    parser.add_argument(
+        "--copy-unchanged",
+        dest="link_unchanged",
+        action="store_false",
+        default=None,
+        help="rethreshold: copy unchanged files instead of hard-linking them",
+    )
+    parser.add_argument(
+        "--full-verify",
+        dest="verify_full",
+        action="store_true",
+        default=None,
+        help="scan every value of the result before marking it complete",
+    )
+    parser.add_argument(
+        "--formats", type=_names, help="datasets to write, e.g. binary,mlperf_multihot (convert.formats)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -69,9 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--parquet", help="parquet directory (instead of --workdir)")
     convert.add_argument("--output", help="binary dataset directory (instead of --workdir)")
     convert.add_argument("--threshold-spec", help="override preprocess.json's threshold_spec")
-    convert.add_argument("--multi-hot-sizes", type=_sizes,
-                         help="ids per row of C1..C26, e.g. MLPerf's 3,2,1,2,6,...; "
-                              "materialized as the MLPerf DLRMv2 reference does")
+    convert.add_argument(
+        "--multi-hot-sizes",
+        type=_sizes,
+        help="ids per row of C1..C26, e.g. MLPerf's 3,2,1,2,6,...; "
+        "materialized as the MLPerf DLRMv2 reference does",
+    )
     _add_convert_options(convert)
 
     verify = commands.add_parser("verify", help="check a split binary dataset")
@@ -87,24 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--output", required=True, help="where the new dataset goes")
     _add_convert_options(re)
 
-    mlperf = commands.add_parser("mlperf-multihot",
-                                 help="the MLPerf DLRMv2 reference's multi-hot layout of a dataset")
+    mlperf = commands.add_parser(
+        "mlperf-multihot", help="the MLPerf DLRMv2 reference's multi-hot layout of a dataset"
+    )
     mlperf.add_argument("dataset", help="a complete split binary dataset (e.g. DIR/binary)")
     mlperf.add_argument("--output", help="default: beside it (DIR/mlperf_multihot)")
     _add_convert_options(mlperf)
 
-    stage = commands.add_parser("stage-in", help="copy the binary dataset from the workdir URL "
-                                "to this node's disk once, checked against its checksums")
-    stage.add_argument("--source", required=True,
-                       help="the dataset's URL or path (e.g. s3://bucket/workdir/binary)")
+    stage = commands.add_parser(
+        "stage-in",
+        help="copy the binary dataset from the workdir URL "
+        "to this node's disk once, checked against its checksums",
+    )
+    stage.add_argument(
+        "--source", required=True, help="the dataset's URL or path (e.g. s3://bucket/workdir/binary)"
+    )
     stage.add_argument("--target", required=True, help="the local directory it is copied to")
     stage.add_argument("--json", action="store_true")
 
     plan = commands.add_parser("plan", help="table sizes and memory per threshold, from counts")
     plan.add_argument("--counts", required=True, help="DIR/counts or its histogram.parquet")
     plan.add_argument("--thresholds", default="", help="global thresholds, e.g. 1,2,5,15")
-    plan.add_argument("--spec", action="append", default=[],
-                      help="a full spec with overrides, e.g. '15,C3:3' (repeatable)")
+    plan.add_argument(
+        "--spec", action="append", default=[], help="a full spec with overrides, e.g. '15,C3:3' (repeatable)"
+    )
     plan.add_argument("--embedding-dim", type=int, default=128)
     plan.add_argument("--dtype-bytes", type=int, default=4, help="bytes per embedding weight")
     plan.add_argument("--json", action="store_true")
@@ -125,8 +159,10 @@ def _run_convert(args: argparse.Namespace) -> int:
         layout = WorkdirLayout.at(args.workdir)
         parquet, output = args.parquet or layout.parquet, args.output or layout.binary
         if is_url(args.workdir) and not args.parquet:
-            raise UsageError("convert --workdir URL: the converter reads parquet splits from a "
-                             "local or shared path; give --parquet DIR (the output may be a URL)")
+            raise UsageError(
+                "convert --workdir URL: the converter reads parquet splits from a "
+                "local or shared path; give --parquet DIR (the output may be a URL)"
+            )
         output = str(output) if is_url(str(output)) else output
     elif args.parquet and args.output:
         parquet, output = args.parquet, args.output
@@ -164,14 +200,17 @@ def _run_verify(args: argparse.Namespace) -> int:
     from dlrm_contracts.verify import verify_dataset
 
     info = verify_dataset(args.dataset, full=not args.quick, workers=args.workers)
-    summary = {"dataset": str(info.path), "ok": True, "mode": "quick" if args.quick else "full",
-               **info.to_json()}
+    summary = {
+        "dataset": str(info.path),
+        "ok": True,
+        "mode": "quick" if args.quick else "full",
+        **info.to_json(),
+    }
     if args.json:
         print(json.dumps(summary))
     else:
         rows = ", ".join(f"{s} {n:,}" for s, n in info.splits.items())
-        print(f"{info.path}: OK ({summary['mode']} check; rows: {rows}; "
-              f"threshold {info.threshold_spec})")
+        print(f"{info.path}: OK ({summary['mode']} check; rows: {rows}; threshold {info.threshold_spec})")
     return 0
 
 
@@ -179,10 +218,8 @@ def _run_rethreshold(args: argparse.Namespace) -> int:
     from converters.rethreshold import rethreshold
 
     config = _convert_config(args)
-    with output_lock(args.output, "converters rethreshold"), \
-            failing_as(ExitCode.CONVERT, DatasetError):
-        summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output,
-                              config)
+    with output_lock(args.output, "converters rethreshold"), failing_as(ExitCode.CONVERT, DatasetError):
+        summary = rethreshold(args.source, args.counts, args.frequency_threshold, args.output, config)
     _print_summary(summary, args.json)
     return 0
 
@@ -192,8 +229,7 @@ def _run_mlperf_multihot(args: argparse.Namespace) -> int:
 
     config = _convert_config(args)
     output = args.output or output_dir(args.dataset)
-    with output_lock(output, "converters mlperf-multihot"), \
-            failing_as(ExitCode.CONVERT, DatasetError):
+    with output_lock(output, "converters mlperf-multihot"), failing_as(ExitCode.CONVERT, DatasetError):
         summary = write_mlperf_multihot(args.dataset, output, config)
     _print_summary(summary, args.json)
     return 0
@@ -202,8 +238,7 @@ def _run_mlperf_multihot(args: argparse.Namespace) -> int:
 def _run_stage_in(args: argparse.Namespace) -> int:
     from converters.stage_in import stage_in
 
-    with output_lock(args.target, "converters stage-in"), \
-            failing_as(ExitCode.DATASET_INVALID, DatasetError):
+    with output_lock(args.target, "converters stage-in"), failing_as(ExitCode.DATASET_INVALID, DatasetError):
         summary = stage_in(args.source, args.target)
     _print_summary({"source": args.source, "target": args.target, **summary}, args.json)
     return 0
@@ -223,12 +258,16 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
-    run = {"convert": _run_convert, "verify": _run_verify,
-           "rethreshold": _run_rethreshold, "plan": _run_plan,
-           "mlperf-multihot": _run_mlperf_multihot, "stage-in": _run_stage_in}[args.command]
+    run = {
+        "convert": _run_convert,
+        "verify": _run_verify,
+        "rethreshold": _run_rethreshold,
+        "plan": _run_plan,
+        "mlperf-multihot": _run_mlperf_multihot,
+        "stage-in": _run_stage_in,
+    }[args.command]
     return run_cli(f"converters {args.command}", lambda: run(args))
 
 

@@ -25,23 +25,45 @@ import pyarrow.parquet as pq
 import xxhash
 
 from converters.mlperf_multihot import FORMAT as MLPERF_MULTIHOT, write_mlperf_multihot
-from converters.segments import (SEGMENTS_KEY, Reuse, copy_rows, parquet_segments,
-                                 previous_segments, recorded_segments)
+from converters.segments import (
+    SEGMENTS_KEY,
+    Reuse,
+    copy_rows,
+    parquet_segments,
+    previous_segments,
+    recorded_segments,
+)
 from converters.torchrec_format import TORCHREC_DIR, TorchrecWriter
 from dlrm_contracts.atomic import atomic_directory, is_complete, refuse_overlap
-from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
-                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetError,
-                                          DatasetInfo, cat_dtype, cat_file, checksum_text,
-                                          describe, file_key, model_size_list,
-                                          multi_hot_extra, new_checksum,
-                                          read_json, unreadable_parquet, write_json)
+from dlrm_contracts.binary_format import (
+    CHECKSUMS_KEY,
+    LABEL_DTYPE,
+    LABEL_FILE,
+    NUM_NUMERICAL,
+    NUMERICAL_DTYPE,
+    NUMERICAL_FILE,
+    DatasetError,
+    DatasetInfo,
+    cat_dtype,
+    cat_file,
+    checksum_text,
+    describe,
+    file_key,
+    model_size_list,
+    multi_hot_extra,
+    new_checksum,
+    read_json,
+    unreadable_parquet,
+    write_json,
+)
 from dlrm_contracts.config import ConvertConfig
-from dlrm_contracts.dataset_identity import (DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint,
-                                             parquet_footer)
-from dlrm_contracts.multi_hot import (MultiHotSpec, check_sizes, iter_tables, materialize,
-                                      spec_of_dataset)
-from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON,
-                                   SUCCESS)
+from dlrm_contracts.dataset_identity import (
+    DICTIONARIES_FINGERPRINT_KEY,
+    dictionaries_fingerprint,
+    parquet_footer,
+)
+from dlrm_contracts.multi_hot import MultiHotSpec, check_sizes, iter_tables, materialize, spec_of_dataset
+from dlrm_contracts.layout import DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
@@ -52,14 +74,14 @@ log = logging.getLogger(__name__)
 TORCHREC = "torchrec"  # the convert.formats name of converters.torchrec_format's layout
 
 
-
 def parquet_files(split_dir: Path) -> list[Path]:
     """Data files of one split in row order: ``*.parquet`` sorted by name (no hidden/_ files)."""
     if not split_dir.is_dir():
         raise DatasetError(f"{split_dir} is missing: the parquet has no such split")
-    return sorted((p for p in split_dir.iterdir()
-                   if p.is_file() and p.suffix == ".parquet" and p.name[0] not in "._"),
-                  key=lambda p: p.name)
+    return sorted(
+        (p for p in split_dir.iterdir() if p.is_file() and p.suffix == ".parquet" and p.name[0] not in "._"),
+        key=lambda p: p.name,
+    )
 
 
 def _num_rows(path: Path) -> int:
@@ -90,15 +112,19 @@ def _check_schema(path: Path, schema: pa.Schema) -> None:
         kind = schema.field(name).type
         ok = pa.types.is_floating(kind) if name in INT_COLUMNS else pa.types.is_integer(kind)
         if not ok:
-            raise DatasetError(f"{path}: column {name} has type {kind}; "
-                               f"expected {'float' if name in INT_COLUMNS else 'integer'}")
+            raise DatasetError(
+                f"{path}: column {name} has type {kind}; "
+                f"expected {'float' if name in INT_COLUMNS else 'integer'}"
+            )
 
 
 def _values(batch: pa.RecordBatch, index: int, where: str) -> np.ndarray:
     column = batch.column(index)
     if column.null_count:
-        raise DatasetError(f"{where}: column {batch.schema.names[index]} has "
-                           f"{column.null_count} null(s); spark_jobs writes 0 for missing")
+        raise DatasetError(
+            f"{where}: column {batch.schema.names[index]} has "
+            f"{column.null_count} null(s); spark_jobs writes 0 for missing"
+        )
     return column.to_numpy(zero_copy_only=False)
 
 
@@ -119,8 +145,7 @@ class _LabelOutput(_Output):
     def encode(self, batch, where):
         labels = _values(batch, 0, where)
         if labels.size and (labels.min() < 0 or labels.max() > 1):
-            raise DatasetError(f"{where}: label outside {{0, 1}} (min {labels.min()}, "
-                               f"max {labels.max()})")
+            raise DatasetError(f"{where}: label outside {{0, 1}} (min {labels.min()}, max {labels.max()})")
         return labels.astype(LABEL_DTYPE)
 
 
@@ -136,8 +161,10 @@ class _NumericalOutput(_Output):
         if not finite.all():
             row, j = (int(x) for x in np.argwhere(~finite)[0])
             value = float(_values(batch, 1 + j, where)[row])
-            raise DatasetError(f"{where}: column {INT_COLUMNS[j]} holds {value!r}, a numerical "
-                               "value NaN/inf or beyond float16 range")
+            raise DatasetError(
+                f"{where}: column {INT_COLUMNS[j]} holds {value!r}, a numerical "
+                "value NaN/inf or beyond float16 range"
+            )
         return out
 
 
@@ -159,9 +186,11 @@ class _CatOutput(_Output):
     def encode(self, batch, where):
         ids = _values(batch, 1 + NUM_NUMERICAL + self.index, where)
         if ids.size and (ids.min() < 0 or ids.max() >= self.table_size):
-            raise DatasetError(f"{where}: column {CAT_COLUMNS[self.index]} has id "
-                               f"{ids.min() if ids.min() < 0 else ids.max()} outside its "
-                               f"table of size {self.table_size}")
+            raise DatasetError(
+                f"{where}: column {CAT_COLUMNS[self.index]} has id "
+                f"{ids.min() if ids.min() < 0 else ids.max()} outside its "
+                f"table of size {self.table_size}"
+            )
         if self.table is not None:  # rows x k ids, row-major, straight in the file's dtype
             return materialize(ids, self.table)
         return ids.astype(cat_dtype(self.table_size), copy=False)
@@ -187,8 +216,7 @@ def _balanced_groups(outputs: list[_Output], workers: int) -> list[list[_Output]
     return [g for g in groups if g]
 
 
-def _batches(files: list[Path], batch_rows: int, use_threads: bool
-             ) -> Iterator[tuple[pa.RecordBatch, str]]:
+def _batches(files: list[Path], batch_rows: int, use_threads: bool) -> Iterator[tuple[pa.RecordBatch, str]]:
     for path in files:
         try:
             reader = pq.ParquetFile(path)
@@ -196,8 +224,9 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
             raise unreadable_parquet(path, exc) from exc
         with reader:
             _check_schema(path, reader.schema_arrow)
-            batches = reader.iter_batches(batch_size=batch_rows, columns=list(ALL_COLUMNS),
-                                          use_threads=use_threads)
+            batches = reader.iter_batches(
+                batch_size=batch_rows, columns=list(ALL_COLUMNS), use_threads=use_threads
+            )
             while True:
                 try:  # decoding errors (corrupt pages) name the file, like every other error
                     batch = next(batches)
@@ -208,22 +237,35 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool
                 yield batch, str(path)
 
 
-def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
-                   table_sizes: list[int], config: ConvertConfig, pool: ThreadPoolExecutor,
-                   bar: Any, checksums: dict[str, str], tables: dict[int, np.ndarray],
-                   torchrec: TorchrecWriter | None = None) -> int:
+def _convert_split(
+    pieces: list[tuple[list[Path], Reuse | None]],
+    out_dir: Path,
+    table_sizes: list[int],
+    config: ConvertConfig,
+    pool: ThreadPoolExecutor,
+    bar: Any,
+    checksums: dict[str, str],
+    tables: dict[int, np.ndarray],
+    torchrec: TorchrecWriter | None = None,
+) -> int:
     """Write one split's files from its pieces in order (parquet files to convert, or rows of
     the previous dataset to copy); their checksums go into ``checksums``; each batch also goes
     to the TorchRec layout when one is written. Returns the rows."""
     out_dir.mkdir()
-    handles = [open(out_dir / name, "wb") for name in
-               [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]]
+    handles = [
+        open(out_dir / name, "wb")
+        for name in [LABEL_FILE, NUMERICAL_FILE] + [cat_file(i) for i in range(len(CAT_COLUMNS))]
+    ]
     pending: list[Future] = []
     try:
-        outputs: list[_Output] = [_LabelOutput(LABEL_FILE, handles[0]),
-                                  _NumericalOutput(NUMERICAL_FILE, handles[1])]
-        outputs += [_CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size,
-                               table=tables.get(i)) for i, size in enumerate(table_sizes)]
+        outputs: list[_Output] = [
+            _LabelOutput(LABEL_FILE, handles[0]),
+            _NumericalOutput(NUMERICAL_FILE, handles[1]),
+        ]
+        outputs += [
+            _CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size, table=tables.get(i))
+            for i, size in enumerate(table_sizes)
+        ]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
         for files, reuse in pieces:
@@ -243,8 +285,7 @@ def _convert_split(pieces: list[tuple[list[Path], Reuse | None]], out_dir: Path,
                 bar.update(batch.num_rows)
         for future in pending:
             future.result()
-        checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest)
-                          for o in outputs})
+        checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest) for o in outputs})
         return rows
     finally:
         for future in pending:  # on an error, let running writes end before closing files
@@ -266,16 +307,20 @@ def _threshold_spec(parquet_dir: Path, given: str | None) -> str | None:
     return None
 
 
-def _pieces(parquet_dir: Path, binary_dir: Path | None, files: dict[str, list[Path]],
-            table_sizes: list[int], multi: MultiHotSpec | None):
+def _pieces(
+    parquet_dir: Path,
+    binary_dir: Path | None,
+    files: dict[str, list[Path]],
+    table_sizes: list[int],
+    multi: MultiHotSpec | None,
+):
     """Per split, what to write in order: (parquet files, None) to convert, or (files, Reuse)
     to copy from the previous dataset (a day converted before, converters.segments); and the
     parquet's segments (None without days)."""
     segments = parquet_segments(parquet_dir, files)
     if segments is None:
         return {split: [(files[split], None)] for split in SPLITS}, None
-    previous = (previous_segments(binary_dir, table_sizes, multi)
-                if binary_dir is not None else {})
+    previous = previous_segments(binary_dir, table_sizes, multi) if binary_dir is not None else {}
     pieces = {}
     for split in SPLITS:
         pieces[split] = []
@@ -297,10 +342,14 @@ def _ids_mode(parquet_dir: Path) -> str | None:
     return ids if ids in ("stable", "modulo", "contiguous") else None
 
 
-def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
-                    config: ConvertConfig | None = None,
-                    threshold_spec: str | None = None, reuse: bool = True,
-                    source: str | None = None) -> dict[str, Any]:
+def convert_parquet(
+    parquet_dir: str | Path,
+    binary_dir: str | Path,
+    config: ConvertConfig | None = None,
+    threshold_spec: str | None = None,
+    reuse: bool = True,
+    source: str | None = None,
+) -> dict[str, Any]:
     """Convert the parquet splits of spark_jobs into the split binary dataset the trainer reads.
 
     The dataset is written into a temporary directory, verified, then renamed into place: a
@@ -336,24 +385,31 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     # The TorchRec layout is written from parquet batches: no day is copied from before.
     reuse = reuse and TORCHREC not in config.formats
     multi = multi_hot_spec(config, table_sizes)
-    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes,
-                               multi)
+    pieces, segments = _pieces(parquet_dir, binary_dir if reuse else None, files, table_sizes, multi)
     start = time.perf_counter()
     checksums: dict[str, str] = {}
     with atomic_directory(binary_dir, overwrite=config.overwrite, fsync=config.fsync) as tmp:
         tables = multi_hot_tables(multi)
-        torchrec = (TorchrecWriter(tmp / TORCHREC_DIR, expected, table_sizes)
-                    if TORCHREC in config.formats else None)
+        torchrec = (
+            TorchrecWriter(tmp / TORCHREC_DIR, expected, table_sizes) if TORCHREC in config.formats else None
+        )
         try:
-            rows = _convert_splits(pieces, expected, tmp, table_sizes, config, checksums, tables,
-                                   torchrec and torchrec.open())
+            rows = _convert_splits(
+                pieces, expected, tmp, table_sizes, config, checksums, tables, torchrec and torchrec.open()
+            )
             torchrec_description = torchrec and torchrec.finish()
         finally:
             if torchrec is not None:
                 torchrec.close()
         del tables
-        info = describe(tmp, rows, table_sizes, spec, fingerprint,
-                        _dataset_extra(parquet_dir, segments, checksums, multi, source))
+        info = describe(
+            tmp,
+            rows,
+            table_sizes,
+            spec,
+            fingerprint,
+            _dataset_extra(parquet_dir, segments, checksums, multi, source),
+        )
         write_json(tmp / MODEL_SIZE_JSON, info.model_size)
         write_json(tmp / DATASET_JSON, info.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)
@@ -361,8 +417,10 @@ def convert_parquet(parquet_dir: str | Path, binary_dir: str | Path,
     log.info("converted %d rows in %.2f s into %s", sum(rows.values()), seconds, binary_dir)
     summary = _summary(binary_dir, info, spec, fingerprint, pieces, segments, seconds)
     if torchrec_description:
-        summary[TORCHREC] = {"path": str(binary_dir / TORCHREC_DIR),
-                             "rows_per_day": torchrec_description["rows_per_day"]}
+        summary[TORCHREC] = {
+            "path": str(binary_dir / TORCHREC_DIR),
+            "rows_per_day": torchrec_description["rows_per_day"],
+        }
     return {**summary, **write_other_formats(binary_dir, config)}
 
 
@@ -381,8 +439,7 @@ def multi_hot_spec(config: ConvertConfig, table_sizes: list[int]) -> MultiHotSpe
     sizes = check_sizes(config.multi_hot_sizes, "convert.multi_hot_sizes")
     if all(k == 1 for k in sizes):
         return None
-    return MultiHotSpec(tuple(table_sizes), sizes, config.multi_hot_seed,
-                        config.multi_hot_distribution)
+    return MultiHotSpec(tuple(table_sizes), sizes, config.multi_hot_seed, config.multi_hot_distribution)
 
 
 def same_materialization(info: DatasetInfo, config: ConvertConfig) -> bool:
@@ -397,71 +454,104 @@ def multi_hot_tables(multi: MultiHotSpec | None) -> dict[int, np.ndarray]:
     sum(table size x k) ids in memory, the reference's own cost (docs/converters.md)."""
     if multi is None:
         return {}
-    log.info("building multi-hot lookup tables (%.1f MB)",
-             sum(multi.table_bytes(c) for c in range(len(multi.sizes))) / 1e6)
-    return dict(iter_tables(multi, allocate=lambda c, shape, _dtype: np.empty(
-        shape, cat_dtype(multi.table_sizes[c]))))
+    log.info(
+        "building multi-hot lookup tables (%.1f MB)",
+        sum(multi.table_bytes(c) for c in range(len(multi.sizes))) / 1e6,
+    )
+    return dict(
+        iter_tables(multi, allocate=lambda c, shape, _dtype: np.empty(shape, cat_dtype(multi.table_sizes[c])))
+    )
 
 
 def _complete_table_sizes(parquet_dir: Path) -> list[int]:
     """The table sizes of a complete parquet output, each one the format can hold."""
     if not is_complete(parquet_dir):
-        raise DatasetError(f"{parquet_dir} has no {SUCCESS}: the parquet is incomplete "
-                           "(rerun spark_jobs)")
-    table_sizes = model_size_list(read_json(parquet_dir / MODEL_SIZE_JSON),
-                                  parquet_dir / MODEL_SIZE_JSON)
+        raise DatasetError(f"{parquet_dir} has no {SUCCESS}: the parquet is incomplete (rerun spark_jobs)")
+    table_sizes = model_size_list(read_json(parquet_dir / MODEL_SIZE_JSON), parquet_dir / MODEL_SIZE_JSON)
     for size in table_sizes:
         cat_dtype(size)  # refuses tables that do not fit int32
     return table_sizes
 
 
-def _convert_splits(pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
-                    expected: dict[str, int], tmp: Path, table_sizes: list[int],
-                    config: ConvertConfig, checksums: dict[str, str],
-                    tables: dict[int, np.ndarray],
-                    torchrec: TorchrecWriter | None = None) -> dict[str, int]:
+def _convert_splits(
+    pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
+    expected: dict[str, int],
+    tmp: Path,
+    table_sizes: list[int],
+    config: ConvertConfig,
+    checksums: dict[str, str],
+    tables: dict[int, np.ndarray],
+    torchrec: TorchrecWriter | None = None,
+) -> dict[str, int]:
     """Every split into ``tmp``, each checked against the rows its parquet metadata gives.
     Progress counts the rows converted only: a day's rows copied from the previous dataset
     (stable ids) cost a fraction of converting them, and counting them would make a daily
     run's bar jump and its ETA too short."""
     rows: dict[str, int] = {}
     copied = sum(reuse.rows for split in pieces.values() for _, reuse in split if reuse)
-    with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool, \
-            counting("convert", sum(expected.values()) - copied, "rows", phase="convert",
-                     enabled=config.progress) as bar:
+    with (
+        ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="convert") as pool,
+        counting(
+            "convert", sum(expected.values()) - copied, "rows", phase="convert", enabled=config.progress
+        ) as bar,
+    ):
         for split in SPLITS:
-            rows[split] = _convert_split(pieces[split], tmp / split, table_sizes, config, pool,
-                                         bar, checksums, tables, torchrec)
+            rows[split] = _convert_split(
+                pieces[split], tmp / split, table_sizes, config, pool, bar, checksums, tables, torchrec
+            )
             if rows[split] != expected[split]:
-                raise DatasetError(f"{split}: read {rows[split]} rows, parquet metadata says "
-                                   f"{expected[split]}")
+                raise DatasetError(
+                    f"{split}: read {rows[split]} rows, parquet metadata says {expected[split]}"
+                )
     return rows
 
 
-def _dataset_extra(parquet_dir: Path, segments, checksums: dict[str, str],
-                   multi: MultiHotSpec | None, source: str | None = None) -> dict[str, Any]:
+def _dataset_extra(
+    parquet_dir: Path,
+    segments,
+    checksums: dict[str, str],
+    multi: MultiHotSpec | None,
+    source: str | None = None,
+) -> dict[str, Any]:
     """What dataset.json records beyond the format: the source, the dictionaries it must be
     served with, stable ids and their day segments, the multi-hot sizes and what their draws
     depend on, and every file's checksum."""
-    return {"source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
-            # what a model trained on it must be served with (trainer.export)
-            DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
-            **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),
-            **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
-            **(multi_hot_extra(multi.sizes, multi.seed, multi.distribution) if multi else {}),
-            CHECKSUMS_KEY: dict(sorted(checksums.items()))}
+    return {
+        "source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
+        # what a model trained on it must be served with (trainer.export)
+        DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
+        **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),
+        **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
+        **(multi_hot_extra(multi.sizes, multi.seed, multi.distribution) if multi else {}),
+        CHECKSUMS_KEY: dict(sorted(checksums.items())),
+    }
 
 
-def _summary(binary_dir: Path, info: DatasetInfo, spec: str | None, fingerprint: str,
-             pieces: dict[str, list[tuple[list[Path], Reuse | None]]], segments,
-             seconds: float) -> dict[str, Any]:
+def _summary(
+    binary_dir: Path,
+    info: DatasetInfo,
+    spec: str | None,
+    fingerprint: str,
+    pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
+    segments,
+    seconds: float,
+) -> dict[str, Any]:
     total_rows = sum(info.splits.values())
-    return {"output": str(binary_dir), "rows": dict(info.splits), "table_sizes": info.model_size,
-            "cat_dtypes": list(info.cat_dtypes), "threshold_spec": spec,
-            "source_fingerprint": fingerprint,
-            "bytes_written": sum(info.nbytes(s) for s in SPLITS),
-            "seconds": round(seconds, 3),
-            # stable ids: the days whose rows were copied from the previous dataset
-            "days_reused": {split: [s.day for (_, r), s in zip(pieces[split], segments[split])
-                                    if r is not None] for split in SPLITS} if segments else {},
-            "rows_per_second": round(total_rows / seconds) if seconds else None}
+    return {
+        "output": str(binary_dir),
+        "rows": dict(info.splits),
+        "table_sizes": info.model_size,
+        "cat_dtypes": list(info.cat_dtypes),
+        "threshold_spec": spec,
+        "source_fingerprint": fingerprint,
+        "bytes_written": sum(info.nbytes(s) for s in SPLITS),
+        "seconds": round(seconds, 3),
+        # stable ids: the days whose rows were copied from the previous dataset
+        "days_reused": {
+            split: [s.day for (_, r), s in zip(pieces[split], segments[split]) if r is not None]
+            for split in SPLITS
+        }
+        if segments
+        else {},
+        "rows_per_second": round(total_rows / seconds) if seconds else None,
+    }

@@ -35,8 +35,15 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 
 from dlrm_contracts.atomic import atomic_directory, refuse_overlap
-from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL,
-                                          NUMERICAL_DTYPE, NUMERICAL_FILE, DatasetInfo, cat_file)
+from dlrm_contracts.binary_format import (
+    LABEL_DTYPE,
+    LABEL_FILE,
+    NUM_NUMERICAL,
+    NUMERICAL_DTYPE,
+    NUMERICAL_FILE,
+    DatasetInfo,
+    cat_file,
+)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.schema import NUM_CATEGORICAL
 from dlrm_contracts.verify import verify_dataset
@@ -68,34 +75,37 @@ def day_slices(train_rows: int) -> list[slice]:
 def _day_pieces(info: DatasetInfo) -> list[list[tuple[str, slice]]]:
     """Per day, the (split, rows) it is made of, in order."""
     days = [[("train", s)] for s in day_slices(info.splits["train"])]
-    days.append([("test", slice(0, info.splits["test"])),
-                 ("validation", slice(0, info.splits["validation"]))])
+    days.append(
+        [("test", slice(0, info.splits["test"])), ("validation", slice(0, info.splits["validation"]))]
+    )
     return days
 
 
-def _rows(info: DatasetInfo, split: str, name: str, dtype: np.dtype, width: int,
-          rows: slice) -> np.ndarray:
+def _rows(info: DatasetInfo, split: str, name: str, dtype: np.dtype, width: int, rows: slice) -> np.ndarray:
     """A memory map of rows ``rows`` of one binary file (rows x width)."""
     path = info.file(split, name)
     count = rows.stop - rows.start
     if count == 0:
         return np.empty((0, width), dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=rows.start * width * dtype.itemsize,
-                     shape=(count, width))
+    return np.memmap(
+        path, dtype=dtype, mode="r", offset=rows.start * width * dtype.itemsize, shape=(count, width)
+    )
 
 
 def _chunks(pieces, info, name, dtype, width, chunk_rows) -> Iterator[np.ndarray]:
     for split, rows in pieces:
         data = _rows(info, split, name, dtype, width, rows)
         for start in range(0, len(data), chunk_rows):
-            yield data[start:start + chunk_rows]
+            yield data[start : start + chunk_rows]
 
 
-def _write_npy(handle: BinaryIO, shape: tuple[int, int], dtype: np.dtype,
-               chunks: Iterator[np.ndarray]) -> None:
+def _write_npy(
+    handle: BinaryIO, shape: tuple[int, int], dtype: np.dtype, chunks: Iterator[np.ndarray]
+) -> None:
     """An .npy stream (the header np.save writes, then C-order data) from chunks of rows."""
-    np.lib.format.write_array_header_1_0(handle, {
-        "descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    np.lib.format.write_array_header_1_0(
+        handle, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
     for chunk in chunks:
         handle.write(memoryview(np.ascontiguousarray(chunk, dtype=dtype)).cast("B"))
 
@@ -105,24 +115,30 @@ def _write_day(info: DatasetInfo, day: int, pieces, folder: Path, chunk_rows: in
     sizes = info.multi_hot_sizes
     # np.savez's own way: stored entries, each opened with zip64 (the reader's offset rule
     # expects the zip64 extra field np.savez writes).
-    with zipfile.ZipFile(folder / f"day_{day}_sparse_multi_hot.npz", "w",
-                         compression=zipfile.ZIP_STORED, allowZip64=True) as npz:
+    with zipfile.ZipFile(
+        folder / f"day_{day}_sparse_multi_hot.npz", "w", compression=zipfile.ZIP_STORED, allowZip64=True
+    ) as npz:
         for c in range(NUM_CATEGORICAL):
             dtype = np.dtype(info.cat_dtypes[c]).newbyteorder("<")
             with npz.open(f"{c}.npy", "w", force_zip64=True) as entry:
-                _write_npy(entry, (rows, sizes[c]), IDS_DTYPE,
-                           _chunks(pieces, info, cat_file(c), dtype, sizes[c], chunk_rows))
+                _write_npy(
+                    entry,
+                    (rows, sizes[c]),
+                    IDS_DTYPE,
+                    _chunks(pieces, info, cat_file(c), dtype, sizes[c], chunk_rows),
+                )
     for name, part, source, width, dtype in (
-            (NUMERICAL_FILE, "dense", NUMERICAL_DTYPE, NUM_NUMERICAL, DENSE_DTYPE),
-            (LABEL_FILE, "labels", LABEL_DTYPE, 1, LABELS_DTYPE)):
+        (NUMERICAL_FILE, "dense", NUMERICAL_DTYPE, NUM_NUMERICAL, DENSE_DTYPE),
+        (LABEL_FILE, "labels", LABEL_DTYPE, 1, LABELS_DTYPE),
+    ):
         with open(folder / f"day_{day}_{part}.npy", "wb") as handle:
-            _write_npy(handle, (rows, width), dtype,
-                       _chunks(pieces, info, name, source, width, chunk_rows))
+            _write_npy(handle, (rows, width), dtype, _chunks(pieces, info, name, source, width, chunk_rows))
     return rows
 
 
-def write_mlperf_multihot(binary_dir: str | Path, target: str | Path | None = None,
-                          config: ConvertConfig | None = None) -> dict[str, Any]:
+def write_mlperf_multihot(
+    binary_dir: str | Path, target: str | Path | None = None, config: ConvertConfig | None = None
+) -> dict[str, Any]:
     """Write the reference's multi-hot layout of a complete split binary dataset.
 
     Args:
@@ -139,17 +155,26 @@ def write_mlperf_multihot(binary_dir: str | Path, target: str | Path | None = No
     refuse_overlap(target, {"binary dataset": Path(binary_dir)})
     start = time.perf_counter()
     with atomic_directory(target, overwrite=config.overwrite, fsync=config.fsync) as tmp:
-        rows = [_write_day(info, d, pieces, tmp, config.batch_rows)
-                for d, pieces in enumerate(_day_pieces(info))]
+        rows = [
+            _write_day(info, d, pieces, tmp, config.batch_rows) for d, pieces in enumerate(_day_pieces(info))
+        ]
         description = {
-            "format": FORMAT, "source": str(Path(binary_dir).absolute()),
+            "format": FORMAT,
+            "source": str(Path(binary_dir).absolute()),
             "source_fingerprint": info.source_fingerprint,
-            "threshold_spec": info.threshold_spec, "rows_per_day": rows,
+            "threshold_spec": info.threshold_spec,
+            "rows_per_day": rows,
             "dlrm_main_flags": {
                 "--num_embeddings_per_feature": ",".join(map(str, info.table_sizes)),
-                "--multi_hot_sizes": ",".join(map(str, info.multi_hot_sizes))}}
+                "--multi_hot_sizes": ",".join(map(str, info.multi_hot_sizes)),
+            },
+        }
         (tmp / DESCRIPTION).write_text(json.dumps(description, indent=1) + "\n")
         written = sum(p.stat().st_size for p in tmp.iterdir())
-    return {"output": str(target), "rows_per_day": rows, "bytes_written": written,
-            "seconds": round(time.perf_counter() - start, 3),
-            **description["dlrm_main_flags"]}
+    return {
+        "output": str(target),
+        "rows_per_day": rows,
+        "bytes_written": written,
+        "seconds": round(time.perf_counter() - start, 3),
+        **description["dlrm_main_flags"],
+    }

@@ -28,11 +28,22 @@ import numpy as np
 
 from converters.convert import write_other_formats
 from dlrm_contracts.atomic import atomic_directory, refuse_overlap
-from dlrm_contracts.binary_format import (CHECKSUMS_KEY, LABEL_FILE, NUMERICAL_FILE,
-                                          DamagedDatasetError, DatasetError, DatasetInfo,
-                                          MULTI_HOT_KEYS, cat_dtype, cat_file, checksum_text,
-                                          describe, file_key,
-                                          new_checksum, write_json)
+from dlrm_contracts.binary_format import (
+    CHECKSUMS_KEY,
+    LABEL_FILE,
+    NUMERICAL_FILE,
+    DamagedDatasetError,
+    DatasetError,
+    DatasetInfo,
+    MULTI_HOT_KEYS,
+    cat_dtype,
+    cat_file,
+    checksum_text,
+    describe,
+    file_key,
+    new_checksum,
+    write_json,
+)
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY
 from dlrm_contracts.multi_hot import MultiHotSpec, iter_tables, materialize, spec_of_dataset
@@ -56,17 +67,15 @@ def _link_or_copy(source: Path, target: Path, link: bool) -> None:
     shutil.copyfile(source, target)
 
 
-def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int,
-                chunk_rows: int) -> str:
+def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: int, chunk_rows: int) -> str:
     """Copy ids, with ids >= new_size set to 0, in the dtype of a table of new_size; returns
     the checksum of what was written."""
     new_dtype = cat_dtype(new_size)
     digest = new_checksum()
-    ids = np.memmap(source, dtype=old_dtype, mode="r") if source.stat().st_size else \
-        np.empty(0, old_dtype)
+    ids = np.memmap(source, dtype=old_dtype, mode="r") if source.stat().st_size else np.empty(0, old_dtype)
     with open(target, "wb") as out:
         for start in range(0, len(ids), chunk_rows):
-            chunk = ids[start:start + chunk_rows]
+            chunk = ids[start : start + chunk_rows]
             dropped = chunk >= new_size
             narrowed = chunk.astype(new_dtype)  # dropped ids may wrap here; zeroed next
             narrowed[dropped] = 0
@@ -76,17 +85,27 @@ def clamp_ids_file(source: Path, target: Path, old_dtype: np.dtype, new_size: in
     return checksum_text(digest)
 
 
-def rematerialize_ids_file(source: Path, target: Path, old_dtype: np.dtype, width: int,
-                           new_size: int, table: np.ndarray, chunk_rows: int) -> str:
+def rematerialize_ids_file(
+    source: Path,
+    target: Path,
+    old_dtype: np.dtype,
+    width: int,
+    new_size: int,
+    table: np.ndarray,
+    chunk_rows: int,
+) -> str:
     """A multi-hot column at new table sizes: each row's first id is its one-hot id (row r of
     a lookup table starts with r), clamped like a one-hot column, then materialized again with
     the lookup table of the new sizes (every draw depends on them); returns the checksum."""
     digest = new_checksum()
-    ids = np.memmap(source, dtype=old_dtype, mode="r").reshape(-1, width) \
-        if source.stat().st_size else np.empty((0, width), old_dtype)
+    ids = (
+        np.memmap(source, dtype=old_dtype, mode="r").reshape(-1, width)
+        if source.stat().st_size
+        else np.empty((0, width), old_dtype)
+    )
     with open(target, "wb") as out:
         for start in range(0, len(ids), chunk_rows):
-            one_hot = ids[start:start + chunk_rows, 0].astype(np.int64)
+            one_hot = ids[start : start + chunk_rows, 0].astype(np.int64)
             one_hot[one_hot >= new_size] = 0
             data = memoryview(materialize(one_hot, table)).cast("B")
             out.write(data)
@@ -129,10 +148,14 @@ def _intact_source(source: Path, config: ConvertConfig) -> DatasetInfo:
         raise DamagedDatasetError(str(exc)) from None
 
 
-def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
-                spec: str | int | ThresholdSpec, output_dir: str | Path,
-                config: ConvertConfig | None = None,
-                recorded_as: tuple[str, str] | None = None) -> dict[str, Any]:
+def rethreshold(
+    source_binary_dir: str | Path,
+    counts_dir: str | Path,
+    spec: str | int | ThresholdSpec,
+    output_dir: str | Path,
+    config: ConvertConfig | None = None,
+    recorded_as: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """Write the dataset at a higher threshold from an existing one, without Spark.
 
     Ids are ordered by count, so raising the threshold only maps the ids past each new table
@@ -163,20 +186,26 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
     info = _intact_source(source, config)
     if info.extra.get("ids") == "modulo":
-        raise DatasetError(f"{source} has capped ids (preprocess.ids: modulo): every value keeps "
-                           "its id modulo its column's cap, so there is no threshold to raise; "
-                           "change preprocess.caps and run the preprocess stage instead")
+        raise DatasetError(
+            f"{source} has capped ids (preprocess.ids: modulo): every value keeps "
+            "its id modulo its column's cap, so there is no threshold to raise; "
+            "change preprocess.caps and run the preprocess stage instead"
+        )
     if info.extra.get("ids") == "contiguous":
-        raise DatasetError(f"{source} has contiguous ids (preprocess.ids: contiguous), numbered "
-                           "by first appearance, not by count: no higher threshold is a prefix "
-                           "of them; change preprocess.frequency_threshold and run the "
-                           "preprocess stage instead")
+        raise DatasetError(
+            f"{source} has contiguous ids (preprocess.ids: contiguous), numbered "
+            "by first appearance, not by count: no higher threshold is a prefix "
+            "of them; change preprocess.frequency_threshold and run the "
+            "preprocess stage instead"
+        )
     base = written_threshold_spec(info.threshold_spec, source)
     new = parse_threshold_spec(spec)
     if info.extra.get("ids") == "stable" and new != base:
-        raise DatasetError(f"{source} has stable ids (preprocess.ids: stable), which are not "
-                           f"ordered by count: threshold {new} is no prefix of its ids at {base}. "
-                           "A stable workdir keeps its threshold; use a new workdir for another")
+        raise DatasetError(
+            f"{source} has stable ids (preprocess.ids: stable), which are not "
+            f"ordered by count: threshold {new} is no prefix of its ids at {base}. "
+            "A stable workdir keeps its threshold; use a new workdir for another"
+        )
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     multi, rematerialized = _rewritten_multi_hot(info, sizes)
     start = time.perf_counter()
@@ -185,8 +214,15 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
     checksums = dict(info.checksums)
     with atomic_directory(output, overwrite=config.overwrite, fsync=config.fsync) as tmp:
         jobs = _link_unchanged(info, sizes, tmp, config.link_unchanged, rematerialized)
-        tables = dict(iter_tables(multi, rematerialized, allocate=lambda c, shape, _d: np.empty(
-            shape, cat_dtype(sizes[c])))) if rematerialized else {}
+        tables = (
+            dict(
+                iter_tables(
+                    multi, rematerialized, allocate=lambda c, shape, _d: np.empty(shape, cat_dtype(sizes[c]))
+                )
+            )
+            if rematerialized
+            else {}
+        )
         checksums.update(_clamp_files(jobs, config, tables))
         del tables
         written = sum(job.target.stat().st_size for job in jobs)
@@ -196,10 +232,11 @@ def rethreshold(source_binary_dir: str | Path, counts_dir: str | Path,
         write_json(tmp / DATASET_JSON, result.to_json())
         verify_dataset(tmp, full=config.verify_full, require_success=False)
     seconds = time.perf_counter() - start
-    log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, sum(info.splits.values()),
-             seconds)
-    return {**_summary(output, info, new, base, result, jobs, written, seconds),
-            **write_other_formats(output, config)}
+    log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, sum(info.splits.values()), seconds)
+    return {
+        **_summary(output, info, new, base, result, jobs, written, seconds),
+        **write_other_formats(output, config),
+    }
 
 
 @dataclass(frozen=True)
@@ -214,8 +251,9 @@ class _ClampJob:
     width: int = 1  # ids per row (multi-hot size)
 
 
-def _link_unchanged(info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: Path,
-                    link: bool, rematerialized: set[int]) -> list[_ClampJob]:
+def _link_unchanged(
+    info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: Path, link: bool, rematerialized: set[int]
+) -> list[_ClampJob]:
     """Lay out the new dataset's splits: labels, numericals and the tables that keep their size
     (and, multi-hot, their rows) linked (or copied) from the source; the files of the other
     tables are returned."""
@@ -229,60 +267,101 @@ def _link_unchanged(info: DatasetInfo, sizes: list[int] | tuple[int, ...], tmp: 
             if new_size == old_size and i not in rematerialized:
                 _link_or_copy(info.file(split, name), tmp / split / name, link)
             else:
-                jobs.append(_ClampJob(i, info.file(split, name), tmp / split / name,
-                                      np.dtype(info.cat_dtypes[i]), new_size,
-                                      info.multi_hot_sizes[i]))
+                jobs.append(
+                    _ClampJob(
+                        i,
+                        info.file(split, name),
+                        tmp / split / name,
+                        np.dtype(info.cat_dtypes[i]),
+                        new_size,
+                        info.multi_hot_sizes[i],
+                    )
+                )
     return jobs
 
 
-def _clamp_files(jobs: list[_ClampJob], config: ConvertConfig,
-                 tables: dict[int, np.ndarray]) -> dict[str, str]:
+def _clamp_files(
+    jobs: list[_ClampJob], config: ConvertConfig, tables: dict[int, np.ndarray]
+) -> dict[str, str]:
     """Write every clamped (or materialized again) file over the thread pool; their checksums
     by file key."""
     checksums = {}
-    with ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool, \
-            counting("convert", len(jobs), "files", phase="rethreshold",
-                     enabled=config.progress) as bar:
-        futures = [pool.submit(rematerialize_ids_file, job.source, job.target, job.old_dtype,
-                               job.width, job.new_size, tables[job.column], config.batch_rows)
-                   if job.column in tables else
-                   pool.submit(clamp_ids_file, job.source, job.target, job.old_dtype,
-                               job.new_size, config.batch_rows * 8) for job in jobs]
+    with (
+        ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="rethreshold") as pool,
+        counting("convert", len(jobs), "files", phase="rethreshold", enabled=config.progress) as bar,
+    ):
+        futures = [
+            pool.submit(
+                rematerialize_ids_file,
+                job.source,
+                job.target,
+                job.old_dtype,
+                job.width,
+                job.new_size,
+                tables[job.column],
+                config.batch_rows,
+            )
+            if job.column in tables
+            else pool.submit(
+                clamp_ids_file, job.source, job.target, job.old_dtype, job.new_size, config.batch_rows * 8
+            )
+            for job in jobs
+        ]
         for job, future in zip(jobs, futures):
             checksums[file_key(job.target.parent.name, job.target.name)] = future.result()
             bar.update(1)
     return checksums
 
 
-def _output_extra(info: DatasetInfo, source: Path, counts_dir: str | Path,
-                  checksums: dict[str, str],
-                  recorded_as: tuple[str, str] | None = None) -> dict[str, Any]:
+def _output_extra(
+    info: DatasetInfo,
+    source: Path,
+    counts_dir: str | Path,
+    checksums: dict[str, str],
+    recorded_as: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """What dataset.json records beyond the format: where the dataset came from, and the
     checksums of every file (reused ones keep the source's)."""
-    source_text, counts_text = recorded_as or (str(source.absolute()),
-                                               str(Path(counts_dir).absolute()))
-    extra = {"source": {"kind": "binary", "path": source_text,
-                        "threshold_spec": info.threshold_spec,
-                        "source_fingerprint": info.source_fingerprint},
-             "counts": counts_text,
-             # same dictionaries: the kept values are a prefix of their ids
-             DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
-             **({"ids": info.extra["ids"]} if "ids" in info.extra else {}),
-             **{key: info.extra[key] for key in MULTI_HOT_KEYS if key in info.extra}}
+    source_text, counts_text = recorded_as or (str(source.absolute()), str(Path(counts_dir).absolute()))
+    extra = {
+        "source": {
+            "kind": "binary",
+            "path": source_text,
+            "threshold_spec": info.threshold_spec,
+            "source_fingerprint": info.source_fingerprint,
+        },
+        "counts": counts_text,
+        # same dictionaries: the kept values are a prefix of their ids
+        DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
+        **({"ids": info.extra["ids"]} if "ids" in info.extra else {}),
+        **{key: info.extra[key] for key in MULTI_HOT_KEYS if key in info.extra},
+    }
     if info.checksums:  # all or none: a dataset without them cannot be shown intact
         extra[CHECKSUMS_KEY] = dict(sorted(checksums.items()))
     return extra
 
 
-def _summary(output: Path, info: DatasetInfo, new: ThresholdSpec, base: ThresholdSpec,
-             result: DatasetInfo, jobs: list[_ClampJob], written: int,
-             seconds: float) -> dict[str, Any]:
+def _summary(
+    output: Path,
+    info: DatasetInfo,
+    new: ThresholdSpec,
+    base: ThresholdSpec,
+    result: DatasetInfo,
+    jobs: list[_ClampJob],
+    written: int,
+    seconds: float,
+) -> dict[str, Any]:
     rows = sum(info.splits.values())
-    return {"output": str(output), "rows": dict(info.splits), "threshold_spec": str(new),
-            "base_threshold_spec": str(base),
-            "table_sizes_before": info.model_size, "table_sizes": result.model_size,
-            "cat_dtypes": list(result.cat_dtypes),
-            "columns_rewritten": [CAT_COLUMNS[i] for i in sorted({job.column for job in jobs})],
-            "bytes_written": written,
-            "seconds": round(seconds, 3),
-            "rows_per_second": round(rows / seconds) if seconds else None}
+    return {
+        "output": str(output),
+        "rows": dict(info.splits),
+        "threshold_spec": str(new),
+        "base_threshold_spec": str(base),
+        "table_sizes_before": info.model_size,
+        "table_sizes": result.model_size,
+        "cat_dtypes": list(result.cat_dtypes),
+        "columns_rewritten": [CAT_COLUMNS[i] for i in sorted({job.column for job in jobs})],
+        "bytes_written": written,
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(rows / seconds) if seconds else None,
+    }

@@ -34,8 +34,10 @@ def source_files(source: Location) -> dict[str, Location]:
         files = committed_files(source)
     else:
         if not (source / SUCCESS).is_file():
-            raise DatasetError(f"{source} holds no complete binary dataset (no commit marker and "
-                               f"no {SUCCESS}): run the convert stage first")
+            raise DatasetError(
+                f"{source} holds no complete binary dataset (no commit marker and "
+                f"no {SUCCESS}): run the convert stage first"
+            )
         files = {p.relative_to(source): p for p in source.files()}
     files = {name: loc for name, loc in files.items() if name != SUCCESS}
     if DATASET_JSON not in files:
@@ -76,10 +78,11 @@ def stage_in(source: str | Location, target: str | Path, fsync: bool = True) -> 
         for name, location in files.items():
             location.copy_to(resolve(temporary / name))
             copied += (temporary / name).stat().st_size
-        (temporary / SUCCESS).write_text("")     # checked before it is published
+        (temporary / SUCCESS).write_text("")  # checked before it is published
         try:
             verify_checksums(temporary)
         except DatasetError as exc:
-            raise DamagedDatasetError(f"stage-in from {source}: the copy does not match the "
-                                      f"dataset's recorded checksums ({exc})") from None
+            raise DamagedDatasetError(
+                f"stage-in from {source}: the copy does not match the dataset's recorded checksums ({exc})"
+            ) from None
     return {"copied": True, "files": len(files), "bytes": copied}

@@ -44,8 +44,11 @@ DENSE_DTYPE = np.dtype("<f4")
 SPARSE_DTYPE = np.dtype("<i8")
 LABEL_DTYPE = np.dtype("<i4")
 # (file part, dtype, columns) as TorchRec's tsv_to_npys writes them
-PARTS = (("dense", DENSE_DTYPE, len(INT_COLUMNS)), ("sparse", SPARSE_DTYPE, len(CAT_COLUMNS)),
-         ("labels", LABEL_DTYPE, 1))
+PARTS = (
+    ("dense", DENSE_DTYPE, len(INT_COLUMNS)),
+    ("sparse", SPARSE_DTYPE, len(CAT_COLUMNS)),
+    ("labels", LABEL_DTYPE, 1),
+)
 
 
 def day_file(day: int, part: str) -> str:
@@ -74,8 +77,9 @@ def day_rows(split_rows: dict[str, int]) -> list[int]:
 
 def _header(dtype: np.dtype, shape: tuple[int, int]) -> bytes:
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                  "fortran_order": False, "shape": shape})
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
     return buffer.getvalue()
 
 
@@ -113,8 +117,15 @@ class _NpyFile:
 
 
 def _columns(batch: pa.RecordBatch, names: tuple[str, ...], dtype: np.dtype) -> np.ndarray:
-    return np.stack([batch.column(batch.schema.get_field_index(n)).to_numpy(zero_copy_only=False)
-                     .astype(dtype, copy=False) for n in names], axis=1)
+    return np.stack(
+        [
+            batch.column(batch.schema.get_field_index(n))
+            .to_numpy(zero_copy_only=False)
+            .astype(dtype, copy=False)
+            for n in names
+        ],
+        axis=1,
+    )
 
 
 @dataclass
@@ -141,17 +152,20 @@ class TorchrecWriter:
         """Append one batch of ``split`` (batches arrive in order, one at a time per split)."""
         start = self.cursor[split]
         if start + batch.num_rows > self.split_rows[split]:
-            raise DatasetError(f"{where}: {split} has more rows than its parquet metadata "
-                               f"says ({self.split_rows[split]})")
-        arrays = {"dense": _columns(batch, INT_COLUMNS, DENSE_DTYPE),
-                  "sparse": _columns(batch, CAT_COLUMNS, SPARSE_DTYPE),
-                  "labels": _columns(batch, ("label",), LABEL_DTYPE)}
+            raise DatasetError(
+                f"{where}: {split} has more rows than its parquet metadata says ({self.split_rows[split]})"
+            )
+        arrays = {
+            "dense": _columns(batch, INT_COLUMNS, DENSE_DTYPE),
+            "sparse": _columns(batch, CAT_COLUMNS, SPARSE_DTYPE),
+            "labels": _columns(batch, ("label",), LABEL_DTYPE),
+        }
         done = 0  # rows of the split before the current piece
         for day, first, rows in split_placement(self.split_rows)[split]:
             lo, hi = max(start, done), min(start + batch.num_rows, done + rows)
             if lo < hi:
                 for part, values in arrays.items():
-                    self.files[(day, part)].write(first + lo - done, values[lo - start:hi - start])
+                    self.files[(day, part)].write(first + lo - done, values[lo - start : hi - start])
             done += rows
         self.cursor[split] = start + batch.num_rows
 
@@ -162,8 +176,11 @@ class TorchrecWriter:
     def finish(self) -> dict[str, Any]:
         """Close every file, check each got exactly its rows, write torchrec.json."""
         self.close()
-        short = [f"{npy.path.name}: {npy.written} of {npy.shape[0]} rows"
-                 for npy in self.files.values() if npy.written != npy.shape[0]]
+        short = [
+            f"{npy.path.name}: {npy.written} of {npy.shape[0]} rows"
+            for npy in self.files.values()
+            if npy.written != npy.shape[0]
+        ]
         if short:
             raise DatasetError(f"{self.out_dir}: TorchRec files not filled: {'; '.join(short)}")
         description = describe(self.split_rows, self.table_sizes)
@@ -177,18 +194,29 @@ def describe(split_rows: dict[str, int], table_sizes: list[int]) -> dict[str, An
         "layout": "torchrec InMemoryBinaryCriteoIterDataPipe",
         "days": DAYS,
         "rows_per_day": day_rows(split_rows),
-        "splits": {"train": f"day_0..day_{TRAIN_DAYS - 1}",
-                   "test": f"day_{EVAL_DAY} rows [0, {split_rows['test']}) = TorchRec's 'val'"
-                           " stage when the last day had no rejected line",
-                   "validation": f"day_{EVAL_DAY} rows [{split_rows['test']}, "
-                                 f"{split_rows['test'] + split_rows['validation']})"},
-        "dense": {"dtype": "float32", "columns": list(INT_COLUMNS),
-                  "transform": "log(x + 3); missing or x <= -3 -> 0 (already applied)"},
-        "sparse": {"dtype": "int64", "columns": list(CAT_COLUMNS),
-                   "ids": "this dataset's ids, each below its table size"},
+        "splits": {
+            "train": f"day_0..day_{TRAIN_DAYS - 1}",
+            "test": f"day_{EVAL_DAY} rows [0, {split_rows['test']}) = TorchRec's 'val'"
+            " stage when the last day had no rejected line",
+            "validation": f"day_{EVAL_DAY} rows [{split_rows['test']}, "
+            f"{split_rows['test'] + split_rows['validation']})",
+        },
+        "dense": {
+            "dtype": "float32",
+            "columns": list(INT_COLUMNS),
+            "transform": "log(x + 3); missing or x <= -3 -> 0 (already applied)",
+        },
+        "sparse": {
+            "dtype": "int64",
+            "columns": list(CAT_COLUMNS),
+            "ids": "this dataset's ids, each below its table size",
+        },
         "labels": {"dtype": "int32", "shape": "(rows, 1)"},
         "num_embeddings_per_feature": list(table_sizes),
-        "dlrm_main_flags": ["--in_memory_binary_criteo_path", "<this directory>",
-                            "--num_embeddings_per_feature",
-                            ",".join(str(s) for s in table_sizes)],
+        "dlrm_main_flags": [
+            "--in_memory_binary_criteo_path",
+            "<this directory>",
+            "--num_embeddings_per_feature",
+            ",".join(str(s) for s in table_sizes),
+        ],
     }

@@ -83,8 +83,7 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def publish(new: str | Path, final: str | Path, fsync: bool = True,
-            aside: str | Path | None = None) -> None:
+def publish(new: str | Path, final: str | Path, fsync: bool = True, aside: str | Path | None = None) -> None:
     """Make ``new`` (a finished file or directory beside ``final``) the one at ``final``, in
     the order of the module's docstring: flushed, the old copy set aside, renamed, the
     directory flushed, the old copy deleted. ``aside``: where the old copy waits (a name a
@@ -137,8 +136,12 @@ def open_append(path: str | Path, binary: bool = False, buffering: int = -1):
 
 def symlink_refused(path: Path) -> OSError:
     """The error for a symbolic link found where a workdir file is written."""
-    return OSError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}): files in "
-                   "a workdir are never written through a link; remove it", str(path))
+    return OSError(
+        errno.ELOOP,
+        f"{path} is a symbolic link (to {os.readlink(path)}): files in "
+        "a workdir are never written through a link; remove it",
+        str(path),
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -166,7 +169,7 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
         prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
         if prefix is None:
             continue
-        pid_text = entry.name[len(prefix):].split("-", 1)[0]
+        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
         if pid_text.isdigit() and not pid_alive(int(pid_text)):
             stale.append((prefix, entry))
     set_aside = [entry for prefix, entry in stale if prefix == prefixes[1]]
@@ -207,12 +210,10 @@ def write_text_atomic(path: str | Path, text: str, fsync: bool = True) -> None:
         temporary.write_text(text, encoding="utf-8")
 
 
-def write_json_atomic(path: str | Path, data: Any, sort_keys: bool = True,
-                      fsync: bool = True) -> None:
+def write_json_atomic(path: str | Path, data: Any, sort_keys: bool = True, fsync: bool = True) -> None:
     """Indented JSON. ``sort_keys=False`` keeps the mapping's order (C1..C26, days in order),
     for files people read."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n",
-                      fsync)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n", fsync)
 
 
 def read_json(path: str | Path, default: Any = None) -> Any:
@@ -235,8 +236,10 @@ def refuse_overlap(output: str | Path, inputs: dict[str, str | Path]) -> None:
     for what, path in inputs.items():
         source = Path(path).resolve()
         if out == source or out in source.parents or source in out.parents:
-            raise DatasetError(f"output {output} overlaps the {what} {path} (the output directory "
-                               "is replaced as a whole); choose a separate output directory")
+            raise DatasetError(
+                f"output {output} overlaps the {what} {path} (the output directory "
+                "is replaced as a whole); choose a separate output directory"
+            )
 
 
 def is_complete(path: Path) -> bool:
@@ -244,8 +247,7 @@ def is_complete(path: Path) -> bool:
 
 
 @contextmanager
-def atomic_directory(final: str | Path, overwrite: bool = False,
-                     fsync: bool = True) -> Iterator[Path]:
+def atomic_directory(final: str | Path, overwrite: bool = False, fsync: bool = True) -> Iterator[Path]:
     """Yield a fresh temporary directory; on a clean exit it becomes ``final`` + ``_SUCCESS``.
 
     A complete ``final`` is replaced only with ``overwrite``; an incomplete one (no
@@ -253,8 +255,10 @@ def atomic_directory(final: str | Path, overwrite: bool = False,
     """
     final = Path(final).absolute()
     if is_complete(final) and not overwrite:
-        raise DatasetError(f"{final} already holds a complete dataset; "
-                           "allow overwriting (ConvertConfig.overwrite) to replace it")
+        raise DatasetError(
+            f"{final} already holds a complete dataset; "
+            "allow overwriting (ConvertConfig.overwrite) to replace it"
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final)
     temporary = temporary_sibling(final)

@@ -60,8 +60,7 @@ class DamagedDatasetError(DatasetError):
 
     def one_line(self, limit: int = 3) -> str:
         shown = "; ".join(self.problems[:limit])
-        return shown + (f"; and {len(self.problems) - limit} more" if len(self.problems) > limit
-                        else "")
+        return shown + (f"; and {len(self.problems) - limit} more" if len(self.problems) > limit else "")
 
 
 def new_checksum() -> xxhash.xxh3_128:
@@ -99,8 +98,9 @@ class UnreadableParquetError(DatasetError):
 
 def unreadable_parquet(path: Path, exc: Exception) -> DatasetError:
     """pyarrow's own errors do not name the file; ours do."""
-    return UnreadableParquetError(f"{path} is not a readable parquet file (corrupt or "
-                                  f"truncated?): {type(exc).__name__}: {exc}")
+    return UnreadableParquetError(
+        f"{path} is not a readable parquet file (corrupt or truncated?): {type(exc).__name__}: {exc}"
+    )
 
 
 def cat_file(index: int) -> str:
@@ -135,7 +135,7 @@ def row_width(name: str, info: "DatasetInfo") -> tuple[np.dtype, int]:
         return LABEL_DTYPE, 1
     if name == NUMERICAL_FILE:
         return NUMERICAL_DTYPE, NUM_NUMERICAL
-    index = int(name[len("cat_"):-len(".bin")])
+    index = int(name[len("cat_") : -len(".bin")])
     return np.dtype(info.cat_dtypes[index]).newbyteorder("<"), multi_hot_sizes(info)[index]
 
 
@@ -150,21 +150,30 @@ def multi_hot_sizes(description: "DatasetInfo | dict[str, Any]") -> tuple[int, .
     sizes = data.get(MULTI_HOT_SIZES_KEY) if isinstance(data, dict) else None
     if sizes is None:
         return (1,) * NUM_CATEGORICAL
-    if (not isinstance(sizes, list) or len(sizes) != NUM_CATEGORICAL
-            or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in sizes)):
-        raise DatasetError(f"{DATASET_JSON}: '{MULTI_HOT_SIZES_KEY}' must list "
-                           f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}")
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) != NUM_CATEGORICAL
+        or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in sizes)
+    ):
+        raise DatasetError(
+            f"{DATASET_JSON}: '{MULTI_HOT_SIZES_KEY}' must list "
+            f"{NUM_CATEGORICAL} integers >= 1, not {sizes!r}"
+        )
     return tuple(sizes)
 
 
-def multi_hot_extra(sizes: "tuple[int, ...] | list[int] | None", seed: int = 0,
-                    distribution: str = "uniform") -> dict[str, Any]:
+def multi_hot_extra(
+    sizes: "tuple[int, ...] | list[int] | None", seed: int = 0, distribution: str = "uniform"
+) -> dict[str, Any]:
     """What ``dataset.json`` records of a materialization (dlrm_contracts.multi_hot): the sizes
     and what the draws depend on besides the table sizes; nothing when all sizes are 1."""
     if sizes is None or all(int(k) == 1 for k in sizes):
         return {}
-    return {MULTI_HOT_SIZES_KEY: [int(k) for k in sizes], MULTI_HOT_SEED_KEY: int(seed),
-            MULTI_HOT_DISTRIBUTION_KEY: distribution}
+    return {
+        MULTI_HOT_SIZES_KEY: [int(k) for k in sizes],
+        MULTI_HOT_SEED_KEY: int(seed),
+        MULTI_HOT_DISTRIBUTION_KEY: distribution,
+    }
 
 
 @dataclass(frozen=True)
@@ -198,8 +207,10 @@ class DatasetInfo:
         return self.path / split / name
 
     def nbytes(self, split: str) -> int:
-        return sum(self.splits[split] * dt.itemsize * width
-                   for dt, width in (row_width(n, self) for n in all_files()))
+        return sum(
+            self.splits[split] * dt.itemsize * width
+            for dt, width in (row_width(n, self) for n in all_files())
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -217,13 +228,24 @@ class DatasetInfo:
         return data
 
 
-def describe(path: Path, splits: dict[str, int], table_sizes: list[int],
-             threshold_spec: str | None, source_fingerprint: str,
-             extra: dict[str, Any] | None = None) -> DatasetInfo:
+def describe(
+    path: Path,
+    splits: dict[str, int],
+    table_sizes: list[int],
+    threshold_spec: str | None,
+    source_fingerprint: str,
+    extra: dict[str, Any] | None = None,
+) -> DatasetInfo:
     """Build the description of a dataset; dtypes follow from the table sizes."""
-    return DatasetInfo(Path(path), dict(splits), tuple(int(t) for t in table_sizes),
-                       tuple(dtype_name(cat_dtype(t)) for t in table_sizes),
-                       threshold_spec, source_fingerprint, dict(extra or {}))
+    return DatasetInfo(
+        Path(path),
+        dict(splits),
+        tuple(int(t) for t in table_sizes),
+        tuple(dtype_name(cat_dtype(t)) for t in table_sizes),
+        threshold_spec,
+        source_fingerprint,
+        dict(extra or {}),
+    )
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -262,8 +284,17 @@ def read_info(path: str | Path) -> DatasetInfo:
     """Parse ``dataset.json`` (no checks against the files; see dlrm_contracts.verify)."""
     path = Path(path)
     data = read_json(path / DATASET_JSON)
-    known = {"format_version", "splits", "table_sizes", "cat_dtypes", "label_dtype",
-             "numerical_dtype", "num_numerical", "threshold_spec", "source_fingerprint"}
+    known = {
+        "format_version",
+        "splits",
+        "table_sizes",
+        "cat_dtypes",
+        "label_dtype",
+        "numerical_dtype",
+        "num_numerical",
+        "threshold_spec",
+        "source_fingerprint",
+    }
     missing = sorted(known - set(data)) if isinstance(data, dict) else sorted(known)
     if missing:
         raise DatasetError(f"{path / DATASET_JSON}: missing keys {missing}")
@@ -272,9 +303,13 @@ def read_info(path: str | Path) -> DatasetInfo:
         raise DatasetError(f"{path / DATASET_JSON}: 'splits' must map {list(SPLITS)} to row counts")
     for key in ("table_sizes", "cat_dtypes"):
         if not isinstance(data[key], list):
-            raise DatasetError(f"{path / DATASET_JSON}: '{key}' must be a list of "
-                               f"{NUM_CATEGORICAL} entries")
-    return DatasetInfo(path, {s: splits[s] for s in SPLITS}, tuple(data["table_sizes"]),
-                       tuple(data["cat_dtypes"]), data["threshold_spec"],
-                       data["source_fingerprint"],
-                       {k: v for k, v in data.items() if k not in known})
+            raise DatasetError(f"{path / DATASET_JSON}: '{key}' must be a list of {NUM_CATEGORICAL} entries")
+    return DatasetInfo(
+        path,
+        {s: splits[s] for s in SPLITS},
+        tuple(data["table_sizes"]),
+        tuple(data["cat_dtypes"]),
+        data["threshold_spec"],
+        data["source_fingerprint"],
+        {k: v for k, v in data.items() if k not in known},
+    )

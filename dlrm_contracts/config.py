@@ -31,7 +31,7 @@ DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo", "contiguous")
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
 # is 2**31 - 1.
-MAX_CAP = 2**31   # dlrm_contracts.binary_format.MAX_TABLE_SIZE
+MAX_CAP = 2**31  # dlrm_contracts.binary_format.MAX_TABLE_SIZE
 OPTIMIZERS: tuple[str, ...] = ("adagrad", "sgd", "adam")
 LEARNING_RATE_SCALINGS: tuple[str, ...] = ("sqrt", "linear", "none")
 ROW_L2_SCALINGS: tuple[str, ...] = ("none", "inverse_frequency")
@@ -111,21 +111,23 @@ class GeneratorConfig:
         for name in ("cardinality_scale", "zipf_exponent"):
             value = getattr(self, name)
             _check(0 < value < math.inf, f"{name} must be a finite number > 0, got {value}")
-        _check(math.isfinite(self.signal_strength),
-               f"signal_strength must be finite, got {self.signal_strength}")
+        _check(
+            math.isfinite(self.signal_strength), f"signal_strength must be finite, got {self.signal_strength}"
+        )
         _check(0.0 < self.click_rate < 1.0, f"click_rate must be in (0, 1), got {self.click_rate}")
-        _check(not self.gzip or 0 <= self.gzip_level <= 9,
-               f"gzip_level must be 0..9, got {self.gzip_level}")
+        _check(not self.gzip or 0 <= self.gzip_level <= 9, f"gzip_level must be 0..9, got {self.gzip_level}")
         for column, size in self.uniform_columns.items():
             _check(column in CAT_COLUMNS, f"uniform_columns: {column!r} is not one of C1..C26")
-            _check(isinstance(size, int) and 1 <= size <= 2**31 - 1,
-                   f"uniform_columns: {column} needs a whole number of values in 1 .. 2**31 - 1, "
-                   f"got {size!r}")
+            _check(
+                isinstance(size, int) and 1 <= size <= 2**31 - 1,
+                f"uniform_columns: {column} needs a whole number of values in 1 .. 2**31 - 1, got {size!r}",
+            )
         for column, rate in self.drift_columns.items():
             _check(column in CAT_COLUMNS, f"drift_columns: {column!r} is not one of C1..C26")
-            _check(isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0,
-                   f"drift_columns: {column} needs a fraction of its values per day in 0 .. 1, "
-                   f"got {rate!r}")
+            _check(
+                isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0,
+                f"drift_columns: {column} needs a fraction of its values per day in 0 .. 1, got {rate!r}",
+            )
 
 
 @dataclass
@@ -158,13 +160,13 @@ class SparkConfig:
     # cluster's shared secret; set, the job turns on spark.authenticate and hands the secret
     # to its JVM itself. The secret is never a setting: settings are recorded in manifests.
     auth_secret_file: str | None = None
-    rpc_encryption: bool = True    # spark.network.crypto.enabled, with auth_secret_file
-    io_encryption: bool = False    # spark.io.encryption.enabled: shuffle and spill files
+    rpc_encryption: bool = True  # spark.network.crypto.enabled, with auth_secret_file
+    io_encryption: bool = False  # spark.io.encryption.enabled: shuffle and spill files
     # The address the driver's RPC endpoint and web UI bind to (SPARK_LOCAL_IP); None = Spark's
     # choice, which for the UI is every interface.
     bind_address: str | None = None
     ui_admin_users: list[str] = field(default_factory=list)  # spark.admin.acls
-    ui_view_users: list[str] = field(default_factory=list)   # spark.ui.view.acls
+    ui_view_users: list[str] = field(default_factory=list)  # spark.ui.view.acls
     ui_kill_enabled: bool = False  # spark.ui.killEnabled: kill buttons on the web UI
     # True (--insecure): run off loopback without authentication or RPC encryption, and let
     # the driver's web UI listen off loopback without an authentication filter. Every deploy
@@ -275,20 +277,20 @@ class PreprocessConfig:
     input_link_roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _check(all(isinstance(r, str) and Path(r).is_absolute() for r in self.input_link_roots),
-               "preprocess.input_link_roots must be absolute directory paths, got "
-               f"{self.input_link_roots!r}")
-        self.frequency_threshold = _threshold("preprocess.frequency_threshold",
-                                              self.frequency_threshold)
+        _check(
+            all(isinstance(r, str) and Path(r).is_absolute() for r in self.input_link_roots),
+            f"preprocess.input_link_roots must be absolute directory paths, got {self.input_link_roots!r}",
+        )
+        self.frequency_threshold = _threshold("preprocess.frequency_threshold", self.frequency_threshold)
         _check_limits(self)
-        _check(0.0 <= self.max_reject_rate <= 1.0,
-               f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
+        _check(0.0 <= self.max_reject_rate <= 1.0, f"max_reject_rate {self.max_reject_rate} is not in [0, 1]")
         _one_of("preprocess.engine", self.engine, PREPROCESS_ENGINES)
         _one_of("preprocess.dictionary_days", self.dictionary_days, DICTIONARY_DAYS)
         _one_of("preprocess.ids", self.ids, ID_MODES)
         _check_caps(self)
-        _check(self.arrow_group_values >= 1,
-               f"arrow_group_values must be >= 1, got {self.arrow_group_values}")
+        _check(
+            self.arrow_group_values >= 1, f"arrow_group_values must be >= 1, got {self.arrow_group_values}"
+        )
         _one_of("preprocess.arrow_exchange", self.arrow_exchange, ARROW_EXCHANGES)
 
 
@@ -297,28 +299,43 @@ def _check_caps(cfg: PreprocessConfig) -> None:
     the reference's reader does); a setting modulo ids would silently ignore (a threshold,
     dictionary days) is refused rather than dropped."""
     if cfg.ids not in ("modulo", "contiguous"):
-        _check(cfg.caps is None, f"preprocess.caps is set but preprocess.ids is {cfg.ids!r}: "
-                                 "caps apply only with ids: modulo or contiguous")
+        _check(
+            cfg.caps is None,
+            f"preprocess.caps is set but preprocess.ids is {cfg.ids!r}: "
+            "caps apply only with ids: modulo or contiguous",
+        )
         return
     if cfg.ids == "modulo":
-        _check(cfg.caps is not None, "preprocess.ids is modulo but preprocess.caps is not set: "
-                                     "give one cap for every column or a list of 26 "
-                                     "(docs/spark_jobs.md, \"Capped ids\", has MLPerf DLRMv2's)")
+        _check(
+            cfg.caps is not None,
+            "preprocess.ids is modulo but preprocess.caps is not set: "
+            "give one cap for every column or a list of 26 "
+            '(docs/spark_jobs.md, "Capped ids", has MLPerf DLRMv2\'s)',
+        )
     if cfg.caps is None:
         return
     caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps]
-    _check(all(isinstance(c, int) and not isinstance(c, bool) for c in caps),
-           f"preprocess.caps must be integers, got {cfg.caps!r}")
-    _check(isinstance(cfg.caps, int) or len(caps) == len(CAT_COLUMNS),
-           f"preprocess.caps lists {len(caps)} caps: give one for all columns or "
-           f"{len(CAT_COLUMNS)}, one per column C1..C26")
-    if cfg.ids == "contiguous":   # the threshold and dictionary days apply: ids are numbered
+    _check(
+        all(isinstance(c, int) and not isinstance(c, bool) for c in caps),
+        f"preprocess.caps must be integers, got {cfg.caps!r}",
+    )
+    _check(
+        isinstance(cfg.caps, int) or len(caps) == len(CAT_COLUMNS),
+        f"preprocess.caps lists {len(caps)} caps: give one for all columns or "
+        f"{len(CAT_COLUMNS)}, one per column C1..C26",
+    )
+    if cfg.ids == "contiguous":  # the threshold and dictionary days apply: ids are numbered
         return
-    _check(cfg.frequency_threshold == ThresholdSpec(2),
-           f"preprocess.frequency_threshold {cfg.frequency_threshold} does not apply with ids: "
-           "modulo (every value keeps its capped id, none is counted): remove the setting")
-    _check(cfg.dictionary_days == "all", "preprocess.dictionary_days does not apply with ids: "
-                                         "modulo (no dictionary is built): remove the setting")
+    _check(
+        cfg.frequency_threshold == ThresholdSpec(2),
+        f"preprocess.frequency_threshold {cfg.frequency_threshold} does not apply with ids: "
+        "modulo (every value keeps its capped id, none is counted): remove the setting",
+    )
+    _check(
+        cfg.dictionary_days == "all",
+        "preprocess.dictionary_days does not apply with ids: "
+        "modulo (no dictionary is built): remove the setting",
+    )
 
 
 def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
@@ -326,7 +343,6 @@ def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
     name."""
     caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps] * len(CAT_COLUMNS)
     return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
-
 
 
 @dataclass
@@ -373,18 +389,23 @@ class ConvertConfig:
         _check(self.batch_rows >= 1, f"batch rows must be at least 1, not {self.batch_rows}")
         _check(self.workers >= 1, f"convert.workers must be at least 1, not {self.workers}")
         if self.multi_hot_sizes is not None:
-            _check(len(self.multi_hot_sizes) == len(CAT_COLUMNS)
-                   and all(k >= 1 for k in self.multi_hot_sizes),
-                   f"convert.multi_hot_sizes must list {len(CAT_COLUMNS)} integers >= 1 "
-                   f"(C1..C26), not {self.multi_hot_sizes}")
-        _check(0 <= self.multi_hot_seed < 2**32,
-               f"convert.multi_hot_seed must be in [0, 2**32), not {self.multi_hot_seed}")
-        _one_of("convert.multi_hot_distribution", self.multi_hot_distribution,
-                MULTI_HOT_DISTRIBUTIONS)
+            _check(
+                len(self.multi_hot_sizes) == len(CAT_COLUMNS) and all(k >= 1 for k in self.multi_hot_sizes),
+                f"convert.multi_hot_sizes must list {len(CAT_COLUMNS)} integers >= 1 "
+                f"(C1..C26), not {self.multi_hot_sizes}",
+            )
+        _check(
+            0 <= self.multi_hot_seed < 2**32,
+            f"convert.multi_hot_seed must be in [0, 2**32), not {self.multi_hot_seed}",
+        )
+        _one_of("convert.multi_hot_distribution", self.multi_hot_distribution, MULTI_HOT_DISTRIBUTIONS)
         for name in self.formats:
             _one_of("convert.formats", name, CONVERT_FORMATS)
-        _check("binary" in self.formats, "convert.formats must include binary (the other "
-               f"layouts are written beside it), not {self.formats}")
+        _check(
+            "binary" in self.formats,
+            "convert.formats must include binary (the other "
+            f"layouts are written beside it), not {self.formats}",
+        )
 
 
 @dataclass
@@ -535,39 +556,54 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_limits(self)
-        _check(self.stage_dir is None or "://" not in self.stage_dir,
-               f"train.stage_dir must be a local path, not {self.stage_dir!r}")
-        _check(self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
-               f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
-               f"{self.eval_batch_size})")
-        _check(self.max_steps is None or self.max_steps >= 0,
-               f"max steps must be 0 or more, not {self.max_steps}")
-        _check(self.early_stopping_patience >= 0,
-               f"early_stopping_patience must be 0 (off) or more, not {self.early_stopping_patience}")
-        _check(0 <= self.early_stopping_min_delta < 1,
-               f"train.early_stopping_min_delta must be in [0, 1) (an AUC difference), not "
-               f"{self.early_stopping_min_delta}")
+        _check(
+            self.stage_dir is None or "://" not in self.stage_dir,
+            f"train.stage_dir must be a local path, not {self.stage_dir!r}",
+        )
+        _check(
+            self.batch_size >= 1 and (self.eval_batch_size or 1) >= 1,
+            f"batch sizes must be at least 1 (batch size {self.batch_size}, eval batch size "
+            f"{self.eval_batch_size})",
+        )
+        _check(
+            self.max_steps is None or self.max_steps >= 0,
+            f"max steps must be 0 or more, not {self.max_steps}",
+        )
+        _check(
+            self.early_stopping_patience >= 0,
+            f"early_stopping_patience must be 0 (off) or more, not {self.early_stopping_patience}",
+        )
+        _check(
+            0 <= self.early_stopping_min_delta < 1,
+            f"train.early_stopping_min_delta must be in [0, 1) (an AUC difference), not "
+            f"{self.early_stopping_min_delta}",
+        )
         _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
         _one_of("train.learning_rate_scaling", self.learning_rate_scaling, LEARNING_RATE_SCALINGS)
         _one_of("train.row_l2_scaling", self.row_l2_scaling, ROW_L2_SCALINGS)
-        _check(self.wide_learning_rate_factor > 0,
-               f"train.wide_learning_rate_factor must be above 0, not "
-               f"{self.wide_learning_rate_factor}")
-        _check(self.table_l2 >= 0 and self.wide_l2 >= 0,
-               f"train.table_l2 and train.wide_l2 must be 0 or more, not {self.table_l2} / "
-               f"{self.wide_l2}")
-        _check(self.learning_rate_batch >= 1,
-               f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}")
+        _check(
+            self.wide_learning_rate_factor > 0,
+            f"train.wide_learning_rate_factor must be above 0, not {self.wide_learning_rate_factor}",
+        )
+        _check(
+            self.table_l2 >= 0 and self.wide_l2 >= 0,
+            f"train.table_l2 and train.wide_l2 must be 0 or more, not {self.table_l2} / {self.wide_l2}",
+        )
+        _check(
+            self.learning_rate_batch >= 1,
+            f"learning_rate_batch must be at least 1, not {self.learning_rate_batch}",
+        )
         _one_of("train.verify_dataset", self.verify_dataset, DATASET_CHECKS)
         _one_of("train.init", self.init, TRAIN_INITS)
         _one_of("train.init_optimizer", self.init_optimizer, INIT_OPTIMIZERS)
         _one_of("train.days", self.days, TRAIN_DAYS)
         _one_of("train.interaction", self.interaction, INTERACTIONS)
-        _check(not self.top_mlp or self.top_mlp[-1] == 1,
-               f"train.top_mlp must end in one logit (1), got {self.top_mlp}")
+        _check(
+            not self.top_mlp or self.top_mlp[-1] == 1,
+            f"train.top_mlp must end in one logit (1), got {self.top_mlp}",
+        )
         if self.frequency_threshold is not None:
-            self.frequency_threshold = _threshold("train.frequency_threshold",
-                                                  self.frequency_threshold)
+            self.frequency_threshold = _threshold("train.frequency_threshold", self.frequency_threshold)
 
 
 # What each train setting is to the checkpoints (docs/pipeline.md, "What a config change does
@@ -581,27 +617,82 @@ class TrainConfig:
 # derived from the run's total, so raising epochs or max_steps leaves it as it was.
 # Every field of TrainConfig is here (tests/test_config.py checks it).
 TRAIN_SETTING_KINDS: dict[str, str] = {
-    **dict.fromkeys((
-        "preset", "embedding_dim", "bottom_mlp", "top_mlp", "wide", "interaction",
-        "dcn_layers", "dcn_rank", "batch_size", "optimizer",
-        "learning_rate", "learning_rate_batch", "learning_rate_scaling", "adam_beta1",
-        "adam_beta2", "adam_epsilon", "adagrad_initial_accumulator", "adagrad_epsilon",
-        "table_l2", "wide_l2", "row_l2_scaling", "wide_learning_rate_factor", "warmup_steps",
-        "decay_start_step", "decay_steps", "decay_power", "amp", "seed", "shuffle_batches",
-        "init", "init_optimizer", "days", "frequency_threshold", "counts_dir"), "model"),
-    **dict.fromkeys((
-        "eval_batch_size", "epochs", "max_steps", "evals_per_epoch", "early_stopping_patience",
-        "early_stopping_min_delta", "xla", "bottom_mlp_data_parallel",
-        "column_split_threshold_mb", "force_column_split", "checkpoint_every",
-        "keep_checkpoints", "resume", "evaluate_previous", "verify_dataset", "log_every",
-        "prefetch_batches", "inference_steps", "intra_op_threads", "inter_op_threads",
-        "stage_dir"), "run"),
+    **dict.fromkeys(
+        (
+            "preset",
+            "embedding_dim",
+            "bottom_mlp",
+            "top_mlp",
+            "wide",
+            "interaction",
+            "dcn_layers",
+            "dcn_rank",
+            "batch_size",
+            "optimizer",
+            "learning_rate",
+            "learning_rate_batch",
+            "learning_rate_scaling",
+            "adam_beta1",
+            "adam_beta2",
+            "adam_epsilon",
+            "adagrad_initial_accumulator",
+            "adagrad_epsilon",
+            "table_l2",
+            "wide_l2",
+            "row_l2_scaling",
+            "wide_learning_rate_factor",
+            "warmup_steps",
+            "decay_start_step",
+            "decay_steps",
+            "decay_power",
+            "amp",
+            "seed",
+            "shuffle_batches",
+            "init",
+            "init_optimizer",
+            "days",
+            "frequency_threshold",
+            "counts_dir",
+        ),
+        "model",
+    ),
+    **dict.fromkeys(
+        (
+            "eval_batch_size",
+            "epochs",
+            "max_steps",
+            "evals_per_epoch",
+            "early_stopping_patience",
+            "early_stopping_min_delta",
+            "xla",
+            "bottom_mlp_data_parallel",
+            "column_split_threshold_mb",
+            "force_column_split",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "resume",
+            "evaluate_previous",
+            "verify_dataset",
+            "log_every",
+            "prefetch_batches",
+            "inference_steps",
+            "intra_op_threads",
+            "inter_op_threads",
+            "stage_dir",
+        ),
+        "run",
+    ),
 }
 # Of the "run" settings, those that decide where the run ends (its result): the train stage's
 # key holds them with the model settings, so that a finished run is trained further when
 # one is raised, while a change of the others alone leaves a finished stage done.
-TRAIN_EXTENT_SETTINGS = ("epochs", "max_steps", "evals_per_epoch", "early_stopping_patience",
-                         "early_stopping_min_delta")
+TRAIN_EXTENT_SETTINGS = (
+    "epochs",
+    "max_steps",
+    "evals_per_epoch",
+    "early_stopping_patience",
+    "early_stopping_min_delta",
+)
 
 
 DCN_SETTINGS = ("interaction", "dcn_layers", "dcn_rank")
@@ -615,8 +706,7 @@ def train_model_settings(config: TrainConfig) -> dict[str, Any]:
     # runs' checkpoints and finished train stages stay valid (changed_settings reads an absent
     # setting as its default), and the cross layers' shape makes no dot model.
     unused = DCN_SETTINGS if config.interaction == "dot" else ()
-    return {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items()
-            if kind == "model" and k not in unused}
+    return {k: plain[k] for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model" and k not in unused}
 
 
 def changed_settings(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
@@ -652,14 +742,16 @@ class ExportConfig:
     keep_versions: int = 3
 
     def __post_init__(self) -> None:
-        _check(self.keep_versions >= 1,
-               f"export.keep_versions must be at least 1, not {self.keep_versions}")
-        _check(math.isfinite(self.max_memory_mb) and self.max_memory_mb >= 0,
-               f"export.max_memory_mb must be 0 (automatic) or a size in MiB, got "
-               f"{self.max_memory_mb}")
-        _check(-(2**63) <= self.missing_integer <= MISSING_INTEGER_MAX,
-               f"export.missing_integer must be an int64 <= {MISSING_INTEGER_MAX} (any such value "
-               f"reads as missing, as Spark writes it), got {self.missing_integer}")
+        _check(self.keep_versions >= 1, f"export.keep_versions must be at least 1, not {self.keep_versions}")
+        _check(
+            math.isfinite(self.max_memory_mb) and self.max_memory_mb >= 0,
+            f"export.max_memory_mb must be 0 (automatic) or a size in MiB, got {self.max_memory_mb}",
+        )
+        _check(
+            -(2**63) <= self.missing_integer <= MISSING_INTEGER_MAX,
+            f"export.missing_integer must be an int64 <= {MISSING_INTEGER_MAX} (any such value "
+            f"reads as missing, as Spark writes it), got {self.missing_integer}",
+        )
 
 
 @dataclass
@@ -682,8 +774,10 @@ class ScoreConfig:
 
     def __post_init__(self) -> None:
         _check(self.batch_rows >= 1, f"score.batch_rows must be at least 1, not {self.batch_rows}")
-        _check(0.0 <= self.max_reject_rate <= 1.0,
-               f"score.max_reject_rate {self.max_reject_rate} is not in [0, 1]")
+        _check(
+            0.0 <= self.max_reject_rate <= 1.0,
+            f"score.max_reject_rate {self.max_reject_rate} is not in [0, 1]",
+        )
 
 
 @dataclass
@@ -700,14 +794,14 @@ class PreflightConfig:
     sample_bytes: int = 4 * 2**20
     # A stage's estimated disk need must fit in the free space less this fraction of it.
     disk_headroom: float = 0.1
-    generated_bytes_per_row: float = 244.0   # the generator's plain text
+    generated_bytes_per_row: float = 244.0  # the generator's plain text
     parquet_bytes_per_row: float = 56.6
-    shuffle_bytes_per_row: float = 139.4     # Spark shuffle files, on spark.local.dir
+    shuffle_bytes_per_row: float = 139.4  # Spark shuffle files, on spark.local.dir
     # The Arrow engine's partial counts, on the workdir while the count phase runs (8 bytes per
     # distinct value of a chunk and column): 3.9 on ordinary generated rows, 35 with five
     # columns of 2.5M values; 40 is the Terabyte's estimate (docs/sizing.md section 3).
     partial_bytes_per_row: float = 40.0
-    counts_bytes_per_row: float = 10.0       # per-day value counts; grows with distinct values
+    counts_bytes_per_row: float = 10.0  # per-day value counts; grows with distinct values
     # Binary dataset before the counts exist: label 1 B + 13 float16 + 26 ids of at most 4 B.
     binary_bytes_per_row_bound: float = 131.0
     # Per-core rates on the reference machine (below), rows or samples per CPU-second of a
@@ -778,31 +872,41 @@ class ProgressConfig:
     # (the Arrow engine's shares at the Terabyte shape, where the count and the transform
     # read every row and the dictionaries only the counts). A phase not named here counts
     # for nothing.
-    preprocess_phase_shares: dict[str, float] = field(default_factory=lambda: {
-        "count": 0.36, "dictionaries": 0.02, "transform": 0.62})
+    preprocess_phase_shares: dict[str, float] = field(
+        default_factory=lambda: {"count": 0.36, "dictionaries": 0.02, "transform": 0.62}
+    )
     # Within the count and the transform, the share of the phase spent in the tasks that read
     # the input (one per chunk); the rest is the count's merge and collects and the
     # transform's train-file writes (the same run's event log: count 33.6 of 42.2 s,
     # transform 44.1 of 75.6 s).
-    preprocess_read_shares: dict[str, float] = field(default_factory=lambda: {
-        "count": 0.8, "transform": 0.6})
+    preprocess_read_shares: dict[str, float] = field(default_factory=lambda: {"count": 0.8, "transform": 0.6})
 
     def __post_init__(self) -> None:
-        _check(0 < self.interval_s < math.inf,
-               f"progress.interval_s must be a number of seconds > 0, not {self.interval_s}")
-        _check(0 < self.rate_window_s < math.inf,
-               f"progress.rate_window_s must be a number of seconds > 0, not {self.rate_window_s}")
+        _check(
+            0 < self.interval_s < math.inf,
+            f"progress.interval_s must be a number of seconds > 0, not {self.interval_s}",
+        )
+        _check(
+            0 < self.rate_window_s < math.inf,
+            f"progress.rate_window_s must be a number of seconds > 0, not {self.rate_window_s}",
+        )
         reads = self.preprocess_read_shares
-        _check(set(reads) == {"count", "transform"} and all(
-                   isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
-                   for v in reads.values()),
-               f"progress.preprocess_read_shares must map count and transform to a share in "
-               f"(0, 1), not {reads}")
+        _check(
+            set(reads) == {"count", "transform"}
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1 for v in reads.values()
+            ),
+            f"progress.preprocess_read_shares must map count and transform to a share in (0, 1), not {reads}",
+        )
         shares = self.preprocess_phase_shares
-        _check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
-                   for v in shares.values()) and sum(shares.values()) > 0,
-               f"progress.preprocess_phase_shares must map phases to shares >= 0, not all 0: "
-               f"{shares}")
+        _check(
+            all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+                for v in shares.values()
+            )
+            and sum(shares.values()) > 0,
+            f"progress.preprocess_phase_shares must map phases to shares >= 0, not all 0: {shares}",
+        )
 
 
 @dataclass
@@ -822,11 +926,13 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         _check(self.np >= 1, f"launch.np (--np) must be at least 1, not {self.np}")
-        _check(isinstance(self.gloo_timeout_seconds, int)
-               and not isinstance(self.gloo_timeout_seconds, bool)
-               and self.gloo_timeout_seconds >= 1,
-               "launch.gloo_timeout_seconds must be a whole number of seconds >= 1, not "
-               f"{self.gloo_timeout_seconds!r}")
+        _check(
+            isinstance(self.gloo_timeout_seconds, int)
+            and not isinstance(self.gloo_timeout_seconds, bool)
+            and self.gloo_timeout_seconds >= 1,
+            "launch.gloo_timeout_seconds must be a whole number of seconds >= 1, not "
+            f"{self.gloo_timeout_seconds!r}",
+        )
 
 
 @dataclass
@@ -877,9 +983,8 @@ def _threshold(name: str, value: ThresholdSpec | str | int) -> ThresholdSpec:
 # Settings an older version had, with what to do instead: an old config file gets that
 # sentence rather than a bare "unknown setting".
 REMOVED_SETTINGS: dict[str, str] = {
-    "config.preprocess.arrow_index_max_values":
-        "the Arrow engine now looks every column up in its memory-mapped dictionary index, "
-        "whatever its size (docs/spark_jobs.md); delete the setting",
+    "config.preprocess.arrow_index_max_values": "the Arrow engine now looks every column up in its memory-mapped dictionary index, "
+    "whatever its size (docs/spark_jobs.md); delete the setting",
 }
 
 
@@ -892,8 +997,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
             raise ConfigError(f"{where}.{name} was removed: {REMOVED_SETTINGS[f'{where}.{name}']}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}"
+        )
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in data.items():
@@ -961,8 +1067,9 @@ def load_config(path: str | Path | None) -> PipelineConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte "
-                          f"{exc.start}): save it as UTF-8") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}): save it as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     return config_from_dict(data or {})
@@ -1004,14 +1111,12 @@ def with_overrides(section: Section, changes: dict[str, Any], where: str = "flag
     return dataclasses.replace(section, **given)
 
 
-def flag_overrides(section: Section, args: argparse.Namespace,
-                   **derived: Any) -> Section:
+def flag_overrides(section: Section, args: argparse.Namespace, **derived: Any) -> Section:
     """``section`` with every flag of ``args`` whose destination is named like one of its
     settings (and was given), then ``derived`` values (flags that need parsing first)."""
     names = {f.name for f in dataclasses.fields(section)}
     changes = {name: value for name, value in vars(args).items() if name in names}
     return with_overrides(section, {**changes, **derived})
-
 
 
 # ------------------------------------------------------------------ ranges of the settings
@@ -1021,15 +1126,15 @@ class Limit:
 
     low: float | None = None
     high: float | None = None
-    above: bool = False   # low itself is excluded
-    below: bool = False   # high itself is excluded
+    above: bool = False  # low itself is excluded
+    below: bool = False  # high itself is excluded
 
     def holds(self, value: Any) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        return ((self.low is None or value > self.low or (not self.above and value == self.low))
-                and (self.high is None or value < self.high
-                     or (not self.below and value == self.high)))
+        return (self.low is None or value > self.low or (not self.above and value == self.low)) and (
+            self.high is None or value < self.high or (not self.below and value == self.high)
+        )
 
     def __str__(self) -> str:
         low = "" if self.low is None else f"{'>' if self.above else '>='} {_number(self.low)}"
@@ -1048,51 +1153,91 @@ UNIT = Limit(0, 1, below=True)  # [0, 1)
 # Checked whenever a section is made (YAML, flags, code): a setting out of its range is one line
 # and exit 2 before anything is written or started, not a failure deep inside a stage.
 _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
-    "SparkConfig": {"shuffle_partitions": AT_LEAST_0, "gpu_per_executor": AT_LEAST_1,
-                    "gpu_tasks_per_gpu": AT_LEAST_1, "gpu_concurrent_tasks": AT_LEAST_1,
-                    "log_level": SPARK_LOG_LEVELS},
-    "PreprocessConfig": {"output_files": AT_LEAST_0, "train_rows_per_file": AT_LEAST_1,
-                         "broadcast_max_values": AT_LEAST_0, "arrow_chunk_mb": AT_LEAST_1,
-                         "arrow_block_kb": AT_LEAST_1, "window_days": Limit(2),
-                         "max_line_bytes": Limit(1024), "caps": Limit(1, MAX_CAP),
-                         "compression": PARQUET_CODECS},
-    "TrainConfig": {"preset": MODEL_PRESETS, "embedding_dim": AT_LEAST_1,
-                    "bottom_mlp": AT_LEAST_1, "top_mlp": AT_LEAST_1, "epochs": AT_LEAST_1,
-                    "dcn_layers": AT_LEAST_1, "dcn_rank": AT_LEAST_1,
-                    "learning_rate": POSITIVE, "adam_beta1": UNIT, "adam_beta2": UNIT,
-                    "adam_epsilon": POSITIVE, "warmup_steps": AT_LEAST_0,
-                    "decay_start_step": AT_LEAST_0, "decay_steps": AT_LEAST_0,
-                    "decay_power": AT_LEAST_0, "evals_per_epoch": AT_LEAST_0,
-                    "column_split_threshold_mb": POSITIVE, "force_column_split": CAT_COLUMNS,
-                    "checkpoint_every": AT_LEAST_0, "keep_checkpoints": AT_LEAST_1,
-                    "log_every": AT_LEAST_1, "prefetch_batches": AT_LEAST_1,
-                    "inference_steps": AT_LEAST_1, "intra_op_threads": AT_LEAST_0,
-                    "inter_op_threads": AT_LEAST_0},
-    "PreflightConfig": {"sample_bytes": Limit(1024), "disk_headroom": UNIT,
-                        "generated_bytes_per_row": POSITIVE, "parquet_bytes_per_row": POSITIVE,
-                        "shuffle_bytes_per_row": AT_LEAST_0, "partial_bytes_per_row": AT_LEAST_0, "counts_bytes_per_row": AT_LEAST_0,
-                        "binary_bytes_per_row_bound": POSITIVE,
-                        "spark_rows_per_core_s": POSITIVE, "convert_rows_per_core_s": POSITIVE,
-                        "train_samples_per_core_s": POSITIVE,
-                        "train_samples_per_core_s_bf16": POSITIVE, "eval_speedup": POSITIVE,
-                        "spark_startup_s": AT_LEAST_0, "trainer_startup_s": AT_LEAST_0,
-                        "convert_startup_s": AT_LEAST_0,
-                        "train_overhead_us_per_sample": AT_LEAST_0,
-                        "reference_parse_rows_per_s": POSITIVE,
-                        "reference_matmul_gflops": POSITIVE,
-                        "reference_convert_rows_per_s": POSITIVE,
-                        "early_stopping_epochs": POSITIVE, "timeout_factor": POSITIVE,
-                        "train_threads_per_core": POSITIVE,
-                        "timeout_floor_s": AT_LEAST_0,
-                        "rank_memory_gib": POSITIVE, "rank_reserve_gib": AT_LEAST_0},
+    "SparkConfig": {
+        "shuffle_partitions": AT_LEAST_0,
+        "gpu_per_executor": AT_LEAST_1,
+        "gpu_tasks_per_gpu": AT_LEAST_1,
+        "gpu_concurrent_tasks": AT_LEAST_1,
+        "log_level": SPARK_LOG_LEVELS,
+    },
+    "PreprocessConfig": {
+        "output_files": AT_LEAST_0,
+        "train_rows_per_file": AT_LEAST_1,
+        "broadcast_max_values": AT_LEAST_0,
+        "arrow_chunk_mb": AT_LEAST_1,
+        "arrow_block_kb": AT_LEAST_1,
+        "window_days": Limit(2),
+        "max_line_bytes": Limit(1024),
+        "caps": Limit(1, MAX_CAP),
+        "compression": PARQUET_CODECS,
+    },
+    "TrainConfig": {
+        "preset": MODEL_PRESETS,
+        "embedding_dim": AT_LEAST_1,
+        "bottom_mlp": AT_LEAST_1,
+        "top_mlp": AT_LEAST_1,
+        "epochs": AT_LEAST_1,
+        "dcn_layers": AT_LEAST_1,
+        "dcn_rank": AT_LEAST_1,
+        "learning_rate": POSITIVE,
+        "adam_beta1": UNIT,
+        "adam_beta2": UNIT,
+        "adam_epsilon": POSITIVE,
+        "warmup_steps": AT_LEAST_0,
+        "decay_start_step": AT_LEAST_0,
+        "decay_steps": AT_LEAST_0,
+        "decay_power": AT_LEAST_0,
+        "evals_per_epoch": AT_LEAST_0,
+        "column_split_threshold_mb": POSITIVE,
+        "force_column_split": CAT_COLUMNS,
+        "checkpoint_every": AT_LEAST_0,
+        "keep_checkpoints": AT_LEAST_1,
+        "log_every": AT_LEAST_1,
+        "prefetch_batches": AT_LEAST_1,
+        "inference_steps": AT_LEAST_1,
+        "intra_op_threads": AT_LEAST_0,
+        "inter_op_threads": AT_LEAST_0,
+    },
+    "PreflightConfig": {
+        "sample_bytes": Limit(1024),
+        "disk_headroom": UNIT,
+        "generated_bytes_per_row": POSITIVE,
+        "parquet_bytes_per_row": POSITIVE,
+        "shuffle_bytes_per_row": AT_LEAST_0,
+        "partial_bytes_per_row": AT_LEAST_0,
+        "counts_bytes_per_row": AT_LEAST_0,
+        "binary_bytes_per_row_bound": POSITIVE,
+        "spark_rows_per_core_s": POSITIVE,
+        "convert_rows_per_core_s": POSITIVE,
+        "train_samples_per_core_s": POSITIVE,
+        "train_samples_per_core_s_bf16": POSITIVE,
+        "eval_speedup": POSITIVE,
+        "spark_startup_s": AT_LEAST_0,
+        "trainer_startup_s": AT_LEAST_0,
+        "convert_startup_s": AT_LEAST_0,
+        "train_overhead_us_per_sample": AT_LEAST_0,
+        "reference_parse_rows_per_s": POSITIVE,
+        "reference_matmul_gflops": POSITIVE,
+        "reference_convert_rows_per_s": POSITIVE,
+        "early_stopping_epochs": POSITIVE,
+        "timeout_factor": POSITIVE,
+        "train_threads_per_core": POSITIVE,
+        "timeout_floor_s": AT_LEAST_0,
+        "rank_memory_gib": POSITIVE,
+        "rank_reserve_gib": AT_LEAST_0,
+    },
 }
 
 
 def _check_limits(section: Any) -> None:
     """Every setting of ``section`` named in _LIMITS within its range or among its choices
     (None, where a setting allows it, means "not set" and passes)."""
-    where = {"SparkConfig": "spark", "PreprocessConfig": "preprocess", "TrainConfig": "train",
-             "PreflightConfig": "preflight"}[type(section).__name__]
+    where = {
+        "SparkConfig": "spark",
+        "PreprocessConfig": "preprocess",
+        "TrainConfig": "train",
+        "PreflightConfig": "preflight",
+    }[type(section).__name__]
     for name, rule in _LIMITS[type(section).__name__].items():
         value = getattr(section, name)
         if value is None:
@@ -1104,5 +1249,4 @@ def _check_limits(section: Any) -> None:
         else:
             shown = [str(v).upper() if rule is SPARK_LOG_LEVELS else v for v in values]
             bad = [v for v in shown if v not in rule]
-            _check(not bad, f"{where}.{name}: {', '.join(map(repr, bad))} is not one of "
-                            f"{', '.join(rule)}")
+            _check(not bad, f"{where}.{name}: {', '.join(map(repr, bad))} is not one of {', '.join(rule)}")

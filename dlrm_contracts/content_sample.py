@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 BLOCK_BYTES = 64 * 2**10
-BLOCKS = 8   # first, last and six between: 512 KiB read per file, a few seeks
+BLOCKS = 8  # first, last and six between: 512 KiB read per file, a few seeks
 
 
 def block_offsets(size: int, block: int = BLOCK_BYTES, blocks: int = BLOCKS) -> list[int]:
@@ -32,11 +32,14 @@ def sampled_hash(path: str | os.PathLike[str], block: int = BLOCK_BYTES, blocks:
     """Hex digest of the file's size and its sampled blocks (16 characters)."""
     with open(Path(path), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        return sampled_hash_of(lambda offset, length: os.pread(fh.fileno(), length, offset),
-                               size, block, blocks)
+        return sampled_hash_of(
+            lambda offset, length: os.pread(fh.fileno(), length, offset), size, block, blocks
+        )
 
 
-def sampled_hash_of(read_at: Callable[[int, int], bytes], size: int, block: int = BLOCK_BYTES, blocks: int = BLOCKS) -> str:
+def sampled_hash_of(
+    read_at: Callable[[int, int], bytes], size: int, block: int = BLOCK_BYTES, blocks: int = BLOCKS
+) -> str:
     """:func:`sampled_hash` of a file read through ``read_at(offset, length)`` (an object on a
     store: one ranged request per block), the same digest for the same bytes."""
     digest = hashlib.blake2b(digest_size=8)

@@ -46,8 +46,9 @@ def parquet_footer(path: Path) -> bytes:
             raise DatasetError(f"{path} is not a parquet file (no PAR1 trailer)")
         length = int.from_bytes(tail[:4], "little")
         if length > size - 12:
-            raise DatasetError(f"{path} is not a parquet file (footer length {length} does not "
-                               f"fit in {size} bytes)")
+            raise DatasetError(
+                f"{path} is not a parquet file (footer length {length} does not fit in {size} bytes)"
+            )
         fh.seek(size - 8 - length)
         return fh.read(length)
 
@@ -68,14 +69,14 @@ def dictionaries_fingerprint(directory: str | Path) -> str | None:
     return CHECKSUM_PREFIX + digest.hexdigest()
 
 
-def dataset_identity(info: DatasetInfo,
-                     read_threshold: ThresholdSpec | None = None) -> dict[str, Any]:
+def dataset_identity(info: DatasetInfo, read_threshold: ThresholdSpec | None = None) -> dict[str, Any]:
     """What a checkpoint trained on this dataset records about it (``meta.json``)."""
-    return {"source_fingerprint": info.source_fingerprint,
-            DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
-            "threshold_spec": (info.threshold_spec if read_threshold is None
-                               else str(read_threshold)),
-            **({IDS_KEY: CAPPED_IDS} if info.extra.get(IDS_KEY) == CAPPED_IDS else {})}
+    return {
+        "source_fingerprint": info.source_fingerprint,
+        DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
+        "threshold_spec": (info.threshold_spec if read_threshold is None else str(read_threshold)),
+        **({IDS_KEY: CAPPED_IDS} if info.extra.get(IDS_KEY) == CAPPED_IDS else {}),
+    }
 
 
 def capped(identity: dict[str, Any] | None) -> bool:

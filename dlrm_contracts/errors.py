@@ -28,19 +28,19 @@ from typing import Callable, Iterator
 
 class ExitCode(IntEnum):
     OK = 0
-    FAILED = 1             # an unexpected error (a bug): see the log
-    USAGE = 2              # bad flags, config file or threshold spec; a path not writable
-    LOCKED = 3             # another run holds the workdir's lock
-    INPUT_DATA = 4         # missing/empty day files, reject rate over its limit
-    PREPROCESS = 5         # the Spark job failed
-    CONVERT = 6            # parquet → binary conversion or threshold raise failed
-    DATASET_INVALID = 7    # the binary dataset did not verify, or changed since it was written
-    TRAIN = 8              # training failed
-    EVAL = 9               # evaluation failed
-    EXPORT = 10            # the export failed (too big, other dictionaries, damaged checkpoint)
-    SCORE = 11             # batch scoring failed (unreadable input, label unknown, rejects)
-    DISK_FULL = 12         # a write failed for lack of space (ENOSPC / quota) at any stage
-    INTERRUPTED = 130      # SIGINT / SIGTERM
+    FAILED = 1  # an unexpected error (a bug): see the log
+    USAGE = 2  # bad flags, config file or threshold spec; a path not writable
+    LOCKED = 3  # another run holds the workdir's lock
+    INPUT_DATA = 4  # missing/empty day files, reject rate over its limit
+    PREPROCESS = 5  # the Spark job failed
+    CONVERT = 6  # parquet → binary conversion or threshold raise failed
+    DATASET_INVALID = 7  # the binary dataset did not verify, or changed since it was written
+    TRAIN = 8  # training failed
+    EVAL = 9  # evaluation failed
+    EXPORT = 10  # the export failed (too big, other dictionaries, damaged checkpoint)
+    SCORE = 11  # batch scoring failed (unreadable input, label unknown, rejects)
+    DISK_FULL = 12  # a write failed for lack of space (ENOSPC / quota) at any stage
+    INTERRUPTED = 130  # SIGINT / SIGTERM
 
 
 class PipelineError(Exception):
@@ -94,7 +94,7 @@ def disk_full_cause(exc: BaseException) -> BaseException | None:
 
 
 _NOT_PERMITTED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
-_WRONG_KIND_ERRNOS = {errno.ENOTDIR, errno.EISDIR}   # a file where a directory belongs, or the reverse
+_WRONG_KIND_ERRNOS = {errno.ENOTDIR, errno.EISDIR}  # a file where a directory belongs, or the reverse
 # a symbolic link where a workdir file is written: never followed (dlrm_contracts.atomic)
 _LINK_ERRNOS = {errno.ELOOP}
 _PATH_ERRNOS = _NOT_PERMITTED_ERRNOS | _WRONG_KIND_ERRNOS | _LINK_ERRNOS
@@ -121,13 +121,17 @@ def not_permitted_message(cause: OSError, what: str = "", under: str | None = No
         path = f"{path} (under {under})"
     prefix = f"{what}: " if what else ""
     if cause.errno in _LINK_ERRNOS:
-        return f"{prefix}{cause.strerror or path}"   # names the link (atomic.symlink_refused)
+        return f"{prefix}{cause.strerror or path}"  # names the link (atomic.symlink_refused)
     if cause.errno in _WRONG_KIND_ERRNOS:
-        return (f"{prefix}{path}: {cause.strerror or cause}: a file stands where the workdir's "
-                "layout needs a directory, or the reverse (move it away, or pick another workdir)")
-    return (f"{prefix}{path} cannot be written or read ({cause.strerror or cause}): the workdir "
-            "and everything under it must be writable by this user (check its permissions, "
-            "or a read-only mount)")
+        return (
+            f"{prefix}{path}: {cause.strerror or cause}: a file stands where the workdir's "
+            "layout needs a directory, or the reverse (move it away, or pick another workdir)"
+        )
+    return (
+        f"{prefix}{path} cannot be written or read ({cause.strerror or cause}): the workdir "
+        "and everything under it must be writable by this user (check its permissions, "
+        "or a read-only mount)"
+    )
 
 
 def exit_code_of(exc: BaseException) -> ExitCode:
@@ -164,11 +168,15 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
         code = exit_code_of(exc)
         if code == ExitCode.FAILED:
             traceback.print_exc(file=sys.stderr)
-            print(f"{prog}: unexpected error (a bug, traceback above): "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"{prog}: unexpected error (a bug, traceback above): {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
         elif not isinstance(exc, PipelineError) and permission_cause(exc) is not None:
-            print(f"{prog}: error: {not_permitted_message(permission_cause(exc))}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{prog}: error: {not_permitted_message(permission_cause(exc))}", file=sys.stderr, flush=True
+            )
         else:
             print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return int(code)

@@ -13,9 +13,13 @@ import pyarrow as pa
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 # Every 16-bit number as its 4 lowercase hex digits, packed in one uint32 (native byte order),
 # so an 8-digit value is two table lookups.
-_HEX4 = np.ascontiguousarray(
-    np.stack([_HEX_DIGITS[(np.arange(1 << 16) >> shift) & 0xF] for shift in (12, 8, 4, 0)],
-             axis=1)).view(np.uint32).ravel()
+_HEX4 = (
+    np.ascontiguousarray(
+        np.stack([_HEX_DIGITS[(np.arange(1 << 16) >> shift) & 0xF] for shift in (12, 8, 4, 0)], axis=1)
+    )
+    .view(np.uint32)
+    .ravel()
+)
 
 
 def format_hex(values: np.ndarray, missing: np.ndarray | None = None) -> pa.StringArray:

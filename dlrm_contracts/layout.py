@@ -51,30 +51,30 @@ from pathlib import Path
 
 from dlrm_contracts.storage import Location, location_of
 
-SUCCESS = "_SUCCESS"                 # marks a complete output directory; written last
+SUCCESS = "_SUCCESS"  # marks a complete output directory; written last
 PREPROCESS_JSON = "preprocess.json"  # spark_jobs -> converters, pipeline
 MODEL_SIZE_JSON = "model_size.json"  # table sizes C1..C26 (parquet and binary dataset)
-DATASET_JSON = "dataset.json"        # the binary dataset's description (binary_format)
+DATASET_JSON = "dataset.json"  # the binary dataset's description (binary_format)
 DAYS_JSON = "days.json"
 # stable ids' record beside the dictionaries (spark_jobs writes it, trainer's export reads it);
 # readers of the dictionaries skip names starting with "_"
 IDS_RECORD = "_ids.json"
 HISTOGRAM_FILE = "histogram.parquet"
 COUNT_VALUES_DIR = "values"
-CHECKPOINT_META = "meta.json"        # a checkpoint step-N/ is complete once it exists
+CHECKPOINT_META = "meta.json"  # a checkpoint step-N/ is complete once it exists
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
-CURRENT_RUN_JSON = "run.json"        # under DIR/checkpoints: {"id": the current run's id}
-SUPERSEDED_DIR = "superseded"        # under DIR/checkpoints: runs set aside, one folder each
-RUN_KEY = "run"                      # a checkpoint meta's {"id", "settings"} of its run
-LEGACY_RUN = "legacy"                # the run of checkpoints saved before they named theirs
+CURRENT_RUN_JSON = "run.json"  # under DIR/checkpoints: {"id": the current run's id}
+SUPERSEDED_DIR = "superseded"  # under DIR/checkpoints: runs set aside, one folder each
+RUN_KEY = "run"  # a checkpoint meta's {"id", "settings"} of its run
+LEGACY_RUN = "legacy"  # the run of checkpoints saved before they named theirs
 EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version directories
 SAVED_MODEL_PB = "saved_model.pb"
 EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
-SERVING_JSON = "serving.json"        # in DIR/export: which version is served (serving_state)
-DICTIONARIES_DIR = "dictionaries"    # under the parquet directory: value -> id per column
-DAYS_DIR = "days"                    # under the parquet directory: stable ids' per-day parts
-DAY_JSON = "day.json"                # in each day=<k>/ of DAYS_DIR: what the day was made with
-SEGMENTS_JSON = "segments.json"      # beside the splits: which day's files make each split
+SERVING_JSON = "serving.json"  # in DIR/export: which version is served (serving_state)
+DICTIONARIES_DIR = "dictionaries"  # under the parquet directory: value -> id per column
+DAYS_DIR = "days"  # under the parquet directory: stable ids' per-day parts
+DAY_JSON = "day.json"  # in each day=<k>/ of DAYS_DIR: what the day was made with
+SEGMENTS_JSON = "segments.json"  # beside the splits: which day's files make each split
 
 
 def values_dir(counts_dir: str | Path) -> Path:
@@ -153,11 +153,15 @@ def run_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     A directory whose meta.json names another step than its name (a copy) is none of them."""
     found = [(step, path, read_checkpoint_meta(path)) for step, path in complete_checkpoints(root)]
     # a directory renamed or copied to another step's name (its meta says which step it is)
-    found = [(step, path, meta) for step, path, meta in found
-             if meta is None or not isinstance(meta.get("step"), int) or meta["step"] == step]
+    found = [
+        (step, path, meta)
+        for step, path, meta in found
+        if meta is None or not isinstance(meta.get("step"), int) or meta["step"] == step
+    ]
     run_id = current_run(root)
-    mine = [(step, path) for step, path, meta in found
-            if run_id is not None and checkpoint_run(meta) == run_id]
+    mine = [
+        (step, path) for step, path, meta in found if run_id is not None and checkpoint_run(meta) == run_id
+    ]
     return mine or [(step, path) for step, path, _meta in found]
 
 
@@ -183,8 +187,9 @@ def best_checkpoint(root: str | Path) -> Path | None:
     best = (meta.get("early_stopping") or {}).get("best_step")
     if isinstance(best, int) and not isinstance(best, bool):
         path = checkpoint_dir(root, best)
-        if (path / CHECKPOINT_META).exists() and \
-                checkpoint_run(read_checkpoint_meta(path)) == checkpoint_run(meta):
+        if (path / CHECKPOINT_META).exists() and checkpoint_run(read_checkpoint_meta(path)) == checkpoint_run(
+            meta
+        ):
             return path
     return latest
 
@@ -198,8 +203,11 @@ def export_versions(export_dir: str | Path) -> list[tuple[int, Path]]:
     root = Path(export_dir)
     if not root.is_dir():
         return []
-    found = [(int(p.name), p) for p in root.iterdir()
-             if EXPORT_VERSION_DIR.match(p.name) and (p / SAVED_MODEL_PB).is_file()]
+    found = [
+        (int(p.name), p)
+        for p in root.iterdir()
+        if EXPORT_VERSION_DIR.match(p.name) and (p / SAVED_MODEL_PB).is_file()
+    ]
     return sorted(found)
 
 

@@ -75,15 +75,23 @@ class WorkdirLock:
             os.close(fd)
             inherited = os.environ.get(LOCK_TOKEN_ENV)
             if token is not None and inherited == token:
-                self.guest = True        # a child of the holder: runs under its lock
+                self.guest = True  # a child of the holder: runs under its lock
                 return self
             raise PipelineError(
                 f"workdir {self.path.parent} is in use by another pipeline run ({holder}); wait "
-                "for it to finish or use another workdir", ExitCode.LOCKED) from None
+                "for it to finish or use another workdir",
+                ExitCode.LOCKED,
+            ) from None
         self._token = uuid.uuid4().hex
-        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "by": self.who,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                             "token": self._token})
+        holder = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "by": self.who,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "token": self._token,
+            }
+        )
         os.ftruncate(fd, 0)
         try:  # who holds the lock, for a second run's message: not worth failing over (full disk)
             os.pwrite(fd, holder.encode(), 0)
@@ -91,7 +99,7 @@ class WorkdirLock:
             os.ftruncate(fd, 0)
         self._fd = fd
         self._previous_env = os.environ.get(LOCK_TOKEN_ENV)
-        os.environ[LOCK_TOKEN_ENV] = self._token    # inherited by every child started now on
+        os.environ[LOCK_TOKEN_ENV] = self._token  # inherited by every child started now on
         return self
 
     def _open(self) -> int:
@@ -102,12 +110,16 @@ class WorkdirLock:
             return os.open(self.path, flags, 0o644)
         except OSError as exc:  # a lock file of another user, a read-only workdir, a link
             if exc.errno == errno.ELOOP or self.path.is_symlink():
-                why = (f"is a symbolic link (to {os.readlink(self.path)}); the lock is never "
-                       "taken through a link: remove it")
+                why = (
+                    f"is a symbolic link (to {os.readlink(self.path)}); the lock is never "
+                    "taken through a link: remove it"
+                )
             else:
                 why = f"cannot be opened ({exc.strerror or exc})"
-            raise PipelineError(f"workdir {self.path.parent} cannot be written: its lock file "
-                                f"{self.path} {why}", ExitCode.USAGE) from None
+            raise PipelineError(
+                f"workdir {self.path.parent} cannot be written: its lock file {self.path} {why}",
+                ExitCode.USAGE,
+            ) from None
 
     def __exit__(self, *exc) -> None:
         if self._fd is None:
@@ -133,9 +145,11 @@ def workdir_lock(workdir, who: str):
     """The lock of the workdir ``workdir`` (``DIR/.pipeline.lock``): flock for a path, a
     conditional write for a workdir URL (dlrm_contracts.object_lock)."""
     from dlrm_contracts.storage import is_url
+
     if is_url(workdir):
         from dlrm_contracts.object_lock import ObjectStoreLock
         from dlrm_contracts.storage import resolve
+
         return ObjectStoreLock(resolve(workdir), who)
     return WorkdirLock(WorkdirLayout.at(workdir).lock_file, who)
 
@@ -144,6 +158,7 @@ def output_lock(output: str | Path, who: str):
     """The lock guarding an output directory written as a whole (a binary dataset, scores):
     the lock of the directory it sits in, which is the workdir's for ``DIR/binary``."""
     from dlrm_contracts.storage import is_url, resolve
+
     if is_url(output):
         return workdir_lock(str(resolve(output).parent), who)
     return workdir_lock(Path(output).absolute().parent, who)

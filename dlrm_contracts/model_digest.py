@@ -39,8 +39,11 @@ def _file_sha256(path: Path) -> str:
 def saved_model_digest(directory: str | Path) -> str:
     """The digest of every file under ``directory`` except fingerprint.json (see above)."""
     root = Path(directory)
-    files = sorted((b"./" + p.relative_to(root).as_posix().encode(), p)
-                   for p in root.rglob("*") if p.is_file() and p != root / EXPORT_FINGERPRINT)
+    files = sorted(
+        (b"./" + p.relative_to(root).as_posix().encode(), p)
+        for p in root.rglob("*")
+        if p.is_file() and p != root / EXPORT_FINGERPRINT
+    )
     listing = b"".join(_file_sha256(p).encode() + b"  " + name + b"\n" for name, p in files)
     return hashlib.sha256(listing).hexdigest()
 
@@ -52,20 +55,27 @@ def verify_saved_model(directory: str | Path) -> dict[str, Any]:
     try:
         fingerprint = json.loads((root / EXPORT_FINGERPRINT).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelDigestError(f"{root} has no {EXPORT_FINGERPRINT}: not a version the export "
-                               "stage wrote; refusing to load it") from None
+        raise ModelDigestError(
+            f"{root} has no {EXPORT_FINGERPRINT}: not a version the export stage wrote; refusing to load it"
+        ) from None
     except (OSError, ValueError) as error:
         raise ModelDigestError(f"{root / EXPORT_FINGERPRINT} cannot be read: {error}") from None
     recorded = fingerprint.get(DIGEST_KEY) if isinstance(fingerprint, dict) else None
     links = sorted(str(p) for p in root.rglob("*") if p.is_symlink())
     if links:  # the digest covers regular files: a link could point anywhere
-        raise ModelDigestError(f"{root} holds a symbolic link ({links[0]}), which the export "
-                               "stage never writes; refusing to load it")
+        raise ModelDigestError(
+            f"{root} holds a symbolic link ({links[0]}), which the export "
+            "stage never writes; refusing to load it"
+        )
     if not recorded:
-        raise ModelDigestError(f"{root / EXPORT_FINGERPRINT} records no {DIGEST_KEY}: export "
-                               "the model again (an export of an older version of the pipeline)")
+        raise ModelDigestError(
+            f"{root / EXPORT_FINGERPRINT} records no {DIGEST_KEY}: export "
+            "the model again (an export of an older version of the pipeline)"
+        )
     if saved_model_digest(root) != recorded:
-        raise ModelDigestError(f"{root}: its files differ from what the export stage recorded "
-                               f"({EXPORT_FINGERPRINT} {DIGEST_KEY}); refusing to load it")
+        raise ModelDigestError(
+            f"{root}: its files differ from what the export stage recorded "
+            f"({EXPORT_FINGERPRINT} {DIGEST_KEY}); refusing to load it"
+        )
     result: dict[str, Any] = fingerprint
     return result

@@ -29,8 +29,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dlrm_contracts.binary_format import (MULTI_HOT_DISTRIBUTION_KEY, MULTI_HOT_SEED_KEY,
-                                          DatasetInfo, multi_hot_sizes)
+from dlrm_contracts.binary_format import (
+    MULTI_HOT_DISTRIBUTION_KEY,
+    MULTI_HOT_SEED_KEY,
+    DatasetInfo,
+    multi_hot_sizes,
+)
 from dlrm_contracts.schema import NUM_CATEGORICAL
 
 # The reference seeds numpy's global generator with 0 for every rank.
@@ -63,15 +67,15 @@ class MultiHotSpec:
         object.__setattr__(self, "table_sizes", tuple(int(t) for t in self.table_sizes))
         object.__setattr__(self, "sizes", tuple(int(k) for k in self.sizes))
         if len(self.table_sizes) != len(self.sizes):
-            raise MultiHotError(f"{len(self.table_sizes)} table sizes but {len(self.sizes)} "
-                                "multi-hot sizes")
+            raise MultiHotError(f"{len(self.table_sizes)} table sizes but {len(self.sizes)} multi-hot sizes")
         if any(t < 1 for t in self.table_sizes):
             raise MultiHotError(f"table sizes must be >= 1: {list(self.table_sizes)}")
         if any(k < 1 for k in self.sizes):
             raise MultiHotError(f"multi-hot sizes must be >= 1: {list(self.sizes)}")
         if self.distribution not in DISTRIBUTIONS:
-            raise MultiHotError(f"multi-hot distribution {self.distribution!r} is not one of "
-                                f"{list(DISTRIBUTIONS)}")
+            raise MultiHotError(
+                f"multi-hot distribution {self.distribution!r} is not one of {list(DISTRIBUTIONS)}"
+            )
         if not 0 <= self.seed < 2**32:
             raise MultiHotError(f"multi-hot seed {self.seed} is outside [0, 2**32)")
 
@@ -85,8 +89,7 @@ class MultiHotSpec:
         return 0 if k == 1 else self.table_sizes[column] * k * IDS_DTYPE.itemsize
 
 
-def _draws(rng: np.random.RandomState, table_size: int, count: int,
-           distribution: str) -> np.ndarray:
+def _draws(rng: np.random.RandomState, table_size: int, count: int, distribution: str) -> np.ndarray:
     """The next ``count`` draws of the stream for a table of ``table_size`` rows, exactly the
     reference's calls (int64 is the default integer of its ``randint`` on Linux; the word
     stream depends on it)."""
@@ -109,13 +112,16 @@ def _fill(rng: np.random.RandomState, table: np.ndarray, distribution: str) -> N
     step = max(1, CHUNK_DRAWS // (k - 1))
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        table[start:stop, 1:] = _draws(rng, rows, (stop - start) * (k - 1),
-                                       distribution).reshape(stop - start, k - 1)
+        table[start:stop, 1:] = _draws(rng, rows, (stop - start) * (k - 1), distribution).reshape(
+            stop - start, k - 1
+        )
 
 
-def iter_tables(spec: MultiHotSpec, columns: Iterable[int] | None = None,
-                allocate: Callable[..., np.ndarray] | None = None
-                ) -> Iterator[tuple[int, np.ndarray]]:
+def iter_tables(
+    spec: MultiHotSpec,
+    columns: Iterable[int] | None = None,
+    allocate: Callable[..., np.ndarray] | None = None,
+) -> Iterator[tuple[int, np.ndarray]]:
     """The lookup tables of the wanted multi-hot columns (default: all with k > 1), in column
     order, from one pass over the generator's stream.
 
@@ -131,8 +137,7 @@ def iter_tables(spec: MultiHotSpec, columns: Iterable[int] | None = None,
         if column not in wanted:
             _skip(rng, rows, rows * (k - 1), spec.distribution)
             continue
-        table = (allocate or (lambda _c, shape, dtype: np.empty(shape, dtype)))(
-            column, (rows, k), IDS_DTYPE)
+        table = (allocate or (lambda _c, shape, dtype: np.empty(shape, dtype)))(column, (rows, k), IDS_DTYPE)
         _fill(rng, table, spec.distribution)
         yield column, table
 
@@ -168,8 +173,11 @@ class Materializer:
     def column(self, column: int, ids: np.ndarray) -> np.ndarray:
         """One column's (len(ids), k) int32 rows."""
         table = self.tables.get(column)
-        return (materialize(ids, table) if table is not None
-                else materialize_one_hot(ids, self.spec.table_sizes[column]))
+        return (
+            materialize(ids, table)
+            if table is not None
+            else materialize_one_hot(ids, self.spec.table_sizes[column])
+        )
 
     def __call__(self, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Every column's rows for one block of one-hot ids (one array of ids per column)."""
@@ -191,9 +199,9 @@ def check_sizes(sizes: Sequence[int] | None, where: str = "multi_hot_sizes") -> 
         return (1,) * NUM_CATEGORICAL
     values = list(sizes)
     if len(values) != NUM_CATEGORICAL or any(
-            not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1 for k in values):
-        raise MultiHotError(f"{where} must list {NUM_CATEGORICAL} integers >= 1, "
-                            f"not {values!r}")
+        not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1 for k in values
+    ):
+        raise MultiHotError(f"{where} must list {NUM_CATEGORICAL} integers >= 1, not {values!r}")
     return tuple(int(k) for k in values)
 
 
@@ -203,6 +211,9 @@ def spec_of_dataset(info: DatasetInfo) -> MultiHotSpec | None:
     sizes = multi_hot_sizes(info)
     if all(k == 1 for k in sizes):
         return None
-    return MultiHotSpec(tuple(info.table_sizes), sizes,
-                        int(info.extra.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
-                        str(info.extra.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")))
+    return MultiHotSpec(
+        tuple(info.table_sizes),
+        sizes,
+        int(info.extra.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
+        str(info.extra.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")),
+    )

@@ -57,8 +57,11 @@ def publish_directory(source: Path, final: Location) -> Location:
 
 def write_marker(final: Location, version: str, files: dict[str, int]) -> None:
     """Publish ``version`` (a prefix under ``final`` holding ``files``: name -> size)."""
-    record = {"version": version, "files": dict(sorted(files.items())),
-              "committed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    record = {
+        "version": version,
+        "files": dict(sorted(files.items())),
+        "committed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     (final / COMMIT_MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
@@ -70,11 +73,16 @@ def read_marker(final: Location) -> dict | None:
     except FileNotFoundError:
         return None
     except ValueError:
-        raise DatasetError(f"{marker} is not a readable commit marker: the directory's "
-                           "publication is damaged; run the stage again") from None
-    if not (isinstance(record, dict) and isinstance(record.get("version"), str)
-            and record["version"].startswith(VERSION_PREFIX)
-            and isinstance(record.get("files"), dict)):
+        raise DatasetError(
+            f"{marker} is not a readable commit marker: the directory's "
+            "publication is damaged; run the stage again"
+        ) from None
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("version"), str)
+        and record["version"].startswith(VERSION_PREFIX)
+        and isinstance(record.get("files"), dict)
+    ):
         raise DatasetError(f"{marker} does not name a version and its files; run the stage again")
     return record
 
@@ -100,9 +108,11 @@ def committed_files(final: Location, check: bool = True) -> dict[str, Location]:
         if check:
             have = present.get(name)
             if have is None or have.size() != size:
-                raise DatasetError(f"{final}: the committed file {name} is missing or not of "
-                                   f"its recorded size {size}: the directory was damaged; run "
-                                   "the stage again")
+                raise DatasetError(
+                    f"{final}: the committed file {name} is missing or not of "
+                    f"its recorded size {size}: the directory was damaged; run "
+                    "the stage again"
+                )
         found[name] = location
     return found
 
@@ -137,4 +147,5 @@ def download_committed(final: Location, target: Path) -> list[Path]:
 
 def _local_fs():
     from dlrm_contracts.storage import resolve
+
     return resolve("/").fs

@@ -44,9 +44,10 @@ def _s3_client():
     try:
         import boto3
     except ImportError:
-        raise StorageError("a workdir on S3 needs boto3 for its lock's conditional writes: "
-                           "pip install '.[object-store]' (scripts/install.sh installs it)") \
-            from None
+        raise StorageError(
+            "a workdir on S3 needs boto3 for its lock's conditional writes: "
+            "pip install '.[object-store]' (scripts/install.sh installs it)"
+        ) from None
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return boto3.client("s3", endpoint_url=endpoint or None)
 
@@ -66,8 +67,13 @@ def _precondition_failed(exc: Exception) -> bool:
 class ObjectStoreLock:
     """``with ObjectStoreLock(workdir_location, "pipeline"):`` (see the module docstring)."""
 
-    def __init__(self, workdir: Location, who: str = "pipeline",
-                 stale_after: float = STALE_AFTER, renew_every: float = RENEW_EVERY):
+    def __init__(
+        self,
+        workdir: Location,
+        who: str = "pipeline",
+        stale_after: float = STALE_AFTER,
+        renew_every: float = RENEW_EVERY,
+    ):
         self.workdir = workdir
         self.location = workdir / LOCK_NAME
         self.who = who
@@ -86,8 +92,11 @@ class ObjectStoreLock:
 
     def __enter__(self) -> "ObjectStoreLock":
         if self._scheme() not in CONDITIONAL_WRITE_SCHEMES:
-            log.warning("workdir %s: this store has no conditional write here, so the workdir is "
-                        "not locked; run one scheduler per workdir (docs/cluster.md)", self.workdir)
+            log.warning(
+                "workdir %s: this store has no conditional write here, so the workdir is "
+                "not locked; run one scheduler per workdir (docs/cluster.md)",
+                self.workdir,
+            )
             self.unlocked = True
             return self
         self._client = _s3_client()
@@ -98,7 +107,7 @@ class ObjectStoreLock:
                 break
             holder, etag = self._read()
             if holder is None:
-                continue                  # released in between: try again
+                continue  # released in between: try again
             if holder.get("token") and os.environ.get(LOCK_TOKEN_ENV) == holder.get("token"):
                 self.guest = True
                 return self
@@ -107,36 +116,47 @@ class ObjectStoreLock:
                 raise PipelineError(
                     f"workdir {self.workdir} is in use by another pipeline run "
                     f"({json.dumps(shown)}); wait for it to finish or use another workdir",
-                    ExitCode.LOCKED)
+                    ExitCode.LOCKED,
+                )
             log.warning("workdir %s: took over a stale lock (%s)", self.workdir, holder)
             break
         else:
-            raise PipelineError(f"workdir {self.workdir}: its lock keeps changing; another run "
-                                "is starting", ExitCode.LOCKED)
+            raise PipelineError(
+                f"workdir {self.workdir}: its lock keeps changing; another run is starting", ExitCode.LOCKED
+            )
         self._previous_env = os.environ.get(LOCK_TOKEN_ENV)
         os.environ[LOCK_TOKEN_ENV] = self._token
-        self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
-                                         name="workdir-lock-renewer")
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True, name="workdir-lock-renewer")
         self._renewer.start()
         return self
 
     def _record(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "by": self.who,
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           "renewed_epoch": time.time(), "token": self._token}).encode()
+        return json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "by": self.who,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "renewed_epoch": time.time(),
+                "token": self._token,
+            }
+        ).encode()
 
     def _create(self, if_match: str | None) -> bool:
         """Write the lock: only where none is (or only over the stale one with ``if_match``)."""
         condition = {"IfMatch": if_match} if if_match else {"IfNoneMatch": "*"}
         try:
-            response = self._client.put_object(Bucket=self._bucket, Key=self._key,
-                                               Body=self._record(), **condition)
+            response = self._client.put_object(
+                Bucket=self._bucket, Key=self._key, Body=self._record(), **condition
+            )
         except Exception as exc:  # botocore's ClientError; its module is optional here
             if _precondition_failed(exc):
                 return False
             if getattr(exc, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
-                raise StorageError(f"{self.location}: the bucket {self._bucket} does not exist "
-                                   "(create it, or check the URL and AWS_ENDPOINT_URL)") from None
+                raise StorageError(
+                    f"{self.location}: the bucket {self._bucket} does not exist "
+                    "(create it, or check the URL and AWS_ENDPOINT_URL)"
+                ) from None
             raise
         self._etag = response.get("ETag")
         return True
@@ -166,8 +186,10 @@ class ObjectStoreLock:
         while not self._stop.wait(self.renew_every):
             try:
                 if not self._create(if_match=self._etag):
-                    log.error("workdir %s: the lock was taken by another run; this run no "
-                              "longer holds it", self.workdir)
+                    log.error(
+                        "workdir %s: the lock was taken by another run; this run no longer holds it",
+                        self.workdir,
+                    )
                     return
             except Exception as exc:  # noqa: BLE001 — a store hiccup: the next renewal tries again
                 log.warning("workdir %s: renewing the lock failed (%s)", self.workdir, exc)

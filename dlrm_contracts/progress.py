@@ -42,21 +42,20 @@ class Progress:
     """One report of where a stage is; one JSON line on the channel."""
 
     stage: str
-    fraction: float | None = None   # of the whole stage's work, roughly proportional to time
-    phase: str = ""                 # count, transform, train, eval test, ...
-    detail: str = ""                # e.g. which days
-    done: float | None = None       # within the phase, in `unit`
+    fraction: float | None = None  # of the whole stage's work, roughly proportional to time
+    phase: str = ""  # count, transform, train, eval test, ...
+    detail: str = ""  # e.g. which days
+    done: float | None = None  # within the phase, in `unit`
     total: float | None = None
     unit: str = ""
-    rows: float | None = None       # rows (samples, lines) of the phase done so far
+    rows: float | None = None  # rows (samples, lines) of the phase done so far
     rows_unit: str = "rows"
-    estimated: bool = False         # rows (and done) estimated, not counted
+    estimated: bool = False  # rows (and done) estimated, not counted
     metrics: dict[str, Any] = field(default_factory=dict)  # shown as "name value": loss, AUC
     time: float = field(default_factory=time.time)
 
     def to_line(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False,
-                          default=str) + "\n"
+        return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False, default=str) + "\n"
 
     @classmethod
     def from_line(cls, line: str) -> Progress | None:
@@ -97,16 +96,20 @@ class ChannelWriter:
             return
         try:
             # never through a link planted at the channel's name (dlrm_contracts.atomic)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644
+            )
             try:
                 os.write(fd, progress.to_line().encode())
             finally:
                 os.close(fd)
         except (OSError, ValueError) as exc:
             self._failed = True
-            print(f"progress: channel {self.path} cannot be written ({exc}); progress reports "
-                  "stop", file=sys.stderr, flush=True)
+            print(
+                f"progress: channel {self.path} cannot be written ({exc}); progress reports stop",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 # ---------------------------------------------------------------- estimates and text
@@ -149,8 +152,12 @@ class StageEstimate:
         new_phase = previous is None or previous.phase != progress.phase
         self.latest, self.received_at = progress, time.time() if now is None else now
         if progress.fraction is not None:
-            went_back = self._origin is not None and previous is not None and \
-                previous.fraction is not None and progress.fraction < previous.fraction
+            went_back = (
+                self._origin is not None
+                and previous is not None
+                and previous.fraction is not None
+                and progress.fraction < previous.fraction
+            )
             if self._origin is None or went_back:
                 self._origin = (progress.time, progress.fraction)
         if new_phase or progress.rows is None or (self._rows and progress.rows < self._rows[-1][1]):
@@ -193,15 +200,17 @@ class StageEstimate:
         if p is not None and p.fraction is not None:
             head += f" {100 * min(1.0, p.fraction):3.0f}%"
         eta = self.eta(now)
-        return " · ".join([head, *self._body(now, quiet_after_s),
-                           *([f"ETA {duration(eta)}"] if eta is not None else [])])
+        return " · ".join(
+            [head, *self._body(now, quiet_after_s), *([f"ETA {duration(eta)}"] if eta is not None else [])]
+        )
 
     def status(self, now: float | None = None, quiet_after_s: float = 90.0) -> str:
         """A bar's text: the ETA first, so that a narrow terminal cuts the details instead."""
         now = time.time() if now is None else now
         eta = self.eta(now)
-        return " · ".join([*([f"ETA {duration(eta)}"] if eta is not None else []),
-                           *self._body(now, quiet_after_s)])
+        return " · ".join(
+            [*([f"ETA {duration(eta)}"] if eta is not None else []), *self._body(now, quiet_after_s)]
+        )
 
     def _body(self, now: float, quiet_after_s: float) -> list[str]:
         p = self.latest
@@ -243,8 +252,9 @@ class Display:
     least 90 s) gets "no report for ..." in its lines.
     """
 
-    def __init__(self, stream: IO[str] | None, settings: ProgressConfig,
-                 emit: Callable[[str], None] | None, bar: bool):
+    def __init__(
+        self, stream: IO[str] | None, settings: ProgressConfig, emit: Callable[[str], None] | None, bar: bool
+    ):
         self.stream = stream
         self.settings = settings
         self.emit = emit
@@ -259,8 +269,9 @@ class Display:
     def for_stderr(cls, settings: ProgressConfig) -> Display:
         """A standalone tool's display: a bar on a terminal, plain lines on stderr otherwise."""
         tty = sys.stderr.isatty()
-        return cls(sys.stderr, settings, None if tty and settings.bar else _print_to_stderr,
-                   bar=tty and settings.bar)
+        return cls(
+            sys.stderr, settings, None if tty and settings.bar else _print_to_stderr, bar=tty and settings.bar
+        )
 
     def start(self, stage: str, started: float | None = None) -> None:
         with self._lock:
@@ -268,9 +279,15 @@ class Display:
             self._estimate = StageEstimate(stage, started, self.settings.rate_window_s)
             self._next_line = self._estimate.started + self.settings.interval_s
             if self.use_bar:
-                self._bar = _status_bar()(total=1000, desc=stage, file=self.stream,
-                                          bar_format="{desc}: {status}", leave=True,
-                                          mininterval=0, **_terminal_size(self.stream))
+                self._bar = _status_bar()(
+                    total=1000,
+                    desc=stage,
+                    file=self.stream,
+                    bar_format="{desc}: {status}",
+                    leave=True,
+                    mininterval=0,
+                    **_terminal_size(self.stream),
+                )
                 self._refresh(time.time(), force=True)
 
     def update(self, progress: Progress) -> None:
@@ -449,8 +466,7 @@ class Reporter:
         self.close(ok=exc_type is None)
 
 
-def open_reporter(stage: str, enabled: bool = True,
-                  settings: ProgressConfig | None = None) -> Reporter:
+def open_reporter(stage: str, enabled: bool = True, settings: ProgressConfig | None = None) -> Reporter:
     """The reporter of ``stage``: the channel, a display on stderr, or nothing (disabled)."""
     return Reporter(stage, default_sink(settings) if enabled else NullSink())
 
@@ -464,17 +480,32 @@ class RowCounter:
     def update(self, n: float = 1) -> None:
         self.done += n
         fraction = self.done / self.total if self.total else None
-        self.reporter.report(done=self.done, total=self.total, rows=self.done,
-                             fraction=fraction, force=fraction == 1.0)
+        self.reporter.report(
+            done=self.done, total=self.total, rows=self.done, fraction=fraction, force=fraction == 1.0
+        )
 
 
 @contextmanager
-def counting(stage: str, total: float | None, unit: str = "rows", phase: str = "",
-             enabled: bool = True, settings: ProgressConfig | None = None,
-             rows_unit: str | None = None) -> Iterator[RowCounter]:
+def counting(
+    stage: str,
+    total: float | None,
+    unit: str = "rows",
+    phase: str = "",
+    enabled: bool = True,
+    settings: ProgressConfig | None = None,
+    rows_unit: str | None = None,
+) -> Iterator[RowCounter]:
     """``with counting("convert", rows) as bar: ... bar.update(n)`` reports rows done of
     ``total`` (and, standalone on a terminal, draws the bar)."""
     with open_reporter(stage, enabled, settings) as reporter:
-        reporter.report(phase=phase, unit=unit, rows_unit=rows_unit or unit, total=total,
-                        done=0, rows=0, fraction=0.0 if total else None, force=True)
+        reporter.report(
+            phase=phase,
+            unit=unit,
+            rows_unit=rows_unit or unit,
+            total=total,
+            done=0,
+            rows=0,
+            fraction=0.0 if total else None,
+            force=True,
+        )
         yield RowCounter(reporter, total, unit)

@@ -20,13 +20,18 @@ SPLITS: tuple[str, ...] = ("train", "test", "validation")
 # Why a raw line is rejected, in order of precedence (a line gets the first that applies;
 # docs/spark_jobs.md, "Rules for every line"). The names are an interface: the data-quality
 # report, the rejects files and the SavedModel's ``reject_reason`` output all use them.
-LINE_TOO_LONG = "line_too_long"              # longer than preprocess.max_line_bytes
-TOO_MANY_FIELDS = "too_many_fields"          # more than 40 fields
-BAD_LABEL = "bad_label"                      # the label is not 0 or 1
-NON_INTEGER = "non_integer"                  # an integer field is not a 64-bit integer
+LINE_TOO_LONG = "line_too_long"  # longer than preprocess.max_line_bytes
+TOO_MANY_FIELDS = "too_many_fields"  # more than 40 fields
+BAD_LABEL = "bad_label"  # the label is not 0 or 1
+NON_INTEGER = "non_integer"  # an integer field is not a 64-bit integer
 NON_HEX_CATEGORICAL = "non_hex_categorical"  # a categorical is not 1 to 8 hex digits
-REJECT_REASONS: tuple[str, ...] = (LINE_TOO_LONG, TOO_MANY_FIELDS, BAD_LABEL, NON_INTEGER,
-                                   NON_HEX_CATEGORICAL)
+REJECT_REASONS: tuple[str, ...] = (
+    LINE_TOO_LONG,
+    TOO_MANY_FIELDS,
+    BAD_LABEL,
+    NON_INTEGER,
+    NON_HEX_CATEGORICAL,
+)
 
 # Id given to values below the frequency threshold and to missing values.
 RARE_OR_MISSING_ID = 0

@@ -33,8 +33,10 @@ def read_secret_file(path: str | Path) -> str:
     if not stat.S_ISREG(info.st_mode):
         raise SecretFileError(f"secret file {path} is not a regular file")
     if info.st_mode & 0o077:
-        raise SecretFileError(f"secret file {path} has mode {stat.S_IMODE(info.st_mode):04o}: it "
-                              f"must be readable by its owner only (chmod 600 {path})")
+        raise SecretFileError(
+            f"secret file {path} has mode {stat.S_IMODE(info.st_mode):04o}: it "
+            f"must be readable by its owner only (chmod 600 {path})"
+        )
     if info.st_uid != os.geteuid():
         raise SecretFileError(f"secret file {path} belongs to another user (uid {info.st_uid})")
     try:
@@ -43,12 +45,12 @@ def read_secret_file(path: str | Path) -> str:
         raise SecretFileError(f"secret file {path} is not ASCII text") from None
     lines = [line.strip() for line in lines if line.strip()]
     if len(lines) != 1:
-        raise SecretFileError(f"secret file {path} must hold exactly one non-empty line, "
-                              f"it has {len(lines)}")
+        raise SecretFileError(f"secret file {path} must hold exactly one non-empty line, it has {len(lines)}")
     secret = lines[0]
     if len(secret) < SECRET_MIN_CHARS or not SECRET_CHARS.match(secret):
         raise SecretFileError(
             f"secret file {path}: the secret must be at least {SECRET_MIN_CHARS} characters "
             "from A-Z a-z 0-9 . _ ~ + / = - (e.g. python -c 'import secrets; "
-            "print(secrets.token_hex(32))')")
+            "print(secrets.token_hex(32))')"
+        )
     return secret

@@ -30,8 +30,10 @@ _KEY = re.compile(r"(^|[a-z0-9])key$")
 # A last component naming a file, a size or a switch, not the secret itself:
 # spark.authenticate.secretBitLength, ...oauthTokenFile, ...credential.provider.path,
 # spark.security.credentials.hive.enabled.
-_NOT_A_VALUE = re.compile(r"(file|path|dir|length|bits|size|algorithm|iterations|enabled|type"
-                          r"|class|regex|provider)$")
+_NOT_A_VALUE = re.compile(
+    r"(file|path|dir|length|bits|size|algorithm|iterations|enabled|type"
+    r"|class|regex|provider)$"
+)
 # Kubernetes settings that name a Secret object (mounted or referenced), never its content.
 _KUBERNETES_REFERENCE = re.compile(r"^spark\.kubernetes\.(driver|executor)\.(secrets|secretKeyRef)\.")
 
@@ -70,13 +72,15 @@ class SecretSettingError(UsageError, ValueError):
     recorded."""
 
 
-_WHY = ("Spark settings reach the JVM's command line, which every user of the machine reads "
-        "with ps, and the run's records (effective_config.yaml, manifests, logs), so none may "
-        "hold one. A cluster's shared secret goes in a file of mode 0600 named by "
-        "--spark-secret-file (spark.auth_secret_file; python -m spark_jobs: "
-        "--auth-secret-file); storage credentials belong in the environment's credential "
-        "providers (instance roles, a Hadoop credential store), not in a setting or URL; "
-        "docs/cluster.md §2.2")
+_WHY = (
+    "Spark settings reach the JVM's command line, which every user of the machine reads "
+    "with ps, and the run's records (effective_config.yaml, manifests, logs), so none may "
+    "hold one. A cluster's shared secret goes in a file of mode 0600 named by "
+    "--spark-secret-file (spark.auth_secret_file; python -m spark_jobs: "
+    "--auth-secret-file); storage credentials belong in the environment's credential "
+    "providers (instance roles, a Hadoop credential store), not in a setting or URL; "
+    "docs/cluster.md §2.2"
+)
 
 
 def refuse_secret_settings(settings: Mapping | Iterable, where: str) -> None:
@@ -99,8 +103,9 @@ def refuse_secret_values(values: Mapping, where: str) -> None:
     for key, value in values.items():
         for path, text in _strings(value, f"{where}.{key}"):
             if _URL_PASSWORD.search(text):
-                raise SecretSettingError(f"{path} holds a URL with a password "
-                                         f"(scheme://user:password@host): {_WHY}")
+                raise SecretSettingError(
+                    f"{path} holds a URL with a password (scheme://user:password@host): {_WHY}"
+                )
 
 
 def _strings(value, path: str):

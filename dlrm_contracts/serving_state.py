@@ -57,7 +57,8 @@ def _damaged(path: Path, why: str) -> ServingStateError:
     return ServingStateError(
         f"{path} is damaged ({why}): it records the pinned, held and verified export versions; "
         "restore it from a backup, or delete it to forget them (the newest version is then "
-        "served and pruning keeps only the newest export.keep_versions)")
+        "served and pruning keeps only the newest export.keep_versions)"
+    )
 
 
 def _version(value: object) -> int | None:
@@ -82,8 +83,11 @@ def read_state(export_dir: str | Path) -> ServingState:
     pinned, held, verified = data.get("pinned", []), data.get("held"), data.get("verified", {})
     if not isinstance(pinned, list) or not isinstance(verified, dict):
         raise _damaged(path, "'pinned' must be a list and 'verified' a mapping")
-    state = ServingState({_version(v) for v in pinned}, _version(held) if held is not None else None,
-                         {_version(k): str(t) for k, t in verified.items()})
+    state = ServingState(
+        {_version(v) for v in pinned},
+        _version(held) if held is not None else None,
+        {_version(k): str(t) for k, t in verified.items()},
+    )
     if None in state.pinned or None in state.verified or (held is not None and state.held is None):
         raise _damaged(path, "a version that is not a positive integer")
     return state
@@ -115,13 +119,14 @@ def write_state(export_dir: str | Path, state: ServingState) -> dict:
     only a user removes."""
     versions = [v for v, _ in export_versions(export_dir)]
     held = state.held if state.held in versions else None
-    record = {"format_version": FORMAT_VERSION,
-              "held": held,
-              "pinned": sorted(state.pinned),
-              "served_version": served_version(ServingState(state.pinned, held, state.verified),
-                                               versions),
-              "verified": {str(v): t for v, t in sorted(state.verified.items()) if v in versions},
-              "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {
+        "format_version": FORMAT_VERSION,
+        "held": held,
+        "pinned": sorted(state.pinned),
+        "served_version": served_version(ServingState(state.pinned, held, state.verified), versions),
+        "verified": {str(v): t for v, t in sorted(state.verified.items()) if v in versions},
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     write_text_atomic(state_path(export_dir), json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 

@@ -65,20 +65,27 @@ def check_url(text: str) -> None:
     if "://" not in text:
         return
     if scheme not in OBJECT_SCHEMES and scheme != "file":
-        raise StorageError(f"{_shown(text)}: unknown scheme '{scheme}://' (local paths, file://, "
-                           f"{', '.join(s + '://' for s in OBJECT_SCHEMES)})")
+        raise StorageError(
+            f"{_shown(text)}: unknown scheme '{scheme}://' (local paths, file://, "
+            f"{', '.join(s + '://' for s in OBJECT_SCHEMES)})"
+        )
     if secret_in_value(text) or parts.password is not None:
-        raise StorageError(f"{_shown(text)} holds a password in the URL: credentials come from "
-                           "the environment or the cloud's credential chain (AWS_ACCESS_KEY_ID, "
-                           "AWS_SECRET_ACCESS_KEY, instance roles), never from a URL, which is "
-                           "recorded in manifests and logs (docs/cluster.md)")
+        raise StorageError(
+            f"{_shown(text)} holds a password in the URL: credentials come from "
+            "the environment or the cloud's credential chain (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, instance roles), never from a URL, which is "
+            "recorded in manifests and logs (docs/cluster.md)"
+        )
     if scheme in ("s3", "gs", "gcs") and parts.username is not None:
-        raise StorageError(f"{_shown(text)} names a user in the URL: credentials come from the "
-                           "environment (docs/cluster.md)")
+        raise StorageError(
+            f"{_shown(text)} names a user in the URL: credentials come from the environment (docs/cluster.md)"
+        )
     if parts.query or parts.fragment:
-        raise StorageError(f"{_shown(text)} has a query string: a store's settings (endpoint, "
-                           "region, keys) come from the environment (AWS_ENDPOINT_URL, "
-                           "AWS_REGION, ...), never from the URL (docs/cluster.md)")
+        raise StorageError(
+            f"{_shown(text)} has a query string: a store's settings (endpoint, "
+            "region, keys) come from the environment (AWS_ENDPOINT_URL, "
+            "AWS_REGION, ...), never from the URL (docs/cluster.md)"
+        )
 
 
 def _shown(text: str) -> str:
@@ -95,15 +102,26 @@ def _shown(text: str) -> str:
 _FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
 _FILESYSTEMS_LOCK = threading.Lock()
 # The environment that selects an S3 client's account and endpoint: a changed one gets a new client.
-_S3_ENVIRONMENT = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-                   "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE")
+_S3_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+)
 
 
 def _filesystem(scheme: str, authority: str, url: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for an object-store URL; one client per store and
     environment, reused (a client's set-up costs a credential lookup)."""
-    key = (scheme, authority if scheme in ("hdfs", "viewfs", "abfs", "abfss") else "",
-           tuple(os.environ.get(name) for name in _S3_ENVIRONMENT))
+    key = (
+        scheme,
+        authority if scheme in ("hdfs", "viewfs", "abfs", "abfss") else "",
+        tuple(os.environ.get(name) for name in _S3_ENVIRONMENT),
+    )
     with _FILESYSTEMS_LOCK:
         fs = _FILESYSTEMS.get(key)
     try:
@@ -113,8 +131,9 @@ def _filesystem(scheme: str, authority: str, url: str) -> tuple[pafs.FileSystem,
                 _FILESYSTEMS[key] = fs
         path = _inner_path(scheme, url)
     except (OSError, ValueError, ImportError) as exc:
-        raise StorageError(f"{_shown(url)}: the store cannot be opened with this environment's "
-                           f"settings ({_first_line(exc)})") from None
+        raise StorageError(
+            f"{_shown(url)}: the store cannot be opened with this environment's settings ({_first_line(exc)})"
+        ) from None
     return fs, path
 
 
@@ -129,8 +148,7 @@ def _new_filesystem(scheme: str, url: str) -> pafs.FileSystem:
         options = {"allow_delayed_open": True}
         if endpoint:
             parts = urlsplit(endpoint)
-            options.update(endpoint_override=parts.netloc or endpoint,
-                           scheme=parts.scheme or "https")
+            options.update(endpoint_override=parts.netloc or endpoint, scheme=parts.scheme or "https")
         if region:
             options["region"] = region
         return pafs.S3FileSystem(**options)
@@ -177,7 +195,7 @@ def _root_of(scheme: str, parts, path: str) -> str:
     if scheme in ("s3", "gs", "gcs"):
         return parts.netloc
     if scheme in ("abfs", "abfss") and parts.username and path.startswith(parts.username):
-        return parts.username       # abfs://container@account...: the container
+        return parts.username  # abfs://container@account...: the container
     return ""
 
 
@@ -188,8 +206,8 @@ class Location:
 
     fs: pafs.FileSystem
     path: str
-    base: str                     # the URL's scheme://authority ("" part for local paths)
-    inner_root: str = ""          # the inner path's prefix the authority stands for
+    base: str  # the URL's scheme://authority ("" part for local paths)
+    inner_root: str = ""  # the inner path's prefix the authority stands for
 
     @property
     def is_local(self) -> bool:
@@ -199,8 +217,7 @@ class Location:
     def url(self) -> str:
         if self.is_local:
             return self.path
-        rest = self.path[len(self.inner_root):] if self.path.startswith(self.inner_root) \
-            else self.path
+        rest = self.path[len(self.inner_root) :] if self.path.startswith(self.inner_root) else self.path
         return f"{self.base}/{rest.lstrip('/')}" if rest.strip("/") else self.base + "/"
 
     def __str__(self) -> str:
@@ -218,8 +235,7 @@ class Location:
 
     @property
     def parent(self) -> "Location":
-        return Location(self.fs, posixpath.dirname(self.path.rstrip("/")), self.base,
-                        self.inner_root)
+        return Location(self.fs, posixpath.dirname(self.path.rstrip("/")), self.base, self.inner_root)
 
     def local_path(self) -> Path:
         """The local Path (only for a local Location)."""
@@ -254,13 +270,18 @@ class Location:
 
     def iterdir(self) -> list["Location"]:
         """The entries directly inside this directory, sorted by name ([] when it is missing)."""
-        return [Location(self.fs, info.path, self.base, self.inner_root)
-                for info in self._listing(recursive=False)]
+        return [
+            Location(self.fs, info.path, self.base, self.inner_root)
+            for info in self._listing(recursive=False)
+        ]
 
     def files(self) -> list["Location"]:
         """Every file below this directory at any depth, sorted by path."""
-        return [Location(self.fs, info.path, self.base, self.inner_root)
-                for info in self._listing(recursive=True) if info.type == pafs.FileType.File]
+        return [
+            Location(self.fs, info.path, self.base, self.inner_root)
+            for info in self._listing(recursive=True)
+            if info.type == pafs.FileType.File
+        ]
 
     def _listing(self, recursive: bool) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path, allow_not_found=True, recursive=recursive)
@@ -294,6 +315,7 @@ class Location:
         """The whole file at once, all or nothing (see the module docstring)."""
         if self.is_local:
             from dlrm_contracts.atomic import atomic_file  # atomic imports layout, which imports us
+
             with atomic_file(self.path, fsync) as temporary:
                 temporary.write_bytes(data)
             return
@@ -335,8 +357,7 @@ class Location:
         """This file copied to ``target`` (any filesystem), streamed."""
         if target.is_local:
             Path(target.path).parent.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(self.path, target.path, source_filesystem=self.fs,
-                        destination_filesystem=target.fs)
+        pafs.copy_files(self.path, target.path, source_filesystem=self.fs, destination_filesystem=target.fs)
 
 
 def location_of(target: "str | os.PathLike | Location") -> "Location | Path":

@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dlrm_contracts.atomic import write_json_atomic
-from dlrm_contracts.layout import (CURRENT_RUN_JSON, SUPERSEDED_DIR, checkpoint_run,
-                                   complete_checkpoints, current_run,
-                                   read_checkpoint_meta)
+from dlrm_contracts.layout import (
+    CURRENT_RUN_JSON,
+    SUPERSEDED_DIR,
+    checkpoint_run,
+    complete_checkpoints,
+    current_run,
+    read_checkpoint_meta,
+)
 
 WHY_JSON = "why.json"
 
@@ -41,8 +46,9 @@ def _new_folder(root: Path) -> Path:
     raise FileExistsError(f"{base}: no free name for {stamp}")
 
 
-def set_aside(root: Path, paths: Iterable[Path], reason: str,
-              changed: list[str] | None = None) -> dict[str, Any] | None:
+def set_aside(
+    root: Path, paths: Iterable[Path], reason: str, changed: list[str] | None = None
+) -> dict[str, Any] | None:
     """Move the checkpoint directories ``paths`` (under ``root``) to a new
     ``superseded/<time>/`` folder, its ``why.json`` written first; the current-run record goes
     with them when no checkpoint of that run stays. Returns that record (None: nothing to
@@ -53,10 +59,15 @@ def set_aside(root: Path, paths: Iterable[Path], reason: str,
     if not paths:
         return None
     folder = _new_folder(root)
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
-              "changed": list(changed or []), "checkpoints": sorted(p.name for p in paths),
-              "bytes": sum(tree_bytes(p) for p in paths), "path": str(folder),
-              "remove_with": f"rm -r {folder}"}
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reason": reason,
+        "changed": list(changed or []),
+        "checkpoints": sorted(p.name for p in paths),
+        "bytes": sum(tree_bytes(p) for p in paths),
+        "path": str(folder),
+        "remove_with": f"rm -r {folder}",
+    }
     write_json_atomic(folder / WHY_JSON, record)
     for path in paths:
         path.rename(folder / path.name)
@@ -79,6 +90,11 @@ def superseded_runs(root: Path) -> list[dict[str, Any]]:
             why = json.loads((folder / WHY_JSON).read_text())
         except (OSError, ValueError):
             why = {}
-        out.append({"path": str(folder), "bytes": tree_bytes(folder),
-                    "reason": why.get("reason") if isinstance(why, dict) else None})
+        out.append(
+            {
+                "path": str(folder),
+                "bytes": tree_bytes(folder),
+                "reason": why.get("reason") if isinstance(why, dict) else None,
+            }
+        )
     return out

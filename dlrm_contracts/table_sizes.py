@@ -23,6 +23,7 @@ from dlrm_contracts.layout import histogram_path
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 
+
 @dataclass(frozen=True)
 class CountHistogram:
     """Per column: distinct total counts ascending, and how many values have at least each."""
@@ -77,8 +78,7 @@ def read_histogram(counts_dir: str | Path) -> CountHistogram:
     return CountHistogram(counts, kept)
 
 
-def embedding_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int,
-                    dtype_bytes: int = 4) -> int:
+def embedding_bytes(table_sizes: dict[str, int] | list[int], embedding_dim: int, dtype_bytes: int = 4) -> int:
     sizes = table_sizes.values() if isinstance(table_sizes, dict) else table_sizes
     return int(sum(sizes)) * int(embedding_dim) * int(dtype_bytes)
 
@@ -105,27 +105,39 @@ class LowerThresholdError(DatasetError):
 def written_threshold_spec(info_spec: str | None, source: Path) -> ThresholdSpec:
     """The threshold a dataset was written at (its dataset.json), needed to derive any other."""
     if info_spec is None:
-        raise DatasetError(f"{source / DATASET_JSON} records no threshold_spec, so it is unknown "
-                           "which values it kept; reconvert it from parquet with a known spec")
+        raise DatasetError(
+            f"{source / DATASET_JSON} records no threshold_spec, so it is unknown "
+            "which values it kept; reconvert it from parquet with a known spec"
+        )
     return parse_threshold_spec(info_spec)
 
 
-def new_table_sizes(counts_dir: str | Path, base: ThresholdSpec, new: ThresholdSpec,
-                    source_sizes: tuple[int, ...]) -> list[int]:
+def new_table_sizes(
+    counts_dir: str | Path, base: ThresholdSpec, new: ThresholdSpec, source_sizes: tuple[int, ...]
+) -> list[int]:
     """Table sizes at ``new``; checks the counts agree with the source's sizes at ``base``."""
     if not new.is_at_least(base):
-        lower = [f"{c}: {new.effective(c)} < {base.effective(c)}" for c in CAT_COLUMNS
-                 if new.effective(c) < base.effective(c)]
+        lower = [
+            f"{c}: {new.effective(c)} < {base.effective(c)}"
+            for c in CAT_COLUMNS
+            if new.effective(c) < base.effective(c)
+        ]
         raise LowerThresholdError(
             f"threshold {new} is below the dataset's base threshold {base} for "
             f"{', '.join(lower[:6])}{' …' if len(lower) > 6 else ''}: the rarer values were "
             "already merged into id 0, so this needs a Spark rerun "
-            f"(python -m spark_jobs ... --frequency-threshold '{new}')")
+            f"(python -m spark_jobs ... --frequency-threshold '{new}')"
+        )
     histogram = read_histogram(counts_dir)
     base_sizes = histogram.table_sizes(base)
-    mismatched = [f"{c}: counts say {base_sizes[c]}, dataset has {s}"
-                  for c, s in zip(CAT_COLUMNS, source_sizes) if base_sizes[c] != s]
+    mismatched = [
+        f"{c}: counts say {base_sizes[c]}, dataset has {s}"
+        for c, s in zip(CAT_COLUMNS, source_sizes)
+        if base_sizes[c] != s
+    ]
     if mismatched:
-        raise DatasetError(f"the counts in {counts_dir} do not belong to this dataset (table "
-                           f"sizes at its threshold {base} differ: {'; '.join(mismatched[:4])})")
+        raise DatasetError(
+            f"the counts in {counts_dir} do not belong to this dataset (table "
+            f"sizes at its threshold {base} differ: {'; '.join(mismatched[:4])})"
+        )
     return [histogram.table_sizes(new)[c] for c in CAT_COLUMNS]

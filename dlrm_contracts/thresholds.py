@@ -42,8 +42,11 @@ class ThresholdSpec:
 
     def __str__(self) -> str:
         items = [str(self.default)]
-        items += [f"{c}:{self.overrides[c]}" for c in CAT_COLUMNS
-                  if c in self.overrides and self.overrides[c] != self.default]
+        items += [
+            f"{c}:{self.overrides[c]}"
+            for c in CAT_COLUMNS
+            if c in self.overrides and self.overrides[c] != self.default
+        ]
         return ",".join(items)
 
     def __hash__(self) -> int:
@@ -72,7 +75,8 @@ def parse_threshold_spec(spec: str | int | ThresholdSpec) -> ThresholdSpec:
     items = [item.strip() for item in str(spec).split(",")]
     if not items or not items[0] or ":" in items[0]:
         raise ThresholdSpecError(
-            f"threshold spec {spec!r} must start with the global threshold, e.g. '15,C3:3,C20:40'")
+            f"threshold spec {spec!r} must start with the global threshold, e.g. '15,C3:3,C20:40'"
+        )
     default = _parse_count(items[0], "global threshold")
     overrides: dict[str, int] = {}
     known = {c.upper(): c for c in CAT_COLUMNS}

@@ -140,8 +140,11 @@ def _sizes_under(root: Location) -> dict[str, int]:
     """relative name -> size of every file under ``root``, from one listing (no request per
     file)."""
     selector = pafs.FileSelector(root.path, allow_not_found=True, recursive=True)
-    return {posixpath.relpath(info.path, root.path): info.size
-            for info in root.fs.get_file_info(selector) if info.type == pafs.FileType.File}
+    return {
+        posixpath.relpath(info.path, root.path): info.size
+        for info in root.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+    }
 
 
 def publish_staged(staged: Location, final: Location) -> dict[str, int]:
@@ -171,8 +174,7 @@ def published_files(final: Target, pattern: str = "*") -> list[Target]:
     commit marker names, each checked present at its recorded size."""
     if not is_remote(final):
         path = local_path(final)
-        return [p for p in sorted(path.glob(pattern))
-                if p.is_file() and not p.name.startswith((".", "_"))]
+        return [p for p in sorted(path.glob(pattern)) if p.is_file() and not p.name.startswith((".", "_"))]
     named = object_commit.committed_files(final)
     return [named[name] for name in sorted(named) if fnmatch.fnmatch(name, pattern)]
 

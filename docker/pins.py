@@ -79,8 +79,9 @@ def build_args(pyproject: Path = PYPROJECT) -> dict[str, str]:
     return args
 
 
-def requirements(exclude: list[str], extras: list[str], pyproject: Path = PYPROJECT,
-                 build_system: bool = False) -> list[str]:
+def requirements(
+    exclude: list[str], extras: list[str], pyproject: Path = PYPROJECT, build_system: bool = False
+) -> list[str]:
     """Pinned requirement lines; with ``build_system``, also what pyproject.toml's
     [build-system] requires (so the project installs without fetching anything unlocked)."""
     groups = load_pins(pyproject)
@@ -125,8 +126,10 @@ def arg_mismatches(assignments: list[str], pyproject: Path = PYPROJECT) -> list[
         if name not in expected:
             problems.append(f"{name}: not a pin of {pyproject.name} (known: {', '.join(expected)})")
         elif value != expected[name]:
-            problems.append(f"{name}={value or '(empty)'}, pyproject pins {expected[name]} "
-                            "(build with docker/build.sh, which passes the pins)")
+            problems.append(
+                f"{name}={value or '(empty)'}, pyproject pins {expected[name]} "
+                "(build with docker/build.sh, which passes the pins)"
+            )
     return problems
 
 
@@ -158,8 +161,11 @@ def lock_problems(requirements_in: Path, lock: Path) -> list[str]:
     """What makes ``lock`` disagree with its input: an exact pin locked at another version or
     missing, or an entry without a hash (pip --require-hashes would refuse the whole file)."""
     entries = parse_lock(lock)
-    problems = [f"{name}=={version}: no sha256 hash" for name, (version, hashes)
-                in sorted(entries.items()) if not hashes or not version]
+    problems = [
+        f"{name}=={version}: no sha256 hash"
+        for name, (version, hashes) in sorted(entries.items())
+        if not hashes or not version
+    ]
     for line in requirements_in.read_text(encoding="utf-8").splitlines():
         match = PIN.match(line.split("#", 1)[0])
         if not match:
@@ -174,24 +180,25 @@ def lock_problems(requirements_in: Path, lock: Path) -> list[str]:
 
 def _report(problems: list[str], what: str) -> int:
     if problems:
-        print(f"pins.py: {what} differ from pyproject.toml:\n  " + "\n  ".join(problems),
-              file=sys.stderr)
+        print(f"pins.py: {what} differ from pyproject.toml:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
     print(f"pins.py: {what} match pyproject.toml")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pyproject", type=Path, default=PYPROJECT)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build-args", help="NAME=VALUE lines for docker build --build-arg")
     req = sub.add_parser("requirements", help="pip requirement lines from the pins")
     req.add_argument("--exclude", action="append", default=[], help="package to leave out")
     req.add_argument("--extra", action="append", default=[], help="optional group to add")
-    req.add_argument("--build-system", action="store_true",
-                     help="add [build-system] requires (setuptools, wheel)")
+    req.add_argument(
+        "--build-system", action="store_true", help="add [build-system] requires (setuptools, wheel)"
+    )
     check = sub.add_parser("check-installed", help="fail unless installed versions equal pins")
     check.add_argument("packages", nargs="+")
     check_args = sub.add_parser("check-args", help="fail unless NAME=VALUE build args equal pins")
@@ -207,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build-args":
             print("\n".join(f"{k}={v}" for k, v in build_args(args.pyproject).items()))
         elif args.command == "requirements":
-            print("\n".join(requirements(args.exclude, args.extra, args.pyproject,
-                                          args.build_system)))
+            print("\n".join(requirements(args.exclude, args.extra, args.pyproject, args.build_system)))
         elif args.command == "check-args":
             return _report(arg_mismatches(args.assignments, args.pyproject), "build arguments")
         elif args.command == "locked":

@@ -41,12 +41,14 @@ DIGESTS = DOCKER / "digests.env"
 DOCKERFILES = sorted(p for p in DOCKER.glob("Dockerfile.*") if p.suffix != ".dockerignore")
 DOCKER_HUB = "https://registry-1.docker.io"
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-])
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
 FROM_WITH_DIGEST = re.compile(r"^FROM\s+(\S+?)\$\{(\w+_DIGEST):\+@\$\{\2\}\}", re.M)
 ARG_DEFAULT = re.compile(r"^ARG\s+(\w+)=(.*)$", re.M)
 VARIABLE = re.compile(r"\$\{(\w+)\}")
@@ -78,8 +80,9 @@ class ImageRef:
 
 def build_args() -> dict[str, str]:
     """The version ARGs docker/build.sh passes (pyproject.toml's pins, via pins.py)."""
-    out = subprocess.run([sys.executable, str(DOCKER / "pins.py"), "build-args"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(DOCKER / "pins.py"), "build-args"], capture_output=True, text=True, check=True
+    ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -88,6 +91,7 @@ def expand(text: str, values: dict[str, str]) -> str:
         if match.group(1) not in values:
             raise RecordError(f"'{text}' uses ${{{match.group(1)}}}, which has no value")
         return values[match.group(1)]
+
     return VARIABLE.sub(value, text)
 
 
@@ -168,14 +172,31 @@ def verified_jar_sha256(jar_url: str, keyring: Path, signer: str) -> str:
             except urllib.error.URLError as err:
                 raise RecordError(f"{url}: {getattr(err, 'code', None) or err.reason}") from None
         status = subprocess.run(
-            ["gpg", "--batch", "--no-default-keyring", "--keyring", str(keyring.resolve()),
-             "--trust-model", "always", "--status-fd", "1", "--verify", str(asc), str(jar)],
-            capture_output=True, text=True, env={**os.environ, "GNUPGHOME": tmp})
+            [
+                "gpg",
+                "--batch",
+                "--no-default-keyring",
+                "--keyring",
+                str(keyring.resolve()),
+                "--trust-model",
+                "always",
+                "--status-fd",
+                "1",
+                "--verify",
+                str(asc),
+                str(jar),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GNUPGHOME": tmp},
+        )
         signers = re.findall(r"^\[GNUPG:\] VALIDSIG (\w+)", status.stdout, re.M)
         wanted = signer.replace(" ", "").upper()
         if status.returncode != 0 or wanted not in (s.upper() for s in signers):
-            raise RecordError(f"{jar_url}: no valid signature by {wanted} "
-                              f"(gpg said: {status.stderr.strip().splitlines()[-1:]})")
+            raise RecordError(
+                f"{jar_url}: no valid signature by {wanted} "
+                f"(gpg said: {status.stderr.strip().splitlines()[-1:]})"
+            )
         return hashlib.sha256(jar.read_bytes()).hexdigest()
 
 
@@ -212,11 +233,15 @@ def record(args: argparse.Namespace) -> dict[str, str]:
     wants_jar = not args.only or "RAPIDS_JAR_SHA256" in args.only
     if wants_jar and args.rapids_keyring:
         recorded["RAPIDS_JAR_SHA256"] = verified_jar_sha256(
-            rapids_jar_url(args.maven), Path(args.rapids_keyring), args.rapids_signer)
+            rapids_jar_url(args.maven), Path(args.rapids_keyring), args.rapids_signer
+        )
         print(f"RAPIDS_JAR_SHA256={recorded['RAPIDS_JAR_SHA256']}")
     elif wants_jar:
-        print("RAPIDS_JAR_SHA256 left as it is: give --rapids-keyring and --rapids-signer "
-              "to record it from a verified signature", file=sys.stderr)
+        print(
+            "RAPIDS_JAR_SHA256 left as it is: give --rapids-keyring and --rapids-signer "
+            "to record it from a verified signature",
+            file=sys.stderr,
+        )
     return recorded
 
 
@@ -228,8 +253,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--maven", help="a Maven repository URL in place of Maven Central")
     parser.add_argument("--rapids-keyring", help="a gpg keyring holding NVIDIA's release key")
     parser.add_argument("--rapids-signer", help="that key's fingerprint")
-    parser.add_argument("--check", action="store_true",
-                        help="record nothing; exit 1 unless every line of the file is filled")
+    parser.add_argument(
+        "--check", action="store_true", help="record nothing; exit 1 unless every line of the file is filled"
+    )
     args = parser.parse_args(argv)
     if bool(args.rapids_keyring) != bool(args.rapids_signer):
         parser.error("--rapids-keyring and --rapids-signer go together")

@@ -50,7 +50,7 @@ GPU_MEMORY_GIB = (16, 32, 40, 80)
 OPTIMIZER_STATE = {"sgd": 1, "adagrad": 2, "adam": 3}
 INDEX_THRESHOLDS = (1, 3, 15)
 NODE_CORES = (16, 32, 64)
-COPY_RATES_MB_S = (200, 1000)   # a shared filesystem's read rate per node, low and high
+COPY_RATES_MB_S = (200, 1000)  # a shared filesystem's read rate per node, low and high
 
 
 def default_dims() -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -66,7 +66,7 @@ def terabyte_facts(path: Path) -> tuple[int, dict[str, int]]:
     """(rows, unique values per column) parsed from the shared facts file."""
     text = path.read_text()
     rows = int(re.search(r"([\d,]+) rows in all", text).group(1).replace(",", ""))
-    block = text[text.index("Unique values per categorical column"):]
+    block = text[text.index("Unique values per categorical column") :]
     numbers = re.search(r":\s*([\d,\s]+?)\s*\(", block).group(1)
     uniques = [int(n) for n in re.split(r",\s*", numbers.strip()) if n]
     if len(uniques) != len(CAT_COLUMNS):
@@ -82,16 +82,16 @@ def _kept_fraction_sum(size: int, occurrences: float, exponent: float, threshold
 
     import numpy as np
 
-    edges = np.unique(np.floor(np.concatenate([np.arange(1, min(size, 2000) + 1),
-                                               np.geomspace(2000, size + 1, 20000)])))
+    edges = np.unique(
+        np.floor(np.concatenate([np.arange(1, min(size, 2000) + 1), np.geomspace(2000, size + 1, 20000)]))
+    )
     edges = np.append(edges[edges <= size], size + 1)
     lo, hi = edges[:-1], edges[1:]
     rank = np.sqrt(lo * hi)
     a, top = 1.0 - exponent, size + 1.0
-    share = (rank ** a - (rank + 1) ** a) / (1 - top ** a) if abs(a) > 1e-9 else \
-        np.log1p(1 / rank) / np.log(top)
+    share = (rank**a - (rank + 1) ** a) / (1 - top**a) if abs(a) > 1e-9 else np.log1p(1 / rank) / np.log(top)
     lam = occurrences * share
-    below = sum(np.exp(-lam) * lam ** i / math.factorial(i) for i in range(threshold))
+    below = sum(np.exp(-lam) * lam**i / math.factorial(i) for i in range(threshold))
     return float(((1 - below) * (hi - lo)).sum())
 
 
@@ -105,11 +105,11 @@ def kept_by_calibrated_zipf(uniques: dict[str, int], rows: int, thresholds=(1, 3
     kept = {t: 0.0 for t in thresholds}
     for column, missing in zip(CAT_COLUMNS, CATEGORICAL_MISSING_RATES):
         size, occurrences = uniques[column], rows * (1 - missing)
-        if size * 100 < occurrences:          # each value seen ~100+ times on average
+        if size * 100 < occurrences:  # each value seen ~100+ times on average
             for t in thresholds:
                 kept[t] += size
             continue
-        lo, hi = 0.05, 3.0                    # a flatter law (lower exponent) has more distinct values
+        lo, hi = 0.05, 3.0  # a flatter law (lower exponent) has more distinct values
         for _ in range(50):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if _kept_fraction_sum(size, occurrences, mid, 1) > 0.99 * size else (lo, mid)
@@ -124,16 +124,30 @@ def write_lower_bound_histogram(uniques: dict[str, int], directory: Path) -> Pat
     import pyarrow.parquet as pq
 
     path = directory / "histogram.parquet"
-    pq.write_table(pa.table({"column": list(uniques), "count": [1] * len(uniques),
-                             "num_values": list(uniques.values())},
-                            schema=pa.schema([("column", pa.string()), ("count", pa.int64()),
-                                              ("num_values", pa.int64())])), path)
+    pq.write_table(
+        pa.table(
+            {"column": list(uniques), "count": [1] * len(uniques), "num_values": list(uniques.values())},
+            schema=pa.schema([("column", pa.string()), ("count", pa.int64()), ("num_values", pa.int64())]),
+        ),
+        path,
+    )
     return path
 
 
 def run_planner(counts: Path, thresholds: str, dim: int) -> tuple[list[dict], str]:
-    argv = [sys.executable, "-m", "converters", "plan", "--counts", str(counts),
-            "--thresholds", thresholds, "--embedding-dim", str(dim), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "converters",
+        "plan",
+        "--counts",
+        str(counts),
+        "--thresholds",
+        thresholds,
+        "--embedding-dim",
+        str(dim),
+        "--json",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1]), " ".join(["python"] + argv[1:])
 
@@ -141,10 +155,23 @@ def run_planner(counts: Path, thresholds: str, dim: int) -> tuple[list[dict], st
 def run_preprocess(raw: Path, workdir: Path, threshold: str, driver_memory: str) -> tuple[float, str]:
     events = workdir / "eventlog"
     events.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir", str(workdir),
-            "--frequency-threshold", threshold, "--driver-memory", driver_memory,
-            "--conf", "spark.eventLog.enabled=true",
-            "--conf", f"spark.eventLog.dir={events.as_uri()}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "spark_jobs",
+        "--input",
+        str(raw),
+        "--workdir",
+        str(workdir),
+        "--frequency-threshold",
+        threshold,
+        "--driver-memory",
+        driver_memory,
+        "--conf",
+        "spark.eventLog.enabled=true",
+        "--conf",
+        f"spark.eventLog.dir={events.as_uri()}",
+    ]
     started = time.perf_counter()
     subprocess.run(argv, check=True, cwd=REPO)
     return time.perf_counter() - started, " ".join(["python"] + argv[1:])
@@ -165,7 +192,9 @@ def shuffle_totals(workdir: Path) -> dict[str, int]:
                 if '"SparkListenerTaskEnd"' not in line:
                     continue
                 metrics = json.loads(line).get("Task Metrics") or {}
-                totals["shuffle_write"] += metrics.get("Shuffle Write Metrics", {}).get("Shuffle Bytes Written", 0)
+                totals["shuffle_write"] += metrics.get("Shuffle Write Metrics", {}).get(
+                    "Shuffle Bytes Written", 0
+                )
                 totals["disk_spill"] += metrics.get("Disk Bytes Spilled", 0)
                 totals["memory_spill"] += metrics.get("Memory Bytes Spilled", 0)
     if not any(totals.values()) and any((workdir / "eventlog").rglob("*")):
@@ -203,15 +232,17 @@ def binary_bytes_per_row(cat_dtypes: dict[str, str]) -> int:
     return 1 + 2 * NUM_INTEGER + sum(sizes[cat_dtypes[c]] for c in CAT_COLUMNS)
 
 
-def ranks_needed(table_sizes: list[int], dim: int, gpu_gib: float, reserve_gib: float,
-                 state: int, limit: int = 4096) -> tuple[int, float] | None:
+def ranks_needed(
+    table_sizes: list[int], dim: int, gpu_gib: float, reserve_gib: float, state: int, limit: int = 4096
+) -> tuple[int, float] | None:
     """Fewest ranks whose fullest one holds its tables (x optimizer state) in the GPU's memory."""
     train = TrainConfig()
     budget = (gpu_gib - reserve_gib) * GIB
     world = 1
     while world <= limit:
-        placement = plan_placement(table_sizes, dim, world,
-                                   split_threshold_bytes=train.column_split_threshold_mb * 2**20)
+        placement = plan_placement(
+            table_sizes, dim, world, split_threshold_bytes=train.column_split_threshold_mb * 2**20
+        )
         fullest = max(sum(p.rows * p.width for p in rank) for rank in placement.pieces) * 4 * state
         if fullest <= budget:
             return world, fullest / GIB
@@ -242,8 +273,9 @@ def gpu_table(cases: list[tuple[str, list[int]]], dim: int, reserve: float) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workdir", type=Path, required=True, help="preprocessed generated data")
     parser.add_argument("--raw", type=Path, help="raw generated days (for --run-preprocess and sizes)")
     parser.add_argument("--run-preprocess", action="store_true")
@@ -251,25 +283,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="8g")
     parser.add_argument("--thresholds", default="1,2,5,15,25")
     parser.add_argument("--embedding-dim", type=int, help="default: the trainer's default preset")
-    parser.add_argument("--reserve-gib", type=float, default=6.0,
-                        help="GPU memory kept for TensorFlow, NCCL, activations and the dense part")
-    parser.add_argument("--facts", type=Path,
-                        default=REPO.parent / "shared" / "data" / "criteo_terabyte_facts.md")
+    parser.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=6.0,
+        help="GPU memory kept for TensorFlow, NCCL, activations and the dense part",
+    )
+    parser.add_argument(
+        "--facts", type=Path, default=REPO.parent / "shared" / "data" / "criteo_terabyte_facts.md"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "sizing.md")
     parser.add_argument("--note", default="", help="free text about the machine and its load")
-    parser.add_argument("--bench-log", type=Path, action="append", default=[],
-                        help="output of bench/bench_spark.py --high-cardinality (repeatable)")
+    parser.add_argument(
+        "--bench-log",
+        type=Path,
+        action="append",
+        default=[],
+        help="output of bench/bench_spark.py --high-cardinality (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     preprocess_seconds, preprocess_command = None, None
     if args.run_preprocess:
         if not args.raw:
             parser.error("--run-preprocess needs --raw")
-        preprocess_seconds, preprocess_command = run_preprocess(args.raw, args.workdir,
-                                                                args.preprocess_threshold,
-                                                                args.driver_memory)
-        RUN_RECORD(args.workdir).write_text(json.dumps({"seconds": preprocess_seconds,
-                                                         "command": preprocess_command}))
+        preprocess_seconds, preprocess_command = run_preprocess(
+            args.raw, args.workdir, args.preprocess_threshold, args.driver_memory
+        )
+        RUN_RECORD(args.workdir).write_text(
+            json.dumps({"seconds": preprocess_seconds, "command": preprocess_command})
+        )
     elif RUN_RECORD(args.workdir).exists():  # regenerate the page without rerunning Spark
         record = json.loads(RUN_RECORD(args.workdir).read_text())
         preprocess_seconds, preprocess_command = record["seconds"], record["command"]
@@ -284,86 +327,155 @@ def main(argv: list[str] | None = None) -> int:
     split_rows = meta["rows"]
     rows = sum(split_rows.values())
 
-    text = render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
-                  preprocess_seconds, preprocess_command, dims)
+    text = render(
+        args,
+        generated,
+        terabyte,
+        tb_rows,
+        rows,
+        split_rows,
+        plan_command,
+        preprocess_seconds,
+        preprocess_command,
+        dims,
+    )
     text += index_section(args.workdir, uniques, tb_rows, args.bench_log)
     args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0
 
 
-def render(args, generated, terabyte, tb_rows, rows, split_rows, plan_command,
-           preprocess_seconds, preprocess_command, dims) -> str:
+def render(
+    args,
+    generated,
+    terabyte,
+    tb_rows,
+    rows,
+    split_rows,
+    plan_command,
+    preprocess_seconds,
+    preprocess_command,
+    dims,
+) -> str:
     dim = generated[0]["embedding_dim"]
     thresholds = [r["threshold_spec"] for r in generated]
-    size_rows = [[c] + [f"{r['table_sizes'][c]:,}" for r in generated]
-                 + [f"{terabyte['table_sizes'][c]:,}"] for c in CAT_COLUMNS]
-    size_rows.append(["**total rows**"] + [f"**{r['total_rows']:,}**" for r in generated]
-                     + [f"**{terabyte['total_rows']:,}**"])
-    size_rows.append([f"**fp32 tables, dim {dim}**"] + [f"**{gib(r['embedding_bytes'])}**" for r in generated]
-                     + [f"**{gib(terabyte['embedding_bytes'])}**"])
-    size_rows.append(["Adagrad (x2)"] + [gib(2 * r["embedding_bytes"]) for r in generated]
-                     + [gib(2 * terabyte["embedding_bytes"])])
-    size_rows.append(["Adam (x3)"] + [gib(3 * r["embedding_bytes"]) for r in generated]
-                     + [gib(3 * terabyte["embedding_bytes"])])
-    sizes_table = table(["column"] + [f"generated T={t}" for t in thresholds] + ["Terabyte T=1 (bound)"],
-                        size_rows)
+    size_rows = [
+        [c] + [f"{r['table_sizes'][c]:,}" for r in generated] + [f"{terabyte['table_sizes'][c]:,}"]
+        for c in CAT_COLUMNS
+    ]
+    size_rows.append(
+        ["**total rows**"]
+        + [f"**{r['total_rows']:,}**" for r in generated]
+        + [f"**{terabyte['total_rows']:,}**"]
+    )
+    size_rows.append(
+        [f"**fp32 tables, dim {dim}**"]
+        + [f"**{gib(r['embedding_bytes'])}**" for r in generated]
+        + [f"**{gib(terabyte['embedding_bytes'])}**"]
+    )
+    size_rows.append(
+        ["Adagrad (x2)"]
+        + [gib(2 * r["embedding_bytes"]) for r in generated]
+        + [gib(2 * terabyte["embedding_bytes"])]
+    )
+    size_rows.append(
+        ["Adam (x3)"]
+        + [gib(3 * r["embedding_bytes"]) for r in generated]
+        + [gib(3 * terabyte["embedding_bytes"])]
+    )
+    sizes_table = table(
+        ["column"] + [f"generated T={t}" for t in thresholds] + ["Terabyte T=1 (bound)"], size_rows
+    )
 
-    cases = [(f"generated T={r['threshold_spec']}", [r["table_sizes"][c] for c in CAT_COLUMNS])
-             for r in generated if r["threshold_spec"] in ("1", "15")]
+    cases = [
+        (f"generated T={r['threshold_spec']}", [r["table_sizes"][c] for c in CAT_COLUMNS])
+        for r in generated
+        if r["threshold_spec"] in ("1", "15")
+    ]
     cases.append(("Terabyte T=1", [terabyte["table_sizes"][c] for c in CAT_COLUMNS]))
     gpus = gpu_table(cases, dim, args.reserve_gib)
 
     work = args.workdir
     raw_bytes = tree_bytes(args.raw) if args.raw else 0
-    disk = {"raw text": raw_bytes, "counts/": tree_bytes(work / "counts"),
-            "parquet/": tree_bytes(work / "parquet"), "rejects/": tree_bytes(work / "rejects")}
+    disk = {
+        "raw text": raw_bytes,
+        "counts/": tree_bytes(work / "counts"),
+        "parquet/": tree_bytes(work / "parquet"),
+        "rejects/": tree_bytes(work / "rejects"),
+    }
     shuffle = shuffle_totals(work)
     disk_rows = []
     entries = count_entries(work / "counts")
     per_entry = disk["counts/"] / entries if entries else 0
     tb_values = terabyte["total_rows"] - len(CAT_COLUMNS)
-    disk_rows.append(["counts/ (per value and day)", gib(disk["counts/"]),
-                      f"{per_entry:,.1f} per entry ({entries:,} entries)",
-                      f"{gib(per_entry * tb_values)} to {gib(per_entry * tb_values * 24)} "
-                      "(each value on 1 to 24 days)"])
+    disk_rows.append(
+        [
+            "counts/ (per value and day)",
+            gib(disk["counts/"]),
+            f"{per_entry:,.1f} per entry ({entries:,} entries)",
+            f"{gib(per_entry * tb_values)} to {gib(per_entry * tb_values * 24)} (each value on 1 to 24 days)",
+        ]
+    )
     del disk["counts/"]
-    for name, value in list(disk.items()) + [("Spark shuffle written", shuffle["shuffle_write"]),
-                                              ("Spark spill to disk", shuffle["disk_spill"])]:
+    for name, value in list(disk.items()) + [
+        ("Spark shuffle written", shuffle["shuffle_write"]),
+        ("Spark spill to disk", shuffle["disk_spill"]),
+    ]:
         per_row = value / rows if rows else 0
         disk_rows.append([name, gib(value), f"{per_row:,.1f}", gib(per_row * tb_rows)])
     bin_gen = binary_bytes_per_row(generated[0]["cat_dtypes"])
     bin_tb = binary_bytes_per_row(terabyte["cat_dtypes"])
-    disk_rows.append([f"binary/ (T={thresholds[0]}, exact)", gib(bin_gen * rows), f"{bin_gen}",
-                      f"{gib(bin_tb * tb_rows)} ({bin_tb} B/row at T=1)"])
-    disk_table = table(["artifact", f"generated ({rows:,} rows)", "bytes per row",
-                        f"Terabyte estimate ({tb_rows:,} rows)"], disk_rows)
+    disk_rows.append(
+        [
+            f"binary/ (T={thresholds[0]}, exact)",
+            gib(bin_gen * rows),
+            f"{bin_gen}",
+            f"{gib(bin_tb * tb_rows)} ({bin_tb} B/row at T=1)",
+        ]
+    )
+    disk_table = table(
+        ["artifact", f"generated ({rows:,} rows)", "bytes per row", f"Terabyte estimate ({tb_rows:,} rows)"],
+        disk_rows,
+    )
 
     dense = dense_parameters(dims)
     features = len(CAT_COLUMNS) + 1
-    mlp = (f"bottom MLP {'-'.join(map(str, (NUM_INTEGER,) + dims[1]))}, dot interaction of "
-           f"{features} vectors, top MLP "
-           f"{'-'.join(map(str, (dims[0] + features * (features - 1) // 2,) + dims[2]))}")
+    mlp = (
+        f"bottom MLP {'-'.join(map(str, (NUM_INTEGER,) + dims[1]))}, dot interaction of "
+        f"{features} vectors, top MLP "
+        f"{'-'.join(map(str, (dims[0] + features * (features - 1) // 2,) + dims[2]))}"
+    )
     tb_sizes = [terabyte["table_sizes"][c] for c in CAT_COLUMNS]
     tb80 = {o: ranks_needed(tb_sizes, dim, 80, args.reserve_gib, st) for o, st in OPTIMIZER_STATE.items()}
-    reading = (f"at threshold 1 the Terabyte tables need {tb80['sgd'][0]} GPUs of 80 GB with SGD, "
-               f"{tb80['adagrad'][0]} with Adagrad (its accumulator doubles the memory) "
-               f"and {tb80['adam'][0]} with Adam (its two moment tables triple it)")
-    ran = (f"`{preprocess_command}` took {preprocess_seconds:,.0f} s"
-           if preprocess_seconds is not None else "(the preprocess run was made separately)")
+    reading = (
+        f"at threshold 1 the Terabyte tables need {tb80['sgd'][0]} GPUs of 80 GB with SGD, "
+        f"{tb80['adagrad'][0]} with Adagrad (its accumulator doubles the memory) "
+        f"and {tb80['adam'][0]} with Adam (its two moment tables triple it)"
+    )
+    ran = (
+        f"`{preprocess_command}` took {preprocess_seconds:,.0f} s"
+        if preprocess_seconds is not None
+        else "(the preprocess run was made separately)"
+    )
     if preprocess_seconds is not None and not args.run_preprocess:
         ran += " (timed by an earlier `--run-preprocess` run of this script on the same workdir)"
     command = "python docs/make_sizing.py " + shlex.join(sys.argv[1:])
     share = {c: terabyte["table_sizes"][c] / terabyte["total_rows"] for c in CAT_COLUMNS}
     big = [c for c in CAT_COLUMNS if share[c] >= 0.01]
-    big_columns = (f"{', '.join(big)} hold {sum(share[c] for c in big):.1%} of the Terabyte "
-                   "table rows at threshold 1")
+    big_columns = (
+        f"{', '.join(big)} hold {sum(share[c] for c in big):.1%} of the Terabyte table rows at threshold 1"
+    )
     split_text = ", ".join(f"{k} {v:,}" for k, v in split_rows.items())
-    return TEMPLATE.format(**locals(), split=split_text, note=args.note or "",
-                           reserve=args.reserve_gib, dense_mib=dense * 4 / 2**20,
-                           split_mb=TrainConfig().column_split_threshold_mb,
-                           tb_unique=terabyte["total_rows"] - len(CAT_COLUMNS),
-                           date=time.strftime("%Y-%m-%d"))
+    return TEMPLATE.format(
+        **locals(),
+        split=split_text,
+        note=args.note or "",
+        reserve=args.reserve_gib,
+        dense_mib=dense * 4 / 2**20,
+        split_mb=TrainConfig().column_split_threshold_mb,
+        tb_unique=terabyte["total_rows"] - len(CAT_COLUMNS),
+        date=time.strftime("%Y-%m-%d"),
+    )
 
 
 TEMPLATE = """# Sizing: tables, model, GPUs and Spark disk from the counts
@@ -454,8 +566,12 @@ def measure_index(workdir: Path) -> dict:
         dictionary_index.local_copy(str(index_dir), tmp, "sizing")
         seconds = time.perf_counter() - start
     size = dictionary_index.index_bytes(index_dir)
-    return {"bytes": size, "kept": kept, "per_value": size / max(kept, 1),
-            "copy_mb_s": size / 2**20 / max(seconds, 1e-6)}
+    return {
+        "bytes": size,
+        "kept": kept,
+        "per_value": size / max(kept, 1),
+        "copy_mb_s": size / 2**20 / max(seconds, 1e-6),
+    }
 
 
 def bench_figures(logs: list[Path]) -> list[dict]:
@@ -473,34 +589,59 @@ def index_section(workdir: Path, uniques: dict[str, int], tb_rows: int, logs: li
 
     measured = measure_index(workdir)
     kept = kept_by_calibrated_zipf(uniques, tb_rows, INDEX_THRESHOLDS)
-    per_value = 8 / INDEX_LOAD              # a slot is 8 bytes; page rounding vanishes at scale
-    rows = [[f"T={t}", f"{kept[t] / 1e6:,.0f}M" + (" (published)" if t == 1 else " (estimate)"),
-             gib(kept[t] * per_value)]
-            + [f"{kept[t] * per_value / 2**20 / rate:,.0f} s" for rate in COPY_RATES_MB_S]
-            for t in INDEX_THRESHOLDS]
-    index_table = table(["threshold", "kept values", "index"]
-                        + [f"copy per node at {rate:,} MB/s" for rate in COPY_RATES_MB_S], rows)
+    per_value = 8 / INDEX_LOAD  # a slot is 8 bytes; page rounding vanishes at scale
+    rows = [
+        [
+            f"T={t}",
+            f"{kept[t] / 1e6:,.0f}M" + (" (published)" if t == 1 else " (estimate)"),
+            gib(kept[t] * per_value),
+        ]
+        + [f"{kept[t] * per_value / 2**20 / rate:,.0f} s" for rate in COPY_RATES_MB_S]
+        for t in INDEX_THRESHOLDS
+    ]
+    index_table = table(
+        ["threshold", "kept values", "index"]
+        + [f"copy per node at {rate:,} MB/s" for rate in COPY_RATES_MB_S],
+        rows,
+    )
     text = INDEX_TEMPLATE.format(
-        bytes_mib=measured["bytes"] / 2**20, kept=measured["kept"], measured_per_value=measured["per_value"],
-        per_value=per_value, load=INDEX_LOAD, copy_mb_s=measured["copy_mb_s"], index_table=index_table)
+        bytes_mib=measured["bytes"] / 2**20,
+        kept=measured["kept"],
+        measured_per_value=measured["per_value"],
+        per_value=per_value,
+        load=INDEX_LOAD,
+        copy_mb_s=measured["copy_mb_s"],
+        index_table=index_table,
+    )
     return text + cost_section(bench_figures(logs), tb_rows)
 
 
 def cost_section(results: list[dict], tb_rows: int) -> str:
     if not results:
-        return ("\nRun `python docs/make_sizing.py ... --bench-log LOG` with the output of "
-                "`python bench/bench_spark.py --high-cardinality > LOG` for the cost per node.\n")
+        return (
+            "\nRun `python docs/make_sizing.py ... --bench-log LOG` with the output of "
+            "`python bench/bench_spark.py --high-cardinality > LOG` for the cost per node.\n"
+        )
     rows = []
     for r in results:
         n = r["rows_in"]
         cpu = r["cpu_seconds_total"] / n * 1e6
         core_hours = cpu * tb_rows / 1e6 / 3600
         label = "high-cardinality" if r.get("columns_over_2m") else "ordinary"
-        rows.append([f"{r['input']} ({label}, {r['kept_values']:,} kept)", f"{n:,}",
-                     f"{cpu:.2f}", f"{core_hours:,.0f}"]
-                    + [f"{core_hours / cores:,.1f} h" for cores in NODE_CORES])
-    cost_table = table(["input", "rows", "CPU-s per 1M rows", "Terabyte core-hours"]
-                       + [f"one {c}-core node" for c in NODE_CORES], rows)
+        rows.append(
+            [
+                f"{r['input']} ({label}, {r['kept_values']:,} kept)",
+                f"{n:,}",
+                f"{cpu:.2f}",
+                f"{core_hours:,.0f}",
+            ]
+            + [f"{core_hours / cores:,.1f} h" for cores in NODE_CORES]
+        )
+    cost_table = table(
+        ["input", "rows", "CPU-s per 1M rows", "Terabyte core-hours"]
+        + [f"one {c}-core node" for c in NODE_CORES],
+        rows,
+    )
     return COST_TEMPLATE.format(cost_table=cost_table, tb_rows=tb_rows)
 
 

@@ -38,8 +38,9 @@ FIGURES = ("parse_rows_per_s", "matmul_gflops", "convert_rows_per_s")
 # Long enough for a steady figure, short enough that the three take a few seconds in all.
 _MEASURE_S = 0.4
 _CHILD_TIMEOUT_S = 300
-_ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                      "MKL_NUM_THREADS", "ARROW_NUM_THREADS")}
+_ONE_THREAD = {
+    name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ARROW_NUM_THREADS")
+}
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,11 @@ def cpu_model() -> str:
 
 def machine_key(model: str | None = None, cores: int | None = None) -> str:
     """What a calibration holds for: the CPU model, its core count, the benchmarks' version."""
-    fields = [model if model is not None else cpu_model(),
-              cores if cores is not None else (os.cpu_count() or 1), CALIBRATION_VERSION]
+    fields = [
+        model if model is not None else cpu_model(),
+        cores if cores is not None else (os.cpu_count() or 1),
+        CALIBRATION_VERSION,
+    ]
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:16]
 
 
@@ -79,8 +83,7 @@ def cache_dir() -> Path:
     return Path(root) / "calibration"
 
 
-def load_or_measure(key: str | None = None,
-                    measure: Callable[[], dict[str, float]] | None = None) -> dict:
+def load_or_measure(key: str | None = None, measure: Callable[[], dict[str, float]] | None = None) -> dict:
     """This machine's calibration record (figures, key, CPU, when), from the cache or measured
     now and cached. Raises OSError, ValueError, KeyError or a SubprocessError when it can be
     neither read nor made."""
@@ -93,9 +96,14 @@ def load_or_measure(key: str | None = None,
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or damaged: measured again
     figures = (measure or measure_in_child)()
-    record = {"key": key, "cpu": cpu_model(), "cores": os.cpu_count() or 1,
-              "version": CALIBRATION_VERSION, "figures": figures,
-              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {
+        "key": key,
+        "cpu": cpu_model(),
+        "cores": os.cpu_count() or 1,
+        "version": CALIBRATION_VERSION,
+        "figures": figures,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
@@ -114,19 +122,26 @@ def speed(preflight, warn: Callable[[str], None] | None = None) -> Speed:
             warn(f"the machine's calibration failed ({exc}): the configured rates are used")
         return Speed(source="the configured rates (calibration failed)")
     here = record["figures"]
-    return Speed(parse=here["parse_rows_per_s"] / preflight.reference_parse_rows_per_s,
-                 train=here["matmul_gflops"] / preflight.reference_matmul_gflops,
-                 convert=here["convert_rows_per_s"] / preflight.reference_convert_rows_per_s,
-                 source=f"rates scaled to this machine's calibration ({cache_dir()}/"
-                        f"{record['key']}.json, {record.get('measured')})")
+    return Speed(
+        parse=here["parse_rows_per_s"] / preflight.reference_parse_rows_per_s,
+        train=here["matmul_gflops"] / preflight.reference_matmul_gflops,
+        convert=here["convert_rows_per_s"] / preflight.reference_convert_rows_per_s,
+        source=f"rates scaled to this machine's calibration ({cache_dir()}/"
+        f"{record['key']}.json, {record.get('measured')})",
+    )
 
 
 # ---------------------------------------------------------------- the benchmarks
 def measure_in_child() -> dict[str, float]:
     """The benchmarks in a fresh single-threaded interpreter; their figures."""
     env = {**os.environ, **_ONE_THREAD}
-    done = subprocess.run([sys.executable, "-m", "pipeline.calibration"], env=env,
-                          capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.calibration"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_CHILD_TIMEOUT_S,
+    )
     if done.returncode != 0:
         raise ValueError(f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])
@@ -156,8 +171,9 @@ def _criteo_text(rows: int, seed: int = 20240601) -> bytes:
     labels = rng.integers(0, 2, rows)
     ints = rng.integers(0, 5000, (rows, 13))
     cats = rng.zipf(1.3, (rows, 26)) % 2**32
-    lines = ["\t".join([str(labels[i]), *map(str, ints[i]), *(f"{v:08x}" for v in cats[i])])
-             for i in range(rows)]
+    lines = [
+        "\t".join([str(labels[i]), *map(str, ints[i]), *(f"{v:08x}" for v in cats[i])]) for i in range(rows)
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -173,9 +189,12 @@ def parse_rows_per_s(rows: int = 20_000) -> float:
     types = {n: pa.string() for n in names[14:]}
 
     def work() -> int:
-        table = csv.read_csv(io.BytesIO(text), read_options=csv.ReadOptions(
-            column_names=names, use_threads=False), parse_options=csv.ParseOptions(
-            delimiter="\t"), convert_options=csv.ConvertOptions(column_types=types))
+        table = csv.read_csv(
+            io.BytesIO(text),
+            read_options=csv.ReadOptions(column_names=names, use_threads=False),
+            parse_options=csv.ParseOptions(delimiter="\t"),
+            convert_options=csv.ConvertOptions(column_types=types),
+        )
         for name in names[14:]:
             pc.value_counts(table[name])
         return table.num_rows
@@ -207,8 +226,7 @@ def convert_rows_per_s(rows: int = 50_000) -> float:
 
     rng = np.random.default_rng(2)
     columns = {f"I{i}": rng.random(rows, dtype=np.float32) * 100 for i in range(1, 14)}
-    columns.update({f"C{i}": rng.integers(0, 100_000, rows, dtype=np.int32)
-                    for i in range(1, 27)})
+    columns.update({f"C{i}": rng.integers(0, 100_000, rows, dtype=np.int32) for i in range(1, 27)})
     table = pa.table(columns)
     sink = io.BytesIO()
     pq.write_table(table, sink, use_dictionary=False)
@@ -231,8 +249,11 @@ def measure() -> dict[str, float]:
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    return {"parse_rows_per_s": parse_rows_per_s(), "matmul_gflops": matmul_gflops(),
-            "convert_rows_per_s": convert_rows_per_s()}
+    return {
+        "parse_rows_per_s": parse_rows_per_s(),
+        "matmul_gflops": matmul_gflops(),
+        "convert_rows_per_s": convert_rows_per_s(),
+    }
 
 
 if __name__ == "__main__":

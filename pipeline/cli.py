@@ -25,8 +25,14 @@ from pathlib import Path
 import yaml
 
 from converters.cli import main as converters_main
-from dlrm_contracts.config import (DEFAULT_STAGES, STAGES, PipelineConfig, config_to_dict,
-                                   load_config, with_overrides)
+from dlrm_contracts.config import (
+    DEFAULT_STAGES,
+    STAGES,
+    PipelineConfig,
+    config_to_dict,
+    load_config,
+    with_overrides,
+)
 from dlrm_contracts.errors import ExitCode, PipelineError, UsageError
 from dlrm_contracts.layout import WorkdirLayout, histogram_path
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
@@ -40,48 +46,76 @@ from pipeline.served import ACTIONS, export_command
 from spark_jobs.session import deploy_security, read_conf_file
 
 DEFAULT_WORKDIR_NOTE = "default: ./workdir, or the YAML file's workdir"
-EXIT_CODES_HELP = ("exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or "
-                   "unwritable workdir, "
-                   "3 workdir locked by another run, 4 input data or preflight shortfall, "
-                   "5 Spark job, 6 convert, 7 dataset did not verify, 8 train, 9 eval, "
-                   "10 export, 11 score, 12 disk full, 130 interrupted "
-                   "(docs/pipeline.md). The last stdout line is a one-line JSON summary.")
+EXIT_CODES_HELP = (
+    "exit codes: 0 ok, 1 unexpected error, 2 bad flags/config/threshold spec or "
+    "unwritable workdir, "
+    "3 workdir locked by another run, 4 input data or preflight shortfall, "
+    "5 Spark job, 6 convert, 7 dataset did not verify, 8 train, 9 eval, "
+    "10 export, 11 score, 12 disk full, 130 interrupted "
+    "(docs/pipeline.md). The last stdout line is a one-line JSON summary."
+)
 
 
 def _run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the settings (see show-config)")
-    parser.add_argument("--input", help="directory of raw day files day_0..day_N[.gz]; "
-                                        "without it the generate stage makes synthetic data")
-    parser.add_argument("--workdir", help=f"where every output goes ({DEFAULT_WORKDIR_NOTE}); a "
-                                          "path or a URL such as s3://bucket/criteo/workdir "
-                                          "(docs/cluster.md §2.0.3)")
+    parser.add_argument(
+        "--input",
+        help="directory of raw day files day_0..day_N[.gz]; "
+        "without it the generate stage makes synthetic data",
+    )
+    parser.add_argument(
+        "--workdir",
+        help=f"where every output goes ({DEFAULT_WORKDIR_NOTE}); a "
+        "path or a URL such as s3://bucket/criteo/workdir "
+        "(docs/cluster.md §2.0.3)",
+    )
     parser.add_argument("--frequency-threshold", help="e.g. 15 or 15,C3:3,C20:40")
     parser.add_argument("--np", type=int, help="trainer ranks (horovodrun when > 1)")
     parser.add_argument("--hosts", help="horovodrun hosts, e.g. node1:4,node2:4")
     parser.add_argument("--spark-master", help="Spark master URL (default local[2])")
-    parser.add_argument("--spark-secret-file", metavar="FILE",
-                        help="an authenticated Spark cluster's secret file, mode 0600 (e.g. "
-                             "DIR/auth/secret of start-cluster.sh); docs/cluster.md")
-    parser.add_argument("--gpu", action="store_true", default=None,
-                        help="RAPIDS accelerator profile for Spark")
+    parser.add_argument(
+        "--spark-secret-file",
+        metavar="FILE",
+        help="an authenticated Spark cluster's secret file, mode 0600 (e.g. "
+        "DIR/auth/secret of start-cluster.sh); docs/cluster.md",
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", default=None, help="RAPIDS accelerator profile for Spark"
+    )
     parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
-    parser.add_argument("--stages", help=f"comma-separated subset of {','.join(STAGES)} "
-                                         f"(default: {','.join(DEFAULT_STAGES)})")
-    parser.add_argument("--score-input", help="raw files (plain or .gz), comma-separated, for the "
-                                              "score stage: DIR/scores/<name>.parquet each")
-    parser.add_argument("--force", action="store_true", default=None,
-                        help="redo the requested stages even if up to date")
+    parser.add_argument(
+        "--stages", help=f"comma-separated subset of {','.join(STAGES)} (default: {','.join(DEFAULT_STAGES)})"
+    )
+    parser.add_argument(
+        "--score-input",
+        help="raw files (plain or .gz), comma-separated, for the score stage: DIR/scores/<name>.parquet each",
+    )
+    parser.add_argument(
+        "--force", action="store_true", default=None, help="redo the requested stages even if up to date"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="run_pipeline.sh", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="run_pipeline.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command")
-    _run_parser(sub.add_parser("run", help="run stages (the default command)", description=__doc__,
-                               epilog=EXIT_CODES_HELP,
-                               formatter_class=argparse.RawDescriptionHelpFormatter))
-    _run_parser(sub.add_parser("preflight", help="disk, memory and time the run needs, against "
-                               "what this machine has (no Spark; exit 4 when it cannot fit)"))
+    _run_parser(
+        sub.add_parser(
+            "run",
+            help="run stages (the default command)",
+            description=__doc__,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    _run_parser(
+        sub.add_parser(
+            "preflight",
+            help="disk, memory and time the run needs, against "
+            "what this machine has (no Spark; exit 4 when it cannot fit)",
+        )
+    )
     plan = sub.add_parser("plan", help="table sizes and embedding memory per threshold")
     plan.add_argument("--workdir", default="workdir")
     plan.add_argument("--thresholds", default="1,2,3,5,10,15,25,50")
@@ -89,12 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     show = sub.add_parser("show-config", help="print the effective configuration as YAML")
     show.add_argument("--config")
-    export = sub.add_parser("export", help="which export version is served: list, pin, unpin, "
-                            "rollback [VERSION], latest (DIR/export/serving.json)")
-    export.add_argument("action", choices=ACTIONS,
-                        help="list the versions; pin/unpin VERSION (a pinned version is never "
-                             "pruned); rollback [VERSION] (serve it, by default the one before "
-                             "the served one, until `latest`); latest (serve the newest verified)")
+    export = sub.add_parser(
+        "export",
+        help="which export version is served: list, pin, unpin, "
+        "rollback [VERSION], latest (DIR/export/serving.json)",
+    )
+    export.add_argument(
+        "action",
+        choices=ACTIONS,
+        help="list the versions; pin/unpin VERSION (a pinned version is never "
+        "pruned); rollback [VERSION] (serve it, by default the one before "
+        "the served one, until `latest`); latest (serve the newest verified)",
+    )
     export.add_argument("version", nargs="?", type=int)
     export.add_argument("--workdir", help=f"the workdir ({DEFAULT_WORKDIR_NOTE})")
     export.add_argument("--config", help="YAML file (for its workdir)")
@@ -111,18 +151,29 @@ def apply_flags(config: PipelineConfig, args: argparse.Namespace) -> PipelineCon
         raise UsageError("--max-steps must be at least 1")
     # --hosts alone: every slot the host list offers, as horovodrun users expect
     np = host_slots(args.hosts) if args.hosts is not None and args.np is None else args.np
-    return with_overrides(config, {
-        "input": args.input, "workdir": args.workdir, "stages": _items(args.stages),
-        "force": args.force or None,
-        "preprocess": with_overrides(config.preprocess,
-                                     {"frequency_threshold": args.frequency_threshold}),
-        "launch": with_overrides(config.launch, {"hosts": args.hosts, "np": np}),
-        "spark": with_overrides(config.spark, {"master": args.spark_master,
-                                               "auth_secret_file": args.spark_secret_file,
-                                               "gpu": args.gpu or None}),
-        "train": with_overrides(config.train, {"max_steps": args.max_steps}),
-        "score": with_overrides(config.score, {"input": _items(args.score_input)}),
-    })
+    return with_overrides(
+        config,
+        {
+            "input": args.input,
+            "workdir": args.workdir,
+            "stages": _items(args.stages),
+            "force": args.force or None,
+            "preprocess": with_overrides(
+                config.preprocess, {"frequency_threshold": args.frequency_threshold}
+            ),
+            "launch": with_overrides(config.launch, {"hosts": args.hosts, "np": np}),
+            "spark": with_overrides(
+                config.spark,
+                {
+                    "master": args.spark_master,
+                    "auth_secret_file": args.spark_secret_file,
+                    "gpu": args.gpu or None,
+                },
+            ),
+            "train": with_overrides(config.train, {"max_steps": args.max_steps}),
+            "score": with_overrides(config.score, {"input": _items(args.score_input)}),
+        },
+    )
 
 
 def _check_locations(config: PipelineConfig) -> None:
@@ -137,8 +188,10 @@ def _refuse_url(workdir: str, command: str) -> None:
     a node's local side (docs/cluster.md §2.0.3), named here rather than taken as a path."""
     check_url(str(workdir))
     if is_url(str(workdir)):
-        raise UsageError(f"{command} --workdir {workdir}: give the local side of the workdir "
-                         "URL on this node instead (summary.json's local_side, train.stage_dir)")
+        raise UsageError(
+            f"{command} --workdir {workdir}: give the local side of the workdir "
+            "URL on this node instead (summary.json's local_side, train.stage_dir)"
+        )
 
 
 def _same_place(workdir: str, input_dir: str) -> bool:
@@ -156,16 +209,20 @@ def validate(config: PipelineConfig) -> None:
     _check_locations(config)
     if config.input and _same_place(str(config.workdir), str(config.input)):
         # (a workdir inside the input is fine: only the files directly in it are input)
-        raise UsageError(f"--workdir {config.workdir} is the --input directory: the run's own "
-                         "files (summary.json, the lock) would sit among the day files and change "
-                         "the input on every run; use a subdirectory or another directory")
+        raise UsageError(
+            f"--workdir {config.workdir} is the --input directory: the run's own "
+            "files (summary.json, the lock) would sit among the day files and change "
+            "the input on every run; use a subdirectory or another directory"
+        )
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
     if config.train.init == "previous" and config.preprocess.ids != "stable":
         # ids by frequency move every day even when no table shrinks: the previous model's
         # rows would meet other values, and nothing in the sizes would tell
-        raise UsageError("train.init: previous needs preprocess.ids: stable (with ids by "
-                         "frequency a new day may move every id under the previous model's rows)")
+        raise UsageError(
+            "train.init: previous needs preprocess.ids: stable (with ids by "
+            "frequency a new day may move every id under the previous model's rows)"
+        )
     if "score" in config.stages and not config.score.input:
         raise UsageError("the score stage needs --score-input FILE[,FILE...]")
     if "score" in config.stages:
@@ -174,8 +231,9 @@ def validate(config: PipelineConfig) -> None:
             raise UsageError(f"--score-input: not a file: {', '.join(missing)}")
     if config.spark.conf_file and "preprocess" in config.stages:
         # read here too: a bad file, or a secret in it, is refused before the workdir is touched
-        refuse_secret_settings(read_conf_file(config.spark.conf_file), "--conf-file "
-                               f"{config.spark.conf_file}")
+        refuse_secret_settings(
+            read_conf_file(config.spark.conf_file), f"--conf-file {config.spark.conf_file}"
+        )
     if config.spark.auth_secret_file and "preprocess" in config.stages:
         try:  # a missing or world-readable secret file: exit 2 before any stage runs
             read_secret_file(config.spark.auth_secret_file)
@@ -185,6 +243,7 @@ def validate(config: PipelineConfig) -> None:
         # what the Spark job cannot do at a workdir URL (stable ids, the SQL engine): exit 2
         # before the lock is taken or a record written
         from spark_jobs.preprocess import check_url_workdir, engine_name
+
         check_url_workdir(config.preprocess, engine_name(config.preprocess, config.spark))
     if "preprocess" in config.stages:
         # an unauthenticated or unencrypted master off loopback: exit 2 before any stage runs
@@ -197,10 +256,16 @@ def _plan(args: argparse.Namespace) -> int:
 
     counts = WorkdirLayout.at(args.workdir).counts
     if not histogram_path(counts).is_file():
-        raise UsageError(f"no count histogram in {counts}: run the preprocess stage on this "
-                            "workdir first")
-    argv = ["plan", "--counts", str(counts),
-            "--thresholds", args.thresholds, "--embedding-dim", str(args.embedding_dim)]
+        raise UsageError(f"no count histogram in {counts}: run the preprocess stage on this workdir first")
+    argv = [
+        "plan",
+        "--counts",
+        str(counts),
+        "--thresholds",
+        args.thresholds,
+        "--embedding-dim",
+        str(args.embedding_dim),
+    ]
     return converters_main(argv + (["--json"] if args.json else []))
 
 
@@ -208,8 +273,9 @@ def _preflight(config: PipelineConfig) -> int:
     """The run's preflight alone: its lines on stdout, its figures as the last (JSON) line."""
     est = report(config, print)
     refusal = preflight_failed("; ".join(est.shortfalls)) if est.shortfalls else None
-    status = {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}",
-                                                      "error": str(refusal)}
+    status = (
+        {"status": "ok"} if refusal is None else {"status": f"failed: {refusal.kind}", "error": str(refusal)}
+    )
     print(json.dumps({**status, **est.facts}, sort_keys=True), flush=True)
     if refusal is not None:  # here --force has nothing to override: the verdict is the answer
         raise refusal
@@ -258,8 +324,12 @@ def _refused(args: argparse.Namespace, message: str, code: ExitCode) -> int:
 
 
 def _print_refusal_summary(message: str, code: ExitCode) -> int:
-    print(json.dumps({"status": f"failed: {code.name.lower()}", "error": message,
-                      "stages": {}}, sort_keys=True), flush=True)
+    print(
+        json.dumps(
+            {"status": f"failed: {code.name.lower()}", "error": message, "stages": {}}, sort_keys=True
+        ),
+        flush=True,
+    )
     return int(code)
 
 

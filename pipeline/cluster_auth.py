@@ -52,11 +52,14 @@ def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise Refused(f"{path} is not a directory of its own (a symbolic link or a file): "
-                      "choose another --dir")
+        raise Refused(
+            f"{path} is not a directory of its own (a symbolic link or a file): choose another --dir"
+        )
     if info.st_uid != os.geteuid():
-        raise Refused(f"{path} belongs to uid {info.st_uid}, not to this user "
-                      f"(uid {os.geteuid()}): another user made it first; choose another --dir")
+        raise Refused(
+            f"{path} belongs to uid {info.st_uid}, not to this user "
+            f"(uid {os.geteuid()}): another user made it first; choose another --dir"
+        )
     path.chmod(0o700)
     return path
 
@@ -87,10 +90,10 @@ class ClusterSecurity:
 
     authenticate: bool
     secret_file: Path | None = None
-    rpc_encryption: bool = True   # spark.network.crypto.enabled (AES-GCM on every RPC channel)
-    io_encryption: bool = False   # spark.io.encryption.enabled (shuffle and spill files)
-    admin_users: str = ""         # spark.admin.acls: view and modify every application
-    view_users: str = ""          # spark.ui.view.acls
+    rpc_encryption: bool = True  # spark.network.crypto.enabled (AES-GCM on every RPC channel)
+    io_encryption: bool = False  # spark.io.encryption.enabled (shuffle and spill files)
+    admin_users: str = ""  # spark.admin.acls: view and modify every application
+    view_users: str = ""  # spark.ui.view.acls
 
 
 def daemon_properties(security: ClusterSecurity, secret: str | None) -> str:
@@ -111,21 +114,22 @@ def daemon_properties(security: ClusterSecurity, secret: str | None) -> str:
         lines += ["spark.authenticate true", f"spark.authenticate.secret {secret}"]
         if security.rpc_encryption:
             # No fallback to unencrypted SASL: a job without encryption is refused too.
-            lines += ["spark.network.crypto.enabled true",
-                      "spark.network.crypto.saslFallback false"]
+            lines += ["spark.network.crypto.enabled true", "spark.network.crypto.saslFallback false"]
     return "\n".join(lines) + "\n"
 
 
 def cluster_env_lines(security: ClusterSecurity, daemon_conf: Path) -> list[str]:
     """The non-secret settings submit.sh passes on to the job (cluster.env)."""
     on = {True: "on", False: "off"}
-    return [f"AUTH={on[security.authenticate]}",
-            f"SECRET_FILE={security.secret_file or ''}",
-            f"RPC_ENCRYPTION={on[security.authenticate and security.rpc_encryption]}",
-            f"IO_ENCRYPTION={on[security.io_encryption]}",
-            f"ADMIN_USERS={security.admin_users}",
-            f"VIEW_USERS={security.view_users}",
-            f"DAEMON_CONF={daemon_conf}"]
+    return [
+        f"AUTH={on[security.authenticate]}",
+        f"SECRET_FILE={security.secret_file or ''}",
+        f"RPC_ENCRYPTION={on[security.authenticate and security.rpc_encryption]}",
+        f"IO_ENCRYPTION={on[security.io_encryption]}",
+        f"ADMIN_USERS={security.admin_users}",
+        f"VIEW_USERS={security.view_users}",
+        f"DAEMON_CONF={daemon_conf}",
+    ]
 
 
 # Spark hands each executor its driver's configuration over RPC (RetrieveSparkAppConfig), the
@@ -135,7 +139,8 @@ NO_ENCRYPTION_OFF_LOOPBACK = (
     "--no-rpc-encryption on {host}, which is not a loopback address, would send the cluster's "
     "shared secret to every executor unencrypted (Spark passes executors the driver's "
     "settings, the secret among them, over RPC): drop --no-rpc-encryption, or on a network "
-    "you trust entirely run without authentication (--insecure)")
+    "you trust entirely run without authentication (--insecure)"
+)
 
 INSECURE_WARNING = """\
 WARNING: --insecure: the Spark cluster on {host} runs WITHOUT authentication.
@@ -159,21 +164,24 @@ def decide_security(args: argparse.Namespace) -> ClusterSecurity:
     loopback = is_loopback(args.host)
     authenticate = args.authenticate or not (loopback or args.insecure)
     if args.secret_file and not authenticate:
-        raise Refused("--secret-file is for an authenticated cluster (drop --insecure, or add "
-                      "--authenticate on a loopback address)")
+        raise Refused(
+            "--secret-file is for an authenticated cluster (drop --insecure, or add "
+            "--authenticate on a loopback address)"
+        )
     if authenticate and args.no_rpc_encryption and not loopback:
         raise Refused(NO_ENCRYPTION_OFF_LOOPBACK.format(host=args.host))
     if args.insecure and not loopback:
-        print(INSECURE_WARNING.format(host=args.host, user=getpass.getuser()), end="",
-              file=sys.stderr)
-    return ClusterSecurity(authenticate=authenticate, rpc_encryption=not args.no_rpc_encryption,
-                           io_encryption=args.io_encryption,
-                           admin_users=args.admin_users or getpass.getuser(),
-                           view_users=args.view_users or "")
+        print(INSECURE_WARNING.format(host=args.host, user=getpass.getuser()), end="", file=sys.stderr)
+    return ClusterSecurity(
+        authenticate=authenticate,
+        rpc_encryption=not args.no_rpc_encryption,
+        io_encryption=args.io_encryption,
+        admin_users=args.admin_users or getpass.getuser(),
+        view_users=args.view_users or "",
+    )
 
 
-def write_daemon_conf(security: ClusterSecurity, auth_dir: Path,
-                      secret_file: str | None) -> Path:
+def write_daemon_conf(security: ClusterSecurity, auth_dir: Path, secret_file: str | None) -> Path:
     """The daemons' properties file (mode 0600, in ``auth_dir``, mode 0700); with
     authentication, the secret of ``secret_file`` (else of ``auth_dir``/secret, created)."""
     auth_dir = private_dir(auth_dir)
@@ -196,8 +204,10 @@ def prepare(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ the image's daemon modes
-DAEMON_CLASSES = {"master": "org.apache.spark.deploy.master.Master",
-                  "worker": "org.apache.spark.deploy.worker.Worker"}
+DAEMON_CLASSES = {
+    "master": "org.apache.spark.deploy.master.Master",
+    "worker": "org.apache.spark.deploy.worker.Worker",
+}
 # Every daemon web UI binds here (Spark binds UIs to SPARK_LOCAL_IP, else every interface):
 # reach them with an SSH tunnel (docs/cluster.md §2.2).
 UI_ADDRESS = "127.0.0.1"
@@ -208,27 +218,45 @@ def daemon_command(args: argparse.Namespace, spark_home: str) -> tuple[list[str]
     start-cluster.sh prepares its daemons: authenticated off loopback with a mounted secret
     file, REST server and kill buttons off, ACLs on, web UIs on loopback only."""
     if os.geteuid() == 0 and not args.allow_root:
-        raise Refused("a Spark daemon runs the code of every job it accepts as its own user: not "
-                      "as root (the image's user is 'spark', uid 10001: drop --user 0 / "
-                      "runAsUser: 0), or say --allow-root")
+        raise Refused(
+            "a Spark daemon runs the code of every job it accepts as its own user: not "
+            "as root (the image's user is 'spark', uid 10001: drop --user 0 / "
+            "runAsUser: 0), or say --allow-root"
+        )
     security = decide_security(args)
     if security.authenticate and not args.secret_file:
-        raise Refused(f"a daemon on {args.host} authenticates: mount the cluster's secret file "
-                      "(mode 0600, owned by the daemon's user) and name it with --secret-file "
-                      "FILE, the same file on every node (or --insecure on a network you trust "
-                      "entirely)")
+        raise Refused(
+            f"a daemon on {args.host} authenticates: mount the cluster's secret file "
+            "(mode 0600, owned by the daemon's user) and name it with --secret-file "
+            "FILE, the same file on every node (or --insecure on a network you trust "
+            "entirely)"
+        )
     auth_dir = Path(args.dir) if args.dir else default_daemon_dir()
     daemon_conf = write_daemon_conf(security, auth_dir, args.secret_file)
-    argv = [str(Path(spark_home) / "bin" / "spark-class"), DAEMON_CLASSES[args.role],
-            "--host", args.host, "--webui-port", str(args.webui_port),
-            "--properties-file", str(daemon_conf)]
+    argv = [
+        str(Path(spark_home) / "bin" / "spark-class"),
+        DAEMON_CLASSES[args.role],
+        "--host",
+        args.host,
+        "--webui-port",
+        str(args.webui_port),
+        "--properties-file",
+        str(daemon_conf),
+    ]
     if args.role == "master":
         argv += ["--port", str(args.port)]
     else:
         # executors' files and logs: this user's only
         work = private_dir(Path(args.work_dir) if args.work_dir else auth_dir / "work")
-        argv += ["--cores", str(args.cores), "--memory", args.memory, "--work-dir", str(work),
-                 args.master_url]
+        argv += [
+            "--cores",
+            str(args.cores),
+            "--memory",
+            args.memory,
+            "--work-dir",
+            str(work),
+            args.master_url,
+        ]
     return argv, {"SPARK_LOCAL_IP": UI_ADDRESS, "SPARK_MASTER_HOST": args.host}
 
 
@@ -246,8 +274,9 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", required=True, help="the address the daemons bind to")
     p.add_argument("--authenticate", action="store_true", help="authenticate on loopback too")
     p.add_argument("--insecure", action="store_true", help="no authentication off loopback")
-    p.add_argument("--no-rpc-encryption", action="store_true",
-                   help="authenticate without encrypting RPC (loopback only)")
+    p.add_argument(
+        "--no-rpc-encryption", action="store_true", help="authenticate without encrypting RPC (loopback only)"
+    )
     p.add_argument("--io-encryption", action="store_true")
     p.add_argument("--admin-users", help="spark.admin.acls (default: the current user)")
     p.add_argument("--view-users", help="spark.ui.view.acls")
@@ -279,8 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", help="use this secret (mode 0600) instead of creating one")
     _security_flags(p)
     for role in ("master", "worker"):
-        d = sub.add_parser(role, prog=f"entrypoint.sh {role}",
-                           help=f"a standalone {role} in the foreground (the image's {role} mode)")
+        d = sub.add_parser(
+            role,
+            prog=f"entrypoint.sh {role}",
+            help=f"a standalone {role} in the foreground (the image's {role} mode)",
+        )
         if role == "worker":
             d.add_argument("master_url", type=_master_url, metavar="spark://MASTER:PORT")
             d.add_argument("--cores", type=int, default=os.cpu_count() or 1)
@@ -290,11 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--port", type=_port, default=7077)
         d.add_argument("--webui-port", type=_port, default=8080 if role == "master" else 8081)
         d.add_argument("--secret-file", help="the cluster's secret, mounted (mode 0600)")
-        d.add_argument("--dir", help="private directory for the properties file (mode 0700; "
-                                     "default: $XDG_STATE_HOME/criteo-spark, else "
-                                     "~/.local/state/criteo-spark)")
-        d.add_argument("--allow-root", action="store_true",
-                       help="run as root anyway (not recommended)")
+        d.add_argument(
+            "--dir",
+            help="private directory for the properties file (mode 0700; "
+            "default: $XDG_STATE_HOME/criteo-spark, else "
+            "~/.local/state/criteo-spark)",
+        )
+        d.add_argument("--allow-root", action="store_true", help="run as root anyway (not recommended)")
         _security_flags(d)
         d.set_defaults(role=role)
     return parser

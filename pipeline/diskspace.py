@@ -13,6 +13,7 @@ from typing import Iterable
 
 from dlrm_contracts.errors import ExitCode, PipelineError, disk_full_cause
 
+
 def existing_ancestor(path: Path) -> Path:
     path = Path(path).absolute()
     while not path.exists() and path != path.parent:
@@ -44,9 +45,12 @@ def disk_full_error(stage: str, path: str | Path) -> PipelineError:
         free = human(free_bytes(path))
     except OSError:
         free = "unknown"
-    return PipelineError(f"disk full: stage {stage}: writing {path} failed (no space left on "
-                         f"device; {free} free on its filesystem now): free space there and run "
-                         "again (finished stages are skipped)", ExitCode.DISK_FULL)
+    return PipelineError(
+        f"disk full: stage {stage}: writing {path} failed (no space left on "
+        f"device; {free} free on its filesystem now): free space there and run "
+        "again (finished stages are skipped)",
+        ExitCode.DISK_FULL,
+    )
 
 
 def fullest(paths: Iterable[str | Path]) -> Path:

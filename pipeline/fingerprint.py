@@ -62,8 +62,7 @@ def changed_files(recorded: dict[str, list[int]], path: Path) -> list[str]:
     """Files under ``path`` whose size or mtime differ from ``recorded``, or that are missing
     or new: what was changed after the stage that wrote them finished."""
     now = file_stats(path) if Path(path).exists() else {}
-    return sorted(name for name in set(recorded) | set(now)
-                  if recorded.get(name) != now.get(name))
+    return sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
 
 
 def file_content_hash(path: Path) -> str:

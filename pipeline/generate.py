@@ -22,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pipeline.generate",
         description="Write synthetic click logs in the Criteo Terabyte layout (day_0..day_N-1) "
-                    "plus generator_meta.json (seed, parameters, Bayes-optimal AUC).")
+        "plus generator_meta.json (seed, parameters, Bayes-optimal AUC).",
+    )
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--config", help="YAML file; its 'generator' section sets the defaults")
     p.add_argument("--days", type=int)
@@ -30,18 +31,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--gzip", action="store_true", default=None, help="write day_k.gz")
     p.add_argument("--gzip-level", type=int)
-    p.add_argument("--cardinality-scale", type=float,
-                   help="factor on the Terabyte per-column vocabularies")
+    p.add_argument("--cardinality-scale", type=float, help="factor on the Terabyte per-column vocabularies")
     p.add_argument("--cardinality-floor", type=int)
     p.add_argument("--zipf-exponent", type=float)
     p.add_argument("--click-rate", type=float)
     p.add_argument("--signal-strength", type=float)
     p.add_argument("--chunk-rows", type=int)
-    p.add_argument("--uniform-column", action="append", metavar="COLUMN=VALUES", default=None,
-                   help="draw COLUMN uniformly over VALUES values (repeatable), e.g. C1=2500000")
-    p.add_argument("--drift-column", action="append", metavar="COLUMN=FRACTION", default=None,
-                   help="move COLUMN's popularity order on by FRACTION of its values each day "
-                        "(repeatable), e.g. C3=0.05")
+    p.add_argument(
+        "--uniform-column",
+        action="append",
+        metavar="COLUMN=VALUES",
+        default=None,
+        help="draw COLUMN uniformly over VALUES values (repeatable), e.g. C1=2500000",
+    )
+    p.add_argument(
+        "--drift-column",
+        action="append",
+        metavar="COLUMN=FRACTION",
+        default=None,
+        help="move COLUMN's popularity order on by FRACTION of its values each day "
+        "(repeatable), e.g. C3=0.05",
+    )
     p.add_argument("--workers", type=int, help="processes (does not change the output)")
     return p
 
@@ -85,10 +95,15 @@ def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     meta = generate(args.out, build_config(args))
     elapsed = time.perf_counter() - start
-    summary = {"out": args.out, "rows": meta["rows"], "days": len(meta["days"]),
-               "click_rate": round(meta["click_rate"], 5),
-               "bayes_auc": None if meta["bayes_auc"] is None else round(meta["bayes_auc"], 5),
-               "seconds": round(elapsed, 2), "rows_per_second": round(meta["rows"] / elapsed)}
+    summary = {
+        "out": args.out,
+        "rows": meta["rows"],
+        "days": len(meta["days"]),
+        "click_rate": round(meta["click_rate"], 5),
+        "bayes_auc": None if meta["bayes_auc"] is None else round(meta["bayes_auc"], 5),
+        "seconds": round(elapsed, 2),
+        "rows_per_second": round(meta["rows"] / elapsed),
+    }
     print(json.dumps(summary))
     return 0
 

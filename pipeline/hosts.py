@@ -20,14 +20,12 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
     for item in (h.strip() for h in hosts.split(",") if h.strip()):
         match = _ITEM.match(item)
         if match is None:
-            raise PipelineError(f"--hosts item {item!r} must look like HOST or HOST:SLOTS",
-                                ExitCode.USAGE)
+            raise PipelineError(f"--hosts item {item!r} must look like HOST or HOST:SLOTS", ExitCode.USAGE)
         host, slots = match[1], int(match[2] or 1)
         if slots < 1:
             raise PipelineError(f"--hosts item {item!r} offers no slot", ExitCode.USAGE)
         if any(host == seen for seen, _ in parsed):
-            raise PipelineError(f"--hosts names {host} twice (give its slots once: {host}:N)",
-                                ExitCode.USAGE)
+            raise PipelineError(f"--hosts names {host} twice (give its slots once: {host}:N)", ExitCode.USAGE)
         parsed.append((host, slots))
     if not parsed:
         raise PipelineError("--hosts names no host", ExitCode.USAGE)
@@ -49,6 +47,7 @@ def horovodrun_hosts(hosts: str, np: int) -> str:
         out.append(f"{host}:{take}")
         left -= take
     if left:
-        raise PipelineError(f"--np {np} is more than the {host_slots(hosts)} slots of --hosts "
-                            f"{hosts}", ExitCode.USAGE)
+        raise PipelineError(
+            f"--np {np} is more than the {host_slots(hosts)} slots of --hosts {hosts}", ExitCode.USAGE
+        )
     return ",".join(out)

@@ -31,15 +31,17 @@ def read_record(path: Path | Location) -> dict[str, Any] | None:
     stage that wrote it counts as not done and runs again. A warning names the file. ``path``
     may be a Location at a workdir URL (dlrm_contracts.storage)."""
     try:
-        data = json.loads(path.read_bytes() if isinstance(path, Location) else
-                          Path(path).read_bytes())
+        data = json.loads(path.read_bytes() if isinstance(path, Location) else Path(path).read_bytes())
     except FileNotFoundError:
         return None
     except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         if not isinstance(exc, IsADirectoryError) and str(path) not in _warned:
             _warned.add(str(path))
-            log.warning("%s is not valid JSON (%s): ignored, the stage that writes it runs "
-                        "again", path, exc.__class__.__name__)
+            log.warning(
+                "%s is not valid JSON (%s): ignored, the stage that writes it runs again",
+                path,
+                exc.__class__.__name__,
+            )
         return None
     if not isinstance(data, dict):
         _warned.add(str(path))
@@ -55,14 +57,14 @@ class StageRecord:
     stage: str
     key: str
     inputs: dict[str, Any]
-    action: str = "pending"         # ran | skipped | derived
-    engine: str = ""                # spark | converters | rethreshold | horovod | python | -
+    action: str = "pending"  # ran | skipped | derived
+    engine: str = ""  # spark | converters | rethreshold | horovod | python | -
     summary: dict[str, Any] = field(default_factory=dict)
     outputs_fingerprint: str = ""
     started: float = 0.0
     seconds: float = 0.0
-    rows: int | None = None             # rows (samples, lines) it went through
-    cpu_seconds: float | None = None    # this machine's processes (a cluster's executors not)
+    rows: int | None = None  # rows (samples, lines) it went through
+    cpu_seconds: float | None = None  # this machine's processes (a cluster's executors not)
     # Name -> [size, mtime_ns] of each output file, for the stages whose outputs later stages
     # check by name (the binary dataset): which file changed, not only that one did.
     output_files: dict[str, list[int]] | None = None
@@ -71,13 +73,21 @@ class StageRecord:
         return round(self.rows / self.seconds, 1) if self.rows and self.seconds > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "key": self.key, "inputs": self.inputs, "action": self.action,
-                "engine": self.engine, "summary": self.summary,
-                "outputs_fingerprint": self.outputs_fingerprint,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
-                "seconds": round(self.seconds, 3), "rows": self.rows,
-                "rows_per_s": self.rows_per_s(), "cpu_seconds": self.cpu_seconds,
-                **({"output_files": self.output_files} if self.output_files is not None else {})}
+        return {
+            "stage": self.stage,
+            "key": self.key,
+            "inputs": self.inputs,
+            "action": self.action,
+            "engine": self.engine,
+            "summary": self.summary,
+            "outputs_fingerprint": self.outputs_fingerprint,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
+            "seconds": round(self.seconds, 3),
+            "rows": self.rows,
+            "rows_per_s": self.rows_per_s(),
+            "cpu_seconds": self.cpu_seconds,
+            **({"output_files": self.output_files} if self.output_files is not None else {}),
+        }
 
 
 class ManifestStore:
@@ -100,9 +110,13 @@ class ManifestStore:
     def is_done(self, stage: str, key: str, outputs_fingerprint: str) -> bool:
         marker = read_record(self.marker_path(stage))
         manifest = self.load(stage)
-        return bool(marker and manifest and marker.get("key") == key
-                     and manifest.get("key") == key
-                     and manifest.get("outputs_fingerprint") == outputs_fingerprint)
+        return bool(
+            marker
+            and manifest
+            and marker.get("key") == key
+            and manifest.get("key") == key
+            and manifest.get("outputs_fingerprint") == outputs_fingerprint
+        )
 
     def invalidate(self, stage: str) -> None:
         self.marker_path(stage).unlink(missing_ok=True)

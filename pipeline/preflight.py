@@ -31,19 +31,39 @@ from pipeline.calibration import Speed
 from pipeline.diskspace import free_bytes, human
 from pipeline.fingerprint import input_fingerprint
 from pipeline.manifest import ManifestStore, read_record
-from pipeline.preflight_needs import (DiskNeeds, DriverMemory, MemoryNeeds, StageTime, TimeNeeds,
-                                      checkpoint_bytes, disk_needs, memory_needs,
-                                      other_load, spark_local_dirs, time_needs, tree_bytes)
+from pipeline.preflight_needs import (
+    DiskNeeds,
+    DriverMemory,
+    MemoryNeeds,
+    StageTime,
+    TimeNeeds,
+    checkpoint_bytes,
+    disk_needs,
+    memory_needs,
+    other_load,
+    spark_local_dirs,
+    time_needs,
+    tree_bytes,
+)
 from spark_jobs.errors import PreprocessInputError
 from spark_jobs.inputs import UnreadableSample, bytes_per_line, discover_days
 
-__all__ = ["Estimate", "before_train", "check", "estimate", "preflight_failed", "report",
-           "spark_local_dirs", "verdict"]
+__all__ = [
+    "Estimate",
+    "before_train",
+    "check",
+    "estimate",
+    "preflight_failed",
+    "report",
+    "spark_local_dirs",
+    "verdict",
+]
 
 
 def preflight_failed(shortfall: str) -> PipelineError:
-    return PipelineError(f"preflight: {shortfall} (--force runs anyway)", ExitCode.INPUT_DATA,
-                         kind="preflight")
+    return PipelineError(
+        f"preflight: {shortfall} (--force runs anyway)", ExitCode.INPUT_DATA, kind="preflight"
+    )
 
 
 # ---------------------------------------------------------------- the estimate
@@ -58,8 +78,9 @@ class Estimate:
         self.lines.append(text)
 
 
-def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
-                generated: bool) -> tuple[int | None, int | None, int]:
+def _input_rows(
+    config: PipelineConfig, layout: WorkdirLayout, est: Estimate, generated: bool
+) -> tuple[int | None, int | None, int]:
     """(rows, rows of the last day, raw bytes); rows None when they cannot be told."""
     preflight = config.preflight
     if generated:
@@ -67,17 +88,17 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
         days = min(g.days, config.preprocess.window_days or g.days)  # the window's days
         rows = days * g.rows_per_day
         raw_bytes = int(g.days * g.rows_per_day * preflight.generated_bytes_per_row)
-        window = (f"; the newest {days} (preprocess.window_days): {rows:,} rows"
-                  if days < g.days else "")
-        est.say(f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
-                f"{g.days * g.rows_per_day:,} rows (~{human(raw_bytes)} of text, written to the "
-                f"workdir){window}")
+        window = f"; the newest {days} (preprocess.window_days): {rows:,} rows" if days < g.days else ""
+        est.say(
+            f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
+            f"{g.days * g.rows_per_day:,} rows (~{human(raw_bytes)} of text, written to the "
+            f"workdir){window}"
+        )
         return rows, g.rows_per_day, raw_bytes
 
     raw = Path(config.input).resolve()
     try:
-        days = discover_days(raw, config.preprocess.window_days,
-                             config.preprocess.input_link_roots)
+        days = discover_days(raw, config.preprocess.window_days, config.preprocess.input_link_roots)
     except PreprocessInputError as exc:
         est.say(f"input: {exc} (the preprocess stage will refuse it)")
         return None, None, 0
@@ -85,8 +106,10 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
     counted = _counted_rows(layout, raw, days)
     if counted is not None:
         rows, last = counted
-        est.say(f"input: {len(days)} day files, {human(raw_bytes)}, {rows:,} rows "
-                "(counted by the last preprocess run)")
+        est.say(
+            f"input: {len(days)} day files, {human(raw_bytes)}, {rows:,} rows "
+            "(counted by the last preprocess run)"
+        )
         return rows, last, raw_bytes
     per_day = []
     for day in days:
@@ -100,8 +123,10 @@ def _input_rows(config: PipelineConfig, layout: WorkdirLayout, est: Estimate,
             per_line = 0.0
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)
     rows = sum(per_day)
-    est.say(f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "
-            f"from bytes per line of the first {human(preflight.sample_bytes)} of each file)")
+    est.say(
+        f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "
+        f"from bytes per line of the first {human(preflight.sample_bytes)} of each file)"
+    )
     return rows, per_day[-1], raw_bytes
 
 
@@ -131,8 +156,7 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
         return None
     if not histogram_path(layout.counts).is_file():
         return None
-    sizes = read_histogram(layout.counts).table_sizes(
-        config.preprocess.frequency_threshold)
+    sizes = read_histogram(layout.counts).table_sizes(config.preprocess.frequency_threshold)
     out = [int(sizes[c]) for c in CAT_COLUMNS]
     if config.preprocess.ids == "stable" and layout.parquet_model_size.is_file():
         previous = json.loads(layout.parquet_model_size.read_text())
@@ -147,44 +171,68 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
         return
     full, existing = needs.full, needs.existing
     for growth in needs.stages:
-        est.say(f"disk: {growth.stage:<10} + {human(growth.added)}"
-                + (f" (+ {human(growth.transient)} while it runs: the count's partial files, "
-                   "then Spark's shuffle)" if growth.transient else "")
-                + "".join(f"; {a} {human(full[a])}" + (f", {human(existing[a])} there"
-                                                       if existing[a] else "")
-                          + (" (at most: 4-byte ids until the counts exist)"
-                             if a == "binary" and not needs.tables_known else "")
-                          for a in growth.artifacts))
+        est.say(
+            f"disk: {growth.stage:<10} + {human(growth.added)}"
+            + (
+                f" (+ {human(growth.transient)} while it runs: the count's partial files, "
+                "then Spark's shuffle)"
+                if growth.transient
+                else ""
+            )
+            + "".join(
+                f"; {a} {human(full[a])}"
+                + (f", {human(existing[a])} there" if existing[a] else "")
+                + (
+                    " (at most: 4-byte ids until the counts exist)"
+                    if a == "binary" and not needs.tables_known
+                    else ""
+                )
+                for a in growth.artifacts
+            )
+        )
         if growth.stage == "convert" and needs.parquet_freed is not None:
-            est.say(f"disk: convert    - {human(needs.parquet_freed)} parquet removed after it "
-                    "(preprocess.keep_parquet: false)")
+            est.say(
+                f"disk: convert    - {human(needs.parquet_freed)} parquet removed after it "
+                "(preprocess.keep_parquet: false)"
+            )
     if needs.checkpoints_unknown:
         est.say("disk: train      checkpoints not known until the counts exist (after preprocess)")
     if needs.superseded:
         est.say(_superseded_words(needs.superseded, root))
     peak, peak_at, free = needs.peak, needs.peak_at, needs.free
     est.facts.update(workdir_peak_bytes=int(peak), workdir_free_bytes=free)
-    est.say(f"disk: workdir {root}: needs up to {human(peak)} more (peak during "
-            f"{peak_at}), {human(free)} free")
+    est.say(
+        f"disk: workdir {root}: needs up to {human(peak)} more (peak during {peak_at}), {human(free)} free"
+    )
     if needs.workdir_short:
-        est.shortfalls.append(f"the workdir {root} needs {human(peak)} more disk (peak "
-                              f"during {peak_at}) but its filesystem has {human(free)} free")
+        est.shortfalls.append(
+            f"the workdir {root} needs {human(peak)} more disk (peak "
+            f"during {peak_at}) but its filesystem has {human(free)} free"
+        )
     shuffle, shuffle_dir = needs.shuffle, needs.shuffle_dir
     if needs.shuffle_free is not None:
-        est.say(f"disk: spark.local.dir {shuffle_dir}: Spark shuffle ~{human(shuffle)}, "
-                f"{human(needs.shuffle_free)} free")
+        est.say(
+            f"disk: spark.local.dir {shuffle_dir}: Spark shuffle ~{human(shuffle)}, "
+            f"{human(needs.shuffle_free)} free"
+        )
         if needs.shuffle_short:
-            est.shortfalls.append(f"spark.local.dir {shuffle_dir} needs ~{human(shuffle)} for "
-                                  f"Spark's shuffle but has {human(needs.shuffle_free)} free")
+            est.shortfalls.append(
+                f"spark.local.dir {shuffle_dir} needs ~{human(shuffle)} for "
+                f"Spark's shuffle but has {human(needs.shuffle_free)} free"
+            )
     elif shuffle and shuffle_dir is None:
-        est.say(f"disk: Spark shuffle ~{human(shuffle)} on the executors' local disks "
-                "(cluster master: not checked here)")
+        est.say(
+            f"disk: Spark shuffle ~{human(shuffle)} on the executors' local disks "
+            "(cluster master: not checked here)"
+        )
 
 
 def _superseded_words(size: int, root: Path) -> str:
     folder = WorkdirLayout.at(root).superseded
-    return (f"disk: checkpoints set aside (earlier runs, never deleted) hold {human(size)} in "
-            f"{folder}: remove them with: rm -r {folder}")
+    return (
+        f"disk: checkpoints set aside (earlier runs, never deleted) hold {human(size)} in "
+        f"{folder}: remove them with: rm -r {folder}"
+    )
 
 
 def _say_memory(est: Estimate, needs: MemoryNeeds) -> None:
@@ -193,72 +241,95 @@ def _say_memory(est: Estimate, needs: MemoryNeeds) -> None:
     if not needs.trains:
         return
     if not needs.tables_known:
-        est.say("memory: embedding tables per rank not known until the counts exist "
-                "(after preprocess; then `./run_pipeline.sh plan`)")
+        est.say(
+            "memory: embedding tables per rank not known until the counts exist "
+            "(after preprocess; then `./run_pipeline.sh plan`)"
+        )
         return
     ranks = needs.ranks
     if ranks is None:
-        est.shortfalls.append(f"no table placement over {needs.world} ranks: "
-                              f"{needs.placement_error}")
+        est.shortfalls.append(f"no table placement over {needs.world} ranks: {needs.placement_error}")
         return
     if ranks.budget is None:
-        est.say(f"memory: embedding tables per rank: fullest {human(ranks.fullest)} (planner, "
-                f"{needs.world} ranks); the ranks run on other hosts: set "
-                "preflight.rank_memory_gib to check it")
+        est.say(
+            f"memory: embedding tables per rank: fullest {human(ranks.fullest)} (planner, "
+            f"{needs.world} ranks); the ranks run on other hosts: set "
+            "preflight.rank_memory_gib to check it"
+        )
         return
     if ranks.configured_gib is not None:
         where = f"preflight.rank_memory_gib {ranks.configured_gib:g} GiB per rank"
     else:
         where = f"this machine's {human(ranks.total)} / {ranks.ranks_here} ranks"
     est.facts["embedding_bytes_per_rank"] = ranks.per_rank
-    est.say(f"memory: embedding tables{' + optimizer state' if needs.state_factor > 1 else ''} "
-            f"per rank (planner, {needs.world} ranks, dim {ranks.embedding_dim}): fullest "
-            f"{human(ranks.fullest)}, least {human(min(ranks.per_rank))}; {where}, "
-            f"{ranks.reserve_gib:g} GiB of it kept for TensorFlow")
+    est.say(
+        f"memory: embedding tables{' + optimizer state' if needs.state_factor > 1 else ''} "
+        f"per rank (planner, {needs.world} ranks, dim {ranks.embedding_dim}): fullest "
+        f"{human(ranks.fullest)}, least {human(min(ranks.per_rank))}; {where}, "
+        f"{ranks.reserve_gib:g} GiB of it kept for TensorFlow"
+    )
     if ranks.short:
-        est.shortfalls.append(f"the fullest rank needs {human(ranks.fullest)} for its tables but "
-                              f"has {human(max(0, ranks.usable))} ({where} less the reserve)")
+        est.shortfalls.append(
+            f"the fullest rank needs {human(ranks.fullest)} for its tables but "
+            f"has {human(max(0, ranks.usable))} ({where} less the reserve)"
+        )
 
 
 def _say_driver(est: Estimate, driver: DriverMemory) -> None:
     if driver.local:
-        est.say(f"memory: Spark driver (local: runs every task) {driver.driver_memory} "
-                f"configured; this machine has {human(driver.total)}, {human(driver.available)} "
-                "available")
+        est.say(
+            f"memory: Spark driver (local: runs every task) {driver.driver_memory} "
+            f"configured; this machine has {human(driver.total)}, {human(driver.available)} "
+            "available"
+        )
         # A warning, not a refusal: the JVM takes its heap as it needs it, so a small input
         # runs under a large setting; a large one would be killed when the heap fills.
         if driver.more_than_available:
-            est.warnings.append(f"spark.driver_memory {driver.driver_memory} is more than the "
-                                f"{human(driver.available)} of memory available now: a large "
-                                "input would fail when the heap fills")
+            est.warnings.append(
+                f"spark.driver_memory {driver.driver_memory} is more than the "
+                f"{human(driver.available)} of memory available now: a large "
+                "input would fail when the heap fills"
+            )
     else:
-        est.say(f"memory: Spark driver {driver.driver_memory}, executors "
-                f"{driver.executor_memory or 'Spark default'} configured (the cluster manager "
-                "checks what its workers offer)")
+        est.say(
+            f"memory: Spark driver {driver.driver_memory}, executors "
+            f"{driver.executor_memory or 'Spark default'} configured (the cluster manager "
+            "checks what its workers offer)"
+        )
 
 
 def _say_time(est: Estimate, needs: TimeNeeds | None, config: PipelineConfig) -> None:
     if needs is None:
         return
     if needs.cluster_core_hours is not None:
-        est.say("time: preprocess on the cluster: its cores are not known here "
-                f"(~{needs.cluster_core_hours:,.1f} core-hours)")
+        est.say(
+            "time: preprocess on the cluster: its cores are not known here "
+            f"(~{needs.cluster_core_hours:,.1f} core-hours)"
+        )
     for part in needs.stages:
         figure = f"~{_duration(part.expected)}"
         if part.likely is not None:
             figure += f", at most ~{_duration(part.seconds)}"
         est.say(f"time: {part.stage:<10} {figure} ({_how(part, needs)})")
     if needs.stages:
-        load = (f"; the load average {needs.load:.1f} leaves a stage {needs.share:.0%} of "
-                "the cores or more" if needs.share < 1 and needs.load is not None else "")
-        est.say(f"time: total      ~{_duration(needs.expected_total)} ({needs.speed.source}"
-                f"{load}; GPUs and load that changes differ)")
+        load = (
+            f"; the load average {needs.load:.1f} leaves a stage {needs.share:.0%} of the cores or more"
+            if needs.share < 1 and needs.load is not None
+            else ""
+        )
+        est.say(
+            f"time: total      ~{_duration(needs.expected_total)} ({needs.speed.source}"
+            f"{load}; GPUs and load that changes differ)"
+        )
     preflight = config.preflight
     est.facts["seconds"] = {part.stage: round(part.expected, 1) for part in needs.stages}
     est.facts["seconds_total"] = round(needs.expected_total, 1)
     # A scheduler's time limit, from the bound; none when a stage's time is not known here.
-    est.facts["timeout_s"] = None if needs.cluster_core_hours is not None or not needs.stages \
+    est.facts["timeout_s"] = (
+        None
+        if needs.cluster_core_hours is not None or not needs.stages
         else round(max(preflight.timeout_floor_s, preflight.timeout_factor * needs.total))
+    )
 
 
 def _how(part: StageTime, needs: TimeNeeds) -> str:
@@ -295,7 +366,8 @@ def estimate(config: PipelineConfig) -> Estimate:
         rows, test_rows, raw_bytes = _input_rows(config, layout, est, generated)
     elif layout.raw.exists():
         rows, test_rows, raw_bytes = _input_rows(
-            dataclasses.replace(config, input=str(layout.raw)), layout, est, False)
+            dataclasses.replace(config, input=str(layout.raw)), layout, est, False
+        )
     est.facts.update(rows=rows, raw_bytes=raw_bytes)
     try:
         sizes = _table_sizes(config, layout)
@@ -305,19 +377,22 @@ def estimate(config: PipelineConfig) -> Estimate:
     if sizes is not None and config.preprocess.caps is not None:
         est.say(f"tables: {sum(sizes):,} embedding rows (the caps of preprocess.caps)")
     elif sizes is not None:
-        est.say(f"tables: {sum(sizes):,} embedding rows at threshold "
-                f"{config.preprocess.frequency_threshold} (from the counts)")
+        est.say(
+            f"tables: {sum(sizes):,} embedding rows at threshold "
+            f"{config.preprocess.frequency_threshold} (from the counts)"
+        )
     state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]
-    _say_disk(est, layout.root, None if rows is None else
-              disk_needs(config, layout, rows, raw_bytes, generated, sizes, state_factor))
+    _say_disk(
+        est,
+        layout.root,
+        None if rows is None else disk_needs(config, layout, rows, raw_bytes, generated, sizes, state_factor),
+    )
     _say_memory(est, memory_needs(config, sizes, state_factor))
-    _say_time(est, None if rows is None else _time_needs(config, rows, test_rows, est),
-              config)
+    _say_time(est, None if rows is None else _time_needs(config, rows, test_rows, est), config)
     return est
 
 
-def _time_needs(config: PipelineConfig, rows: int, test_rows: int | None,
-                est: Estimate) -> TimeNeeds:
+def _time_needs(config: PipelineConfig, rows: int, test_rows: int | None, est: Estimate) -> TimeNeeds:
     """The time at this machine's calibrated speed and under its current load."""
     timed = {"preprocess", "convert", "train", "eval"} & set(config.stages)
     speed = calibration.speed(config.preflight, est.warnings.append) if timed else Speed()
@@ -360,19 +435,22 @@ def before_train(config: PipelineConfig, emit) -> None:
     est = Estimate()
     state_factor = OPTIMIZER_STATE_FACTOR[config.train.optimizer]
     try:
-        _say_memory(est, memory_needs(dataclasses.replace(config, stages=["train"]), sizes,
-                                      state_factor))
+        _say_memory(est, memory_needs(dataclasses.replace(config, stages=["train"]), sizes, state_factor))
         need = checkpoint_bytes(config, sizes, state_factor)
         aside = tree_bytes(layout.superseded) if layout.superseded.exists() else 0
         there = (tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0) - aside
         free = free_bytes(layout.checkpoints)
-        est.say(f"disk: checkpoints {human(need)} ({config.train.keep_checkpoints} kept + the one "
-                f"being written), {human(there)} there, {human(free)} free")
+        est.say(
+            f"disk: checkpoints {human(need)} ({config.train.keep_checkpoints} kept + the one "
+            f"being written), {human(there)} there, {human(free)} free"
+        )
         if aside:
             est.say(_superseded_words(aside, layout.root))
         if need - there > free * (1 - config.preflight.disk_headroom):
-            est.shortfalls.append(f"the checkpoints need {human(need - there)} more disk in "
-                                  f"{layout.checkpoints} but its filesystem has {human(free)} free")
+            est.shortfalls.append(
+                f"the checkpoints need {human(need - there)} more disk in "
+                f"{layout.checkpoints} but its filesystem has {human(free)} free"
+            )
     except (OSError, ValueError) as exc:
         emit(f"preflight (before train) incomplete: {exc}")
         return

@@ -39,8 +39,10 @@ class ChildResult:
 _RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
 # The one line every command prints for a failure (dlrm_contracts.errors.run_cli), possibly
 # behind horovodrun's prefix; group 1 is the line itself.
-KNOWN_ERROR = re.compile(r"^(?:\[\d+\]<std\w+>:)?"
-                         r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$")
+KNOWN_ERROR = re.compile(
+    r"^(?:\[\d+\]<std\w+>:)?"
+    r"([\w.]+ ?[\w.-]*: (?:error|unexpected error)\b.*)$"
+)
 # Known errors kept of one child's output: the first are the cause, the rest their echoes.
 _ERRORS_KEPT = 20
 
@@ -69,14 +71,15 @@ class StageLog:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self._fh = open_append(path, buffering=1)   # never through a planted link
+            self._fh = open_append(path, buffering=1)  # never through a planted link
         except OSError as exc:
             self._give_up(exc)
 
     def _give_up(self, exc: OSError) -> None:
         self._fh = None
-        log.warning("stage log %s cannot be written (%s): its output is not kept",
-                    self.path, exc.strerror or exc)
+        log.warning(
+            "stage log %s cannot be written (%s): its output is not kept", self.path, exc.strerror or exc
+        )
 
     def write(self, text: str) -> None:
         if self._fh is None:
@@ -128,8 +131,9 @@ def terminate_current_child() -> None:
                 pass
 
 
-def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> ChildResult:
+def run_child(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> ChildResult:
     """Run ``argv``, append its combined output to ``log_path``, return code + JSON summary."""
     global _current
     try:
@@ -141,10 +145,18 @@ def run_child(argv: list[str], log_path: Path, env: dict[str, str] | None = None
     errors: list[str] = []
     sink = StageLog(log_path)
     sink.write(f"\n$ {shlex.join(argv)}\n")
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, **(env or {})}, cwd=cwd,
-                             start_new_session=True, bufsize=1, errors="replace",
-                             preexec_fn=_die_with_parent)
+    child = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+        bufsize=1,
+        errors="replace",
+        preexec_fn=_die_with_parent,
+    )
     _current = child
     try:
         assert child.stdout is not None

@@ -108,8 +108,11 @@ class CpuMeter:
         self.sample()
         seen = sum(cpu - self._before.get(key, 0.0) for key, cpu in self._seen.items())
         # Children reaped meanwhile are in RUSAGE_CHILDREN whole, the ones already running too.
-        reaped = self._children_seconds() - self._waited - sum(
-            cpu for key, cpu in self._before.items() if key not in self._seen)
+        reaped = (
+            self._children_seconds()
+            - self._waited
+            - sum(cpu for key, cpu in self._before.items() if key not in self._seen)
+        )
         return round(self._own_seconds() - self._own + max(seen, reaped), 2)
 
 
@@ -139,8 +142,12 @@ class StageWatch:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_bytes(b"")  # this run's reports only
         except OSError as exc:
-            log.warning("progress channel %s cannot be written (%s): no progress for this "
-                        "stage beyond its elapsed time", self.path, exc.strerror or exc)
+            log.warning(
+                "progress channel %s cannot be written (%s): no progress for this "
+                "stage beyond its elapsed time",
+                self.path,
+                exc.strerror or exc,
+            )
         self._cpu = CpuMeter()
         self.display.start(self.stage, self.started)
         self._channel = channel(self.path)  # the stages run in this process report here too
@@ -154,8 +161,7 @@ class StageWatch:
         self._channel.__exit__(None, None, None)
         self._read()
         self.cpu_seconds = self._cpu.seconds()
-        interrupted = isinstance(exc, KeyboardInterrupt) or \
-            getattr(exc, "code", None) == ExitCode.INTERRUPTED
+        interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "code", None) == ExitCode.INTERRUPTED
         outcome = None if exc_type is None else "interrupted" if interrupted else "failed"
         self.display.finish(outcome)
 

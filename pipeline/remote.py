@@ -26,8 +26,16 @@ from pathlib import Path
 from dlrm_contracts.atomic import atomic_directory
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.content_sample import sampled_hash_of
-from dlrm_contracts.layout import (DATASET_JSON, DICTIONARIES_DIR, HISTOGRAM_FILE, MODEL_SIZE_JSON,
-                                   PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout)
+from dlrm_contracts.layout import (
+    DATASET_JSON,
+    DICTIONARIES_DIR,
+    HISTOGRAM_FILE,
+    MODEL_SIZE_JSON,
+    PREPROCESS_JSON,
+    SEGMENTS_JSON,
+    SUCCESS,
+    WorkdirLayout,
+)
 from dlrm_contracts.object_commit import COMMIT_MARKER, committed_files, is_committed
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import Location, resolve
@@ -60,7 +68,7 @@ class RemoteWorkdir:
     def __init__(self, url: str, local: WorkdirLayout):
         self.root = resolve(url)
         self.local = local
-        self.local_root = Path(str(local.root))   # always a path: a layout of this node's disk
+        self.local_root = Path(str(local.root))  # always a path: a layout of this node's disk
 
     @property
     def parquet(self) -> Location:
@@ -78,7 +86,7 @@ class RemoteWorkdir:
             remote, local = self.root / name, self.local_root / name
             if name == "manifests":
                 wanted = {f.relative_to(remote): f for f in remote.files()}
-                for path in (local.rglob("*") if local.is_dir() else []):
+                for path in local.rglob("*") if local.is_dir() else []:
                     rel = path.relative_to(local).as_posix()
                     if path.is_file() and rel not in wanted:
                         path.unlink()
@@ -96,8 +104,13 @@ class RemoteWorkdir:
         for name in PUSHED:
             path = self.local_root / name
             if path.is_dir():
-                files.update({p.relative_to(self.local_root).as_posix(): p
-                              for p in sorted(path.rglob("*")) if p.is_file()})
+                files.update(
+                    {
+                        p.relative_to(self.local_root).as_posix(): p
+                        for p in sorted(path.rglob("*"))
+                        if p.is_file()
+                    }
+                )
             elif path.is_file():
                 files[name] = path
         for path in sorted((self.local_root / "logs").glob(f"*{PROGRESS_SUFFIX}")):
@@ -114,14 +127,14 @@ class RemoteWorkdir:
         names a fresh version prefix on every publication)."""
         parts = [_bytes_or_missing(self.parquet / PREPROCESS_JSON)]
         parts += [_bytes_or_missing(self.parquet / split / COMMIT_MARKER) for split in SPLITS]
-        return stable_hash([hashlib.sha256(p).hexdigest() if p is not None else "missing"
-                            for p in parts])
+        return stable_hash([hashlib.sha256(p).hexdigest() if p is not None else "missing" for p in parts])
 
     def parquet_complete(self) -> bool:
         """Whether the preprocess stage finished publishing: its ``_SUCCESS`` (removed when a
         run starts, written last), its description and every split's marker are there."""
-        return all(f.is_file() for f in (self.parquet / SUCCESS, self.parquet / PREPROCESS_JSON)) \
-            and all(is_committed(self.parquet / split) for split in SPLITS)
+        return all(f.is_file() for f in (self.parquet / SUCCESS, self.parquet / PREPROCESS_JSON)) and all(
+            is_committed(self.parquet / split) for split in SPLITS
+        )
 
     def fetch_parquet(self, target: Path) -> int:
         """The published splits (only the files their markers name), their description and
@@ -131,9 +144,11 @@ class RemoteWorkdir:
             DatasetError: a split is not committed (preprocess has not published it).
         """
         if not self.parquet_complete():
-            raise DatasetError(f"{self.parquet} holds no complete published parquet ("
-                               f"{SUCCESS}, {PREPROCESS_JSON} and a {COMMIT_MARKER} per split): "
-                               "run the preprocess stage")
+            raise DatasetError(
+                f"{self.parquet} holds no complete published parquet ("
+                f"{SUCCESS}, {PREPROCESS_JSON} and a {COMMIT_MARKER} per split): "
+                "run the preprocess stage"
+            )
         copied = 0
         with atomic_directory(target, overwrite=True, fsync=False) as temporary:
             for split in SPLITS:
@@ -142,8 +157,10 @@ class RemoteWorkdir:
             if is_committed(dictionaries):
                 copied += _copy_all(committed_files(dictionaries), temporary / DICTIONARIES_DIR)
             elif dictionaries.exists():
-                copied += _copy_all({f.relative_to(dictionaries): f for f in dictionaries.files()},
-                                    temporary / DICTIONARIES_DIR)
+                copied += _copy_all(
+                    {f.relative_to(dictionaries): f for f in dictionaries.files()},
+                    temporary / DICTIONARIES_DIR,
+                )
             for name in PARQUET_RECORDS:
                 if (self.parquet / name).is_file():
                     copied += _copy_all({name: self.parquet / name}, temporary)
@@ -184,8 +201,7 @@ class RemoteWorkdir:
     def dataset_hash(self) -> str:
         """As pipeline.fingerprint.file_content_hash of the published dataset.json."""
         description = self.binary_description()
-        return hashlib.sha256(description).hexdigest()[:16] if description is not None \
-            else "missing"
+        return hashlib.sha256(description).hexdigest()[:16] if description is not None else "missing"
 
 
 def _bytes_or_missing(location: Location) -> bytes | None:

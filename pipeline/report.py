@@ -59,8 +59,9 @@ def _auc_points(metrics: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
     return series
 
 
-def split_final_points(points: list[tuple[int, float]]
-                       ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def split_final_points(
+    points: list[tuple[int, float]],
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(the curve, the final evaluations): the run's model is evaluated once more at its end,
     after the best checkpoint is restored, so that point comes back to an earlier step. Drawn
     on the curve it would run back from the last step; it is a marker of its own."""
@@ -81,8 +82,11 @@ def smoothed(values: list[float], window: int) -> np.ndarray:
 
 
 def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
-    losses = [(r["step"], r["loss"]) for r in metrics if "loss" in r and "step" in r
-              and isinstance(r["loss"], (int, float))]
+    losses = [
+        (r["step"], r["loss"])
+        for r in metrics
+        if "loss" in r and "step" in r and isinstance(r["loss"], (int, float))
+    ]
     aucs = _auc_points(metrics)
     if not losses and not aucs:
         return False
@@ -92,16 +96,21 @@ def _plot_training(metrics: list[dict[str, Any]], out: Path) -> bool:
         steps, values = zip(*losses)
         left.plot(steps, values, lw=0.6, alpha=0.4, label="loss")
         window = max(1, len(values) // 50)
-        left.plot(steps, smoothed(list(values), window), lw=1.5,
-                  label=f"mean of {window} logged steps")
+        left.plot(steps, smoothed(list(values), window), lw=1.5, label=f"mean of {window} logged steps")
         left.legend()
     left.set(title="training loss", xlabel="step", ylabel="log loss")
     for name, points in sorted(aucs.items()):
         curve, finals = split_final_points(points)
         line = right.plot(*zip(*curve), marker="o", label=name)[0]
         if finals:
-            right.plot(*zip(*finals), ls="none", marker="*", markersize=12,
-                       color=line.get_color(), label=f"{name}, the run's model at its end")
+            right.plot(
+                *zip(*finals),
+                ls="none",
+                marker="*",
+                markersize=12,
+                color=line.get_color(),
+                label=f"{name}, the run's model at its end",
+            )
     right.set(title="ROC AUC", xlabel="step", ylabel="AUC")
     if aucs:
         right.legend()
@@ -162,8 +171,10 @@ def _previous_model_words(summary: dict[str, Any]) -> str:
     """After a warm start: the model it replaced, on the same rows."""
     if summary.get("init") != "previous":
         return ""
-    return (f" (warm start; the previous model scored {summary.get('previous_model_test_auc')} "
-            "on the same rows before training)")
+    return (
+        f" (warm start; the previous model scored {summary.get('previous_model_test_auc')} "
+        "on the same rows before training)"
+    )
 
 
 def _stage_table(layout: WorkdirLayout) -> list[str]:
@@ -171,20 +182,24 @@ def _stage_table(layout: WorkdirLayout) -> list[str]:
     for stage in STAGES:
         manifest = read_record(layout.manifests / f"{stage}.json")
         if manifest:
-            lines.append(f"| {stage} | {manifest.get('action')} | {manifest.get('engine')} | "
-                         f"{manifest.get('seconds')} |")
+            lines.append(
+                f"| {stage} | {manifest.get('action')} | {manifest.get('engine')} | "
+                f"{manifest.get('seconds')} |"
+            )
     return lines
 
 
-DAILY_COLUMNS = ("time", "status", "init", "next_day_auc", "previous_model_test_auc",
-                 "export_version")
+DAILY_COLUMNS = ("time", "status", "init", "next_day_auc", "previous_model_test_auc", "export_version")
 
 
 def _daily_runs(layout: WorkdirLayout, limit: int = 30) -> list[dict[str, Any]]:
     """The runs of history.jsonl that measured a next-day AUC, oldest first (the last
     ``limit``): a scheduled job's record, one line per day."""
-    runs = [r for r in _read_metrics(layout.manifests / "history.jsonl")
-            if isinstance(r.get("next_day_auc"), (int, float))]
+    runs = [
+        r
+        for r in _read_metrics(layout.manifests / "history.jsonl")
+        if isinstance(r.get("next_day_auc"), (int, float))
+    ]
     return runs[-limit:]
 
 
@@ -192,11 +207,17 @@ def _daily_section(layout: WorkdirLayout) -> list[str]:
     runs = _daily_runs(layout)
     if not runs:
         return []
-    lines = ["", "## Daily runs", "",
-             "next-day AUC: the model trained through day k scored on day k+1 (the test half "
-             "of the newest day, never trained on); previous model: the model the run "
-             "replaced, on the same rows before training (after a warm start).", "",
-             "| " + " | ".join(DAILY_COLUMNS) + " |", "|" + "---|" * len(DAILY_COLUMNS)]
+    lines = [
+        "",
+        "## Daily runs",
+        "",
+        "next-day AUC: the model trained through day k scored on day k+1 (the test half "
+        "of the newest day, never trained on); previous model: the model the run "
+        "replaced, on the same rows before training (after a warm start).",
+        "",
+        "| " + " | ".join(DAILY_COLUMNS) + " |",
+        "|" + "---|" * len(DAILY_COLUMNS),
+    ]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in DAILY_COLUMNS) + " |" for r in runs]
     if len(runs) > 1 and _plot_daily(runs, layout.report / "next_day_auc.png"):
         lines += ["", "![next-day AUC per run](next_day_auc.png)"]
@@ -206,10 +227,12 @@ def _daily_section(layout: WorkdirLayout) -> list[str]:
 def _plot_daily(runs: list[dict[str, Any]], out: Path) -> bool:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3))
-    ax.plot(range(1, len(runs) + 1), [r["next_day_auc"] for r in runs], marker="o",
-            label="next-day AUC")
-    previous = [(i + 1, r["previous_model_test_auc"]) for i, r in enumerate(runs)
-                if isinstance(r.get("previous_model_test_auc"), (int, float))]
+    ax.plot(range(1, len(runs) + 1), [r["next_day_auc"] for r in runs], marker="o", label="next-day AUC")
+    previous = [
+        (i + 1, r["previous_model_test_auc"])
+        for i, r in enumerate(runs)
+        if isinstance(r.get("previous_model_test_auc"), (int, float))
+    ]
     if previous:
         ax.plot(*zip(*previous), marker="x", ls="--", label="previous model, same rows")
     ax.set(title="next-day AUC per run", xlabel="run (oldest first)", ylabel="AUC")
@@ -225,13 +248,21 @@ def _set_aside_section(summary: dict[str, Any]) -> list[str]:
     runs = summary.get("checkpoints_set_aside") or []
     if not runs:
         return []
-    lines = ["", "## Checkpoints set aside", "",
-             "Earlier runs' checkpoints, moved aside (not deleted) when a setting of the model, "
-             "the dataset or --force started a new run. Remove one with `rm -r FOLDER`.", "",
-             "| folder | size | why |", "|---|---|---|"]
+    lines = [
+        "",
+        "## Checkpoints set aside",
+        "",
+        "Earlier runs' checkpoints, moved aside (not deleted) when a setting of the model, "
+        "the dataset or --force started a new run. Remove one with `rm -r FOLDER`.",
+        "",
+        "| folder | size | why |",
+        "|---|---|---|",
+    ]
     for run in runs:
-        lines.append(f"| `{run.get('path')}` | {human(run.get('bytes') or 0)} | "
-                     f"{run.get('reason') or 'not recorded'} |")
+        lines.append(
+            f"| `{run.get('path')}` | {human(run.get('bytes') or 0)} | "
+            f"{run.get('reason') or 'not recorded'} |"
+        )
     return lines
 
 
@@ -240,17 +271,30 @@ def write_report(layout: WorkdirLayout) -> Path:
     summary = read_record(layout.root / "summary.json") or {}
     quality = read_record(layout.data_quality) or {}
     metrics = _read_metrics(layout.logs / "metrics.jsonl")
-    lines = ["# Pipeline run report", "", f"Workdir: `{layout.root}`", "",
-             f"Status: **{summary.get('status', 'unknown')}** — threshold "
-             f"`{summary.get('threshold')}`, test AUC {summary.get('test_auc')}, "
-             f"validation AUC {summary.get('validation_auc')}, next-day AUC "
-             f"{summary.get('next_day_auc')}" + _previous_model_words(summary),
-             "", "## Stages", ""]
+    lines = [
+        "# Pipeline run report",
+        "",
+        f"Workdir: `{layout.root}`",
+        "",
+        f"Status: **{summary.get('status', 'unknown')}** — threshold "
+        f"`{summary.get('threshold')}`, test AUC {summary.get('test_auc')}, "
+        f"validation AUC {summary.get('validation_auc')}, next-day AUC "
+        f"{summary.get('next_day_auc')}" + _previous_model_words(summary),
+        "",
+        "## Stages",
+        "",
+    ]
     lines += _stage_table(layout)
     if _plot_stage_times(_stage_seconds(layout), layout.report / "stage_times.png"):
         lines += ["", "![time per stage](stage_times.png)"]
-    lines += ["", "## Data", "", f"Rows per split: `{summary.get('rows')}`", "",
-              f"Table sizes: `{summary.get('table_sizes')}`"]
+    lines += [
+        "",
+        "## Data",
+        "",
+        f"Rows per split: `{summary.get('rows')}`",
+        "",
+        f"Table sizes: `{summary.get('table_sizes')}`",
+    ]
     if quality:
         lines += ["", "Data quality totals: `" + json.dumps(_quality_totals(quality)) + "`"]
         if _plot_quality(quality, layout.report / "data_quality.png"):

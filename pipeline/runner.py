@@ -23,8 +23,7 @@ import yaml
 
 from dlrm_contracts.atomic import open_append, write_json_atomic, write_text_atomic
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
-from dlrm_contracts.errors import (ExitCode, PipelineError, not_permitted_message,
-                                   permission_cause)
+from dlrm_contracts.errors import ExitCode, PipelineError, not_permitted_message, permission_cause
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
 from dlrm_contracts.lock import WorkdirLock, workdir_lock
 from dlrm_contracts.storage import is_url
@@ -76,8 +75,12 @@ class FallbackFileHandler(logging.FileHandler):
         except OSError:
             pass
         self.stream = None
-        print(f"[pipeline] log file {self.baseFilename} cannot be written "
-              f"({exc.strerror or exc}); logging to stderr only", file=sys.stderr, flush=True)
+        print(
+            f"[pipeline] log file {self.baseFilename} cannot be written "
+            f"({exc.strerror or exc}); logging to stderr only",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class IsoTimeFormatter(logging.Formatter):
@@ -105,8 +108,12 @@ def _setup_logging(layout: WorkdirLayout, display: Display) -> Path:
     try:
         layout.logs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"[pipeline] log directory {layout.logs} cannot be created ({exc.strerror or exc}); "
-              "logging to stderr only", file=sys.stderr, flush=True)
+        print(
+            f"[pipeline] log directory {layout.logs} cannot be created ({exc.strerror or exc}); "
+            "logging to stderr only",
+            file=sys.stderr,
+            flush=True,
+        )
         return path
     file_handler = FallbackFileHandler(path)
     file_handler.setFormatter(fmt)
@@ -121,6 +128,7 @@ class Interrupted(PipelineError):
 
 def install_signal_handlers() -> None:
     """SIGINT / SIGTERM stop the running child and end the run as interrupted (exit 130)."""
+
     def handler(signum, _frame):
         terminate_current_child()
         raise Interrupted(signum)
@@ -163,8 +171,9 @@ def _run_stage(name: str, ctx: StageContext, force: bool, display: Display) -> S
     # A satisfied-without-rerun stage keeps its original manifest key semantics: record the new
     # key so the next run with the same request skips straight away.
     ctx.manifests.complete(record)
-    log.info("%-10s %s (%s) in %.1f s%s", name, outcome.action, outcome.engine, record.seconds,
-             _throughput(record))
+    log.info(
+        "%-10s %s (%s) in %.1f s%s", name, outcome.action, outcome.engine, record.seconds, _throughput(record)
+    )
     return record
 
 
@@ -211,8 +220,9 @@ def _current_training(ctx: StageContext | None) -> dict[str, Any]:
         return {}
 
 
-def _daily_fields(evaluation: dict[str, Any], training: dict[str, Any],
-                  layout: WorkdirLayout) -> dict[str, Any]:
+def _daily_fields(
+    evaluation: dict[str, Any], training: dict[str, Any], layout: WorkdirLayout
+) -> dict[str, Any]:
     """What a scheduled (daily) job is judged by (docs/pipeline.md, "Daily runs").
 
     next_day_auc: the model's AUC on the newest day of the data (its test half), which no
@@ -222,14 +232,16 @@ def _daily_fields(evaluation: dict[str, Any], training: dict[str, Any],
     """
     init = training.get("init") or {}
     newest = export_versions(layout.export)
-    return {"next_day_auc": evaluation.get("test_auc"),
-            "previous_model_test_auc": training.get("previous_model_test_auc"),
-            # a warm-started run resumed after a kill is still a warm start
-            "init": "previous" if "from_step" in init else init.get("mode"),
-            # the train days this run trained on (train.days: new trains the unseen ones only)
-            "days_trained": (training.get("train_days") or {}).get("run"),
-            "export_version": newest[-1][0] if newest else None,
-            "served_version": _served_version(layout)}
+    return {
+        "next_day_auc": evaluation.get("test_auc"),
+        "previous_model_test_auc": training.get("previous_model_test_auc"),
+        # a warm-started run resumed after a kill is still a warm start
+        "init": "previous" if "from_step" in init else init.get("mode"),
+        # the train days this run trained on (train.days: new trains the unseen ones only)
+        "days_trained": (training.get("train_days") or {}).get("run"),
+        "export_version": newest[-1][0] if newest else None,
+        "served_version": _served_version(layout),
+    }
 
 
 def _served_version(layout: WorkdirLayout) -> int | None:
@@ -242,9 +254,14 @@ def _served_version(layout: WorkdirLayout) -> int | None:
     return int(served.name) if served else None
 
 
-def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageRecord],
-             status: str, ctx: StageContext | None = None,
-             remote: RemoteWorkdir | None = None) -> dict[str, Any]:
+def _summary(
+    config: PipelineConfig,
+    layout: WorkdirLayout,
+    records: list[StageRecord],
+    status: str,
+    ctx: StageContext | None = None,
+    remote: RemoteWorkdir | None = None,
+) -> dict[str, Any]:
     dataset = read_record(layout.binary / DATASET_JSON) or {}
     evaluation = _current_evaluation(ctx, layout)
     return {
@@ -255,10 +272,17 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
         # The threshold of the binary dataset in the workdir (what train/eval used); differs
         # from "threshold" when the convert stage was not part of the run.
         "dataset_threshold": dataset.get("threshold_spec"),
-        "stages": {r.stage: {"action": r.action, "engine": r.engine, "seconds": round(r.seconds, 2),
-                             "rows": r.rows, "rows_per_s": r.rows_per_s(),
-                             "cpu_seconds": r.cpu_seconds}
-                   for r in records},
+        "stages": {
+            r.stage: {
+                "action": r.action,
+                "engine": r.engine,
+                "seconds": round(r.seconds, 2),
+                "rows": r.rows,
+                "rows_per_s": r.rows_per_s(),
+                "cpu_seconds": r.cpu_seconds,
+            }
+            for r in records
+        },
         "seconds": round(sum(r.seconds for r in records), 2),
         "rows": dataset.get("splits"),
         "table_sizes": dataset.get("table_sizes"),
@@ -268,8 +292,7 @@ def _summary(config: PipelineConfig, layout: WorkdirLayout, records: list[StageR
         # earlier runs' checkpoints set aside by a change of the model (never deleted): each
         # folder, its size and why; `rm -r` of a folder removes it
         "checkpoints_set_aside": superseded_runs(layout.checkpoints),
-        "report": str(remote.root / "report" / "report.md") if remote
-        else str(layout.report / "report.md"),
+        "report": str(remote.root / "report" / "report.md") if remote else str(layout.report / "report.md"),
     }
 
 
@@ -280,8 +303,12 @@ def _warn_if_dataset_threshold_differs(ctx: StageContext) -> None:
     except PipelineError:  # a damaged description: the stages that read it say so
         return
     if differs:
-        log.warning("the binary dataset is at threshold %s, not the requested %s: add the convert "
-                    "stage to change it (train/eval use the dataset as it is)", made_at, ctx.threshold)
+        log.warning(
+            "the binary dataset is at threshold %s, not the requested %s: add the convert "
+            "stage to change it (train/eval use the dataset as it is)",
+            made_at,
+            ctx.threshold,
+        )
 
 
 def _generation_interrupted(layout: WorkdirLayout) -> bool:
@@ -296,8 +323,9 @@ def _prepare_workdir(layout: WorkdirLayout, display: Display) -> Path:
         full = as_disk_full(exc, "setup", layout.root)
         if full is not None:
             raise full from None
-        raise PipelineError(f"workdir {layout.root} cannot be created or written: "
-                            f"{exc.strerror or exc}", ExitCode.USAGE) from None
+        raise PipelineError(
+            f"workdir {layout.root} cannot be created or written: {exc.strerror or exc}", ExitCode.USAGE
+        ) from None
     return _setup_logging(layout, display)
 
 
@@ -314,20 +342,26 @@ def _spark_local_dirs(config: PipelineConfig) -> list[str]:
     return [str(p) for p in preflight.spark_local_dirs(config)]
 
 
-def _classify(exc: BaseException, stage: str, config: PipelineConfig,
-              layout: WorkdirLayout) -> PipelineError | None:
+def _classify(
+    exc: BaseException, stage: str, config: PipelineConfig, layout: WorkdirLayout
+) -> PipelineError | None:
     """A failure caused by a full disk, as its one-line error (None for any other failure)."""
     if isinstance(exc, PipelineError) and exc.code == ExitCode.DISK_FULL:
         return exc
     try:
-        outputs = {"generate": layout.raw, "preprocess": layout.parquet, "convert": layout.binary,
-                   "train": layout.checkpoints}
+        outputs = {
+            "generate": layout.raw,
+            "preprocess": layout.parquet,
+            "convert": layout.binary,
+            "train": layout.checkpoints,
+        }
         default = layout.manifests if stage == "setup" else layout.root
         cause = None if isinstance(exc, PipelineError) else permission_cause(exc)
         if cause is not None:
-            return PipelineError(not_permitted_message(cause, f"stage {stage}",
-                                                       str(outputs.get(stage, default))),
-                                 ExitCode.USAGE)
+            return PipelineError(
+                not_permitted_message(cause, f"stage {stage}", str(outputs.get(stage, default))),
+                ExitCode.USAGE,
+            )
         candidates = [str(outputs.get(stage, default))]
         if stage == "preprocess":
             candidates += _spark_local_dirs(config)
@@ -375,17 +409,23 @@ def run_pipeline(config: PipelineConfig) -> int:
     layout = WorkdirLayout.at(local_side(url, config.train.stage_dir) if url else config.workdir)
     display = make_display(config.progress)
     log_path = _prepare_workdir(layout, display)
-    run = RunState(config, layout, [s for s in STAGES if s in config.stages], display=display,
-                   remote=RemoteWorkdir(url, layout) if url else None)
+    run = RunState(
+        config,
+        layout,
+        [s for s in STAGES if s in config.stages],
+        display=display,
+        remote=RemoteWorkdir(url, layout) if url else None,
+    )
     _check_raw_input(run)
     # its children (the wings) run under this lock: they inherit its token (dlrm_contracts.lock)
     with workdir_lock(url, "pipeline") if url else WorkdirLock(layout.lock_file, "pipeline"):
         install_signal_handlers()
-        log.info("workdir %s, stages %s, log %s", url or layout.root, ",".join(run.wanted),
-                 log_path)
+        log.info("workdir %s, stages %s, log %s", url or layout.root, ",".join(run.wanted), log_path)
         if url:
-            log.info("workdir URL: this node's local side (staged dataset, checkpoints, logs, "
-                     "exports) is %s", layout.root)
+            log.info(
+                "workdir URL: this node's local side (staged dataset, checkpoints, logs, exports) is %s",
+                layout.root,
+            )
         try:
             if run.remote:
                 run.remote.pull_records()
@@ -395,12 +435,23 @@ def run_pipeline(config: PipelineConfig) -> int:
         finally:
             _close_run(run)
     if run.remote:
-        log.info("outputs: parquet %s, binary %s, records and report at %s; checkpoints %s, "
-                 "logs %s on this node", run.remote.parquet, run.remote.binary, run.remote.root,
-                 layout.checkpoints, layout.logs)
+        log.info(
+            "outputs: parquet %s, binary %s, records and report at %s; checkpoints %s, logs %s on this node",
+            run.remote.parquet,
+            run.remote.binary,
+            run.remote.root,
+            layout.checkpoints,
+            layout.logs,
+        )
     else:
-        log.info("outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
-                 layout.parquet, layout.binary, layout.checkpoints, layout.logs, layout.report)
+        log.info(
+            "outputs: parquet %s, binary %s, checkpoints %s, logs %s, report %s",
+            layout.parquet,
+            layout.binary,
+            layout.checkpoints,
+            layout.logs,
+            layout.report,
+        )
     print(json.dumps(run.summary, sort_keys=True), flush=True)
     return int(run.code)
 
@@ -412,11 +463,17 @@ def _check_raw_input(run: RunState) -> None:
     if config.input or "generate" in run.wanted or set(run.wanted) <= {"export", "score"}:
         return
     if not layout.raw.exists():
-        raise PipelineError("no --input given and no generated data in the workdir: add the "
-                            "generate stage or pass --input RAW_DIR", ExitCode.USAGE)
+        raise PipelineError(
+            "no --input given and no generated data in the workdir: add the "
+            "generate stage or pass --input RAW_DIR",
+            ExitCode.USAGE,
+        )
     if _generation_interrupted(layout):
-        raise PipelineError(f"the generated data in {layout.raw} is incomplete (a generate run was "
-                            "interrupted): add the generate stage", ExitCode.USAGE)
+        raise PipelineError(
+            f"the generated data in {layout.raw} is incomplete (a generate run was "
+            "interrupted): add the generate stage",
+            ExitCode.USAGE,
+        )
 
 
 def _run_stages(run: RunState) -> None:
@@ -425,11 +482,18 @@ def _run_stages(run: RunState) -> None:
     # rank, checkpoints) is checked again before train when it is unknown now, or when this
     # run's preprocess grows the tables (stable ids: today's newcomers are not counted yet).
     # (with a workdir URL the preflight's disk figures would be the local side's: not run)
-    check_before_train = config.preflight.enabled and run.remote is None and (
-        not _tables_known(config)
-        or (config.preprocess.ids == "stable" and "preprocess" in run.wanted))
-    run.ctx = StageContext(config, run.layout, ManifestStore(run.layout.manifests),
-                           _write_effective_config(config, run.layout), remote=run.remote)
+    check_before_train = (
+        config.preflight.enabled
+        and run.remote is None
+        and (not _tables_known(config) or (config.preprocess.ids == "stable" and "preprocess" in run.wanted))
+    )
+    run.ctx = StageContext(
+        config,
+        run.layout,
+        ManifestStore(run.layout.manifests),
+        _write_effective_config(config, run.layout),
+        remote=run.remote,
+    )
     first_model_stage = next((s for s in run.wanted if s in ("train", "eval")), None)
     for name in run.wanted:
         if name == "generate" and config.input:
@@ -441,7 +505,7 @@ def _run_stages(run: RunState) -> None:
         if name == "train" and check_before_train:
             preflight.before_train(config, log.info)
         run.records.append(_run_stage(name, run.ctx, config.force, run.display))
-        if run.remote:   # a rerun after a kill, on any node, sees this stage done
+        if run.remote:  # a rerun after a kill, on any node, sees this stage done
             run.remote.push_records()
         run.running = None
 
@@ -470,15 +534,18 @@ def _close_run(run: RunState) -> None:
     if run.running is not None:
         name, started = run.running
         action = "interrupted" if run.code == ExitCode.INTERRUPTED else "failed"
-        run.records.append(StageRecord(name, "", {}, action=action, engine="-", started=started,
-                                       seconds=time.time() - started))
-    summary = run.summary = _summary(run.config, run.layout, run.records, run.status, run.ctx,
-                                     run.remote)
+        run.records.append(
+            StageRecord(
+                name, "", {}, action=action, engine="-", started=started, seconds=time.time() - started
+            )
+        )
+    summary = run.summary = _summary(run.config, run.layout, run.records, run.status, run.ctx, run.remote)
     history = ManifestStore(run.layout.manifests)
-    _save_quietly("run history", lambda: history.append_history(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}))
-    _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json",
-                                                            summary))
+    _save_quietly(
+        "run history",
+        lambda: history.append_history({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary}),
+    )
+    _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json", summary))
     _write_report_safely(run.layout)
     if run.remote:
         _save_quietly(f"the records at {run.remote.root}", run.remote.push_records)

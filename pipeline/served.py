@@ -45,8 +45,10 @@ def _rollback_target(state: ServingState, versions: list[int]) -> int:
     served = served_version(state, versions)
     older = [v for v in versions if served is not None and v < served]
     if not older:
-        raise UsageError(f"no version older than the served one ({served}) to roll back to "
-                         f"(versions: {', '.join(map(str, versions)) or 'none'})")
+        raise UsageError(
+            f"no version older than the served one ({served}) to roll back to "
+            f"(versions: {', '.join(map(str, versions)) or 'none'})"
+        )
     return older[-1]
 
 
@@ -63,14 +65,14 @@ def _change(layout: WorkdirLayout, action: str, version: int | None) -> list[str
                 said = [f"version {version} was not pinned"]
             else:
                 state.pinned.discard(version)
-                said = [f"version {version} unpinned: pruning may delete it once it is not "
-                        "among the newest export.keep_versions, served or the newest verified"]
+                said = [
+                    f"version {version} unpinned: pruning may delete it once it is not "
+                    "among the newest export.keep_versions, served or the newest verified"
+                ]
         elif action == "rollback":
-            target = (_existing(layout, version) if version is not None
-                      else _rollback_target(state, versions))
+            target = _existing(layout, version) if version is not None else _rollback_target(state, versions)
             state.held = target
-            said = [f"serving version {target} (held: new exports do not replace it until "
-                    "`export latest`)"]
+            said = [f"serving version {target} (held: new exports do not replace it until `export latest`)"]
         else:  # latest
             state.held = None
             said = ["following the newest verified version again"]
@@ -89,24 +91,41 @@ def version_table(layout: WorkdirLayout) -> dict[str, Any]:
             fingerprint = json.loads((path / EXPORT_FINGERPRINT).read_text())
         except (OSError, ValueError):
             fingerprint = {}
-        rows.append({"version": version, "served": version == served,
-                     "pinned": version in state.pinned, "verified": state.verified.get(version),
-                     "checkpoint_step": fingerprint.get("checkpoint_step"),
-                     "test_auc": fingerprint.get("test_auc"), "created": fingerprint.get("created")})
-    return {"export": str(layout.export), "served_version": served,
-            "held": state.held if state.held == served else None,
-            "pinned": sorted(state.pinned), "versions": rows}
+        rows.append(
+            {
+                "version": version,
+                "served": version == served,
+                "pinned": version in state.pinned,
+                "verified": state.verified.get(version),
+                "checkpoint_step": fingerprint.get("checkpoint_step"),
+                "test_auc": fingerprint.get("test_auc"),
+                "created": fingerprint.get("created"),
+            }
+        )
+    return {
+        "export": str(layout.export),
+        "served_version": served,
+        "held": state.held if state.held == served else None,
+        "pinned": sorted(state.pinned),
+        "versions": rows,
+    }
 
 
 def _describe(row: dict[str, Any]) -> str:
-    marks = [m for m, on in (("served", row["served"]), ("pinned", row["pinned"]),
-                             ("verified", row["verified"])) if on]
-    return (f"  {row['version']:>4}  step {row['checkpoint_step']}  test auc {row['test_auc']}  "
-            f"created {row['created']}  {' '.join(marks)}")
+    marks = [
+        m
+        for m, on in (("served", row["served"]), ("pinned", row["pinned"]), ("verified", row["verified"]))
+        if on
+    ]
+    return (
+        f"  {row['version']:>4}  step {row['checkpoint_step']}  test auc {row['test_auc']}  "
+        f"created {row['created']}  {' '.join(marks)}"
+    )
 
 
-def export_command(workdir: str | Path, action: str, version: int | None,
-                   say: Callable[[str], None] = print) -> int:
+def export_command(
+    workdir: str | Path, action: str, version: int | None, say: Callable[[str], None] = print
+) -> int:
     """One export command; its lines through ``say``, the version table as the last line."""
     if action in ("pin", "unpin") and version is None:
         raise UsageError(f"export {action} needs a VERSION (see `export list`)")

@@ -21,20 +21,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from converters.convert import (TORCHREC, convert_parquet, same_materialization,
-                                write_other_formats)
+from converters.convert import TORCHREC, convert_parquet, same_materialization, write_other_formats
 from converters.rethreshold import rethreshold
 from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
-from dlrm_contracts.binary_format import (DamagedDatasetError, DatasetError,
-                                          UnreadableParquetError, read_info)
-from dlrm_contracts.config import (TRAIN_EXTENT_SETTINGS, PipelineConfig, changed_settings,
-                                   config_to_dict, train_model_settings)
+from dlrm_contracts.binary_format import DamagedDatasetError, DatasetError, UnreadableParquetError, read_info
+from dlrm_contracts.config import (
+    TRAIN_EXTENT_SETTINGS,
+    PipelineConfig,
+    changed_settings,
+    config_to_dict,
+    train_model_settings,
+)
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
 from dlrm_contracts.object_commit import publish_directory
-from dlrm_contracts.layout import (DATASET_JSON, DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON,
-                                   SUPERSEDED_DIR, WorkdirLayout, best_checkpoint, checkpoint_dir,
-                                   complete_checkpoints, read_checkpoint_meta, run_checkpoints)
+from dlrm_contracts.layout import (
+    DATASET_JSON,
+    DAYS_DIR,
+    PREPROCESS_JSON,
+    SEGMENTS_JSON,
+    SUPERSEDED_DIR,
+    WorkdirLayout,
+    best_checkpoint,
+    checkpoint_dir,
+    complete_checkpoints,
+    read_checkpoint_meta,
+    run_checkpoints,
+)
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.storage import is_url
@@ -42,8 +55,13 @@ from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 from pipeline.diskspace import human as human_bytes
-from pipeline.fingerprint import (changed_files, file_content_hash, input_fingerprint, stable_hash,
-                                  tree_fingerprint)
+from pipeline.fingerprint import (
+    changed_files,
+    file_content_hash,
+    input_fingerprint,
+    stable_hash,
+    tree_fingerprint,
+)
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import KNOWN_ERROR, run_child
@@ -89,7 +107,7 @@ class StageContext:
 class Outcome:
     """What a stage's run function reports back to the runner."""
 
-    action: str            # ran | derived | skipped
+    action: str  # ran | derived | skipped
     engine: str
     summary: dict[str, Any]
     rows: int | None = None  # rows (samples, lines) the stage went through: its rows/s
@@ -132,6 +150,7 @@ def _refused(stage: str, result, error: str) -> bool:
 def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> PipelineError:
     """A known failure of the child is its own one line (it names the file and the fix) and
     the log's path; anything else (a crash, a kill) shows the last lines of the log."""
+
     def known_of(lines: list[str]) -> list[str]:
         # Of several ranks, the first to fail with a known error is the cause: the others then
         # fail in a collective (an "unexpected error" with a traceback) because it left.
@@ -139,17 +158,20 @@ def _child_failed(stage: str, result, code: ExitCode, ctx: StageContext) -> Pipe
 
     # The tail's first (the end of the output says why it ended), else the whole output's:
     # horovodrun's and the other ranks' tracebacks may have pushed it out of the tail.
-    known = (known_of([m.group(1) for m in map(KNOWN_ERROR.match, result.tail) if m])
-             or known_of(result.errors))
+    known = known_of([m.group(1) for m in map(KNOWN_ERROR.match, result.tail) if m]) or known_of(
+        result.errors
+    )
     # A full disk is recognised from the whole tail (the JVM says it in its own words).
     if known and not says_disk_full("\n".join(result.tail)):
-        return PipelineError(f"{stage} failed (exit {result.returncode}): {known[0]} "
-                             f"(log: {ctx.stage_log(stage)})", code,
-                             kind=f"{stage}_refused" if _refused(stage, result, known[0])
-                             else None)
+        return PipelineError(
+            f"{stage} failed (exit {result.returncode}): {known[0]} (log: {ctx.stage_log(stage)})",
+            code,
+            kind=f"{stage}_refused" if _refused(stage, result, known[0]) else None,
+        )
     tail = "\n    ".join(result.tail[-12:])
-    return PipelineError(f"{stage} failed (exit {result.returncode}); last lines of "
-                         f"{ctx.stage_log(stage)}:\n    {tail}", code)
+    return PipelineError(
+        f"{stage} failed (exit {result.returncode}); last lines of {ctx.stage_log(stage)}:\n    {tail}", code
+    )
 
 
 # ---------------------------------------------------------------- generate
@@ -163,8 +185,12 @@ def _generate_run(ctx: StageContext) -> Outcome:
     if ctx.layout.raw.exists():
         shutil.rmtree(ctx.layout.raw)
     meta = generate(ctx.layout.raw, ctx.config.generator)
-    return Outcome("ran", "python", {"rows": meta.get("rows"), "days": ctx.config.generator.days,
-                                     "bayes_auc": meta.get("bayes_auc")}, rows=meta.get("rows"))
+    return Outcome(
+        "ran",
+        "python",
+        {"rows": meta.get("rows"), "days": ctx.config.generator.days, "bayes_auc": meta.get("bayes_auc")},
+        rows=meta.get("rows"),
+    )
 
 
 # ---------------------------------------------------------------- preprocess
@@ -189,23 +215,31 @@ def _parquet_spec(ctx: StageContext) -> ThresholdSpec | None:
 def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     p = ctx.config.preprocess
     raw = ctx.raw_dir
-    return {"raw": url_fingerprint(raw) if isinstance(raw, str) else input_fingerprint(raw),
-            "shuffle_seed": p.shuffle_seed, "max_reject_rate": p.max_reject_rate,
-            "output_files": p.output_files, "train_rows_per_file": p.train_rows_per_file,
-            "dictionary_days": p.dictionary_days,
-            "threshold": str(ctx.threshold),
-            # only when set, so that a workdir made before these settings keeps its key
-            **({"ids": p.ids} if p.ids != "frequency" else {}),
-            **({"caps": p.caps} if p.caps is not None else {}),
-            **({"window_days": p.window_days} if p.window_days is not None else {})}
+    return {
+        "raw": url_fingerprint(raw) if isinstance(raw, str) else input_fingerprint(raw),
+        "shuffle_seed": p.shuffle_seed,
+        "max_reject_rate": p.max_reject_rate,
+        "output_files": p.output_files,
+        "train_rows_per_file": p.train_rows_per_file,
+        "dictionary_days": p.dictionary_days,
+        "threshold": str(ctx.threshold),
+        # only when set, so that a workdir made before these settings keeps its key
+        **({"ids": p.ids} if p.ids != "frequency" else {}),
+        **({"caps": p.caps} if p.caps is not None else {}),
+        **({"window_days": p.window_days} if p.window_days is not None else {}),
+    }
 
 
 def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
     if ctx.remote is not None:
         return ctx.remote.parquet_fingerprint()
     ignore = (ctx.layout.parquet_removed.name, *ignore)
-    return stable_hash([file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
-                        tree_fingerprint(ctx.layout.parquet, ignore=ignore)])
+    return stable_hash(
+        [
+            file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
+            tree_fingerprint(ctx.layout.parquet, ignore=ignore),
+        ]
+    )
 
 
 def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
@@ -241,24 +275,41 @@ def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
     same_data = all(previous["inputs"].get(k) == v for k, v in wanted.items() if k != "threshold")
     fresh = previous.get("outputs_fingerprint") == _preprocess_outputs(ctx)
     if same_data and fresh and ctx.threshold.is_at_least(made_at):
-        return Outcome("skipped", "-", {**previous.get("summary", {}),
-                                        "reason": f"parquet at threshold {made_at} serves "
-                                                  f"{ctx.threshold} (raise done without Spark)"})
+        return Outcome(
+            "skipped",
+            "-",
+            {
+                **previous.get("summary", {}),
+                "reason": f"parquet at threshold {made_at} serves {ctx.threshold} (raise done without Spark)",
+            },
+        )
     return None
 
 
 def _spark_argv(ctx: StageContext) -> list[str]:
     s = ctx.config.spark
-    argv = [_python(), "-m", "spark_jobs", "--input", str(ctx.raw_dir),
-            "--workdir", ctx.workdir, "--frequency-threshold", str(ctx.threshold),
-            "--config", str(ctx.config_path), "--master", s.master]
+    argv = [
+        _python(),
+        "-m",
+        "spark_jobs",
+        "--input",
+        str(ctx.raw_dir),
+        "--workdir",
+        ctx.workdir,
+        "--frequency-threshold",
+        str(ctx.threshold),
+        "--config",
+        str(ctx.config_path),
+        "--master",
+        s.master,
+    ]
     if s.conf_file:
         argv += ["--conf-file", s.conf_file]
     for key, value in sorted(s.conf.items()):
         argv += ["--conf", f"{key}={value}"]
     if s.gpu:
         argv.append("--gpu")
-    if ctx.config.force:   # --force redoes the stage whole: with stable ids, every day's transform
+    if ctx.config.force:  # --force redoes the stage whole: with stable ids, every day's transform
         argv.append("--retransform")
     return argv
 
@@ -271,31 +322,38 @@ def _preprocess_run(ctx: StageContext) -> Outcome:
     ctx.layout.parquet_removed.unlink(missing_ok=True)  # Spark writes the splits anew
     result = run_child(_spark_argv(ctx), ctx.stage_log("preprocess"), env=ctx.child_env)
     if result.returncode != 0:
-        code = (ExitCode(result.returncode) if result.returncode in SPARK_KNOWN_CODES
-                else ExitCode.PREPROCESS)
+        code = ExitCode(result.returncode) if result.returncode in SPARK_KNOWN_CODES else ExitCode.PREPROCESS
         raise _child_failed("preprocess", result, code, ctx)
     summary = result.summary or {}
-    return Outcome("ran", "spark", summary,
-                   rows=summary.get("data_quality", {}).get("rows_read"))
+    return Outcome("ran", "spark", summary, rows=summary.get("data_quality", {}).get("rows_read"))
 
 
 # ---------------------------------------------------------------- convert
 def _convert_inputs(ctx: StageContext) -> dict[str, Any]:
     convert = ctx.config.convert
     # named only when asked for, so the inputs of a one-hot, binary-only workdir are unchanged
-    wanted = {key: value for key, value in (
-        ("multi_hot", None if convert.multi_hot_sizes is None or set(convert.multi_hot_sizes) == {1}
-         else [convert.multi_hot_sizes, convert.multi_hot_seed, convert.multi_hot_distribution]),
-        ("formats", None if convert.formats == ["binary"] else sorted(convert.formats)))
-        if value is not None}
+    wanted = {
+        key: value
+        for key, value in (
+            (
+                "multi_hot",
+                None
+                if convert.multi_hot_sizes is None or set(convert.multi_hot_sizes) == {1}
+                else [convert.multi_hot_sizes, convert.multi_hot_seed, convert.multi_hot_distribution],
+            ),
+            ("formats", None if convert.formats == ["binary"] else sorted(convert.formats)),
+        )
+        if value is not None
+    }
     return {"parquet": _preprocess_outputs(ctx), "threshold": str(ctx.threshold), **wanted}
 
 
 def _convert_outputs(ctx: StageContext) -> str:
     if ctx.remote is not None:
         return ctx.remote.binary_fingerprint()
-    return stable_hash([file_content_hash(ctx.layout.binary / DATASET_JSON),
-                        tree_fingerprint(ctx.layout.binary)])
+    return stable_hash(
+        [file_content_hash(ctx.layout.binary / DATASET_JSON), tree_fingerprint(ctx.layout.binary)]
+    )
 
 
 def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
@@ -327,14 +385,21 @@ def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
         verify_dataset(ctx.layout.binary, full=False)
     except DatasetError as exc:
         raise PipelineError(f"{exc}: the parquet splits are kept", ExitCode.DATASET_INVALID) from None
-    files = {f.stat().st_ino: f.stat().st_size for d in splits + days
-             for f in ([d] if d.is_file() else d.rglob("*")) if f.is_file()}
-    freed = sum(files.values())       # a hard-linked file counted once
-    record = {"fingerprint": _preprocess_outputs(ctx),
-              "remaining": _parquet_fingerprint(ctx, ignore=(*SPLITS, DAYS_DIR, SEGMENTS_JSON)),
-              "removed": [d.name for d in splits + days], "bytes": freed,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "reason": "preprocess.keep_parquet: false; the binary dataset verified"}
+    files = {
+        f.stat().st_ino: f.stat().st_size
+        for d in splits + days
+        for f in ([d] if d.is_file() else d.rglob("*"))
+        if f.is_file()
+    }
+    freed = sum(files.values())  # a hard-linked file counted once
+    record = {
+        "fingerprint": _preprocess_outputs(ctx),
+        "remaining": _parquet_fingerprint(ctx, ignore=(*SPLITS, DAYS_DIR, SEGMENTS_JSON)),
+        "removed": [d.name for d in splits + days],
+        "bytes": freed,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "reason": "preprocess.keep_parquet: false; the binary dataset verified",
+    }
     write_json_atomic(ctx.layout.parquet_removed, record)
     for path in splits + days:
         if path.is_dir():
@@ -353,10 +418,13 @@ def _needs_parquet(ctx: StageContext, damage: str | None = None) -> None:
     removed = read_record(ctx.layout.parquet_removed)
     if removed and not all(ctx.layout.parquet_split(s).exists() for s in SPLITS):
         why = f"the binary dataset is damaged ({damage}) and " if damage else ""
-        raise PipelineError(f"{why}this conversion needs the parquet splits, which were removed "
-                            f"on {removed.get('time')} (preprocess.keep_parquet: false): rebuild "
-                            "them with --stages preprocess,convert --force (the counts are "
-                            "reused)", ExitCode.CONVERT)
+        raise PipelineError(
+            f"{why}this conversion needs the parquet splits, which were removed "
+            f"on {removed.get('time')} (preprocess.keep_parquet: false): rebuild "
+            "them with --stages preprocess,convert --force (the counts are "
+            "reused)",
+            ExitCode.CONVERT,
+        )
 
 
 def _convert_run(ctx: StageContext) -> Outcome:
@@ -378,21 +446,21 @@ def _convert_at_url(ctx: StageContext) -> Outcome:
     with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
         fetched = remote.fetch_parquet(layout.parquet)
         remote.fetch_histogram(layout.counts)
-    log.info("convert    %.1f MiB of published parquet copied from %s", fetched / 2**20,
-             remote.parquet)
-    if layout.binary.exists() and (not (layout.binary / DATASET_JSON).is_file() or (
-            layout.binary / DATASET_JSON).read_bytes() != remote.binary_description()):
-        shutil.rmtree(layout.binary)   # not the published dataset: never derived from
+    log.info("convert    %.1f MiB of published parquet copied from %s", fetched / 2**20, remote.parquet)
+    if layout.binary.exists() and (
+        not (layout.binary / DATASET_JSON).is_file()
+        or (layout.binary / DATASET_JSON).read_bytes() != remote.binary_description()
+    ):
+        shutil.rmtree(layout.binary)  # not the published dataset: never derived from
     try:
         outcome = _convert(ctx)
     finally:
-        drop_local_parquet(layout)   # the splits; the dictionaries stay for the export stage
+        drop_local_parquet(layout)  # the splits; the dictionaries stay for the export stage
     with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
         version = publish_directory(layout.binary, remote.binary)
     ctx.staged = True
     outcome.rows = sum((outcome.summary.get("rows") or {}).values()) or None
-    outcome.summary = {**outcome.summary, "published": str(remote.binary),
-                       "version": version.name}
+    outcome.summary = {**outcome.summary, "published": str(remote.binary), "version": version.name}
     return outcome
 
 
@@ -410,8 +478,10 @@ def _convert(ctx: StageContext) -> Outcome:
                 if not any(str(d) in str(exc) for d in (ctx.layout.parquet, ctx.layout.counts)):
                     raise
                 rebuilt = UnreadableParquetError if isinstance(exc, UnreadableParquetError) else DatasetError
-                raise rebuilt(f"{exc}; rebuild it with --stages preprocess,convert --force (the "
-                              "raw days are read again)") from exc
+                raise rebuilt(
+                    f"{exc}; rebuild it with --stages preprocess,convert --force (the "
+                    "raw days are read again)"
+                ) from exc
     except BaseException:
         shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
         raise
@@ -423,10 +493,12 @@ def _refuse_stable_raise(ctx: StageContext) -> None:
     record = read_record(ctx.layout.parquet / PREPROCESS_JSON) or {}
     made_at = _parquet_spec(ctx)
     if record.get("ids") == "stable" and made_at is not None and ctx.threshold != made_at:
-        raise PipelineError(f"threshold {ctx.threshold} differs from {made_at}, the threshold of "
-                            "this workdir's stable ids (preprocess.ids: stable): a stable "
-                            "workdir keeps its threshold (docs/spark_jobs.md, \"Stable ids\")",
-                            ExitCode.USAGE)
+        raise PipelineError(
+            f"threshold {ctx.threshold} differs from {made_at}, the threshold of "
+            "this workdir's stable ids (preprocess.ids: stable): a stable "
+            'workdir keeps its threshold (docs/spark_jobs.md, "Stable ids")',
+            ExitCode.USAGE,
+        )
 
 
 def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
@@ -446,36 +518,46 @@ def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
         except DamagedDatasetError as exc:
             # Never derive from (or keep) files that are not what the convert stage wrote.
             damage = _damage_report(exc, previous, ctx.layout.binary)
-            log.warning("convert    the binary dataset %s is not what the convert stage wrote "
-                        "(%s): rebuilding it from the parquet", ctx.layout.binary, damage)
+            log.warning(
+                "convert    the binary dataset %s is not what the convert stage wrote "
+                "(%s): rebuilding it from the parquet",
+                ctx.layout.binary,
+                damage,
+            )
             _needs_parquet(ctx, damage)
             damaged = True
     made_at = _parquet_spec(ctx)
     if made_at is not None and not wanted.is_at_least(made_at):
         # Checked before converting: the existing binary dataset stays as it is.
-        raise PipelineError(f"threshold {wanted} is below the parquet's threshold {made_at}: the "
-                            "rarer values are already merged into id 0, so the preprocess "
-                            "stage must run again (add it: --stages preprocess,convert)",
-                            ExitCode.CONVERT)
+        raise PipelineError(
+            f"threshold {wanted} is below the parquet's threshold {made_at}: the "
+            "rarer values are already merged into id 0, so the preprocess "
+            "stage must run again (add it: --stages preprocess,convert)",
+            ExitCode.CONVERT,
+        )
     if torchrec and made_at is not None and wanted != made_at:
-        raise PipelineError(f"convert.formats torchrec writes the parquet's ids (threshold "
-                            f"{made_at}), not ids at threshold {wanted}: run the preprocess "
-                            f"stage at {wanted} too (--stages preprocess,convert)",
-                            ExitCode.CONVERT)
+        raise PipelineError(
+            f"convert.formats torchrec writes the parquet's ids (threshold "
+            f"{made_at}), not ids at threshold {wanted}: run the preprocess "
+            f"stage at {wanted} too (--stages preprocess,convert)",
+            ExitCode.CONVERT,
+        )
     _needs_parquet(ctx)
     # stable ids: the days converted before are copied from the dataset in place, never
     # from one found damaged
     derive = made_at is not None and wanted != made_at
     # other formats (convert.formats) are written from the final dataset only
-    summary = convert_parquet(ctx.layout.parquet, ctx.layout.binary,
-                              _binary_only(ctx.config.convert) if derive else ctx.config.convert,
-                              reuse=not damaged,
-                              source=str(ctx.remote.parquet) if ctx.remote else None)
+    summary = convert_parquet(
+        ctx.layout.parquet,
+        ctx.layout.binary,
+        _binary_only(ctx.config.convert) if derive else ctx.config.convert,
+        reuse=not damaged,
+        source=str(ctx.remote.parquet) if ctx.remote else None,
+    )
     if derive:
         # The dataset was just written and checked: no need to read it back for its checksums.
         fresh = dataclasses.replace(_binary_only(ctx.config.convert), verify_checksums=False)
-        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh,
-                              _recorded_as(ctx))
+        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh, _recorded_as(ctx))
         replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
         summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
         return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
@@ -496,8 +578,7 @@ def _listed(names: list[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
-def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, Any]
-                        ) -> Outcome | None:
+def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, Any]) -> Outcome | None:
     """The requested threshold from the binary dataset in the workdir (a raise, or the same
     threshold after its files changed), once it is shown intact; None when the request is not
     a raise of it.
@@ -508,19 +589,28 @@ def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, An
     """
     info = verify_dataset(ctx.layout.binary, full=False)
     have = _recorded_spec({"threshold_spec": info.threshold_spec})
-    if have is None or not ctx.threshold.is_at_least(have) \
-            or not same_materialization(info, ctx.config.convert):
+    if (
+        have is None
+        or not ctx.threshold.is_at_least(have)
+        or not same_materialization(info, ctx.config.convert)
+    ):
         return None
     recorded = previous.get("output_files")
     if not ctx.config.convert.verify_checksums and isinstance(recorded, dict):
         changed = changed_files(recorded, ctx.layout.binary)
         if changed:
-            raise DamagedDatasetError(f"{', '.join(changed)} changed after the convert stage",
-                                      [f"{name} changed (size or modification time)"
-                                       for name in changed])
-    summary = rethreshold(ctx.layout.binary, ctx.layout.counts, ctx.threshold, derived,
-                          _binary_only(ctx.config.convert),  # checks every file's checksum first
-                          _recorded_as(ctx))
+            raise DamagedDatasetError(
+                f"{', '.join(changed)} changed after the convert stage",
+                [f"{name} changed (size or modification time)" for name in changed],
+            )
+    summary = rethreshold(
+        ctx.layout.binary,
+        ctx.layout.counts,
+        ctx.threshold,
+        derived,
+        _binary_only(ctx.config.convert),  # checks every file's checksum first
+        _recorded_as(ctx),
+    )
     replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
     summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
     return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
@@ -565,10 +655,19 @@ def launcher_env(ctx: StageContext) -> dict[str, str]:
 
 def trainer_argv(ctx: StageContext, mode: str) -> list[str]:
     """The whole command line of the trainer in ``mode``, launcher included."""
-    argv = launcher_argv(ctx) + [_python(), "-m", "trainer", "--mode", mode,
-                                  "--dataset", str(ctx.layout.binary),
-                                  "--workdir", str(ctx.layout.root),
-                                  "--config", str(ctx.config_path)]
+    argv = launcher_argv(ctx) + [
+        _python(),
+        "-m",
+        "trainer",
+        "--mode",
+        mode,
+        "--dataset",
+        str(ctx.layout.binary),
+        "--workdir",
+        str(ctx.layout.root),
+        "--config",
+        str(ctx.config_path),
+    ]
     if ctx.config.train.max_steps is not None:
         argv += ["--max-steps", str(ctx.config.train.max_steps)]
     return argv
@@ -597,9 +696,14 @@ def stage_in_dataset(ctx: StageContext) -> None:
 
     with failing_as(ExitCode.DATASET_INVALID, DatasetError, what="stage-in failed"):
         done = stage_in(ctx.remote.binary, ctx.layout.binary, fsync=ctx.config.convert.fsync)
-    log.info("stage-in   %s -> %s: %s", ctx.remote.binary, ctx.layout.binary,
-             f"{done['bytes'] / 2**20:.1f} MiB copied" if done["copied"]
-             else "the local copy is intact, nothing copied")
+    log.info(
+        "stage-in   %s -> %s: %s",
+        ctx.remote.binary,
+        ctx.layout.binary,
+        f"{done['bytes'] / 2**20:.1f} MiB copied"
+        if done["copied"]
+        else "the local copy is intact, nothing copied",
+    )
     ctx.staged = True
 
 
@@ -610,18 +714,25 @@ def train_inputs(ctx: StageContext) -> dict[str, Any]:
     stage done. A changed key reruns the stage; whether that resumes the checkpoints or sets
     them aside is decided from the checkpoints themselves (``checkpoints_to_set_aside``)."""
     plain = config_to_dict(ctx.config.train)
-    return {"dataset": _dataset_hash(ctx), "binary": _binary_fingerprint(ctx),
-            "model": train_model_settings(ctx.config.train),
-            "extent": {name: plain[name] for name in TRAIN_EXTENT_SETTINGS}}
+    return {
+        "dataset": _dataset_hash(ctx),
+        "binary": _binary_fingerprint(ctx),
+        "model": train_model_settings(ctx.config.train),
+        "extent": {name: plain[name] for name in TRAIN_EXTENT_SETTINGS},
+    }
 
 
 def _legacy_train_key(ctx: StageContext) -> str:
     """The key ``train.started`` recorded before checkpoints named their settings: the whole
     train section and the rank count."""
-    return ManifestStore.key_of({"dataset": _dataset_hash(ctx),
-                                 "binary": _binary_fingerprint(ctx),
-                                 "train": config_to_dict(ctx.config.train),
-                                 "np": ctx.config.launch.np})
+    return ManifestStore.key_of(
+        {
+            "dataset": _dataset_hash(ctx),
+            "binary": _binary_fingerprint(ctx),
+            "train": config_to_dict(ctx.config.train),
+            "np": ctx.config.launch.np,
+        }
+    )
 
 
 def _train_outputs(ctx: StageContext) -> str:
@@ -641,18 +752,25 @@ def verify_binary_dataset(ctx: StageContext) -> None:
 
     recorded = (ctx.manifests.load("convert") or {}).get("output_files")
     # (a staged-in copy was checked against every checksum; its mtimes are the copy's)
-    changed = changed_files(recorded, ctx.layout.binary) \
-        if isinstance(recorded, dict) and ctx.remote is None else []
+    changed = (
+        changed_files(recorded, ctx.layout.binary)
+        if isinstance(recorded, dict) and ctx.remote is None
+        else []
+    )
     if changed:
-        raise PipelineError(f"{_listed(changed)} in {ctx.layout.binary} changed after the "
-                            "convert stage wrote it (size or modification time): add the convert "
-                            "stage (e.g. --stages convert,train,eval) to check it and rebuild "
-                            "what is damaged", ExitCode.DATASET_INVALID)
+        raise PipelineError(
+            f"{_listed(changed)} in {ctx.layout.binary} changed after the "
+            "convert stage wrote it (size or modification time): add the convert "
+            "stage (e.g. --stages convert,train,eval) to check it and rebuild "
+            "what is damaged",
+            ExitCode.DATASET_INVALID,
+        )
     try:
         verify_dataset(ctx.layout.binary, full=False)
     except DatasetError as exc:
-        raise PipelineError(f"{exc} (run the convert stage again, with --force if it is "
-                            "up to date)", ExitCode.DATASET_INVALID) from None
+        raise PipelineError(
+            f"{exc} (run the convert stage again, with --force if it is up to date)", ExitCode.DATASET_INVALID
+        ) from None
 
 
 def _this_dataset_identity(ctx: StageContext) -> dict[str, Any]:
@@ -681,14 +799,16 @@ def checkpoints_to_set_aside(ctx: StageContext) -> tuple[str, list[str]] | None:
         started = read_record(ctx.layout.manifests / "train.started") or {}
         if started.get("key") == _legacy_train_key(ctx):
             return None
-        return ("they record no settings and manifests/train.started does not show this "
-                "configuration wrote them"), []
+        return (
+            "they record no settings and manifests/train.started does not show this configuration wrote them"
+        ), []
     changed = changed_settings(recorded, train_model_settings(ctx.config.train))
     return ("settings of the model changed", changed) if changed else None
 
 
-def _set_aside_checkpoints(ctx: StageContext, reason: str, changed: list[str]) -> tuple[
-        dict[str, Any] | None, bool]:
+def _set_aside_checkpoints(
+    ctx: StageContext, reason: str, changed: list[str]
+) -> tuple[dict[str, Any] | None, bool]:
     """Move aside the checkpoints this configuration cannot resume: every one from scratch;
     with ``train.init: previous`` only this dataset's, keeping the earlier datasets' (the
     previous model) and the previous model saved unchanged for this dataset (a run with no
@@ -710,9 +830,14 @@ def _set_aside_checkpoints(ctx: StageContext, reason: str, changed: list[str]) -
     record = set_aside(root, moved, reason, changed)
     if record:
         what = f"{reason} ({'; '.join(changed)})" if changed else reason
-        log.warning("train      %d checkpoints (%s) moved to %s, not deleted: %s; remove them "
-                    "with: %s", len(record["checkpoints"]), human_bytes(record["bytes"]),
-                    record["path"], what, record["remove_with"])
+        log.warning(
+            "train      %d checkpoints (%s) moved to %s, not deleted: %s; remove them with: %s",
+            len(record["checkpoints"]),
+            human_bytes(record["bytes"]),
+            record["path"],
+            what,
+            record["remove_with"],
+        )
     return record, kept
 
 
@@ -748,8 +873,11 @@ def run_train(ctx: StageContext) -> Outcome:
 
 
 def _eval_inputs(ctx: StageContext) -> dict[str, Any]:
-    return {"checkpoints": _train_outputs(ctx), "dataset": _dataset_hash(ctx),
-            "binary": _binary_fingerprint(ctx)}
+    return {
+        "checkpoints": _train_outputs(ctx),
+        "dataset": _dataset_hash(ctx),
+        "binary": _binary_fingerprint(ctx),
+    }
 
 
 def _eval_outputs(ctx: StageContext) -> str:
@@ -758,9 +886,15 @@ def _eval_outputs(ctx: StageContext) -> str:
 
 # What an evaluation record holds (the trainer's eval mode writes these, and its train mode
 # the same for the model it ends with).
-_EVALUATION_FIELDS = ("step", "ranks", "global_batch", "preset", "compute_dtype", "xla",
-                      *(f"{split}_{what}" for split in ("test", "validation")
-                        for what in ("auc", "logloss", "rows")))
+_EVALUATION_FIELDS = (
+    "step",
+    "ranks",
+    "global_batch",
+    "preset",
+    "compute_dtype",
+    "xla",
+    *(f"{split}_{what}" for split in ("test", "validation") for what in ("auc", "logloss", "rows")),
+)
 
 
 def current_training_summary(ctx: StageContext) -> dict[str, Any]:
@@ -785,11 +919,13 @@ def _eval_from_training(ctx: StageContext) -> Outcome | None:
     if best is None or not all(k in training for k in _EVALUATION_FIELDS):
         return None
     model = training.get("checkpoint")
-    if model is None or Path(model).resolve() != best.resolve() \
-            or checkpoint_dir(ctx.layout.checkpoints, training["step"]).resolve() != best.resolve():
+    if (
+        model is None
+        or Path(model).resolve() != best.resolve()
+        or checkpoint_dir(ctx.layout.checkpoints, training["step"]).resolve() != best.resolve()
+    ):
         return None
-    evaluation = {"mode": "eval", **{k: training[k] for k in _EVALUATION_FIELDS},
-                  "evaluated_by": "train"}
+    evaluation = {"mode": "eval", **{k: training[k] for k in _EVALUATION_FIELDS}, "evaluated_by": "train"}
     write_json_atomic(ctx.layout.root / "eval.json", evaluation)
     return Outcome("derived", "train", evaluation)  # no rows: no rate to report for a copy
 
@@ -809,12 +945,15 @@ def _eval_run(ctx: StageContext) -> Outcome:
 def _export_inputs(ctx: StageContext) -> dict[str, Any]:
     """The run's checkpoint and the dictionaries: an unchanged pair is not exported again."""
     model = best_checkpoint(ctx.layout.checkpoints)
-    return {"checkpoint": model.name if model else None,
-            "checkpoint_files": tree_fingerprint(model) if model else "missing",
-            "dictionaries": ctx.remote.dictionaries_fingerprint() if ctx.remote
-            else tree_fingerprint(ctx.layout.dictionaries),
-            "dataset": _dataset_hash(ctx),
-            "export": _export_settings(ctx)}
+    return {
+        "checkpoint": model.name if model else None,
+        "checkpoint_files": tree_fingerprint(model) if model else "missing",
+        "dictionaries": ctx.remote.dictionaries_fingerprint()
+        if ctx.remote
+        else tree_fingerprint(ctx.layout.dictionaries),
+        "dataset": _dataset_hash(ctx),
+        "export": _export_settings(ctx),
+    }
 
 
 def _export_settings(ctx: StageContext) -> dict[str, Any]:
@@ -837,24 +976,50 @@ def _export_outputs(ctx: StageContext) -> str:
 
 def _export_run(ctx: StageContext) -> Outcome:
     if best_checkpoint(ctx.layout.checkpoints) is None:
-        raise PipelineError(f"no checkpoint under {ctx.layout.checkpoints} to export: run the "
-                            "train stage first", ExitCode.EXPORT)
+        raise PipelineError(
+            f"no checkpoint under {ctx.layout.checkpoints} to export: run the train stage first",
+            ExitCode.EXPORT,
+        )
     stage_in_dataset(ctx)
-    if ctx.remote is not None:   # a node other than the convert stage's has none yet
+    if ctx.remote is not None:  # a node other than the convert stage's has none yet
         ctx.remote.fetch_dictionaries(ctx.layout.dictionaries)
-    argv = [_python(), "-m", "trainer", "--mode", "export", "--dataset", str(ctx.layout.binary),
-            "--workdir", str(ctx.layout.root), "--config", str(ctx.config_path),
-            "--verify-dataset", "none"]
+    argv = [
+        _python(),
+        "-m",
+        "trainer",
+        "--mode",
+        "export",
+        "--dataset",
+        str(ctx.layout.binary),
+        "--workdir",
+        str(ctx.layout.root),
+        "--config",
+        str(ctx.config_path),
+        "--verify-dataset",
+        "none",
+    ]
     result = run_child(argv, ctx.stage_log("export"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("export", result, ExitCode.EXPORT, ctx)
-    keep = ("version", "checkpoint_step", "test_auc", "saved_model", "saved_model_bytes",
-            "removed_versions", "served_version", "damaged_checkpoints", "seconds")
+    keep = (
+        "version",
+        "checkpoint_step",
+        "test_auc",
+        "saved_model",
+        "saved_model_bytes",
+        "removed_versions",
+        "served_version",
+        "damaged_checkpoints",
+        "seconds",
+    )
     summary = {k: result.summary.get(k) for k in keep}
     if summary["served_version"] not in (None, summary["version"]):
-        log.warning("export     version %s written; version %s stays served (held by `export "
-                    "rollback`; `run_pipeline.sh export latest` serves the newest)",
-                    summary["version"], summary["served_version"])
+        log.warning(
+            "export     version %s written; version %s stays served (held by `export "
+            "rollback`; `run_pipeline.sh export latest` serves the newest)",
+            summary["version"],
+            summary["served_version"],
+        )
     return Outcome("ran", "tensorflow", summary)
 
 
@@ -876,10 +1041,12 @@ def _score_inputs(ctx: StageContext) -> dict[str, Any]:
     settings.pop("progress")
     settings.pop("input")
     model = _served_model(ctx)
-    return {"model": tree_fingerprint(model) if model else "missing",
-            **({"version": model.name} if model else {}),
-            "files": {str(p): tree_fingerprint(p) for p in _score_files(ctx)},
-            "score": settings}
+    return {
+        "model": tree_fingerprint(model) if model else "missing",
+        **({"version": model.name} if model else {}),
+        "files": {str(p): tree_fingerprint(p) for p in _score_files(ctx)},
+        "score": settings,
+    }
 
 
 def _score_outputs(ctx: StageContext) -> str:
@@ -889,16 +1056,31 @@ def _score_outputs(ctx: StageContext) -> str:
 def _score_run(ctx: StageContext) -> Outcome:
     files = _score_files(ctx)
     if not files:
-        raise PipelineError("the score stage needs --score-input FILE[,FILE...] (or "
-                            "score.input in the config)", ExitCode.USAGE)
+        raise PipelineError(
+            "the score stage needs --score-input FILE[,FILE...] (or score.input in the config)",
+            ExitCode.USAGE,
+        )
     model = _served_model(ctx)
     if model is None:
-        raise PipelineError(f"no exported model under {ctx.layout.export} (no version "
-                            "directory <N>/ with a saved_model.pb): add the export stage "
-                            "(--stages export,score)", ExitCode.SCORE)
-    argv = [_python(), "-m", "trainer.score", "--model", str(model),
-            "--out", str(ctx.layout.scores), "--config", str(ctx.config_path),
-            "--input", ",".join(str(p) for p in files)]
+        raise PipelineError(
+            f"no exported model under {ctx.layout.export} (no version "
+            "directory <N>/ with a saved_model.pb): add the export stage "
+            "(--stages export,score)",
+            ExitCode.SCORE,
+        )
+    argv = [
+        _python(),
+        "-m",
+        "trainer.score",
+        "--model",
+        str(model),
+        "--out",
+        str(ctx.layout.scores),
+        "--config",
+        str(ctx.config_path),
+        "--input",
+        ",".join(str(p) for p in files),
+    ]
     result = run_child(argv, ctx.stage_log("score"), env=ctx.child_env)
     if result.returncode != 0 or result.summary is None:
         raise _child_failed("score", result, ExitCode.SCORE, ctx)
@@ -906,12 +1088,15 @@ def _score_run(ctx: StageContext) -> Outcome:
 
 
 STAGE_TABLE: dict[str, Stage] = {
-    "generate": Stage("generate", _generate_inputs, lambda ctx: tree_fingerprint(ctx.layout.raw),
-                      _generate_run),
-    "preprocess": Stage("preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run,
-                        _preprocess_satisfied),
-    "convert": Stage("convert", _convert_inputs, _convert_outputs, _convert_run,
-                     output_dir=lambda ctx: ctx.layout.binary),
+    "generate": Stage(
+        "generate", _generate_inputs, lambda ctx: tree_fingerprint(ctx.layout.raw), _generate_run
+    ),
+    "preprocess": Stage(
+        "preprocess", _preprocess_inputs, _preprocess_outputs, _preprocess_run, _preprocess_satisfied
+    ),
+    "convert": Stage(
+        "convert", _convert_inputs, _convert_outputs, _convert_run, output_dir=lambda ctx: ctx.layout.binary
+    ),
     "train": Stage("train", train_inputs, _train_outputs, run_train),
     "eval": Stage("eval", _eval_inputs, _eval_outputs, _eval_run, _eval_from_training),
     "export": Stage("export", _export_inputs, _export_outputs, _export_run),

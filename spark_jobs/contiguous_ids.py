@@ -40,8 +40,8 @@ from dlrm_contracts.thresholds import ThresholdSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-RARE_ID = 1      # a value seen fewer than the threshold's times (or not in the numbered days)
-FIRST_ID = 2     # the first value to appear
+RARE_ID = 1  # a value seen fewer than the threshold's times (or not in the numbered days)
+FIRST_ID = 2  # the first value to appear
 # One row per (column index, value, chunk or partition): the value's first position there and
 # its count. ``pos`` orders the lines of a day (read partition or chunk << 33 | line in it).
 PARTIAL_SCHEMA = "column INT, value LONG, day INT, pos LONG, count LONG"
@@ -59,8 +59,9 @@ def contiguous_ids(days: list[np.ndarray], spec: ThresholdSpec, caps=None) -> li
     out = np.empty(values.shape, np.int64)
     for j, column in enumerate(CAT_COLUMNS):
         column_values = np.where(values[:, j] < 0, 0, values[:, j])
-        unique, first, inverse, counts = np.unique(column_values, return_index=True,
-                                                   return_inverse=True, return_counts=True)
+        unique, first, inverse, counts = np.unique(
+            column_values, return_index=True, return_inverse=True, return_counts=True
+        )
         ids = np.full(len(unique), RARE_ID, np.int64)
         kept = np.flatnonzero(counts >= spec.effective(column))
         ids[kept[np.argsort(first[kept])]] = FIRST_ID + np.arange(len(kept))
@@ -115,8 +116,9 @@ def table_sizes(kept: dict[str, int], caps: dict[str, int] | None) -> dict[str, 
     return {c: kept.get(c, 0) + FIRST_ID for c in CAT_COLUMNS}
 
 
-def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
-                       dict_dir: Path | str) -> tuple[DataFrame, dict[str, int]]:
+def build_dictionaries(
+    partials: DataFrame, spec: ThresholdSpec, dict_dir: Path | str
+) -> tuple[DataFrame, dict[str, int]]:
     """The dictionaries from the engines' partial first appearances (``PARTIAL_SCHEMA``):
     returns (column index, value, id, count) of every kept value, persisted (the caller
     unpersists it), and the kept values per column name; written as the other modes' dictionaries (value as 8 hex digits, id,
@@ -131,18 +133,21 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
 
     minimum = {j: spec.effective(c) for j, c in enumerate(CAT_COLUMNS)}
     totals = partials.groupBy("column", "value").agg(
-        F.min(F.struct("day", "pos")).alias("first"), F.sum("count").alias("count"))
+        F.min(F.struct("day", "pos")).alias("first"), F.sum("count").alias("count")
+    )
     kept = totals.where(F.col("count") >= literal_lookup(minimum, "column"))
-    ordered = (kept.orderBy("column", "first.day", "first.pos")
-               .withColumn("_pos", F.monotonically_increasing_id()).persist())
+    ordered = (
+        kept.orderBy("column", "first.day", "first.pos")
+        .withColumn("_pos", F.monotonically_increasing_id())
+        .persist()
+    )
     try:
         pid = F.shiftright(F.col("_pos"), PARTITION_SHIFT)
         offsets, total = {}, 0
         for row in sorted(ordered.groupBy(pid.alias("pid")).count().collect(), key=lambda r: r["pid"]):
             offsets[int(row["pid"])] = total
             total += int(row["count"])
-        per_column = {int(r["column"]): int(r["count"])
-                      for r in ordered.groupBy("column").count().collect()}
+        per_column = {int(r["column"]): int(r["count"]) for r in ordered.groupBy("column").count().collect()}
         starts, before = {}, 0
         for j in range(len(CAT_COLUMNS)):
             starts[j] = before
@@ -151,9 +156,17 @@ def build_dictionaries(partials: DataFrame, spec: ThresholdSpec,
         number = index - literal_lookup(starts, "column") + FIRST_ID
         ids = ordered.select("column", "value", number.cast("int").alias("id"), "count").persist()
         names = dict(enumerate(CAT_COLUMNS))
-        (ids.select(literal_lookup(names, "column").alias("column"),
-                    hex_value("value").alias("value"), "id", "count")
-         .write.mode("overwrite").partitionBy("column").parquet(str(dict_dir)))
+        (
+            ids.select(
+                literal_lookup(names, "column").alias("column"),
+                hex_value("value").alias("value"),
+                "id",
+                "count",
+            )
+            .write.mode("overwrite")
+            .partitionBy("column")
+            .parquet(str(dict_dir))
+        )
         ids.count()
         return ids, {c: per_column.get(j, 0) for j, c in enumerate(CAT_COLUMNS)}
     finally:

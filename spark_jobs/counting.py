@@ -37,15 +37,22 @@ def counted_days(counts_dir: Path, max_line_bytes: int) -> dict[int, dict]:
     path = counts_dir / DAYS_JSON
     try:
         data = workdir_io.read_json(path, default={}) or {}
-        if (data.get("format_version") != DAYS_FORMAT_VERSION   # counted under other rules
-                or data.get("max_line_bytes") != max_line_bytes):
+        if (
+            data.get("format_version") != DAYS_FORMAT_VERSION  # counted under other rules
+            or data.get("max_line_bytes") != max_line_bytes
+        ):
             return {}
-        return {int(entry["day"]): entry for entry in data.get("days", [])
-                if workdir_io.is_dir(_values(counts_dir) / f"day={entry['day']}")}
+        return {
+            int(entry["day"]): entry
+            for entry in data.get("days", [])
+            if workdir_io.is_dir(_values(counts_dir) / f"day={entry['day']}")
+        }
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         # our own bookkeeping, damaged (a disk, a hand edit): every day is counted again
-        print(f"spark_jobs: {path} is damaged ({type(error).__name__}: {error}): every day is "
-              "counted again", file=sys.stderr)
+        print(
+            f"spark_jobs: {path} is damaged ({type(error).__name__}: {error}): every day is counted again",
+            file=sys.stderr,
+        )
         return {}
 
 
@@ -53,9 +60,13 @@ def days_to_count(days: list[DayFile], counts_dir: Path, max_line_bytes: int) ->
     """Days that are new, whose file changed since they were counted, or whose stored counts
     are damaged (counted again from the day file, which is at hand)."""
     known = counted_days(counts_dir, max_line_bytes)
-    return [d.day for d in days
-            if d.day not in known or known[d.day].get("fingerprint") != d.fingerprint()
-            or not _stored_counts_intact(counts_dir, d.day)]
+    return [
+        d.day
+        for d in days
+        if d.day not in known
+        or known[d.day].get("fingerprint") != d.fingerprint()
+        or not _stored_counts_intact(counts_dir, d.day)
+    ]
 
 
 def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
@@ -73,8 +84,11 @@ def _stored_counts_intact(counts_dir: Path, day: int) -> bool:
         try:
             pq.read_metadata(path)
         except Exception as error:  # noqa: BLE001 — ArrowInvalid, OSError: whatever makes it unreadable
-            print(f"spark_jobs: the stored value counts {path} are damaged "
-                  f"({type(error).__name__}): day {day} is counted again", file=sys.stderr)
+            print(
+                f"spark_jobs: the stored value counts {path} are damaged "
+                f"({type(error).__name__}): day {day} is counted again",
+                file=sys.stderr,
+            )
             return False
     return True
 
@@ -90,25 +104,36 @@ def drop_stale_days(days: list[DayFile], counts_dir: Path) -> None:
             workdir_io.remove_tree(child)
 
 
-def write_days_json(days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path,
-                    max_line_bytes: int) -> None:
+def write_days_json(
+    days: list[DayFile], stats: dict[int, DayStats], counts_dir: Path, max_line_bytes: int
+) -> None:
     """The record that the days' value counts can be reused: written (and flushed) only once
     the counts themselves are on disk, so a power cut never leaves it vouching for lost ones."""
-    if not workdir_io.is_remote(counts_dir):   # a store's objects are durable once written
+    if not workdir_io.is_remote(counts_dir):  # a store's objects are durable once written
         fsync_tree(_values(counts_dir))
     entries = []
     for d in days:
         s = stats[d.day]
-        entries.append({"day": d.day, "file": d.name, "fingerprint": d.fingerprint(),
-                        "rows_read": s.rows_read, "rows_counted": s.rows_valid,
-                        "missing_rate": s.missing_rates()})
-    workdir_io.write_json(counts_dir / DAYS_JSON, {"format_version": DAYS_FORMAT_VERSION,
-                                                   "max_line_bytes": max_line_bytes,
-                                                   "days": entries}, sort_keys=False)
+        entries.append(
+            {
+                "day": d.day,
+                "file": d.name,
+                "fingerprint": d.fingerprint(),
+                "rows_read": s.rows_read,
+                "rows_counted": s.rows_valid,
+                "missing_rate": s.missing_rates(),
+            }
+        )
+    workdir_io.write_json(
+        counts_dir / DAYS_JSON,
+        {"format_version": DAYS_FORMAT_VERSION, "max_line_bytes": max_line_bytes, "days": entries},
+        sort_keys=False,
+    )
 
 
-def write_histogram_file(histogram: dict[str, list[tuple[int, int]]],
-                         counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
+def write_histogram_file(
+    histogram: dict[str, list[tuple[int, int]]], counts_dir: Path
+) -> dict[str, list[tuple[int, int]]]:
     """Store (column, count, num_values) as one small parquet file, columns in their order and
     counts ascending (both engines write the same bytes); returns it sorted the same way."""
     import pyarrow as pa
@@ -116,9 +141,13 @@ def write_histogram_file(histogram: dict[str, list[tuple[int, int]]],
 
     ordered = {c: sorted(histogram.get(c, [])) for c in CAT_COLUMNS}
     rows = [(c, count, n) for c in CAT_COLUMNS for count, n in ordered[c]]
-    table = pa.table({"column": pa.array([r[0] for r in rows], pa.string()),
-                      "count": pa.array([r[1] for r in rows], pa.int64()),
-                      "num_values": pa.array([r[2] for r in rows], pa.int64())})
+    table = pa.table(
+        {
+            "column": pa.array([r[0] for r in rows], pa.string()),
+            "count": pa.array([r[1] for r in rows], pa.int64()),
+            "num_values": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
     path = histogram_path(counts_dir)
     with atomic_file(path) as tmp:
         pq.write_table(table, tmp)

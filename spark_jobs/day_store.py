@@ -54,16 +54,19 @@ ROLE_SPLITS = {TRAIN: ("train",), EVAL: ("test", "validation")}
 class DayWork:
     """What a run does with the days of its window."""
 
-    transform: list[tuple[DayFile, str, str]]   # (day, role, why it is transformed)
+    transform: list[tuple[DayFile, str, str]]  # (day, role, why it is transformed)
     reused: list[int]
     dropped: list[int]
-    read: list[int] = field(default_factory=list)   # days the count pass read (filled by it)
+    read: list[int] = field(default_factory=list)  # days the count pass read (filled by it)
 
     def summary(self) -> dict:
-        return {"days_transformed": [d.day for d, _, _ in self.transform],
-                "why": {str(d.day): why for d, _, why in self.transform},
-                "days_reused": self.reused, "days_dropped": self.dropped,
-                "days_read": self.read}
+        return {
+            "days_transformed": [d.day for d, _, _ in self.transform],
+            "why": {str(d.day): why for d, _, why in self.transform},
+            "days_reused": self.reused,
+            "days_dropped": self.dropped,
+            "days_read": self.read,
+        }
 
 
 def role_of(day: DayFile, days: list[DayFile]) -> str:
@@ -72,10 +75,13 @@ def role_of(day: DayFile, days: list[DayFile]) -> str:
 
 def day_settings(cfg: PreprocessConfig) -> dict:
     """The settings a day's files depend on (besides its file, role and ids)."""
-    return {"shuffle_seed": int(cfg.shuffle_seed), "compression": cfg.compression.lower(),
-            "output_files": int(cfg.output_files),
-            "train_rows_per_file": int(cfg.train_rows_per_file),
-            "max_line_bytes": int(cfg.max_line_bytes)}
+    return {
+        "shuffle_seed": int(cfg.shuffle_seed),
+        "compression": cfg.compression.lower(),
+        "output_files": int(cfg.output_files),
+        "train_rows_per_file": int(cfg.train_rows_per_file),
+        "max_line_bytes": int(cfg.max_line_bytes),
+    }
 
 
 def day_part_files(day_dir: Path, split: str) -> list[Path]:
@@ -89,8 +95,9 @@ def _rows_of(files: list[Path]) -> int:
     return sum(pq.read_metadata(f).num_rows for f in files)
 
 
-def why_not_reused(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessConfig,
-                   lineage: str | None) -> str | None:
+def why_not_reused(
+    layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessConfig, lineage: str | None
+) -> str | None:
     """None when day ``day``'s stored parts can be reused in ``role``; else why not."""
     day_dir = layout.parquet_day(day.day)
     try:
@@ -101,11 +108,12 @@ def why_not_reused(layout: WorkdirLayout, day: DayFile, role: str, cfg: Preproce
         return "new"
     if not isinstance(record, dict) or record.get("format_version") != DAY_FORMAT_VERSION:
         return "its record is damaged or of another version"
-    checks = [(record.get("fingerprint") == day.fingerprint(), "its file changed"),
-              (record.get("role") == role, f"its role changed to {role}"),
-              (lineage is not None and record.get("lineage") == lineage,
-               "the ids were started over"),
-              (record.get("settings") == day_settings(cfg), "the output settings changed")]
+    checks = [
+        (record.get("fingerprint") == day.fingerprint(), "its file changed"),
+        (record.get("role") == role, f"its role changed to {role}"),
+        (lineage is not None and record.get("lineage") == lineage, "the ids were started over"),
+        (record.get("settings") == day_settings(cfg), "the output settings changed"),
+    ]
     for ok, why in checks:
         if not ok:
             return why
@@ -134,8 +142,9 @@ def stats_key(engine: str, cfg: PreprocessConfig) -> str | None:
     return f"arrow/{int(cfg.arrow_chunk_mb)}" if engine == "arrow" else None
 
 
-def stored_stats(layout: WorkdirLayout, work: DayWork, days: list[DayFile],
-                 key: str | None) -> dict[int, DayStats]:
+def stored_stats(
+    layout: WorkdirLayout, work: DayWork, days: list[DayFile], key: str | None
+) -> dict[int, DayStats]:
     """Statistics the count pass need not read again, from the days' records: those of the
     days reused whole (``plan`` checked their records), and of a day transformed again with
     its file unchanged (yesterday's test day joining train) when its line counts per
@@ -148,8 +157,11 @@ def stored_stats(layout: WorkdirLayout, work: DayWork, days: list[DayFile],
     for day in days:
         try:
             record = read_json(layout.parquet_day(day.day) / DAY_JSON)
-            if day.day in redo and not (key is not None and record.get("stats_key") == key
-                                        and record.get("fingerprint") == day.fingerprint()):
+            if day.day in redo and not (
+                key is not None
+                and record.get("stats_key") == key
+                and record.get("fingerprint") == day.fingerprint()
+            ):
                 continue
             if day.day not in redo and day.day not in work.reused:
                 continue
@@ -161,8 +173,9 @@ def stored_stats(layout: WorkdirLayout, work: DayWork, days: list[DayFile],
     return out
 
 
-def plan(days: list[DayFile], layout: WorkdirLayout, cfg: PreprocessConfig,
-         lineage: str | None, retransform: bool) -> DayWork:
+def plan(
+    days: list[DayFile], layout: WorkdirLayout, cfg: PreprocessConfig, lineage: str | None, retransform: bool
+) -> DayWork:
     """Which days of the window to transform (with why), which to reuse, which to drop."""
     transform, reused = [], []
     for day in days:
@@ -181,9 +194,11 @@ def stored_days(layout: WorkdirLayout) -> list[int]:
     root = layout.parquet_days
     if not root.is_dir():
         return []
-    return sorted(int(p.name.removeprefix("day=")) for p in root.iterdir()
-                  if p.is_dir() and p.name.startswith("day=")
-                  and p.name.removeprefix("day=").isdigit())
+    return sorted(
+        int(p.name.removeprefix("day="))
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("day=") and p.name.removeprefix("day=").isdigit()
+    )
 
 
 def staging_dir(layout: WorkdirLayout, day: int) -> Path:
@@ -199,32 +214,50 @@ def clear_leftovers(layout: WorkdirLayout) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def commit_day(layout: WorkdirLayout, day: DayFile, role: str, cfg: PreprocessConfig,
-               lineage: str, sizes: dict[str, int], stats: DayStats,
-               key: str | None = None) -> dict[str, int]:
+def commit_day(
+    layout: WorkdirLayout,
+    day: DayFile,
+    role: str,
+    cfg: PreprocessConfig,
+    lineage: str,
+    sizes: dict[str, int],
+    stats: DayStats,
+    key: str | None = None,
+) -> dict[str, int]:
     """The staged day (its split folders written) gets its record and replaces the stored
     one. Returns its rows per split."""
     staging = staging_dir(layout, day.day)
     rows = {split: _rows_of(day_part_files(staging, split)) for split in ROLE_SPLITS[role]}
     if sum(rows.values()) != stats.rows_valid:
-        raise PreprocessJobError(f"day {day.day}: {sum(rows.values())} rows transformed, but "
-                                 f"{stats.rows_valid} valid lines counted")
-    write_json_atomic(staging / DAY_JSON,
-                      {"format_version": DAY_FORMAT_VERSION, "day": day.day, "file": day.name,
-                       "fingerprint": day.fingerprint(), "role": role,
-                       "settings": day_settings(cfg), "lineage": lineage,
-                       # names this transform of the day: the converter reuses a day's binary
-                       # only while the token it converted is the one linked
-                       "token": uuid.uuid4().hex,
-                       # the ids it was transformed with ("as of"): values kept later are 0 here
-                       "table_sizes": sizes, "rows": rows,
-                       # the count pass's statistics of the day: a run reusing it does not read it
-                       "stats": asdict(stats), "stats_key": key,
-                       "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                      sort_keys=False)
+        raise PreprocessJobError(
+            f"day {day.day}: {sum(rows.values())} rows transformed, but "
+            f"{stats.rows_valid} valid lines counted"
+        )
+    write_json_atomic(
+        staging / DAY_JSON,
+        {
+            "format_version": DAY_FORMAT_VERSION,
+            "day": day.day,
+            "file": day.name,
+            "fingerprint": day.fingerprint(),
+            "role": role,
+            "settings": day_settings(cfg),
+            "lineage": lineage,
+            # names this transform of the day: the converter reuses a day's binary
+            # only while the token it converted is the one linked
+            "token": uuid.uuid4().hex,
+            # the ids it was transformed with ("as of"): values kept later are 0 here
+            "table_sizes": sizes,
+            "rows": rows,
+            # the count pass's statistics of the day: a run reusing it does not read it
+            "stats": asdict(stats),
+            "stats_key": key,
+            "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        sort_keys=False,
+    )
     # on disk before it replaces the stored day, which is deleted only once it has
-    publish(staging, layout.parquet_day(day.day),
-            aside=layout.parquet_days / f".old-day={day.day}")
+    publish(staging, layout.parquet_day(day.day), aside=layout.parquet_days / f".old-day={day.day}")
     return rows
 
 
@@ -235,7 +268,7 @@ class Segment:
     day: int
     files: list[str]
     rows: int
-    token: str               # the day's transform (day.json), which its binary is known by
+    token: str  # the day's transform (day.json), which its binary is known by
 
 
 def link_splits(layout: WorkdirLayout, days: list[DayFile], staging: Path) -> dict[str, list[Segment]]:
@@ -251,15 +284,17 @@ def link_splits(layout: WorkdirLayout, days: list[DayFile], staging: Path) -> di
             target.mkdir(parents=True, exist_ok=True)
             names = []
             for part in day_part_files(day_dir, split):
-                name = f"part-d{day.day:06d}-{part.name.removeprefix('part-')}" if role == TRAIN \
-                    else part.name
+                name = (
+                    f"part-d{day.day:06d}-{part.name.removeprefix('part-')}" if role == TRAIN else part.name
+                )
                 _link(part, target / name)
                 names.append(name)
             # the record's rows: checked against the parts' footers when the day was planned
             # for reuse, or taken from them when it was committed
             record = read_json(day_dir / DAY_JSON)
-            segments[split].append(Segment(day.day, names, int(record["rows"][split]),
-                                           f"{record['token']}/{split}"))
+            segments[split].append(
+                Segment(day.day, names, int(record["rows"][split]), f"{record['token']}/{split}")
+            )
     return segments
 
 
@@ -272,10 +307,14 @@ def _link(source: Path, target: Path) -> None:
 
 
 def write_segments(layout: WorkdirLayout, segments: dict[str, list[Segment]]) -> None:
-    write_json_atomic(layout.parquet / SEGMENTS_JSON,
-                      {"format_version": SEGMENTS_FORMAT_VERSION,
-                       "splits": {s: [asdict(g) for g in segments[s]] for s in SPLITS}},
-                      sort_keys=False)
+    write_json_atomic(
+        layout.parquet / SEGMENTS_JSON,
+        {
+            "format_version": SEGMENTS_FORMAT_VERSION,
+            "splits": {s: [asdict(g) for g in segments[s]] for s in SPLITS},
+        },
+        sort_keys=False,
+    )
 
 
 def drop_days(layout: WorkdirLayout, dropped: list[int]) -> None:

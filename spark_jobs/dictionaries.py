@@ -14,5 +14,4 @@ from dlrm_contracts.thresholds import ThresholdSpec
 
 def table_sizes(histogram: dict[str, list[tuple[int, int]]], spec: ThresholdSpec) -> dict[str, int]:
     """k + 1 per column (id 0 is rare-or-missing), from the count histogram alone."""
-    return {c: 1 + sum(n for count, n in histogram[c] if count >= spec.effective(c))
-            for c in CAT_COLUMNS}
+    return {c: 1 + sum(n for count, n in histogram[c] if count >= spec.effective(c)) for c in CAT_COLUMNS}

@@ -29,12 +29,13 @@ Histogram = dict[str, list[tuple[int, int]]]
 class Engine(Protocol):
     """One preprocess run's reading and writing, phase by phase."""
 
-    name: str      # recorded in preprocess.json ("arrow", "sql") and in the stored days' keys
-    lookups: str   # how the transform finds the ids (recorded in preprocess.json)
+    name: str  # recorded in preprocess.json ("arrow", "sql") and in the stored days' keys
+    lookups: str  # how the transform finds the ids (recorded in preprocess.json)
 
     # ------------------------------------------------------------ count pass
-    def count(self, recount: list[int], counts_dir: Path,
-              read: set[int] | None = None) -> dict[int, DayStats]:
+    def count(
+        self, recount: list[int], counts_dir: Path, read: set[int] | None = None
+    ) -> dict[int, DayStats]:
         """Statistics of the days in ``read`` (None: every day), and the value counts of the
         days in ``recount`` (a subset of ``read``), kept for ``count_totals``."""
         ...
@@ -49,8 +50,9 @@ class Engine(Protocol):
         line) as JSON lines; an empty directory when there are none."""
         ...
 
-    def count_totals(self, counts_dir: Path, days: list[int] | None,
-                     frequency_ids: ThresholdSpec | None = None) -> Histogram:
+    def count_totals(
+        self, counts_dir: Path, days: list[int] | None, frequency_ids: ThresholdSpec | None = None
+    ) -> Histogram:
         """Store the recounted days' value counts (if not stored yet), sum the totals over
         ``days`` (None: every day) and return (and store) their count histogram per column.
         ``frequency_ids``: the threshold of a frequency-ids run, which an engine may use to
@@ -63,16 +65,22 @@ class Engine(Protocol):
         ...
 
     # ------------------------------------------------------------ dictionaries
-    def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
-                           index_dir: Path) -> None:
+    def write_dictionaries(
+        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
+    ) -> None:
         """Frequency ids: write the dictionaries (value, id, count per column) into
         ``dict_dir``; ``sizes`` are the table sizes the histogram gives for ``spec``.
         ``index_dir``: where an engine that looks ids up without a join keeps its index."""
         ...
 
-    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
-                                      days: list[int], dict_dir: Path,
-                                      index_dir: Path) -> dict[str, int]:
+    def write_contiguous_dictionaries(
+        self,
+        spec: ThresholdSpec,
+        stats: dict[int, DayStats],
+        days: list[int],
+        dict_dir: Path,
+        index_dir: Path,
+    ) -> dict[str, int]:
         """Contiguous ids (``spark_jobs.contiguous_ids``): read ``days`` for each value's first
         appearance and count, write the dictionaries into ``dict_dir`` (and the index an
         engine looks ids up in into ``index_dir``); returns the kept values per column."""
@@ -83,16 +91,24 @@ class Engine(Protocol):
         ``count``."""
         ...
 
-    def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
-                                  index_dir: Path) -> dict[str, int]:
+    def write_stable_dictionaries(
+        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
+    ) -> dict[str, int]:
         """Stable ids: extend the previous dictionaries with this run's kept newcomers and make
         the result ``dict_dir`` (``spark_jobs.stable_ids.commit``); returns the table sizes."""
         ...
 
     # ------------------------------------------------------------ transform pass
-    def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int,
-                     days: set[int] | None = None) -> None:
+    def write_splits(
+        self,
+        stats: dict[int, DayStats],
+        sizes: dict[str, int],
+        dict_dir: Path,
+        index_dir: Path,
+        staging: Path,
+        train_files: int,
+        days: set[int] | None = None,
+    ) -> None:
         """Replace ``staging`` with ``staging/<split>/part-*.parquet`` of the days in ``days``
         (None: every day): train in ``train_files`` files ordered by ``spark_jobs.order``,
         test and validation in line order. A split without rows may have no directory. The

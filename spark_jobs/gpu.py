@@ -34,11 +34,11 @@ def rapids_jar(spark: SparkConfig, environ: dict[str, str] | None = None) -> Pat
     if not value:
         raise PreprocessConfigError(
             f"--gpu needs the RAPIDS Accelerator jar: set {spark.gpu_jar_env} to the path of "
-            "rapids-4-spark_2.13-<version>.jar (https://nvidia.github.io/spark-rapids/)")
+            "rapids-4-spark_2.13-<version>.jar (https://nvidia.github.io/spark-rapids/)"
+        )
     jar = Path(value)
     if not jar.is_file():
-        raise PreprocessConfigError(
-            f"--gpu: {spark.gpu_jar_env}={value} does not name an existing jar file")
+        raise PreprocessConfigError(f"--gpu: {spark.gpu_jar_env}={value} does not name an existing jar file")
     return jar
 
 

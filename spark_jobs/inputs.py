@@ -22,7 +22,7 @@ _DAY_NAME = re.compile(r"^day_(\d+)(\.gz)?$")
 @dataclass(frozen=True)
 class DayFile:
     day: int
-    path: Path | Location      # a Location for a day file at a URL (dlrm_contracts.storage)
+    path: Path | Location  # a Location for a day file at a URL (dlrm_contracts.storage)
 
     @property
     def name(self) -> str:
@@ -62,11 +62,13 @@ def _check_link(path: Path, root: Path, link_roots: tuple[str, ...]) -> None:
         raise PreprocessInputError(
             f"day file {path} is a symbolic link to {target}, outside the input directory "
             f"(allowed: {roots}): a link in a landing directory could make the job read any "
-            "file; copy the file in, or add its directory to preprocess.input_link_roots")
+            "file; copy the file in, or add its directory to preprocess.input_link_roots"
+        )
 
 
-def discover_days(input_dir: str | Path, window_days: int | None = None,
-                  link_roots: tuple[str, ...] | list[str] = ()) -> list[DayFile]:
+def discover_days(
+    input_dir: str | Path, window_days: int | None = None, link_roots: tuple[str, ...] | list[str] = ()
+) -> list[DayFile]:
     """The day files of ``input_dir`` ordered by day number, or a PreprocessInputError.
 
     ``window_days`` (``preprocess.window_days``): only the newest N days are the data, the
@@ -96,8 +98,10 @@ def discover_days(input_dir: str | Path, window_days: int | None = None,
         if day.gzipped:
             with open(day.path, "rb") as fh:
                 if fh.read(2) != b"\x1f\x8b":
-                    raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
-                                               "(no gzip header); decompress it or drop '.gz'")
+                    raise PreprocessInputError(
+                        f"day file {day.path} is not gzip-compressed "
+                        "(no gzip header); decompress it or drop '.gz'"
+                    )
     return days
 
 
@@ -113,14 +117,18 @@ def _whole_window(by_day: dict, window_days: int | None, root) -> list[DayFile]:
     missing = sorted(set(range(first, max(by_day) + 1)) - set(by_day))
     if missing:
         listed = ", ".join(f"day_{d}" for d in missing[:5])
-        scope = (f"days must run from day_0 to day_{max(by_day)} without gaps"
-                 if window_days is None else
-                 f"the window of {window_days} days (preprocess.window_days) is day_{first} to "
-                 f"day_{max(by_day)}, without gaps")
+        scope = (
+            f"days must run from day_0 to day_{max(by_day)} without gaps"
+            if window_days is None
+            else f"the window of {window_days} days (preprocess.window_days) is day_{first} to "
+            f"day_{max(by_day)}, without gaps"
+        )
         raise PreprocessInputError(f"missing day file(s) {listed} in {root}: {scope}")
     if len(by_day) < 2:
-        raise PreprocessInputError(f"only one day file in {root}: need at least two "
-                                   "(train days, then the last day for test/validation)")
+        raise PreprocessInputError(
+            f"only one day file in {root}: need at least two "
+            "(train days, then the last day for test/validation)"
+        )
     return [DayFile(d, by_day[d][0]) for d in sorted(by_day)]
 
 
@@ -139,8 +147,9 @@ def _discover_days_at_url(root: Location, window_days: int | None) -> list[DayFi
         if day.path.size() == 0:
             raise PreprocessInputError(f"day file {day.path} is empty")
         if day.gzipped and day.path.read_range(0, 2) != b"\x1f\x8b":
-            raise PreprocessInputError(f"day file {day.path} is not gzip-compressed "
-                                       "(no gzip header); decompress it or drop '.gz'")
+            raise PreprocessInputError(
+                f"day file {day.path} is not gzip-compressed (no gzip header); decompress it or drop '.gz'"
+            )
     return days
 
 
@@ -151,7 +160,7 @@ def bytes_per_line(path: Path | Location, sample_bytes: int) -> float:
     Raises UnreadableSample for a gzip file that is truncated or corrupt within the sample.
     """
     if isinstance(path, Location):
-        chunk = path.read_range(0, sample_bytes)     # one ranged request
+        chunk = path.read_range(0, sample_bytes)  # one ranged request
     else:
         with open(path, "rb") as fh:
             chunk = fh.read(sample_bytes)
@@ -189,9 +198,11 @@ def _gunzip_sample(path: Path, chunk: bytes, whole: bool, max_text: int) -> tupl
                 break
     except zlib.error as exc:
         raise UnreadableSample(f"{path} is not a readable gzip file (corrupt: {exc})") from None
-    if text >= max_text and not stream.eof:     # cut short: the bytes that made this text
+    if text >= max_text and not stream.eof:  # cut short: the bytes that made this text
         return lines, len(chunk) - len(stream.unconsumed_tail), False
     if whole and chunk and not stream.eof:
-        raise UnreadableSample(f"{path} is not a readable gzip file (truncated: its stream ends "
-                               f"before the end-of-stream marker, at {len(chunk):,} bytes)")
+        raise UnreadableSample(
+            f"{path} is not a readable gzip file (truncated: its stream ends "
+            f"before the end-of-stream marker, at {len(chunk):,} bytes)"
+        )
     return lines, len(chunk), last != b"\n"

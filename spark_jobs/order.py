@@ -19,8 +19,8 @@ _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _P3 = np.uint64(0x165667B19E3779F9)
 _P4 = np.uint64(0x85EBCA77C2B2AE63)
 _P5 = np.uint64(0x27D4EB2F165667C5)
-SPARK_SEED = 42   # the seed Spark's xxhash64 starts from
-LINE_BITS = 40    # tie-break key = day << LINE_BITS | line
+SPARK_SEED = 42  # the seed Spark's xxhash64 starts from
+LINE_BITS = 40  # tie-break key = day << LINE_BITS | line
 
 
 def _rotl(x, r: int):

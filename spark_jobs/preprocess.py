@@ -72,8 +72,9 @@ def published_dictionaries(layout: WorkdirLayout):
     return workdir_io.published_dir(dictionaries_dir(layout))
 
 
-def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig,
-                   retransform: bool = False) -> dict:
+def run_preprocess(
+    input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig, retransform: bool = False
+) -> dict:
     """Run count → dictionaries → transform over the day files of ``input_dir`` (every one,
     or the newest ``preprocess.window_days``).
 
@@ -104,7 +105,7 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
     layout = WorkdirLayout.at(workdir)
     remote = workdir_io.is_remote(layout.root)
     if engine_id == "sql" and (remote or _is_url(input_dir)):
-        with spark_errors():    # before the workdir is touched
+        with spark_errors():  # before the workdir is touched
             check_spark_connector(get_session(spark), [input_dir, workdir])
     if remote:
         check_url_workdir(preprocess, engine_id)
@@ -112,14 +113,17 @@ def run_preprocess(input_dir, workdir, spark: SparkConfig, preprocess: Preproces
         # before anything is replaced: a killed run's half-done swap is settled, and a stable
         # workdir's threshold is checked
         stable_ids.recover(dictionaries_dir(layout))
-    previous = (stable_ids.previous_dictionaries(dictionaries_dir(layout), spec)
-                if preprocess.ids == "stable" else None)
+    previous = (
+        stable_ids.previous_dictionaries(dictionaries_dir(layout), spec)
+        if preprocess.ids == "stable"
+        else None
+    )
     workdir_io.make_dir(layout.parquet)
     workdir_io.remove(layout.parquet / SUCCESS)
     workdir_io.remove(layout.parquet / SEGMENTS_JSON)
     if preprocess.ids != "stable":
         day_store.forget_days(layout)
-    if not remote:    # stable ids' staging (refused at a URL)
+    if not remote:  # stable ids' staging (refused at a URL)
         day_store.clear_leftovers(layout)
     with spark_errors():
         session = get_session(spark)
@@ -134,17 +138,26 @@ def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
         raise PreprocessConfigError(
             "preprocess.engine: sql writes its splits by renaming directories, which a workdir "
             "URL does not have: use preprocess.engine: arrow with a workdir URL, or a workdir "
-            "path (the input may be a URL) (docs/cluster.md §2.0.3)")
+            "path (the input may be a URL) (docs/cluster.md §2.0.3)"
+        )
     if preprocess.ids == "stable":
         raise PreprocessConfigError(
             "preprocess.ids: stable needs a workdir on a filesystem path (its dictionaries are "
             "extended in place run after run); a workdir URL supports ids: frequency and "
-            "modulo (docs/cluster.md §2.0.3)")
+            "modulo (docs/cluster.md §2.0.3)"
+        )
 
 
 # Hadoop's FileSystem for each URL scheme the SQL engine may meet (docs/cluster.md §2.0.3)
-_HADOOP_SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "abfs": "abfs", "abfss": "abfss",
-                   "hdfs": "hdfs", "viewfs": "viewfs"}
+_HADOOP_SCHEMES = {
+    "s3": "s3",
+    "gs": "gs",
+    "gcs": "gs",
+    "abfs": "abfs",
+    "abfss": "abfss",
+    "hdfs": "hdfs",
+    "viewfs": "viewfs",
+}
 
 
 def check_spark_connector(session: SparkSession, targets: list) -> None:
@@ -162,7 +175,8 @@ def check_spark_connector(session: SparkSession, targets: list) -> None:
         scheme = urlsplit(str(target)).scheme.lower()
         try:
             session._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
-                _HADOOP_SCHEMES.get(scheme, scheme), session._jsc.hadoopConfiguration())
+                _HADOOP_SCHEMES.get(scheme, scheme), session._jsc.hadoopConfiguration()
+            )
         except Py4JJavaError:
             raise PreprocessConfigError(
                 f"{target}: preprocess.engine: sql reads and writes '{scheme}://' through "
@@ -171,7 +185,8 @@ def check_spark_connector(session: SparkSession, targets: list) -> None:
                 "connector's jars and settings (for S3: spark.jars.packages "
                 "org.apache.hadoop:hadoop-aws:<Hadoop version>, "
                 "spark.hadoop.fs.s3.impl org.apache.hadoop.fs.s3a.S3AFileSystem; "
-                "docs/cluster.md §2.0.3), or use preprocess.engine: arrow") from None
+                "docs/cluster.md §2.0.3), or use preprocess.engine: arrow"
+            ) from None
 
 
 def _is_url(target) -> bool:
@@ -195,16 +210,22 @@ def input_tasks(engine_id: str, days: list[DayFile], cfg: PreprocessConfig) -> i
     return arrow_input_tasks(days, cfg)
 
 
-def _make_engine(name: str, session: SparkSession, days: list[DayFile],
-                 cfg: PreprocessConfig) -> Engine:
+def _make_engine(name: str, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig) -> Engine:
     if name == "sql":
         return SqlEngine(session, days, cfg)
     return ArrowEngine(session, days, cfg)
 
 
-def _run(session: SparkSession, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
-         cfg: PreprocessConfig, engine_id: str, previous: stable_ids.Previous | None = None,
-         retransform: bool = False) -> dict:
+def _run(
+    session: SparkSession,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    spec: ThresholdSpec,
+    cfg: PreprocessConfig,
+    engine_id: str,
+    previous: stable_ids.Previous | None = None,
+    retransform: bool = False,
+) -> dict:
     timer = StageTimer()
     engine = _make_engine(engine_id, session, days, cfg)
     if cfg.ids == "stable":
@@ -215,11 +236,18 @@ def _run(session: SparkSession, days: list[DayFile], layout: WorkdirLayout, spec
         engine.close()
 
 
-def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
-                cfg: PreprocessConfig, timer: StageTimer, retransform: bool = False) -> dict:
+def _run_stages(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    spec: ThresholdSpec,
+    cfg: PreprocessConfig,
+    timer: StageTimer,
+    retransform: bool = False,
+) -> dict:
     work = None
     modulo = cfg.ids == "modulo"
-    uncounted = cfg.ids in ("modulo", "contiguous")   # no value counts are kept
+    uncounted = cfg.ids in ("modulo", "contiguous")  # no value counts are kept
     with timer.stage("count"):
         if not uncounted:
             counting.drop_stale_days(days, layout.counts)
@@ -227,11 +255,15 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         if uncounted:
             stats = _count_modulo(engine, layout)
         elif cfg.ids == "stable":
-            work = day_store.plan(days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)),
-                                  retransform)
+            work = day_store.plan(
+                days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)), retransform
+            )
             # the progress report plans the transform on the days it will read, not the window
-            progress.planned("transform", [d.day for d, _, _ in work.transform],
-                             [d.day for d, role, _ in work.transform if role == day_store.TRAIN])
+            progress.planned(
+                "transform",
+                [d.day for d, _, _ in work.transform],
+                [d.day for d, role, _ in work.transform if role == day_store.TRAIN],
+            )
             stats = _count_stable(engine, days, layout, recount, cfg, work)
         else:
             stats = engine.count(recount, layout.counts)
@@ -240,10 +272,16 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
         report = quality.quality_report(days, stats, cfg.max_reject_rate)
         workdir_io.write_json(layout.data_quality, report, sort_keys=False)
         quality.check_reject_rate(report)
-        histogram = None if uncounted else engine.count_totals(
-            layout.counts, _dictionary_days(days, cfg),
-            frequency_ids=None if cfg.ids == "stable" else spec)
-    if modulo:   # no dictionaries: the tables are the caps
+        histogram = (
+            None
+            if uncounted
+            else engine.count_totals(
+                layout.counts,
+                _dictionary_days(days, cfg),
+                frequency_ids=None if cfg.ids == "stable" else spec,
+            )
+        )
+    if modulo:  # no dictionaries: the tables are the caps
         sizes = column_caps(cfg)
         workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
     elif cfg.ids == "contiguous":
@@ -289,15 +327,21 @@ def _run_stages(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec
     return summary
 
 
-def _dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout, spec: ThresholdSpec,
-                  cfg: PreprocessConfig, stats: dict[int, DayStats], histogram,
-                  timer: StageTimer) -> dict[str, int]:
+def _dictionaries(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    spec: ThresholdSpec,
+    cfg: PreprocessConfig,
+    stats: dict[int, DayStats],
+    histogram,
+    timer: StageTimer,
+) -> dict[str, int]:
     """Frequency or stable ids: the dictionaries and their table sizes (model_size.json), then
     days.json (once the recounted days' value counts are stored: it says they can be reused)."""
     with timer.stage("dictionaries"):
         if cfg.ids == "stable":
-            sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout),
-                                                     layout.dictionary_index)
+            sizes = engine.write_stable_dictionaries(spec, dictionaries_dir(layout), layout.dictionary_index)
         else:
             sizes = table_sizes(histogram, spec)
             _write_frequency_dictionaries(engine, spec, sizes, layout)
@@ -307,8 +351,9 @@ def _dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout, sp
     return sizes
 
 
-def _write_frequency_dictionaries(engine: Engine, spec: ThresholdSpec, sizes: dict[str, int],
-                                  layout: WorkdirLayout) -> None:
+def _write_frequency_dictionaries(
+    engine: Engine, spec: ThresholdSpec, sizes: dict[str, int], layout: WorkdirLayout
+) -> None:
     """The engine writes the dictionaries in place on a path; at a URL into a new version
     under ``dictionaries/``, published by its marker once every table is written."""
     final = dictionaries_dir(layout)
@@ -320,16 +365,22 @@ def _write_frequency_dictionaries(engine: Engine, spec: ThresholdSpec, sizes: di
     workdir_io.commit_version(final, version)
 
 
-def _contiguous_dictionaries(engine: Engine, days: list[DayFile], layout: WorkdirLayout,
-                             spec: ThresholdSpec, cfg: PreprocessConfig,
-                             stats: dict[int, DayStats], timer: StageTimer) -> dict[str, int]:
+def _contiguous_dictionaries(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    spec: ThresholdSpec,
+    cfg: PreprocessConfig,
+    stats: dict[int, DayStats],
+    timer: StageTimer,
+) -> dict[str, int]:
     """Contiguous ids: the dictionary pass over the dictionary days; the table sizes (the
     caps, or each column's highest id + 1) in model_size.json."""
     with timer.stage("dictionaries"):
         numbered = _dictionary_days(days, cfg) or [d.day for d in days]
         kept = engine.write_contiguous_dictionaries(
-            spec, stats, numbered, layout.parquet / CONTIGUOUS_DICTIONARIES,
-            layout.dictionary_index)
+            spec, stats, numbered, layout.parquet / CONTIGUOUS_DICTIONARIES, layout.dictionary_index
+        )
         sizes = contiguous_table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
         workdir_io.write_json(layout.parquet_model_size, sizes, sort_keys=False)
     return sizes
@@ -344,8 +395,14 @@ def _count_modulo(engine: Engine, layout: WorkdirLayout) -> dict[int, DayStats]:
     return engine.count_statistics(layout.counts)
 
 
-def _count_stable(engine: Engine, days: list[DayFile], layout: WorkdirLayout, recount: list[int],
-                  cfg: PreprocessConfig, work: day_store.DayWork) -> dict[int, DayStats]:
+def _count_stable(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    recount: list[int],
+    cfg: PreprocessConfig,
+    work: day_store.DayWork,
+) -> dict[int, DayStats]:
     """Every day's statistics, reading only the days whose statistics are not kept with their
     transformed parts (``day_store.stored_stats``), those to recount, and the newest day (so
     the pass always has a day to read). The days read are noted in ``work``."""
@@ -363,15 +420,28 @@ def _dictionary_days(days: list[DayFile], cfg: PreprocessConfig) -> list[int] | 
     return [d.day for d in days[:-1]] if cfg.dictionary_days == "train" else None
 
 
-def _write_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout, sizes: dict[str, int],
-                  stats: dict[int, DayStats], cfg: PreprocessConfig, timer: StageTimer) -> dict[str, int]:
+def _write_splits(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    sizes: dict[str, int],
+    stats: dict[int, DayStats],
+    cfg: PreprocessConfig,
+    timer: StageTimer,
+) -> dict[str, int]:
     """Train, test and validation from a second read of every day; rows per split, counted
     from the written files' footers."""
     with timer.stage("transform"):
         staging = layout.parquet / ".splits-staging"
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        engine.write_splits(stats, sizes, published_dictionaries(layout) or dictionaries_dir(layout),
-                            layout.dictionary_index, staging, partitions)
+        engine.write_splits(
+            stats,
+            sizes,
+            published_dictionaries(layout) or dictionaries_dir(layout),
+            layout.dictionary_index,
+            staging,
+            partitions,
+        )
         targets = {s: layout.parquet_split(s) for s in SPLITS}
         if workdir_io.is_remote(staging):
             publish_split_dirs(staging, targets, cfg.compression)
@@ -381,9 +451,16 @@ def _write_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout, si
     return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
-def _write_stable_splits(engine: Engine, days: list[DayFile], layout: WorkdirLayout,
-                         sizes: dict[str, int], stats: dict[int, DayStats], cfg: PreprocessConfig,
-                         timer: StageTimer, work: day_store.DayWork) -> dict[str, int]:
+def _write_stable_splits(
+    engine: Engine,
+    days: list[DayFile],
+    layout: WorkdirLayout,
+    sizes: dict[str, int],
+    stats: dict[int, DayStats],
+    cfg: PreprocessConfig,
+    timer: StageTimer,
+    work: day_store.DayWork,
+) -> dict[str, int]:
     """Stable ids: transform only the days ``work`` says (new, changed role, changed file or
     settings), each alone into ``parquet/days/day=<k>``; the splits are then links to the
     window's days. Returns rows per split (from the linked files' footers)."""
@@ -394,13 +471,21 @@ def _write_stable_splits(engine: Engine, days: list[DayFile], layout: WorkdirLay
         for day, role, _ in work.transform:
             staging = day_store.staging_dir(layout, day.day)
             partitions = train_files(cfg, stats[day.day].rows_valid)
-            engine.write_splits(stats, sizes, dictionaries_dir(layout), layout.dictionary_index,
-                                staging, partitions, days={day.day})
+            engine.write_splits(
+                stats,
+                sizes,
+                dictionaries_dir(layout),
+                layout.dictionary_index,
+                staging,
+                partitions,
+                days={day.day},
+            )
             for split in day_store.ROLE_SPLITS[role]:
                 if not day_store.day_part_files(staging, split):
                     write_empty(staging / split / "part-00000.parquet", cfg.compression)
-            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day],
-                                 day_store.stats_key(engine.name, cfg))
+            day_store.commit_day(
+                layout, day, role, cfg, lineage, sizes, stats[day.day], day_store.stats_key(engine.name, cfg)
+            )
         staging = layout.parquet / ".splits-staging"
         segments = day_store.link_splits(layout, days, staging)
         move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})

@@ -88,7 +88,7 @@ class _Phase:
     detail: str
     read_tasks: int
     after_tasks: int
-    rows: float | None           # rows the phase reads
+    rows: float | None  # rows the phase reads
     started: float
     stages: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # id -> (tasks, done, running)
     finished: set[int] = field(default_factory=set)
@@ -129,23 +129,32 @@ class _Phase:
 class PreprocessProgress:
     """``with PreprocessProgress(...): run_preprocess(...)``: reports the job's progress."""
 
-    def __init__(self, input_dir: str | Path, workdir: str | Path, cfg: PreprocessConfig,
-                 settings: ProgressConfig, input_tasks: Callable[[list[DayFile]], int],
-                 sample_bytes: int,
-                 reporter: Reporter | None = None):
+    def __init__(
+        self,
+        input_dir: str | Path,
+        workdir: str | Path,
+        cfg: PreprocessConfig,
+        settings: ProgressConfig,
+        input_tasks: Callable[[list[DayFile]], int],
+        sample_bytes: int,
+        reporter: Reporter | None = None,
+    ):
         self.cfg = cfg
         # capped ids build no dictionaries: their share would keep the job's fraction below 1
-        self.shares = {name: share for name, share in settings.preprocess_phase_shares.items()
-                       if not (cfg.ids == "modulo" and name == "dictionaries")}
+        self.shares = {
+            name: share
+            for name, share in settings.preprocess_phase_shares.items()
+            if not (cfg.ids == "modulo" and name == "dictionaries")
+        }
         self.read_shares = settings.preprocess_read_shares
-        self.input_tasks = input_tasks    # the engine's tasks reading these days (its plan)
+        self.input_tasks = input_tasks  # the engine's tasks reading these days (its plan)
         self.sample_bytes = sample_bytes
         self.layout = WorkdirLayout.at(workdir)
         self.input_dir = input_dir
         self.reporter = reporter or open_reporter("preprocess", settings=settings)
         self.days: list[DayFile] = []
         self.input_rows: float | None = None
-        self._day_rows: dict[int, float] = {}    # estimated from each file's size
+        self._day_rows: dict[int, float] = {}  # estimated from each file's size
         self._day_bytes: dict[int, int] = {}
         self._plans: dict[str, _Plan] = {}
         self._current: _Phase | None = None
@@ -155,19 +164,17 @@ class PreprocessProgress:
         self._fraction = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="preprocess-progress",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="preprocess-progress", daemon=True)
 
     # -------------------------------------------------------------- lifetime
     def __enter__(self) -> PreprocessProgress:
         global _active
         try:
-            self.days = discover_days(self.input_dir, self.cfg.window_days,
-                                      self.cfg.input_link_roots)
+            self.days = discover_days(self.input_dir, self.cfg.window_days, self.cfg.input_link_roots)
             self._day_bytes = {d.day: d.size() for d in self.days}
-            self._day_rows = {d.day: self._day_bytes[d.day] / bytes_per_line(d.path,
-                                                                             self.sample_bytes)
-                              for d in self.days}
+            self._day_rows = {
+                d.day: self._day_bytes[d.day] / bytes_per_line(d.path, self.sample_bytes) for d in self.days
+            }
             self.input_rows = sum(self._day_rows.values())
         except Exception:  # noqa: BLE001 — the job itself reports bad input, with its own code
             self.days, self.input_rows, self._day_rows, self._day_bytes = [], None, {}, {}
@@ -198,8 +205,9 @@ class PreprocessProgress:
     def planned(self, name: str, days: list[int], train_days: list[int] | None) -> None:
         """The job's plan of a phase; the phase already running is planned again at once."""
         with self._lock:
-            self._plans[name] = _Plan(tuple(sorted(days)),
-                                      None if train_days is None else tuple(sorted(train_days)))
+            self._plans[name] = _Plan(
+                tuple(sorted(days)), None if train_days is None else tuple(sorted(train_days))
+            )
             current = self._current
             if current is not None and current.name == name:
                 current.read_tasks, current.after_tasks = self._planned_tasks(name)
@@ -226,14 +234,13 @@ class PreprocessProgress:
 
     def phase(self, name: str) -> None:
         try:
-            self._poll(catch_up=True)   # stages that ran between the last poll and now are this phase's
+            self._poll(catch_up=True)  # stages that ran between the last poll and now are this phase's
         except Exception:  # noqa: BLE001 — as in _run: progress never fails the job
             pass
         with self._lock:
             self._end_current()
             read, after = self._planned_tasks(name)
-            self._current = _Phase(name, self._detail(name), read, after,
-                                   self._phase_rows(name), time.time())
+            self._current = _Phase(name, self._detail(name), read, after, self._phase_rows(name), time.time())
             self._send()
 
     def _end_current(self) -> None:
@@ -278,7 +285,7 @@ class PreprocessProgress:
         if name == "count":
             return read, 0
         plan = self._plans.get(name)
-        if plan is None or plan.train_days is None:   # one write of the window's train rows
+        if plan is None or plan.train_days is None:  # one write of the window's train rows
             return read, train_files(self.cfg, int(self._counted_train_rows() or 0))
         # stable ids: each train day transformed is written into files of its own
         valid = self._valid_rows_by_day()
@@ -336,20 +343,18 @@ class PreprocessProgress:
                 return
             for stage_id in seen - set(self._owner):
                 self._owner[stage_id] = current
-            open_ids = [s for s, p in self._owner.items() if p is current
-                        and s not in current.finished]
+            open_ids = [s for s, p in self._owner.items() if p is current and s not in current.finished]
         for stage_id in open_ids:
             info = tracker.getStageInfo(stage_id)
             if info is None:
                 continue
             with self._lock:
-                current.stages[stage_id] = (info.numTasks, info.numCompletedTasks,
-                                            info.numActiveTasks)
+                current.stages[stage_id] = (info.numTasks, info.numCompletedTasks, info.numActiveTasks)
                 if stage_id not in active:
                     current.finished.add(stage_id)
         with self._lock:
             if current is self._current:
-                self._send(force=catch_up)      # a phase's last state is never throttled away
+                self._send(force=catch_up)  # a phase's last state is never throttled away
 
     @staticmethod
     def _rows_read(phase: _Phase) -> float | None:
@@ -365,10 +370,18 @@ class PreprocessProgress:
         total_share = sum(self._share(name) for name in self.shares)
         share = 0.0 if current.name in self._finished else self._share(current.name)
         if total_share > 0:
-            self._fraction = max(self._fraction,
-                                 min(1.0, (self._finished_share + share * within) / total_share))
+            self._fraction = max(
+                self._fraction, min(1.0, (self._finished_share + share * within) / total_share)
+            )
         done, total = current.tasks()
-        self.reporter.report(phase=current.name, detail=current.detail, done=done,
-                             total=total or None, unit="tasks", estimated=True,
-                             rows=self._rows_read(current),
-                             fraction=self._fraction, force=force)
+        self.reporter.report(
+            phase=current.name,
+            detail=current.detail,
+            done=done,
+            total=total or None,
+            unit="tasks",
+            estimated=True,
+            rows=self._rows_read(current),
+            fraction=self._fraction,
+            force=force,
+        )

@@ -32,8 +32,10 @@ from spark_jobs.gpu import rapids_conf
 # node budget for Spark's generated classes only makes C2 give up early on those (they then run
 # C1 code) and leaves every other method as it was.
 _GENERATED = "org.apache.spark.sql.catalyst.expressions.GeneratedClass*::*"
-JVM_OPTIONS = ("-XX:-DontCompileHugeMethods -XX:+UseParallelGC "
-               f"-XX:CompileCommand=quiet -XX:CompileCommand=MaxNodeLimit,{_GENERATED},40000")
+JVM_OPTIONS = (
+    "-XX:-DontCompileHugeMethods -XX:+UseParallelGC "
+    f"-XX:CompileCommand=quiet -XX:CompileCommand=MaxNodeLimit,{_GENERATED},40000"
+)
 # Code generation, for the JIT's sake. Without the stage id in the class name, the same plan
 # over another day file is the same source, so it is compiled (by Janino and by HotSpot) once
 # instead of once per day. A lower split threshold cuts big expressions into methods small
@@ -66,8 +68,9 @@ def read_conf_file(path: str | Path) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise PreprocessConfigError(f"--conf-file {path} is not UTF-8 text ({error.reason} at byte "
-                                    f"{error.start})") from None
+        raise PreprocessConfigError(
+            f"--conf-file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
     except OSError as error:
         raise PreprocessConfigError(f"--conf-file {path} cannot be read: {error.strerror}") from None
     conf = {}
@@ -82,7 +85,9 @@ def read_conf_file(path: str | Path) -> dict[str, str]:
     return conf
 
 
-_LOCAL_MASTER = re.compile(r"^local(?:\[(?:\*|[1-9]\d*)(?:,[1-9]\d*)?\]|-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\])?$")
+_LOCAL_MASTER = re.compile(
+    r"^local(?:\[(?:\*|[1-9]\d*)(?:,[1-9]\d*)?\]|-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\])?$"
+)
 _URL_MASTER = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 _JVM_SIZE = re.compile(r"^[1-9]\d*[kmgt]$", re.IGNORECASE)
 
@@ -94,15 +99,17 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
     master = spark.master or ""
     if master.startswith("local") and not _LOCAL_MASTER.match(master):
         raise PreprocessConfigError(
-            f"--master {master!r}: local masters are local, local[N], local[*] or local[N,F] "
-            "with N >= 1")
+            f"--master {master!r}: local masters are local, local[N], local[*] or local[N,F] with N >= 1"
+        )
     if not (master.startswith("local") or master == "yarn" or _URL_MASTER.match(master)):
         raise PreprocessConfigError(
             f"--master {master!r} is not a Spark master URL (local[N], spark://HOST:PORT, yarn, "
-            "k8s://https://HOST:PORT)")
+            "k8s://https://HOST:PORT)"
+        )
     if not _JVM_SIZE.match(str(spark.driver_memory or "")):
         raise PreprocessConfigError(
-            f"--driver-memory {spark.driver_memory!r} must be a size with a unit, e.g. 12g or 512m")
+            f"--driver-memory {spark.driver_memory!r} must be a size with a unit, e.g. 12g or 512m"
+        )
     settings = spark_settings(spark)
     if not launched_by_spark_submit():  # under spark-submit, get_session checks its master
         deploy_security(spark, master)
@@ -112,7 +119,8 @@ def check_spark_config(spark: SparkConfig) -> dict[str, str]:
     elif settings.get("spark.authenticate", "").lower() == "true" and master.startswith("spark://"):
         raise PreprocessConfigError(
             "spark.authenticate is on but no secret file is named: give the cluster's secret "
-            "file with --auth-secret-file (spark.auth_secret_file)")
+            "file with --auth-secret-file (spark.auth_secret_file)"
+        )
     return settings
 
 
@@ -131,7 +139,8 @@ def _refuse_secret_settings(conf: dict[str, str]) -> None:
             raise PreprocessConfigError(
                 f"{key} may not be given as a Spark setting (settings appear on command lines "
                 "and in the run's records): put the secret in a file of mode 0600 and name it "
-                "with --auth-secret-file (spark.auth_secret_file)")
+                "with --auth-secret-file (spark.auth_secret_file)"
+            )
     refuse_secret_settings(conf, "Spark settings (--conf, --conf-file, spark.conf)")
 
 
@@ -151,7 +160,8 @@ def _refuse_clear_secret(spark: SparkConfig, settings: dict[str, str]) -> None:
             f"--no-rpc-encryption (spark.rpc_encryption: false) with an authenticated cluster "
             f"at {host}, which is not a loopback address: Spark would send the shared secret "
             "to every executor unencrypted (executors get the driver's settings over RPC); "
-            "keep RPC encryption on")
+            "keep RPC encryption on"
+        )
 
 
 def _read_secret(spark: SparkConfig) -> str:
@@ -164,12 +174,13 @@ def _read_secret(spark: SparkConfig) -> str:
 # Encrypted RPC with no fallback to unencrypted SASL (as the cluster's daemons have it): a
 # peer that does not encrypt is refused instead of talked to in clear. Both are executor
 # startup settings, so executors get them from the driver when they are launched.
-RPC_ENCRYPTION = {"spark.network.crypto.enabled": "true",
-                  "spark.network.crypto.saslFallback": "false"}
+RPC_ENCRYPTION = {"spark.network.crypto.enabled": "true", "spark.network.crypto.saslFallback": "false"}
 
-INSECURE_WARNING = ("WARNING: spark.insecure (--insecure): the job's Spark traffic on {where} is "
-                    "neither authenticated nor encrypted; anyone who reaches it can run code "
-                    "as this user. Use this only on a network where you trust every host.")
+INSECURE_WARNING = (
+    "WARNING: spark.insecure (--insecure): the job's Spark traffic on {where} is "
+    "neither authenticated nor encrypted; anyone who reaches it can run code "
+    "as this user. Use this only on a network where you trust every host."
+)
 
 
 def deploy_kind(master: str) -> str:
@@ -207,35 +218,43 @@ def deploy_security(spark: SparkConfig, master: str, warn: bool = True) -> dict[
             f"--no-rpc-encryption with the master {master}, which is not on loopback: the "
             "driver's settings (the secret among them) would cross the network unencrypted; "
             "keep RPC encryption on, or say --insecure (spark.insecure) on a network you "
-            "trust entirely")
+            "trust entirely"
+        )
     if kind in ("standalone", "other") and not spark.auth_secret_file:
         raise PreprocessConfigError(
             f"the master {master} is not on loopback and no secret file is named: an "
             "unauthenticated cluster runs anyone's code; give the cluster's secret file with "
             "--auth-secret-file (run_pipeline.sh --spark-secret-file, spark.auth_secret_file), "
-            "or say --insecure (spark.insecure) on a network you trust entirely")
+            "or say --insecure (spark.insecure) on a network you trust entirely"
+        )
     return {"spark.authenticate": "true", **RPC_ENCRYPTION}
 
 
-def ui_settings(spark: SparkConfig, settings: dict[str, str],
-                environment: dict[str, str]) -> dict[str, str]:
+def ui_settings(spark: SparkConfig, settings: dict[str, str], environment: dict[str, str]) -> dict[str, str]:
     """The driver's web UI stays on loopback or behind an authentication filter: Spark binds it
     to SPARK_LOCAL_IP (of the environment the JVM started with), else to every interface, and
     its ACLs restrict nobody without a filter (spark.ui.filters). Otherwise it is switched off
     (spark.ui.enabled=false), unless spark.insecure."""
     address = environment.get("SPARK_LOCAL_IP", "")
-    if (settings.get("spark.ui.enabled", "true").lower() == "false"
-            or settings.get("spark.ui.filters") or (address and is_loopback(address))
-            or spark.insecure):
+    if (
+        settings.get("spark.ui.enabled", "true").lower() == "false"
+        or settings.get("spark.ui.filters")
+        or (address and is_loopback(address))
+        or spark.insecure
+    ):
         return {}
-    print(f"spark_jobs: the driver's web UI would listen on {address or 'every interface'} "
-          "without an authentication filter: it is off (set SPARK_LOCAL_IP=127.0.0.1 or "
-          "spark.ui.filters to keep it; docs/cluster.md §2.2)", file=sys.stderr)
+    print(
+        f"spark_jobs: the driver's web UI would listen on {address or 'every interface'} "
+        "without an authentication filter: it is off (set SPARK_LOCAL_IP=127.0.0.1 or "
+        "spark.ui.filters to keep it; docs/cluster.md §2.2)",
+        file=sys.stderr,
+    )
     return {"spark.ui.enabled": "false"}
 
 
-def session_plan(spark: SparkConfig, submitted: bool, master: str,
-                 environment: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+def session_plan(
+    spark: SparkConfig, submitted: bool, master: str, environment: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
     """(environment for the JVM, settings) of the session in its deploy mode: ``master`` is
     spark-submit's under spark-submit (whose JVM already runs with ``environment``), else
     ``spark.master``. What get_session applies; what the tests read per deploy mode."""
@@ -260,8 +279,7 @@ def security_settings(spark: SparkConfig) -> dict[str, str]:
 
     ACLs restrict users an authentication filter (spark.ui.filters) has named; without one
     Spark lets every request through, which docs/cluster.md §2.2 spells out."""
-    conf = {"spark.acls.enable": "true",
-            "spark.ui.killEnabled": str(spark.ui_kill_enabled).lower()}
+    conf = {"spark.acls.enable": "true", "spark.ui.killEnabled": str(spark.ui_kill_enabled).lower()}
     if spark.ui_admin_users:
         conf["spark.admin.acls"] = ",".join(spark.ui_admin_users)
     if spark.ui_view_users:
@@ -355,8 +373,9 @@ def _make_event_log_dir(spark: SparkConfig) -> None:
     try:
         local.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise PreprocessConfigError(f"spark.event_log_dir {spark.event_log_dir} cannot be "
-                                    f"created: {error.strerror or error}") from None
+        raise PreprocessConfigError(
+            f"spark.event_log_dir {spark.event_log_dir} cannot be created: {error.strerror or error}"
+        ) from None
 
 
 # Under spark-submit the JVM already runs with spark-submit's master and driver memory.
@@ -388,8 +407,10 @@ def driver_network(spark: SparkConfig) -> tuple[dict[str, str], dict[str, str]]:
     if master.startswith("yarn"):
         return ({"SPARK_LOCAL_IP": spark.bind_address} if spark.bind_address else {}), {}
     address = spark.bind_address or _address_towards(master)
-    return ({"SPARK_LOCAL_IP": UI_ADDRESS},
-            {"spark.driver.host": address, "spark.driver.bindAddress": address})
+    return (
+        {"SPARK_LOCAL_IP": UI_ADDRESS},
+        {"spark.driver.host": address, "spark.driver.bindAddress": address},
+    )
 
 
 def _address_towards(master: str) -> str:
@@ -404,7 +425,8 @@ def _address_towards(master: str) -> str:
     except (OSError, TypeError):
         raise PreprocessConfigError(
             f"cannot tell which address of this machine reaches the master {master}: name it "
-            "with --bind-address (spark.bind_address)") from None
+            "with --bind-address (spark.bind_address)"
+        ) from None
 
 
 def get_session(spark: SparkConfig):
@@ -463,17 +485,24 @@ def _check_accepted(spark: SparkConfig) -> None:
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
-    if (context is None or not context.master.startswith("spark://")
-            or context.applicationId.startswith("app-")):
+    if (
+        context is None
+        or not context.master.startswith("spark://")
+        or context.applicationId.startswith("app-")
+    ):
         return
     context.stop()
-    hint = ("the secret in --auth-secret-file is not the cluster's" if spark.auth_secret_file
-            else "an authenticated cluster needs its secret file: --auth-secret-file "
-                 "(run_pipeline.sh --spark-secret-file)")
+    hint = (
+        "the secret in --auth-secret-file is not the cluster's"
+        if spark.auth_secret_file
+        else "an authenticated cluster needs its secret file: --auth-secret-file "
+        "(run_pipeline.sh --spark-secret-file)"
+    )
     raise PreprocessJobError(
         f"the Spark master {context.master} did not accept the job (All masters are "
         f"unresponsive): is it running and reachable? If so, {hint}. The driver log above and "
-        "the master's log say more")
+        "the master's log say more"
+    )
 
 
 def _start_jvm_with_secret(spark: SparkConfig, settings: dict[str, str]) -> None:

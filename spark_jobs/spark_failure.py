@@ -38,8 +38,7 @@ def spark_error_message(error: Exception) -> str:
     # split on '\n' only: str.splitlines() also splits at NEL/U+2028 found in the input data;
     # py4j's own first line ("An error occurred while calling o170.collectToPython.") says nothing
     lines = [line.strip().lstrip(":").strip() for line in str(error).strip().split("\n")]
-    lines = [line for line in lines
-             if line and not line.startswith("An error occurred while calling")]
+    lines = [line for line in lines if line and not line.startswith("An error occurred while calling")]
     first = python_worker_error(lines) or (lines[0] if lines else type(error).__name__)
     root = (java_root_cause(error) or "").split("\n")[0].strip()
     if root and root not in first:

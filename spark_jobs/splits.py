@@ -24,9 +24,13 @@ def parquet_schema():
     """The splits' schema: every field required, as Spark's writer has it."""
     import pyarrow as pa
 
-    return pa.schema([pa.field(LABEL, pa.int32(), nullable=False),
-                      *[pa.field(c, pa.float32(), nullable=False) for c in INT_COLUMNS],
-                      *[pa.field(c, pa.int32(), nullable=False) for c in CAT_COLUMNS]])
+    return pa.schema(
+        [
+            pa.field(LABEL, pa.int32(), nullable=False),
+            *[pa.field(c, pa.float32(), nullable=False) for c in INT_COLUMNS],
+            *[pa.field(c, pa.int32(), nullable=False) for c in CAT_COLUMNS],
+        ]
+    )
 
 
 def parquet_codec(compression: str) -> str:
@@ -64,8 +68,7 @@ def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
     return empty
 
 
-def publish_split_dirs(staging: Location, targets: dict[str, Location],
-                       compression: str) -> list[str]:
+def publish_split_dirs(staging: Location, targets: dict[str, Location], compression: str) -> list[str]:
     """At a URL: each ``staging/<name>`` published as ``targets[name]`` by its commit marker
     (``workdir_io.publish_staged``; a split the engine wrote no file for gets one empty part);
     returns the names that had no rows. A kill before a split's marker leaves that split's
@@ -97,7 +100,7 @@ def rows_in_files(split_dir: Path | Location) -> int:
     if workdir_io.is_remote(split_dir):
         total = 0
         for part in split_files(split_dir):
-            assert isinstance(part, Location)   # a marker names objects of the store
+            assert isinstance(part, Location)  # a marker names objects of the store
             with part.open_input() as handle:
                 total += pq.ParquetFile(handle).metadata.num_rows
         return total

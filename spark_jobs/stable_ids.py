@@ -40,16 +40,18 @@ from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 
 IDS_FORMAT_VERSION = 1
 
+
 @dataclass(frozen=True)
 class Previous:
     """The stable dictionaries a run extends."""
 
     directory: str
     threshold_spec: str
-    table_sizes: dict[str, int]        # per column its highest id + 1
+    table_sizes: dict[str, int]  # per column its highest id + 1
 
 
 # ---------------------------------------------------------------- the workdir's dictionaries
+
 
 def staging_dir(dict_dir: Path) -> Path:
     return dict_dir.with_name(f".{dict_dir.name}-staging")
@@ -69,7 +71,7 @@ def recover(dict_dir: Path) -> None:
         else:
             shutil.rmtree(dict_dir, ignore_errors=True)
             retired.rename(dict_dir)
-            fsync_path(dict_dir.parent)   # put back for good before anything else is deleted
+            fsync_path(dict_dir.parent)  # put back for good before anything else is deleted
     shutil.rmtree(staging_dir(dict_dir), ignore_errors=True)
 
 
@@ -81,28 +83,38 @@ def previous_dictionaries(dict_dir: Path, spec: ThresholdSpec) -> Previous | Non
     try:
         record = read_json(record_path)
     except ValueError as exc:
-        raise PreprocessJobError(f"{record_path} is damaged ({exc}): the stable ids cannot be "
-                                 f"extended; restore it, or delete {dict_dir} to give every id "
-                                 "anew (models trained on the old ids then no longer fit)") from None
+        raise PreprocessJobError(
+            f"{record_path} is damaged ({exc}): the stable ids cannot be "
+            f"extended; restore it, or delete {dict_dir} to give every id "
+            "anew (models trained on the old ids then no longer fit)"
+        ) from None
     if record is None:
         return None
     sizes = record.get("table_sizes") if isinstance(record, dict) else None
-    if (not isinstance(sizes, dict) or record.get("format_version") != IDS_FORMAT_VERSION
-            or sorted(sizes) != sorted(CAT_COLUMNS)):
-        raise PreprocessJobError(f"{record_path} is not a stable-ids record of this version; "
-                                 f"restore it, or delete {dict_dir} to give every id anew")
+    if (
+        not isinstance(sizes, dict)
+        or record.get("format_version") != IDS_FORMAT_VERSION
+        or sorted(sizes) != sorted(CAT_COLUMNS)
+    ):
+        raise PreprocessJobError(
+            f"{record_path} is not a stable-ids record of this version; "
+            f"restore it, or delete {dict_dir} to give every id anew"
+        )
     made_at = parse_threshold_spec(record["threshold_spec"])
     if not same_threshold(made_at, spec):
         raise PreprocessConfigError(
             f"preprocess.ids is stable and the dictionaries in {dict_dir} were built at "
             f"threshold {made_at}, but this run asks for {spec}: stable ids never move, so a "
             f"workdir's threshold cannot change. Run at {made_at}, or start the ids over in a "
-            f"new workdir (or delete {dict_dir}; models trained on the old ids then no longer fit)")
+            f"new workdir (or delete {dict_dir}; models trained on the old ids then no longer fit)"
+        )
     for column, size in sizes.items():
         if size > 1 and not (dict_dir / f"column={column}").is_dir():
-            raise PreprocessJobError(f"the stable dictionary of {column} is missing from "
-                                     f"{dict_dir} ({size - 1} ids recorded): restore it, or "
-                                     f"delete {dict_dir} to give every id anew")
+            raise PreprocessJobError(
+                f"the stable dictionary of {column} is missing from "
+                f"{dict_dir} ({size - 1} ids recorded): restore it, or "
+                f"delete {dict_dir} to give every id anew"
+            )
     return Previous(str(dict_dir), str(made_at), {c: int(sizes[c]) for c in CAT_COLUMNS})
 
 
@@ -126,12 +138,18 @@ def lineage(dict_dir: Path) -> str | None:
 
 def commit(staging: Path, dict_dir: Path, spec: ThresholdSpec, sizes: dict[str, int]) -> None:
     """The staged dictionaries, with their record, become the workdir's (see ``recover``)."""
-    write_json_atomic(staging / IDS_RECORD,
-                      {"format_version": IDS_FORMAT_VERSION, "ids": "stable",
-                       "lineage": lineage(dict_dir) or uuid.uuid4().hex,
-                       "threshold_spec": str(spec), "table_sizes": sizes,
-                       "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                      sort_keys=False)
+    write_json_atomic(
+        staging / IDS_RECORD,
+        {
+            "format_version": IDS_FORMAT_VERSION,
+            "ids": "stable",
+            "lineage": lineage(dict_dir) or uuid.uuid4().hex,
+            "threshold_spec": str(spec),
+            "table_sizes": sizes,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        sort_keys=False,
+    )
     # every staged part and the record on disk, the previous dictionaries set aside, the new
     # ones renamed in and that rename on disk; only then are the previous ones deleted: a
     # power cut at any point leaves one whole copy for ``recover`` (dlrm_contracts.atomic)
@@ -149,4 +167,5 @@ def check_old_ids(found: dict[str, tuple[int, int]], previous_sizes: dict[str, i
                 f"the stable dictionary of {column} holds {entries} values up to id {highest}, "
                 f"but its record says ids 1..{expected}: it is damaged; restore it, or delete the "
                 "dictionaries to give every id anew (models trained on the old ids then no "
-                "longer fit)")
+                "longer fit)"
+            )

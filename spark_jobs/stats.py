@@ -65,9 +65,9 @@ def line_number_column(stats: dict[int, DayStats], days: Iterable[int]) -> Colum
     read partition or chunk << PARTITION_SHIFT | line within it), for the given days."""
     from pyspark.sql import functions as F
 
-    offsets = {(int(day) << 20) + pid: offset
-               for day in days for pid, offset in stats[day].line_offsets().items()}
+    offsets = {
+        (int(day) << 20) + pid: offset for day in days for pid, offset in stats[day].line_offsets().items()
+    }
     pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
     key = F.shiftleft(F.col("day").cast("long"), 20) + pid
-    return (literal_lookup(offsets, key)
-            + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))).cast("long")
+    return (literal_lookup(offsets, key) + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))).cast("long")

@@ -25,7 +25,7 @@ def process_tree_cpu_seconds() -> float:
         try:
             t = process.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:          # ended meanwhile: its parent's children_* will hold it
+        except psutil.Error:  # ended meanwhile: its parent's children_* will hold it
             pass
     return total
 
@@ -46,5 +46,6 @@ class StageTimer:
             yield
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
-            self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0)
-                                           + process_tree_cpu_seconds() - cpu, 3)
+            self.cpu_seconds[name] = round(
+                self.cpu_seconds.get(name, 0.0) + process_tree_cpu_seconds() - cpu, 3
+            )

@@ -19,9 +19,15 @@ sys.path.insert(0, str(REPO / "bench"))
 # Modules whose tests train models or run pipeline stages end to end (TensorFlow, the
 # converter, several processes): the slow tier as a whole, whatever their own markers say.
 SLOW_MODULES = {
-    "test_bench_quality.py", "test_checkpoint_runs.py", "test_export_superset.py",
-    "test_hardening.py", "test_served_versions.py", "test_train_new_days.py",
-    "test_trainer_dcn.py", "test_trainer_single.py", "test_trainer_warm_start.py",
+    "test_bench_quality.py",
+    "test_checkpoint_runs.py",
+    "test_export_superset.py",
+    "test_hardening.py",
+    "test_served_versions.py",
+    "test_train_new_days.py",
+    "test_trainer_dcn.py",
+    "test_trainer_single.py",
+    "test_trainer_warm_start.py",
 }
 # Single tests of that kind in modules of quick ones.
 SLOW_TESTS = {
@@ -80,6 +86,7 @@ def moto_s3(tmp_path_factory):
     this process's environment pointing at it (tests/object_store.py); ``moto_s3.bucket()``
     gives a test its own bucket."""
     from tests.object_store import restore_environment, set_environment, start_moto, stop_moto
+
     server = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
     previous = set_environment(server)
     try:

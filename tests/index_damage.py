@@ -40,9 +40,11 @@ def build(index_dir: Path, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
     """A sealed index of three columns: C1 in three ranges, C2 in two (the second keeps
     nothing), C3 keeps nothing. Returns the queries and the ids they must give."""
     rng = np.random.default_rng(seed)
-    specs = {"C1": (np.array([0, 10**9, 3 * 10**9], np.uint32), 3000),
-             "C2": (np.array([0, 2**31], np.uint32), 700),
-             "C3": (np.zeros(1, np.uint32), 0)}
+    specs = {
+        "C1": (np.array([0, 10**9, 3 * 10**9], np.uint32), 3000),
+        "C2": (np.array([0, 2**31], np.uint32), 700),
+        "C3": (np.zeros(1, np.uint32), 0),
+    }
     queries, expected = [], []
     layouts, contents = {}, {}
     for name, (bounds, kept) in specs.items():
@@ -60,18 +62,25 @@ def build(index_dir: Path, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
     di.create_index(index_dir, layouts)
     for name, (values, ids, cut) in contents.items():
         for r in range(len(layouts[name].sizes)):
-            di.write_region(str(index_dir), name, r, int(layouts[name].sizes[r]),
-                            values[cut[r]:cut[r + 1]], ids[cut[r]:cut[r + 1]])
+            di.write_region(
+                str(index_dir),
+                name,
+                r,
+                int(layouts[name].sizes[r]),
+                values[cut[r] : cut[r + 1]],
+                ids[cut[r] : cut[r + 1]],
+            )
     di.seal_index(index_dir)
     width = max(len(q) for q in queries)
     padded = np.full((len(COLUMNS), width), -1, np.int64)
     want = np.zeros((len(COLUMNS), width), np.int32)
     for j, (q, e) in enumerate(zip(queries, expected)):
-        padded[j, :len(q)], want[j, :len(e)] = q, e
+        padded[j, : len(q)], want[j, : len(e)] = q, e
     return padded, want
 
 
 # ---------------------------------------------------------------- damages
+
 
 def _meta(index_dir: Path) -> dict:
     return json.loads((index_dir / di.INDEX_JSON).read_text())
@@ -100,7 +109,7 @@ def damage_json_bytes(rng: random.Random, index_dir: Path) -> str:
     data = bytearray(path.read_bytes())
     how = rng.choice(["truncate", "flip", "garbage", "empty", "literal"])
     if how == "truncate":
-        data = data[:rng.randrange(len(data))]
+        data = data[: rng.randrange(len(data))]
     elif how == "flip":
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
@@ -123,8 +132,9 @@ def damage_json_fields(rng: random.Random, index_dir: Path, forge: bool) -> str:
     entry = meta["columns"][column]
     key = rng.choice(["bounds", "starts", "sizes", "checksums"])
     items = entry[key]
-    how = rng.choice(["shift", "odd", "drop", "append", "swap", "remove-key", "column",
-                      "version", "unseal", "page"])
+    how = rng.choice(
+        ["shift", "odd", "drop", "append", "swap", "remove-key", "column", "version", "unseal", "page"]
+    )
     if how == "shift":
         i = rng.randrange(len(items))
         if isinstance(items[i], int):
@@ -148,7 +158,7 @@ def damage_json_fields(rng: random.Random, index_dir: Path, forge: bool) -> str:
         meta["format_version"] = rng.choice([2, 4, "3", None])
     elif how == "unseal":
         meta.pop("checksum")
-    elif how == "page":                  # a range grown by a page, the starts after it moved
+    elif how == "page":  # a range grown by a page, the starts after it moved
         sizes = entry["sizes"]
         i = rng.randrange(len(sizes))
         sizes[i] += 512
@@ -161,8 +171,22 @@ def damage_region(rng: random.Random, index_dir: Path, forge: bool) -> str:
     files = _region_files(index_dir)
     path = rng.choice(files)
     data = bytearray(path.read_bytes())
-    how = rng.choice(["flip-key", "flip-id", "flip-any", "truncate", "extend", "zero", "full",
-                      "missing", "directory", "swap", "extra", "same-bytes"])
+    how = rng.choice(
+        [
+            "flip-key",
+            "flip-id",
+            "flip-any",
+            "truncate",
+            "extend",
+            "zero",
+            "full",
+            "missing",
+            "directory",
+            "swap",
+            "extra",
+            "same-bytes",
+        ]
+    )
     slots = np.frombuffer(bytes(data), np.uint64)
     filled = np.flatnonzero(slots)
     if how in ("flip-key", "flip-id"):
@@ -172,13 +196,13 @@ def damage_region(rng: random.Random, index_dir: Path, forge: bool) -> str:
     elif how == "flip-any":
         data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
     elif how == "truncate":
-        data = data[:rng.choice([0, 8, len(data) - 8, len(data) - 1, len(data) - 4096])]
+        data = data[: rng.choice([0, 8, len(data) - 8, len(data) - 1, len(data) - 4096])]
     elif how == "extend":
         data += bytes(rng.choice([1, 8, 4096]))
     elif how == "zero":
         data = bytearray(len(data))
-    elif how == "full":                 # no empty slot left: a probe for an absent value never
-        full = np.frombuffer(rng.randbytes(len(data)), np.uint64) | np.uint64(1)   # meets one
+    elif how == "full":  # no empty slot left: a probe for an absent value never
+        full = np.frombuffer(rng.randbytes(len(data)), np.uint64) | np.uint64(1)  # meets one
         data = bytearray(full.tobytes())
     elif how == "missing":
         path.unlink()
@@ -194,7 +218,7 @@ def damage_region(rng: random.Random, index_dir: Path, forge: bool) -> str:
             other_bytes = other.read_bytes()
             other.write_bytes(bytes(data))
             data = bytearray(other_bytes)
-    elif how == "extra":                # a file where a range keeps nothing
+    elif how == "extra":  # a file where a range keeps nothing
         path = index_dir / "C2" / "00001.slots"
         data = bytearray(rng.randbytes(4096))
     if data is not None:
@@ -205,6 +229,7 @@ def damage_region(rng: random.Random, index_dir: Path, forge: bool) -> str:
 
 
 # ---------------------------------------------------------------- the fuzz
+
 
 def outcome(index_dir: Path, queries: np.ndarray, want: np.ndarray) -> str:
     """refused (one line naming a file of the index and the fix), same or other ids; any
@@ -242,7 +267,7 @@ def fuzz(seed: int, count: int, root: Path) -> dict:
         key = f"{'forged ' if forge else ''}{kind}"
         try:
             got = outcome(work, queries, want)
-        except Exception as error:                       # noqa: BLE001 (reported, then failed)
+        except Exception as error:  # noqa: BLE001 (reported, then failed)
             failures.append(f"{n} {key}: {type(error).__name__}: {error}"[:400])
             continue
         if got == "other ids" and not forge:
@@ -253,6 +278,7 @@ def fuzz(seed: int, count: int, root: Path) -> dict:
 
 
 # ---------------------------------------------------------------- a real preprocess run
+
 
 def damage_sealed(kind: str, index_dir: Path) -> None:
     """One damage of a sealed index as found in a real run: a flipped key in the largest range
@@ -290,6 +316,6 @@ if __name__ == "__main__":
         print(json.dumps(fuzz(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))))
     elif sys.argv[1] == "spark":
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        sys.exit(run_damaged_preprocess(sys.argv[2], sys.argv[sys.argv.index("--") + 1:]))
+        sys.exit(run_damaged_preprocess(sys.argv[2], sys.argv[sys.argv.index("--") + 1 :]))
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

@@ -17,8 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_REGION": "us-east-1"}
+ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
 
 def free_port() -> int:
@@ -36,8 +35,14 @@ class MotoServer:
 
     def client(self):
         import boto3  # installed with moto[server] (dev dependencies)
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=ENVIRONMENT["AWS_REGION"],
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=ENVIRONMENT["AWS_REGION"],
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def bucket(self, prefix: str = "test") -> str:
         """A new empty bucket's name."""
@@ -55,14 +60,16 @@ def start_moto(log: Path) -> MotoServer:
     """moto_server on a free loopback port, answering; raises if it does not come up."""
     executable = Path(sys.executable).parent / "moto_server"
     if not executable.exists():
-        raise RuntimeError(f"{executable} is missing: scripts/install.sh installs moto[server] "
-                           "with the dev dependencies")
+        raise RuntimeError(
+            f"{executable} is missing: scripts/install.sh installs moto[server] with the dev dependencies"
+        )
     port = free_port()
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(executable), "-H", "127.0.0.1", "-p", str(port)],
-                                   stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [str(executable), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120     # generous: the machine's speed varies
+    deadline = time.monotonic() + 120  # generous: the machine's speed varies
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"moto_server exited: {log.read_text()[-2000:]}")

@@ -28,41 +28,85 @@ def free_ports(n: int) -> list[int]:
 
 
 def cluster_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
+    env = dict(
+        os.environ, PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable
+    )
     env.pop("SPARK_HOME", None)  # the scripts find the pip PySpark's own
     return env
 
 
 def run_checked(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=cluster_env(), cwd=cwd)
-    assert proc.returncode == 0, f"{argv[:3]} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{argv[:3]} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
 def generate_raw(raw: Path, days: int, rows_per_day: int, seed: int) -> Path:
     """A small synthetic Criteo input (pipeline.generate) at ``raw``."""
-    run_checked([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", str(days),
-                 "--rows-per-day", str(rows_per_day), "--seed", str(seed)], timeout=300)
+    run_checked(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(raw),
+            "--days",
+            str(days),
+            "--rows-per-day",
+            str(rows_per_day),
+            "--seed",
+            str(seed),
+        ],
+        timeout=300,
+    )
     return raw
 
 
 @contextlib.contextmanager
-def standalone_cluster(directory: Path, *extra: str
-                       ) -> Iterator[tuple[str, subprocess.CompletedProcess, set[int]]]:
+def standalone_cluster(
+    directory: Path, *extra: str
+) -> Iterator[tuple[str, subprocess.CompletedProcess, set[int]]]:
     """(master URL, start-cluster.sh's output, its ports): a master and one worker on
     127.0.0.1, stopped on the way out whatever happens. ``extra`` goes to start-cluster.sh
     (``--authenticate``)."""
     port, webui, worker_webui = free_ports(3)
     try:
-        out = run_checked(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(directory),
-                           "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
-                           "--worker-webui-port", str(worker_webui), "--workers", "1",
-                           "--worker-cores", "2", "--worker-memory", "2g", "--timeout", "150",
-                           *extra], timeout=200)
+        out = run_checked(
+            [
+                "bash",
+                str(CLUSTER / "start-cluster.sh"),
+                "--dir",
+                str(directory),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(webui),
+                "--worker-webui-port",
+                str(worker_webui),
+                "--workers",
+                "1",
+                "--worker-cores",
+                "2",
+                "--worker-memory",
+                "2g",
+                "--timeout",
+                "150",
+                *extra,
+            ],
+            timeout=200,
+        )
         url = out.stdout.strip().splitlines()[-1]
         assert url == f"spark://127.0.0.1:{port}"
         yield url, out, {port, webui, worker_webui}
     finally:
-        subprocess.run(["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
-                       capture_output=True, text=True, timeout=120, env=cluster_env())
+        subprocess.run(
+            ["bash", str(CLUSTER / "stop-cluster.sh"), "--dir", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=cluster_env(),
+        )

@@ -39,16 +39,18 @@ def spark_session():
 
         from spark_jobs.session import JVM_OPTIONS
 
-        _SESSION = (SparkSession.builder.master("local[2]")
-                    .appName("spark_jobs-tests")
-                    .config("spark.driver.memory", "2g")
-                    .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-                    .config("spark.ui.enabled", "false")
-                    .config("spark.ui.showConsoleProgress", "false")
-                    .config("spark.sql.shuffle.partitions", "4")
-                    .config("spark.sql.files.maxPartitionBytes", "65536")
-                    .config("spark.sql.files.openCostInBytes", "0")
-                    .getOrCreate())
+        _SESSION = (
+            SparkSession.builder.master("local[2]")
+            .appName("spark_jobs-tests")
+            .config("spark.driver.memory", "2g")
+            .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.files.maxPartitionBytes", "65536")
+            .config("spark.sql.files.openCostInBytes", "0")
+            .getOrCreate()
+        )
         _SESSION.sparkContext.setLogLevel("ERROR")
     return _SESSION
 
@@ -62,18 +64,22 @@ def run(spark, input_dir, workdir, threshold="2", **preprocess):
     from spark_jobs.preprocess import run_preprocess
 
     assert spark is not None
-    return run_preprocess(input_dir, workdir, spark_config(),
-                          PreprocessConfig(frequency_threshold=threshold, **preprocess))
+    return run_preprocess(
+        input_dir, workdir, spark_config(), PreprocessConfig(frequency_threshold=threshold, **preprocess)
+    )
 
 
 # ---------------------------------------------------------------- inputs
+
 
 def random_line(rng: random.Random, vocab: int = 40) -> str:
     label = "1" if rng.random() < 0.3 else "0"
     ints = [str(rng.randint(-5, 3000)) if rng.random() > 0.2 else "" for _ in range(13)]
     # zipf-ish: small ranks are frequent, so thresholds keep some values and drop others
-    cats = ["%08x" % (int(rng.paretovariate(1.0) * (j + 1)) * 2654435761 % 2**32)
-            if rng.random() > 0.1 else "" for j in range(26)]
+    cats = [
+        "%08x" % (int(rng.paretovariate(1.0) * (j + 1)) * 2654435761 % 2**32) if rng.random() > 0.1 else ""
+        for j in range(26)
+    ]
     _ = vocab
     return "\t".join([label, *ints, *cats])
 
@@ -92,11 +98,25 @@ TOO_LONG_LINES = ["x" + "\u00e9" * (_LIMIT // 2)]
 BAD_LINES: dict[str, list[str]] = {
     "line_too_long": [],
     # 41 fields
-    "too_many_fields": ["0" + "\t" * 40, "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26) + "\textra"],
+    "too_many_fields": [
+        "0" + "\t" * 40,
+        "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26) + "\textra",
+    ],
     "bad_label": ["2" + "\t" * 39, "\t" * 39, "x\t1", "", "0.5\t3"],
-    "non_integer": ["0\t1.5" + "\t" * 38, "1\t\tabc", "0\t99999999999999999999999", "1\t1e3\t2", "0\t+5", "0\t 7"],
-    "non_hex_categorical": ["0" + "\t" * 14 + "zzzzzzzz", "1" + "\t" * 20 + "0a0b0c0d0", "0" + "\t" * 39 + "-1",
-                            "1" + "\t" * 14 + "0x12"],
+    "non_integer": [
+        "0\t1.5" + "\t" * 38,
+        "1\t\tabc",
+        "0\t99999999999999999999999",
+        "1\t1e3\t2",
+        "0\t+5",
+        "0\t 7",
+    ],
+    "non_hex_categorical": [
+        "0" + "\t" * 14 + "zzzzzzzz",
+        "1" + "\t" * 20 + "0a0b0c0d0",
+        "0" + "\t" * 39 + "-1",
+        "1" + "\t" * 14 + "0x12",
+    ],
 }
 
 
@@ -109,7 +129,9 @@ def salted_days(seed: int, days: int, rows: int) -> list[list[str]]:
         for line in bad:
             lines.insert(rng.randrange(len(lines) + 1), line)
         for _ in range(5):  # short but valid: trailing fields missing
-            lines.insert(rng.randrange(len(lines) + 1), "\t".join(random_line(rng).split("\t")[:rng.randint(1, 39)]))
+            lines.insert(
+                rng.randrange(len(lines) + 1), "\t".join(random_line(rng).split("\t")[: rng.randint(1, 39)])
+            )
     return out
 
 
@@ -147,7 +169,7 @@ def reference_parse(line: str, max_line_bytes: int = _LIMIT):
     for text in fields[1:14]:
         if text == "":
             ints.append(None)
-        elif _INT.fullmatch(text) and -2**63 <= int(text) < 2**63:
+        elif _INT.fullmatch(text) and -(2**63) <= int(text) < 2**63:
             ints.append(int(text))
         else:
             return "non_integer", padded, None, None, None
@@ -217,15 +239,17 @@ def reference_preprocess(days: list[list[str]], threshold: str) -> Reference:
         total = Counter()
         for counts in ref.day_counts:
             total.update(counts[c])
-        kept = sorted((v for v, n in total.items() if n >= spec.effective(c)),
-                      key=lambda v: (-total[v], v))
+        kept = sorted((v for v, n in total.items() if n >= spec.effective(c)), key=lambda v: (-total[v], v))
         ref.ids[c] = {v: i + 1 for i, v in enumerate(kept)}
         ref.sizes[c] = len(kept) + 1
 
     def row(parsed):
         label, ints, cats = parsed
-        return (label, *[reference_numerical(x) for x in ints],
-                *[ref.ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)])
+        return (
+            label,
+            *[reference_numerical(x) for x in ints],
+            *[ref.ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)],
+        )
 
     ref.splits["train"] = [row(p) for parsed in parsed_days[:-1] for p in parsed if p]
     last = parsed_days[-1]
@@ -236,6 +260,7 @@ def reference_preprocess(days: list[list[str]], threshold: str) -> Reference:
 
 
 # ---------------------------------------------------------------- reading outputs
+
 
 def read_split(path: Path) -> list[tuple]:
     """Rows of a parquet split in contract order: files sorted by name, rows within a file."""
@@ -255,8 +280,9 @@ def assert_rows_equal(actual: list[tuple], expected: list[tuple], what: str) -> 
         assert a[0] == e[0] and tuple(a[14:]) == tuple(e[14:]), f"{what} row {i}: {a} != {e}"
         got = np.array(a[1:14], dtype=np.float32)
         want = np.array(e[1:14], dtype=np.float32)
-        assert np.all(np.abs(got - want) <= np.spacing(np.maximum(np.abs(want), 1e-30))), \
+        assert np.all(np.abs(got - want) <= np.spacing(np.maximum(np.abs(want), 1e-30))), (
             f"{what} row {i}: numericals {got} != {want}"
+        )
 
 
 def sort_key(row: tuple) -> tuple:

@@ -69,21 +69,29 @@ class Airflow:
     def __init__(self, bin_dir: Path, home: Path, variables: dict[str, str]):
         self.bin_dir, self.home = bin_dir, home
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        self.env.update({
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            # a retry comes seconds later here (the DAG's default is 15 minutes)
-            "CRITEO_DLRM_RETRIES": "2",
-            "CRITEO_DLRM_RETRY_DELAY_S": "4",
-        })
+        self.env.update(
+            {
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+                # a retry comes seconds later here (the DAG's default is 15 minutes)
+                "CRITEO_DLRM_RETRIES": "2",
+                "CRITEO_DLRM_RETRY_DELAY_S": "4",
+            }
+        )
         self.env.update({f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()})
 
-    def cli(self, *args: str, extra_env: dict[str, str] | None = None,
-            timeout: int = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / "airflow"), *args], capture_output=True,
-                              text=True, env={**self.env, **(extra_env or {})}, timeout=timeout)
+    def cli(
+        self, *args: str, extra_env: dict[str, str] | None = None, timeout: int = 600
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(self.bin_dir / "airflow"), *args],
+            capture_output=True,
+            text=True,
+            env={**self.env, **(extra_env or {})},
+            timeout=timeout,
+        )
 
     def dags_test(self, date: str, **variables: str) -> subprocess.CompletedProcess:
         extra = {f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()}
@@ -102,18 +110,29 @@ class Airflow:
 
     def latest_task(self) -> dict:
         """State and try number of the task in the newest run of the DAG, and its XCom."""
-        rows = self.query("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
-                          DAG_ID)
+        rows = self.query("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", DAG_ID)
         if not rows:
             return {}
         run_id = rows[0][0]
-        ti = self.query("SELECT state, try_number FROM task_instance WHERE dag_id = ? AND "
-                        "run_id = ? AND task_id = ?", DAG_ID, run_id, TASK_ID)
-        xcom = self.query("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND "
-                          "task_id = ? AND key = 'summary'", DAG_ID, run_id, TASK_ID)
+        ti = self.query(
+            "SELECT state, try_number FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = ?",
+            DAG_ID,
+            run_id,
+            TASK_ID,
+        )
+        xcom = self.query(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'summary'",
+            DAG_ID,
+            run_id,
+            TASK_ID,
+        )
         state, tries = ti[0] if ti else (None, 0)
-        return {"run_id": run_id, "state": state, "try_number": tries,
-                "summary": _xcom_value(xcom[0][0]) if xcom else None}
+        return {
+            "run_id": run_id,
+            "state": state,
+            "try_number": tries,
+            "summary": _xcom_value(xcom[0][0]) if xcom else None,
+        }
 
 
 def _xcom_value(raw) -> dict:
@@ -123,8 +142,9 @@ def _xcom_value(raw) -> dict:
 
 @pytest.fixture(scope="module")
 def airflow_bin() -> Path:
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "install_airflow.sh")],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_airflow.sh")], capture_output=True, text=True, timeout=1800
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (AIRFLOW_VENV / "bin" / "airflow").is_file()
     return AIRFLOW_VENV / "bin"
@@ -136,16 +156,34 @@ def site(tmp_path_factory, airflow_bin):
     Airflow with its database made."""
     root = tmp_path_factory.mktemp("airflow_dag")
     staging = root / "staging"
-    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(staging),
-                    "--days", "4", "--rows-per-day", str(ROWS_PER_DAY), "--seed", "2525"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(staging),
+            "--days",
+            "4",
+            "--rows-per-day",
+            str(ROWS_PER_DAY),
+            "--seed",
+            "2525",
+        ],
+        check=True,
+        capture_output=True,
+    )
     (root / "landing").mkdir()
     (root / "daily.yaml").write_text(DAILY_CONFIG)
-    airflow = Airflow(airflow_bin, root / "airflow_home", {
-        "criteo_dlrm_input": str(root / "landing"),
-        "criteo_dlrm_config": str(root / "daily.yaml"),
-        "criteo_dlrm_python": sys.executable,
-    })
+    airflow = Airflow(
+        airflow_bin,
+        root / "airflow_home",
+        {
+            "criteo_dlrm_input": str(root / "landing"),
+            "criteo_dlrm_config": str(root / "daily.yaml"),
+            "criteo_dlrm_python": sys.executable,
+        },
+    )
     migrate = airflow.cli("db", "migrate")
     assert migrate.returncode == 0, migrate.stderr[-4000:]
     # The workdir as a Variable of the metastore (the others come from the environment): both
@@ -153,8 +191,13 @@ def site(tmp_path_factory, airflow_bin):
     workdir = root / "workdir"
     setting = airflow.cli("variables", "set", "criteo_dlrm_workdir", str(workdir))
     assert setting.returncode == 0, setting.stderr[-4000:]
-    return {"root": root, "staging": staging, "landing": root / "landing", "workdir": workdir,
-            "airflow": airflow}
+    return {
+        "root": root,
+        "staging": staging,
+        "landing": root / "landing",
+        "workdir": workdir,
+        "airflow": airflow,
+    }
 
 
 def land(site: dict, day: int) -> None:
@@ -186,8 +229,11 @@ def run_day(site: dict, date: str) -> dict:
         record["days"] = _json(workdir / "counts" / "days.json")
         record["quality"] = _json(workdir / "parquet" / "data_quality.json")
         record["ids"] = _dictionary_ids(workdir / "parquet" / "dictionaries")
-        record["exports"] = sorted(int(p.name) for p in (workdir / "export").iterdir()
-                                   if p.name.isdigit()) if (workdir / "export").is_dir() else []
+        record["exports"] = (
+            sorted(int(p.name) for p in (workdir / "export").iterdir() if p.name.isdigit())
+            if (workdir / "export").is_dir()
+            else []
+        )
     return record
 
 
@@ -208,8 +254,12 @@ def daily(site) -> list[dict]:
     """Days 0 and 1, then day 2, then day 3 land, a DAG run after each; then a run with
     nothing new."""
     runs = []
-    for date, days in (("2026-11-01", (0, 1)), ("2026-11-02", (2,)), ("2026-11-03", (3,)),
-                       ("2026-11-04", ())):
+    for date, days in (
+        ("2026-11-01", (0, 1)),
+        ("2026-11-02", (2,)),
+        ("2026-11-03", (3,)),
+        ("2026-11-04", ()),
+    ):
         for day in days:
             land(site, day)
         runs.append(run_day(site, date))
@@ -217,8 +267,10 @@ def daily(site) -> list[dict]:
 
 
 def _explain(record: dict) -> str:
-    return (f"task {record['task']}\n--- stdout\n{record['proc'].stdout[-3000:]}"
-            f"\n--- stderr\n{record['proc'].stderr[-6000:]}")
+    return (
+        f"task {record['task']}\n--- stdout\n{record['proc'].stdout[-3000:]}"
+        f"\n--- stderr\n{record['proc'].stderr[-6000:]}"
+    )
 
 
 def test_three_days_land_and_each_run_counts_only_the_new_day(daily, site):
@@ -232,11 +284,13 @@ def test_three_days_land_and_each_run_counts_only_the_new_day(daily, site):
         assert set(summary["stages"]) == set(STAGES.split(","))
         # (eval adopts the train stage's final evaluation of the model it kept)
         assert {name: stage["action"] for name, stage in summary["stages"].items()} == {
-            **{name: "ran" for name in STAGES.split(",")}, "eval": "derived"}, summary
+            **{name: "ran" for name in STAGES.split(",")},
+            "eval": "derived",
+        }, summary
         # the count stage reused the days counted by earlier runs (counts/days.json)
-        days_in = sorted(d for run in counted[:n + 1] for d in run)
+        days_in = sorted(d for run in counted[: n + 1] for d in run)
         assert record["preprocess"]["summary"]["days_counted"] == counted[n]
-        assert record["preprocess"]["summary"]["days_reused"] == days_in[:len(days_in) - len(counted[n])]
+        assert record["preprocess"]["summary"]["days_reused"] == days_in[: len(days_in) - len(counted[n])]
         assert [d["day"] for d in record["days"]["days"]] == days_in
         assert record["quality"]["totals"]["rows_read"] == ROWS_PER_DAY * len(days_in)
         # the task's XCom is the pipeline's own summary, and the history has one line per run
@@ -278,9 +332,13 @@ def test_a_locked_workdir_is_retried_until_the_other_run_ends(daily, site):
     before, previous_run = len(_history(workdir)), airflow.latest_task()["run_id"]
     with open(workdir / ".pipeline.lock", "a+") as held:  # another run holds the workdir
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        proc = subprocess.Popen([str(airflow.bin_dir / "airflow"), "dags", "test", DAG_ID,
-                                 "2026-11-05"], env=airflow.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [str(airflow.bin_dir / "airflow"), "dags", "test", DAG_ID, "2026-11-05"],
+            env=airflow.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.time() + 300
         first: dict = {}
         while time.time() < deadline and proc.poll() is None:
@@ -304,8 +362,9 @@ def test_a_bad_config_fails_without_retry(daily, site, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  no_such_setting: 1\n")
     workdir = tmp_path / "workdir"
-    proc = site["airflow"].dags_test("2026-11-06", criteo_dlrm_config=str(bad),
-                                     criteo_dlrm_workdir=str(workdir))
+    proc = site["airflow"].dags_test(
+        "2026-11-06", criteo_dlrm_config=str(bad), criteo_dlrm_workdir=str(workdir)
+    )
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed", out[-6000:]
@@ -315,16 +374,15 @@ def test_a_bad_config_fails_without_retry(daily, site, tmp_path):
     assert not (workdir / "summary.json").exists()  # refused before the workdir was touched
 
 
-
 def test_a_missing_setting_fails_without_retry_and_runs_nothing(site, tmp_path):
     workdir = tmp_path / "workdir"
-    proc = site["airflow"].dags_test("2026-11-07", criteo_dlrm_input="",
-                                     criteo_dlrm_workdir=str(workdir))
+    proc = site["airflow"].dags_test("2026-11-07", criteo_dlrm_input="", criteo_dlrm_workdir=str(workdir))
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]
     assert "set the Airflow Variable criteo_dlrm_input" in out
     assert not workdir.exists()
+
 
 PROBE = r"""
 import importlib.util, json, sys
@@ -361,16 +419,28 @@ print(json.dumps({
 def test_the_dag_maps_every_exit_code_of_the_pipeline(airflow_bin, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CRITEO_DLRM_"))}
     env["AIRFLOW_HOME"] = str(tmp_path)
-    proc = subprocess.run([str(airflow_bin / "python"), "-c", PROBE, str(DAG_FILE)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(airflow_bin / "python"), "-c", PROBE, str(DAG_FILE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     # the DAG's table is the pipeline's (a new exit code must be given a state there)
     assert {int(k): v for k, v in facts["exit_codes"].items()} == {
-        int(code): code.name.lower() for code in ExitCode}
+        int(code): code.name.lower() for code in ExitCode
+    }
     verdicts = facts["verdicts"]
-    retried = {ExitCode.LOCKED, ExitCode.PREPROCESS, ExitCode.TRAIN, ExitCode.EVAL,
-               ExitCode.DISK_FULL, ExitCode.INTERRUPTED}
+    retried = {
+        ExitCode.LOCKED,
+        ExitCode.PREPROCESS,
+        ExitCode.TRAIN,
+        ExitCode.EVAL,
+        ExitCode.DISK_FULL,
+        ExitCode.INTERRUPTED,
+    }
     for code in ExitCode:
         if code != ExitCode.OK:
             assert verdicts[str(int(code))] == ("retry" if code in retried else "failed"), code
@@ -383,8 +453,7 @@ def test_the_dag_maps_every_exit_code_of_the_pipeline(airflow_bin, tmp_path):
     assert verdicts["8-refused"] == verdicts["9-refused"] == "failed"
     assert verdicts["8-crashed"] == verdicts["9-crashed"] == "retry"
     # the time limit is the preflight's when it gives one, else the DAG's (a day by default)
-    assert facts["limits"] == {"estimated": 1234, "unknown": 5 * 3600, "none": 5 * 3600,
-                               "bad": 5 * 3600}
+    assert facts["limits"] == {"estimated": 1234, "unknown": 5 * 3600, "none": 5 * 3600, "bad": 5 * 3600}
     assert facts["execution_timeout_s"] == 86400
 
 
@@ -402,17 +471,20 @@ def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(site, tmp_pa
     the same way, so no retry is spent on it."""
     landing, workdir = tmp_path / "landing", tmp_path / "workdir"
     _land_in(site, landing, (0, 1, 2))
-    first = site["airflow"].dags_test("2026-11-08", criteo_dlrm_workdir=str(workdir),
-                                      criteo_dlrm_input=str(landing))
+    first = site["airflow"].dags_test(
+        "2026-11-08", criteo_dlrm_workdir=str(workdir), criteo_dlrm_input=str(landing)
+    )
     task = site["airflow"].latest_task()
     assert task["state"] == "success", (first.stdout + first.stderr)[-6000:]
     _land_in(site, landing, (3,))  # a new day: the next run warm-starts from that model
     other_shape = tmp_path / "other_shape.yaml"
-    other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n",
-                                                "  preset: small\n  embedding_dim: 8\n"))
-    proc = site["airflow"].dags_test("2026-11-09", criteo_dlrm_workdir=str(workdir),
-                                     criteo_dlrm_input=str(landing),
-                                     criteo_dlrm_config=str(other_shape))
+    other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n", "  preset: small\n  embedding_dim: 8\n"))
+    proc = site["airflow"].dags_test(
+        "2026-11-09",
+        criteo_dlrm_workdir=str(workdir),
+        criteo_dlrm_input=str(landing),
+        criteo_dlrm_config=str(other_shape),
+    )
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed", out[-6000:]
@@ -433,17 +505,41 @@ def test_the_time_limit_comes_from_the_preflights_estimate(site, tmp_path):
     landing, workdir = tmp_path / "landing", tmp_path / "workdir"
     _land_in(site, landing, (0, 1))
     tight = tmp_path / "tight.yaml"
-    tight.write_text(DAILY_CONFIG + "preflight:\n  timeout_factor: 0.0001\n"
-                                    "  timeout_floor_s: 3\n")
-    preflight = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--input",
-                                str(landing), "--workdir", str(workdir), "--stages",
-                                STAGES, "--config", str(tight)], capture_output=True, text=True,
-                               timeout=600)
+    tight.write_text(DAILY_CONFIG + "preflight:\n  timeout_factor: 0.0001\n  timeout_floor_s: 3\n")
+    preflight = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "preflight",
+            "--input",
+            str(landing),
+            "--workdir",
+            str(workdir),
+            "--stages",
+            STAGES,
+            "--config",
+            str(tight),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     figures = json.loads(preflight.stdout.strip().splitlines()[-1])
     assert figures["timeout_s"] == 3 and figures["seconds_total"] > 3, figures
-    proc = site["airflow"].cli("dags", "test", DAG_ID, "2026-11-10", timeout=900, extra_env={
-        "AIRFLOW_VAR_CRITEO_DLRM_WORKDIR": str(workdir), "AIRFLOW_VAR_CRITEO_DLRM_INPUT":
-        str(landing), "AIRFLOW_VAR_CRITEO_DLRM_CONFIG": str(tight), "CRITEO_DLRM_RETRIES": "0"})
+    proc = site["airflow"].cli(
+        "dags",
+        "test",
+        DAG_ID,
+        "2026-11-10",
+        timeout=900,
+        extra_env={
+            "AIRFLOW_VAR_CRITEO_DLRM_WORKDIR": str(workdir),
+            "AIRFLOW_VAR_CRITEO_DLRM_INPUT": str(landing),
+            "AIRFLOW_VAR_CRITEO_DLRM_CONFIG": str(tight),
+            "CRITEO_DLRM_RETRIES": "0",
+        },
+    )
     task = site["airflow"].latest_task()
     out = proc.stdout + proc.stderr
     assert task["state"] == "failed" and task["try_number"] == 1, out[-6000:]

@@ -48,8 +48,17 @@ def test_owned_and_closed_paths_are_accepted_and_links_are_followed(tmp_path):
     trusted.check_trusted_path("criteo_dlrm_python", sys.executable, "executable")
 
 
-@pytest.mark.parametrize("case", ["relative", "group-writable file", "world-writable dir",
-                                  "foreign owner", "not executable", "link to a writable file"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "relative",
+        "group-writable file",
+        "world-writable dir",
+        "foreign owner",
+        "not executable",
+        "link to a writable file",
+    ],
+)
 def test_paths_others_could_change_are_refused(tmp_path, case):
     trusted = _helper()
     home, python = _tree(tmp_path)
@@ -84,8 +93,10 @@ def test_the_dag_checks_both_settings_before_running_anything():
     """The DAG's settings step calls the helper for both Variables (the DAG itself needs
     Airflow: tests/test_airflow_dag.py)."""
     text = (REPO / "pipeline" / "dags" / "criteo_dlrm_daily.py").read_text()
-    body = text[text.index("def from_variables"):text.index("def argv")]
+    body = text[text.index("def from_variables") : text.index("def argv")]
     assert "_check_code_settings(home, python)" in body
-    for call in ('check_trusted_path("criteo_dlrm_home", str(home), "directory")',
-                 'check_trusted_path("criteo_dlrm_python", python, "executable")'):
+    for call in (
+        'check_trusted_path("criteo_dlrm_home", str(home), "directory")',
+        'check_trusted_path("criteo_dlrm_python", python, "executable")',
+    ):
         assert call in text

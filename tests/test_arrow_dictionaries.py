@@ -57,7 +57,7 @@ def _reference_ids(values: np.ndarray, counts: np.ndarray, threshold: int) -> di
 
 
 def _column_totals(rng, n: int, skewed: bool) -> tuple[np.ndarray, np.ndarray]:
-    if skewed:       # small integers: one corner of the 32-bit space
+    if skewed:  # small integers: one corner of the 32-bit space
         values = np.unique(rng.integers(0, 3 * n, n)).astype(np.uint32)
     else:
         values = np.unique(rng.integers(0, 2**32, n, dtype=np.uint64)).astype(np.uint32)
@@ -67,12 +67,11 @@ def _column_totals(rng, n: int, skewed: bool) -> tuple[np.ndarray, np.ndarray]:
 
 def test_value_counts_count_and_merge_like_a_counter():
     rng = np.random.default_rng(0)
-    column = rng.integers(-1, 50, 5000)                   # -1: missing
+    column = rng.integers(-1, 50, 5000)  # -1: missing
     blocks = [count_values(b) for b in np.array_split(column, 7)]
     merged = merge_counts(blocks)
     want = {v: int(np.sum(column == v)) for v in range(50)}
-    assert dict(zip(merged.values.tolist(), merged.counts.tolist())) == {
-        v: c for v, c in want.items() if c}
+    assert dict(zip(merged.values.tolist(), merged.counts.tolist())) == {v: c for v, c in want.items() if c}
     assert np.all(np.diff(merged.values.astype(np.int64)) > 0)
 
 
@@ -96,9 +95,10 @@ def test_merge_counts_sums_runs_of_any_sizes_and_large_counts():
     assert merged.counts.dtype == np.int64 and merged.values.dtype == np.uint32
     assert merged.values.tolist() == sorted(want)
     assert merged.counts.tolist() == [want[v] for v in sorted(want)]
-    day = merge_counts([Counts(r.values, (r.counts % 1000).astype(np.uint32)) for r in runs[:4]],
-                       np.uint32)
-    assert day.counts.dtype == np.uint32 and len(day) == len(set().union(*(r.values.tolist() for r in runs[:4])))
+    day = merge_counts([Counts(r.values, (r.counts % 1000).astype(np.uint32)) for r in runs[:4]], np.uint32)
+    assert day.counts.dtype == np.uint32 and len(day) == len(
+        set().union(*(r.values.tolist() for r in runs[:4]))
+    )
 
 
 @pytest.mark.parametrize("skewed", [False, True])
@@ -111,11 +111,11 @@ def test_value_ranges_split_a_column_evenly_and_cover_it(skewed):
     plan = dicts.GroupPlan.from_samples(samples, group_values=50_000)
     bounds = plan.bounds[3]
     assert bounds[0] == 0 and np.all(np.diff(bounds.astype(np.int64)) > 0)
-    assert len(bounds) == 6                                  # 300k entries / 50k
+    assert len(bounds) == 6  # 300k entries / 50k
     everything = np.concatenate(partials)
     sizes = np.bincount(np.searchsorted(bounds, everything, side="right") - 1, minlength=len(bounds))
     assert sizes.max() < 1.3 * 50_000 and sizes.min() > 0.7 * 50_000
-    assert all(len(plan.bounds[j]) == 1 for j in range(26) if j != 3)   # no value: one range
+    assert all(len(plan.bounds[j]) == 1 for j in range(26) if j != 3)  # no value: one range
     assert plan.column_range(plan.first[3] + 4) == (3, 4)
     assert plan.column_range(plan.first[4]) == (4, 0)
 
@@ -129,8 +129,10 @@ def test_ids_from_group_histograms_equal_a_global_sort(threshold):
     bounds = np.array([0, 2**29, 2**30, 3 * 2**30, 3 * 2**30 + 5], np.uint32)
     plan = _plan_with(7, bounds)
     cut = np.concatenate([[0], np.searchsorted(values, bounds[1:]), [len(values)]])
-    groups = {plan.first[7] + r: Counts(values[cut[r]:cut[r + 1]], counts[cut[r]:cut[r + 1]])
-              for r in range(len(bounds))}
+    groups = {
+        plan.first[7] + r: Counts(values[cut[r] : cut[r + 1]], counts[cut[r] : cut[r + 1]])
+        for r in range(len(bounds))
+    }
     histograms = {g: dicts.count_histogram(c.counts) for g, c in groups.items()}
     minimum = (1,) * 7 + (threshold,) + (1,) * 18
     firsts = dicts.first_ids(plan, histograms, minimum)
@@ -154,9 +156,14 @@ def _index(tmp_path: Path, columns: dict[str, tuple[np.ndarray, np.ndarray, np.n
     for name, (bounds, values, ids) in columns.items():
         layout, cut = layouts[name]
         for r in range(len(bounds)):
-            dictionary_index.write_region(str(tmp_path), name, r,
-                                          int(layout.sizes[r]), values[cut[r]:cut[r + 1]],
-                                          ids[cut[r]:cut[r + 1]])
+            dictionary_index.write_region(
+                str(tmp_path),
+                name,
+                r,
+                int(layout.sizes[r]),
+                values[cut[r] : cut[r + 1]],
+                ids[cut[r] : cut[r + 1]],
+            )
     dictionary_index.seal_index(tmp_path)
     return dictionary_index.DictionaryIndex(str(tmp_path), tuple(columns))
 
@@ -167,19 +174,21 @@ def test_the_index_finds_every_kept_value_and_nothing_else(tmp_path, skewed):
     universe, _ = _column_totals(rng, 50_000, skewed)
     kept = np.sort(rng.choice(universe, len(universe) // 2, replace=False)).astype(np.uint32)
     if not skewed:
-        kept = np.unique(np.append(kept, [0, 2**32 - 1])).astype(np.uint32)   # the extremes
+        kept = np.unique(np.append(kept, [0, 2**32 - 1])).astype(np.uint32)  # the extremes
     ids = (rng.permutation(len(kept)) + 1).astype(np.int64)
     bounds = np.array([0, np.quantile(kept, 0.3), np.quantile(kept, 0.9)], np.uint32)
-    index = _index(tmp_path, {"C1": (bounds, kept, ids),
-                              "C2": (np.zeros(1, np.uint32), np.zeros(0, np.uint32), np.zeros(0))})
+    index = _index(
+        tmp_path,
+        {"C1": (bounds, kept, ids), "C2": (np.zeros(1, np.uint32), np.zeros(0, np.uint32), np.zeros(0))},
+    )
     queries = np.concatenate([universe.astype(np.int64), [-1, 0, 2**32 - 1]])
     out = np.zeros((2, len(queries)), np.int32)
     index.lookup_into(np.stack([queries, queries]), out)
     want = dict(zip(kept.tolist(), ids.tolist()))
     assert out[0].tolist() == [want.get(q, 0) for q in queries.tolist()]
-    assert not out[1].any()                                  # a column that kept nothing
+    assert not out[1].any()  # a column that kept nothing
     size = dictionary_index.index_bytes(tmp_path)
-    assert size <= 16 * len(kept) + 3 * 4096                 # 13.3 bytes a value + page rounding
+    assert size <= 16 * len(kept) + 3 * 4096  # 13.3 bytes a value + page rounding
 
 
 def test_a_region_file_of_the_wrong_size_is_a_damaged_index(tmp_path):
@@ -193,8 +202,7 @@ def test_a_region_file_of_the_wrong_size_is_a_damaged_index(tmp_path):
 
 def test_a_copy_per_node_is_made_once_and_used(tmp_path):
     values = np.array([5, 9, 2**31], np.uint32)
-    _index(tmp_path / "index", {c: (np.zeros(1, np.uint32), values, np.arange(1, 4))
-                                for c in CAT_COLUMNS})
+    _index(tmp_path / "index", {c: (np.zeros(1, np.uint32), values, np.arange(1, 4)) for c in CAT_COLUMNS})
     local = tmp_path / "node"
     local.mkdir()
     first = dictionary_index.worker_index(str(tmp_path / "index"), CAT_COLUMNS, "run1", str(local))
@@ -224,8 +232,12 @@ def _assert_same_data(arrow: Path, sql: Path) -> None:
     a, s = WorkdirLayout.at(arrow), WorkdirLayout.at(sql)
     for part in ("counts/values", "parquet/dictionaries", "rejects"):
         assert _rows(a.root / part) == _rows(s.root / part), part
-    for name in ("counts/histogram.parquet", "counts/days.json", "parquet/data_quality.json",
-                 "parquet/model_size.json"):
+    for name in (
+        "counts/histogram.parquet",
+        "counts/days.json",
+        "parquet/data_quality.json",
+        "parquet/model_size.json",
+    ):
         assert (a.root / name).read_bytes() == (s.root / name).read_bytes(), name
 
 
@@ -238,8 +250,9 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
 
     days = salted_days(47, 3, 300)
     raw = write_days(tmp_path / "raw", days)
-    arrow = run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5,
-                arrow_group_values=40)
+    arrow = run(
+        spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+    )
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
     check_against_reference(days, tmp_path / "arrow", arrow, "2,C7:1")
@@ -249,8 +262,9 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     # a fourth day: the first three are reused from their stored (grouped) counts
     days.append(salted_days(48, 1, 300)[0])
     (raw / "day_3").write_text("".join(line + "\n" for line in days[3]))
-    again = run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5,
-                arrow_group_values=40)
+    again = run(
+        spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+    )
     assert again["days_counted"] == [3] and again["days_reused"] == [0, 1, 2]
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
@@ -258,8 +272,9 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     # per day holding every column) read by the Arrow engine's batched tasks, and the reverse
     days.append(salted_days(49, 1, 300)[0])
     (raw / "day_4").write_text("".join(line + "\n" for line in days[4]))
-    swapped = run(spark, raw, tmp_path / "sql", "2,C7:1", engine="arrow", max_reject_rate=0.5,
-                  arrow_group_values=40)
+    swapped = run(
+        spark, raw, tmp_path / "sql", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+    )
     assert swapped["days_counted"] == [4] and swapped["days_reused"] == [0, 1, 2, 3]
     run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
@@ -289,16 +304,20 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
             spec = parse_threshold_spec("2")
             histogram = engine.count_totals(layout.counts / engine.name, None, frequency_ids=spec)
             sizes = table_sizes(histogram, spec)
-            engine.write_dictionaries(spec, sizes,
-                                      layout.parquet / engine.name / "dictionaries",
-                                      layout.parquet / engine.name / "index")
+            engine.write_dictionaries(
+                spec,
+                sizes,
+                layout.parquet / engine.name / "dictionaries",
+                layout.parquet / engine.name / "index",
+            )
             if engine.name == "arrow":  # the merge's staged parts are gone once used
                 assert not dicts.totals_dir(layout.counts / engine.name).exists()
                 spec = engine.transform_spec(stats, layout.parquet / engine.name / "index")
                 frame = engine.train_rows(spec, 2)
             else:
-                frame, _, _ = engine._split_rows(stats, sizes, layout.parquet / engine.name / "dictionaries",
-                                                 days[:-1], False)
+                frame, _, _ = engine._split_rows(
+                    stats, sizes, layout.parquet / engine.name / "dictionaries", days[:-1], False
+                )
             plans[engine.name] = frame._jdf.queryExecution().executedPlan().toString()
         finally:
             engine.close()

@@ -50,9 +50,10 @@ def _read(path, chunk_bytes: int, block_bytes: int, limit: int) -> list[tuple[by
 def test_long_lines_come_as_their_first_bytes_and_length_whatever_the_sizes(tmp_path, ending):
     rng = random.Random(5)
     limit = 20
-    lines = [bytes(rng.choice(b"ab\t\r") for _ in range(rng.choice([0, 3, limit, limit + 1,
-                                                                    limit + 2, 50, 300])))
-             for _ in range(120)]
+    lines = [
+        bytes(rng.choice(b"ab\t\r") for _ in range(rng.choice([0, 3, limit, limit + 1, limit + 2, 50, 300])))
+        for _ in range(120)
+    ]
     text = b"\n".join(lines) + ending
     plain = tmp_path / "day_0"
     plain.write_bytes(text)
@@ -69,21 +70,25 @@ def test_long_lines_come_as_their_first_bytes_and_length_whatever_the_sizes(tmp_
 def test_a_cut_line_is_rejected_as_too_long_and_keeps_only_its_first_bytes(tmp_path):
     limit = 1024
     valid = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26)
-    huge = "1\t" + "0" * 300_000 + "5\r"        # valid but for its length; a CRLF line
+    huge = "1\t" + "0" * 300_000 + "5\r"  # valid but for its length; a CRLF line
     path = tmp_path / "day_0"
     path.write_text("\n".join([valid, huge, valid, "2" * 2000]) + "\n")
     chunks = plan_chunks([DayFile(0, path)], 1 << 20)
     settings = ReadSettings(block_bytes=4096, count_flush_lines=1 << 10, max_line_bytes=limit)
     blocks = list(line_blocks(chunks[0], settings.block_bytes, limit))
-    reasons = [REASON_CODES[r] for b in blocks
-               for r in parse_block(b.data, b.starts, b.ends, limit, b.cut).reason]
+    reasons = [
+        REASON_CODES[r] for b in blocks for r in parse_block(b.data, b.starts, b.ends, limit, b.cut).reason
+    ]
     assert reasons == ["", "line_too_long", "", "line_too_long"]
     import pyarrow as pa
 
-    rows = pa.Table.from_batches(list(reject_task(chunks, settings)(
-        iter([pa.record_batch({"id": pa.array([0], pa.int64())})])))).to_pylist()
+    rows = pa.Table.from_batches(
+        list(reject_task(chunks, settings)(iter([pa.record_batch({"id": pa.array([0], pa.int64())})])))
+    ).to_pylist()
     assert [(r["pos"], r["reason"], r["line_bytes"]) for r in rows] == [
-        (1, "line_too_long", len(huge) - 1), (3, "line_too_long", 2000)]
+        (1, "line_too_long", len(huge) - 1),
+        (3, "line_too_long", 2000),
+    ]
     assert [r["line"] for r in rows] == [huge[:limit], "2" * limit]
 
 
@@ -105,8 +110,9 @@ def test_a_line_with_no_newline_is_read_in_linear_time(tmp_path, monkeypatch):
     path = tmp_path / "day_0"
     path.write_bytes(b"1\t2\n" + b"7" * size + b"\n0\t3\n")
     pieces = chunks_module._raw_pieces
-    monkeypatch.setattr(chunks_module, "_raw_pieces",
-                        lambda chunk, read: (_Counted(p) for p in pieces(chunk, read)))
+    monkeypatch.setattr(
+        chunks_module, "_raw_pieces", lambda chunk, read: (_Counted(p) for p in pieces(chunk, read))
+    )
     _Counted.copied = 0
     lines = _read(path, 1 << 30, block, limit)
     assert lines == [(b"1\t2", 3), (b"7" * limit, size), (b"0\t3", 3)]
@@ -140,8 +146,12 @@ def test_a_gzip_bomb_is_read_in_bounded_memory(tmp_path):
         assert len(blocks) == 1 and int(blocks[0].cut[0]) == 256 << 20, blocks
         print((after - before) * 1024)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     growth = int(out.stdout.split()[-1])
     assert growth < 32 << 20, f"peak memory grew by {growth / 2**20:.0f} MB"
@@ -163,7 +173,7 @@ def test_the_size_estimate_of_a_gzip_bomb_inflates_a_bounded_sample(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert per_line <= sample                    # no line end seen: the bytes read, one line
+    assert per_line <= sample  # no line end seen: the bytes read, one line
     assert peak < 4 << 20 < SAMPLE_TEXT_RATIO * sample * 8, peak
 
 

@@ -30,22 +30,27 @@ def store(moto_s3):
 
 
 def _local_files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith((".", "_"))}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith((".", "_"))
+    }
 
 
 def _bucket_files(url: str) -> dict[str, bytes]:
     from spark_jobs.engines.arrow import remote
 
     prefix = url.rstrip("/") + "/"
-    return {u[len(prefix):]: remote.read_bytes(u) for u in remote.list_files(url, recursive=True)}
+    return {u[len(prefix) :]: remote.read_bytes(u) for u in remote.list_files(url, recursive=True)}
 
 
 def _outputs(files: dict[str, bytes]) -> dict[str, bytes]:
     """What the engine leaves: counts, dictionaries, index, splits (no scratch)."""
-    return {k: v for k, v in files.items()
-            if not any(part.startswith(("_", ".")) and part != ".splits-staging"
-                       for part in k.split("/"))}
+    return {
+        k: v
+        for k, v in files.items()
+        if not any(part.startswith(("_", ".")) and part != ".splits-staging" for part in k.split("/"))
+    }
 
 
 def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
@@ -53,13 +58,13 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
     raw = write_days(tmp_path / "raw", random_days(38, 3, 400))
     (raw / "day_2").rename(raw / "day_2.plain")
     import gzip
+
     (raw / "day_2.gz").write_bytes(gzip.compress((raw / "day_2.plain").read_bytes()))
     (raw / "day_2.plain").unlink()
     # chunks of 16 KB (several per plain day) and small value groups (several per big column)
     cfg = dict(frequency_threshold="2", engine="arrow", arrow_group_values=300)
     work = tmp_path / "work"
-    result = harness.run_engine(session, str(raw), str(work),
-                                PreprocessConfig(**cfg), chunk_bytes=16 << 10)
+    result = harness.run_engine(session, str(raw), str(work), PreprocessConfig(**cfg), chunk_bytes=16 << 10)
     assert result["rows_in"] == 1200
     local = _outputs(_local_files(work))
     assert any(k.startswith("parquet/.splits-staging/train/") for k in local)
@@ -68,8 +73,9 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
     input_url = harness.upload_input(raw, store, "input", store["bucket"])
     for exchange in ("shuffle", "files"):
         work = f"s3://{store['bucket']}/work-{exchange}"
-        harness.run_engine(session, input_url, work,
-                           PreprocessConfig(arrow_exchange=exchange, **cfg), chunk_bytes=16 << 10)
+        harness.run_engine(
+            session, input_url, work, PreprocessConfig(arrow_exchange=exchange, **cfg), chunk_bytes=16 << 10
+        )
         remote_files = _outputs(_bucket_files(work))
         assert sorted(remote_files) == sorted(local), exchange
         different = [k for k in remote_files if remote_files[k] != local[k]]
@@ -83,17 +89,18 @@ def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatc
 
     raw = write_days(tmp_path / "raw", random_days(39, 2, 300))
     import gzip
+
     (raw / "day_1.gz").write_bytes(gzip.compress((raw / "day_1").read_bytes()))
     (raw / "day_1").unlink()
     url = harness.upload_input(raw, store, "ranged", store["bucket"])
     monkeypatch.setattr(remote, "REMOTE_READ_BYTES", 4096)
 
     def lines(chunk):
-        return [block.line(i) for block in chunks.line_blocks(chunk, 1024, 4096)
-                for i in range(len(block))]
+        return [block.line(i) for block in chunks.line_blocks(chunk, 1024, 4096) for i in range(len(block))]
 
-    local = chunks.plan_chunks([harness.UrlDay(0, str(raw / "day_0")),
-                                harness.UrlDay(1, str(raw / "day_1.gz"))], 10_000)
+    local = chunks.plan_chunks(
+        [harness.UrlDay(0, str(raw / "day_0")), harness.UrlDay(1, str(raw / "day_1.gz"))], 10_000
+    )
     behind = chunks.plan_chunks(harness.url_days(url), 10_000)
     assert len(local) == len(behind) > 2
     for a, b in zip(local, behind):
@@ -117,12 +124,10 @@ def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
     log.unlink()
 
     def lines(chunk):
-        return [block.line(i) for block in chunks.line_blocks(chunk, 512, 4096)
-                for i in range(len(block))]
+        return [block.line(i) for block in chunks.line_blocks(chunk, 512, 4096) for i in range(len(block))]
 
     assert lines(behind) == lines(local)
-    sizes = [int(line.split()[2]) for line in log.read_text().splitlines()
-             if line.split()[1] == "get"]
+    sizes = [int(line.split()[2]) for line in log.read_text().splitlines() if line.split()[1] == "get"]
     size = (raw / "day_0").stat().st_size
     assert sum(sizes) == size
     assert sizes[:3] == [1024, 2048, 4096]

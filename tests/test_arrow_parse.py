@@ -17,28 +17,61 @@ from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.hex_text import format_hex
 from spark_fixtures import BAD_LINES, TOO_LONG_LINES, random_line, reference_parse, salted_days
 from spark_jobs.engines.arrow.chunks import ChunkReadError, line_blocks, plan_chunks
-from spark_jobs.engines.arrow.fastparse import (MISSING, REASON_CODES, padded_buffer,
-                                                parse_block, parse_hex, parse_line_exact)
+from spark_jobs.engines.arrow.fastparse import (
+    MISSING,
+    REASON_CODES,
+    padded_buffer,
+    parse_block,
+    parse_hex,
+    parse_line_exact,
+)
 from spark_jobs.inputs import DayFile
 
 LIMIT = PreprocessConfig().max_line_bytes
 
 # Pieces that hit every rule's edges: 64-bit limits, leading zeros, signs, case, terminators
 # other than '\n' (data), non-ASCII bytes, fields one character too long.
-ODD_PIECES = ["0", "1", "9", "-", "--1", "-0", "a", "F", "g", "\t", "\r", "\u0085", "\u2028", "é",
-              " ", "+", "x", "12345678", "123456789", "1234567812345678", "12345678123456789",
-              "9223372036854775807", "9223372036854775808", "-9223372036854775808",
-              "-9223372036854775809", "00000000000000000000001", "ABCDEF12", "abcdef123", "0x1f",
-              "1e3", "1.5"]
+ODD_PIECES = [
+    "0",
+    "1",
+    "9",
+    "-",
+    "--1",
+    "-0",
+    "a",
+    "F",
+    "g",
+    "\t",
+    "\r",
+    "\u0085",
+    "\u2028",
+    "é",
+    " ",
+    "+",
+    "x",
+    "12345678",
+    "123456789",
+    "1234567812345678",
+    "12345678123456789",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "-9223372036854775809",
+    "00000000000000000000001",
+    "ABCDEF12",
+    "abcdef123",
+    "0x1f",
+    "1e3",
+    "1.5",
+]
 
 
 def _odd_line(rng: random.Random) -> str:
     fields = random_line(rng).split("\t")
     for _ in range(rng.randint(0, 3)):
-        fields[rng.randrange(len(fields))] = "".join(rng.choice(ODD_PIECES)
-                                                     for _ in range(rng.randint(0, 3)))
+        fields[rng.randrange(len(fields))] = "".join(rng.choice(ODD_PIECES) for _ in range(rng.randint(0, 3)))
     if rng.random() < 0.3:
-        fields = fields[:rng.randint(0, 41)]
+        fields = fields[: rng.randint(0, 41)]
     if rng.random() < 0.05:
         fields.append("7")
     return "\t".join(fields)
@@ -117,7 +150,7 @@ def test_hex_values_round_trip_through_the_normalised_strings():
     with pytest.raises(ValueError):
         parse_hex(["0000000G"])
     with pytest.raises(ValueError):
-        parse_hex(["ABCDEF12"])       # dictionaries hold lowercase values only
+        parse_hex(["ABCDEF12"])  # dictionaries hold lowercase values only
 
 
 def _read_all(path, chunk_bytes: int, block_bytes: int) -> list[bytes]:
@@ -174,8 +207,9 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
     path.write_bytes("".join(line + "\n" for line in lines).encode())
     chunks = plan_chunks([DayFile(0, path)], 10_000)
     partials = tmp_path / "partials"
-    task = count_task(chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines),
-                      str(partials))
+    task = count_task(
+        chunks, frozenset([0]), ReadSettings(block_bytes=4096, count_flush_lines=flush_lines), str(partials)
+    )
     ids = pa.record_batch({"id": pa.array(range(len(chunks)), pa.int64())})
     lines_seen, samples = 0, []
     for batch in task([ids]):
@@ -200,7 +234,7 @@ def test_count_task_sums_whatever_the_flush_size(tmp_path, flush_lines):
                     got[key] = got.get(key, 0) + count
     for column, stands_for, values in samples:
         assert np.all(np.diff(values.astype(np.int64)) > 0)
-        assert set(values.tolist()) <= seen[column]                 # a subset of the partials
+        assert set(values.tolist()) <= seen[column]  # a subset of the partials
     assert {c: sum(n for k, n, _ in samples if k == c) for c in entries} == entries
     expected = {}
     for line in lines:

@@ -39,8 +39,9 @@ def test_dlrm_scores_are_the_best_checkpoints(tmp_path):
     the best validation AUC's checkpoint, not the last one, and its AUC is the summary's."""
     dataset = tmp_path / "binary"
     write_planted_dataset(dataset, SMALL_ROWS, seed=11)
-    config = small_config(optimizer="adam", learning_rate=0.01, epochs=20,
-                          early_stopping_patience=2, log_every=8)
+    config = small_config(
+        optimizer="adam", learning_rate=0.01, epochs=20, early_stopping_patience=2, log_every=8
+    )
     result = bench_quality.dlrm(dataset, config_flags(config), ranks=1, keep_scores=True)
     assert result["step"] < result["last_step"]  # Adam over-fitted: the best is not the last
     labels, scores = result["test_scores"]

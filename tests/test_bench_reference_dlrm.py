@@ -31,8 +31,12 @@ def test_log_values_map_back_to_the_integers_the_reference_logs():
     x = np.arange(-2, 259)
     stored = log_numericals(x, np.zeros(x.size, bool)).astype(np.float16)
     assert np.array_equal(ref.reference_ints(stored), x + 2)
-    assert np.array_equal(ref.reference_ints(log_numericals(
-        np.array([-3, -7, 5]), np.array([False, False, True])).astype(np.float16)), [0, 0, 0])
+    assert np.array_equal(
+        ref.reference_ints(
+            log_numericals(np.array([-3, -7, 5]), np.array([False, False, True])).astype(np.float16)
+        ),
+        [0, 0, 0],
+    )
 
     large = pipeline_numericals(np.random.default_rng(0), 2000)
     again = np.log(ref.reference_ints(large).astype(np.float32) + 1).astype(np.float16)

@@ -40,10 +40,12 @@ def test_the_calibration_is_measured_once_and_reused(cache):
     # the preflight's ratios come from it: this machine's figure over the reference's
     preflight = PreflightConfig()
     speed = calibration.speed(preflight)
-    assert speed.train == pytest.approx(record["figures"]["matmul_gflops"]
-                                        / preflight.reference_matmul_gflops)
-    assert speed.parse == pytest.approx(record["figures"]["parse_rows_per_s"]
-                                        / preflight.reference_parse_rows_per_s)
+    assert speed.train == pytest.approx(
+        record["figures"]["matmul_gflops"] / preflight.reference_matmul_gflops
+    )
+    assert speed.parse == pytest.approx(
+        record["figures"]["parse_rows_per_s"] / preflight.reference_parse_rows_per_s
+    )
     assert str(path) in speed.source
     off = calibration.speed(dataclasses.replace(preflight, calibrate=False))
     assert (off.parse, off.train, off.convert) == (1.0, 1.0, 1.0)
@@ -59,8 +61,7 @@ def test_another_cpu_or_a_damaged_record_is_calibrated_again(cache, monkeypatch)
         assert other["key"] == calibration.machine_key()
         assert other["cpu"] == "Another CPU, other cores"
     assert other["figures"] == {k: 2 * v for k, v in figures.items()}
-    assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [f"{first['key']}.json", f"{other['key']}.json"])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([f"{first['key']}.json", f"{other['key']}.json"])
     # the same CPU with another core count, or another version of the benchmarks, is another key
     key = calibration.machine_key("x", 2)
     assert key != calibration.machine_key("x", 4)
@@ -70,8 +71,7 @@ def test_another_cpu_or_a_damaged_record_is_calibrated_again(cache, monkeypatch)
     assert calibration.load_or_measure(measure=_measured_again) == first
     (cache / f"{first['key']}.json").write_text("{not json")
     again = calibration.load_or_measure(measure=lambda: figures)
-    assert again["figures"] == figures and json.loads(
-        (cache / f"{first['key']}.json").read_text()) == again
+    assert again["figures"] == figures and json.loads((cache / f"{first['key']}.json").read_text()) == again
 
 
 def test_a_calibration_that_cannot_run_leaves_the_rates_with_a_warning(cache, monkeypatch):

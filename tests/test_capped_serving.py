@@ -27,12 +27,63 @@ from trainer.synthetic import write_planted_dataset
 from trainer_helpers import small_config
 
 # MLPerf DLRMv2's caps (docs/spark_jobs.md): 40M, mid-sized, and tiny ones
-MLPERF_CAPS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956,
-               405282, 10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152,
-               12973, 108, 36]
+MLPERF_CAPS = [
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
+]
 # small caps for a model trained in the tests (cap 1: every value is id 0)
-CAPS = (3, 20, 20, 50, 200, 997, 4000, 7, 100, 300, 128, 129, 2, 60, 500, 1, 3300, 10, 30, 90,
-        400, 15, 250, 700, 4, 1500)
+CAPS = (
+    3,
+    20,
+    20,
+    50,
+    200,
+    997,
+    4000,
+    7,
+    100,
+    300,
+    128,
+    129,
+    2,
+    60,
+    500,
+    1,
+    3300,
+    10,
+    30,
+    90,
+    400,
+    15,
+    250,
+    700,
+    4,
+    1500,
+)
 ROWS = {"train": 2048, "test": 300, "validation": 200}
 MULTI_HOT = (3, 1, 1, 2, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 DCN = {"interaction": "dcn", "dcn_layers": 2, "dcn_rank": 4}
@@ -47,7 +98,7 @@ def _hex_field(rng: random.Random) -> str:
         return ""
     if kind < 0.2:
         return rng.choice(["ffffffff", "FFFFFFFF", "0", "00000000", "80000000", "7fffffff"])
-    text = f"{rng.getrandbits(32):08x}"[rng.randint(0, 7):]
+    text = f"{rng.getrandbits(32):08x}"[rng.randint(0, 7) :]
     return text.upper() if rng.random() < 0.3 else text
 
 
@@ -60,7 +111,7 @@ def generated_lines(seed: int, count: int) -> list[str]:
         if rng.random() < 0.1:
             cats[rng.randrange(NUM_CATEGORICAL)] = rng.choice(BAD_HEX)
         fields = ["1", *(str(rng.randint(-5, 999)) for _ in range(NUM_INTEGER)), *cats]
-        lines.append("\t".join(fields[:rng.choice([40, 40, 40, 30])]))  # short lines too
+        lines.append("\t".join(fields[: rng.choice([40, 40, 40, 30])]))  # short lines too
     return lines
 
 
@@ -70,12 +121,11 @@ def test_served_capped_ids_equal_the_preprocess_rule(real_sample):
     that is not 1-8 hex digits is refused as the preprocess rejects it."""
     import tensorflow as tf
 
-    from trainer.serving import (NON_HEX_CATEGORICAL, capped_ids, normalise_categoricals,
-                                 split_lines)
+    from trainer.serving import NON_HEX_CATEGORICAL, capped_ids, normalise_categoricals, split_lines
 
     lines = real_sample.read_text().splitlines() + generated_lines(3, 2000)
     fields, _ = split_lines(tf.constant([line.encode() for line in lines]), tf.constant(True))
-    normalised, unusable, valid = normalise_categoricals(fields[:, 1 + NUM_INTEGER:])
+    normalised, unusable, valid = normalise_categoricals(fields[:, 1 + NUM_INTEGER :])
     valid = valid.numpy()
     for caps in (MLPERF_CAPS, list(CAPS), [2**31] * NUM_CATEGORICAL):
         served = capped_ids(normalised, unusable, caps).numpy()
@@ -86,8 +136,7 @@ def test_served_capped_ids_equal_the_preprocess_rule(real_sample):
             if reason is not None:
                 continue
             values = np.array([[-1 if c is None else int(c, 16)] for c in cats], np.int64)
-            np.testing.assert_array_equal(served[i], preprocess_capped_ids(values, caps)[:, 0],
-                                          err_msg=line)
+            np.testing.assert_array_equal(served[i], preprocess_capped_ids(values, caps)[:, 0], err_msg=line)
             kept += 1
         assert kept > 1800 and (served[:200] > 0).any()
 
@@ -112,8 +161,9 @@ def capped_model(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("capped")
     path = root / "binary"
-    write_planted_dataset(path, ROWS, seed=5, table_sizes=CAPS, threshold_spec=None,
-                          extra=MODULO, multi_hot_sizes=MULTI_HOT)
+    write_planted_dataset(
+        path, ROWS, seed=5, table_sizes=CAPS, threshold_spec=None, extra=MODULO, multi_hot_sizes=MULTI_HOT
+    )
     rng = np.random.default_rng(11)
     raw = rng.integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
     logs = np.where(raw > -3, np.log(np.maximum(raw, -2) + 3.0), 0.0)
@@ -128,13 +178,29 @@ def capped_model(tmp_path_factory):
     labels, expected = trainer.predictions("test")
 
     reader = SplitReader(open_dataset(path), "test")
-    one_hot = [ids if ids.ndim == 1 else ids[:, 0]  # a multi-hot row's first id is its own
-               for ids in (reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL))]
-    lines = ["\t".join([str(int(labels[r])), *map(str, raw[r]),
-                        *(_raw_value(rng, int(ids[r]), cap) for ids, cap in zip(one_hot, CAPS))])
-             for r in range(reader.rows)]
-    return {"path": path, "work": work, "summary": summary, "lines": lines, "raw": raw,
-            "labels": labels, "expected": expected}
+    one_hot = [
+        ids if ids.ndim == 1 else ids[:, 0]  # a multi-hot row's first id is its own
+        for ids in (reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL))
+    ]
+    lines = [
+        "\t".join(
+            [
+                str(int(labels[r])),
+                *map(str, raw[r]),
+                *(_raw_value(rng, int(ids[r]), cap) for ids, cap in zip(one_hot, CAPS)),
+            ]
+        )
+        for r in range(reader.rows)
+    ]
+    return {
+        "path": path,
+        "work": work,
+        "summary": summary,
+        "lines": lines,
+        "raw": raw,
+        "labels": labels,
+        "expected": expected,
+    }
 
 
 def test_a_capped_model_exports_and_scores_raw_lines_as_the_trainer(capped_model, tmp_path):
@@ -162,16 +228,16 @@ def test_a_capped_model_exports_and_scores_raw_lines_as_the_trainer(capped_model
     scored = score_files(version, [day], tmp_path / "scores", ScoreConfig())
     assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
     table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
-    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.column("label").to_numpy(), capped_model["labels"])
 
     model = tf.saved_model.load(str(version))
     first = capped_model["lines"][0].split("\t")
-    cats = [first[1 + NUM_INTEGER:], first[1 + NUM_INTEGER:]]
+    cats = [first[1 + NUM_INTEGER :], first[1 + NUM_INTEGER :]]
     cats[1][3] = "123456789"  # 9 digits: the preprocess rejects the line
     out = model.signatures["serve_features"](
-        int_features=tf.constant(capped_model["raw"][:2], tf.int64), cat_features=tf.constant(cats))
+        int_features=tf.constant(capped_model["raw"][:2], tf.int64), cat_features=tf.constant(cats)
+    )
     assert out["reject_reason"].numpy().tolist() == [b"", b"non_hex_categorical"]
     assert out["probability"].numpy()[0] == pytest.approx(expected[0], rel=1e-5, abs=1e-6)
     assert out["probability"].numpy()[1] == -1.0
@@ -197,8 +263,7 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
     c7 = CAT_COLUMNS.index("C7")
     doubled = tuple(2 * c if i == c7 else c for i, c in enumerate(CAPS))
     for name, caps in (("same", CAPS), ("doubled", doubled)):
-        trainer = Trainer(small_config(init="previous", **base),
-                          _modulo_day(tmp_path / name, 2, caps), work)
+        trainer = Trainer(small_config(init="previous", **base), _modulo_day(tmp_path / name, 2, caps), work)
         assert trainer._start().kind == "previous"
         assert trainer.run.warm_start.capped
         state = {n: v.numpy() for n, v in trainer._owned_state()}
@@ -220,19 +285,26 @@ def test_warm_start_between_two_modulo_runs(tmp_path):
     with pytest.raises(CheckpointError, match="C7 8000 -> 8001 rows.*not multiples"):
         check_warm_start(meta, tmp_path, odd, meta["dims"], config, meta[IDENTITY_KEY])
     with pytest.raises(CheckpointError, match="capped ids.*this dataset has dictionary ids"):
-        check_warm_start(meta, tmp_path, list(doubled), meta["dims"], config,
-                         {**meta[IDENTITY_KEY], "ids": None})
+        check_warm_start(
+            meta, tmp_path, list(doubled), meta["dims"], config, {**meta[IDENTITY_KEY], "ids": None}
+        )
     multi_hot = {**meta["dims"], "multi_hot_sizes": list(MULTI_HOT)}
     with pytest.raises(CheckpointError, match="C7 8000 -> 16000 rows.*multi-hot"):
-        check_warm_start({**meta, "dims": multi_hot}, tmp_path,
-                         [2 * c if i == c7 else c for i, c in enumerate(doubled)], multi_hot,
-                         config, meta[IDENTITY_KEY])
+        check_warm_start(
+            {**meta, "dims": multi_hot},
+            tmp_path,
+            [2 * c if i == c7 else c for i, c in enumerate(doubled)],
+            multi_hot,
+            config,
+            meta[IDENTITY_KEY],
+        )
 
 
 def _modulo_day(path: Path, seed: int, caps: tuple[int, ...]) -> Path:
     """A one-hot dataset of capped ids whose rows carry one planted signal (the days of a
     stream), as convert records it (``"ids": "modulo"``, no threshold)."""
-    write_planted_dataset(path, ROWS, seed=seed, table_sizes=caps, threshold_spec=None,
-                          signal_seed=99, extra=MODULO)
+    write_planted_dataset(
+        path, ROWS, seed=seed, table_sizes=caps, threshold_spec=None, signal_seed=99, extra=MODULO
+    )
     assert dataset_identity(read_info(path))["ids"] == "modulo"
     return path

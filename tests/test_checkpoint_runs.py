@@ -15,8 +15,13 @@ import numpy as np
 import pytest
 
 from dlrm_contracts.config import TrainConfig
-from dlrm_contracts.layout import (CURRENT_RUN_JSON, best_checkpoint, checkpoint_dir,
-                                   complete_checkpoints, latest_checkpoint)
+from dlrm_contracts.layout import (
+    CURRENT_RUN_JSON,
+    best_checkpoint,
+    checkpoint_dir,
+    complete_checkpoints,
+    latest_checkpoint,
+)
 from dlrm_contracts.superseded import set_aside, superseded_runs
 from trainer.checkpoint import checkpoint_meta, save_checkpoint
 from trainer.comm import LocalComm
@@ -24,11 +29,13 @@ from trainer.comm import LocalComm
 STATE = {"table/0/0-4": np.ones((3, 4), np.float32)}
 
 
-def _save(root: Path, step: int, run: str, keep: int = 2, run_start: int = 0,
-          extra: dict | None = None) -> Path:
+def _save(
+    root: Path, step: int, run: str, keep: int = 2, run_start: int = 0, extra: dict | None = None
+) -> Path:
     meta = {**checkpoint_meta(TrainConfig(), {}, [3], {}, {}, run_id=run), **(extra or {})}
-    return save_checkpoint(root, step, LocalComm(), STATE, {"replicated/x": np.zeros(2)}, meta,
-                           keep=keep, run_start=run_start)
+    return save_checkpoint(
+        root, step, LocalComm(), STATE, {"replicated/x": np.zeros(2)}, meta, keep=keep, run_start=run_start
+    )
 
 
 def _steps(root: Path) -> list[int]:
@@ -87,18 +94,19 @@ def test_set_aside_moves_and_records_never_deletes(tmp_path):
     saved = [_save(tmp_path, step, "r1", keep=5) for step in (4, 8)]
     (tmp_path / ".step-000000012.tmp").mkdir()
     before = {p.name: sorted(f.name for f in p.iterdir()) for p in saved}
-    record = set_aside(tmp_path, saved, "settings of the model changed",
-                       ["train.seed 1 -> 2"])
+    record = set_aside(tmp_path, saved, "settings of the model changed", ["train.seed 1 -> 2"])
     folder = Path(record["path"])
     assert folder.parent == tmp_path / "superseded"
-    assert {p.name: sorted(f.name for f in p.iterdir()) for p in folder.iterdir()
-            if p.is_dir()} == before
+    assert {p.name: sorted(f.name for f in p.iterdir()) for p in folder.iterdir() if p.is_dir()} == before
     assert complete_checkpoints(tmp_path) == [] and latest_checkpoint(tmp_path) is None
     assert not (tmp_path / CURRENT_RUN_JSON).exists()  # its run went with it
     assert (folder / CURRENT_RUN_JSON).exists()
     why = json.loads((folder / "why.json").read_text())
-    assert why["changed"] == ["train.seed 1 -> 2"] and why["checkpoints"] == [
-        "step-000000004", "step-000000008"] and why["bytes"] > 0
+    assert (
+        why["changed"] == ["train.seed 1 -> 2"]
+        and why["checkpoints"] == ["step-000000004", "step-000000008"]
+        and why["bytes"] > 0
+    )
     assert record["remove_with"] == f"rm -r {folder}"
     listed = superseded_runs(tmp_path)
     assert [r["path"] for r in listed] == [str(folder)] and listed[0]["bytes"] >= why["bytes"]
@@ -136,12 +144,12 @@ def test_a_no_resume_run_keeps_its_checkpoints_and_eval_uses_them(dataset, tmp_p
     assert summary["step"] == 2 and summary["init"]["mode"] == "scratch"
     assert _steps(workdir / "checkpoints") == [2]
     [aside] = superseded_runs(workdir / "checkpoints")  # the older run: moved, not deleted
-    assert sorted(p.name for p in Path(aside["path"]).glob("step-*")) == [
-        "step-000000004", "step-000000008"]
+    assert sorted(p.name for p in Path(aside["path"]).glob("step-*")) == ["step-000000004", "step-000000008"]
     assert run(small_config(), dataset, workdir, mode="eval")["step"] == 2
     # a stray copy at a huge step is not taken for the model
-    shutil.copytree(Path(aside["path"]) / "step-000000008",
-                    checkpoint_dir(workdir / "checkpoints", 999999999))
+    shutil.copytree(
+        Path(aside["path"]) / "step-000000008", checkpoint_dir(workdir / "checkpoints", 999999999)
+    )
     assert best_checkpoint(workdir / "checkpoints") == checkpoint_dir(workdir / "checkpoints", 2)
     assert run(small_config(), dataset, workdir, mode="eval")["step"] == 2
     resumed = run(small_config(epochs=100, max_steps=5, log_every=3), dataset, workdir)
@@ -177,8 +185,9 @@ def test_two_ranks_restarted_with_no_resume_set_the_older_run_aside(dataset, tmp
     workdir = tmp_path / "w"
     args = ["--dataset", str(dataset), "--workdir", str(workdir)]
     run_trainer_cli(args + config_flags(small_config(epochs=100, max_steps=6)), ranks=2)
-    summary, _ = run_trainer_cli(args + config_flags(small_config(epochs=100, max_steps=2))
-                                 + ["--no-resume"], ranks=2)
+    summary, _ = run_trainer_cli(
+        args + config_flags(small_config(epochs=100, max_steps=2)) + ["--no-resume"], ranks=2
+    )
     assert summary["step"] == 2 and summary["init"]["mode"] == "scratch", summary
     assert _steps(workdir / "checkpoints") == [2]
     [aside] = superseded_runs(workdir / "checkpoints")

@@ -36,38 +36,59 @@ def _fields(*sections) -> set[str]:
 
 def _spark():
     from spark_jobs.cli import build_parser
-    return build_parser(), _fields(c.SparkConfig, c.PreprocessConfig), {
-        "": {"config", "input", "workdir", "retransform"}}
+
+    return (
+        build_parser(),
+        _fields(c.SparkConfig, c.PreprocessConfig),
+        {"": {"config", "input", "workdir", "retransform"}},
+    )
 
 
 def _converters():
     from converters.cli import build_parser
+
     options = {"config", "json"}
-    return build_parser(), _fields(c.ConvertConfig), {
-        "": {"command"},
-        "convert": options | {"workdir", "parquet", "output", "threshold_spec"},
-        "verify": {"dataset", "quick", "json"},
-        "rethreshold": options | {"source", "output", "frequency_threshold", "counts", "workdir"},
-        "mlperf-multihot": options | {"dataset", "output"},
-        "stage-in": {"source", "target", "json"},
-        "plan": {"config", "spec", "thresholds", "counts", "workdir", "embedding_dim",
-                 "dtype_bytes", "json"},
-    }
+    return (
+        build_parser(),
+        _fields(c.ConvertConfig),
+        {
+            "": {"command"},
+            "convert": options | {"workdir", "parquet", "output", "threshold_spec"},
+            "verify": {"dataset", "quick", "json"},
+            "rethreshold": options | {"source", "output", "frequency_threshold", "counts", "workdir"},
+            "mlperf-multihot": options | {"dataset", "output"},
+            "stage-in": {"source", "target", "json"},
+            "plan": {
+                "config",
+                "spec",
+                "thresholds",
+                "counts",
+                "workdir",
+                "embedding_dim",
+                "dtype_bytes",
+                "json",
+            },
+        },
+    )
 
 
 def _trainer():
     from trainer.cli import parser
+
     return parser(), _fields(c.TrainConfig), {"": {"config", "dataset", "workdir", "mode"}}
 
 
 def _generator():
     from pipeline.generate import _parser
-    return _parser(), _fields(c.GeneratorConfig), {"": {"config", "out", "uniform_column",
-                                                          "drift_column"}}
+
+    return _parser(), _fields(c.GeneratorConfig), {"": {"config", "out", "uniform_column", "drift_column"}}
 
 
-@pytest.mark.parametrize("cli", [_spark, _converters, _trainer, _generator],
-                         ids=["spark_jobs", "converters", "trainer", "generate"])
+@pytest.mark.parametrize(
+    "cli",
+    [_spark, _converters, _trainer, _generator],
+    ids=["spark_jobs", "converters", "trainer", "generate"],
+)
 def test_every_flag_is_a_setting_or_a_named_run_argument(cli):
     parser, settings, run_arguments = cli()
     for command, destinations in _destinations(parser).items():
@@ -85,12 +106,13 @@ def test_a_misspelt_destination_is_caught():
 
 # The pipeline's CLI maps its flags by hand (pipeline.cli.apply_flags) rather than by name, so
 # its check is by effect: each flag of `run` and `preflight`, given alone, changes the config.
-PIPELINE_RUN_ARGUMENTS = {"config"}              # read before the flags: the YAML file itself
+PIPELINE_RUN_ARGUMENTS = {"config"}  # read before the flags: the YAML file itself
 PIPELINE_SAMPLES = {"hosts": "node1:2,node2:2", "stages": "train", "np": "3"}
 
 
 def _pipeline_changes(argv: list[str]) -> bool:
     from pipeline.cli import apply_flags, build_parser
+
     base = c.PipelineConfig()
     return apply_flags(base, build_parser().parse_args(argv)) != base
 
@@ -98,9 +120,11 @@ def _pipeline_changes(argv: list[str]) -> bool:
 @pytest.mark.parametrize("command", ["run", "preflight"])
 def test_every_flag_of_the_pipeline_changes_its_config(command):
     from pipeline.cli import build_parser
+
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    actions = [a for a in sub.choices[command]._actions
-               if a.dest != "help" and a.dest not in PIPELINE_RUN_ARGUMENTS]
+    actions = [
+        a for a in sub.choices[command]._actions if a.dest != "help" and a.dest not in PIPELINE_RUN_ARGUMENTS
+    ]
     assert len(actions) > 10
     inert = []
     for action in actions:
@@ -114,6 +138,7 @@ def test_every_flag_of_the_pipeline_changes_its_config(command):
 
 def test_a_pipeline_flag_that_apply_flags_ignores_is_caught(monkeypatch):
     from pipeline import cli
+
     build = cli.build_parser
 
     def with_a_stray_flag():

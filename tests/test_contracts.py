@@ -9,31 +9,31 @@ import sys
 
 import pytest
 
-from dlrm_contracts.atomic import (atomic_file, read_json, remove_stale_temporaries,
-                                   write_json_atomic)
+from dlrm_contracts.atomic import atomic_file, read_json, remove_stale_temporaries, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError
-from dlrm_contracts.config import (ConfigError, ConvertConfig, GeneratorConfig, TrainConfig,
-                                   with_overrides)
-from dlrm_contracts.errors import (ExitCode, PipelineError, UsageError, exit_code_of, failing_as,
-                                   run_cli)
+from dlrm_contracts.config import ConfigError, ConvertConfig, GeneratorConfig, TrainConfig, with_overrides
+from dlrm_contracts.errors import ExitCode, PipelineError, UsageError, exit_code_of, failing_as, run_cli
 from dlrm_contracts.table_sizes import LowerThresholdError
 from dlrm_contracts.thresholds import ThresholdSpecError
 
 
-@pytest.mark.parametrize("error, code", [
-    (UsageError("bad flag"), ExitCode.USAGE),
-    (ConfigError("train.batch_size"), ExitCode.USAGE),
-    (ThresholdSpecError("C99"), ExitCode.USAGE),
-    (DatasetError("cat_3.bin is short"), ExitCode.DATASET_INVALID),
-    (LowerThresholdError("needs a Spark rerun"), ExitCode.CONVERT),
-    (PipelineError("locked", ExitCode.LOCKED), ExitCode.LOCKED),
-    (OSError(errno.ENOSPC, "No space left on device"), ExitCode.DISK_FULL),
-    (OSError(errno.EACCES, "Permission denied"), ExitCode.USAGE),  # a path the user must fix
-    (OSError(errno.EROFS, "Read-only file system"), ExitCode.USAGE),
-    (ValueError("a bug"), ExitCode.FAILED),
-    (KeyError("a bug"), ExitCode.FAILED),
-    (KeyboardInterrupt(), ExitCode.INTERRUPTED),
-])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (UsageError("bad flag"), ExitCode.USAGE),
+        (ConfigError("train.batch_size"), ExitCode.USAGE),
+        (ThresholdSpecError("C99"), ExitCode.USAGE),
+        (DatasetError("cat_3.bin is short"), ExitCode.DATASET_INVALID),
+        (LowerThresholdError("needs a Spark rerun"), ExitCode.CONVERT),
+        (PipelineError("locked", ExitCode.LOCKED), ExitCode.LOCKED),
+        (OSError(errno.ENOSPC, "No space left on device"), ExitCode.DISK_FULL),
+        (OSError(errno.EACCES, "Permission denied"), ExitCode.USAGE),  # a path the user must fix
+        (OSError(errno.EROFS, "Read-only file system"), ExitCode.USAGE),
+        (ValueError("a bug"), ExitCode.FAILED),
+        (KeyError("a bug"), ExitCode.FAILED),
+        (KeyboardInterrupt(), ExitCode.INTERRUPTED),
+    ],
+)
 def test_one_map_from_failure_to_exit_code(error, code):
     assert exit_code_of(error) == code
 
@@ -67,14 +67,15 @@ def test_failing_as_gives_a_steps_known_failures_its_code_and_lets_bugs_through(
 
 def test_a_bug_in_a_wing_cli_is_exit_1_with_its_traceback(tmp_path):
     """A converter that crashes is a bug (exit 1, traceback), not 'convert failed' (6)."""
-    code = ("import sys, converters.convert as c, converters.cli as cli\n"
-            "def broken(*args, **kwargs):\n"
-            "    raise RuntimeError('a bug in the converter')\n"
-            "c.convert_parquet = broken\n"
-            f"sys.exit(cli.main(['convert', '--parquet', {str(tmp_path)!r}, "
-            f"'--output', {str(tmp_path / 'out')!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, converters.convert as c, converters.cli as cli\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise RuntimeError('a bug in the converter')\n"
+        "c.convert_parquet = broken\n"
+        f"sys.exit(cli.main(['convert', '--parquet', {str(tmp_path)!r}, "
+        f"'--output', {str(tmp_path / 'out')!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == ExitCode.FAILED, proc.stderr
     assert "Traceback" in proc.stderr and "a bug in the converter" in proc.stderr
 
@@ -105,15 +106,18 @@ def test_temporaries_of_a_dead_writer_are_removed_and_a_live_ones_kept(tmp_path)
     assert live.exists() and not stale.exists()
 
 
-@pytest.mark.parametrize("section, changes, words", [
-    (TrainConfig(), {"batch_size": 0}, "batch sizes must be at least 1"),
-    (TrainConfig(), {"optimizer": "lamb"}, "train.optimizer 'lamb'"),
-    (TrainConfig(), {"verify_dataset": "some"}, "train.verify_dataset"),
-    (ConvertConfig(), {"batch_rows": 0}, "batch rows must be at least 1"),
-    (GeneratorConfig(), {"click_rate": 1.5}, "click_rate must be in (0, 1)"),
-    (TrainConfig(), {"max_steps": "ten"}, "max_steps: 'ten' is not a valid"),
-    (TrainConfig(), {"bogus": 1}, "unknown setting(s) bogus"),
-])
+@pytest.mark.parametrize(
+    "section, changes, words",
+    [
+        (TrainConfig(), {"batch_size": 0}, "batch sizes must be at least 1"),
+        (TrainConfig(), {"optimizer": "lamb"}, "train.optimizer 'lamb'"),
+        (TrainConfig(), {"verify_dataset": "some"}, "train.verify_dataset"),
+        (ConvertConfig(), {"batch_rows": 0}, "batch rows must be at least 1"),
+        (GeneratorConfig(), {"click_rate": 1.5}, "click_rate must be in (0, 1)"),
+        (TrainConfig(), {"max_steps": "ten"}, "max_steps: 'ten' is not a valid"),
+        (TrainConfig(), {"bogus": 1}, "unknown setting(s) bogus"),
+    ],
+)
 def test_overrides_are_checked_by_the_section_itself(section, changes, words):
     with pytest.raises(ConfigError) as refused:
         with_overrides(section, changes)

@@ -32,8 +32,34 @@ from dlrm_contracts.table_sizes import LowerThresholdError, read_histogram
 from dlrm_contracts.verify import verify_dataset
 
 # Sizes around every dtype boundary, plus ordinary ones.
-TABLE_SIZES = [1, 2, 127, 128, 129, 32767, 32768, 32769, 100_000, 40, 7, 3000,
-               1, 500, 60, 129, 128, 32769, 2, 10, 70_000, 3, 5000, 12, 300, 9]
+TABLE_SIZES = [
+    1,
+    2,
+    127,
+    128,
+    129,
+    32767,
+    32768,
+    32769,
+    100_000,
+    40,
+    7,
+    3000,
+    1,
+    500,
+    60,
+    129,
+    128,
+    32769,
+    2,
+    10,
+    70_000,
+    3,
+    5000,
+    12,
+    300,
+    9,
+]
 SPLIT_ROWS = {"train": 5000, "test": 1700, "validation": 1300}
 BASE_THRESHOLD = 2
 CONFIG = ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False)
@@ -45,8 +71,9 @@ def _value_counts(size: int, rng: np.random.Generator) -> np.ndarray:
     return counts.astype(np.int64)
 
 
-def write_workdir(root: Path, table_sizes=TABLE_SIZES, split_rows=SPLIT_ROWS, seed=7,
-                  files=3) -> dict[str, pa.Table]:
+def write_workdir(
+    root: Path, table_sizes=TABLE_SIZES, split_rows=SPLIT_ROWS, seed=7, files=3
+) -> dict[str, pa.Table]:
     """Parquet splits + model_size/preprocess/_SUCCESS + a matching counts histogram.
 
     Returns each split's expected rows (files concatenated in name order)."""
@@ -69,11 +96,10 @@ def write_workdir(root: Path, table_sizes=TABLE_SIZES, split_rows=SPLIT_ROWS, se
         expected[split] = table
         # Files created last-name-first: row order must follow the names, not creation.
         bounds = np.linspace(0, n, files + 1).astype(int)
-        names = [f"part-{10 ** f:05d}-c000.snappy.parquet" for f in range(files)]
+        names = [f"part-{10**f:05d}-c000.snappy.parquet" for f in range(files)]
         for f in reversed(range(files)):
             part = table.slice(bounds[f], bounds[f + 1] - bounds[f])
-            pq.write_table(part, parquet / split / names[f],
-                           row_group_size=max(1, part.num_rows // 4))
+            pq.write_table(part, parquet / split / names[f], row_group_size=max(1, part.num_rows // 4))
         (parquet / split / f".{names[0]}.crc").write_bytes(b"not parquet")
         (parquet / split / "_SUCCESS").write_text("")
     (parquet / "model_size.json").write_text(json.dumps(dict(zip(CAT_COLUMNS, table_sizes))))
@@ -91,20 +117,32 @@ def write_histogram(counts: Path, table_sizes, rng) -> None:
         count += values.tolist() + [1]  # values seen once: below the base threshold
         num_values += how_many.tolist() + [int(rng.integers(1, 50))]
     counts.mkdir(parents=True)
-    pq.write_table(pa.table({"column": column, "count": pa.array(count, pa.int64()),
-                             "num_values": pa.array(num_values, pa.int64())}),
-                   counts / "histogram.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "column": column,
+                "count": pa.array(count, pa.int64()),
+                "num_values": pa.array(num_values, pa.int64()),
+            }
+        ),
+        counts / "histogram.parquet",
+    )
 
 
 def independent_kept(counts_dir: Path, column: str, threshold: int) -> int:
     table = pq.read_table(counts_dir / "histogram.parquet").to_pydict()
-    return sum(n for c, k, n in zip(table["column"], table["count"], table["num_values"])
-               if c == column and k >= max(1, threshold))
+    return sum(
+        n
+        for c, k, n in zip(table["column"], table["count"], table["num_values"])
+        if c == column and k >= max(1, threshold)
+    )
 
 
 def read_binary(split_dir: Path, dtypes) -> dict[str, np.ndarray]:
-    data = {"label": np.fromfile(split_dir / "label.bin", dtype="<u1"),
-            "numerical": np.fromfile(split_dir / "numerical.bin", dtype="<f2").reshape(-1, 13)}
+    data = {
+        "label": np.fromfile(split_dir / "label.bin", dtype="<u1"),
+        "numerical": np.fromfile(split_dir / "numerical.bin", dtype="<f2").reshape(-1, 13),
+    }
     for i, dtype in enumerate(dtypes):
         data[f"cat_{i}"] = np.fromfile(split_dir / f"cat_{i}.bin", dtype=np.dtype(dtype))
     return data
@@ -137,8 +175,9 @@ def test_convert_matches_parquet_every_value_in_all_splits(converted):
         np.testing.assert_array_equal(got["numerical"], want_num.astype(np.float16))
         np.testing.assert_allclose(got["numerical"], want_num, rtol=1e-3)
         for i, column in enumerate(CAT_COLUMNS):
-            np.testing.assert_array_equal(got[f"cat_{i}"], table.column(column).to_numpy(),
-                                          err_msg=f"{split} {column}")
+            np.testing.assert_array_equal(
+                got[f"cat_{i}"], table.column(column).to_numpy(), err_msg=f"{split} {column}"
+            )
     assert verify_dataset(binary).splits == SPLIT_ROWS
 
 
@@ -161,9 +200,19 @@ def test_fingerprint_follows_the_data(converted, tmp_path):
     assert again["source_fingerprint"] != summary["source_fingerprint"]
 
 
-@pytest.mark.parametrize("size,dtype", [(1, "int8"), (127, "int8"), (128, "int8"),
-                                        (129, "int16"), (32767, "int16"), (32768, "int16"),
-                                        (32769, "int32"), (2**31, "int32")])
+@pytest.mark.parametrize(
+    "size,dtype",
+    [
+        (1, "int8"),
+        (127, "int8"),
+        (128, "int8"),
+        (129, "int16"),
+        (32767, "int16"),
+        (32768, "int16"),
+        (32769, "int32"),
+        (2**31, "int32"),
+    ],
+)
 def test_narrowest_dtype_at_the_boundaries(size, dtype):
     assert cat_dtype(size).name == dtype
 
@@ -187,23 +236,32 @@ def test_out_of_range_id_in_parquet_is_an_error_not_a_wrap(tmp_path):
     assert not (tmp_path / "binary").exists()
 
 
-@pytest.mark.parametrize("column,values,message", [
-    ("label", [0, 2, 1], "label outside {0, 1}"),
-    ("I3", [0.5, float("nan"), 1.0], "column I3 holds nan, a numerical value NaN/inf"),
-    ("I4", [0.5, 70000.0, 1.0], "column I4 holds 70000.0, a numerical value NaN/inf or beyond "
-                                "float16 range"),
-    ("C2", [0, None, 1], "column C2 has 1 null"),
-    ("C5", [0, -1, 1], "C5 has id -1 outside its table"),
-])
+@pytest.mark.parametrize(
+    "column,values,message",
+    [
+        ("label", [0, 2, 1], "label outside {0, 1}"),
+        ("I3", [0.5, float("nan"), 1.0], "column I3 holds nan, a numerical value NaN/inf"),
+        (
+            "I4",
+            [0.5, 70000.0, 1.0],
+            "column I4 holds 70000.0, a numerical value NaN/inf or beyond float16 range",
+        ),
+        ("C2", [0, None, 1], "column C2 has 1 null"),
+        ("C5", [0, -1, 1], "C5 has id -1 outside its table"),
+    ],
+)
 def test_bad_parquet_values_are_clear_errors(tmp_path, column, values, message):
     write_workdir(tmp_path)
     part = sorted((tmp_path / "parquet" / "validation").glob("*.parquet"))[-1]
     table = pq.read_table(part)
     index = table.schema.get_field_index(column)
     patched = table.column(column).to_pylist()
-    patched[5:5 + len(values)] = values
-    table = table.set_column(index, table.schema.field(index).with_nullable(True),
-                             pa.array(patched, table.schema.field(index).type))
+    patched[5 : 5 + len(values)] = values
+    table = table.set_column(
+        index,
+        table.schema.field(index).with_nullable(True),
+        pa.array(patched, table.schema.field(index).type),
+    )
     pq.write_table(table, part)
     with pytest.raises(DatasetError, match=re.escape(message)) as info:
         convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
@@ -245,8 +303,11 @@ def test_unreadable_parquet_cli_exit_code_without_traceback(tmp_path):
     write_workdir(tmp_path)
     part = sorted((tmp_path / "parquet" / "train").glob("*.parquet"))[0]
     part.write_bytes(part.read_bytes()[:-3])
-    result = subprocess.run([sys.executable, "-m", "converters", "convert", "--workdir",
-                             str(tmp_path), "--no-fsync"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "converters", "convert", "--workdir", str(tmp_path), "--no-fsync"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == ExitCode.CONVERT
     assert "Traceback" not in result.stderr and part.name in result.stderr
 
@@ -269,12 +330,24 @@ def test_preprocess_json_that_is_not_an_object_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("command", ["convert", "rethreshold"])
 def test_cli_refuses_zero_batch_rows_as_usage(tmp_path, command):
-    args = (["convert", "--parquet", str(tmp_path / "p"), "--output", str(tmp_path / "b")]
-            if command == "convert" else
-            ["rethreshold", "--source", str(tmp_path / "b"), "--counts", str(tmp_path / "c"),
-             "--frequency-threshold", "5", "--output", str(tmp_path / "o")])
-    result = subprocess.run([sys.executable, "-m", "converters", *args, "--batch-rows", "0"],
-                            capture_output=True, text=True)
+    args = (
+        ["convert", "--parquet", str(tmp_path / "p"), "--output", str(tmp_path / "b")]
+        if command == "convert"
+        else [
+            "rethreshold",
+            "--source",
+            str(tmp_path / "b"),
+            "--counts",
+            str(tmp_path / "c"),
+            "--frequency-threshold",
+            "5",
+            "--output",
+            str(tmp_path / "o"),
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "converters", *args, "--batch-rows", "0"], capture_output=True, text=True
+    )
     assert result.returncode == 2 and "batch rows must be at least 1" in result.stderr
 
 
@@ -348,8 +421,11 @@ c.convert_parquet(sys.argv[1], sys.argv[2],
 
 def test_a_hard_killed_conversion_leaves_no_final_dir_and_is_cleaned_next_time(tmp_path):
     write_workdir(tmp_path)
-    killed = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "parquet"),
-                             str(tmp_path / "binary")], capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "parquet"), str(tmp_path / "binary")],
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -9, killed.stderr
     assert not (tmp_path / "binary").exists()
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".binary.tmp-")]
@@ -361,8 +437,7 @@ def test_a_hard_killed_conversion_leaves_no_final_dir_and_is_cleaned_next_time(t
     verify_dataset(tmp_path / "binary")
 
 
-def test_interrupted_rethreshold_leaves_no_output_and_the_source_intact(converted, tmp_path,
-                                                                      monkeypatch):
+def test_interrupted_rethreshold_leaves_no_output_and_the_source_intact(converted, tmp_path, monkeypatch):
     import converters.rethreshold as rethreshold_module
 
     root, _expected, _summary = converted
@@ -398,8 +473,7 @@ def test_verify_catches_an_out_of_range_id(converted):
     root, _expected, _summary = converted
     meta = json.loads((root / "binary" / "dataset.json").read_text())
     index = 4  # C5, a table of 129 stored as int16
-    ids = np.memmap(root / "binary" / "test" / f"cat_{index}.bin", dtype=meta["cat_dtypes"][index],
-                    mode="r+")
+    ids = np.memmap(root / "binary" / "test" / f"cat_{index}.bin", dtype=meta["cat_dtypes"][index], mode="r+")
     ids[1234] = TABLE_SIZES[index]
     ids.flush()
     del ids
@@ -497,8 +571,9 @@ def test_rethreshold_equals_clamping_computed_independently(converted, tmp_path)
             want = _clamped(table.column(column).to_numpy(), kept[i])
             np.testing.assert_array_equal(got[f"cat_{i}"], want, err_msg=f"{split} {column}")
             assert got[f"cat_{i}"].dtype == cat_dtype(kept[i] + 1)
-        assert (out / split / "numerical.bin").read_bytes() == \
-            (root / "binary" / split / "numerical.bin").read_bytes()
+        assert (out / split / "numerical.bin").read_bytes() == (
+            root / "binary" / split / "numerical.bin"
+        ).read_bytes()
     verify_dataset(out)
 
 
@@ -533,10 +608,24 @@ def test_rethreshold_refuses_a_lower_threshold(converted, tmp_path, spec):
 
 def test_rethreshold_cli_refusal_exit_code(converted, tmp_path):
     root, _expected, _summary = converted
-    result = subprocess.run([sys.executable, "-m", "converters", "rethreshold", "--source",
-                             str(root / "binary"), "--counts", str(root / "counts"),
-                             "--frequency-threshold", "1", "--output", str(tmp_path / "x")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "rethreshold",
+            "--source",
+            str(root / "binary"),
+            "--counts",
+            str(root / "counts"),
+            "--frequency-threshold",
+            "1",
+            "--output",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == ExitCode.CONVERT
     assert "Spark rerun" in result.stderr and "Traceback" not in result.stderr
 
@@ -581,16 +670,41 @@ def test_planner_sizes_match_the_histogram(tmp_path):
 
 def test_planner_cli_json(tmp_path):
     write_histogram(tmp_path / "counts", TABLE_SIZES, np.random.default_rng(4))
-    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                             str(tmp_path / "counts"), "--thresholds", "2,10",
-                             "--embedding-dim", "8", "--json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(tmp_path / "counts"),
+            "--thresholds",
+            "2,10",
+            "--embedding-dim",
+            "8",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["threshold_spec"] for r in rows] == ["2", "10"]
     assert rows[0]["table_sizes"] == dict(zip(CAT_COLUMNS, TABLE_SIZES))
-    text = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                           str(tmp_path / "counts"), "--thresholds", "2"],
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(tmp_path / "counts"),
+            "--thresholds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "C26" in text and "memory (dim 128, 4 B)" in text
 
 
@@ -599,18 +713,42 @@ def test_a_corrupt_histogram_is_a_clear_error(tmp_path):
     (tmp_path / "counts" / "histogram.parquet").write_bytes(b"PAR1 cut short")
     with pytest.raises(DatasetError, match="histogram.parquet is not a readable parquet file"):
         read_histogram(tmp_path / "counts")
-    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                             str(tmp_path / "counts"), "--thresholds", "2"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(tmp_path / "counts"),
+            "--thresholds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == ExitCode.DATASET_INVALID and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("flag", ["--embedding-dim", "--dtype-bytes"])
 def test_planner_refuses_a_non_positive_width(tmp_path, flag):
     write_histogram(tmp_path / "counts", TABLE_SIZES, np.random.default_rng(4))
-    result = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                             str(tmp_path / "counts"), "--thresholds", "2", flag, "0"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(tmp_path / "counts"),
+            "--thresholds",
+            "2",
+            flag,
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "must be at least 1" in result.stderr
 
 
@@ -620,18 +758,17 @@ def test_rethreshold_refuses_a_dataset_with_stable_ids(tmp_path):
     by the trainer's reader; the same one (a rebuild after damage) still derives."""
     write_workdir(tmp_path)
     (tmp_path / "parquet" / "preprocess.json").write_text(
-        json.dumps({"threshold_spec": str(BASE_THRESHOLD), "ids": "stable"}))
+        json.dumps({"threshold_spec": str(BASE_THRESHOLD), "ids": "stable"})
+    )
     convert_parquet(tmp_path / "parquet", tmp_path / "binary", CONFIG)
     assert verify_dataset(tmp_path / "binary").extra["ids"] == "stable"
     with pytest.raises(DatasetError, match="stable ids"):
         rethreshold(tmp_path / "binary", tmp_path / "counts", "30", tmp_path / "t30", CONFIG)
     assert not (tmp_path / "t30").exists()
-    rethreshold(tmp_path / "binary", tmp_path / "counts", str(BASE_THRESHOLD), tmp_path / "same",
-                CONFIG)
+    rethreshold(tmp_path / "binary", tmp_path / "counts", str(BASE_THRESHOLD), tmp_path / "same", CONFIG)
     assert verify_dataset(tmp_path / "same").extra["ids"] == "stable"
-    from trainer.data import open_dataset    # numpy only: the trainer's reader refuses it too
+    from trainer.data import open_dataset  # numpy only: the trainer's reader refuses it too
 
     with pytest.raises(DatasetError, match="stable ids"):
         open_dataset(tmp_path / "binary", threshold="30")
-    assert open_dataset(tmp_path / "binary", threshold=str(BASE_THRESHOLD)).table_sizes == \
-        tuple(TABLE_SIZES)
+    assert open_dataset(tmp_path / "binary", threshold=str(BASE_THRESHOLD)).table_sizes == tuple(TABLE_SIZES)

@@ -17,7 +17,7 @@ from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import dictionary_index, dictionary_parts
 from spark_jobs.engines.arrow.value_counts import Counts
 
-COLUMN = 4          # C5
+COLUMN = 4  # C5
 THRESHOLD = 2
 
 
@@ -31,8 +31,10 @@ def _groups(rng, n: int = 30_000):
     first = np.concatenate([[0], np.cumsum([len(b) for b in all_bounds])[:-1]])
     plan = dicts.GroupPlan(tuple(all_bounds), tuple(int(x) for x in first))
     cut = np.concatenate([[0], np.searchsorted(values, bounds[1:]), [len(values)]])
-    groups = {plan.first[COLUMN] + r: Counts(values[cut[r]:cut[r + 1]], counts[cut[r]:cut[r + 1]])
-              for r in range(len(bounds))}
+    groups = {
+        plan.first[COLUMN] + r: Counts(values[cut[r] : cut[r + 1]], counts[cut[r] : cut[r + 1]])
+        for r in range(len(bounds))
+    }
     return plan, groups, values, counts
 
 
@@ -45,8 +47,9 @@ def _stage_and_fill(tmp_path: Path, plan, groups) -> tuple[Path, Path]:
     staging, dict_dir, index_dir = tmp_path / "staging", tmp_path / "dicts", tmp_path / "index"
     minimum = tuple(THRESHOLD for _ in CAT_COLUMNS)
     for g, totals in groups.items():
-        dictionary_parts.stage_group(str(staging), g, totals,
-                                     dicts.count_histogram(totals.counts)[0], THRESHOLD)
+        dictionary_parts.stage_group(
+            str(staging), g, totals, dicts.count_histogram(totals.counts)[0], THRESHOLD
+        )
     histograms = {g: dicts.count_histogram(t.counts) for g, t in groups.items()}
     firsts = dicts.first_ids(plan, histograms, minimum)
     layouts, regions = dicts.index_layouts(plan, histograms, minimum)
@@ -59,15 +62,13 @@ def _stage_and_fill(tmp_path: Path, plan, groups) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("row_group_rows", [dictionary_parts.PART_ROW_GROUP_ROWS, 1000])
-def test_filled_parts_are_the_rows_and_index_of_a_global_sort(tmp_path, monkeypatch,
-                                                              row_group_rows):
+def test_filled_parts_are_the_rows_and_index_of_a_global_sort(tmp_path, monkeypatch, row_group_rows):
     """Several row groups per part (1000 rows) as well as one: each row group's ids land."""
     monkeypatch.setattr(dictionary_parts, "PART_ROW_GROUP_ROWS", row_group_rows)
     plan, groups, values, counts = _groups(np.random.default_rng(5))
     dict_dir, index_dir = _stage_and_fill(tmp_path, plan, groups)
     table = pq.read_table(dict_dir / f"column={CAT_COLUMNS[COLUMN]}")
-    got = dict(zip(table["value"].to_pylist(),
-                   zip(table["id"].to_pylist(), table["count"].to_pylist())))
+    got = dict(zip(table["value"].to_pylist(), zip(table["id"].to_pylist(), table["count"].to_pylist())))
     assert len(got) == table.num_rows
     assert got == _reference(values, counts)
     if row_group_rows == 1000:
@@ -87,7 +88,7 @@ def test_a_retried_fill_changes_nothing(tmp_path):
     dict_dir, index_dir = _stage_and_fill(tmp_path, plan, groups)
     first = pq.read_table(dict_dir).sort_by("value")
     index_bytes = _index_files(index_dir)
-    assert not list((tmp_path / "staging").iterdir())          # the tasks removed their own
+    assert not list((tmp_path / "staging").iterdir())  # the tasks removed their own
     histograms = {g: dicts.count_histogram(t.counts) for g, t in groups.items()}
     firsts = dicts.first_ids(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
     _, regions = dicts.index_layouts(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
@@ -99,15 +100,17 @@ def test_a_retried_fill_changes_nothing(tmp_path):
     g = max(groups, key=lambda k: len(groups[k]))
     column, rank = plan.column_range(g)
     part = dict_dir / f"column={CAT_COLUMNS[column]}" / f"part-{rank:05d}.parquet"
-    dictionary_parts.stage_group(str(tmp_path / "staging"), g, groups[g],
-                                 dicts.count_histogram(groups[g].counts)[0], THRESHOLD)
+    dictionary_parts.stage_group(
+        str(tmp_path / "staging"), g, groups[g], dicts.count_histogram(groups[g].counts)[0], THRESHOLD
+    )
     (tmp_path / "staging" / f"part-{g:07d}.parquet").replace(part)
     dictionary_index.region_path(index_dir, CAT_COLUMNS[column], rank).unlink()
     assert not pq.read_table(dict_dir).sort_by("value").equals(first)
     others = [k for k in groups if k != g]
     for k in others:
-        dictionary_parts.stage_group(str(tmp_path / "staging"), k, groups[k],
-                                     dicts.count_histogram(groups[k].counts)[0], THRESHOLD)
+        dictionary_parts.stage_group(
+            str(tmp_path / "staging"), k, groups[k], dicts.count_histogram(groups[k].counts)[0], THRESHOLD
+        )
     for k in groups:
         dicts._fill_group(spec, k, firsts.get(k))
     assert pq.read_table(dict_dir).sort_by("value").equals(first)
@@ -128,12 +131,13 @@ def test_a_fill_that_died_while_relabelling_rebuilds_its_region(tmp_path):
     g = max(groups, key=lambda k: len(groups[k]))
     column, rank = plan.column_range(g)
     staging = tmp_path / "staging"
-    dictionary_parts.stage_group(str(staging), g, groups[g],
-                                 dicts.count_histogram(groups[g].counts)[0], THRESHOLD)
-    (staging / f"part-{g:07d}.parquet").unlink()          # the part was filled and moved
+    dictionary_parts.stage_group(
+        str(staging), g, groups[g], dicts.count_histogram(groups[g].counts)[0], THRESHOLD
+    )
+    (staging / f"part-{g:07d}.parquet").unlink()  # the part was filled and moved
     staged_region = staging / f"part-{g:07d}.slots"
     half = np.fromfile(staged_region, np.uint64)
-    half[: len(half) // 2] = 12345                        # garbage: half relabelled, then killed
+    half[: len(half) // 2] = 12345  # garbage: half relabelled, then killed
     half.tofile(staging / f"part-{g:07d}.slots.relabelling")
     staged_region.unlink()
     dictionary_index.region_path(index_dir, CAT_COLUMNS[column], rank).unlink()
@@ -142,7 +146,8 @@ def test_a_fill_that_died_while_relabelling_rebuilds_its_region(tmp_path):
     _, regions = dicts.index_layouts(plan, histograms, (THRESHOLD,) * len(CAT_COLUMNS))
     spec = dicts.WriteSpec(plan, str(dict_dir), str(index_dir), regions, str(staging))
     assert dicts._fill_group(spec, g, firsts.get(g)) == len(
-        pq.read_table(dict_dir / f"column={CAT_COLUMNS[column]}" / f"part-{rank:05d}.parquet"))
+        pq.read_table(dict_dir / f"column={CAT_COLUMNS[column]}" / f"part-{rank:05d}.parquet")
+    )
     assert pq.read_table(dict_dir).sort_by("value").equals(first)
     assert _index_files(index_dir) == index_bytes
     assert not list(staging.iterdir())
@@ -152,9 +157,17 @@ def test_a_part_of_another_shape_is_refused_untouched(tmp_path):
     """Ids compressed (or anything else that moves them): an error, and the file unchanged."""
     path = tmp_path / "part.parquet"
     ranks = np.arange(500, dtype=np.int32)
-    pq.write_table(pa.table({"value": pa.array([f"{i:08x}" for i in range(500)]),
-                             "id": pa.array(ranks), "count": pa.array(np.ones(500, np.int64))}),
-                   path, compression="snappy")
+    pq.write_table(
+        pa.table(
+            {
+                "value": pa.array([f"{i:08x}" for i in range(500)]),
+                "id": pa.array(ranks),
+                "count": pa.array(np.ones(500, np.int64)),
+            }
+        ),
+        path,
+        compression="snappy",
+    )
     before = path.read_bytes()
     with pytest.raises(ValueError, match="id column is not where"):
         dictionary_parts.fill_ids(path, ranks, ranks + 1)
@@ -164,9 +177,17 @@ def test_a_part_of_another_shape_is_refused_untouched(tmp_path):
 def test_a_stale_staging_is_an_error(tmp_path):
     plan, groups, _, _ = _groups(np.random.default_rng(7), 2_000)
     g, totals = next(iter(groups.items()))
-    dictionary_parts.stage_group(str(tmp_path), g, totals, dicts.count_histogram(totals.counts)[0],
-                                 THRESHOLD)
+    dictionary_parts.stage_group(str(tmp_path), g, totals, dicts.count_histogram(totals.counts)[0], THRESHOLD)
     classes = np.unique(totals.counts[totals.counts >= THRESHOLD])
     with pytest.raises(ValueError, match="stale staging"):
-        dictionary_parts.fill_group(str(tmp_path), g, classes + 1, np.ones(len(classes), np.int64),
-                                    tmp_path / "out.parquet", str(tmp_path), "C5", 0, 0)
+        dictionary_parts.fill_group(
+            str(tmp_path),
+            g,
+            classes + 1,
+            np.ones(len(classes), np.int64),
+            tmp_path / "out.parquet",
+            str(tmp_path),
+            "C5",
+            0,
+            0,
+        )

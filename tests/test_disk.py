@@ -48,8 +48,9 @@ def _can_mount() -> bool:
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str):
     path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -95,8 +96,23 @@ def configs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
     out = tmp_path_factory.mktemp("raw")
-    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(out), "--days", "3",
-                    "--rows-per-day", "6000", "--seed", "4242"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(out),
+            "--days",
+            "3",
+            "--rows-per-day",
+            "6000",
+            "--seed",
+            "4242",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -110,8 +126,12 @@ def fresh5(tmp_path_factory, raw):
     from spark_jobs.preprocess import run_preprocess
 
     layout = WorkdirLayout.at(tmp_path_factory.mktemp("fresh5"))
-    run_preprocess(raw, layout.root, SparkConfig(master="local[2]", driver_memory="2g"),
-                   PreprocessConfig(frequency_threshold="5"))
+    run_preprocess(
+        raw,
+        layout.root,
+        SparkConfig(master="local[2]", driver_memory="2g"),
+        PreprocessConfig(frequency_threshold="5"),
+    )
     convert_parquet(layout.parquet, layout.binary, ConvertConfig(batch_rows=512, progress=False))
     return layout.root
 
@@ -128,8 +148,7 @@ def lean(tmp_path_factory, raw):
         config = root / "lean.yaml"
         config.write_text(LEAN.replace("spark:\n", f"spark:\n  local_dir: {local}\n"))
         ballast = fill(local, 16 * 1024)
-        first = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert",
-                    "--force")
+        first = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert", "--force")
         ballast.unlink()  # space freed (and the filesystem grown): the same command, without
         subprocess.run(["mount", "-o", "remount,size=256m", str(local)], check=True)  # --force
         second, _ = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
@@ -150,9 +169,20 @@ def test_preflight_refuses_a_workdir_too_small_before_any_stage(tmp_path, config
         assert str(workdir) in refusal[0]
         assert summary["status"] == "failed: preflight" and summary["stages"] == {}
         assert not (workdir / "raw").exists()
-        alone = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--workdir",
-                                str(workdir), "--config", str(configs / "small.yaml")],
-                               capture_output=True, text=True)
+        alone = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "preflight",
+                "--workdir",
+                str(workdir),
+                "--config",
+                str(configs / "small.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert alone.returncode == ExitCode.INPUT_DATA
         assert "disk: workdir" in alone.stdout and "time: total" in alone.stdout
         # --force overrides: the run starts, and the full disk then stops it with its own code.
@@ -167,10 +197,14 @@ def test_rows_are_estimated_from_a_sample_of_each_file(tmp_path):
     from pipeline.preflight import bytes_per_line
 
     rng = random.Random(7)
-    lines = ["\t".join([str(rng.randint(0, 1))] + [str(rng.randint(0, 10**rng.randint(1, 6)))
-                                                   for _ in range(13)]
-                       + ["%08x" % rng.getrandbits(32) if rng.random() > 0.2 else ""
-                          for _ in range(26)]) for _ in range(40_000)]
+    lines = [
+        "\t".join(
+            [str(rng.randint(0, 1))]
+            + [str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(13)]
+            + ["%08x" % rng.getrandbits(32) if rng.random() > 0.2 else "" for _ in range(26)]
+        )
+        for _ in range(40_000)
+    ]
     text = ("\n".join(lines) + "\n").encode()
     (tmp_path / "day_0").write_bytes(text)
     (tmp_path / "day_1.gz").write_bytes(gzip.compress(text, 1))
@@ -186,9 +220,22 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
     workdir = lean[0]
     tight = tmp_path / "tight.yaml"
     tight.write_text(SMALL + "preflight:\n  rank_memory_gib: 6.00001\n")  # ~10 KiB for tables
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--workdir",
-                           str(workdir), "--input", str(raw), "--config", str(tight)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "preflight",
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(raw),
+            "--config",
+            str(tight),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == ExitCode.INPUT_DATA, proc.stdout + proc.stderr
     assert "18,000 rows (counted by the last preprocess run)" in proc.stdout
     # The default optimizer's state (Adagrad's accumulators) is counted with the tables.
@@ -226,10 +273,11 @@ def test_stable_ids_tables_are_at_least_the_last_runs(tmp_path, ids):
     layout.parquet_model_size.parent.mkdir(parents=True)
     last = {c: 100 if c == "C3" else 5 for c in CAT_COLUMNS}
     layout.parquet_model_size.write_text(json.dumps(last))
-    config = PipelineConfig(workdir=str(tmp_path),
-                            preprocess=PreprocessConfig(frequency_threshold="2", ids=ids))
+    config = PipelineConfig(
+        workdir=str(tmp_path), preprocess=PreprocessConfig(frequency_threshold="2", ids=ids)
+    )
     sizes = dict(zip(CAT_COLUMNS, _table_sizes(config, layout)))
-    assert sizes["C1"] == 11                       # 10 values counted 3 times + id 0
+    assert sizes["C1"] == 11  # 10 values counted 3 times + id 0
     assert sizes["C3"] == (100 if ids == "stable" else 11)
 
 
@@ -275,8 +323,9 @@ def test_lean_mode_removes_the_parquet_and_a_raise_still_equals_a_fresh_run(lean
     proc, summary = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
     assert proc.returncode == 0 and {s["action"] for s in summary["stages"].values()} == {"skipped"}
 
-    proc, summary = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert",
-                        "--frequency-threshold", "5")
+    proc, summary = run(
+        workdir, config, "--input", str(raw), "--stages", "preprocess,convert", "--frequency-threshold", "5"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["preprocess"]["action"] == "skipped"
     assert summary["stages"]["convert"]["engine"] == "rethreshold"
@@ -288,8 +337,9 @@ def test_lean_mode_removes_the_parquet_and_a_raise_still_equals_a_fresh_run(lean
 
     # Back to threshold 2 with the convert stage alone: that needs the parquet, and says so.
     before = (workdir / "binary" / "dataset.json").read_text()
-    proc, summary = run(workdir, config, "--input", str(raw), "--stages", "convert",
-                        "--frequency-threshold", "2")
+    proc, summary = run(
+        workdir, config, "--input", str(raw), "--stages", "convert", "--frequency-threshold", "2"
+    )
     assert proc.returncode == ExitCode.CONVERT, proc.stderr[-3000:]
     assert "needs the parquet splits, which were removed" in proc.stderr
     assert "--stages preprocess,convert --force" in proc.stderr
@@ -309,14 +359,31 @@ def test_full_disk_in_convert_then_rerun_is_byte_identical(tmp_path, configs, fr
         workdir = fs / "w"
         _copy_into(fresh5, workdir, ("parquet", "counts"))
         ballast = fill(fs, 64 * 1024)
-        proc, summary = run(workdir, configs / "small.yaml", "--stages", "convert", "--force",
-                            "--frequency-threshold", "5", "--input", str(fs))
+        proc, summary = run(
+            workdir,
+            configs / "small.yaml",
+            "--stages",
+            "convert",
+            "--force",
+            "--frequency-threshold",
+            "5",
+            "--input",
+            str(fs),
+        )
         assert_one_line_disk_full(proc, summary, "convert", str(workdir))
         assert not (workdir / "manifests" / "convert.done").exists()
         assert not (workdir / "binary" / "_SUCCESS").exists()
         ballast.unlink()
-        proc, summary = run(workdir, configs / "small.yaml", "--stages", "convert",
-                            "--frequency-threshold", "5", "--input", str(fs))
+        proc, summary = run(
+            workdir,
+            configs / "small.yaml",
+            "--stages",
+            "convert",
+            "--frequency-threshold",
+            "5",
+            "--input",
+            str(fs),
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert same_tree(workdir / "binary", fresh5 / "binary", ignore=("dataset.json",)) == []
 
@@ -328,14 +395,24 @@ def test_full_disk_when_checkpointing_then_rerun_completes(tmp_path, configs, fr
         workdir = fs / "w"
         _copy_into(fresh5, workdir, ("binary", "counts"))
         ballast = fill(fs, 256 * 1024)  # the run starts; the ~600 KiB checkpoint does not fit
-        proc, summary = run(workdir, configs / "small.yaml", "--stages", "train", "--force",
-                            "--max-steps", "3", "--input", str(fs))
+        proc, summary = run(
+            workdir,
+            configs / "small.yaml",
+            "--stages",
+            "train",
+            "--force",
+            "--max-steps",
+            "3",
+            "--input",
+            str(fs),
+        )
         assert_one_line_disk_full(proc, summary, "train", str(workdir / "checkpoints"))
         assert not (workdir / "manifests" / "train.done").exists()
         assert not list((workdir / "checkpoints").glob(".step-*"))  # the partial one is gone
         ballast.unlink()
-        proc, summary = run(workdir, configs / "small.yaml", "--stages", "train",
-                            "--max-steps", "3", "--input", str(fs))
+        proc, summary = run(
+            workdir, configs / "small.yaml", "--stages", "train", "--max-steps", "3", "--input", str(fs)
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert (workdir / "manifests" / "train.done").exists()
 
@@ -385,6 +462,5 @@ def test_a_manifest_that_cannot_be_written_marks_nothing_done(tmp_path, monkeypa
     assert not (tmp_path / "w" / "manifests" / "generate.done").exists()
     monkeypatch.undo()
     monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)
-    assert main(["--workdir", str(tmp_path / "w"), "--config", str(config),
-                 "--stages", "generate"]) == 0
+    assert main(["--workdir", str(tmp_path / "w"), "--config", str(config), "--stages", "generate"]) == 0
     assert (tmp_path / "w" / "manifests" / "generate.done").exists()

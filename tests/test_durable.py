@@ -93,16 +93,20 @@ class Recording:
     def synced_under(self, root: Path, before: int) -> set[str]:
         """Paths under ``root`` (relative) fsynced before call number ``before``."""
         root = _where(root)
-        return {os.path.relpath(c[1], root) for c in self.calls[:before]
-                if c[0] == "fsync" and (c[1] == root or c[1].startswith(root + os.sep))}
+        return {
+            os.path.relpath(c[1], root)
+            for c in self.calls[:before]
+            if c[0] == "fsync" and (c[1] == root or c[1].startswith(root + os.sep))
+        }
 
 
 def _files(root: Path) -> set[str]:
     return {os.path.relpath(p, root) for p in Path(root).rglob("*") if p.is_file()}
 
 
-def assert_published(rec: Recording, new: Path, final: Path, aside: Path | None = None,
-                     files: set[str] | None = None) -> None:
+def assert_published(
+    rec: Recording, new: Path, final: Path, aside: Path | None = None, files: set[str] | None = None
+) -> None:
     """``new`` renamed onto ``final`` in the safe order: each of its files (``files``, by
     default what ``final`` now holds) and itself flushed before; the old copy (``aside``)
     renamed away before and deleted only after the parent directory was flushed."""
@@ -112,8 +116,7 @@ def assert_published(rec: Recording, new: Path, final: Path, aside: Path | None 
     synced = rec.synced_under(new, publish)
     assert files <= synced, f"not flushed before the rename: {sorted(files - synced)}"
     assert "." in synced, "the new directory itself was not flushed"
-    later = [i for i, c in enumerate(rec.calls) if c == ("fsync", _where(final.parent))
-             and i > publish]
+    later = [i for i, c in enumerate(rec.calls) if c == ("fsync", _where(final.parent)) and i > publish]
     assert later, f"{final.parent} not flushed after the rename: {rec.calls}"
     if aside is not None:
         set_aside = rec.index("rename", final, aside)
@@ -122,6 +125,7 @@ def assert_published(rec: Recording, new: Path, final: Path, aside: Path | None 
 
 
 # ---------------------------------------------------------------- records, manifests, dirs
+
 
 def test_a_record_is_flushed_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
     """Manifests, markers, summaries, day and segment lists: write_json_atomic."""
@@ -136,10 +140,12 @@ def test_a_record_is_flushed_before_its_rename_and_the_rename_after(tmp_path, mo
         publish = next(i for i in renames if rec.calls[i][2] == _where(final))
         temporary = rec.calls[publish][1]
         assert rec.index("fsync", temporary) < publish
-        assert ("fsync", _where(final.parent)) in rec.calls[publish + 1:]
+        assert ("fsync", _where(final.parent)) in rec.calls[publish + 1 :]
     # the manifest is on disk before the marker that vouches for it is written
-    manifest, marker = (next(i for i in renames if rec.calls[i][2] == _where(f))
-                        for f in (store.manifest_path("train"), store.marker_path("train")))
+    manifest, marker = (
+        next(i for i in renames if rec.calls[i][2] == _where(f))
+        for f in (store.manifest_path("train"), store.marker_path("train"))
+    )
     assert rec.calls.index(("fsync", _where(store.directory)), manifest) < marker
 
 
@@ -169,8 +175,9 @@ def test_a_kill_between_the_two_renames_puts_the_old_copy_back(tmp_path):
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     pid = int(dead.stdout)
     final = tmp_path / "binary"
     aside = tmp_path / f".binary.old-{pid}-abcdef12"
@@ -185,8 +192,10 @@ def test_a_kill_between_the_two_renames_puts_the_old_copy_back(tmp_path):
 
 # ---------------------------------------------------------------- spark_jobs (no Spark)
 
+
 def test_the_stable_dictionaries_are_on_disk_before_the_swap_and_the_swap_before_the_old_go(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     from spark_jobs import stable_ids
 
     dict_dir = tmp_path / "parquet" / "dictionaries"
@@ -200,7 +209,7 @@ def test_the_stable_dictionaries_are_on_disk_before_the_swap_and_the_swap_before
     rec = Recording().install(monkeypatch)
     stable_ids.commit(staging, dict_dir, parse_threshold_spec("2"), {c: 2 for c in CAT_COLUMNS})
     assert_published(rec, staging, dict_dir, stable_ids.retired_dir(dict_dir))
-    assert stable_ids.IDS_RECORD in _files(dict_dir)       # the record was flushed too
+    assert stable_ids.IDS_RECORD in _files(dict_dir)  # the record was flushed too
     assert stable_ids.lineage(dict_dir) == "L"
 
 
@@ -233,8 +242,7 @@ def test_a_power_cut_during_the_swap_leaves_one_whole_copy_of_the_ids(tmp_path):
     assert (dict_dir / stable_ids.IDS_RECORD).is_file() and not retired.exists()
 
 
-def test_the_relabelled_index_region_is_msynced_and_flushed_before_its_rename(tmp_path,
-                                                                              monkeypatch):
+def test_the_relabelled_index_region_is_msynced_and_flushed_before_its_rename(tmp_path, monkeypatch):
     """The region is relabelled through a writable mapping: msync, fsync, rename, then its
     directory, so a node copying the index from a shared filesystem sees the new ids."""
     from spark_jobs.engines.arrow import dictionary_index, dictionary_parts
@@ -245,20 +253,31 @@ def test_the_relabelled_index_region_is_msynced_and_flushed_before_its_rename(tm
     values = np.array([5, 7, 9], np.uint32)
     slots = dictionary_index.region_slots(len(values))
     region = np.zeros(slots, np.uint64)
-    build_region(values, np.arange(1, 4, dtype=np.int32), region)   # slots point at rows 1..3
+    build_region(values, np.arange(1, 4, dtype=np.int32), region)  # slots point at rows 1..3
     staged = tmp_path / "staging" / "part-0000001.slots"
     staged.parent.mkdir()
     region.tofile(staged)
     rec = Recording().install(monkeypatch)
-    dictionary_parts._install_region(staged, np.array([0, 11, 22, 33], np.int32),
-                                     tmp_path / "unused.parquet", str(index_dir), "C1", 0, slots)
+    dictionary_parts._install_region(
+        staged,
+        np.array([0, 11, 22, 33], np.int32),
+        tmp_path / "unused.parquet",
+        str(index_dir),
+        "C1",
+        0,
+        slots,
+    )
     final = dictionary_index.region_path(index_dir, "C1", 0)
     relabelling = staged.with_name(staged.name + ".relabelling")
     msync = rec.index("msync", relabelling)
     fsync = rec.index("fsync", _where(relabelling))
     publish = rec.index("rename", relabelling, final)
-    assert msync < fsync < publish < max(i for i, c in enumerate(rec.calls)
-                                         if c == ("fsync", _where(final.parent)))
+    assert (
+        msync
+        < fsync
+        < publish
+        < max(i for i, c in enumerate(rec.calls) if c == ("fsync", _where(final.parent)))
+    )
     ids = np.fromfile(final, np.uint64) >> np.uint64(32)
     assert sorted(int(i) for i in ids if i) == [11, 22, 33]
 
@@ -276,9 +295,11 @@ def test_the_index_description_is_written_whole_and_flushed(tmp_path, monkeypatc
 
 # ---------------------------------------------------------------- a real preprocess run
 
+
 @pytest.mark.spark
 def test_a_preprocess_run_flushes_counts_dictionaries_days_and_parquet_before_marking_them(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """Two stable-ids runs on a real local Spark session (the second transforms every day
     again): on the driver, the value counts are on disk before days.json vouches for them,
     the new dictionaries and each transformed day before they replace the old ones (deleted
@@ -296,36 +317,41 @@ def test_a_preprocess_run_flushes_counts_dictionaries_days_and_parquet_before_ma
     from spark_fixtures import spark_config
     from dlrm_contracts.config import PreprocessConfig
 
-    run_preprocess(raw, work, spark_config(), PreprocessConfig(frequency_threshold="2",
-                                                                ids="stable"), retransform=True)
+    run_preprocess(
+        raw, work, spark_config(), PreprocessConfig(frequency_threshold="2", ids="stable"), retransform=True
+    )
     monkeypatch.undo()
     # counts: every value-count file flushed before days.json is renamed into place
     days_json = layout.counts / "days.json"
-    published = next(i for i, c in enumerate(rec.calls) if c[0] == "rename"
-                     and c[2] == _where(days_json))
+    published = next(i for i, c in enumerate(rec.calls) if c[0] == "rename" and c[2] == _where(days_json))
     counted = _files(layout.counts / "values")
     assert counted and counted <= rec.synced_under(layout.counts / "values", published)
     # dictionaries: staged, flushed, swapped, the old ones deleted after
     from spark_jobs import stable_ids
 
-    assert_published(rec, stable_ids.staging_dir(layout.dictionaries), layout.dictionaries,
-                     stable_ids.retired_dir(layout.dictionaries))
+    assert_published(
+        rec,
+        stable_ids.staging_dir(layout.dictionaries),
+        layout.dictionaries,
+        stable_ids.retired_dir(layout.dictionaries),
+    )
     # each day transformed again replaces the stored one in the same order
     for day in (0, 1, 2):
         final = layout.parquet_day(day)
         new = Path(next(c[1] for c in rec.calls if c[0] == "rename" and c[2] == _where(final)))
         assert_published(rec, new, final, layout.parquet_days / f".old-day={day}")
     # the parquet: every file on disk before the marker that says it is complete
-    success = next(i for i, c in enumerate(rec.calls) if c[0] == "rename"
-                   and c[2] == _where(layout.parquet / SUCCESS))
+    success = next(
+        i for i, c in enumerate(rec.calls) if c[0] == "rename" and c[2] == _where(layout.parquet / SUCCESS)
+    )
     missing = _files(layout.parquet) - {SUCCESS} - rec.synced_under(layout.parquet, success)
     assert not missing, sorted(missing)[:10]
 
 
 # ---------------------------------------------------------------- trainer and generator
 
-def test_a_checkpoint_is_on_disk_before_its_rename_and_older_ones_go_after(tmp_path,
-                                                                          monkeypatch):
+
+def test_a_checkpoint_is_on_disk_before_its_rename_and_older_ones_go_after(tmp_path, monkeypatch):
     from trainer.checkpoint import save_checkpoint
     from trainer.comm import LocalComm
 
@@ -333,11 +359,10 @@ def test_a_checkpoint_is_on_disk_before_its_rename_and_older_ones_go_after(tmp_p
     owned = {"table/0/0-4": np.ones((3, 4), np.float32)}
     save_checkpoint(root, 1, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, keep=1)
     rec = Recording().install(monkeypatch)
-    final = save_checkpoint(root, 2, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"},
-                            keep=1)
+    final = save_checkpoint(root, 2, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, keep=1)
     assert_published(rec, root / ".step-000000002.tmp", final)
     flushed = max(i for i, c in enumerate(rec.calls) if c == ("fsync", _where(root)))
-    assert flushed < rec.index("delete", root / "step-000000001")   # pruned once it is durable
+    assert flushed < rec.index("delete", root / "step-000000001")  # pruned once it is durable
 
 
 def test_generated_days_are_on_disk_before_the_in_progress_marker_goes(tmp_path, monkeypatch):

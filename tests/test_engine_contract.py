@@ -16,8 +16,9 @@ from spark_jobs.engine import Engine
 from spark_jobs.engines.arrow.engine import ArrowEngine
 from spark_jobs.engines.sql.engine import SqlEngine
 
-METHODS = [name for name, member in vars(Engine).items()
-           if inspect.isfunction(member) and not name.startswith("_")]
+METHODS = [
+    name for name, member in vars(Engine).items() if inspect.isfunction(member) and not name.startswith("_")
+]
 
 
 def _parameters(function) -> list[tuple[str, object, object]]:
@@ -31,10 +32,19 @@ def _returns(function) -> str:
 
 
 def test_the_contract_names_every_phase():
-    assert set(METHODS) == {"count", "count_statistics", "write_rejects", "count_totals", "finish_counts",
-                            "write_dictionaries", "use_previous_dictionaries",
-                            "write_stable_dictionaries", "write_contiguous_dictionaries",
-                            "write_splits", "close"}
+    assert set(METHODS) == {
+        "count",
+        "count_statistics",
+        "write_rejects",
+        "count_totals",
+        "finish_counts",
+        "write_dictionaries",
+        "use_previous_dictionaries",
+        "write_stable_dictionaries",
+        "write_contiguous_dictionaries",
+        "write_splits",
+        "close",
+    }
 
 
 @pytest.mark.parametrize("engine", [ArrowEngine, SqlEngine], ids=["arrow", "sql"])

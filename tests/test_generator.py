@@ -24,8 +24,13 @@ from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, NUM_FIELDS
 from pipeline.generate import main
 from pipeline.synthetic import META_FILE, generate
 from pipeline.synthetic.planted_model import HEAD_RANKS, hashed_main_effect
-from pipeline.synthetic.shape import (CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, MISSING_TOGETHER,
-                                      TERABYTE_CARDINALITIES, scaled_cardinality)
+from pipeline.synthetic.shape import (
+    CATEGORICAL_MISSING_RATES,
+    INTEGER_SHAPES,
+    MISSING_TOGETHER,
+    TERABYTE_CARDINALITIES,
+    scaled_cardinality,
+)
 from pipeline.synthetic.source import SyntheticSource
 from pipeline.synthetic.writer import IN_PROGRESS_FILE, pool_context
 
@@ -50,8 +55,11 @@ def parse_lines(data: bytes) -> Parsed:
     bad = [i for i, r in enumerate(rows) if len(r) != NUM_FIELDS]
     assert not bad, f"lines with != {NUM_FIELDS} fields: {bad[:5]}"
     columns = list(zip(*rows))
-    return Parsed(np.array([int(v) for v in columns[0]]), [list(c) for c in columns[1:14]],
-                  [list(c) for c in columns[14:]])
+    return Parsed(
+        np.array([int(v) for v in columns[0]]),
+        [list(c) for c in columns[1:14]],
+        [list(c) for c in columns[14:]],
+    )
 
 
 def read_days(out: Path, meta: dict) -> Parsed:
@@ -128,8 +136,9 @@ def test_cardinality_spread_like_terabyte(shaped):
     vocab = meta["shape"]["cardinalities"]
     distinct = {name: len(set(c) - {""}) for name, c in zip(CAT_COLUMNS, parsed.cats)}
     for name, true_size in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES):
-        assert vocab[name] == scaled_cardinality(true_size, SHAPE_CONFIG.cardinality_scale,
-                                                 SHAPE_CONFIG.cardinality_floor)
+        assert vocab[name] == scaled_cardinality(
+            true_size, SHAPE_CONFIG.cardinality_scale, SHAPE_CONFIG.cardinality_floor
+        )
         assert distinct[name] <= vocab[name]
         if vocab[name] <= 155:  # small tables keep their true size and are fully seen
             assert vocab[name] == true_size and distinct[name] == true_size, name
@@ -238,8 +247,7 @@ def test_rebuilt_features_are_the_sampled_ones(source, read_back):
     np.testing.assert_array_equal(read_back.cat_ranks[:, rows], features.cat_ranks)
     np.testing.assert_array_equal(read_back.int_missing[:, rows], features.int_missing)
     present = ~features.int_missing
-    np.testing.assert_array_equal(read_back.int_values[:, rows][present],
-                                  features.int_values[present])
+    np.testing.assert_array_equal(read_back.int_values[:, rows][present], features.int_values[present])
     np.testing.assert_array_equal(source.model.logits(read_back)[rows], logits)
 
 
@@ -247,8 +255,9 @@ def test_head_table_equals_the_hashed_weights(source):
     ranks = np.arange(0, HEAD_RANKS + 50)
     for c in (0, 5, 19):
         ranks_c = np.minimum(ranks, source.shapes.cardinalities[c])
-        hashed = hashed_main_effect(ranks_c, source.model.categorical_salts[c],
-                                     source.model.categorical_amplitudes[c])
+        hashed = hashed_main_effect(
+            ranks_c, source.model.categorical_salts[c], source.model.categorical_amplitudes[c]
+        )
         np.testing.assert_array_equal(source.model.main_effect(c, ranks_c), hashed)
 
 
@@ -291,10 +300,10 @@ def test_signal_is_learnable_from_100k_rows(shaped, read_back):
     squares = np.full_like(weights, 1e-6)
     bias = np.log(0.03 / 0.97)
     for start in range(0, train, 1024):
-        batch = ids[start:start + 1024]
-        error = 1 / (1 + np.exp(-(bias + weights[batch].sum(1)))) - labels[start:start + 1024]
+        batch = ids[start : start + 1024]
+        error = 1 / (1 + np.exp(-(bias + weights[batch].sum(1)))) - labels[start : start + 1024]
         grad = np.bincount(batch.ravel(), np.repeat(error, batch.shape[1]), weights.size)
-        squares += grad ** 2
+        squares += grad**2
         weights -= 0.05 * grad / np.sqrt(squares)
     held_out = _rank_auc(weights[ids[train:]].sum(1), parsed.labels[train:])
     assert held_out > 0.70, held_out
@@ -372,9 +381,24 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
     """SIGKILL the CLI mid-run: its pool workers die with it (no orphans), and a rerun
     into the same directory recognises the half-written output as its own."""
     out = tmp_path / "raw"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--out", str(out),
-                             "--days", "20", "--rows-per-day", "50000", "--chunk-rows", "4096",
-                             "--workers", "2"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(out),
+            "--days",
+            "20",
+            "--rows-per-day",
+            "50000",
+            "--chunk-rows",
+            "4096",
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 600  # a bound: the loop ends when day_0 appears
     while not (out / "day_0").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -392,13 +416,16 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
 
 def _peak_rss_mb(out: Path, rows: int) -> float:
     """Peak RSS of a fresh interpreter generating one day of ``rows`` rows in-process."""
-    code = ("import resource, sys; from dlrm_contracts.config import GeneratorConfig; "
-            "from pipeline.synthetic import generate; "
-            "generate(sys.argv[1], GeneratorConfig(days=1, rows_per_day=int(sys.argv[2]), "
-            "chunk_rows=16384, workers=1)); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    done = subprocess.run([sys.executable, "-c", code, str(out), str(rows)], check=True,
-                          capture_output=True, text=True)
+    code = (
+        "import resource, sys; from dlrm_contracts.config import GeneratorConfig; "
+        "from pipeline.synthetic import generate; "
+        "generate(sys.argv[1], GeneratorConfig(days=1, rows_per_day=int(sys.argv[2]), "
+        "chunk_rows=16384, workers=1)); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out), str(rows)], check=True, capture_output=True, text=True
+    )
     return int(done.stdout.split()[-1]) / 1024
 
 
@@ -419,8 +446,26 @@ def test_small_columns_keep_their_true_size_at_any_scale():
 
 def test_cli(tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["--out", str(out), "--days", "1", "--rows-per-day", "3000", "--seed", "5",
-                 "--gzip", "--cardinality-scale", "0.0001", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "--out",
+                str(out),
+                "--days",
+                "1",
+                "--rows-per-day",
+                "3000",
+                "--seed",
+                "5",
+                "--gzip",
+                "--cardinality-scale",
+                "0.0001",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["rows"] == 3000
     meta = json.loads((out / META_FILE).read_text())
@@ -432,8 +477,7 @@ def test_cli(tmp_path, capsys):
 
 def test_cli_reads_the_generator_section_of_a_config_file(tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text("generator:\n  days: 1\n  rows_per_day: 2000\n  seed: 3\n"
-                      "  click_rate: 0.1\n")
+    config.write_text("generator:\n  days: 1\n  rows_per_day: 2000\n  seed: 3\n  click_rate: 0.1\n")
     assert main(["--out", str(tmp_path / "raw"), "--config", str(config), "--seed", "4"]) == 0
     meta = json.loads((tmp_path / "raw" / META_FILE).read_text())
     assert meta["seed"] == 4 and meta["parameters"]["rows_per_day"] == 2000
@@ -443,20 +487,22 @@ def test_cli_reads_the_generator_section_of_a_config_file(tmp_path, capsys):
     assert "dayz" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"click_rate": 0.0}, "click_rate"),
-    ({"chunk_rows": 0}, "chunk_rows"),
-    ({"cardinality_scale": float("inf")}, "cardinality_scale"),
-    ({"cardinality_scale": float("nan")}, "cardinality_scale"),
-    ({"cardinality_floor": 0}, "cardinality_floor"),
-    ({"cardinality_floor": -5}, "cardinality_floor"),
-    ({"zipf_exponent": float("nan")}, "zipf_exponent"),
-    ({"signal_strength": float("inf")}, "signal_strength"),
-    ({"seed": -1}, "seed"),
-    ({"seed": 2**64}, "seed"),
-])
-def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(tmp_path, capsys,
-                                                                          bad, message):
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"click_rate": 0.0}, "click_rate"),
+        ({"chunk_rows": 0}, "chunk_rows"),
+        ({"cardinality_scale": float("inf")}, "cardinality_scale"),
+        ({"cardinality_scale": float("nan")}, "cardinality_scale"),
+        ({"cardinality_floor": 0}, "cardinality_floor"),
+        ({"cardinality_floor": -5}, "cardinality_floor"),
+        ({"zipf_exponent": float("nan")}, "zipf_exponent"),
+        ({"signal_strength": float("inf")}, "signal_strength"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+    ],
+)
+def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(tmp_path, capsys, bad, message):
     """A rerun with a bad value used to delete the previous output before refusing (and
     some values crashed with a traceback): now a one-line error, exit 2, output intact."""
     generate(tmp_path, SMALL)
@@ -473,11 +519,28 @@ def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(tmp_pa
 def test_tiny_runs_have_exact_rows_and_valid_json_meta(tmp_path, capsys):
     """1 row, more workers than rows, days not a multiple of chunks: exact row counts, and a
     run without a click writes bayes_auc null (NaN is not JSON)."""
-    assert main(["--out", str(tmp_path / "one"), "--days", "1", "--rows-per-day", "1",
-                 "--seed", "0", "--workers", "3"]) == 0
+    assert (
+        main(
+            [
+                "--out",
+                str(tmp_path / "one"),
+                "--days",
+                "1",
+                "--rows-per-day",
+                "1",
+                "--seed",
+                "0",
+                "--workers",
+                "3",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    meta = json.loads((tmp_path / "one" / META_FILE).read_text(),
-                      parse_constant=lambda c: pytest.fail(f"{c} in generator_meta.json"))
+    meta = json.loads(
+        (tmp_path / "one" / META_FILE).read_text(),
+        parse_constant=lambda c: pytest.fail(f"{c} in generator_meta.json"),
+    )
     assert meta["rows"] == 1 and meta["clicks"] == 0
     assert meta["bayes_auc"] is None and summary["bayes_auc"] is None
     config = dataclasses.replace(SMALL, days=3, rows_per_day=7, chunk_rows=3, workers=4)
@@ -488,8 +551,9 @@ def test_tiny_runs_have_exact_rows_and_valid_json_meta(tmp_path, capsys):
         assert all(len(line.split(b"\t")) == NUM_FIELDS for line in lines[:-1])
     generate(tmp_path / "seven1", dataclasses.replace(config, workers=1))
     for day in range(3):
-        assert ((tmp_path / "seven" / f"day_{day}").read_bytes()
-                == (tmp_path / "seven1" / f"day_{day}").read_bytes())
+        assert (tmp_path / "seven" / f"day_{day}").read_bytes() == (
+            tmp_path / "seven1" / f"day_{day}"
+        ).read_bytes()
 
 
 def test_drift_moves_the_frequent_values_day_by_day_and_keeps_their_effect(tmp_path, capsys):
@@ -497,24 +561,51 @@ def test_drift_moves_the_frequent_values_day_by_day_and_keeps_their_effect(tmp_p
     new one; the value → rank mapping the model sees stays the same (features rebuilt from a
     drifted day's fields are the sampled ones), and a column without drift keeps its head."""
     out = tmp_path / "drift"
-    assert main(["--out", str(out), "--days", "3", "--rows-per-day", "20000", "--seed", "9",
-                 "--cardinality-scale", "0.0001", "--workers", "1",
-                 "--drift-column", "C3=0.25"]) == 0
+    assert (
+        main(
+            [
+                "--out",
+                str(out),
+                "--days",
+                "3",
+                "--rows-per-day",
+                "20000",
+                "--seed",
+                "9",
+                "--cardinality-scale",
+                "0.0001",
+                "--workers",
+                "1",
+                "--drift-column",
+                "C3=0.25",
+            ]
+        )
+        == 0
+    )
     meta = json.loads((out / META_FILE).read_text())
     assert meta["shape"]["drift_columns"] == {"C3": 0.25}
     parsed = read_days(out, meta)
     per_day = len(parsed.cats[0]) // 3
-    top = {name: [Counter(v for v in parsed.cats[CAT_COLUMNS.index(name)][d * per_day:(d + 1) * per_day]
-                          if v).most_common(1)[0][0] for d in range(3)] for name in ("C3", "C4")}
-    assert len(set(top["C3"])) == 3          # a new head every day
-    assert len(set(top["C4"])) == 1          # no drift: the same head
-    config = GeneratorConfig(days=3, rows_per_day=20000, seed=9, cardinality_scale=0.0001,
-                             drift_columns={"C3": 0.25})
+    top = {
+        name: [
+            Counter(
+                v for v in parsed.cats[CAT_COLUMNS.index(name)][d * per_day : (d + 1) * per_day] if v
+            ).most_common(1)[0][0]
+            for d in range(3)
+        ]
+        for name in ("C3", "C4")
+    }
+    assert len(set(top["C3"])) == 3  # a new head every day
+    assert len(set(top["C4"])) == 1  # no drift: the same head
+    config = GeneratorConfig(
+        days=3, rows_per_day=20000, seed=9, cardinality_scale=0.0001, drift_columns={"C3": 0.25}
+    )
     source = SyntheticSource.from_config(config)
     features, _, _ = source.sample(2, 0, 500)
     values = source.hex_values(features)
-    rebuilt = source.features_from_fields(features.int_values, features.int_missing, values,
-                                          features.cat_ranks == 0)
+    rebuilt = source.features_from_fields(
+        features.int_values, features.int_missing, values, features.cat_ranks == 0
+    )
     assert np.array_equal(rebuilt.cat_ranks, features.cat_ranks)
     assert main(["--out", str(tmp_path / "bad"), "--drift-column", "C3=x"]) == 2
     assert "must look like C3=0.05" in capsys.readouterr().err

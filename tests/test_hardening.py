@@ -27,9 +27,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_pipeline(cwd: Path, *args: str, timeout: int = 600):
     """(process, JSON summary or None) of ``python -m pipeline ARGS`` run from ``cwd``."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     lines = proc.stdout.strip().splitlines()
     summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     return proc, summary
@@ -45,12 +50,15 @@ def assert_refused(proc, summary, code: ExitCode, *words: str) -> None:
 
 
 def files_under(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
 
 
 # ------------------------------------------------------------------ config files and workdirs
-@pytest.mark.parametrize("content", [b"spark:\n  master: \"\xff\xfe\"\n", b"\xff\xfe\x00\x01"])
+@pytest.mark.parametrize("content", [b'spark:\n  master: "\xff\xfe"\n', b"\xff\xfe\x00\x01"])
 def test_a_config_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, content):
     config = tmp_path / "latin1.yaml"
     config.write_bytes(content)
@@ -104,8 +112,9 @@ def test_a_read_only_output_inside_the_workdir_is_one_line_and_exit_2(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("generator: {days: 2, rows_per_day: 100}\npreflight: {enabled: false}\n")
     with read_only(raw):
-        proc, summary = run_pipeline(tmp_path, "--workdir", str(workdir), "--config", str(config),
-                                     "--stages", "generate")
+        proc, summary = run_pipeline(
+            tmp_path, "--workdir", str(workdir), "--config", str(config), "--stages", "generate"
+        )
     assert_refused(proc, summary, ExitCode.USAGE, "raw", "cannot be written")
     assert summary["stages"]["generate"]["action"] == "failed"
 
@@ -119,8 +128,9 @@ def test_a_file_where_the_workdir_needs_a_directory_is_one_line_and_exit_2(tmp_p
     (workdir / where).write_text("not a directory\n")
     config = tmp_path / "c.yaml"
     config.write_text("generator: {days: 2, rows_per_day: 100}\npreflight: {enabled: false}\n")
-    proc, summary = run_pipeline(tmp_path, "--workdir", str(workdir), "--config", str(config),
-                                 "--stages", "generate,preprocess")
+    proc, summary = run_pipeline(
+        tmp_path, "--workdir", str(workdir), "--config", str(config), "--stages", "generate,preprocess"
+    )
     assert_refused(proc, summary, ExitCode.USAGE, where, "a file stands where")
     assert (workdir / where).read_text() == "not a directory\n"
 
@@ -132,8 +142,9 @@ def test_export_missing_integer_must_read_as_missing(tmp_path, value):
     0 would silently serve log(3) for every missing field."""
     config = tmp_path / "c.yaml"
     config.write_text(f"export:\n  missing_integer: {value}\n")
-    proc, summary = run_pipeline(tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"),
-                                 "--stages", "export")
+    proc, summary = run_pipeline(
+        tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"), "--stages", "export"
+    )
     assert_refused(proc, summary, ExitCode.USAGE, "missing_integer")
     assert not (tmp_path / "w").exists()
 
@@ -166,15 +177,32 @@ def damaged_gzip_days(raw: Path) -> dict[str, Path]:
 
 def test_preflight_names_damaged_gzip_days_instead_of_a_traceback(tmp_path):
     damaged = damaged_gzip_days(tmp_path / "raw")
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "preflight", "--input",
-                           str(tmp_path / "raw"), "--workdir", str(tmp_path / "w")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "preflight",
+            "--input",
+            str(tmp_path / "raw"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     for path in damaged.values():
         line = next(l for l in proc.stdout.splitlines() if str(path) in l)
         assert "not a readable gzip file" in line and "will refuse it" in line, line
-    assert "truncated" in proc.stdout and "corrupt" in proc.stdout and json.loads(proc.stdout.splitlines()[-1])["status"] == "ok"
+    assert (
+        "truncated" in proc.stdout
+        and "corrupt" in proc.stdout
+        and json.loads(proc.stdout.splitlines()[-1])["status"] == "ok"
+    )
 
 
 @pytest.mark.spark
@@ -185,9 +213,17 @@ def test_a_damaged_gzip_day_fails_preprocess_with_exit_5_naming_it(tmp_path):
     damaged = damaged_gzip_days(tmp_path / "raw")
     config = tmp_path / "c.yaml"
     config.write_text("spark: {driver_memory: 1g}\n")
-    proc, summary = run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir",
-                                 str(tmp_path / "w"), "--config", str(config),
-                                 "--stages", "preprocess")
+    proc, summary = run_pipeline(
+        tmp_path,
+        "--input",
+        str(tmp_path / "raw"),
+        "--workdir",
+        str(tmp_path / "w"),
+        "--config",
+        str(config),
+        "--stages",
+        "preprocess",
+    )
     assert_refused(proc, summary, ExitCode.PREPROCESS, "will refuse it")
     headline = next(l for l in proc.stderr.splitlines() if "preprocess failed" in l)
     assert any(path.name in headline for path in damaged.values()), headline
@@ -213,8 +249,17 @@ def converted_workdir(tmp_path_factory):
     (root / "raw").mkdir()
     config = root / "c.yaml"
     config.write_text(PREFLIGHT_OFF)
-    proc, summary = run_pipeline(root, "--input", str(root / "raw"), "--workdir", str(root / "w"),
-                                 "--config", str(config), "--stages", "convert")
+    proc, summary = run_pipeline(
+        root,
+        "--input",
+        str(root / "raw"),
+        "--workdir",
+        str(root / "w"),
+        "--config",
+        str(config),
+        "--stages",
+        "convert",
+    )
     assert proc.returncode == 0 and summary["stages"]["convert"]["action"] == "ran", proc.stderr
     return root
 
@@ -230,8 +275,18 @@ def workdir_copy(converted_workdir: Path, tmp_path: Path, config_text: str = PRE
 
 
 def convert(tmp_path: Path, workdir: Path, config: Path, *extra: str):
-    return run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir", str(workdir),
-                        "--config", str(config), "--stages", "convert", *extra)
+    return run_pipeline(
+        tmp_path,
+        "--input",
+        str(tmp_path / "raw"),
+        "--workdir",
+        str(workdir),
+        "--config",
+        str(config),
+        "--stages",
+        "convert",
+        *extra,
+    )
 
 
 def flip_bit(path: Path, offset: int = 100, keep_mtime: bool = False) -> None:
@@ -251,8 +306,7 @@ def test_an_untouched_copy_is_up_to_date(converted_workdir, tmp_path):
 
 
 @pytest.mark.parametrize("record", ["convert.done", "convert.json"])
-def test_a_damaged_manifest_reruns_its_stage_with_a_warning_naming_it(converted_workdir, tmp_path,
-                                                                     record):
+def test_a_damaged_manifest_reruns_its_stage_with_a_warning_naming_it(converted_workdir, tmp_path, record):
     workdir, config = workdir_copy(converted_workdir, tmp_path)
     (workdir / "manifests" / record).write_bytes(b"{\x00 not json")
     proc, summary = convert(tmp_path, workdir, config)
@@ -261,8 +315,7 @@ def test_a_damaged_manifest_reruns_its_stage_with_a_warning_naming_it(converted_
     warning = next(l for l in proc.stderr.splitlines() if record in l)
     assert "not valid JSON" in warning
     assert summary["status"] == "ok" and summary["stages"]["convert"]["action"] in ("ran", "derived")
-    assert same_tree(converted_workdir / "w" / "binary", workdir / "binary",
-                     ignore=("dataset.json",)) == []
+    assert same_tree(converted_workdir / "w" / "binary", workdir / "binary", ignore=("dataset.json",)) == []
     again, summary = convert(tmp_path, workdir, config)
     assert summary["stages"]["convert"]["action"] == "skipped"
 
@@ -294,9 +347,16 @@ def _damage(workdir: Path, kind: str) -> str:
 # and 5 is a raise derived from them. A bit flipped with size and mtime kept is found when a
 # derivation checks the checksums; a run at the same threshold skips the stage by size and
 # mtime, without reading the dataset (docs/pipeline.md).
-DAMAGE = [(kind, threshold)
-          for kind in ("dataset.json not JSON", "dataset.json edited", "file deleted",
-                       "bit flipped, file rewritten") for threshold in ("2", "5")]
+DAMAGE = [
+    (kind, threshold)
+    for kind in (
+        "dataset.json not JSON",
+        "dataset.json edited",
+        "file deleted",
+        "bit flipped, file rewritten",
+    )
+    for threshold in ("2", "5")
+]
 DAMAGE.append(("bit flipped, mtime kept", "5"))
 
 
@@ -318,8 +378,9 @@ def intact_at(converted_workdir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind, threshold", DAMAGE)
-def test_a_damaged_binary_dataset_is_rebuilt_from_the_parquet(converted_workdir, intact_at,
-                                                             tmp_path, kind, threshold):
+def test_a_damaged_binary_dataset_is_rebuilt_from_the_parquet(
+    converted_workdir, intact_at, tmp_path, kind, threshold
+):
     """Never derived from the damaged files (a raise to 5 would hard-link them, a rerun at 2
     would keep them): rebuilt from the parquet, with a warning naming the file; the result is
     byte for byte what the intact dataset gives. Nothing outside the workdir is touched."""
@@ -339,53 +400,65 @@ def test_a_damaged_binary_dataset_is_rebuilt_from_the_parquet(converted_workdir,
     assert now == outside
 
 
-def test_lean_mode_cannot_rebuild_a_damaged_dataset_and_says_what_to_run(converted_workdir,
-                                                                        tmp_path):
-    workdir, config = workdir_copy(converted_workdir, tmp_path,
-                                   PREFLIGHT_OFF + "preprocess: {keep_parquet: false}\n")
+def test_lean_mode_cannot_rebuild_a_damaged_dataset_and_says_what_to_run(converted_workdir, tmp_path):
+    workdir, config = workdir_copy(
+        converted_workdir, tmp_path, PREFLIGHT_OFF + "preprocess: {keep_parquet: false}\n"
+    )
     proc, summary = convert(tmp_path, workdir, config, "--force")
     assert proc.returncode == 0 and not (workdir / "parquet" / "train").exists(), proc.stderr
     before = (workdir / "binary" / "train" / "numerical.bin").read_bytes()
     flip_bit(workdir / "binary" / "train" / "numerical.bin")
     damaged = (workdir / "binary" / "train" / "numerical.bin").read_bytes()
     proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5")
-    assert_refused(proc, summary, ExitCode.CONVERT, "train/numerical.bin",
-                   "--stages preprocess,convert --force")
+    assert_refused(
+        proc, summary, ExitCode.CONVERT, "train/numerical.bin", "--stages preprocess,convert --force"
+    )
     assert (workdir / "binary" / "train" / "numerical.bin").read_bytes() == damaged != before
 
 
 @pytest.mark.parametrize("stage", ["train", "eval"])
-def test_train_and_eval_refuse_a_dataset_changed_since_convert_wrote_it(converted_workdir,
-                                                                       tmp_path, stage):
+def test_train_and_eval_refuse_a_dataset_changed_since_convert_wrote_it(converted_workdir, tmp_path, stage):
     """Before any rank starts (no TensorFlow, no stage log): exit 7 naming the file and the
     stage that checks and rebuilds it."""
     workdir, config = workdir_copy(converted_workdir, tmp_path)
     flip_bit(workdir / "binary" / "test" / "label.bin", offset=3)
-    proc, summary = run_pipeline(tmp_path, "--input", str(tmp_path / "raw"), "--workdir",
-                                 str(workdir), "--config", str(config), "--stages", stage)
+    proc, summary = run_pipeline(
+        tmp_path,
+        "--input",
+        str(tmp_path / "raw"),
+        "--workdir",
+        str(workdir),
+        "--config",
+        str(config),
+        "--stages",
+        stage,
+    )
     assert_refused(proc, summary, ExitCode.DATASET_INVALID, "test/label.bin", "convert")
     assert not (workdir / "logs" / f"{stage}.log").exists()
 
 
 # ------------------------------------------------------------------ settings out of range
-@pytest.mark.parametrize("text, words", [
-    ("spark: {shuffle_partitions: -4}", "spark.shuffle_partitions must be >= 0"),
-    ("spark: {log_level: LOUD}", "spark.log_level"),
-    ("spark: {conf: {spark.sql.shuffle.partitions: [1, 2]}}", "spark.conf"),
-    ("preprocess: {compression: bogus}", "preprocess.compression"),
-    ("preprocess: {train_rows_per_file: 0}", "preprocess.train_rows_per_file"),
-    ("preprocess: {arrow_chunk_mb: 0}", "preprocess.arrow_chunk_mb"),
-    ("train: {preset: huge}", "train.preset"),
-    ("train: {epochs: 0}", "train.epochs"),
-    ("train: {learning_rate: .nan}", "train.learning_rate"),
-    ("train: {top_mlp: [8, 2]}", "train.top_mlp"),
-    ("train: {bottom_mlp: [0, 4]}", "train.bottom_mlp"),
-    ("train: {force_column_split: [C99]}", "train.force_column_split"),
-    ("train: {frequency_threshold: 'C99:1'}", "threshold spec"),
-    ("train: {keep_checkpoints: 0}", "train.keep_checkpoints"),
-    ("preflight: {sample_bytes: -1}", "preflight.sample_bytes"),
-    ("preflight: {disk_headroom: 2}", "preflight.disk_headroom"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("spark: {shuffle_partitions: -4}", "spark.shuffle_partitions must be >= 0"),
+        ("spark: {log_level: LOUD}", "spark.log_level"),
+        ("spark: {conf: {spark.sql.shuffle.partitions: [1, 2]}}", "spark.conf"),
+        ("preprocess: {compression: bogus}", "preprocess.compression"),
+        ("preprocess: {train_rows_per_file: 0}", "preprocess.train_rows_per_file"),
+        ("preprocess: {arrow_chunk_mb: 0}", "preprocess.arrow_chunk_mb"),
+        ("train: {preset: huge}", "train.preset"),
+        ("train: {epochs: 0}", "train.epochs"),
+        ("train: {learning_rate: .nan}", "train.learning_rate"),
+        ("train: {top_mlp: [8, 2]}", "train.top_mlp"),
+        ("train: {bottom_mlp: [0, 4]}", "train.bottom_mlp"),
+        ("train: {force_column_split: [C99]}", "train.force_column_split"),
+        ("train: {frequency_threshold: 'C99:1'}", "threshold spec"),
+        ("train: {keep_checkpoints: 0}", "train.keep_checkpoints"),
+        ("preflight: {sample_bytes: -1}", "preflight.sample_bytes"),
+        ("preflight: {disk_headroom: 2}", "preflight.disk_headroom"),
+    ],
+)
 def test_settings_out_of_range_are_refused_at_load(tmp_path, text, words):
     """Each section's ranges are checked when it is made (YAML, flags, code), so a bad value is
     one line and exit 2 before any stage, not a failure deep inside one (a negative
@@ -406,8 +479,9 @@ def test_the_input_directory_itself_is_refused_as_workdir(tmp_path):
     raw.mkdir()
     (raw / "day_0").write_text("0\t1\n")
     before = files_under(tmp_path)
-    proc, summary = run_pipeline(tmp_path, "--input", str(raw), "--workdir", str(raw),
-                                 "--stages", "preprocess")
+    proc, summary = run_pipeline(
+        tmp_path, "--input", str(raw), "--workdir", str(raw), "--stages", "preprocess"
+    )
     assert_refused(proc, summary, ExitCode.USAGE, "is the --input directory")
     assert files_under(tmp_path) == before
 
@@ -464,22 +538,20 @@ def test_a_day_file_rewritten_with_its_size_and_mtime_kept_is_a_changed_input(tm
         assert input_fingerprint(raw) == before
 
 
-@pytest.mark.parametrize("damaged", ["parquet/train", "counts", "parquet/model_size.json",
-                                     "parquet/preprocess.json"])
-def test_damaged_parquet_or_counts_name_the_file_and_the_stage_to_rerun(converted_workdir,
-                                                                       tmp_path, damaged):
+@pytest.mark.parametrize(
+    "damaged", ["parquet/train", "counts", "parquet/model_size.json", "parquet/preprocess.json"]
+)
+def test_damaged_parquet_or_counts_name_the_file_and_the_stage_to_rerun(converted_workdir, tmp_path, damaged):
     workdir, config = workdir_copy(converted_workdir, tmp_path)
     victim = workdir / damaged
     if victim.is_dir():
         victim = sorted(victim.glob("*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:5])
     proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5", "--force")
-    assert_refused(proc, summary, ExitCode.CONVERT, str(victim),
-                   "--stages preprocess,convert --force")
+    assert_refused(proc, summary, ExitCode.CONVERT, str(victim), "--stages preprocess,convert --force")
 
 
-def test_a_day_file_linked_outside_the_input_directory_is_refused_unless_its_root_is_allowed(
-        tmp_path):
+def test_a_day_file_linked_outside_the_input_directory_is_refused_unless_its_root_is_allowed(tmp_path):
     """A symbolic link in a landing directory would make the job read (and copy rejected lines
     of) any file the pipeline's user can read: refused with the link named, before Spark
     starts and before the workdir is touched, unless preprocess.input_link_roots allows it."""
@@ -495,8 +567,7 @@ def test_a_day_file_linked_outside_the_input_directory_is_refused_unless_its_roo
     (landing / "day_1").symlink_to(elsewhere / "secrets.txt")
     with pytest.raises(PreprocessInputError, match=r"day_1 is a symbolic link to .*secrets.txt"):
         discover_days(landing)
-    assert [d.name for d in discover_days(landing, link_roots=[str(elsewhere)])] == ["day_0",
-                                                                                    "day_1"]
+    assert [d.name for d in discover_days(landing, link_roots=[str(elsewhere)])] == ["day_0", "day_1"]
     inside = landing / "archive"
     inside.mkdir()
     (landing / "day_1").unlink()
@@ -505,10 +576,20 @@ def test_a_day_file_linked_outside_the_input_directory_is_refused_unless_its_roo
     assert len(discover_days(landing)) == 2
     (landing / "day_1").unlink()
     (landing / "day_1").symlink_to(elsewhere / "secrets.txt")
-    for argv in ([sys.executable, "-m", "spark_jobs", "--input", str(landing), "--workdir",
-                  str(tmp_path / "w")],
-                 [sys.executable, "-m", "pipeline", "--input", str(landing), "--workdir",
-                  str(tmp_path / "w"), "--stages", "preprocess"]):
+    for argv in (
+        [sys.executable, "-m", "spark_jobs", "--input", str(landing), "--workdir", str(tmp_path / "w")],
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--input",
+            str(landing),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--stages",
+            "preprocess",
+        ],
+    ):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == ExitCode.INPUT_DATA, proc.stderr[-2000:]
         assert "symbolic link" in proc.stderr and "input_link_roots" in proc.stderr

@@ -33,8 +33,12 @@ def test_random_damages_end_in_a_refusal_or_the_same_ids(tmp_path):
     """300 seeded damages to index.json and the range files: each is refused with one line or
     gives the ids of the intact index. Forged ones (their checksums recomputed) may give other
     ids but still never crash or loop, even a range with no empty slot."""
-    proc = subprocess.run([sys.executable, HELPER, "fuzz", "35", "300", str(tmp_path)],
-                          capture_output=True, text=True, timeout=HANG)
+    proc = subprocess.run(
+        [sys.executable, HELPER, "fuzz", "35", "300", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["failures"] == []
@@ -44,10 +48,17 @@ def test_random_damages_end_in_a_refusal_or_the_same_ids(tmp_path):
     assert all(o <= {"refused", "same"} for k, o in outcomes.items() if not k.startswith("forged"))
     refused = sum(r.get("refused", 0) for r in results.values())
     assert refused > 200
-    for kind in ("region:flip-key", "region:flip-id", "region:truncate", "region:missing",
-                 "region:full", "json-bytes:truncate", "json-fields:bounds:shift",
-                 "json-fields:starts:shift"):
-        assert outcomes.get(kind) == {"refused"}, kind          # a change of bytes is caught
+    for kind in (
+        "region:flip-key",
+        "region:flip-id",
+        "region:truncate",
+        "region:missing",
+        "region:full",
+        "json-bytes:truncate",
+        "json-fields:bounds:shift",
+        "json-fields:starts:shift",
+    ):
+        assert outcomes.get(kind) == {"refused"}, kind  # a change of bytes is caught
     assert outcomes["region:same-bytes"] == {"same"}
     # a forged range with no empty slot was looked up, and the lookups ended
     assert outcomes["forged region:full"] == {"other ids"}
@@ -64,25 +75,33 @@ def _forged(index_dir: Path, edit) -> None:
 def _set(column: str, key: str, i: int, value):
     def edit(columns):
         columns[column][key][i] = value
+
     return edit
 
 
-@pytest.mark.parametrize("edit, says", [
-    (_set("C1", "starts", 1, 0), "starts are not the sums of the sizes before them"),
-    (_set("C1", "starts", 2, 10**9), "starts are not the sums"),
-    (_set("C1", "sizes", 0, 100), "not whole pages"),
-    (_set("C1", "sizes", 0, -512), "'sizes' is not a list of integers"),
-    (_set("C1", "bounds", 2, 5), "bounds not ascending from 0"),
-    (_set("C1", "bounds", 0, 1), "bounds not ascending from 0"),
-    (_set("C1", "bounds", 1, 2**40), "'bounds' is not a list of integers"),
-    (_set("C2", "checksums", 0, None), "no checksum for each range"),
-    (lambda c: c["C1"]["bounds"].pop(), "bounds, starts and sizes of different lengths"),
-    (lambda c: c.pop("C3"), "no entry for column C3"),
-    # a range grown by a page and the starts after it moved: consistent, but not its file
-    (lambda c: c["C1"].update(sizes=[c["C1"]["sizes"][0] + 512, *c["C1"]["sizes"][1:]],
-                              starts=[0, c["C1"]["starts"][1] + 512, c["C1"]["starts"][2] + 512]),
-     "bytes where index.json says"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (_set("C1", "starts", 1, 0), "starts are not the sums of the sizes before them"),
+        (_set("C1", "starts", 2, 10**9), "starts are not the sums"),
+        (_set("C1", "sizes", 0, 100), "not whole pages"),
+        (_set("C1", "sizes", 0, -512), "'sizes' is not a list of integers"),
+        (_set("C1", "bounds", 2, 5), "bounds not ascending from 0"),
+        (_set("C1", "bounds", 0, 1), "bounds not ascending from 0"),
+        (_set("C1", "bounds", 1, 2**40), "'bounds' is not a list of integers"),
+        (_set("C2", "checksums", 0, None), "no checksum for each range"),
+        (lambda c: c["C1"]["bounds"].pop(), "bounds, starts and sizes of different lengths"),
+        (lambda c: c.pop("C3"), "no entry for column C3"),
+        # a range grown by a page and the starts after it moved: consistent, but not its file
+        (
+            lambda c: c["C1"].update(
+                sizes=[c["C1"]["sizes"][0] + 512, *c["C1"]["sizes"][1:]],
+                starts=[0, c["C1"]["starts"][1] + 512, c["C1"]["starts"][2] + 512],
+            ),
+            "bytes where index.json says",
+        ),
+    ],
+)
 def test_a_forged_layout_is_refused_before_the_first_mapping(tmp_path, monkeypatch, edit, says):
     build(tmp_path)
     _forged(tmp_path, edit)
@@ -115,20 +134,24 @@ def test_a_probe_ends_in_a_region_without_an_empty_slot():
                       np.zeros(1, np.int64), np.full(1, 1024, np.int64), slots, out)
         print(out.tolist())
     """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=HANG)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[0, 0, 7]"
 
 
 def test_a_full_region_is_reported_by_the_build_not_looped_on():
     region = np.zeros(4, np.uint64)
-    assert build_region(np.arange(1, 7, dtype=np.uint32), np.arange(1, 7, dtype=np.int32),
-                        region) == 2
+    assert build_region(np.arange(1, 7, dtype=np.uint32), np.arange(1, 7, dtype=np.int32), region) == 2
     assert np.count_nonzero(region) == 4
     out = np.zeros(1, np.int32)
-    lookup_column(np.array([99], np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
-                  np.full(1, 4, np.int64), region, out)
+    lookup_column(
+        np.array([99], np.int64),
+        np.zeros(1, np.uint32),
+        np.zeros(1, np.int64),
+        np.full(1, 4, np.int64),
+        region,
+        out,
+    )
     assert out[0] == 0
 
 
@@ -140,6 +163,7 @@ def test_a_staged_slot_pointing_past_its_rows_is_an_error_not_a_read():
 
 
 # ---------------------------------------------------------------- a real preprocess run
+
 
 @pytest.mark.spark
 @pytest.mark.slow
@@ -153,17 +177,33 @@ def test_a_damaged_index_stops_the_run_in_one_line_and_a_forced_rerun_rebuilds_i
     raw = write_days(tmp_path / "raw", days)
     workdir, config = tmp_path / "w", tmp_path / "pipeline.yaml"
     config.write_text('spark:\n  driver_memory: 1g\npreprocess:\n  frequency_threshold: "2"\n')
-    proc = subprocess.run([sys.executable, HELPER, "spark", "flip-key", "--", "--input", str(raw),
-                           "--workdir", str(workdir), "--config", str(config)],
-                          capture_output=True, text=True, timeout=HANG)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            HELPER,
+            "spark",
+            "flip-key",
+            "--",
+            "--input",
+            str(raw),
+            "--workdir",
+            str(workdir),
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+    )
     assert proc.returncode == ExitCode.PREPROCESS, proc.stderr[-3000:]
     # the job's one line, as the pipeline picks it out of the stage's log (Spark's own log
     # lines, the executor's report of the failed task among them, go to the log only)
     lines = proc.stderr.strip().splitlines()
     known = [m.group(1) for m in map(KNOWN_ERROR.match, lines) if m]
     assert known == [lines[-1]], proc.stderr[-3000:]
-    assert lines[-1].startswith("spark_jobs: error: Spark job failed: DictionaryIndexError: "
-                                "damaged dictionary index: "), lines[-1]
+    assert lines[-1].startswith(
+        "spark_jobs: error: Spark job failed: DictionaryIndexError: damaged dictionary index: "
+    ), lines[-1]
     index = workdir / "parquet" / "dictionary_index"
     assert str(index) in lines[-1] and ".slots" in lines[-1] and FIX in lines[-1], lines[-1]
     assert not (workdir / "parquet" / "_SUCCESS").exists()

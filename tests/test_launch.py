@@ -52,11 +52,21 @@ def write_tiny_dataset(path: Path, rows: dict[str, int], seed: int = 3) -> None:
             ids.astype(_dtype(size)).tofile(folder / f"cat_{i}.bin")
     model_size = dict(zip(CAT_COLUMNS, TABLE_SIZES))
     (path / "model_size.json").write_text(json.dumps(model_size))
-    (path / "dataset.json").write_text(json.dumps({
-        "format_version": 1, "splits": rows, "table_sizes": TABLE_SIZES,
-        "cat_dtypes": [np.dtype(_dtype(s)).name for s in TABLE_SIZES], "label_dtype": "uint8",
-        "numerical_dtype": "float16", "num_numerical": 13, "threshold_spec": "1",
-        "source_fingerprint": f"tests/test_launch.py seed {seed}"}))
+    (path / "dataset.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "splits": rows,
+                "table_sizes": TABLE_SIZES,
+                "cat_dtypes": [np.dtype(_dtype(s)).name for s in TABLE_SIZES],
+                "label_dtype": "uint8",
+                "numerical_dtype": "float16",
+                "num_numerical": 13,
+                "threshold_spec": "1",
+                "source_fingerprint": f"tests/test_launch.py seed {seed}",
+            }
+        )
+    )
     (path / "_SUCCESS").write_text("")
 
 
@@ -70,9 +80,21 @@ def _context(tmp_path: Path, np_: int, hosts: str | None) -> StageContext:
 def test_launch_prefix_names_every_host(tmp_path):
     horovodrun = str(Path(sys.executable).with_name("horovodrun"))
     assert launcher_argv(_context(tmp_path, 8, "node1:4,node2:4")) == [
-        horovodrun, "-np", "8", "-H", "node1:4,node2:4", "--gloo"]
+        horovodrun,
+        "-np",
+        "8",
+        "-H",
+        "node1:4,node2:4",
+        "--gloo",
+    ]
     assert launcher_argv(_context(tmp_path, 2, "localhost:2")) == [
-        horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
+        horovodrun,
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+    ]
     assert launcher_argv(_context(tmp_path, 1, None)) == []  # one process: no launcher at all
     argv = trainer_argv(_context(tmp_path, 2, "localhost:2"), "train")
     assert argv[6:9] == [sys.executable, "-m", "trainer"]
@@ -84,16 +106,41 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
     write_tiny_dataset(workdir / "binary", {"train": 4096, "test": 1024, "validation": 1024})
     (tmp_path / "raw").mkdir()  # the run needs an input directory; train/eval never read it
     config = tmp_path / "launch.yaml"
-    config.write_text("train:\n  batch_size: 256\n  eval_batch_size: 512\n  log_every: 2\n"
-                      "  warmup_steps: 0\n  intra_op_threads: 1\n")
+    config.write_text(
+        "train:\n  batch_size: 256\n  eval_batch_size: 512\n  log_every: 2\n"
+        "  warmup_steps: 0\n  intra_op_threads: 1\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--config", str(config), "--workdir", str(workdir),
-         "--input", str(tmp_path / "raw"), "--stages", "train,eval", "--np", "2",
-         "--hosts", "localhost:2", "--max-steps", "8"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--config",
+            str(config),
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "raw"),
+            "--stages",
+            "train,eval",
+            "--np",
+            "2",
+            "--hosts",
+            "localhost:2",
+            "--max-steps",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     logs = workdir / "logs"
-    detail = proc.stdout[-2000:] + proc.stderr[-3000:] + "".join(
-        p.read_text()[-3000:] for p in logs.glob("*.log") if p.name in ("train.log", "eval.log"))
+    detail = (
+        proc.stdout[-2000:]
+        + proc.stderr[-3000:]
+        + "".join(p.read_text()[-3000:] for p in logs.glob("*.log") if p.name in ("train.log", "eval.log"))
+    )
     assert proc.returncode == 0, detail
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["stages"]["train"]["engine"] == "horovod", summary
@@ -104,8 +151,9 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
     # The launch line in the stage log is the multi-host one, with two real ranks behind it.
     horovodrun = Path(sys.executable).with_name("horovodrun")
     launched = [line for line in (logs / "train.log").read_text().splitlines() if line.startswith("$ ")]
-    assert launched and launched[-1].startswith(f"$ {horovodrun} -np 2 -H localhost:2 --gloo "
-                                                f"{sys.executable} -m trainer"), launched
+    assert launched and launched[-1].startswith(
+        f"$ {horovodrun} -np 2 -H localhost:2 --gloo {sys.executable} -m trainer"
+    ), launched
     evaluation = json.loads((workdir / "eval.json").read_text())
     assert evaluation["ranks"] == 2, evaluation
     assert 0.0 <= summary["test_auc"] <= 1.0
@@ -113,16 +161,34 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
 
     # A forced eval starts both ranks again and computes the adopted figures anew.
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--config", str(config), "--workdir", str(workdir),
-         "--input", str(tmp_path / "raw"), "--stages", "eval", "--np", "2",
-         "--hosts", "localhost:2", "--force"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--config",
+            str(config),
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "raw"),
+            "--stages",
+            "eval",
+            "--np",
+            "2",
+            "--hosts",
+            "localhost:2",
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     forced = json.loads(proc.stdout.strip().splitlines()[-1])
     assert forced["stages"]["eval"]["action"] == "ran", forced
     assert forced["stages"]["eval"]["engine"] == "horovod", forced
-    progress = [Progress.from_line(line)
-                for line in (logs / "eval.progress.jsonl").read_text().splitlines()]
+    progress = [Progress.from_line(line) for line in (logs / "eval.progress.jsonl").read_text().splitlines()]
     assert progress and progress[-1].fraction == pytest.approx(1.0), progress[-3:]
     recomputed = json.loads((workdir / "eval.json").read_text())
     assert recomputed["mode"] == "eval" and "evaluated_by" not in recomputed, recomputed
@@ -132,8 +198,7 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
         assert recomputed[field] == pytest.approx(evaluation[field], abs=1e-6), field
 
 
-def test_gloo_timeout_goes_to_the_launcher_unless_the_environment_names_one(tmp_path,
-                                                                             monkeypatch):
+def test_gloo_timeout_goes_to_the_launcher_unless_the_environment_names_one(tmp_path, monkeypatch):
     monkeypatch.delenv(GLOO_TIMEOUT_ENV, raising=False)
     ctx = _context(tmp_path, 2, None)
     ctx.child_env = {"CRITEO_PROGRESS_FILE": "/x"}  # the stage's own entries are kept
@@ -154,8 +219,7 @@ def test_gloo_timeout_must_be_whole_seconds(bad):
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("environment", [None, "17"])
-def test_both_ranks_get_the_gloo_timeout_from_a_real_horovodrun(tmp_path, monkeypatch,
-                                                                environment):
+def test_both_ranks_get_the_gloo_timeout_from_a_real_horovodrun(tmp_path, monkeypatch, environment):
     """The pipeline's launch line and environment, with a probe in place of the trainer: what
     every rank really sees, after horovodrun has handed its environment on."""
     if environment is None:
@@ -164,15 +228,18 @@ def test_both_ranks_get_the_gloo_timeout_from_a_real_horovodrun(tmp_path, monkey
         monkeypatch.setenv(GLOO_TIMEOUT_ENV, environment)
     ctx = _context(tmp_path, 2, "localhost:2")
     ctx.config.launch.gloo_timeout_seconds = 123
-    probe = ("import os, json; print(json.dumps({'rank': os.environ['HOROVOD_RANK'], "
-             f"'timeout': os.environ.get('{GLOO_TIMEOUT_ENV}')}}))")
-    result = run_child(launcher_argv(ctx) + [sys.executable, "-c", probe],
-                       tmp_path / "probe.log", env=launcher_env(ctx))
+    probe = (
+        "import os, json; print(json.dumps({'rank': os.environ['HOROVOD_RANK'], "
+        f"'timeout': os.environ.get('{GLOO_TIMEOUT_ENV}')}}))"
+    )
+    result = run_child(
+        launcher_argv(ctx) + [sys.executable, "-c", probe], tmp_path / "probe.log", env=launcher_env(ctx)
+    )
     assert result.returncode == 0, result.tail
     seen = {}
     for line in (tmp_path / "probe.log").read_text().splitlines():
         if "{" in line and '"rank"' in line:
-            report = json.loads(line[line.index("{"):])
+            report = json.loads(line[line.index("{") :])
             seen[report["rank"]] = report["timeout"]
     assert seen == {"0": environment or "123", "1": environment or "123"}, seen
 
@@ -182,18 +249,25 @@ def _fake_scontrol(tmp_path: Path, nodes: list[str]) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "scontrol"
-    script.write_text("#!/usr/bin/env bash\n[[ \"$1 $2\" == 'show hostnames' ]] || exit 9\n"
-                      + "".join(f"echo {n}\n" for n in nodes))
+    script.write_text(
+        "#!/usr/bin/env bash\n[[ \"$1 $2\" == 'show hostnames' ]] || exit 9\n"
+        + "".join(f"echo {n}\n" for n in nodes)
+    )
     script.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 def test_slurm_script_builds_the_host_list_from_the_allocation(tmp_path):
     env = _fake_scontrol(tmp_path, ["gpu-a01", "gpu-a02", "gpu-b07"])
-    env.update(SLURM_JOB_NODELIST="gpu-a[01-02],gpu-b07", SLURM_GPUS_ON_NODE="4",
-               CRITEO_DRY_RUN="1", WORKDIR=str(tmp_path / "w"))
-    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/raw"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    env.update(
+        SLURM_JOB_NODELIST="gpu-a[01-02],gpu-b07",
+        SLURM_GPUS_ON_NODE="4",
+        CRITEO_DRY_RUN="1",
+        WORKDIR=str(tmp_path / "w"),
+    )
+    proc = subprocess.run(
+        ["bash", str(SBATCH), "--input", "/data/raw"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.strip().splitlines()[-1].split()
     assert command[0].endswith("run_pipeline.sh")
@@ -222,10 +296,12 @@ def test_slurm_dry_run_keeps_arguments_with_spaces_whole(tmp_path):
     import shlex
 
     env = _fake_scontrol(tmp_path, ["n1"])
-    env.update(SLURM_JOB_NODELIST="n1", GPUS_PER_NODE="2", CRITEO_DRY_RUN="1",
-               WORKDIR=str(tmp_path / "my work"))
-    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/my raw"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    env.update(
+        SLURM_JOB_NODELIST="n1", GPUS_PER_NODE="2", CRITEO_DRY_RUN="1", WORKDIR=str(tmp_path / "my work")
+    )
+    proc = subprocess.run(
+        ["bash", str(SBATCH), "--input", "/data/my raw"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     command = shlex.split(proc.stdout.strip().splitlines()[-1])
     assert command[command.index("--workdir") + 1] == str(tmp_path / "my work")
@@ -240,7 +316,12 @@ def test_slurm_script_keeps_to_the_allocation_hosts(tmp_path, extra):
     the pipeline refuses more ranks than the allocation's slots.)"""
     env = _fake_scontrol(tmp_path, ["n1"])
     env.update(SLURM_JOB_NODELIST="n1", GPUS_PER_NODE="2", CRITEO_DRY_RUN="1")
-    proc = subprocess.run(["bash", str(SBATCH), "--input", "/data/raw", *extra],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        ["bash", str(SBATCH), "--input", "/data/raw", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
     assert "allocation" in proc.stderr and extra[0] in proc.stderr

@@ -23,8 +23,9 @@ LAYERS = "pipeline above the three wings"
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_tree_keeps_every_contract():
@@ -33,27 +34,38 @@ def test_the_tree_keeps_every_contract():
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("module, planted, contract", [
-    ("spark_jobs/cli.py", "import trainer.cli", LAYERS),             # wings are independent
-    ("converters/cli.py", "import pipeline.runner", LAYERS),         # a wing above the pipeline
-    ("dlrm_contracts/schema.py", "import converters.convert", LAYERS),  # contracts at the bottom
-    ("trainer/data.py", "import pyspark", "trainer imports no pyspark"),
-    ("spark_jobs/engines/sql/parse.py", "import tensorflow",
-     "spark_jobs imports no tensorflow or horovod"),
-    ("converters/convert.py", "import horovod", "converters imports no pyspark, tensorflow"),
-    ("dlrm_contracts/config.py", "import pyspark.sql", "dlrm_contracts imports no pyspark"),
-    # inside spark_jobs: the engines are independent, the shared modules import neither
-    ("spark_jobs/engines/arrow/engine.py", "import spark_jobs.engines.sql.parse",
-     "the Arrow and SQL engines do not import each other"),
-    ("spark_jobs/stats.py", "import spark_jobs.engines.arrow.chunks",
-     "spark_jobs: entry points above the job"),
-    ("spark_jobs/progress.py", "import spark_jobs.preprocess", "spark_jobs: entry points above the job"),
-])
+@pytest.mark.parametrize(
+    "module, planted, contract",
+    [
+        ("spark_jobs/cli.py", "import trainer.cli", LAYERS),  # wings are independent
+        ("converters/cli.py", "import pipeline.runner", LAYERS),  # a wing above the pipeline
+        ("dlrm_contracts/schema.py", "import converters.convert", LAYERS),  # contracts at the bottom
+        ("trainer/data.py", "import pyspark", "trainer imports no pyspark"),
+        (
+            "spark_jobs/engines/sql/parse.py",
+            "import tensorflow",
+            "spark_jobs imports no tensorflow or horovod",
+        ),
+        ("converters/convert.py", "import horovod", "converters imports no pyspark, tensorflow"),
+        ("dlrm_contracts/config.py", "import pyspark.sql", "dlrm_contracts imports no pyspark"),
+        # inside spark_jobs: the engines are independent, the shared modules import neither
+        (
+            "spark_jobs/engines/arrow/engine.py",
+            "import spark_jobs.engines.sql.parse",
+            "the Arrow and SQL engines do not import each other",
+        ),
+        (
+            "spark_jobs/stats.py",
+            "import spark_jobs.engines.arrow.chunks",
+            "spark_jobs: entry points above the job",
+        ),
+        ("spark_jobs/progress.py", "import spark_jobs.preprocess", "spark_jobs: entry points above the job"),
+    ],
+)
 def test_a_planted_wrong_import_breaks_its_contract(tmp_path, module, planted, contract):
     tree = tmp_path / "tree"
     for package in PACKAGES:
-        shutil.copytree(ROOT / package, tree / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
     assert lint_imports(tree).returncode == 0  # the copy alone is sound
     with open(tree / module, "a", encoding="utf-8") as fh:

@@ -20,16 +20,59 @@ from pipeline.preflight_needs import _binary_bytes_per_row, memory_needs
 from tests.test_shipped_configs import _unknown_keys
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-CAPS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-        2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+CAPS = [
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
+]
 MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
-REFERENCE = {"preset": "default", "embedding_dim": None, "bottom_mlp": None, "top_mlp": None,
-             "wide": False, "interaction": "dcn", "dcn_layers": 3, "dcn_rank": 512,
-             "optimizer": "adagrad", "learning_rate": 0.005, "learning_rate_scaling": "none",
-             "adagrad_initial_accumulator": 0.0, "adagrad_epsilon": 1e-8, "warmup_steps": 0,
-             "batch_size": 65_536, "epochs": 1, "early_stopping_patience": 0, "amp": False}
-MLPERF = {"mlperf_dlrmv2_8gpu.yaml": {"np": 8, "hardware": "8 GPUs"},
-          "mlperf_dlrmv2_cpu_cluster.yaml": {"np": 16, "hardware": "CPU"}}
+REFERENCE = {
+    "preset": "default",
+    "embedding_dim": None,
+    "bottom_mlp": None,
+    "top_mlp": None,
+    "wide": False,
+    "interaction": "dcn",
+    "dcn_layers": 3,
+    "dcn_rank": 512,
+    "optimizer": "adagrad",
+    "learning_rate": 0.005,
+    "learning_rate_scaling": "none",
+    "adagrad_initial_accumulator": 0.0,
+    "adagrad_epsilon": 1e-8,
+    "warmup_steps": 0,
+    "batch_size": 65_536,
+    "epochs": 1,
+    "early_stopping_patience": 0,
+    "amp": False,
+}
+MLPERF = {
+    "mlperf_dlrmv2_8gpu.yaml": {"np": 8, "hardware": "8 GPUs"},
+    "mlperf_dlrmv2_cpu_cluster.yaml": {"np": 16, "hardware": "CPU"},
+}
 
 
 @pytest.mark.parametrize("name", sorted(MLPERF))
@@ -44,8 +87,11 @@ def test_every_key_is_known_and_the_values_are_the_references(name):
     from trainer.dims import model_dims
 
     dims = model_dims(config.train)
-    assert (dims.embedding_dim, list(dims.bottom_mlp), list(dims.top_mlp)) == \
-        (128, [512, 256, 128], [1024, 1024, 512, 256, 1])
+    assert (dims.embedding_dim, list(dims.bottom_mlp), list(dims.top_mlp)) == (
+        128,
+        [512, 256, 128],
+        [1024, 1024, 512, 256, 1],
+    )
     assert config.launch.np == MLPERF[name]["np"]
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)
@@ -54,8 +100,7 @@ def test_every_key_is_known_and_the_values_are_the_references(name):
 
 
 def test_the_preflight_sizes_capped_tables_and_multi_hot_rows():
-    config = dataclasses.replace(load_config(CONFIGS / "mlperf_dlrmv2_8gpu.yaml"),
-                                 stages=["train"])
+    config = dataclasses.replace(load_config(CONFIGS / "mlperf_dlrmv2_8gpu.yaml"), stages=["train"])
     needs = memory_needs(config, CAPS, state_factor=2)
     per_rank = needs.ranks.per_rank
     total = sum(CAPS) * 128 * 4 * 2  # float32 weights + Adagrad's accumulator
@@ -63,10 +108,8 @@ def test_the_preflight_sizes_capped_tables_and_multi_hot_rows():
     assert max(per_rank) < 80 * 2**30 - 6 * 2**30 and not needs.ranks.short
     # 214 ids a row, int32 where the cap passes 2**15 (int16, int8 below), + label + float16 x 13
     widths = [4 if c > 2**15 else 2 if c > 2**7 else 1 for c in CAPS]
-    assert _binary_bytes_per_row(CAPS, config) == 1 + 26 + sum(w * k for w, k in
-                                                               zip(widths, MULTI_HOT))
-    one_hot = dataclasses.replace(config, convert=dataclasses.replace(config.convert,
-                                                                      multi_hot_sizes=None))
+    assert _binary_bytes_per_row(CAPS, config) == 1 + 26 + sum(w * k for w, k in zip(widths, MULTI_HOT))
+    one_hot = dataclasses.replace(config, convert=dataclasses.replace(config.convert, multi_hot_sizes=None))
     assert _binary_bytes_per_row(CAPS, one_hot) == 1 + 26 + sum(widths)
 
 

@@ -13,28 +13,77 @@ import numpy as np
 import pytest
 
 import dlrm_contracts.multi_hot as multi_hot
-from dlrm_contracts.binary_format import (DatasetError, DatasetInfo, describe, multi_hot_extra,
-                                          multi_hot_sizes, read_info, row_width)
-from dlrm_contracts.multi_hot import (MultiHotError, MultiHotSpec, check_sizes, iter_tables,
-                                      lookup_table, materialize, materialize_all, spec_of_dataset)
+from dlrm_contracts.binary_format import (
+    DatasetError,
+    DatasetInfo,
+    describe,
+    multi_hot_extra,
+    multi_hot_sizes,
+    read_info,
+    row_width,
+)
+from dlrm_contracts.multi_hot import (
+    MultiHotError,
+    MultiHotSpec,
+    check_sizes,
+    iter_tables,
+    lookup_table,
+    materialize,
+    materialize_all,
+    spec_of_dataset,
+)
 from dlrm_contracts.verify import verify_dataset
 
 # Produced with the reference (mlcommons/training aa344c7, recommendation_v2/torchrec_dlrm/
 # multi_hot.py) in a venv with torch 2.13.0 and numpy 2.4.6:
 #   m = Multihot(SIZES, CAPS, 1, False, "uniform")
 #   torch.nn.functional.embedding(torch.tensor(IDS) % CAPS[c], m.multi_hot_tables_l[c])
-CAPS = [1000, 7, 3, 50000, 1, 97, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10,
-        100000, 10, 10, 10, 10, 2]
+CAPS = [
+    1000,
+    7,
+    3,
+    50000,
+    1,
+    97,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    10,
+    100000,
+    10,
+    10,
+    10,
+    10,
+    2,
+]
 SIZES = [3, 2, 1, 4, 1, 5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, 3]
 IDS = [0, 5, 999, 123456]
 REFERENCE_ROWS = {
     0: [[0, 684, 559], [5, 277, 754], [999, 51, 473], [456, 76, 293]],
     1: [[0, 5], [5, 4], [5, 4], [4, 2]],
-    3: [[0, 31098, 7000, 2321], [5, 13728, 38158, 21053], [999, 25852, 30218, 40524],
-        [23456, 28602, 37728, 9603]],
+    3: [
+        [0, 31098, 7000, 2321],
+        [5, 13728, 38158, 21053],
+        [999, 25852, 30218, 40524],
+        [23456, 28602, 37728, 9603],
+    ],
     5: [[0, 18, 84, 28, 58], [5, 76, 96, 80, 92], [29, 58, 76, 42, 91], [72, 32, 2, 55, 3]],
-    20: [[0, 22975, 92701, 9982, 53305, 95956], [5, 63351, 20313, 33127, 15154, 69617],
-         [999, 55884, 96444, 56483, 53943, 83234], [23456, 45455, 4669, 68275, 93010, 7929]],
+    20: [
+        [0, 22975, 92701, 9982, 53305, 95956],
+        [5, 63351, 20313, 33127, 15154, 69617],
+        [999, 55884, 96444, 56483, 53943, 83234],
+        [23456, 45455, 4669, 68275, 93010, 7929],
+    ],
     25: [[0, 1, 0], [1, 1, 1], [1, 1, 1], [0, 1, 0]],
 }
 SPEC = MultiHotSpec(tuple(CAPS), tuple(SIZES))
@@ -57,8 +106,7 @@ def test_one_column_alone_equals_the_full_pass():
     assert sorted(every) == [0, 1, 3, 5, 20, 25]
     for column in (3, 20, 25):
         np.testing.assert_array_equal(lookup_table(SPEC, column), every[column])
-        assert materialize(np.array(IDS), lookup_table(SPEC, column)).tolist() \
-            == REFERENCE_ROWS[column]
+        assert materialize(np.array(IDS), lookup_table(SPEC, column)).tolist() == REFERENCE_ROWS[column]
 
 
 def test_chunked_draws_equal_one_draw(monkeypatch):
@@ -83,13 +131,16 @@ def test_seed_and_distribution_change_the_draws_but_not_the_first_id():
         assert table.min() >= 0 and table.max() < CAPS[0]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"table_sizes": (3, 0), "sizes": (1, 2)}, "table sizes must be >= 1"),
-    ({"table_sizes": (3, 4), "sizes": (1, 0)}, "multi-hot sizes must be >= 1"),
-    ({"table_sizes": (3,), "sizes": (1, 2)}, "1 table sizes but 2"),
-    ({"table_sizes": (3,), "sizes": (2,), "distribution": "zipf"}, "not one of"),
-    ({"table_sizes": (3,), "sizes": (2,), "seed": -1}, "outside"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"table_sizes": (3, 0), "sizes": (1, 2)}, "table sizes must be >= 1"),
+        ({"table_sizes": (3, 4), "sizes": (1, 0)}, "multi-hot sizes must be >= 1"),
+        ({"table_sizes": (3,), "sizes": (1, 2)}, "1 table sizes but 2"),
+        ({"table_sizes": (3,), "sizes": (2,), "distribution": "zipf"}, "not one of"),
+        ({"table_sizes": (3,), "sizes": (2,), "seed": -1}, "outside"),
+    ],
+)
 def test_bad_specs_are_clear_errors(kwargs, message):
     with pytest.raises(MultiHotError, match=message):
         MultiHotSpec(**kwargs)
@@ -104,8 +155,7 @@ def test_check_sizes():
 
 
 def _info(extra) -> DatasetInfo:
-    return describe("/nowhere", {"train": 10, "test": 0, "validation": 0}, [1000] * 26, None,
-                    "fp", extra)
+    return describe("/nowhere", {"train": 10, "test": 0, "validation": 0}, [1000] * 26, None, "fp", extra)
 
 
 def test_dataset_description_of_multi_hot_columns():
@@ -133,11 +183,11 @@ def multi_hot_workdir(tmp_path_factory):
     with MLPerf's multi-hot sizes plus the reference's layout."""
     from test_converters import CONFIG, write_workdir
     from converters.convert import convert_parquet
+
     root = tmp_path_factory.mktemp("multi_hot")
     write_workdir(root)
     one_hot = convert_parquet(root / "parquet", root / "one_hot", CONFIG)
-    config = dataclasses.replace(CONFIG, multi_hot_sizes=MLPERF_SIZES,
-                                 formats=["binary", "mlperf_multihot"])
+    config = dataclasses.replace(CONFIG, multi_hot_sizes=MLPERF_SIZES, formats=["binary", "mlperf_multihot"])
     summary = convert_parquet(root / "parquet", root / "binary", config)
     return root, one_hot, summary
 
@@ -151,8 +201,7 @@ def test_convert_writes_the_reference_rows_of_the_one_hot_ids(multi_hot_workdir)
     spec = spec_of_dataset(multi)
     assert spec == MultiHotSpec(plain.table_sizes, tuple(MLPERF_SIZES))
     for split in ("train", "validation"):
-        ids = [np.fromfile(plain.file(split, f"cat_{c}.bin"), plain.cat_dtypes[c])
-               for c in range(26)]
+        ids = [np.fromfile(plain.file(split, f"cat_{c}.bin"), plain.cat_dtypes[c]) for c in range(26)]
         want = materialize_all(spec, ids)
         for c in range(26):
             got = np.fromfile(multi.file(split, f"cat_{c}.bin"), multi.cat_dtypes[c])
@@ -188,8 +237,9 @@ def _reference_npz_read(path, name):
     assert info.compress_type == 0
     zf.fp.seek(info.header_offset + len(info.FileHeader()) + 20)
     version = np.lib.format.read_magic(zf.fp)
-    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                   else np.lib.format.read_array_header_2_0)
+    read_header = (
+        np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    )
     shape, fortran, dtype = read_header(zf.fp)
     assert dtype == "int32" and not fortran
     return np.memmap(path, dtype=dtype, shape=shape, mode="r", offset=zf.fp.tell())
@@ -207,11 +257,14 @@ def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
     flags = json.loads((out / "mlperf_multihot.json").read_text())["dlrm_main_flags"]
     assert flags["--multi_hot_sizes"] == ",".join(map(str, MLPERF_SIZES))
     for c in (0, 2, 20):
-        ours = np.concatenate([np.fromfile(info.file(s, f"cat_{c}.bin"), info.cat_dtypes[c])
-                               for s in ("train", "test", "validation")])
+        ours = np.concatenate(
+            [
+                np.fromfile(info.file(s, f"cat_{c}.bin"), info.cat_dtypes[c])
+                for s in ("train", "test", "validation")
+            ]
+        )
         ours = ours.reshape(-1, MLPERF_SIZES[c])
-        days = [_reference_npz_read(out / f"day_{d}_sparse_multi_hot.npz", f"{c}.npy")
-                for d in range(24)]
+        days = [_reference_npz_read(out / f"day_{d}_sparse_multi_hot.npz", f"{c}.npy") for d in range(24)]
         np.testing.assert_array_equal(np.concatenate(days), ours)
         assert np.load(out / "day_5_sparse_multi_hot.npz")[str(c)].shape == (rows[5], MLPERF_SIZES[c])
     labels = np.concatenate([np.load(out / f"day_{d}_labels.npy") for d in range(24)])
@@ -219,14 +272,18 @@ def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
     assert labels.dtype == np.int32 and labels.shape == (sum(rows), 1)
     assert dense.dtype == np.float32 and dense.shape == (rows[23], 13)
     test_rows = info.splits["test"]
-    np.testing.assert_array_equal(dense[:test_rows], np.fromfile(
-        info.file("test", "numerical.bin"), "<f2").reshape(-1, 13).astype(np.float32))
+    np.testing.assert_array_equal(
+        dense[:test_rows],
+        np.fromfile(info.file("test", "numerical.bin"), "<f2").reshape(-1, 13).astype(np.float32),
+    )
     # entry for entry the bytes np.savez writes for the same arrays (what the reference uses)
     day = np.load(out / "day_3_sparse_multi_hot.npz")
     arrays = {k: day[k] for k in day.files}
     np.savez(root / "savez.npz", **arrays)
-    with zipfile.ZipFile(root / "savez.npz") as theirs, \
-            zipfile.ZipFile(out / "day_3_sparse_multi_hot.npz") as mine:
+    with (
+        zipfile.ZipFile(root / "savez.npz") as theirs,
+        zipfile.ZipFile(out / "day_3_sparse_multi_hot.npz") as mine,
+    ):
         assert mine.namelist() == theirs.namelist() == [f"{c}.npy" for c in range(26)]
         for name in mine.namelist():
             assert mine.read(name) == theirs.read(name)
@@ -238,6 +295,7 @@ def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir
     and also the reference layout written beside it."""
     from test_converters import CONFIG
     from converters.rethreshold import rethreshold
+
     root, _, _ = multi_hot_workdir
     config = dataclasses.replace(CONFIG, formats=["binary", "mlperf_multihot"])
     summary = rethreshold(root / "binary", root / "counts", "30", root / "raised", config)
@@ -248,8 +306,10 @@ def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir
     assert changed and changed[0] < 20  # the columns after it are drawn again too
     spec = spec_of_dataset(raised)
     assert spec.table_sizes == raised.table_sizes
-    ids = [np.fromfile(plain.file("test", f"cat_{c}.bin"), plain.cat_dtypes[c]).astype(np.int64)
-           for c in range(26)]
+    ids = [
+        np.fromfile(plain.file("test", f"cat_{c}.bin"), plain.cat_dtypes[c]).astype(np.int64)
+        for c in range(26)
+    ]
     ids = [np.where(col >= size, 0, col) for col, size in zip(ids, raised.table_sizes)]
     want = materialize_all(spec, ids)
     for c in range(26):
@@ -261,13 +321,15 @@ def test_stable_ids_reuse_a_day_only_under_the_same_materialization(multi_hot_wo
     """A day's multi-hot rows depend on every table's size and the materialization: the
     conversion copies them from the previous dataset only when all of that is unchanged."""
     from converters.segments import SEGMENTS_KEY, previous_segments
+
     root, _, _ = multi_hot_workdir
     copy = tmp_path / "binary"
     shutil.copytree(root / "binary", copy)
     info = read_info(copy)
     description = json.loads((copy / "dataset.json").read_text())
-    description[SEGMENTS_KEY] = {split: [{"day": 0, "rows": rows, "token": f"t-{split}"}]
-                                 for split, rows in info.splits.items()}
+    description[SEGMENTS_KEY] = {
+        split: [{"day": 0, "rows": rows, "token": f"t-{split}"}] for split, rows in info.splits.items()
+    }
     (copy / "dataset.json").write_text(json.dumps(description))
     same = spec_of_dataset(info)
     sizes = list(info.table_sizes)
@@ -281,6 +343,7 @@ def test_stable_ids_reuse_a_day_only_under_the_same_materialization(multi_hot_wo
 def test_preflight_sizes_multi_hot_rows_and_the_reference_layout():
     from dlrm_contracts.config import PipelineConfig
     from pipeline.preflight_needs import _binary_bytes_per_row
+
     sizes = [1000] * 26  # int16 ids
     config = PipelineConfig()
     assert _binary_bytes_per_row(sizes, config) == 27 + 26 * 2
@@ -296,16 +359,27 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
     another materialization converts again instead of deriving."""
     from pipeline_helpers import run
     from test_converters import write_workdir
+
     workdir, raw = tmp_path / "w", tmp_path / "raw"
     raw.mkdir()
     write_workdir(workdir)
     config = tmp_path / "mh.yaml"
 
     def convert(threshold, seed=0):
-        config.write_text(f"convert:\n  multi_hot_sizes: {MLPERF_SIZES}\n  multi_hot_seed: {seed}\n"
-                          "  formats: [binary, mlperf_multihot]\n  fsync: false\n")
-        proc, summary = run(workdir, config, "--input", str(raw), "--stages", "convert",
-                            "--frequency-threshold", str(threshold))
+        config.write_text(
+            f"convert:\n  multi_hot_sizes: {MLPERF_SIZES}\n  multi_hot_seed: {seed}\n"
+            "  formats: [binary, mlperf_multihot]\n  fsync: false\n"
+        )
+        proc, summary = run(
+            workdir,
+            config,
+            "--input",
+            str(raw),
+            "--stages",
+            "convert",
+            "--frequency-threshold",
+            str(threshold),
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         stage = summary["stages"]["convert"]
         return stage["action"], stage.get("engine")
@@ -317,7 +391,7 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
         assert meta["threshold_spec"] == info.threshold_spec
         ours = np.fromfile(info.file("test", "cat_21.bin"), info.cat_dtypes[21]).reshape(-1, 27)
         day = np.load(workdir / "mlperf_multihot/day_23_sparse_multi_hot.npz")["21"]
-        np.testing.assert_array_equal(day[:len(ours)], ours)
+        np.testing.assert_array_equal(day[: len(ours)], ours)
         return info
 
     assert convert(2) == ("ran", "converters")
@@ -335,18 +409,33 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
 def test_cli_writes_the_layout_of_an_existing_dataset(multi_hot_workdir, tmp_path):
     root, _, _ = multi_hot_workdir
     out = tmp_path / "layout"
-    done = subprocess.run([sys.executable, "-m", "converters", "mlperf-multihot",
-                           str(root / "binary"), "--output", str(out), "--no-fsync",
-                           "--no-progress", "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "mlperf-multihot",
+            str(root / "binary"),
+            "--output",
+            str(out),
+            "--no-fsync",
+            "--no-progress",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["output"] == str(out)
     for name in ("day_0_sparse_multi_hot.npz", "day_23_sparse_multi_hot.npz"):
-        with zipfile.ZipFile(out / name) as ours, \
-                zipfile.ZipFile(root / "mlperf_multihot" / name) as theirs:
+        with zipfile.ZipFile(out / name) as ours, zipfile.ZipFile(root / "mlperf_multihot" / name) as theirs:
             assert all(ours.read(n) == theirs.read(n) for n in theirs.namelist())
     for name in ("day_23_dense.npy", "day_7_labels.npy"):
         assert (out / name).read_bytes() == (root / "mlperf_multihot" / name).read_bytes()
-    missing = subprocess.run([sys.executable, "-m", "converters", "mlperf-multihot",
-                              str(tmp_path / "none")], capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "converters", "mlperf-multihot", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 6 and "Traceback" not in missing.stderr
     assert "is not a directory" in missing.stderr

@@ -17,8 +17,12 @@ import pytest
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.lock import LOCK_TOKEN_ENV, workdir_lock
-from dlrm_contracts.object_commit import (COMMIT_MARKER, committed_files, publish_directory,
-                                          remove_other_versions)
+from dlrm_contracts.object_commit import (
+    COMMIT_MARKER,
+    committed_files,
+    publish_directory,
+    remove_other_versions,
+)
 from dlrm_contracts.object_lock import ObjectStoreLock
 from dlrm_contracts.storage import resolve
 
@@ -40,16 +44,16 @@ def test_readers_see_only_what_the_last_marker_names(moto_s3, tmp_path):
     publish_directory(tmp_path / "one", final)
     files = committed_files(final)
     assert {n: loc.read_bytes() for n, loc in files.items()} == {
-        "part-0.parquet": b"first", "sub/part-1.parquet": b"first too"}
+        "part-0.parquet": b"first",
+        "sub/part-1.parquet": b"first too",
+    }
     # a writer killed before its marker: its objects are there, but never read
     orphan = final / ".v-killed-writer"
     (orphan / "part-0.parquet").write_bytes(b"half")
-    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()}["part-0.parquet"] \
-        == b"first"
+    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()}["part-0.parquet"] == b"first"
     _tree(tmp_path / "two", {"part-0.parquet": b"second"})
     publish_directory(tmp_path / "two", final)
-    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()} == {
-        "part-0.parquet": b"second"}
+    assert {n: loc.read_bytes() for n, loc in committed_files(final).items()} == {"part-0.parquet": b"second"}
     # the older version and the orphan are gone: one version and the marker remain
     names = sorted(p.name for p in final.iterdir())
     assert len(names) == 2 and names[1] == COMMIT_MARKER and names[0].startswith(".v-")
@@ -78,8 +82,9 @@ HOLDER = textwrap.dedent("""
 def _holder(url: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != LOCK_TOKEN_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, url], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -94,20 +99,20 @@ def test_two_runs_on_one_workdir_url_one_is_refused_and_a_killed_holder_recovers
         assert err.value.code == ExitCode.LOCKED and "in use by another pipeline run" in str(err.value)
         assert '"by": "pipeline"' in str(err.value) and "token" not in str(err.value)
     finally:
-        holder.send_signal(signal.SIGKILL)     # killed: its lock object stays behind
+        holder.send_signal(signal.SIGKILL)  # killed: its lock object stays behind
         holder.wait()
     assert (resolve(url) / ".pipeline.lock").exists()
-    with workdir_lock(url, "pipeline") as lock:   # its pid is gone on this host: stale
+    with workdir_lock(url, "pipeline") as lock:  # its pid is gone on this host: stale
         assert isinstance(lock, ObjectStoreLock) and not lock.guest
         record = json.loads((resolve(url) / ".pipeline.lock").read_text())
         assert record["pid"] == os.getpid()
-    assert not (resolve(url) / ".pipeline.lock").exists()    # released
+    assert not (resolve(url) / ".pipeline.lock").exists()  # released
 
 
 def test_the_holders_children_run_under_its_lock_and_a_lock_not_renewed_goes_stale(moto_s3):
     url = f"s3://{moto_s3.bucket()}/workdir"
     with workdir_lock(url, "pipeline"):
-        with workdir_lock(url, "spark_jobs") as child:     # same token in the environment
+        with workdir_lock(url, "spark_jobs") as child:  # same token in the environment
             assert child.guest
         saved = os.environ.pop(LOCK_TOKEN_ENV)
         try:
@@ -126,6 +131,7 @@ def test_the_holders_children_run_under_its_lock_and_a_lock_not_renewed_goes_sta
 
 def test_a_store_without_conditional_writes_warns_that_it_is_not_locked(caplog, tmp_path):
     from dlrm_contracts.storage import Location
+
     local = resolve(tmp_path)
     fake = Location(local.fs, local.path, "hdfs://namenode:8020")
     with caplog.at_level("WARNING"):
@@ -140,15 +146,16 @@ def binary_dataset(tmp_path_factory) -> Path:
     from converters.convert import convert_parquet
     from dlrm_contracts.config import ConvertConfig
     from tests.test_converters import write_workdir
+
     root = tmp_path_factory.mktemp("dataset")
     write_workdir(root)
     convert_parquet(root / "parquet", root / "binary", ConvertConfig())
     return root / "binary"
 
 
-def test_stage_in_copies_once_checks_checksums_and_recopies_a_damaged_copy(
-        moto_s3, binary_dataset, tmp_path):
+def test_stage_in_copies_once_checks_checksums_and_recopies_a_damaged_copy(moto_s3, binary_dataset, tmp_path):
     from converters.stage_in import stage_in
+
     url = f"s3://{moto_s3.bucket()}/workdir/binary"
     publish_directory(binary_dataset, resolve(url))
     target = tmp_path / "node-local" / "binary"
@@ -165,13 +172,13 @@ def test_stage_in_copies_once_checks_checksums_and_recopies_a_damaged_copy(
     assert damaged.read_bytes() == (binary_dataset / "train" / "label.bin").read_bytes()
 
 
-def test_stage_in_refuses_a_damaged_source_and_publishes_nothing(moto_s3, binary_dataset,
-                                                                 tmp_path):
+def test_stage_in_refuses_a_damaged_source_and_publishes_nothing(moto_s3, binary_dataset, tmp_path):
     from converters.stage_in import stage_in
+
     url = f"s3://{moto_s3.bucket()}/workdir/binary"
     version = publish_directory(binary_dataset, resolve(url))
     label = version / "train" / "label.bin"
-    label.write_bytes(bytes(label.size()))             # same size, other bytes
+    label.write_bytes(bytes(label.size()))  # same size, other bytes
     target = tmp_path / "node" / "binary"
     with pytest.raises(DatasetError, match="checksum"):
         stage_in(url, target)
@@ -185,9 +192,22 @@ def test_stage_in_from_the_command_line(moto_s3, binary_dataset, tmp_path):
     publish_directory(binary_dataset, resolve(url))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop(LOCK_TOKEN_ENV, None)
-    run = subprocess.run([sys.executable, "-m", "converters", "stage-in", "--source", url,
-                          "--target", str(tmp_path / "n" / "binary"), "--json"],
-                         capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "stage-in",
+            "--source",
+            url,
+            "--target",
+            str(tmp_path / "n" / "binary"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["copied"] is True
 
@@ -197,6 +217,7 @@ def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto
     import gzip
     from spark_jobs.errors import PreprocessInputError
     from spark_jobs.inputs import bytes_per_line, discover_days
+
     bucket = moto_s3.bucket()
     lines = "".join(f"{i % 2}" + "\t1" * 13 + "\tab" * 26 + "\n" for i in range(5000)).encode()
     files = {"day_0": lines, "day_1.gz": gzip.compress(lines, mtime=0), "notes.txt": b"x"}
@@ -210,7 +231,7 @@ def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto
     for a, b in zip(here, there):
         name, size, _mtime, digest = a.fingerprint().split(":")
         assert b.fingerprint().split(":")[:2] == [name, size]
-        assert b.fingerprint().split(":")[3] == digest           # same bytes, same sample hash
+        assert b.fingerprint().split(":")[3] == digest  # same bytes, same sample hash
         assert bytes_per_line(b.path, 4096) == bytes_per_line(a.path, 4096)
     (resolve(f"s3://{bucket}/raw") / "day_3").write_bytes(lines)
     with pytest.raises(PreprocessInputError, match="missing day file"):
@@ -221,16 +242,31 @@ def test_day_files_at_a_url_are_found_fingerprinted_and_sized_as_local_ones(moto
 
 
 def test_a_dataset_converted_to_a_url_and_staged_in_equals_the_local_one_byte_for_byte(
-        moto_s3, binary_dataset, tmp_path):
+    moto_s3, binary_dataset, tmp_path
+):
     url = f"s3://{moto_s3.bucket()}/workdir/binary"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop(LOCK_TOKEN_ENV, None)
-    run = subprocess.run([sys.executable, "-m", "converters", "convert",
-                          "--parquet", str(binary_dataset.parent / "parquet"), "--output", url,
-                          "--json"], capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "convert",
+            "--parquet",
+            str(binary_dataset.parent / "parquet"),
+            "--output",
+            url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr
-    assert not (resolve(url).parent / ".pipeline.lock").exists()     # taken and released
+    assert not (resolve(url).parent / ".pipeline.lock").exists()  # taken and released
     from converters.stage_in import stage_in
+
     target = tmp_path / "node" / "binary"
     stage_in(url, target)
     local = sorted(p.relative_to(binary_dataset) for p in binary_dataset.rglob("*") if p.is_file())

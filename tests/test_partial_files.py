@@ -35,7 +35,7 @@ def test_ranges_of_every_file_merge_to_the_whole(tmp_path):
                 pieces.append(part)
             assert np.array_equal(np.concatenate([p.values for p in pieces]), whole.values)
             assert np.array_equal(np.concatenate([p.counts for p in pieces]), whole.counts)
-    assert partial_files.read_range(paths, 0, 0, None) == {}       # empty segments are not kept
+    assert partial_files.read_range(paths, 0, 0, None) == {}  # empty segments are not kept
 
 
 def test_a_damaged_file_is_an_error_not_a_short_count(tmp_path):
@@ -59,9 +59,10 @@ def test_a_slice_found_through_the_fences_is_exact_at_any_bound(tmp_path):
     counts.values[0], counts.values[-1] = 0, (1 << 32) - 1
     path = tmp_path / f"chunk-0{partial_files.SUFFIX}"
     partial_files.write(path, [(2, 7, counts)])
-    fences = counts.values[::partial_files.FENCE].astype(np.int64)
-    bounds = sorted({int(b) for f in fences for b in (f - 1, f, f + 1) if 0 <= b < 1 << 32}
-                    | {0, 1, (1 << 32) - 1})
+    fences = counts.values[:: partial_files.FENCE].astype(np.int64)
+    bounds = sorted(
+        {int(b) for f in fences for b in (f - 1, f, f + 1) if 0 <= b < 1 << 32} | {0, 1, (1 << 32) - 1}
+    )
     values = counts.values.astype(np.int64)
     for low in bounds:
         for high in [b for b in bounds if b > low][:6] + [None]:

@@ -55,8 +55,9 @@ def parquet_rows(split_dir: Path) -> list[tuple]:
 
     files = sorted(split_dir.glob("*.parquet"))
     table = pq.read_table(files) if files else None
-    return [] if table is None else list(zip(*[table.column(i).to_pylist()
-                                                for i in range(table.num_columns)]))
+    return (
+        [] if table is None else list(zip(*[table.column(i).to_pylist() for i in range(table.num_columns)]))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,12 @@ def config_file(tmp_path_factory) -> Path:
 def e2e(tmp_path_factory, config_file):
     """A full default-stage run with --np 2, and a second run started while it holds the lock."""
     workdir = tmp_path_factory.mktemp("e2e")
-    first = subprocess.Popen(pipeline_cmd(workdir, config_file, "--np", "2", "--max-steps", "30"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        pipeline_cmd(workdir, config_file, "--np", "2", "--max-steps", "30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600  # a bound, not a wait: the loop ends when the lock is taken
     lock = workdir / ".pipeline.lock"
     while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
@@ -87,8 +92,9 @@ def test_end_to_end_with_two_ranks(e2e):
     workdir, summary, _ = e2e
     assert summary["status"] == "ok"
     assert set(summary["stages"]) == {"generate", "preprocess", "convert", "train", "eval"}
-    assert all(summary["stages"][s]["action"] == "ran"
-               for s in ("generate", "preprocess", "convert", "train"))
+    assert all(
+        summary["stages"][s]["action"] == "ran" for s in ("generate", "preprocess", "convert", "train")
+    )
     assert summary["stages"]["train"]["engine"] == "horovod"
     # eval adopts the trainer's own final evaluation of the checkpoint it kept
     assert summary["stages"]["eval"]["action"] == "derived", summary["stages"]["eval"]
@@ -106,8 +112,14 @@ def test_end_to_end_with_two_ranks(e2e):
     # the newest day is held out: its test half's AUC is the model's next-day AUC
     assert summary["next_day_auc"] == summary["test_auc"] and summary["init"] == "scratch"
     assert summary["previous_model_test_auc"] is None and summary["export_version"] is None
-    for path in ("parquet/model_size.json", "binary/model_size.json", "binary/_SUCCESS",
-                 "report/report.md", "report/stage_times.png", "summary.json"):
+    for path in (
+        "parquet/model_size.json",
+        "binary/model_size.json",
+        "binary/_SUCCESS",
+        "report/report.md",
+        "report/stage_times.png",
+        "summary.json",
+    ):
         assert (workdir / path).exists(), path
     assert list((workdir / "logs").glob("pipeline-*.log"))
 
@@ -117,9 +129,13 @@ def _log_lines(workdir: Path) -> list[tuple[datetime, str]]:
     for path in sorted((workdir / "logs").glob("pipeline-*.log")):
         text = path.read_text()
         if "train      ran" in text:
-            return [(datetime.fromisoformat(stamp), message) for stamp, level, message in
-                    (line.split(" ", 2) for line in text.splitlines() if line.count(" ") >= 2)
-                    if level == "INFO"]
+            return [
+                (datetime.fromisoformat(stamp), message)
+                for stamp, level, message in (
+                    line.split(" ", 2) for line in text.splitlines() if line.count(" ") >= 2
+                )
+                if level == "INFO"
+            ]
     raise AssertionError("no log of the e2e run")
 
 
@@ -133,15 +149,20 @@ def test_every_stage_says_where_it_is_and_the_summary_keeps_its_rate(e2e):
     assert history["stages"]["preprocess"]["cpu_seconds"] == summary["stages"]["preprocess"]["cpu_seconds"]
     lines = _log_lines(workdir)
     for name in ("preprocess", "convert", "train"):  # eval's own: tests/test_launch.py
-        records = [Progress.from_line(line) for line in
-                   (workdir / "logs" / f"{name}.progress.jsonl").read_text().splitlines()]
+        records = [
+            Progress.from_line(line)
+            for line in (workdir / "logs" / f"{name}.progress.jsonl").read_text().splitlines()
+        ]
         assert records and records[-1].fraction == pytest.approx(1.0), name
         # from "running" to "ran": a progress line at least every interval_s (5 s here)
         start = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} running"))
         end = next(i for i, (_, m) in enumerate(lines) if m.startswith(f"{name:<10} ran"))
-        times = [t for t, m in lines[start:end + 1]
-                 if m.startswith(f"{name:<10} r") or (m.startswith(name) and " · elapsed" in m)]
-        assert len(times) >= 2, (name, lines[start:end + 1])
+        times = [
+            t
+            for t, m in lines[start : end + 1]
+            if m.startswith(f"{name:<10} r") or (m.startswith(name) and " · elapsed" in m)
+        ]
+        assert len(times) >= 2, (name, lines[start : end + 1])
         gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
         assert max(gaps) <= 5.2, (name, gaps)
 
@@ -163,16 +184,23 @@ def test_rerun_with_nothing_changed_skips_every_stage(e2e, config_file):
 def scratch_at_5(tmp_path_factory, e2e, config_file):
     """Preprocess + convert from scratch at threshold 5 on the e2e run's raw files."""
     workdir = tmp_path_factory.mktemp("scratch5")
-    proc, summary = run(workdir, config_file, "--input", str(e2e[0] / "raw"),
-                        "--frequency-threshold", "5", "--stages", "preprocess,convert")
+    proc, summary = run(
+        workdir,
+        config_file,
+        "--input",
+        str(e2e[0] / "raw"),
+        "--frequency-threshold",
+        "5",
+        "--stages",
+        "preprocess,convert",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return workdir
 
 
 def test_raising_the_threshold_runs_no_spark_and_equals_a_scratch_run(e2e, config_file, scratch_at_5):
     workdir, _, _ = e2e
-    proc, summary = run(workdir, config_file, "--frequency-threshold", "5",
-                        "--stages", "preprocess,convert")
+    proc, summary = run(workdir, config_file, "--frequency-threshold", "5", "--stages", "preprocess,convert")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert manifest(workdir, "preprocess")["engine"] != "spark"
     assert manifest(workdir, "preprocess")["action"] == "skipped"
@@ -200,17 +228,29 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
 def test_killed_runs_restart_to_the_same_outputs(tmp_path, e2e, config_file, scratch_at_5):
     raw = e2e[0] / "raw"
     workdir = tmp_path / "killed"
-    cmd = pipeline_cmd(workdir, config_file, "--input", str(raw), "--frequency-threshold", "5",
-                       "--stages", "preprocess,convert")
+    cmd = pipeline_cmd(
+        workdir,
+        config_file,
+        "--input",
+        str(raw),
+        "--frequency-threshold",
+        "5",
+        "--stages",
+        "preprocess,convert",
+    )
 
     def start():
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
 
     # 1. Killed while Spark is working: it has begun writing under the workdir, no marker yet.
     def spark_writing() -> bool:
-        return any(any(p.is_file() for p in (workdir / d).rglob("*"))
-                   for d in ("counts", "parquet") if (workdir / d).exists())
+        return any(
+            any(p.is_file() for p in (workdir / d).rglob("*"))
+            for d in ("counts", "parquet")
+            if (workdir / d).exists()
+        )
 
     _kill_when(start(), spark_writing)
     assert not (workdir / "manifests" / "preprocess.done").exists()
@@ -218,8 +258,16 @@ def test_killed_runs_restart_to_the_same_outputs(tmp_path, e2e, config_file, scr
     _kill_when(start(), lambda: any(p.name.startswith(".binary.tmp-") for p in workdir.iterdir()))
     assert not (workdir / "manifests" / "convert.done").exists()
     # 3. Restarted to the end.
-    proc, summary = run(workdir, config_file, "--input", str(raw), "--frequency-threshold", "5",
-                        "--stages", "preprocess,convert")
+    proc, summary = run(
+        workdir,
+        config_file,
+        "--input",
+        str(raw),
+        "--frequency-threshold",
+        "5",
+        "--stages",
+        "preprocess,convert",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for split in ("train", "test", "validation"):
         assert parquet_rows(workdir / "parquet" / split) == parquet_rows(scratch_at_5 / "parquet" / split)

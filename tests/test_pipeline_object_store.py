@@ -50,8 +50,7 @@ def _pipeline(*args: str, code: str | None = None) -> tuple[subprocess.Completed
     summary, the last stdout line."""
     main = f"{code}\nimport sys\nfrom pipeline.cli import main\nsys.exit(main(sys.argv[1:]))"
     prefix = [sys.executable, "-c", main] if code else [sys.executable, "-m", "pipeline"]
-    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=_env(),
-                          check=False)
+    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=_env(), check=False)
     lines = proc.stdout.strip().splitlines()
     return proc, json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
 
@@ -62,7 +61,7 @@ def _publish_parquet(parquet: Path, url: str) -> None:
     target = resolve(url)
     for split in SPLITS:
         publish_directory(parquet / split, target / split)
-    for name in (PREPROCESS_JSON, MODEL_SIZE_JSON, SUCCESS):   # _SUCCESS last
+    for name in (PREPROCESS_JSON, MODEL_SIZE_JSON, SUCCESS):  # _SUCCESS last
         (target / name).write_bytes((parquet / name).read_bytes())
 
 
@@ -70,14 +69,23 @@ def _publish_parquet(parquet: Path, url: str) -> None:
 def local_run(tmp_path_factory) -> tuple[Path, Path]:
     """(a local workdir converted by the pipeline, the config file)."""
     from tests.test_converters import write_workdir
+
     root = tmp_path_factory.mktemp("local")
     config = root / "pipeline.yaml"
     config.write_text(CONFIG)
     workdir = root / "workdir"
     write_workdir(workdir)
     (root / "raw").mkdir()
-    proc, summary = _pipeline("--workdir", str(workdir), "--config", str(config),
-                              "--input", str(root / "raw"), "--stages", "convert")
+    proc, summary = _pipeline(
+        "--workdir",
+        str(workdir),
+        "--config",
+        str(config),
+        "--input",
+        str(root / "raw"),
+        "--stages",
+        "convert",
+    )
     assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr
     return workdir, config
 
@@ -107,8 +115,9 @@ def _assert_local_runs_dataset(workdir: str, local_binary: Path) -> None:
     """The dataset published at the URL is the local run's, byte for byte, but for where
     dataset.json says its parquet came from (each workdir names its own)."""
     published = _published(f"{workdir}/binary")
-    expected = {p.relative_to(local_binary).as_posix(): p.read_bytes()
-                for p in local_binary.rglob("*") if p.is_file()}
+    expected = {
+        p.relative_to(local_binary).as_posix(): p.read_bytes() for p in local_binary.rglob("*") if p.is_file()
+    }
     assert published.keys() == expected.keys()
     assert [n for n in expected if n != "dataset.json" and published[n] != expected[n]] == []
     here, there = (json.loads(d["dataset.json"]) for d in (published, expected))
@@ -116,12 +125,12 @@ def _assert_local_runs_dataset(workdir: str, local_binary: Path) -> None:
     assert {**here, "source": None} == {**there, "source": None}
 
 
-def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(
-        bucket_workdir, local_run):
+def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(bucket_workdir, local_run):
     workdir, raw, local = bucket_workdir
     local_workdir, config = local_run
-    proc, summary = _pipeline(*_args(workdir, raw, local, config, "--stages", "convert,train",
-                                     "--max-steps", "3"))
+    proc, summary = _pipeline(
+        *_args(workdir, raw, local, config, "--stages", "convert,train", "--max-steps", "3")
+    )
     assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr[-3000:]
     assert summary["workdir"] == workdir and summary["local_side"] == str(local)
     assert summary["stages"]["convert"]["action"] == "ran"
@@ -129,15 +138,20 @@ def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(
     _assert_local_runs_dataset(workdir, local_workdir / "binary")
     # the train stage read the dataset the convert stage left on this node
     assert same_tree(local / "binary", local_workdir / "binary") == ["dataset.json"]
-    assert list((local / "checkpoints").glob("step-*"))        # checkpoints stay on the node
+    assert list((local / "checkpoints").glob("step-*"))  # checkpoints stay on the node
     # the records live at the URL; the lock was released
     root = resolve(workdir)
-    for name in ("manifests/convert.json", "manifests/convert.done", "manifests/train.done",
-                 "summary.json", "report/report.md"):
+    for name in (
+        "manifests/convert.json",
+        "manifests/convert.done",
+        "manifests/train.done",
+        "summary.json",
+        "report/report.md",
+    ):
         assert (root / name).is_file(), name
     assert json.loads((root / "summary.json").read_text())["status"] == "ok"
     assert not (root / ".pipeline.lock").exists()
-    assert not (local / "parquet" / "train").exists()    # the local copy of the splits is gone
+    assert not (local / "parquet" / "train").exists()  # the local copy of the splits is gone
 
     # a rerun here: the intact local copy is checked, not copied again
     proc, summary = _pipeline(*_args(workdir, raw, local, config, "--stages", "convert,eval"))
@@ -146,22 +160,33 @@ def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(
     assert "the local copy is intact, nothing copied" in proc.stderr
 
     # another node, its local side empty: up to date from the URL's records alone
-    proc, summary = _pipeline(*_args(workdir, raw, local.parent / "other-node", config,
-                                     "--stages", "convert"))
+    proc, summary = _pipeline(
+        *_args(workdir, raw, local.parent / "other-node", config, "--stages", "convert")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["convert"]["action"] == "skipped"
 
 
-def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lock(
-        bucket_workdir, local_run):
+def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lock(bucket_workdir, local_run):
     workdir, raw, local = bucket_workdir
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import sys
         from dlrm_contracts.lock import workdir_lock
         with workdir_lock(sys.argv[1], "pipeline"):
             print("held", flush=True)
             sys.stdin.read()
-        """), workdir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        """),
+            workdir,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         proc, summary = _pipeline(*_args(workdir, raw, local, local_run[1], "--stages", "convert"))
@@ -183,18 +208,17 @@ commit.write_marker = _killed
 """
 
 
-def test_a_run_killed_before_the_datasets_marker_is_recovered_by_the_next(
-        bucket_workdir, local_run):
+def test_a_run_killed_before_the_datasets_marker_is_recovered_by_the_next(bucket_workdir, local_run):
     workdir, raw, local = bucket_workdir
     args = _args(workdir, raw, local, local_run[1], "--stages", "convert")
     proc, _summary = _pipeline(*args, code=KILLED_BEFORE_MARKER)
     assert proc.returncode == -9, proc.stderr
     root = resolve(workdir)
-    assert (root / ".pipeline.lock").exists()                 # left behind by the kill
-    assert not (root / "binary" / "_COMMIT.json").exists()    # nothing a reader trusts
+    assert (root / ".pipeline.lock").exists()  # left behind by the kill
+    assert not (root / "binary" / "_COMMIT.json").exists()  # nothing a reader trusts
     assert any(p.name.startswith(".v-") for p in (root / "binary").iterdir())
     assert not (root / "manifests" / "convert.done").exists()
-    proc, summary = _pipeline(*args)          # its holder's pid is gone on this host: stale
+    proc, summary = _pipeline(*args)  # its holder's pid is gone on this host: stale
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "took over a stale lock" in proc.stderr
     assert summary["stages"]["convert"]["action"] in ("ran", "derived")
@@ -206,18 +230,27 @@ def test_a_run_killed_before_the_datasets_marker_is_recovered_by_the_next(
 @pytest.mark.parametrize("argv", [["export", "list"], ["plan"]])
 def test_commands_that_read_a_workdir_by_path_refuse_a_url(argv, tmp_path, monkeypatch, capsys):
     from pipeline.cli import main
+
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--workdir", "s3://bucket/criteo/workdir"]) == 2
     assert "local side" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []          # no local "s3:" directory
+    assert list(tmp_path.iterdir()) == []  # no local "s3:" directory
 
 
-def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anything(
-        tmp_path, capsys):
+def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anything(tmp_path, capsys):
     from pipeline.cli import main
+
     config = tmp_path / "stable.yaml"
     config.write_text("preprocess:\n  ids: stable\n")
-    argv = ["--workdir", "s3://bucket/criteo/workdir", "--input", "s3://bucket/criteo/raw",
-            "--config", str(config), "--stages", "preprocess,convert"]
-    assert main(argv) == 2                 # no store is reached: the bucket does not exist
+    argv = [
+        "--workdir",
+        "s3://bucket/criteo/workdir",
+        "--input",
+        "s3://bucket/criteo/raw",
+        "--config",
+        str(config),
+        "--stages",
+        "preprocess,convert",
+    ]
+    assert main(argv) == 2  # no store is reached: the bucket does not exist
     assert "preprocess.ids: stable needs a workdir on a filesystem path" in capsys.readouterr().err

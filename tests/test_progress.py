@@ -14,8 +14,17 @@ import time
 import pytest
 
 from dlrm_contracts.config import ConfigError, ProgressConfig, config_from_dict
-from dlrm_contracts.progress import (PROGRESS_FILE_ENV, ChannelWriter, Display, Progress,
-                                     Reporter, StageEstimate, channel, counting, open_reporter)
+from dlrm_contracts.progress import (
+    PROGRESS_FILE_ENV,
+    ChannelWriter,
+    Display,
+    Progress,
+    Reporter,
+    StageEstimate,
+    channel,
+    counting,
+    open_reporter,
+)
 from pipeline.progress import ConsoleFilter, CpuMeter, StageWatch, PROGRESS_RECORD
 
 
@@ -31,12 +40,27 @@ class Collect:
 
 
 def test_records_round_trip_and_foreign_or_torn_lines_are_ignored():
-    p = Progress("train", fraction=0.25, phase="train", done=5, total=20, unit="steps",
-                 rows=5120, rows_unit="samples", metrics={"loss": 0.13}, time=100.0)
+    p = Progress(
+        "train",
+        fraction=0.25,
+        phase="train",
+        done=5,
+        total=20,
+        unit="steps",
+        rows=5120,
+        rows_unit="samples",
+        metrics={"loss": 0.13},
+        time=100.0,
+    )
     assert Progress.from_line(p.to_line()) == p
     assert p.to_line().endswith("\n") and p.to_line().count("\n") == 1
-    for junk in ('{"stage": "train", "fraction": 0.', "not json", "[1, 2]", '{"fraction": 1}',
-                 '{"stage": "x", "done": 1, "new_field_of_a_later_version": 2}'):
+    for junk in (
+        '{"stage": "train", "fraction": 0.',
+        "not json",
+        "[1, 2]",
+        '{"fraction": 1}',
+        '{"stage": "x", "done": 1, "new_field_of_a_later_version": 2}',
+    ):
         got = Progress.from_line(junk)
         assert got is None or (got.stage == "x" and got.done == 1)
 
@@ -45,8 +69,9 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
     est = StageEstimate("s", started=0.0)
     # 50 s of start-up, then 1% a second: at 30% the remaining 70% take 70 s
     for t in range(50, 81):
-        est.update(Progress("s", fraction=(t - 50) / 100, rows=(t - 50) * 1000.0, time=float(t)),
-                   now=float(t))
+        est.update(
+            Progress("s", fraction=(t - 50) / 100, rows=(t - 50) * 1000.0, time=float(t)), now=float(t)
+        )
     assert est.eta(now=80.0) == pytest.approx(70.0)
     assert est.eta(now=90.0) == pytest.approx(60.0)  # counts down between reports
     assert est.rate() == pytest.approx(1000.0)
@@ -61,17 +86,51 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
 
 def test_rate_restarts_with_each_phase_and_metrics_are_shown():
     est = StageEstimate("train", started=0.0, rate_window_s=60.0)
-    est.update(Progress("train", fraction=0.5, phase="train", done=50, total=100, unit="steps",
-                        rows=50_000.0, rows_unit="samples", metrics={"loss": 0.1234567},
-                        time=10.0), now=10.0)
-    est.update(Progress("train", fraction=0.6, phase="train", done=60, total=100, unit="steps",
-                        rows=60_000.0, rows_unit="samples", metrics={"loss": 0.12},
-                        time=11.0), now=11.0)
+    est.update(
+        Progress(
+            "train",
+            fraction=0.5,
+            phase="train",
+            done=50,
+            total=100,
+            unit="steps",
+            rows=50_000.0,
+            rows_unit="samples",
+            metrics={"loss": 0.1234567},
+            time=10.0,
+        ),
+        now=10.0,
+    )
+    est.update(
+        Progress(
+            "train",
+            fraction=0.6,
+            phase="train",
+            done=60,
+            total=100,
+            unit="steps",
+            rows=60_000.0,
+            rows_unit="samples",
+            metrics={"loss": 0.12},
+            time=11.0,
+        ),
+        now=11.0,
+    )
     assert "10,000 samples/s" in est.line(now=11.0) and "loss 0.12" in est.line(now=11.0)
-    assert est.update(Progress("train", fraction=0.7, phase="eval test", done=10, total=100,
-                               unit="rows", rows=10.0, metrics={"loss": 0.12345678,
-                                                                "test AUC": "0.75 (step 60)"},
-                               time=12.0), now=12.0)
+    assert est.update(
+        Progress(
+            "train",
+            fraction=0.7,
+            phase="eval test",
+            done=10,
+            total=100,
+            unit="rows",
+            rows=10.0,
+            metrics={"loss": 0.12345678, "test AUC": "0.75 (step 60)"},
+            time=12.0,
+        ),
+        now=12.0,
+    )
     line = est.line(now=12.0)
     assert est.rate() is None and "rows/s" not in line  # one sample of the new phase
     assert "eval test 10/100 rows" in line and "loss 0.12346" in line
@@ -102,8 +161,7 @@ def test_reporter_sends_at_most_one_record_a_second_but_every_new_phase():
         reporter.report(phase="convert", done=i)
     reporter.report(phase="rethreshold", done=0)
     reporter.report(done=5, force=True)
-    assert [(p.phase, p.done) for p in sink.items] == [("convert", 0), ("rethreshold", 0),
-                                                      ("rethreshold", 5)]
+    assert [(p.phase, p.done) for p in sink.items] == [("convert", 0), ("rethreshold", 0), ("rethreshold", 5)]
 
 
 def test_channel_lines_are_whole_and_a_broken_channel_never_fails_the_stage(tmp_path, capsys):
@@ -118,8 +176,7 @@ def test_channel_lines_are_whole_and_a_broken_channel_never_fails_the_stage(tmp_
     assert capsys.readouterr().err.count("cannot be written") == 1
 
 
-def test_a_reporter_writes_to_the_pipelines_channel_in_process_and_in_a_child(tmp_path,
-                                                                              monkeypatch):
+def test_a_reporter_writes_to_the_pipelines_channel_in_process_and_in_a_child(tmp_path, monkeypatch):
     path = tmp_path / "convert.progress.jsonl"
     with channel(path):
         with counting("convert", 300, "rows", phase="convert") as bar:
@@ -130,11 +187,14 @@ def test_a_reporter_writes_to_the_pipelines_channel_in_process_and_in_a_child(tm
     assert records[-1].rows == 300 and records[-1].done == 300
 
     child = tmp_path / "score.progress.jsonl"
-    code = ("from dlrm_contracts.progress import open_reporter\n"
-            "r = open_reporter('score')\n"
-            "r.report(phase='score', fraction=0.5, force=True)\n")
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   env={**os.environ, PROGRESS_FILE_ENV: str(child)})
+    code = (
+        "from dlrm_contracts.progress import open_reporter\n"
+        "r = open_reporter('score')\n"
+        "r.report(phase='score', fraction=0.5, force=True)\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, PROGRESS_FILE_ENV: str(child)}
+    )
     assert Progress.from_line(child.read_text()).fraction == 0.5
     monkeypatch.delenv(PROGRESS_FILE_ENV, raising=False)
     quiet = open_reporter("score", enabled=False)
@@ -179,8 +239,9 @@ def test_a_standalone_tool_draws_a_bar_with_an_eta_on_a_terminal_and_lines_elsew
     assert bars, screen[-2000:]
     assert any("ETA" in f and "rows/s" in f for f in bars), bars[-3:]
     assert "100%|" in bars[-1]
-    piped = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                           text=True, timeout=60)
+    piped = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60
+    )
     lines = piped.stderr.splitlines()
     # reports come once a second (the reporter's pace), each due for a line at this interval
     assert "%|" not in piped.stderr and len(lines) >= 3
@@ -191,14 +252,16 @@ def test_a_standalone_tool_draws_a_bar_with_an_eta_on_a_terminal_and_lines_elsew
 def test_the_watcher_follows_a_child_shows_lines_while_it_is_silent_and_counts_its_cpu(tmp_path):
     lines = Collect()
     display = Display(None, ProgressConfig(interval_s=0.5), emit=lines, bar=False)
-    code = ("import time, os\n"
-            "from dlrm_contracts.progress import open_reporter\n"
-            "time.sleep(1.2)\n"  # silent start-up: the watcher still says the stage runs
-            "r = open_reporter('preprocess')\n"
-            "r.report(phase='count', fraction=0.25, force=True)\n"
-            "end = time.process_time() + 0.8\n"
-            "while time.process_time() < end: pass\n"  # ~0.8 CPU-s
-            "r.report(phase='transform', fraction=1.0, force=True)\n")
+    code = (
+        "import time, os\n"
+        "from dlrm_contracts.progress import open_reporter\n"
+        "time.sleep(1.2)\n"  # silent start-up: the watcher still says the stage runs
+        "r = open_reporter('preprocess')\n"
+        "r.report(phase='count', fraction=0.25, force=True)\n"
+        "end = time.process_time() + 0.8\n"
+        "while time.process_time() < end: pass\n"  # ~0.8 CPU-s
+        "r.report(phase='transform', fraction=1.0, force=True)\n"
+    )
     with StageWatch("preprocess", tmp_path, display) as watch:
         subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **watch.env()})
     assert lines.items[0].startswith("preprocess · running · elapsed")
@@ -212,10 +275,15 @@ def test_the_watcher_follows_a_child_shows_lines_while_it_is_silent_and_counts_i
 def test_cpu_meter_counts_this_process_and_children_nobody_waited_for():
     meter = CpuMeter()
     # a grandchild left running on its own (as a JVM is), sampled while it lives
-    proc = subprocess.Popen([sys.executable, "-c",
-                             "import time\nend = time.process_time() + 1.0\n"
-                             "while time.process_time() < end: pass\n"
-                             "time.sleep(30)"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.process_time() + 1.0\n"
+            "while time.process_time() < end: pass\n"
+            "time.sleep(30)",
+        ]
+    )
     try:
         deadline = time.time() + 20
         while time.time() < deadline and meter.seconds() < 1.0:  # seconds() samples too
@@ -241,7 +309,7 @@ def test_a_preprocess_phase_reads_then_writes_or_sums_and_its_fraction_follows()
     count = _Phase("count", "", read_tasks=10, after_tasks=0, rows=1000.0, started=0.0)
     count.stages = {1: (10, 5, 0)}
     assert count.fraction(0.6, now=50.0) == pytest.approx(0.3) and count.read_fraction() == 0.5
-    count.stages = {1: (10, 5, 2)}                # two running: a task's worth more done
+    count.stages = {1: (10, 5, 2)}  # two running: a task's worth more done
     assert count.fraction(0.6, now=50.0) == pytest.approx(0.36) and count.tasks() == (5, 10)
     count.stages = {1: (10, 10, 0), 2: (8, 3, 1)}  # reading took 100 s: the sums should take 66.7
     assert count.fraction(0.6, now=100.0) == pytest.approx(0.6)
@@ -256,15 +324,18 @@ def test_a_preprocess_phase_reads_then_writes_or_sums_and_its_fraction_follows()
     assert dictionaries.fraction(0.6, now=1.0) == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"interval_s": 0}, "interval_s"),
-    ({"interval_s": "often"}, "interval_s"),
-    ({"preprocess_phase_shares": {"count": -1}}, "preprocess_phase_shares"),
-    ({"preprocess_phase_shares": {"count": 0}}, "preprocess_phase_shares"),
-    ({"preprocess_read_shares": {"count": 1.0, "transform": 0.5}}, "preprocess_read_shares"),
-    ({"preprocess_read_shares": {"count": 0.8}}, "preprocess_read_shares"),
-    ({"every": 3}, "unknown setting"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"interval_s": 0}, "interval_s"),
+        ({"interval_s": "often"}, "interval_s"),
+        ({"preprocess_phase_shares": {"count": -1}}, "preprocess_phase_shares"),
+        ({"preprocess_phase_shares": {"count": 0}}, "preprocess_phase_shares"),
+        ({"preprocess_read_shares": {"count": 1.0, "transform": 0.5}}, "preprocess_read_shares"),
+        ({"preprocess_read_shares": {"count": 0.8}}, "preprocess_read_shares"),
+        ({"every": 3}, "unknown setting"),
+    ],
+)
 def test_bad_progress_settings_are_refused(section, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"progress": section})
@@ -310,8 +381,7 @@ runner.log.info("convert    ran")
 
 def test_the_pipeline_draws_a_bar_per_stage_on_a_terminal_and_keeps_lines_in_its_log(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != PROGRESS_FILE_ENV}
-    screen = _run_on_a_terminal([sys.executable, "-c", PIPELINE_ON_A_TERMINAL, str(tmp_path)],
-                                env)
+    screen = _run_on_a_terminal([sys.executable, "-c", PIPELINE_ON_A_TERMINAL, str(tmp_path)], env)
     frames = screen.replace("\r\n", "\r").split("\r")
     bars = [f for f in frames if f.startswith("convert") and "%|" in f]
     assert any("ETA" in f and "rows/s" in f for f in bars), screen[-2000:]
@@ -328,8 +398,10 @@ def test_the_cpu_meter_counts_a_child_that_was_already_running_from_its_own_star
     only what it burns during the stage, not its whole life's CPU time."""
     from pipeline.progress import CpuMeter
 
-    code = ("import time\nend = time.process_time() + 1.0\n"
-            "while time.process_time() < end: pass\nprint('burnt', flush=True)\ntime.sleep(30)\n")
+    code = (
+        "import time\nend = time.process_time() + 1.0\n"
+        "while time.process_time() < end: pass\nprint('burnt', flush=True)\ntime.sleep(30)\n"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "burnt"

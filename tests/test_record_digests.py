@@ -41,8 +41,9 @@ class Registry(BaseHTTPRequestHandler):
             return self._send(404, b"{}")
         if self.headers.get("Authorization") != "Bearer t0k":
             realm = f"http://127.0.0.1:{self.server.server_port}/token"
-            return self._send(401, b"{}", {"WWW-Authenticate":
-                                           f'Bearer realm="{realm}",service="test",scope="pull"'})
+            return self._send(
+                401, b"{}", {"WWW-Authenticate": f'Bearer realm="{realm}",service="test",scope="pull"'}
+            )
         body = self.manifests[self.path]
         said = "sha256:" + hashlib.sha256(b"other" if self.lie else body).hexdigest()
         return self._send(200, body, {"Docker-Content-Digest": said})
@@ -67,16 +68,21 @@ def registry():
     Registry.manifests, Registry.files, Registry.lie, Registry.requests = {}, {}, False, []
     for name, reference in record_digests.base_images().items():
         image = record_digests.ImageRef.parse(reference)
-        Registry.manifests[f"/v2/{image.repository}/manifests/{image.tag}"] = \
-            json.dumps({"schemaVersion": 2, "for": name}).encode()
+        Registry.manifests[f"/v2/{image.repository}/manifests/{image.tag}"] = json.dumps(
+            {"schemaVersion": 2, "for": name}
+        ).encode()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()
 
 
 def _run(*args, digests: Path):
-    return subprocess.run([sys.executable, str(SCRIPT), "--digests", str(digests), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--digests", str(digests), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _empty_digests(tmp_path: Path) -> Path:
@@ -121,13 +127,16 @@ def test_an_unknown_tag_is_refused_with_the_url_and_the_file_is_left_alone(regis
 
 
 def _gpg(home: Path, *args: str, **kwargs):
-    return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback",
-                           "--passphrase", "", *args], capture_output=True, check=True, **kwargs)
+    return subprocess.run(
+        ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback", "--passphrase", "", *args],
+        capture_output=True,
+        check=True,
+        **kwargs,
+    )
 
 
 @pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed")
-def test_the_rapids_jar_is_recorded_only_under_a_valid_signature_of_the_named_key(registry,
-                                                                                 tmp_path):
+def test_the_rapids_jar_is_recorded_only_under_a_valid_signature_of_the_named_key(registry, tmp_path):
     home = tmp_path / "gnupg"
     home.mkdir(mode=0o700)
     try:
@@ -139,9 +148,11 @@ def test_the_rapids_jar_is_recorded_only_under_a_valid_signature_of_the_named_ke
 
 def _signed_jar_is_recorded_only_under_its_key(home: Path, registry: str, tmp_path: Path):
     _gpg(home, "--quick-gen-key", "release@example.invalid", "ed25519", "sign", "never")
-    fingerprint = [line.split(":")[9] for line in _gpg(
-        home, "--with-colons", "--list-keys", text=True).stdout.splitlines()
-        if line.startswith("fpr:")][0]
+    fingerprint = [
+        line.split(":")[9]
+        for line in _gpg(home, "--with-colons", "--list-keys", text=True).stdout.splitlines()
+        if line.startswith("fpr:")
+    ][0]
     keyring = tmp_path / "release.gpg"
     keyring.write_bytes(_gpg(home, "--export", fingerprint).stdout)
     jar = b"PK\x03\x04 a jar's bytes"

@@ -37,8 +37,10 @@ def test_the_plot_draws_the_final_evaluation_as_a_marker(tmp_path, monkeypatch):
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording_plot)
     metrics = [{"step": s, "loss": 0.5 - s / 1e4} for s in range(1, 401)]
-    metrics += [{"event": "eval", "split": "validation", "step": s, "auc": a}
-                for s, a in [(100, 0.70), (200, 0.75), (300, 0.74), (400, 0.73), (200, 0.75)]]
+    metrics += [
+        {"event": "eval", "split": "validation", "step": s, "auc": a}
+        for s, a in [(100, 0.70), (200, 0.75), (300, 0.74), (400, 0.73), (200, 0.75)]
+    ]
     out = tmp_path / "training.png"
     assert _plot_training(metrics, out) and out.stat().st_size > 0
     curves = [d for d in drawn if d[2].get("marker") == "o"]

@@ -21,8 +21,13 @@ import pytest
 from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import EXPORT_FINGERPRINT, SAVED_MODEL_PB
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
-from dlrm_contracts.serving_state import (ServingState, ServingStateError, read_state,
-                                          served_export, write_state)
+from dlrm_contracts.serving_state import (
+    ServingState,
+    ServingStateError,
+    read_state,
+    served_export,
+    write_state,
+)
 
 # ------------------------------------------------------------------ pruning and the commands
 # Version directories with an empty saved_model.pb: what pruning and the commands look at.
@@ -32,8 +37,9 @@ def fake_versions(export: Path, versions) -> None:
     for version in versions:
         (export / str(version)).mkdir(parents=True)
         (export / str(version) / SAVED_MODEL_PB).write_bytes(b"")
-        (export / str(version) / EXPORT_FINGERPRINT).write_text(json.dumps(
-            {"version": version, "checkpoint_step": 10 * version}))
+        (export / str(version) / EXPORT_FINGERPRINT).write_text(
+            json.dumps({"version": version, "checkpoint_step": 10 * version})
+        )
 
 
 def on_disk(export: Path) -> list[int]:
@@ -41,8 +47,12 @@ def on_disk(export: Path) -> list[int]:
 
 
 def export_cli(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", "export", *args, "--workdir",
-                           str(workdir)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "export", *args, "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_pruning_keeps_the_pinned_and_the_newest_verified_version(tmp_path):
@@ -70,12 +80,12 @@ def test_a_held_version_is_never_pruned_and_latest_releases_it(tmp_path):
     export = tmp_path / "w" / "export"
     fake_versions(export, range(1, 5))
     write_state(export, ServingState(verified={v: "t" for v in range(1, 5)}))
-    proc = export_cli(tmp_path / "w", "rollback")          # the version before the served 4
+    proc = export_cli(tmp_path / "w", "rollback")  # the version before the served 4
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["served_version"] == 3
     proc = export_cli(tmp_path / "w", "rollback", "1")
     assert proc.returncode == 0 and served_export(export) == export / "1", proc.stderr
-    fake_versions(export, [5])                             # a later export: 1 stays served
+    fake_versions(export, [5])  # a later export: 1 stays served
     state = read_state(export)
     state.verified[5] = "t"
     write_state(export, state)
@@ -95,17 +105,23 @@ def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
     listed = json.loads(proc.stdout.splitlines()[-1])
     assert listed["pinned"] == [1] and listed["served_version"] == 2
     assert [(r["version"], r["pinned"], r["served"]) for r in listed["versions"]] == [
-        (1, True, False), (2, False, True)]
+        (1, True, False),
+        (2, False, True),
+    ]
     assert read_state(export).pinned == {1}
-    for args, words in [(("pin", "7"), "no export version 7"), (("rollback", "9"), "no export "
-                        "version 9"), (("pin",), "needs a VERSION"), (("latest", "1"), "takes no")]:
+    for args, words in [
+        (("pin", "7"), "no export version 7"),
+        (("rollback", "9"), "no export version 9"),
+        (("pin",), "needs a VERSION"),
+        (("latest", "1"), "takes no"),
+    ]:
         proc = export_cli(tmp_path / "w", *args)
         assert proc.returncode == ExitCode.USAGE and words in proc.stderr, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert export_cli(tmp_path / "w", "unpin", "1").returncode == 0
     assert read_state(export).pinned == set()
     proc = export_cli(tmp_path / "w", "rollback", "1")
-    proc = export_cli(tmp_path / "w", "rollback")               # nothing older than 1
+    proc = export_cli(tmp_path / "w", "rollback")  # nothing older than 1
     assert proc.returncode == ExitCode.USAGE and "no version older" in proc.stderr
 
 
@@ -165,7 +181,9 @@ def trained(tmp_path_factory):
     stream_day(work / "binary", 1, dictionaries=work / "parquet" / "dictionaries")
     run(small_config(max_steps=6, checkpoint_every=3, keep_checkpoints=5), work / "binary", work)
     assert sorted(p.name for p in (work / "checkpoints").glob("step-*")) == [
-        "step-000000003", "step-000000006"]
+        "step-000000003",
+        "step-000000006",
+    ]
     (root / "raw").mkdir()
     return root
 
@@ -181,9 +199,23 @@ def workdir_copy(trained: Path, tmp_path: Path, newest_only: bool = False) -> Pa
 def pipeline(trained: Path, work: Path, *args: str, np_: int = 1):
     config = work.parent / "c.yaml"
     config.write_text(CONFIG % np_)
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(trained / "raw"),
-                           "--workdir", str(work), "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--input",
+            str(trained / "raw"),
+            "--workdir",
+            str(work),
+            "--config",
+            str(config),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     lines = proc.stdout.strip().splitlines()
     return proc, json.loads(lines[-1]) if lines else None
 
@@ -223,8 +255,7 @@ def test_rollback_moves_the_score_stage_to_that_version(trained, tmp_path):
         proc, summary = pipeline(trained, work, "--stages", "score", "--score-input", str(day))
         assert proc.returncode == 0 and summary["stages"]["score"]["action"] == "ran", proc.stderr
         model = json.loads((work / "manifests" / "score.json").read_text())["summary"]["model"]
-        return model, pq.read_table(work / "scores" / "day_9.parquet").column(
-            "probability").to_pylist()
+        return model, pq.read_table(work / "scores" / "day_9.parquet").column("probability").to_pylist()
 
     model, newest = score()
     assert model == str(work / "export" / "2")
@@ -250,9 +281,9 @@ def damage(work: Path, kind: str) -> str:
     if kind == "garbage replicated.npz":
         (step / "replicated.npz").write_bytes(b"garbage" * 100)
         return "replicated.npz"
-    cat = work / "binary" / "test" / "cat_0.bin"    # int8 ids of C1 (3 rows)
+    cat = work / "binary" / "test" / "cat_0.bin"  # int8 ids of C1 (3 rows)
     data = bytearray(cat.read_bytes())
-    data[0] = 0xFE                                  # id -2
+    data[0] = 0xFE  # id -2
     cat.write_bytes(bytes(data))
     return "cat_0.bin"
 
@@ -293,8 +324,7 @@ def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, 
     ranks = 2 if kind == "truncated rank-0.npz" else 1
     proc, summary = pipeline(trained, work, "--stages", "eval", "--force", np_=ranks)
     # a refusal (a person must retrain or reconvert): a scheduler does not retry it
-    assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval_refused", \
-        proc.stderr
+    assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval_refused", proc.stderr
     line = one_failure_line(proc, "eval")
     assert name in line, line
     fix = "--stages convert --force" if kind == "id -2" else "train again (--stages train"
@@ -330,8 +360,11 @@ def test_export_of_a_damaged_checkpoint_names_it_and_the_fix(trained, tmp_path, 
 
     work = workdir_copy(trained, tmp_path, newest_only=True)
     name = damage(work, kind)
-    with pytest.raises(ExportError, match=f"{name}.*no older checkpoint of this run is intact: "
-                                          r"train again \(--stages train,eval,export --force\)"):
+    with pytest.raises(
+        ExportError,
+        match=f"{name}.*no older checkpoint of this run is intact: "
+        r"train again \(--stages train,eval,export --force\)",
+    ):
         export_model(work, work / "binary", ExportConfig())
     assert not (work / "export").exists() or on_disk(work / "export") == []
 

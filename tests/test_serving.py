@@ -93,21 +93,23 @@ def _salt_test_day(lines: list[str], seed: int) -> list[str]:
     for i in rng.sample(range(len(test)), 60):
         fields = test[i].split("\t")
         kind = i % 4
-        if kind == 0:    # uppercase hex
+        if kind == 0:  # uppercase hex
             fields = fields[:14] + [f.upper() for f in fields[14:]]
         elif kind == 1:  # values never seen in training
             for j in rng.sample(range(14, 40), 5):
                 fields[j] = "%x" % rng.randrange(1, 2**32)
         elif kind == 2:  # a short line: the trailing fields are missing
-            fields = fields[:rng.randint(1, 39)]
-        else:            # short hex, written without leading zeros
+            fields = fields[: rng.randint(1, 39)]
+        else:  # short hex, written without leading zeros
             fields = fields[:14] + [f.lstrip("0") or ("0" if f else "") for f in fields[14:]]
         test[i] = "\t".join(fields) + ("\r" if i % 3 == 0 else "")
     # the SavedModel scores request lines: the day files' line limit is not its rule
-    bad = [line for reason, group in BAD_LINES.items() if reason != "line_too_long"
-           for line in group]
-    bad += ["1\t9223372036854775808" + "\t" * 38, "0\t-9223372036854775809",
-            "1\t-9223372036854775808\t9223372036854775807"]  # the last one is valid
+    bad = [line for reason, group in BAD_LINES.items() if reason != "line_too_long" for line in group]
+    bad += [
+        "1\t9223372036854775808" + "\t" * 38,
+        "0\t-9223372036854775809",
+        "1\t-9223372036854775808\t9223372036854775807",
+    ]  # the last one is valid
     for line in bad:
         test.insert(rng.randrange(len(test) + 1), line)
     return test + rest
@@ -120,20 +122,42 @@ def served(tmp_path_factory):
     config = root / "config.yaml"
     config.write_text(CONFIG)
     raw = root / "raw"
-    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--config",
-                    str(config)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--config", str(config)],
+        check=True,
+        capture_output=True,
+    )
     last = raw / "day_2"
     lines = last.read_text(encoding="latin-1").split("\n")[:-1]
     salted = _salt_test_day(lines, 5)
     last.write_bytes(("\n".join(salted) + "\n").encode("latin-1"))
     workdir = root / "work"
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw), "--workdir",
-                           str(workdir), "--config", str(config), "--stages",
-                           "preprocess,convert,train,eval,export"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--input",
+            str(raw),
+            "--workdir",
+            str(workdir),
+            "--config",
+            str(config),
+            "--stages",
+            "preprocess,convert,train,eval,export",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
-    return {"root": root, "raw": raw, "workdir": workdir, "config": config,
-            "test_lines": salted[:(len(salted) + 1) // 2]}
+    return {
+        "root": root,
+        "raw": raw,
+        "workdir": workdir,
+        "config": config,
+        "test_lines": salted[: (len(salted) + 1) // 2],
+    }
 
 
 def newest_fingerprint(workdir: Path) -> Path:
@@ -149,9 +173,14 @@ def serve(served, requests: dict) -> dict:
     script.write_text(SERVE_SCRIPT)
     request_file.write_text(json.dumps(requests))
     model = latest_export(served["workdir"] / "export")
-    proc = subprocess.run([sys.executable, str(script), str(model),
-                           str(request_file), str(answer)], capture_output=True, text=True,
-                          timeout=300, cwd=root, env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(model), str(request_file), str(answer)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(answer.read_text())
     assert out.pop("_project_modules") == []
@@ -165,7 +194,7 @@ def trainer_test_predictions(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
 
     config = load_config(workdir / "manifests" / "effective_config.yaml").train
     trainer = Trainer(config, workdir / "binary", workdir)
-    trainer.restore_best(required=True)     # the run's model: what eval and export use
+    trainer.restore_best(required=True)  # the run's model: what eval and export use
     return trainer.predictions("test")
 
 
@@ -209,8 +238,7 @@ def test_serve_features_and_line_variants_agree(served):
     rows = _valid_fields(served, 64)
     canonical = ["\t".join(r) for r in rows]
     upper = ["\t".join(r[:14] + [c.upper() for c in r[14:]]) for r in rows]
-    unpadded = ["\t".join(r[:14] + [c.lstrip("0") or ("0" if c else "") for c in r[14:]])
-                for r in rows]
+    unpadded = ["\t".join(r[:14] + [c.lstrip("0") or ("0" if c else "") for c in r[14:]]) for r in rows]
     crlf = [line + "\r\n" for line in canonical]
     # unseen values vs missing ones: both id 0
     unseen = ["\t".join(r[:14] + ["fedcba98"] * 3 + r[17:]) for r in rows]
@@ -222,17 +250,36 @@ def test_serve_features_and_line_variants_agree(served):
     short_padded = ["\t".join(r[:30] + [""] * 10) for r in rows]
     missing = -(2**63)
     ints = [[int(x) if x else missing for x in r[1:14]] for r in rows]
-    requests = {name: {"signature": "serve_lines", "lines": lines, "has_label": True}
-                for name, lines in [("canonical", canonical), ("upper", upper), ("unpadded", unpadded),
-                                    ("crlf", crlf), ("unseen", unseen), ("blank", blank),
-                                    ("negative", negative), ("empty_ints", empty_ints),
-                                    ("short", short), ("short_padded", short_padded)]}
-    requests["unlabelled"] = {"signature": "serve_lines", "has_label": False,
-                              "lines": ["\t".join(r[1:]) for r in rows]}
-    requests["features"] = {"signature": "serve_features", "ints": ints,
-                            "cats": [[c.upper() for c in r[14:]] for r in rows]}
-    requests["bad_features"] = {"signature": "serve_features", "ints": ints[:2],
-                                "cats": [rows[0][14:25] + ["0x1"] + rows[0][26:], rows[1][14:]]}
+    requests = {
+        name: {"signature": "serve_lines", "lines": lines, "has_label": True}
+        for name, lines in [
+            ("canonical", canonical),
+            ("upper", upper),
+            ("unpadded", unpadded),
+            ("crlf", crlf),
+            ("unseen", unseen),
+            ("blank", blank),
+            ("negative", negative),
+            ("empty_ints", empty_ints),
+            ("short", short),
+            ("short_padded", short_padded),
+        ]
+    }
+    requests["unlabelled"] = {
+        "signature": "serve_lines",
+        "has_label": False,
+        "lines": ["\t".join(r[1:]) for r in rows],
+    }
+    requests["features"] = {
+        "signature": "serve_features",
+        "ints": ints,
+        "cats": [[c.upper() for c in r[14:]] for r in rows],
+    }
+    requests["bad_features"] = {
+        "signature": "serve_features",
+        "ints": ints[:2],
+        "cats": [rows[0][14:25] + ["0x1"] + rows[0][26:], rows[1][14:]],
+    }
     out = serve(served, requests)
     base = out["canonical"]["probability"]
     assert all(0 < p < 1 for p in base)
@@ -262,17 +309,33 @@ def test_fingerprint_names_what_was_exported(served):
     assert fingerprint["dataset"]["source_fingerprint"] == dataset["source_fingerprint"]
     assert fingerprint["trained_ranks"] == 2
     # the default model: the wide term's weights are in the export (wide_C<i>)
-    assert fingerprint["dims"] == {"embedding_dim": 16, "bottom_mlp": [64, 32, 16],
-                                   "top_mlp": [128, 64, 1], "wide": True}
+    assert fingerprint["dims"] == {
+        "embedding_dim": 16,
+        "bottom_mlp": [64, 32, 16],
+        "top_mlp": [128, 64, 1],
+        "wide": True,
+    }
     assert fingerprint["table_sizes"] == dataset["table_sizes"]
     vocab = workdir / "export" / "1" / "assets" / "C1.vocab"
     assert len(vocab.read_text().splitlines()) == dataset["table_sizes"][0]
 
 
 def run_pipeline(served, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(served["workdir"]),
-                           "--config", str(served["config"]), *args],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(served["workdir"]),
+            "--config",
+            str(served["config"]),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -284,11 +347,14 @@ def test_score_stage_writes_scores_and_rejects(served):
     with gzip.open(day, "wb") as fh:
         fh.write(("\n".join(lines) + "\n").encode("latin-1"))
     plain = root / "new" / "unlabelled"
-    plain.write_text("".join("\t".join(line.split("\t")[1:]) + "\n"
-                             for line in lines[:50] if reference_parse(line.removesuffix("\r"))[0] is None
-                             and len(line.split("\t")) == 40))
-    proc, summary = run_pipeline(served, "--stages", "export,score",
-                                 "--score-input", f"{day},{plain}")
+    plain.write_text(
+        "".join(
+            "\t".join(line.split("\t")[1:]) + "\n"
+            for line in lines[:50]
+            if reference_parse(line.removesuffix("\r"))[0] is None and len(line.split("\t")) == 40
+        )
+    )
+    proc, summary = run_pipeline(served, "--stages", "export,score", "--score-input", f"{day},{plain}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert summary["stages"]["export"]["action"] == "skipped"  # checkpoint, dictionaries unchanged
     assert summary["export_version"] == 1  # no new version for an unchanged model
@@ -297,23 +363,29 @@ def test_score_stage_writes_scores_and_rejects(served):
     assert summary["stages"]["score"]["rows"] == scored_lines
     from dlrm_contracts.progress import Progress
 
-    reports = [Progress.from_line(x) for x in
-               (root / "work" / "logs" / "score.progress.jsonl").read_text().splitlines()]
+    reports = [
+        Progress.from_line(x)
+        for x in (root / "work" / "logs" / "score.progress.jsonl").read_text().splitlines()
+    ]
     assert reports[0].fraction == 0.0 and reports[-1].fraction == pytest.approx(1.0)
     assert reports[-1].rows == scored_lines and reports[-1].detail == "unlabelled"
     scores = pq.read_table(root / "work" / "scores" / "day_9.parquet").to_pydict()
-    rejects = [json.loads(r) for r in
-               (root / "work" / "scores" / "rejects" / "day_9.jsonl").read_text().splitlines()]
+    rejects = [
+        json.loads(r) for r in (root / "work" / "scores" / "rejects" / "day_9.jsonl").read_text().splitlines()
+    ]
     expected = [reference_parse(line.removesuffix("\r"))[0] for line in lines]
     assert scores["line_number"] == [i + 1 for i, r in enumerate(expected) if r is None]
     assert [(r["line_number"], r["reason"]) for r in rejects] == [
-        (i + 1, r) for i, r in enumerate(expected) if r is not None]
+        (i + 1, r) for i, r in enumerate(expected) if r is not None
+    ]
     assert len(scores["line_number"]) + len(rejects) == len(lines)
     assert [r["line"] for r in rejects] == [  # as Spark reads them: no line end, no \r
-        line.removesuffix("\r") for line, r in zip(lines, expected) if r is not None]
+        line.removesuffix("\r") for line, r in zip(lines, expected) if r is not None
+    ]
     served_now = serve(served, {"t": {"signature": "serve_lines", "lines": lines, "has_label": True}})
     assert scores["probability"] == pytest.approx(
-        [p for p, r in zip(served_now["t"]["probability"], expected) if r is None], abs=1e-7)
+        [p for p, r in zip(served_now["t"]["probability"], expected) if r is None], abs=1e-7
+    )
     assert scores["label"] == [int(line[0]) for line, r in zip(lines, expected) if r is None]
     unlabelled = pq.read_table(root / "work" / "scores" / "unlabelled.parquet")
     assert unlabelled.column_names == ["line_number", "probability"]
@@ -326,9 +398,23 @@ def test_export_too_big_is_refused_before_reading(served):
     config = served["root"] / "tiny.yaml"
     config.write_text(CONFIG + "export:\n  max_memory_mb: 0.01\n")
     before = newest_fingerprint(served["workdir"]).read_text()
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(served["workdir"]),
-                           "--config", str(config), "--stages", "export", "--force"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(served["workdir"]),
+            "--config",
+            str(config),
+            "--stages",
+            "export",
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == ExitCode.EXPORT
     assert "the export needs about" in proc.stderr and "max_memory_mb" in proc.stderr
     # the previous export is untouched
@@ -336,18 +422,43 @@ def test_export_too_big_is_refused_before_reading(served):
 
 
 def test_planner_prints_export_size(served):
-    proc = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                           str(served["workdir"] / "counts"), "--thresholds", "2,5",
-                           "--embedding-dim", "16", "--json"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(served["workdir"] / "counts"),
+            "--thresholds",
+            "2,5",
+            "--embedding-dim",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     for row in rows:
         values = sum(row["table_sizes"].values()) - len(row["table_sizes"])
         assert row["export_bytes"] == row["embedding_bytes"] + 9 * values
     assert rows[0]["export_bytes"] > rows[1]["export_bytes"]
-    text = subprocess.run([sys.executable, "-m", "converters", "plan", "--counts",
-                           str(served["workdir"] / "counts"), "--thresholds", "2,5"],
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "plan",
+            "--counts",
+            str(served["workdir"] / "counts"),
+            "--thresholds",
+            "2,5",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "export (SavedModel)" in text
 
 
@@ -356,9 +467,13 @@ def test_signatures_suit_tensorflow_serving(served):
     (TensorFlow Serving's batching concatenates along it and refuses a scalar input); a
     rejected row's probability is -1, which a strict JSON writer accepts (NaN is not JSON)."""
     lines = served["test_lines"][:200]
-    out = serve(served, {"default": {"signature": "serving_default", "lines": lines,
-                                     "has_label": True},
-                         "named": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    out = serve(
+        served,
+        {
+            "default": {"signature": "serving_default", "lines": lines, "has_label": True},
+            "named": {"signature": "serve_lines", "lines": lines, "has_label": True},
+        },
+    )
     assert out["default"] == out["named"]
     signatures = served["signatures"]
     assert {"serving_default", "serve_lines", "serve_features"} <= set(signatures)
@@ -376,10 +491,24 @@ def _score_cli(served, files: list[Path], config_text: str = "", timeout: int = 
     out = served["root"] / f"scores-{len(list(served['root'].glob('scores-*')))}"
     config = out.with_suffix(".yaml")
     config.write_text(config_text or "score: {}\n")
-    proc = subprocess.run([sys.executable, "-m", "trainer.score", "--model",
-                           str(latest_export(served["workdir"] / "export")), "--out", str(out),
-                           "--config", str(config), "--input", ",".join(map(str, files))],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.score",
+            "--model",
+            str(latest_export(served["workdir"] / "export")),
+            "--out",
+            str(out),
+            "--config",
+            str(config),
+            "--input",
+            ",".join(map(str, files)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc, out
 
 
@@ -397,9 +526,11 @@ def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
     ambiguous.write_text("".join("\t".join(l.split("\t")[:39]) + "\n" for l in good[:300]))
     noisy = root / "day_n"
     noisy.write_text("".join(l + "\n" for l in good[:200]) + "1\tnot a number\r\n" * 5)
-    for path, words in [(truncated, "is not a readable gzip file"),
-                        (ambiguous, "set score.has_label"),
-                        (noisy, "more than score.max_reject_rate")]:
+    for path, words in [
+        (truncated, "is not a readable gzip file"),
+        (ambiguous, "set score.has_label"),
+        (noisy, "more than score.max_reject_rate"),
+    ]:
         proc, out = _score_cli(served, [path])
         assert proc.returncode == ExitCode.SCORE, (path, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -408,7 +539,8 @@ def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
     assert not (out / "day_n.parquet").exists()
     rejects = [json.loads(l) for l in (out / "rejects" / "day_n.jsonl").read_text().splitlines()]
     assert [(r["line_number"], r["reason"], r["line"]) for r in rejects] == [
-        (201 + i, "non_integer", "1\tnot a number") for i in range(5)]
+        (201 + i, "non_integer", "1\tnot a number") for i in range(5)
+    ]
 
 
 def test_score_input_edge_cases_that_are_fine(served):
@@ -418,8 +550,11 @@ def test_score_input_edge_cases_that_are_fine(served):
     root.mkdir()
     empty = root / "empty"
     empty.write_text("")
-    good = [l.removesuffix("\r") for l in served["test_lines"]
-            if reference_parse(l.removesuffix("\r"))[0] is None and len(l.split("\t")) == 40]
+    good = [
+        l.removesuffix("\r")
+        for l in served["test_lines"]
+        if reference_parse(l.removesuffix("\r"))[0] is None and len(l.split("\t")) == 40
+    ]
     short = [l[:-1] if l.endswith("\t") else l for l in good[:400]]  # empty C26 dropped
     assert sum(l.count("\t") == 38 for l in short) > len(short) // 4
     labelled = root / "labelled39"
@@ -452,9 +587,24 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     shutil.copyfile(raw / "day_0", raw / "day_3")  # the new day: every day-0 value counts twice
     work = _workdir_copy(served, tmp_path)
     before = newest_fingerprint(work).read_text()
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--input", str(raw), "--workdir",
-                           str(work), "--config", str(served["config"]), "--stages",
-                           "preprocess,export"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--input",
+            str(raw),
+            "--workdir",
+            str(work),
+            "--config",
+            str(served["config"]),
+            "--stages",
+            "preprocess,export",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["stages"]["preprocess"]["action"] == "ran"
@@ -467,9 +617,23 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
 def test_export_names_a_missing_dictionary(served, tmp_path):
     work = _workdir_copy(served, tmp_path)
     shutil.rmtree(work / "parquet" / "dictionaries" / "column=C5")
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(work), "--config",
-                           str(served["config"]), "--stages", "export", "--force"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(work),
+            "--config",
+            str(served["config"]),
+            "--stages",
+            "export",
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
     headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
     assert "the dictionary of C5 is missing" in headline and "column=C5" in headline

@@ -14,20 +14,55 @@ import pytest
 from dlrm_contracts.config import ExportConfig
 from tests.spark_fixtures import BAD_LINES, reference_parse
 
-INTEGER_FIELDS = ["", "0", "-0", "007", "-3", "-2", "9223372036854775807", "9223372036854775808",
-                  "-9223372036854775808", "-9223372036854775809", "0000000000009223372036854775807",
-                  "-00000000000000000000000009223372036854775808", "19999999999999999999",
-                  "1999999999999999999", "9300000000000000000", "+5", " 7", "7 ", "1.5", "1e3", "-",
-                  "--1", "12a", "٣", "abcdefghijklmnopqrs", "8\r"]
-HEX_FIELDS = ["", "0", "A", "abcdef12", "ABCDEF12", "abcdef123", "0x12", "zz", "-1", " 1", "ffff\r",
-              "00000000", "éé"]
+INTEGER_FIELDS = [
+    "",
+    "0",
+    "-0",
+    "007",
+    "-3",
+    "-2",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "-9223372036854775809",
+    "0000000000009223372036854775807",
+    "-00000000000000000000000009223372036854775808",
+    "19999999999999999999",
+    "1999999999999999999",
+    "9300000000000000000",
+    "+5",
+    " 7",
+    "7 ",
+    "1.5",
+    "1e3",
+    "-",
+    "--1",
+    "12a",
+    "٣",
+    "abcdefghijklmnopqrs",
+    "8\r",
+]
+HEX_FIELDS = [
+    "",
+    "0",
+    "A",
+    "abcdef12",
+    "ABCDEF12",
+    "abcdef123",
+    "0x12",
+    "zz",
+    "-1",
+    " 1",
+    "ffff\r",
+    "00000000",
+    "éé",
+]
 
 
 def _lines() -> list[str]:
     base = ["1"] + ["5"] * 13 + ["0a0b0c0d"] * 26
     # the SavedModel scores request lines: the day files' line limit is not its rule
-    lines = [line for reason, group in BAD_LINES.items() if reason != "line_too_long"
-             for line in group]
+    lines = [line for reason, group in BAD_LINES.items() if reason != "line_too_long" for line in group]
     for value in INTEGER_FIELDS:
         lines.append("\t".join(base[:3] + [value] + base[4:]))
     for value in HEX_FIELDS:
@@ -49,15 +84,23 @@ def test_line_rules_equal_the_spark_reference():
     label = fields[:, 0].numpy()
     for i, line in enumerate(lines):
         reason, _, want_label, ints, cats = reference_parse(line.removesuffix("\r"))
-        got = ("too_many_fields" if too_many[i] else
-               "bad_label" if label[i] not in (b"0", b"1") else
-               "non_integer" if not ints_valid[i] else
-               "non_hex_categorical" if not cats_valid[i] else None)
+        got = (
+            "too_many_fields"
+            if too_many[i]
+            else "bad_label"
+            if label[i] not in (b"0", b"1")
+            else "non_integer"
+            if not ints_valid[i]
+            else "non_hex_categorical"
+            if not cats_valid[i]
+            else None
+        )
         assert got == reason, (line, got, reason)
         if reason is None:
             # -2**63 is the missing marker: like every value <= -3 it becomes 0
             assert [None if v <= -3 else int(v) for v in integers[i].numpy()] == [
-                None if v is None or v <= -3 else v for v in ints], line
+                None if v is None or v <= -3 else v for v in ints
+            ], line
             got_cats = [c.decode() for c in normalised[i].numpy()]
             assert all(c is None or c == got for c, got in zip(cats, got_cats)), line
 
@@ -67,8 +110,7 @@ def test_log_transform_matches_spark_then_float16():
 
     from trainer.serving import log_transform
 
-    values = np.array([[-(2**63), -3, -2, 0, 1, 7, 2**40, 2**63 - 1, 1000, 65535, 3, 12, 100]],
-                      np.int64)
+    values = np.array([[-(2**63), -3, -2, 0, 1, 7, 2**40, 2**63 - 1, 1000, 65535, 3, 12, 100]], np.int64)
     got = log_transform(tf.constant(values)).numpy()[0]
     want = [0.0 if v <= -3 else np.float32(np.log(np.float64(v) + 3.0)) for v in values[0]]
     np.testing.assert_array_equal(got, np.asarray(want, np.float32).astype(np.float16).astype(np.float32))
@@ -77,8 +119,17 @@ def test_log_transform_matches_spark_then_float16():
 def _dictionary(root, column, values):
     folder = root / f"column={column}"
     folder.mkdir(parents=True)
-    pq.write_table(pa.table({"value": [v for v, _ in values], "id": pa.array([i for _, i in values], pa.int32()),
-                             "count": [5] * len(values), "key": [0] * len(values)}), folder / "part-0.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "value": [v for v, _ in values],
+                "id": pa.array([i for _, i in values], pa.int32()),
+                "count": [5] * len(values),
+                "key": [0] * len(values),
+            }
+        ),
+        folder / "part-0.parquet",
+    )
 
 
 def test_vocabularies_keep_the_trained_prefix_and_refuse_foreign_dictionaries(tmp_path):
@@ -118,8 +169,11 @@ def test_export_names_a_missing_dictionary_and_refuses_another_runs_dictionaries
 
     dictionaries = tmp_path / "dictionaries"
     _dictionary(dictionaries, "C1", [("0000000a", 1), ("0000000b", 2)])
-    with pytest.raises(ExportError, match=r"dictionary of C2 is missing \(.*column=C2 does not "
-                                          r"exist\).*--stages preprocess,convert,train"):
+    with pytest.raises(
+        ExportError,
+        match=r"dictionary of C2 is missing \(.*column=C2 does not "
+        r"exist\).*--stages preprocess,convert,train",
+    ):
         write_vocabularies(dictionaries, [3, 2] + [1] * 24, tmp_path / "out")
     checkpoint = tmp_path / "step-000000010"
     meta = {IDENTITY_KEY: {"dictionaries_fingerprint": dictionaries_fingerprint(dictionaries)}}
@@ -162,8 +216,7 @@ def test_label_detection_reads_both_ways_and_refuses_what_fits_both(tmp_path):
         return path
 
     assert detect_label(file("labelled", _criteo_lines(800, 1, True, 1.0)), 0.01) is True
-    assert detect_label(file("crlf", [l + b"\r" for l in _criteo_lines(800, 2, True, 0.0)]),
-                        0.01) is True
+    assert detect_label(file("crlf", [l + b"\r" for l in _criteo_lines(800, 2, True, 0.0)]), 0.01) is True
     assert detect_label(file("unlabelled", _criteo_lines(800, 3, False, 0.0)), 0.01) is False
     # every line has 39 fields and fits both readings: refused, naming the setting
     only_39 = [l for l in _criteo_lines(1600, 4, True, 1.0) if l.count(b"\t") == 38][:500]

@@ -19,12 +19,25 @@ from pipeline.hosts import horovodrun_hosts
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # The reference's one-epoch Terabyte recipe, shared by all three configs.
-REFERENCE_TRAIN = {"preset": "default", "batch_size": 65_536, "optimizer": "sgd",
-                   "learning_rate": 24.0, "warmup_steps": 8_000, "decay_start_step": 48_000,
-                   "decay_steps": 24_000, "decay_power": 2.0, "epochs": 1, "amp": True,
-                   "embedding_dim": None, "bottom_mlp": None, "top_mlp": None,
-                   "max_steps": None, "learning_rate_scaling": "none",
-                   "early_stopping_patience": 0, "evals_per_epoch": 1}
+REFERENCE_TRAIN = {
+    "preset": "default",
+    "batch_size": 65_536,
+    "optimizer": "sgd",
+    "learning_rate": 24.0,
+    "warmup_steps": 8_000,
+    "decay_start_step": 48_000,
+    "decay_steps": 24_000,
+    "decay_power": 2.0,
+    "epochs": 1,
+    "amp": True,
+    "embedding_dim": None,
+    "bottom_mlp": None,
+    "top_mlp": None,
+    "max_steps": None,
+    "learning_rate_scaling": "none",
+    "early_stopping_patience": 0,
+    "evals_per_epoch": 1,
+}
 EXPECTED = {
     "criteo_terabyte_1gpu.yaml": {"threshold": "15", "np": 1},
     "criteo_terabyte_8gpu.yaml": {"threshold": "3", "np": 8},
@@ -65,8 +78,9 @@ def test_every_key_is_a_setting_the_pipeline_knows(name):
 def test_hyperparameters_equal_the_reference(name):
     config = load_config(CONFIGS / name)
     expected = EXPECTED[name]
-    assert parse_threshold_spec(config.preprocess.frequency_threshold) == \
-        parse_threshold_spec(expected["threshold"])
+    assert parse_threshold_spec(config.preprocess.frequency_threshold) == parse_threshold_spec(
+        expected["threshold"]
+    )
     for key, value in REFERENCE_TRAIN.items():
         assert getattr(config.train, key) == value, key
     assert config.launch.np == expected["np"]
@@ -78,7 +92,7 @@ def test_hyperparameters_equal_the_reference(name):
     assert learning_rate(0, config.train) == pytest.approx(24.0 / 8000)
     assert learning_rate(7_999, config.train) == pytest.approx(24.0)
     assert learning_rate(48_000, config.train) == pytest.approx(24.0)
-    assert learning_rate(60_000, config.train) == pytest.approx(24.0 * 0.5 ** 2)
+    assert learning_rate(60_000, config.train) == pytest.approx(24.0 * 0.5**2)
     assert learning_rate(72_000, config.train) == 0.0
 
 

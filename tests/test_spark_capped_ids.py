@@ -22,8 +22,16 @@ from dlrm_contracts.config import ConfigError, PreprocessConfig
 from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, REJECT_REASONS
-from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
-                            run, salted_days, sort_key, write_days)
+from spark_fixtures import (
+    assert_rows_equal,
+    read_split,
+    reference_numerical,
+    reference_parse,
+    run,
+    salted_days,
+    sort_key,
+    write_days,
+)
 
 # small caps collide (and cap 1 sends everything to 0), 2**31 keeps every 32-bit value whole
 CAPS = [1, 2, 3, 7, 10, 97, 1000, 2**31, 65536, 5, *range(11, 27)]
@@ -47,8 +55,11 @@ def reference_modulo(days: list[list[str]], caps: list[int]) -> tuple[dict, dict
         parsed_days.append(parsed)
     last = parsed_days[-1]
     half = (len(last) + 1) // 2
-    splits = {"train": [r for day in parsed_days[:-1] for r in day if r],
-              "test": [r for r in last[:half] if r], "validation": [r for r in last[half:] if r]}
+    splits = {
+        "train": [r for day in parsed_days[:-1] for r in day if r],
+        "test": [r for r in last[:half] if r],
+        "validation": [r for r in last[half:] if r],
+    }
     return splits, rejected
 
 
@@ -57,7 +68,7 @@ def _check(work: Path, summary: dict, days: list[list[str]], caps: list[int]) ->
     expected, rejected = reference_modulo(days, caps)
     for split in SPLITS:
         rows = read_split(layout.parquet_split(split))
-        if split == "train":   # in its seeded order, which no other mode's tests pin either
+        if split == "train":  # in its seeded order, which no other mode's tests pin either
             rows, expected[split] = sorted(rows, key=sort_key), sorted(expected[split], key=sort_key)
         assert_rows_equal(rows, expected[split], split)
     assert json.loads(layout.parquet_model_size.read_text()) == dict(zip(CAT_COLUMNS, caps))
@@ -67,8 +78,9 @@ def _check(work: Path, summary: dict, days: list[list[str]], caps: list[int]) ->
     assert quality["identity_holds"] and quality["rows_out_checked"]
     assert quality["totals"]["rejected_by_reason"] == rejected
     assert quality["rows_in"] == sum(len(d) for d in days)
-    rejects = [json.loads(line) for p in layout.rejects.rglob("*.json")
-               for line in p.read_text().splitlines()]
+    rejects = [
+        json.loads(line) for p in layout.rejects.rglob("*.json") for line in p.read_text().splitlines()
+    ]
     assert len(rejects) == sum(rejected.values())
     # nothing counted, no dictionary: the count pass only read the statistics
     assert not (layout.counts / "days.json").exists()
@@ -91,13 +103,14 @@ def test_both_engines_cap_ids_like_the_reference(tmp_path, spark, real_sample):
     raw = write_days(tmp_path / "raw", days)
     summaries = {}
     for engine in ("arrow", "sql"):
-        summaries[engine] = run(spark, raw, tmp_path / engine, "2", engine=engine, ids="modulo",
-                                caps=CAPS, max_reject_rate=0.5)
+        summaries[engine] = run(
+            spark, raw, tmp_path / engine, "2", engine=engine, ids="modulo", caps=CAPS, max_reject_rate=0.5
+        )
         _check(tmp_path / engine, summaries[engine], days, CAPS)
     for split in SPLITS:
         assert _split_files(tmp_path / "arrow", split) == _split_files(tmp_path / "sql", split), split
     a, s = WorkdirLayout.at(tmp_path / "arrow"), WorkdirLayout.at(tmp_path / "sql")
-    assert (json.loads(a.data_quality.read_text()) == json.loads(s.data_quality.read_text()))
+    assert json.loads(a.data_quality.read_text()) == json.loads(s.data_quality.read_text())
     # the caps matter: the large cap kept a value whole that the small ones folded
     test = np.array(read_split(a.parquet_split("test")), dtype=np.float64)
     assert test[:, 14 + 7].max() >= 2**16 and test[:, 14].max() == 0
@@ -105,17 +118,17 @@ def test_both_engines_cap_ids_like_the_reference(tmp_path, spark, real_sample):
 
 def test_caps_are_checked_with_the_ids_mode():
     assert PreprocessConfig(ids="modulo", caps=CAPS).caps == CAPS
-    for settings, words in [({"ids": "modulo"}, "caps is not set"),
-                            ({"caps": 5}, "only with ids: modulo"),
-                            ({"ids": "stable", "caps": CAPS}, "only with ids: modulo"),
-                            ({"ids": "modulo", "caps": [5] * 25}, "lists 25 caps"),
-                            ({"ids": "modulo", "caps": 0}, ">= 1"),
-                            ({"ids": "modulo", "caps": [5] * 25 + [2**31 + 1]}, "<= 2147483648"),
-                            ({"ids": "modulo", "caps": [True] * 26}, "must be integers"),
-                            ({"ids": "modulo", "caps": 5, "frequency_threshold": "15"},
-                             "does not apply"),
-                            ({"ids": "modulo", "caps": 5, "dictionary_days": "train"},
-                             "does not apply")]:
+    for settings, words in [
+        ({"ids": "modulo"}, "caps is not set"),
+        ({"caps": 5}, "only with ids: modulo"),
+        ({"ids": "stable", "caps": CAPS}, "only with ids: modulo"),
+        ({"ids": "modulo", "caps": [5] * 25}, "lists 25 caps"),
+        ({"ids": "modulo", "caps": 0}, ">= 1"),
+        ({"ids": "modulo", "caps": [5] * 25 + [2**31 + 1]}, "<= 2147483648"),
+        ({"ids": "modulo", "caps": [True] * 26}, "must be integers"),
+        ({"ids": "modulo", "caps": 5, "frequency_threshold": "15"}, "does not apply"),
+        ({"ids": "modulo", "caps": 5, "dictionary_days": "train"}, "does not apply"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             PreprocessConfig(**settings)
 
@@ -146,8 +159,7 @@ def test_the_pipeline_makes_a_binary_dataset_whose_tables_are_the_caps(tmp_path)
     caps = [100_000, 40, 3, *[300] * 20, 2**31, 1, 50_000]
     config = tmp_path / "pipeline.yaml"
     config.write_text(PIPELINE_CONFIG.format(caps=json.dumps(caps)))
-    proc, summary = run_pipeline(tmp_path / "work", config, "--stages",
-                                 "generate,preprocess,convert")
+    proc, summary = run_pipeline(tmp_path / "work", config, "--stages", "generate,preprocess,convert")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert summary["table_sizes"] == caps
     layout = WorkdirLayout.at(tmp_path / "work")
@@ -162,10 +174,24 @@ def test_the_pipeline_makes_a_binary_dataset_whose_tables_are_the_caps(tmp_path)
         assert np.array_equal(ids, test.column(column).to_numpy()), column
         assert ids.min() >= 0 and ids.max() < cap
     # no threshold to raise: one line, the converters' exit code
-    raised = subprocess.run([sys.executable, "-m", "converters", "rethreshold", "--source",
-                             str(layout.binary), "--counts", str(layout.counts),
-                             "--frequency-threshold", "5", "--output", str(tmp_path / "raised")],
-                            capture_output=True, text=True)
+    raised = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "converters",
+            "rethreshold",
+            "--source",
+            str(layout.binary),
+            "--counts",
+            str(layout.counts),
+            "--frequency-threshold",
+            "5",
+            "--output",
+            str(tmp_path / "raised"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert raised.returncode == ExitCode.CONVERT and "capped ids" in raised.stderr
     assert not (tmp_path / "raised").exists()
 

@@ -45,9 +45,13 @@ def test_gpu_without_jar_is_a_clear_error(tmp_path, monkeypatch):
         rapids_conf(spark, environ={"SPARK_RAPIDS_PLUGIN_JAR": str(tmp_path / "nope.jar")})
     raw = write_days(tmp_path / "raw", random_days(1, 2, 5))
     env = {k: v for k, v in os.environ.items() if k != "SPARK_RAPIDS_PLUGIN_JAR"}
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir",
-                           str(tmp_path / "w"), "--gpu"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir", str(tmp_path / "w"), "--gpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "SPARK_RAPIDS_PLUGIN_JAR" in lines[0], proc.stderr
@@ -57,16 +61,20 @@ def test_conf_precedence_file_then_flags(tmp_path):
     conf_file = tmp_path / "spark.conf"
     conf_file.write_text("# comment\nspark.sql.shuffle.partitions 17\nspark.executor.cores=3\n")
     assert read_conf_file(conf_file) == {"spark.sql.shuffle.partitions": "17", "spark.executor.cores": "3"}
-    spark = SparkConfig(master="spark://head:7077", conf_file=str(conf_file),
-                        conf=parse_conf_pairs(["spark.executor.cores=5", "spark.foo= bar "]))
+    spark = SparkConfig(
+        master="spark://head:7077",
+        conf_file=str(conf_file),
+        conf=parse_conf_pairs(["spark.executor.cores=5", "spark.foo= bar "]),
+    )
     settings = spark_settings(spark)
     assert settings["spark.master"] == "spark://head:7077"
     assert settings["spark.sql.shuffle.partitions"] == "17"
     assert settings["spark.executor.cores"] == "5" and settings["spark.foo"] == "bar"
     assert spark_settings(SparkConfig(master="local[2]"))["spark.sql.shuffle.partitions"] == "8"
     # under spark-submit the master is spark-submit's: no sizing from our default local[2]
-    assert "spark.sql.shuffle.partitions" not in spark_settings(SparkConfig(master="local[2]"),
-                                                                under_spark_submit=True)
+    assert "spark.sql.shuffle.partitions" not in spark_settings(
+        SparkConfig(master="local[2]"), under_spark_submit=True
+    )
     with pytest.raises(PreprocessConfigError, match="key=value"):
         parse_conf_pairs(["novalue"])
     with pytest.raises(PreprocessConfigError, match="does not exist"):
@@ -74,14 +82,38 @@ def test_conf_precedence_file_then_flags(tmp_path):
 
 
 def test_cli_bad_input_is_one_line_and_input_exit_code(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path / "none"),
-                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(tmp_path / "none"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 4
     assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(tmp_path), "--workdir",
-                           str(tmp_path / "w"), "--frequency-threshold", "15,C99:3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(tmp_path),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--frequency-threshold",
+            "15,C99:3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown column" in proc.stderr
 
 
@@ -89,11 +121,28 @@ def test_cli_bad_input_is_one_line_and_input_exit_code(tmp_path):
 def test_spark_submit_runs_the_job(tmp_path, venv_bin, repo_root):
     raw = write_days(tmp_path / "raw", random_days(4, 2, 30))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run([str(venv_bin / "spark-submit"), "--master", "local[1]",
-                           "--driver-memory", "1g", str(repo_root / "spark_jobs" / "main.py"),
-                           "--input", str(raw), "--workdir", str(tmp_path / "work"),
-                           "--frequency-threshold", "1", "--conf", "spark.sql.shuffle.partitions=2"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            str(venv_bin / "spark-submit"),
+            "--master",
+            "local[1]",
+            "--driver-memory",
+            "1g",
+            str(repo_root / "spark_jobs" / "main.py"),
+            "--input",
+            str(raw),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--frequency-threshold",
+            "1",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["rows"] == {"train": 30, "test": 15, "validation": 15}
@@ -103,8 +152,15 @@ def test_spark_submit_runs_the_job(tmp_path, venv_bin, repo_root):
 def test_bad_master_driver_memory_and_conf_file_are_usage_errors(tmp_path):
     from spark_jobs.session import check_spark_config
 
-    for master in ["local", "local[2]", "local[*]", "local[4,3]", "spark://h:7077", "yarn",
-                   "k8s://https://h:443"]:
+    for master in [
+        "local",
+        "local[2]",
+        "local[*]",
+        "local[4,3]",
+        "spark://h:7077",
+        "yarn",
+        "k8s://https://h:443",
+    ]:
         # well-formed; insecure: off loopback a cluster needs its secret file otherwise
         # (tests/test_cluster_auth.py)
         check_spark_config(SparkConfig(master=master, insecure=True))
@@ -129,12 +185,27 @@ def test_bad_settings_exit_2_before_the_workdir_is_touched(tmp_path):
     success = WorkdirLayout.at(tmp_path / "w").parquet / "_SUCCESS"
     success.parent.mkdir(parents=True)
     success.touch()
-    for flags in (["--master", "locl[2]"], ["--conf-file", str(tmp_path / "missing.conf")],
-                  ["--driver-memory", "12"]):
+    for flags in (
+        ["--master", "locl[2]"],
+        ["--conf-file", str(tmp_path / "missing.conf")],
+        ["--driver-memory", "12"],
+    ):
         for input_dir in (raw, tmp_path / "no_input"):
-            proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(input_dir),
-                                   "--workdir", str(tmp_path / "w"), *flags],
-                                  capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "spark_jobs",
+                    "--input",
+                    str(input_dir),
+                    "--workdir",
+                    str(tmp_path / "w"),
+                    *flags,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert proc.returncode == 2, (flags, proc.stderr[-2000:])
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
             assert success.exists(), flags
@@ -149,11 +220,27 @@ def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(tmp_
     config = tmp_path / "config.yaml"
     config.write_text(f"spark:\n  event_log_dir: {events}\n  driver_memory: 1g\n")
     channel = tmp_path / "preprocess.progress.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir",
-                           str(tmp_path / "work"), "--config", str(config), "--master", "local[2]",
-                           "--frequency-threshold", "1"],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, PROGRESS_FILE_ENV: str(channel)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(raw),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--config",
+            str(config),
+            "--master",
+            "local[2]",
+            "--frequency-threshold",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, PROGRESS_FILE_ENV: str(channel)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
     assert all(r is not None and r.stage == "preprocess" for r in records)

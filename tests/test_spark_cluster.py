@@ -73,16 +73,53 @@ def test_submit_to_standalone_cluster_equals_local_mode(cluster, raw_input, tmp_
     # The local-mode reference runs alongside the cluster run: both are mostly Spark start-up
     # and scheduling latency, so overlapping them keeps the test short.
     reference = subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs", "--input", str(raw_input), "--workdir", str(local),
-         "--frequency-threshold", THRESHOLD, "--master", "local[2]", "--driver-memory", "2g",
-         "--conf", "spark.ui.enabled=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster_env(), cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(raw_input),
+            "--workdir",
+            str(local),
+            "--frequency-threshold",
+            THRESHOLD,
+            "--master",
+            "local[2]",
+            "--driver-memory",
+            "2g",
+            "--conf",
+            "spark.ui.enabled=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster_env(),
+        cwd=tmp_path,
+    )
     try:
-        submitted = run_checked(["bash", str(CLUSTER / "submit.sh"), "--dir", str(directory),
-                          "--driver-memory", "1g", "--executor-memory", "1g",
-                          "--conf", "spark.ui.enabled=false", "--",
-                          "--input", str(raw_input), "--workdir", str(on_cluster),
-                          "--frequency-threshold", THRESHOLD], timeout=600, cwd=tmp_path)
+        submitted = run_checked(
+            [
+                "bash",
+                str(CLUSTER / "submit.sh"),
+                "--dir",
+                str(directory),
+                "--driver-memory",
+                "1g",
+                "--executor-memory",
+                "1g",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--",
+                "--input",
+                str(raw_input),
+                "--workdir",
+                str(on_cluster),
+                "--frequency-threshold",
+                THRESHOLD,
+            ],
+            timeout=600,
+            cwd=tmp_path,
+        )
         out, err = reference.communicate(timeout=600)
     finally:
         if reference.poll() is None:
@@ -104,8 +141,9 @@ def test_submit_to_standalone_cluster_equals_local_mode(cluster, raw_input, tmp_
         assert got.num_rows == want.num_rows > 0, split
         assert got.equals(want), f"{split}: cluster output differs from local mode"
     for name in ("model_size.json", "data_quality.json"):
-        assert json.loads((on_cluster / "parquet" / name).read_text()) == \
-            json.loads((local / "parquet" / name).read_text()), name
+        assert json.loads((on_cluster / "parquet" / name).read_text()) == json.loads(
+            (local / "parquet" / name).read_text()
+        ), name
     assert (on_cluster / "parquet" / "_SUCCESS").exists()
 
 
@@ -113,9 +151,22 @@ def test_a_second_master_on_a_used_port_is_refused(cluster, tmp_path):
     url, _ = cluster
     port = url.rsplit(":", 1)[1]
     (webui,) = free_ports(1)
-    clash = subprocess.run(["bash", str(CLUSTER / "start-cluster.sh"), "--dir", str(tmp_path / "d"),
-                            "--port", port, "--webui-port", str(webui)],
-                           capture_output=True, text=True, timeout=60, env=cluster_env())
+    clash = subprocess.run(
+        [
+            "bash",
+            str(CLUSTER / "start-cluster.sh"),
+            "--dir",
+            str(tmp_path / "d"),
+            "--port",
+            port,
+            "--webui-port",
+            str(webui),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster_env(),
+    )
     assert clash.returncode != 0 and "port is in use" in clash.stderr, clash.stderr
     assert not list((tmp_path / "d" / "pids").glob("*.pid")), "nothing may start after the refusal"
 

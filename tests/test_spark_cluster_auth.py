@@ -50,8 +50,12 @@ class CommandLineWatch(threading.Thread):
                     continue
                 if self.needle in line:
                     self.leaks.add(line[:300])
-                for role in ("SparkSubmit", "CoarseGrainedExecutorBackend", "deploy.master.Master",
-                             "deploy.worker.Worker"):
+                for role in (
+                    "SparkSubmit",
+                    "CoarseGrainedExecutorBackend",
+                    "deploy.master.Master",
+                    "deploy.worker.Worker",
+                ):
                     if role in line:
                         self.seen.add(role)
 
@@ -73,8 +77,7 @@ LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::
 
 @pytest.fixture(scope="module")
 def raw_input(tmp_path_factory) -> Path:
-    return generate_raw(tmp_path_factory.mktemp("auth_cluster") / "raw", days=2, rows_per_day=1500,
-                        seed=11)
+    return generate_raw(tmp_path_factory.mktemp("auth_cluster") / "raw", days=2, rows_per_day=1500, seed=11)
 
 
 @pytest.fixture(scope="module")
@@ -104,21 +107,55 @@ def runs(cluster, raw_input, tmp_path_factory):
     wrong.write_text("f" * 64 + "\n")
     wrong.chmod(0o600)
     config = base / "pipeline.yaml"
-    config.write_text(json.dumps({"spark": {"driver_memory": "1g", "executor_memory": "1g",
-                                            "bind_address": "127.0.0.1",
-                                            "conf": {"spark.ui.enabled": "false"}}}))
-    job = [sys.executable, "-m", "spark_jobs", "--input", str(raw_input),
-           "--frequency-threshold", THRESHOLD, "--driver-memory", "1g",
-           "--conf", "spark.ui.enabled=false"]
+    config.write_text(
+        json.dumps(
+            {
+                "spark": {
+                    "driver_memory": "1g",
+                    "executor_memory": "1g",
+                    "bind_address": "127.0.0.1",
+                    "conf": {"spark.ui.enabled": "false"},
+                }
+            }
+        )
+    )
+    job = [
+        sys.executable,
+        "-m",
+        "spark_jobs",
+        "--input",
+        str(raw_input),
+        "--frequency-threshold",
+        THRESHOLD,
+        "--driver-memory",
+        "1g",
+        "--conf",
+        "spark.ui.enabled=false",
+    ]
     argvs = {
-        "pipeline": [sys.executable, "-m", "pipeline", "--config", str(config),
-                     "--input", str(raw_input), "--workdir", str(base / "pipeline"),
-                     "--stages", "preprocess", "--frequency-threshold", THRESHOLD,
-                     "--spark-master", url, "--spark-secret-file", str(secret_file)],
+        "pipeline": [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--config",
+            str(config),
+            "--input",
+            str(raw_input),
+            "--workdir",
+            str(base / "pipeline"),
+            "--stages",
+            "preprocess",
+            "--frequency-threshold",
+            THRESHOLD,
+            "--spark-master",
+            url,
+            "--spark-secret-file",
+            str(secret_file),
+        ],
         "local": job + ["--workdir", str(base / "local"), "--master", "local[2]"],
         "no_secret": job + ["--workdir", str(base / "no_secret"), "--master", url],
-        "wrong_secret": job + ["--workdir", str(base / "wrong_secret_out"), "--master", url,
-                               "--auth-secret-file", str(wrong)],
+        "wrong_secret": job
+        + ["--workdir", str(base / "wrong_secret_out"), "--master", url, "--auth-secret-file", str(wrong)],
     }
     watch = CommandLineWatch(secret_file.read_text().strip())
     watch.start()
@@ -127,8 +164,11 @@ def runs(cluster, raw_input, tmp_path_factory):
     try:
         for name, proc in procs.items():
             proc.wait(timeout=600)
-            results[name] = (proc.returncode, (base / f"{name}.stdout").read_text(),
-                             (base / f"{name}.stderr").read_text())
+            results[name] = (
+                proc.returncode,
+                (base / f"{name}.stdout").read_text(),
+                (base / f"{name}.stderr").read_text(),
+            )
     finally:
         watch.done.set()
         watch.join()
@@ -165,8 +205,9 @@ def test_job_with_the_secret_runs_on_the_cluster_and_equals_local_mode(cluster, 
         got, want = _rows(base / "pipeline", split), _rows(base / "local", split)
         assert got.num_rows == want.num_rows > 0 and got.equals(want), split
     for name in ("model_size.json", "data_quality.json"):
-        assert json.loads((base / "pipeline" / "parquet" / name).read_text()) == \
-            json.loads((base / "local" / "parquet" / name).read_text()), name
+        assert json.loads((base / "pipeline" / "parquet" / name).read_text()) == json.loads(
+            (base / "local" / "parquet" / name).read_text()
+        ), name
 
 
 def test_jobs_without_the_secret_or_with_a_wrong_one_are_refused(cluster, runs):
@@ -180,8 +221,7 @@ def test_jobs_without_the_secret_or_with_a_wrong_one_are_refused(cluster, runs):
     # The wrong secret failed in the authentication handshake itself (Spark's AES-based auth:
     # with the SASL fallback off, the server's challenge refuses it).
     wrong_err = results["wrong_secret"][2]
-    assert "Authentication failed" in wrong_err and "network.crypto.Auth" in wrong_err, \
-        wrong_err[-3000:]
+    assert "Authentication failed" in wrong_err and "network.crypto.Auth" in wrong_err, wrong_err[-3000:]
     # Only the good run's application was ever registered.
     assert len(re.findall(r"Registering app", _master_log(directory))) == 1
 
@@ -189,20 +229,36 @@ def test_jobs_without_the_secret_or_with_a_wrong_one_are_refused(cluster, runs):
 def test_the_secret_is_in_no_command_line_and_no_file_a_run_wrote(cluster, runs):
     _, directory, _ = cluster
     watch = runs["watch"]
-    assert {"SparkSubmit", "CoarseGrainedExecutorBackend", "deploy.master.Master",
-            "deploy.worker.Worker"} <= watch.seen, watch.seen
+    assert {
+        "SparkSubmit",
+        "CoarseGrainedExecutorBackend",
+        "deploy.master.Master",
+        "deploy.worker.Worker",
+    } <= watch.seen, watch.seen
     assert not watch.leaks, f"the secret was on a command line: {watch.leaks}"
     secret = watch.needle.encode()
     for name, (_, out, err) in runs["results"].items():
         assert watch.needle not in out + err, name
     private = directory / "auth"
-    written = [p for root in (runs["base"], directory) for p in root.rglob("*")
-               if p.is_file() and private not in p.parents]
-    pipeline_files = {p.relative_to(runs["base"] / "pipeline").as_posix() for p in written
-                      if (runs["base"] / "pipeline") in p.parents}
+    written = [
+        p
+        for root in (runs["base"], directory)
+        for p in root.rglob("*")
+        if p.is_file() and private not in p.parents
+    ]
+    pipeline_files = {
+        p.relative_to(runs["base"] / "pipeline").as_posix()
+        for p in written
+        if (runs["base"] / "pipeline") in p.parents
+    }
     # The artefacts the issue names are among the files searched.
-    assert {"manifests/effective_config.yaml", "manifests/preprocess.json", "summary.json",
-            "logs/preprocess.log", "report/report.md"} <= pipeline_files, sorted(pipeline_files)
+    assert {
+        "manifests/effective_config.yaml",
+        "manifests/preprocess.json",
+        "summary.json",
+        "logs/preprocess.log",
+        "report/report.md",
+    } <= pipeline_files, sorted(pipeline_files)
     assert any("/work/app-" in str(p) for p in written), "the executor's logs must be searched"
     leaking = [str(p) for p in written if secret in p.read_bytes()]
     assert not leaking, f"the secret was written to {leaking}"

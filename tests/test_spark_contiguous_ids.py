@@ -20,8 +20,16 @@ from dlrm_contracts.config import ConfigError, PreprocessConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
-from spark_fixtures import (assert_rows_equal, read_split, reference_numerical, reference_parse,
-                            run, salted_days, sort_key, write_days)
+from spark_fixtures import (
+    assert_rows_equal,
+    read_split,
+    reference_numerical,
+    reference_parse,
+    run,
+    salted_days,
+    sort_key,
+    write_days,
+)
 from spark_jobs.contiguous_ids import contiguous_ids
 
 SPLITS = ("train", "test", "validation")
@@ -50,7 +58,7 @@ def test_first_appearance_not_value_order_missing_is_zero_and_caps_come_after():
     days = _days(([9, 5, -1], [4, 4, 4]), ([0, 5, 9], [4, 4, 4]))
     ids = contiguous_ids(days, parse_threshold_spec("0"))
     assert np.concatenate(ids)[:, 0].tolist() == [2, 3, 4, 4, 3, 2]
-    assert np.concatenate(ids)[:, 2].tolist() == [2] * 6     # every line missing: one value
+    assert np.concatenate(ids)[:, 2].tolist() == [2] * 6  # every line missing: one value
     capped = contiguous_ids(days, parse_threshold_spec("0"), caps=[3] * 26)
     assert np.concatenate(capped)[:, 0].tolist() == [2, 0, 1, 1, 0, 2]
     # a per-column threshold: column 0 at 2 keeps 5, 9 and 0 (each seen twice), in that order
@@ -62,8 +70,12 @@ def test_first_appearance_not_value_order_missing_is_zero_and_caps_come_after():
 
 def test_the_mode_takes_optional_caps_and_its_threshold():
     assert PreprocessConfig(ids="contiguous").caps is None
-    assert PreprocessConfig(ids="contiguous", caps=[7] * 26, frequency_threshold="0",
-                            dictionary_days="train").caps == [7] * 26
+    assert (
+        PreprocessConfig(
+            ids="contiguous", caps=[7] * 26, frequency_threshold="0", dictionary_days="train"
+        ).caps
+        == [7] * 26
+    )
     with pytest.raises(ConfigError, match="lists 25 caps"):
         PreprocessConfig(ids="contiguous", caps=[5] * 25)
 
@@ -71,7 +83,7 @@ def test_the_mode_takes_optional_caps_and_its_threshold():
 def test_the_transform_lookup_maps_missing_rare_and_caps():
     from spark_jobs.contiguous_ids import ContiguousIds, table_sizes
 
-    class Index:   # value 5 has no id (rare); another value v has id v + 2
+    class Index:  # value 5 has no id (rare); another value v has id v + 2
         def lookup_into(self, values, out):
             out[...] = np.where(values == 5, 0, values + 2)
 
@@ -91,19 +103,24 @@ def _reference(days: list[list[str]], spec: str, caps) -> dict:
     for lines in days:
         parsed = [reference_parse(line) for line in lines]
         valid = [p for p in parsed if not p[0]]
-        values.append(np.array([[int(v, 16) if v else -1 for v in p[4]] for p in valid],
-                               np.int64).reshape(-1, 26))
+        values.append(
+            np.array([[int(v, 16) if v else -1 for v in p[4]] for p in valid], np.int64).reshape(-1, 26)
+        )
         parsed_days.append(parsed)
     ids = contiguous_ids(values, parse_threshold_spec(spec), caps)
     rows_per_day = []
     for parsed, day_ids in zip(parsed_days, ids):
         it = iter(day_ids.tolist())
-        rows_per_day.append([None if p[0] else (p[2], *[reference_numerical(x) for x in p[3]],
-                                                *next(it)) for p in parsed])
+        rows_per_day.append(
+            [None if p[0] else (p[2], *[reference_numerical(x) for x in p[3]], *next(it)) for p in parsed]
+        )
     last = rows_per_day[-1]
     half = (len(last) + 1) // 2
-    return {"train": [r for day in rows_per_day[:-1] for r in day if r],
-            "test": [r for r in last[:half] if r], "validation": [r for r in last[half:] if r]}
+    return {
+        "train": [r for day in rows_per_day[:-1] for r in day if r],
+        "test": [r for r in last[:half] if r],
+        "validation": [r for r in last[half:] if r],
+    }
 
 
 @pytest.mark.spark
@@ -115,12 +132,20 @@ def test_both_engines_number_values_like_the_rule(tmp_path, spark, real_sample):
     spec, caps = "3,C2:0", [2**31, 2**31, 3, 7, *[50] * 22]
     expected = _reference(days, spec, caps)
     for engine in ("arrow", "sql"):
-        summary = run(spark, raw, tmp_path / engine, spec, engine=engine, ids="contiguous",
-                      caps=caps, max_reject_rate=0.5)
+        summary = run(
+            spark,
+            raw,
+            tmp_path / engine,
+            spec,
+            engine=engine,
+            ids="contiguous",
+            caps=caps,
+            max_reject_rate=0.5,
+        )
         layout = WorkdirLayout.at(tmp_path / engine)
         for split in SPLITS:
             rows, want = read_split(layout.parquet_split(split)), expected[split]
-            if split == "train":   # in its seeded order
+            if split == "train":  # in its seeded order
                 rows, want = sorted(rows, key=sort_key), sorted(want, key=sort_key)
             assert_rows_equal(rows, want, f"{engine} {split}")
         assert summary["ids"] == "contiguous" and summary["threshold_spec"] == spec

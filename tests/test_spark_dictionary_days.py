@@ -14,7 +14,7 @@ from spark_fixtures import random_days, read_split, run, write_days
 
 pytestmark = pytest.mark.spark
 
-NEW_VALUE = "deadbeef"   # C1 value seen only on the last day, often enough to pass the threshold
+NEW_VALUE = "deadbeef"  # C1 value seen only on the last day, often enough to pass the threshold
 
 
 def _days():
@@ -32,8 +32,12 @@ def _train_day_ids(days) -> dict[str, dict[str, int]]:
     """ids 1..k by count descending, value ascending, over the train days only (threshold 2)."""
     ids = {}
     for j, c in enumerate(CAT_COLUMNS):
-        counts = Counter(line.split("\t")[14 + j].lower().rjust(8, "0")
-                         for day in days[:-1] for line in day if line.split("\t")[14 + j])
+        counts = Counter(
+            line.split("\t")[14 + j].lower().rjust(8, "0")
+            for day in days[:-1]
+            for line in day
+            if line.split("\t")[14 + j]
+        )
         kept = sorted((v for v, n in counts.items() if n >= 2), key=lambda v: (-counts[v], v))
         ids[c] = {v: i + 1 for i, v in enumerate(kept)}
     return ids
@@ -47,9 +51,9 @@ def test_train_only_dictionaries_leave_last_day_values_out(tmp_path, spark):
     assert train_only["dictionary_days"] == "train"
     expected = _train_day_ids(days)
     assert train_only["table_sizes"] == {c: len(expected[c]) + 1 for c in CAT_COLUMNS}
-    assert every["table_sizes"]["C1"] > train_only["table_sizes"]["C1"]   # deadbeef (and others) kept
+    assert every["table_sizes"]["C1"] > train_only["table_sizes"]["C1"]  # deadbeef (and others) kept
     test_rows = read_split(WorkdirLayout.at(tmp_path / "train").parquet_split("test"))
-    test_lines = days[-1][:(len(days[-1]) + 1) // 2]
+    test_lines = days[-1][: (len(days[-1]) + 1) // 2]
     for row, line in zip(test_rows, test_lines):
         fields = line.split("\t")
         for j, c in enumerate(CAT_COLUMNS):

@@ -33,8 +33,11 @@ def _split_files(work: Path, split: str) -> list:
 def _rows(directory: Path) -> list[tuple]:
     """Every row of a Spark-written parquet or JSON directory, in a canonical order."""
     if any(directory.rglob("*.json")):
-        rows = [tuple(sorted(json.loads(line).items())) for p in directory.rglob("*.json")
-                for line in p.read_text().splitlines()]
+        rows = [
+            tuple(sorted(json.loads(line).items()))
+            for p in directory.rglob("*.json")
+            for line in p.read_text().splitlines()
+        ]
     else:
         table = pq.read_table(directory)
         rows = [tuple(sorted(r.items())) for r in table.to_pylist()]
@@ -47,8 +50,9 @@ def assert_same_outputs(arrow: Path, sql: Path) -> None:
         files = _split_files(arrow, split)
         assert files, split
         assert files == _split_files(sql, split), f"{split} parquet differs between the engines"
-        assert "required" in str(pq.ParquetFile(next(WorkdirLayout.at(arrow).parquet_split(split)
-                                                     .glob("part-*.parquet"))).schema), split
+        assert "required" in str(
+            pq.ParquetFile(next(WorkdirLayout.at(arrow).parquet_split(split).glob("part-*.parquet"))).schema
+        ), split
     assert _rows(a.counts / "values") == _rows(s.counts / "values")
     assert _rows(a.parquet / "dictionaries") == _rows(s.parquet / "dictionaries")
     assert _rows(a.rejects) == _rows(s.rejects)
@@ -83,8 +87,9 @@ def test_engines_agree_on_real_rows(tmp_path, spark, real_sample):
 def test_engines_agree_on_salted_bad_input(tmp_path, spark, broadcast_max_values):
     days = salted_days(41, 3, 400)
     raw = write_days(tmp_path / "raw", days, crlf=True)
-    summaries = _both(spark, raw, tmp_path, "2,C7:1", max_reject_rate=0.5,
-                      broadcast_max_values=broadcast_max_values)
+    summaries = _both(
+        spark, raw, tmp_path, "2,C7:1", max_reject_rate=0.5, broadcast_max_values=broadcast_max_values
+    )
     assert summaries["arrow"]["data_quality"]["rows_rejected"] > 0
     check_against_reference(days, tmp_path / "arrow", summaries["arrow"], "2,C7:1")
 
@@ -113,18 +118,20 @@ def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
     days = random_days(43, 3, 150)
     raw = tmp_path / "raw"
     raw.mkdir()
-    cut_in_a_character = "x" + "\u00e9" * (limit // 2)       # the engines cut the same bytes
-    (raw / "day_0").write_text("\n".join(days[0][:150] + [cut_in_a_character, "1\t" + "7" * (24 << 20)]
-                                          + days[1][:10]))
+    cut_in_a_character = "x" + "\u00e9" * (limit // 2)  # the engines cut the same bytes
+    (raw / "day_0").write_text(
+        "\n".join(days[0][:150] + [cut_in_a_character, "1\t" + "7" * (24 << 20)] + days[1][:10])
+    )
     _gzip_day(raw / "day_1.gz", days[1][10:80], 64 << 20, days[1][80:])
     (raw / "day_2").write_text("\n".join(days[2]) + "\n")
     assert (raw / "day_1.gz").stat().st_size < 1 << 20
     for engine in ("arrow", "sql"):
         run(spark, raw, tmp_path / engine, "2", engine=engine)
     a, s = WorkdirLayout.at(tmp_path / "arrow"), WorkdirLayout.at(tmp_path / "sql")
-    for split in SPLITS:         # the rows in order (how the last day's rows fall into files
-        rows = [[row for _, part in _split_files(tmp_path / e, split) for row in part]
-                for e in ("arrow", "sql")]     # follows each engine's read partitions here)
+    for split in SPLITS:  # the rows in order (how the last day's rows fall into files
+        rows = [
+            [row for _, part in _split_files(tmp_path / e, split) for row in part] for e in ("arrow", "sql")
+        ]  # follows each engine's read partitions here)
         assert rows[0] and rows[0] == rows[1], split
     for name in ("data_quality.json", "model_size.json"):
         assert json.loads((a.parquet / name).read_text()) == json.loads((s.parquet / name).read_text())
@@ -135,13 +142,24 @@ def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
     assert report["totals"]["rejected_by_reason"]["line_too_long"] == 3
     assert report["rejected"] == 3 and report["identity_holds"]
     assert report["rows_in"] == 3 * 150 + 3
-    rejects = sorted((json.loads(line) for p in WorkdirLayout.at(tmp_path / "arrow").rejects.glob("*.json")
-                      for line in p.read_text().splitlines()), key=lambda r: (r["file"], r["line_number"]))
+    rejects = sorted(
+        (
+            json.loads(line)
+            for p in WorkdirLayout.at(tmp_path / "arrow").rejects.glob("*.json")
+            for line in p.read_text().splitlines()
+        ),
+        key=lambda r: (r["file"], r["line_number"]),
+    )
     assert [(r["file"], r["line_number"], r["reason"], r["line_bytes"]) for r in rejects] == [
-        ("day_0", 151, "line_too_long", limit + 1), ("day_0", 152, "line_too_long", 2 + (24 << 20)),
-        ("day_1.gz", 71, "line_too_long", 64 << 20)]
-    assert [r["line"] for r in rejects] == [("x" + "\u00e9" * (limit // 2))[:limit // 2] + "\ufffd",
-                                            ("1\t" + "7" * limit)[:limit], "\0" * limit]
+        ("day_0", 151, "line_too_long", limit + 1),
+        ("day_0", 152, "line_too_long", 2 + (24 << 20)),
+        ("day_1.gz", 71, "line_too_long", 64 << 20),
+    ]
+    assert [r["line"] for r in rejects] == [
+        ("x" + "\u00e9" * (limit // 2))[: limit // 2] + "\ufffd",
+        ("1\t" + "7" * limit)[:limit],
+        "\0" * limit,
+    ]
 
 
 def test_order_keys_are_sparks_xxhash64(spark):
@@ -165,7 +183,7 @@ def test_engine_choice():
     from spark_jobs.preprocess import engine_name
 
     assert engine_name(PreprocessConfig(), SparkConfig()) == "arrow"
-    assert engine_name(PreprocessConfig(), SparkConfig(gpu=True)) == "sql"   # RAPIDS runs SQL
+    assert engine_name(PreprocessConfig(), SparkConfig(gpu=True)) == "sql"  # RAPIDS runs SQL
     assert engine_name(PreprocessConfig(engine="arrow"), SparkConfig(gpu=True)) == "arrow"
     with pytest.raises(ConfigError, match="preprocess.engine 'fast'"):
         engine_name(PreprocessConfig(engine="fast"), SparkConfig())

@@ -16,8 +16,16 @@ import pytest
 from dlrm_contracts.config import GeneratorConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_fixtures import (assert_rows_equal, read_split, reference_missing_rates,
-                            reference_preprocess, run, random_days, sort_key, write_days)
+from spark_fixtures import (
+    assert_rows_equal,
+    read_split,
+    reference_missing_rates,
+    reference_preprocess,
+    run,
+    random_days,
+    sort_key,
+    write_days,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -34,8 +42,18 @@ def generated(tmp_path_factory, spark):
     from pipeline.synthetic import generate
 
     raw = tmp_path_factory.mktemp("gen") / "raw"
-    generate(raw, GeneratorConfig(days=3, rows_per_day=1500, seed=7, chunk_rows=1000, workers=1,
-                                  cardinality_scale=0.00001, cardinality_floor=50))
+    generate(
+        raw,
+        GeneratorConfig(
+            days=3,
+            rows_per_day=1500,
+            seed=7,
+            chunk_rows=1000,
+            workers=1,
+            cardinality_scale=0.00001,
+            cardinality_floor=50,
+        ),
+    )
     work = tmp_path_factory.mktemp("gen_work")
     summary = run(spark, raw, work, THRESHOLD)
     return raw, work, summary
@@ -47,8 +65,9 @@ def check_against_reference(lines: list[list[str]], work, summary, threshold: st
     for split in ("test", "validation"):
         assert_rows_equal(read_split(layout.parquet_split(split)), ref.splits[split], split)
     train = read_split(layout.parquet_split("train"))
-    assert_rows_equal(sorted(train, key=sort_key), sorted(ref.splits["train"], key=sort_key),
-                      "train (as a multiset)")
+    assert_rows_equal(
+        sorted(train, key=sort_key), sorted(ref.splits["train"], key=sort_key), "train (as a multiset)"
+    )
     assert json.loads(layout.parquet_model_size.read_text()) == ref.sizes
     assert summary["table_sizes"] == ref.sizes
     assert summary["rows"] == {s: len(ref.splits[s]) for s in ("train", "test", "validation")}
@@ -75,7 +94,7 @@ def test_counts_and_histogram_match_reference(generated):
     for k, expected in enumerate(ref.day_counts):
         table = pq.read_table(counts_dir / "values" / f"day={k}").to_pylist()
         got = {c: Counter() for c in CAT_COLUMNS}
-        for r in table:              # a value is stored as the integer of its 8 hex digits
+        for r in table:  # a value is stored as the integer of its 8 hex digits
             got[r["column"]][f"{r['value']:08x}"] += r["count"]
         assert got == expected, f"counts of day {k}"
     hist = pq.read_table(counts_dir / "histogram.parquet").to_pylist()
@@ -137,8 +156,13 @@ def test_random_days_with_shuffle_joins_keep_line_order(tmp_path, spark):
 def _xxh64_inverse_of_8_bytes(digest: int, seed: int = 42) -> bytes:
     """Undo Spark's xxhash64 of an 8-byte string step by step (each step is a bijection)."""
     mask = 2**64 - 1
-    p1, p2, p3, p4, p5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                          0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+    p1, p2, p3, p4, p5 = (
+        0x9E3779B185EBCA87,
+        0xC2B2AE3D27D4EB4F,
+        0x165667B19E3779F9,
+        0x85EBCA77C2B2AE63,
+        0x27D4EB2F165667C5,
+    )
 
     def rotr(x, r):
         return ((x >> r) | (x << (64 - r))) & mask
@@ -166,8 +190,11 @@ def test_join_keys_identify_categorical_values_exactly(spark):
 
     rng = random.Random(5)
     values = ["%08x" % rng.getrandbits(32) for _ in range(2000)] + ["00000000", "ffffffff"]
-    rows = (spark.createDataFrame([(v,) for v in values], "value string")
-            .select("value", value_key(F.col("value")).alias("key")).collect())
+    rows = (
+        spark.createDataFrame([(v,) for v in values], "value string")
+        .select("value", value_key(F.col("value")).alias("key"))
+        .collect()
+    )
     assert len({r["key"] for r in rows}) == len(values)
     for r in rows:
         assert _xxh64_inverse_of_8_bytes(r["key"]).decode("ascii") == r["value"]
@@ -176,8 +203,10 @@ def test_join_keys_identify_categorical_values_exactly(spark):
 def test_input_without_any_categorical_value(tmp_path, spark):
     """No valid line has a categorical (all cut after the integers): no value counts are written,
     which once failed with UNABLE_TO_INFER_SCHEMA; every table has size 1 and every id is 0."""
-    days = [[line.split("\t", 14)[0] if i % 3 else "\t".join(line.split("\t")[:14])
-             for i, line in enumerate(day)] for day in random_days(31, 3, 30)]
+    days = [
+        [line.split("\t", 14)[0] if i % 3 else "\t".join(line.split("\t")[:14]) for i, line in enumerate(day)]
+        for day in random_days(31, 3, 30)
+    ]
     work = tmp_path / "work"
     summary = run(spark, write_days(tmp_path / "raw", days), work, "1")
     check_against_reference(days, work, summary, "1")

@@ -41,23 +41,29 @@ def _preprocess(spark, raw: Path, work: Path, retransform: bool = False) -> dict
     from spark_jobs.preprocess import run_preprocess
 
     assert spark is not None
-    return run_preprocess(raw, work, spark_config(),
-                          PreprocessConfig(frequency_threshold="2", ids="stable",
-                                           window_days=WINDOW, output_files=2),
-                          retransform=retransform)
+    return run_preprocess(
+        raw,
+        work,
+        spark_config(),
+        PreprocessConfig(frequency_threshold="2", ids="stable", window_days=WINDOW, output_files=2),
+        retransform=retransform,
+    )
 
 
 def _convert(work: Path, binary: Path | None = None) -> dict:
     layout = WorkdirLayout.at(work)
-    return convert_parquet(layout.parquet, binary or layout.binary,
-                           ConvertConfig(progress=False, fsync=False, overwrite=True))
+    return convert_parquet(
+        layout.parquet, binary or layout.binary, ConvertConfig(progress=False, fsync=False, overwrite=True)
+    )
 
 
 def _arrays(binary: Path, split: str) -> dict[str, np.ndarray]:
     info = read_info(binary)
     rows = info.splits[split]
-    out = {"label": np.fromfile(binary / split / LABEL_FILE, np.uint8),
-           "numerical": np.fromfile(binary / split / NUMERICAL_FILE, np.float16)}
+    out = {
+        "label": np.fromfile(binary / split / LABEL_FILE, np.uint8),
+        "numerical": np.fromfile(binary / split / NUMERICAL_FILE, np.float16),
+    }
     for i, dtype in enumerate(info.cat_dtypes):
         out[CAT_COLUMNS[i]] = np.fromfile(binary / split / cat_file(i), np.dtype(dtype)).astype(np.int64)
     assert len(out["label"]) == rows
@@ -117,7 +123,7 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
     for k in range(1, 5):
         _land(raw, k, days[k])
         first = max(0, k - WINDOW + 1)
-        if k == 4:      # a reused day's stored value counts damaged: it is read to recount them
+        if k == 4:  # a reused day's stored value counts damaged: it is read to recount them
             counted = sorted((layout.counts / "values" / f"day={first}").glob("*.parquet"))[0]
             counted.write_bytes(counted.read_bytes()[:20])
         summary = _preprocess(spark, raw, work)
@@ -144,16 +150,18 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
         assert converted["days_reused"]["test"] == converted["days_reused"]["validation"] == []
         fresh = _convert(work, tmp_path / f"fresh-{k}")
         assert fresh["days_reused"]["train"] == []
-        for split in SPLITS:        # copying a day equals converting it
+        for split in SPLITS:  # copying a day equals converting it
             for name in [LABEL_FILE, NUMERICAL_FILE, *(cat_file(i) for i in range(26))]:
-                assert ((layout.binary / split / name).read_bytes()
-                        == (tmp_path / f"fresh-{k}" / split / name).read_bytes()), (k, split, name)
-    assert _compare_with_retransform(spark, raw, work, tmp_path) > 0   # the as-of rule was hit
+                assert (layout.binary / split / name).read_bytes() == (
+                    tmp_path / f"fresh-{k}" / split / name
+                ).read_bytes(), (k, split, name)
+    assert _compare_with_retransform(spark, raw, work, tmp_path) > 0  # the as-of rule was hit
 
 
 @pytest.mark.spark
 def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_completes(
-        tmp_path, spark, monkeypatch):
+    tmp_path, spark, monkeypatch
+):
     """Killed after the new day was transformed, before the splits were relinked: the
     previous binary dataset is untouched, the parquet is marked incomplete, and the next run
     transforms only what is left (the day done before the kill is reused) and completes."""
@@ -189,11 +197,11 @@ def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_com
         _convert(work)
     assert {p: p.read_bytes() for p in layout.binary.rglob("*") if p.is_file()} == before
     summary = _preprocess(spark, raw, work)
-    assert summary["transform"]["days_transformed"] == [3]       # day 2 was done before the kill
-    assert summary["transform"]["days_reused"] == [1, 2]        # the window is days 1-3
+    assert summary["transform"]["days_transformed"] == [3]  # day 2 was done before the kill
+    assert summary["transform"]["days_reused"] == [1, 2]  # the window is days 1-3
     assert summary["transform"]["days_dropped"] == [0]
     converted = _convert(work)
-    assert converted["days_reused"]["train"] == [1]              # day 2 was test/validation
+    assert converted["days_reused"]["train"] == [1]  # day 2 was test/validation
     _compare_with_retransform(spark, raw, work, tmp_path)
 
 
@@ -212,14 +220,16 @@ def _stored_day(tmp_path: Path, rows: int, rejected: int = 0):
     layout = WorkdirLayout.at(tmp_path / "work")
     staging = day_store.staging_dir(layout, 1)
     (staging / "train").mkdir(parents=True)
-    table = split_table(np.zeros(rows, np.int32), [np.zeros(rows, np.float32)] * 13,
-                        [np.ones(rows, np.int32)] * 26)
+    table = split_table(
+        np.zeros(rows, np.int32), [np.zeros(rows, np.float32)] * 13, [np.ones(rows, np.int32)] * 26
+    )
     pq.write_table(table, staging / "train" / "part-00000.parquet")
     stats = DayStats(1, rows_read=rows + rejected, rows_valid=rows, partitions={0: rows + rejected})
     stats.rejected["bad_label"] = rejected
     cfg = PreprocessConfig(ids="stable")
-    day_store.commit_day(layout, day, day_store.TRAIN, cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS},
-                         stats, "arrow/256")
+    day_store.commit_day(
+        layout, day, day_store.TRAIN, cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS}, stats, "arrow/256"
+    )
     return layout, day, cfg, stats
 
 
@@ -244,14 +254,16 @@ def test_a_kept_day_is_reused_only_while_its_file_role_settings_ids_and_parts_ho
     assert why(layout, day, day_store.EVAL, cfg, "lineage-a") == "its role changed to eval"
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-b") == "the ids were started over"
     assert why(layout, day, day_store.TRAIN, cfg, None) == "the ids were started over"
-    assert (why(layout, day, day_store.TRAIN, replace(cfg, shuffle_seed=7), "lineage-a")
-            == "the output settings changed")
+    assert (
+        why(layout, day, day_store.TRAIN, replace(cfg, shuffle_seed=7), "lineage-a")
+        == "the output settings changed"
+    )
     assert why(layout, replace(day, day=2), day_store.TRAIN, cfg, "lineage-a") == "new"
     work = day_store.plan([day, replace(day, day=2)], layout, cfg, "lineage-a", retransform=True)
     assert [(d.day, w) for d, _, w in work.transform] == [(1, "--retransform"), (2, "--retransform")]
     part = layout.parquet_day(1) / "train" / "part-00000.parquet"
     data = part.read_bytes()
-    part.write_bytes(data[: len(data) // 2])                       # a truncated part
+    part.write_bytes(data[: len(data) // 2])  # a truncated part
     assert why(layout, day, day_store.TRAIN, cfg, "lineage-a").startswith("its parts or record")
     part.write_bytes(data)
     st = day.path.stat()
@@ -282,8 +294,23 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     from pipeline_helpers import run
 
     every = tmp_path / "every"
-    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(every), "--days", "4",
-                    "--rows-per-day", "3000", "--seed", "2527"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(every),
+            "--days",
+            "4",
+            "--rows-per-day",
+            "3000",
+            "--seed",
+            "2527",
+        ],
+        check=True,
+        capture_output=True,
+    )
     raw = tmp_path / "raw"
     raw.mkdir()
     for k in range(3):
@@ -320,8 +347,7 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
 
 
 @pytest.mark.spark
-def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,
-                                                           monkeypatch):
+def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark, monkeypatch):
     """A day lands in a full window: the count plans on the one day it reads, the transform on
     the two it writes (yesterday joins train, the new day is test/validation), each phase's
     share of the bar shrinks with its part of the window's bytes; convert counts the rows it
@@ -339,13 +365,14 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,
         _land(raw, k, days[k])
     _preprocess(spark, raw, work)
     _convert(work)
-    _land(raw, 3, days[3] + days[3][:ROWS // 2])     # a bigger day: shares follow bytes
+    _land(raw, 3, days[3] + days[3][: ROWS // 2])  # a bigger day: shares follow bytes
     channel = tmp_path / "progress.jsonl"
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
-    cfg = PreprocessConfig(frequency_threshold="2", ids="stable", window_days=WINDOW,
-                           output_files=2)                  # _preprocess's settings
+    cfg = PreprocessConfig(
+        frequency_threshold="2", ids="stable", window_days=WINDOW, output_files=2
+    )  # _preprocess's settings
     settings = ProgressConfig()
-    window = discover_days(raw, WINDOW)                     # days 1-3
+    window = discover_days(raw, WINDOW)  # days 1-3
     tasks = lambda chosen: input_tasks("arrow", chosen, cfg)  # noqa: E731
     with PreprocessProgress(raw, work, cfg, settings, tasks, 1 << 16):
         summary = run_preprocess(raw, work, spark_config(), cfg)
@@ -357,7 +384,7 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,
 
     count = [r for r in records if r.phase == "count" and r.detail.startswith("day 3, ")]
     assert count, [(r.phase, r.detail) for r in records]
-    assert count[0].total == tasks(window[2:]) < tasks(window)    # planned on day 3 alone
+    assert count[0].total == tasks(window[2:]) < tasks(window)  # planned on day 3 alone
     transform = [r for r in records if r.phase == "transform"]
     assert {r.detail for r in transform} == {"train day 2, test/validation day 3"}
     day2 = json.loads((WorkdirLayout.at(work).parquet_day(2) / DAY_JSON).read_text())
@@ -366,32 +393,35 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark,
     # the bar at the transform's start: the count's and dictionaries' shares, the count's
     # reading part and the transform shrunk to the bytes they read of the window's
     size = {d.day: d.path.stat().st_size for d in window}
-    part = {"count": size[3] / sum(size.values()), "transform": (size[2] + size[3])
-            / sum(size.values())}
+    part = {"count": size[3] / sum(size.values()), "transform": (size[2] + size[3]) / sum(size.values())}
     shares, read = settings.preprocess_phase_shares, settings.preprocess_read_shares["count"]
     count_share = shares["count"] * (read * part["count"] + 1 - read)
     transform_share = shares["transform"] * part["transform"]
-    expected = (count_share + shares["dictionaries"]) / (count_share + shares["dictionaries"]
-                                                         + transform_share)
+    expected = (count_share + shares["dictionaries"]) / (
+        count_share + shares["dictionaries"] + transform_share
+    )
     assert transform[0].fraction == pytest.approx(expected, abs=0.01)
     unscaled = (shares["count"] + shares["dictionaries"]) / sum(shares.values())
-    assert abs(expected - unscaled) > 0.02                   # the test tells the two apart
+    assert abs(expected - unscaled) > 0.02  # the test tells the two apart
 
     channel.write_text("")
-    converted = convert_parquet(WorkdirLayout.at(work).parquet, WorkdirLayout.at(work).binary,
-                                ConvertConfig(progress=True, fsync=False, overwrite=True))
+    converted = convert_parquet(
+        WorkdirLayout.at(work).parquet,
+        WorkdirLayout.at(work).binary,
+        ConvertConfig(progress=True, fsync=False, overwrite=True),
+    )
     assert converted["days_reused"]["train"] == [1]
     copied = json.loads((WorkdirLayout.at(work).parquet_day(1) / DAY_JSON).read_text())
     records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
     records = [r for r in records if r.stage == "convert" and r.total is not None]
     assert records and {r.total for r in records} == {
-        sum(converted["rows"].values()) - sum(copied["rows"].values())}
+        sum(converted["rows"].values()) - sum(copied["rows"].values())
+    }
     assert records[-1].done == records[-1].total and records[-1].fraction == 1.0
 
 
 @pytest.mark.spark
-def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(
-        tmp_path, spark):
+def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(tmp_path, spark):
     """A day file whose values changed but whose size and mtime were put back (``touch -r``,
     ``cp -p``) is not the day counted before: its counts and parts are made again, and the
     tables equal those of a run from scratch on the same files."""
@@ -416,5 +446,6 @@ def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed
     assert summary["transform"]["days_reused"] == [1, 2]
     fresh = tmp_path / "fresh"
     _preprocess(spark, raw, fresh)
-    assert (read_histogram(WorkdirLayout.at(work).counts).table_sizes("2")
-            == read_histogram(WorkdirLayout.at(fresh).counts).table_sizes("2"))
+    assert read_histogram(WorkdirLayout.at(work).counts).table_sizes("2") == read_histogram(
+        WorkdirLayout.at(fresh).counts
+    ).table_sizes("2")

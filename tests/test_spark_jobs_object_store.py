@@ -51,8 +51,9 @@ def raw(tmp_path_factory, moto_s3, store):
 
 
 def _run(input_dir, workdir, threshold: str) -> dict:
-    return run_preprocess(input_dir, workdir, spark_config(),
-                          PreprocessConfig(frequency_threshold=threshold, engine="arrow"))
+    return run_preprocess(
+        input_dir, workdir, spark_config(), PreprocessConfig(frequency_threshold=threshold, engine="arrow")
+    )
 
 
 def _published(workdir) -> dict[str, bytes]:
@@ -68,21 +69,20 @@ def _published(workdir) -> dict[str, bytes]:
         files.update({f"{name}/{_relative(p, root)}": p.read_bytes() for p in parts})
     for record in ("model_size.json", "data_quality.json"):
         files[record] = workdir_io.read_text(layout.parquet / record).encode()
-    files["rejects"] = b"".join(p.read_bytes() for p in _all_files(layout.rejects)
-                                if p.name.endswith(".json"))
+    files["rejects"] = b"".join(
+        p.read_bytes() for p in _all_files(layout.rejects) if p.name.endswith(".json")
+    )
     return files
 
 
 def _relative(path, root) -> str:
-    return path.relative_to(root) if workdir_io.is_remote(root) else \
-        path.relative_to(root).as_posix()
+    return path.relative_to(root) if workdir_io.is_remote(root) else path.relative_to(root).as_posix()
 
 
 def _all_files(root):
     if workdir_io.is_remote(root):
         return root.files()
-    return sorted(p for p in Path(root).rglob("*")
-                  if p.is_file() and not p.name.startswith((".", "_")))
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
 
 
 def _summary(workdir) -> dict:
@@ -104,8 +104,7 @@ def local_run(raw, tmp_path_factory) -> tuple[dict, dict]:
     return published, _summary(workdir)
 
 
-def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_threshold(
-        raw, store, local_run):
+def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_threshold(raw, store, local_run):
     url = f"s3://{store}/work"
     first = _run(raw[1], url, "2")
     assert first["days_counted"] == [0, 1, 2]
@@ -120,25 +119,24 @@ def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_thresh
     again = _run(raw[1], url, "3")
     assert again["days_counted"] == [] and again["days_reused"] == [0, 1, 2]
     assert _published(url) == local_run[0]
-    reused = {"days_counted": [0, 1, 2], "days_reused": []}   # the local run counted them
+    reused = {"days_counted": [0, 1, 2], "days_reused": []}  # the local run counted them
     assert {**_summary(url), **reused} == local_run[1]
-    for name in (*SPLITS, "dictionaries"):      # the superseded versions are gone
+    for name in (*SPLITS, "dictionaries"):  # the superseded versions are gone
         assert len(_versions(layout.parquet / name)) == 1, name
 
-    clean_outputs(url)                          # the job's outputs go, the counts stay
+    clean_outputs(url)  # the job's outputs go, the counts stay
     assert not layout.parquet.files() and not layout.rejects.files()
     assert workdir_io.exists(layout.counts / "days.json")
 
 
-def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_run,
-                                                                 monkeypatch):
+def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, local_run, monkeypatch):
     url = f"s3://{store}/killed"
     layout = WorkdirLayout.at(url)
     train = layout.parquet / "train"
     real = object_commit.write_marker
 
     def killed(final, version, files):
-        if final.name == "train":       # the train split's files are up, its marker is not
+        if final.name == "train":  # the train split's files are up, its marker is not
             raise KeyboardInterrupt("killed")
         real(final, version, files)
 
@@ -147,8 +145,8 @@ def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, loc
         _run(raw[1], url, "3")
     monkeypatch.setattr(object_commit, "write_marker", real)
     assert not workdir_io.exists(layout.parquet / SUCCESS)
-    assert len(_versions(train)) == 1 and train.files()    # its files are there ...
-    assert workdir_io.published_dir(train) is None         # ... and no reader trusts them
+    assert len(_versions(train)) == 1 and train.files()  # its files are there ...
+    assert workdir_io.published_dir(train) is None  # ... and no reader trusts them
     assert workdir_io.published_files(train) == []
 
     # the next run counts nothing again (days.json was written before the transform),
@@ -165,8 +163,7 @@ def test_stable_ids_at_a_url_are_refused_before_anything_is_written(raw, store):
 
     url = f"s3://{store}/stable"
     with pytest.raises(PreprocessConfigError, match="ids: stable needs a workdir on a"):
-        run_preprocess(raw[1], url, spark_config(),
-                       PreprocessConfig(frequency_threshold="2", ids="stable"))
+        run_preprocess(raw[1], url, spark_config(), PreprocessConfig(frequency_threshold="2", ids="stable"))
     assert not resolve(url).files()
 
 
@@ -179,8 +176,9 @@ def test_the_sql_engine_without_spark_s_s3_connector_is_refused_in_one_line(raw,
     url = f"s3://{store}/sql"
     for input_dir, workdir in ((raw[1], url), (raw[0], url), (raw[1], tmp_path / "work")):
         with pytest.raises(PreprocessConfigError, match="hadoop-aws") as error:
-            run_preprocess(input_dir, workdir, spark_config(),
-                           PreprocessConfig(frequency_threshold="2", engine="sql"))
+            run_preprocess(
+                input_dir, workdir, spark_config(), PreprocessConfig(frequency_threshold="2", engine="sql")
+            )
         assert error.value.code == ExitCode.USAGE and "\n" not in str(error.value)
     assert not resolve(url).files() and not (tmp_path / "work").exists()
 

@@ -11,9 +11,18 @@ import pytest
 
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.layout import WorkdirLayout
-from spark_fixtures import (BAD_LINES, assert_rows_equal, random_days, read_split,
-                            reference_missing_rates, reference_preprocess, run, salted_days,
-                            sort_key, write_days)
+from spark_fixtures import (
+    BAD_LINES,
+    assert_rows_equal,
+    random_days,
+    read_split,
+    reference_missing_rates,
+    reference_preprocess,
+    run,
+    salted_days,
+    sort_key,
+    write_days,
+)
 from spark_jobs.errors import PreprocessInputError
 
 pytestmark = pytest.mark.spark
@@ -67,10 +76,12 @@ def test_gzip_and_crlf_give_the_same_outputs(salted, tmp_path, spark):
     raw = write_days(tmp_path / "raw", days, gz=True, crlf=True)
     run(spark, raw, tmp_path / "work", "2", max_reject_rate=0.2)
     for split in ("train", "test", "validation"):
-        assert read_split(WorkdirLayout.at(tmp_path / "work").parquet_split(split)) == \
-            read_split(WorkdirLayout.at(work).parquet_split(split)), split
-    assert Counter(r["reason"] for r in _rejects(tmp_path / "work")) == \
-        Counter(r["reason"] for r in _rejects(work))
+        assert read_split(WorkdirLayout.at(tmp_path / "work").parquet_split(split)) == read_split(
+            WorkdirLayout.at(work).parquet_split(split)
+        ), split
+    assert Counter(r["reason"] for r in _rejects(tmp_path / "work")) == Counter(
+        r["reason"] for r in _rejects(work)
+    )
 
 
 def test_reject_rate_over_the_limit_fails_clearly(salted, tmp_path, spark):
@@ -144,8 +155,7 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
 
     day = tmp_path / "day_0"
     day.write_text("1\t5\t\tabc\n0\t7\n")
-    rows = parse_for_transform(read_day(spark, str(day), 0), PreprocessConfig().max_line_bytes,
-                               checked=True)
+    rows = parse_for_transform(read_day(spark, str(day), 0), PreprocessConfig().max_line_bytes, checked=True)
     plan = rows.select("label", "C1")._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("split(") == 1, plan
     assert rows.select("label").count() == 1  # line 1 has a non-integer I3: filtered
@@ -159,18 +169,30 @@ def test_the_validity_filter_stays_above_the_parse_when_pos_is_not_output(tmp_pa
 _VALID = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["0a0b0c0d"] * 26)
 TERMINATOR_LINES = {
     "bad_label": ["1\u0085", "0\u2029", "1\u2028"],
-    "non_integer": ["1\t5\r6", "1\t2\t3\rabc", "1\t5\u0085", "0\t1\t2\u2028", "0\t1\r\t2",
-                    _VALID.replace("\t5\t0a0b0c0d", "\t5\u0085\t0a0b0c0d")],
-    "non_hex_categorical": [_VALID[:-8] + "abcdef\u0085", _VALID[:-1] + "\u0085",
-                            _VALID[:-2] + "c\u2028", "0" + "\t" * 14 + "ab\rcd"],
+    "non_integer": [
+        "1\t5\r6",
+        "1\t2\t3\rabc",
+        "1\t5\u0085",
+        "0\t1\t2\u2028",
+        "0\t1\r\t2",
+        _VALID.replace("\t5\t0a0b0c0d", "\t5\u0085\t0a0b0c0d"),
+    ],
+    "non_hex_categorical": [
+        _VALID[:-8] + "abcdef\u0085",
+        _VALID[:-1] + "\u0085",
+        _VALID[:-2] + "c\u2028",
+        "0" + "\t" * 14 + "ab\rcd",
+    ],
 }
 
 
 def test_cr_nel_and_unicode_line_separators_inside_a_line_are_data(tmp_path, spark):
     rng_days = random_days(21, 2, 60)
     bad = [line for lines in TERMINATOR_LINES.values() for line in lines]
-    days = [rng_days[0][:30] + bad + rng_days[0][30:],
-            rng_days[1][:20] + bad[:6] + rng_days[1][20:]]  # last day: before the split point
+    days = [
+        rng_days[0][:30] + bad + rng_days[0][30:],
+        rng_days[1][:20] + bad[:6] + rng_days[1][20:],
+    ]  # last day: before the split point
     raw = write_days(tmp_path / "raw", days)
     work = tmp_path / "work"
     summary = run(spark, raw, work, "1", max_reject_rate=1.0)
@@ -254,9 +276,12 @@ def test_damaged_stored_counts_are_counted_again_from_the_day_file(tmp_path, spa
 def test_a_python_tasks_error_reaches_the_user_as_its_own_line():
     from spark_jobs.spark_failure import python_worker_error as _python_worker_error
 
-    trace = ["An exception was thrown from the Python worker. Please see the stack trace below.",
-             "Traceback (most recent call last):", 'File "x.py", line 1, in run',
-             "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer."]
+    trace = [
+        "An exception was thrown from the Python worker. Please see the stack trace below.",
+        "Traceback (most recent call last):",
+        'File "x.py", line 1, in run',
+        "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer.",
+    ]
     assert _python_worker_error(trace) == "ArrowInvalid: Parquet magic bytes not found in footer."
     trace[-1] = "ValueError: the stored value counts /w/c.parquet are damaged"
     assert _python_worker_error(trace) == "ValueError: the stored value counts /w/c.parquet are damaged"

@@ -44,8 +44,7 @@ def listening(root_pid: int) -> set[tuple[str, int]]:
             connections = process.net_connections(kind="tcp")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        found |= {(plain(c.laddr.ip), c.laddr.port) for c in connections
-                  if c.status == psutil.CONN_LISTEN}
+        found |= {(plain(c.laddr.ip), c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
     return found
 
 
@@ -63,21 +62,55 @@ def loopback(address: str) -> bool:
 def spark_env() -> dict[str, str]:
     import pyspark
 
-    return {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__),
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
+    return {
+        **os.environ,
+        "SPARK_HOME": os.path.dirname(pyspark.__file__),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "PYSPARK_PYTHON": sys.executable,
+    }
 
 
 def test_a_local_preprocess_listens_on_loopback_only(tmp_path):
     """The pipeline's own driver in local mode: its UI listened on *:4040 before."""
     raw = tmp_path / "raw"
-    subprocess.run([sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--days", "2",
-                    "--rows-per-day", "1500", "--seed", "3"], check=True, capture_output=True,
-                   timeout=300)
-    job = subprocess.Popen([sys.executable, "-m", "spark_jobs", "--input", str(raw), "--workdir",
-                            str(tmp_path / "w"), "--driver-memory", "1g", "--master", "local[2]"],
-                           stdout=subprocess.DEVNULL, stderr=open(tmp_path / "job.err", "w"),
-                           env=spark_env(), cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.generate",
+            "--out",
+            str(raw),
+            "--days",
+            "2",
+            "--rows-per-day",
+            "1500",
+            "--seed",
+            "3",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(raw),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--driver-memory",
+            "1g",
+            "--master",
+            "local[2]",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "job.err", "w"),
+        env=spark_env(),
+        cwd=tmp_path,
+    )
     seen: set[tuple[str, int]] = set()
     while job.poll() is None:
         seen |= listening(job.pid)
@@ -129,24 +162,51 @@ def test_image_daemons_off_loopback_authenticate_and_keep_uis_on_loopback(tmp_pa
     port, webui, worker_webui = free_port(host), free_port("127.0.0.1"), free_port("127.0.0.1")
     root = ["--allow-root"] if os.geteuid() == 0 else []  # the image's own user is uid 10001
     common = ["--host", host, "--secret-file", str(secret), *root]
-    refused = subprocess.run(["bash", str(ENTRYPOINT), "master", "--host", host, *root,
-                              "--dir", str(tmp_path / "r")], capture_output=True, text=True,
-                             env=spark_env(), timeout=60)
+    refused = subprocess.run(
+        ["bash", str(ENTRYPOINT), "master", "--host", host, *root, "--dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        env=spark_env(),
+        timeout=60,
+    )
     assert refused.returncode == 2 and "--secret-file" in refused.stderr
     daemons = {}
     try:
-        for role, args in (("master", ["--port", str(port), "--webui-port", str(webui)]),
-                           ("worker", [f"spark://{host}:{port}", "--webui-port", str(worker_webui),
-                                       "--cores", "2", "--memory", "2g"])):
+        for role, args in (
+            ("master", ["--port", str(port), "--webui-port", str(webui)]),
+            (
+                "worker",
+                [
+                    f"spark://{host}:{port}",
+                    "--webui-port",
+                    str(worker_webui),
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                ],
+            ),
+        ):
             log = open(tmp_path / f"{role}.log", "w")
             daemons[role] = subprocess.Popen(
                 ["bash", str(ENTRYPOINT), role, *args, *common, "--dir", str(tmp_path / role)],
-                stdout=log, stderr=subprocess.STDOUT, env=spark_env())
-            wait_for(tmp_path / f"{role}.log", "Successfully registered with master"
-                     if role == "worker" else "I have been elected leader", daemons[role])
-        driver = subprocess.run([sys.executable, "-c", DRIVER, f"spark://{host}:{port}",
-                                 str(secret)], capture_output=True, text=True, env=spark_env(),
-                                timeout=300, cwd=tmp_path)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=spark_env(),
+            )
+            wait_for(
+                tmp_path / f"{role}.log",
+                "Successfully registered with master" if role == "worker" else "I have been elected leader",
+                daemons[role],
+            )
+        driver = subprocess.run(
+            [sys.executable, "-c", DRIVER, f"spark://{host}:{port}", str(secret)],
+            capture_output=True,
+            text=True,
+            env=spark_env(),
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert driver.returncode == 0, driver.stderr[-3000:]
         result = json.loads(driver.stdout.strip().splitlines()[-1])
         assert result["sum"] == sum(range(100_000))
@@ -168,8 +228,7 @@ def test_image_daemons_off_loopback_authenticate_and_keep_uis_on_loopback(tmp_pa
     assert (host, port) in daemon_sockets["master"]
     assert ("127.0.0.1", webui) in daemon_sockets["master"]
     assert ("127.0.0.1", worker_webui) in daemon_sockets["worker"]
-    every = daemon_sockets["master"] | daemon_sockets["worker"] | {
-        tuple(s) for s in result["sockets"]}
+    every = daemon_sockets["master"] | daemon_sockets["worker"] | {tuple(s) for s in result["sockets"]}
     wildcard = {s for s in every if s[0] in ("0.0.0.0", "::")}
     assert not wildcard, wildcard
     uis = {("127.0.0.1", webui), ("127.0.0.1", worker_webui)}
@@ -186,8 +245,10 @@ def wait_for(log: Path, words: str, process: subprocess.Popen, timeout: float = 
         if words in log.read_text(errors="replace"):
             return
         if process.poll() is not None:
-            raise AssertionError(f"{log.name}: exited {process.returncode}\n"
-                                 f"{log.read_text(errors='replace')[-3000:]}")
+            raise AssertionError(
+                f"{log.name}: exited {process.returncode}\n{log.read_text(errors='replace')[-3000:]}"
+            )
         time.sleep(0.5)
-    raise AssertionError(f"{log.name}: no '{words}' within {timeout} s\n"
-                         f"{log.read_text(errors='replace')[-3000:]}")
+    raise AssertionError(
+        f"{log.name}: no '{words}' within {timeout} s\n{log.read_text(errors='replace')[-3000:]}"
+    )

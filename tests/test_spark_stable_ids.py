@@ -22,15 +22,23 @@ import pytest
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
-from spark_fixtures import (assert_rows_equal, random_days, read_split, reference_numerical,
-                            reference_parse, reference_preprocess, run, sort_key)
+from spark_fixtures import (
+    assert_rows_equal,
+    random_days,
+    read_split,
+    reference_numerical,
+    reference_parse,
+    reference_preprocess,
+    run,
+    sort_key,
+)
 from spark_jobs import stable_ids
 from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.errors import PreprocessConfigError, PreprocessInputError
 from spark_jobs.inputs import discover_days
 
-LATE = "0badcafe"    # C1: first seen on day 3, often
-FADE = "0000fade"    # C2: frequent on days 0-1, then gone, once more on day 4 (rare by then)
+LATE = "0badcafe"  # C1: first seen on day 3, often
+FADE = "0000fade"  # C2: frequent on days 0-1, then gone, once more on day 4 (rare by then)
 WINDOW = 3
 
 
@@ -77,9 +85,10 @@ def _extend(ids: dict[str, dict[str, int]], counts: dict[str, Counter], threshol
     out = {}
     for c in CAT_COLUMNS:
         known = dict(ids.get(c, {}))
-        fresh = sorted((v for v, n in counts[c].items()
-                        if n >= max(1, spec.effective(c)) and v not in known),
-                       key=lambda v: (-counts[c][v], v))
+        fresh = sorted(
+            (v for v, n in counts[c].items() if n >= max(1, spec.effective(c)) and v not in known),
+            key=lambda v: (-counts[c][v], v),
+        )
         for v in fresh:
             known[v] = len(known) + 1
         out[c] = known
@@ -96,20 +105,27 @@ def _as_of(ids, sizes: dict[str, int] | None):
 
 def _expected_splits(days: list[list[str]], ids, as_of=None) -> dict[str, list[tuple]]:
     """``as_of``: per train day, the table sizes it was transformed at (None: today's)."""
+
     def row(parsed, ids):
         label, ints, cats = parsed
-        return (label, *[reference_numerical(x) for x in ints],
-                *[ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)])
+        return (
+            label,
+            *[reference_numerical(x) for x in ints],
+            *[ids[c].get(v, 0) if v is not None else 0 for c, v in zip(CAT_COLUMNS, cats)],
+        )
 
     parsed = [[p[2:] for p in map(reference_parse, lines) if p[0] is None] for lines in days[:-1]]
     as_of = as_of or [None] * len(parsed)
     last = days[-1]
     half = (len(last) + 1) // 2
-    evaluation = [[p[2:] for p in map(reference_parse, part) if p[0] is None]
-                  for part in (last[:half], last[half:])]
-    return {"train": [row(p, _as_of(ids, sizes)) for day, sizes in zip(parsed, as_of) for p in day],
-            "test": [row(p, ids) for p in evaluation[0]],
-            "validation": [row(p, ids) for p in evaluation[1]]}
+    evaluation = [
+        [p[2:] for p in map(reference_parse, part) if p[0] is None] for part in (last[:half], last[half:])
+    ]
+    return {
+        "train": [row(p, _as_of(ids, sizes)) for day, sizes in zip(parsed, as_of) for p in day],
+        "test": [row(p, ids) for p in evaluation[0]],
+        "validation": [row(p, ids) for p in evaluation[1]],
+    }
 
 
 def _dictionaries(work: Path) -> dict[str, dict[str, tuple[int, int]]]:
@@ -121,8 +137,9 @@ def _dictionaries(work: Path) -> dict[str, dict[str, tuple[int, int]]]:
             out[c] = {}
             continue
         table = pq.read_table(folder, columns=["value", "id", "count"])
-        out[c] = {v: (i, n) for v, i, n in zip(*(table.column(k).to_pylist()
-                                                 for k in ("value", "id", "count")))}
+        out[c] = {
+            v: (i, n) for v, i, n in zip(*(table.column(k).to_pylist() for k in ("value", "id", "count")))
+        }
     return out
 
 
@@ -141,8 +158,11 @@ def _check_run(work: Path, summary: dict, window: list[list[str]], ids, counts, 
     expected = _expected_splits(window, ids, as_of)
     for split in ("test", "validation"):
         assert_rows_equal(read_split(layout.parquet_split(split)), expected[split], split)
-    assert_rows_equal(sorted(read_split(layout.parquet_split("train")), key=sort_key),
-                      sorted(expected["train"], key=sort_key), "train (as a multiset)")
+    assert_rows_equal(
+        sorted(read_split(layout.parquet_split("train")), key=sort_key),
+        sorted(expected["train"], key=sort_key),
+        "train (as a multiset)",
+    )
 
 
 @pytest.mark.spark
@@ -159,11 +179,11 @@ def test_ids_never_move_over_a_rolling_window(tmp_path, spark):
     _land(raw, 0, days[0])
     ids: dict = {}
     history = []
-    sizes_after: dict[int, dict[str, int]] = {}      # run k → its table sizes
+    sizes_after: dict[int, dict[str, int]] = {}  # run k → its table sizes
     for k in range(1, 5):
         _land(raw, k, days[k])
         first = max(0, k - WINDOW + 1)
-        window = days[first:k + 1]
+        window = days[first : k + 1]
         counts = _window_counts(window)
         before = ids
         ids = _extend(ids, counts, "2")
@@ -177,19 +197,21 @@ def test_ids_never_move_over_a_rolling_window(tmp_path, spark):
         assert summary["transform"]["days_dropped"] == ([k - WINDOW] if k > WINDOW - 1 else [])
         as_of = [sizes_after[max(1, j + 1)] for j in range(first, k)]
         _check_run(work, summary, window, ids, counts, as_of)
-        for c in CAT_COLUMNS:                                   # nothing moved
+        for c in CAT_COLUMNS:  # nothing moved
             assert all(ids[c][v] == i for v, i in before.get(c, {}).items())
         history.append({c: len(ids[c]) + 1 for c in CAT_COLUMNS})
         if k == 1:
             assert ids == reference_preprocess(window, "2").ids  # the frequency ids
-    assert ids["C1"][LATE] >= history[1]["C1"]          # appended on day 3, after run 2's ids
+    assert ids["C1"][LATE] >= history[1]["C1"]  # appended on day 3, after run 2's ids
     fade = ids["C2"][FADE]
-    assert fade > 0 and _window_counts(days[2:5])["C2"][FADE] == 1   # rare now, id kept
+    assert fade > 0 and _window_counts(days[2:5])["C2"][FADE] == 1  # rare now, id kept
     test_rows = read_split(WorkdirLayout.at(work).parquet_split("test"))
-    assert test_rows[0][15] == fade                     # and the value still maps to it
-    parts = [len(list((WorkdirLayout.at(work).dictionaries / f"column={c}").glob("part-*.parquet")))
-             for c in CAT_COLUMNS]
-    assert max(parts) > 1                               # the ranges did split the columns
+    assert test_rows[0][15] == fade  # and the value still maps to it
+    parts = [
+        len(list((WorkdirLayout.at(work).dictionaries / f"column={c}").glob("part-*.parquet")))
+        for c in CAT_COLUMNS
+    ]
+    assert max(parts) > 1  # the ranges did split the columns
     # the frequency ids (tested exact elsewhere) would have moved: LATE is frequent, it ranks
     # near the top there, and FADE is rare, so it maps to 0
     frequency = reference_preprocess(days[2:5], "2").ids
@@ -226,7 +248,7 @@ def test_a_run_killed_while_swapping_leaves_the_previous_ids(tmp_path, spark, mo
     counts = _window_counts(days[:4])
     ids = _extend({c: {v: i for v, (i, _) in first[c].items()} for c in CAT_COLUMNS}, counts, "2")
     first_sizes = {c: len(first[c]) + 1 for c in CAT_COLUMNS}
-    assert summary["transform"]["days_transformed"] == [2, 3]   # days 0-1 kept from run 1
+    assert summary["transform"]["days_transformed"] == [2, 3]  # days 0-1 kept from run 1
     _check_run(work, summary, days[:4], ids, counts, [first_sizes, first_sizes, None])
     assert not stable_ids.retired_dir(dict_dir).exists()
     assert not stable_ids.staging_dir(dict_dir).exists()
@@ -250,16 +272,18 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
     assert sql["table_sizes"] == arrow["table_sizes"] and sql["engine"] == "sql"
     assert _dictionaries(tmp_path / "sql") == _dictionaries(work)
     for split in ("train", "test", "validation"):
-        assert (read_split(WorkdirLayout.at(tmp_path / "sql").parquet_split(split))
-                == read_split(WorkdirLayout.at(work).parquet_split(split))), split
+        assert read_split(WorkdirLayout.at(tmp_path / "sql").parquet_split(split)) == read_split(
+            WorkdirLayout.at(work).parquet_split(split)
+        ), split
     counts = _window_counts(days[:4])
     first_ids = _extend({}, _window_counts(days[:3]), "2")
     ids = _extend(first_ids, counts, "2")
     first_sizes = {c: len(first_ids[c]) + 1 for c in CAT_COLUMNS}
     # the same days transformed; the SQL engine reads day 2 again for its line counts (its
     # partitions follow Spark's file splitting), the Arrow engine kept them with the day
-    assert ({k: v for k, v in sql["transform"].items() if k != "days_read"}
-            == {k: v for k, v in arrow["transform"].items() if k != "days_read"})
+    assert {k: v for k, v in sql["transform"].items() if k != "days_read"} == {
+        k: v for k, v in arrow["transform"].items() if k != "days_read"
+    }
     assert sql["transform"]["days_reused"] == [0, 1] and sql["transform"]["days_transformed"] == [2, 3]
     assert (arrow["transform"]["days_read"], sql["transform"]["days_read"]) == ([3], [2, 3])
     _check_run(tmp_path / "sql", sql, days[:4], ids, counts, [first_sizes, first_sizes, None])
@@ -273,6 +297,7 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
 
 
 # ---------------------------------------------------------------- the window
+
 
 @pytest.mark.spark
 def test_window_uses_the_newest_days_and_moves_with_a_new_day(tmp_path, spark):
@@ -289,8 +314,11 @@ def test_window_uses_the_newest_days_and_moves_with_a_new_day(tmp_path, spark):
     layout = WorkdirLayout.at(work)
     for split in ("test", "validation"):
         assert_rows_equal(read_split(layout.parquet_split(split)), ref.splits[split], split)
-    assert_rows_equal(sorted(read_split(layout.parquet_split("train")), key=sort_key),
-                      sorted(ref.splits["train"], key=sort_key), "train (as a multiset)")
+    assert_rows_equal(
+        sorted(read_split(layout.parquet_split("train")), key=sort_key),
+        sorted(ref.splits["train"], key=sort_key),
+        "train (as a multiset)",
+    )
     assert summary["table_sizes"] == ref.sizes
     assert sorted(p.name for p in (layout.counts / "values").iterdir()) == ["day=2", "day=3", "day=4"]
     _land(raw, 5, days[5])
@@ -306,11 +334,11 @@ def test_window_ignores_older_files_and_needs_a_whole_window(tmp_path):
     for k in range(6):
         _land(raw, k, ["0" + "\t" * 39])
     assert [d.day for d in discover_days(raw, 3)] == [3, 4, 5]
-    assert [d.day for d in discover_days(raw, 10)] == list(range(6))   # fewer days than N
+    assert [d.day for d in discover_days(raw, 10)] == list(range(6))  # fewer days than N
     assert [d.day for d in discover_days(raw)] == list(range(6))
-    for k in (0, 1):                                   # archived by the user: fine with a window
+    for k in (0, 1):  # archived by the user: fine with a window
         os.remove(raw / f"day_{k}")
-    (raw / "day_2").write_bytes(b"")                   # outside the window: never even looked at
+    (raw / "day_2").write_bytes(b"")  # outside the window: never even looked at
     assert [d.day for d in discover_days(raw, 3)] == [3, 4, 5]
     with pytest.raises(PreprocessInputError, match="missing day file"):
         discover_days(raw)
@@ -320,6 +348,7 @@ def test_window_ignores_older_files_and_needs_a_whole_window(tmp_path):
 
 
 # ---------------------------------------------------------------- units (no Spark)
+
 
 def test_recover_settles_a_swap_a_kill_interrupted(tmp_path):
     dict_dir = tmp_path / "parquet" / "dictionaries"
@@ -347,10 +376,16 @@ def test_old_entries_read_only_their_value_range(tmp_path):
     folder.mkdir()
     values = [f"{v:08x}" for v in (5, 9, 10, 200, 4_000_000_000)]
     for k, chunk in enumerate((values[:2], values[2:])):
-        pq.write_table(pa.table({"value": chunk, "id": pa.array(range(k * 2 + 1, k * 2 + 1 + len(chunk)),
-                                                                  pa.int32()),
-                                 "count": pa.array([1] * len(chunk), pa.int64())}),
-                       folder / f"part-{k:05d}.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "value": chunk,
+                    "id": pa.array(range(k * 2 + 1, k * 2 + 1 + len(chunk)), pa.int32()),
+                    "count": pa.array([1] * len(chunk), pa.int64()),
+                }
+            ),
+            folder / f"part-{k:05d}.parquet",
+        )
     got, ids = stable_groups.old_entries(str(tmp_path), "C7", 9, 200)
     assert got.tolist() == [9, 10] and ids.tolist() == [2, 3]
     got, ids = stable_groups.old_entries(str(tmp_path), "C7", 200, None)
@@ -367,13 +402,13 @@ def test_flags_and_settings_of_ids_and_window(tmp_path):
     from dlrm_contracts.config import ConfigError, PreprocessConfig
     from spark_jobs.cli import build_parser, configs_from_args
 
-    args = build_parser().parse_args(["--input", "raw", "--workdir", "w", "--ids", "stable",
-                                      "--window-days", "3"])
+    args = build_parser().parse_args(
+        ["--input", "raw", "--workdir", "w", "--ids", "stable", "--window-days", "3"]
+    )
     _, pre = configs_from_args(args)
     assert (pre.ids, pre.window_days) == ("stable", 3)
     assert (PreprocessConfig().ids, PreprocessConfig().window_days) == ("frequency", None)
     with pytest.raises(ConfigError, match="window_days must be >= 2"):
-        configs_from_args(build_parser().parse_args(["--input", "r", "--workdir", "w",
-                                                     "--window-days", "1"]))
+        configs_from_args(build_parser().parse_args(["--input", "r", "--workdir", "w", "--window-days", "1"]))
     with pytest.raises(ConfigError, match="preprocess.ids 'sometimes' is not one of"):
         PreprocessConfig(ids="sometimes")

@@ -9,15 +9,18 @@ from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.storage import Location, StorageError, is_url, location_of, resolve
 
 
-@pytest.mark.parametrize("url", [
-    "s3://AKIAEXAMPLE:hunter2@bucket/criteo",
-    "s3://AKIAEXAMPLE@bucket/criteo",
-    "s3://bucket/criteo?access_key=AKIA&secret_key=hunter2",
-    "s3://bucket/criteo?endpoint_override=evil.example:9000",
-    "gs://user:pw@bucket/x",
-    "hdfs://user:pw@namenode:8020/x",
-    "ftp://host/x",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://AKIAEXAMPLE:hunter2@bucket/criteo",
+        "s3://AKIAEXAMPLE@bucket/criteo",
+        "s3://bucket/criteo?access_key=AKIA&secret_key=hunter2",
+        "s3://bucket/criteo?endpoint_override=evil.example:9000",
+        "gs://user:pw@bucket/x",
+        "hdfs://user:pw@namenode:8020/x",
+        "ftp://host/x",
+    ],
+)
 def test_urls_with_secrets_or_settings_are_refused_without_the_secret(url):
     with pytest.raises(StorageError) as err:
         resolve(url)
@@ -55,7 +58,10 @@ def test_s3_location_reads_writes_lists_ranges_and_deletes(moto_s3, tmp_path):
     assert (root / "parquet" / "d" / "y.bin").size() == 256
     assert [p.name for p in root.iterdir()] == ["manifests", "parquet"]
     assert [p.relative_to(root) for p in root.files()] == [
-        "manifests/m.json", "parquet/d/y.bin", "parquet/x.json"]
+        "manifests/m.json",
+        "parquet/d/y.bin",
+        "parquet/x.json",
+    ]
     (root / "parquet" / "d" / "y.bin").copy_to(resolve(tmp_path / "copy" / "y.bin"))
     assert (tmp_path / "copy" / "y.bin").read_bytes() == bytes(range(256))
     (root / "parquet").delete_tree()
@@ -74,6 +80,7 @@ def test_an_unreachable_store_is_one_clear_error(moto_s3, monkeypatch):
 
 def test_the_workdir_layout_names_the_same_files_at_a_url(tmp_path):
     from dlrm_contracts.layout import WorkdirLayout
+
     local = WorkdirLayout.at(tmp_path / "w")
     assert local.parquet_split("train") == (tmp_path / "w" / "parquet" / "train").resolve()
     assert WorkdirLayout.at(f"file://{tmp_path}/w") == local

@@ -32,8 +32,7 @@ def _spark_then_convert(raw, workdir, threshold: str) -> WorkdirLayout:
     from spark_jobs.preprocess import run_preprocess
 
     spark = SparkConfig(master="local[2]", driver_memory="2g")
-    run_preprocess(raw, workdir, spark, PreprocessConfig(frequency_threshold=threshold,
-                                                         output_files=2))
+    run_preprocess(raw, workdir, spark, PreprocessConfig(frequency_threshold=threshold, output_files=2))
     layout = WorkdirLayout.at(workdir)
     convert_parquet(layout.parquet, layout.binary, CONVERT)
     return layout
@@ -55,13 +54,15 @@ def test_threshold_7_derived_from_2_is_byte_identical_to_spark_at_7(tmp_path):
         assert made[key] == fresh[key], key
     assert summary["columns_rewritten"], "threshold 7 should shrink some tables of this data"
     base = json.loads((at2.binary / "dataset.json").read_text())
-    assert any(a != b for a, b in zip(base["cat_dtypes"], made["cat_dtypes"])), \
+    assert any(a != b for a, b in zip(base["cat_dtypes"], made["cat_dtypes"])), (
         "some table should cross a dtype boundary, so narrowing is compared too"
+    )
     compared = 0
     for split in SPLITS:
         for path in sorted((at7.binary / split).iterdir()):
-            assert (derived / split / path.name).read_bytes() == path.read_bytes(), \
+            assert (derived / split / path.name).read_bytes() == path.read_bytes(), (
                 f"{split}/{path.name} differs"
+            )
             compared += 1
     assert compared == 3 * 28
     assert (derived / "model_size.json").read_bytes() == (at7.binary / "model_size.json").read_bytes()

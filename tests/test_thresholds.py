@@ -28,19 +28,22 @@ def test_is_at_least_compares_every_column():
     assert parse_threshold_spec("1").is_at_least(parse_threshold_spec("0"))
 
 
-@pytest.mark.parametrize("bad, words", [
-    ("", "global threshold"),
-    ("C3:3", "global threshold"),
-    ("x", "not a whole number"),
-    ("-1", "negative"),
-    ("5,C3", "COLUMN:THRESHOLD"),
-    ("5,C27:3", "unknown column"),
-    ("5,C3:1,c3:2", "twice"),
-    ("1_0", "not a whole number"),  # Python's int() reads these; a spec takes ASCII digits only
-    ("+5", "not a whole number"),
-    ("\uff11\uff15", "not a whole number"),
-    ("5,C3:\u0663", "not a whole number"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("", "global threshold"),
+        ("C3:3", "global threshold"),
+        ("x", "not a whole number"),
+        ("-1", "negative"),
+        ("5,C3", "COLUMN:THRESHOLD"),
+        ("5,C27:3", "unknown column"),
+        ("5,C3:1,c3:2", "twice"),
+        ("1_0", "not a whole number"),  # Python's int() reads these; a spec takes ASCII digits only
+        ("+5", "not a whole number"),
+        ("\uff11\uff15", "not a whole number"),
+        ("5,C3:\u0663", "not a whole number"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(bad, words):
     with pytest.raises(ThresholdSpecError, match=words):
         parse_threshold_spec(bad)

@@ -14,14 +14,15 @@ import pyarrow as pa
 import pytest
 
 from converters.convert import convert_parquet
-from converters.torchrec_format import (DAYS, TORCHREC_JSON, day_file, train_day_rows)
+from converters.torchrec_format import DAYS, TORCHREC_JSON, day_file, train_day_rows
 from dlrm_contracts.config import ConfigError, ConvertConfig, config_from_dict
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
 from dlrm_contracts.verify import verify_dataset
 from tests.test_converters import CONFIG, SPLIT_ROWS, TABLE_SIZES, write_workdir
 
-TORCHREC_CONFIG = ConvertConfig(workers=2, batch_rows=700, progress=False, fsync=False,
-                                formats=["binary", "torchrec"])
+TORCHREC_CONFIG = ConvertConfig(
+    workers=2, batch_rows=700, progress=False, fsync=False, formats=["binary", "torchrec"]
+)
 
 
 def _columns(table: pa.Table, names, dtype) -> np.ndarray:
@@ -44,8 +45,7 @@ def test_files_have_torchrecs_names_dtypes_and_shapes(torchrec_dataset):
     root, _, summary = torchrec_dataset
     directory = root / "binary" / "torchrec"
     rows = train_day_rows(SPLIT_ROWS["train"]) + [SPLIT_ROWS["test"] + SPLIT_ROWS["validation"]]
-    for part, dtype, width in (("dense", np.float32, 13), ("sparse", np.int64, 26),
-                               ("labels", np.int32, 1)):
+    for part, dtype, width in (("dense", np.float32, 13), ("sparse", np.int64, 26), ("labels", np.int32, 1)):
         for day, array in enumerate(_load(directory, part)):
             assert array.dtype == dtype and array.shape == (rows[day], width), (part, day)
     assert summary["torchrec"]["rows_per_day"] == rows
@@ -58,8 +58,7 @@ def test_files_have_torchrecs_names_dtypes_and_shapes(torchrec_dataset):
 def test_every_value_equals_the_parquet_train_then_test_then_validation(torchrec_dataset):
     root, expected, _ = torchrec_dataset
     directory = root / "binary" / "torchrec"
-    dense, sparse, labels = (np.concatenate(_load(directory, p)) for p in
-                             ("dense", "sparse", "labels"))
+    dense, sparse, labels = (np.concatenate(_load(directory, p)) for p in ("dense", "sparse", "labels"))
     tables = [expected[s] for s in ("train", "test", "validation")]
     want_dense = np.concatenate([_columns(t, INT_COLUMNS, np.float32) for t in tables])
     want_sparse = np.concatenate([_columns(t, CAT_COLUMNS, np.int64) for t in tables])
@@ -93,7 +92,7 @@ def test_formats_config_accepts_the_contract_names_and_refuses_others():
     assert ConvertConfig().formats == ["binary"]
     with pytest.raises(ConfigError, match="convert.formats 'parquet'"):
         ConvertConfig(formats=["binary", "parquet"])
-    with pytest.raises(ConfigError, match="convert.formats must include \"?binary"):
+    with pytest.raises(ConfigError, match='convert.formats must include "?binary'):
         ConvertConfig(formats=["torchrec"])
 
 
@@ -103,11 +102,13 @@ def _stage_context(root, threshold):
     from pipeline.manifest import ManifestStore
     from pipeline.stages import StageContext
 
-    config = PipelineConfig(workdir=str(root), preprocess=PreprocessConfig(
-        frequency_threshold=threshold), convert=TORCHREC_CONFIG)
+    config = PipelineConfig(
+        workdir=str(root), preprocess=PreprocessConfig(frequency_threshold=threshold), convert=TORCHREC_CONFIG
+    )
     layout = WorkdirLayout.at(root)
-    return StageContext(config, layout, ManifestStore(layout.root / "manifests"),
-                        layout.root / "effective_config.yaml")
+    return StageContext(
+        config, layout, ManifestStore(layout.root / "manifests"), layout.root / "effective_config.yaml"
+    )
 
 
 def test_the_convert_stage_writes_torchrec_files_and_refuses_a_raise_it_cannot_give(tmp_path):

@@ -22,19 +22,21 @@ from trainer.train_days import TRAIN_DAYS_KEY, plan_days
 from trainer_helpers import STREAM_SIGNAL, STREAM_SIZES_1, STREAM_SIZES_2, small_config
 
 BATCH = 128
-DAY_ROWS = {0: 512, 1: 384, 2: 256, 3: 640}   # train rows of each day: whole batches
+DAY_ROWS = {0: 512, 1: 384, 2: 256, 3: 640}  # train rows of each day: whole batches
 
 
-def window(path: Path, train_days: list[int], test_day: int, seed: int,
-           sizes=STREAM_SIZES_2) -> Path:
+def window(path: Path, train_days: list[int], test_day: int, seed: int, sizes=STREAM_SIZES_2) -> Path:
     """A dataset whose train split is ``train_days`` in that order and whose test/validation
     are ``test_day``'s, listed in dataset.json as convert lists them."""
     rows = {"train": sum(DAY_ROWS[d] for d in train_days), "test": 300, "validation": 200}
-    segments = {"train": [{"day": d, "rows": DAY_ROWS[d], "token": f"t{d}"} for d in train_days],
-                "test": [{"day": test_day, "rows": 300, "token": f"s{test_day}"}],
-                "validation": [{"day": test_day, "rows": 200, "token": f"v{test_day}"}]}
-    write_planted_dataset(path, rows, seed=seed, table_sizes=sizes, signal_seed=STREAM_SIGNAL,
-                          extra={"segments": segments})
+    segments = {
+        "train": [{"day": d, "rows": DAY_ROWS[d], "token": f"t{d}"} for d in train_days],
+        "test": [{"day": test_day, "rows": 300, "token": f"s{test_day}"}],
+        "validation": [{"day": test_day, "rows": 200, "token": f"v{test_day}"}],
+    }
+    write_planted_dataset(
+        path, rows, seed=seed, table_sizes=sizes, signal_seed=STREAM_SIGNAL, extra={"segments": segments}
+    )
     return path
 
 
@@ -45,8 +47,10 @@ def config(**overrides):
 
 def recorded(workdir: Path) -> list[dict]:
     """(step, train_days record) of every checkpoint of the workdir."""
-    return [(step, json.loads((path / "meta.json").read_text()).get(TRAIN_DAYS_KEY))
-            for step, path in complete_checkpoints(workdir / "checkpoints")]
+    return [
+        (step, json.loads((path / "meta.json").read_text()).get(TRAIN_DAYS_KEY))
+        for step, path in complete_checkpoints(workdir / "checkpoints")
+    ]
 
 
 # -- no TensorFlow --------------------------------------------------------------------------
@@ -62,9 +66,9 @@ def test_the_plan_trains_the_unseen_days_and_says_why_else_the_window():
     plan = plan_days("new", segments, 1152, (0,))
     assert (plan.ranges, plan.run_days, plan.rows) == (((512, 1152),), (1, 2), 640)
     assert plan.to_meta(True)["trained"] == [0, 1, 2]
-    assert plan.to_meta(False)["trained"] == [0]   # not yet over every row: only what it had
+    assert plan.to_meta(False)["trained"] == [0]  # not yet over every row: only what it had
     assert "day(s) 1, 2 only" in plan.note
-    middle = plan_days("new", segments, 1152, (0, 2))   # a day in the middle
+    middle = plan_days("new", segments, 1152, (0, 2))  # a day in the middle
     assert middle.ranges == ((512, 896),) and middle.run_days == (1,)
     gaps = plan_days("new", segments, 1152, (1,))
     assert gaps.ranges == ((0, 512), (896, 1152))
@@ -93,19 +97,19 @@ def test_the_reader_reads_exactly_the_ranges_as_one_run_of_rows(tmp_path):
     label = np.fromfile(data.path / "train" / LABEL_FILE, np.uint8)
     for start in (0, 448, 500, 768, 800):
         batch = reader.read(single_process_view(), 0, start, BATCH)
-        rows = wanted[start:start + BATCH]
+        rows = wanted[start : start + BATCH]
         assert batch.valid == len(rows)
-        np.testing.assert_array_equal(batch.label[:len(rows)], label[rows])
-        np.testing.assert_array_equal(batch.label[len(rows):], 0)
+        np.testing.assert_array_equal(batch.label[: len(rows)], label[rows])
+        np.testing.assert_array_equal(batch.label[len(rows) :], 0)
         for t in (0, 6, 25):
             ids = np.fromfile(data.path / "train" / cat_file(t), data.cat_dtypes[t])
-            np.testing.assert_array_equal(batch.categorical[t][:len(rows)], ids[rows])
+            np.testing.assert_array_equal(batch.categorical[t][: len(rows)], ids[rows])
         numerical = np.fromfile(data.path / "train" / NUMERICAL_FILE, np.float16).reshape(-1, 13)
-        np.testing.assert_array_equal(batch.numerical[:len(rows)], numerical[rows])
-        for rank in range(2):   # the ranks split a batch of the run as they split the split's
+        np.testing.assert_array_equal(batch.numerical[: len(rows)], numerical[rows])
+        for rank in range(2):  # the ranks split a batch of the run as they split the split's
             view = RankView(2, rank, (0,), "local")
             half = reader.read(view, 0, start, BATCH).label
-            np.testing.assert_array_equal(half, batch.label[rank * 64:(rank + 1) * 64])
+            np.testing.assert_array_equal(half, batch.label[rank * 64 : (rank + 1) * 64])
     assert whole.rows == 1792
     with pytest.raises(Exception, match="outside the train split"):
         SplitReader(data, "train", ((0, 1793),))
@@ -126,18 +130,17 @@ def test_new_trains_the_new_days_only_records_them_and_a_rerun_trains_nothing(tm
     trainer = Trainer(config(), window(tmp_path / "w2", [0, 1], 2, seed=2), work)
     second = trainer.train()
     assert second["init"]["mode"] == "previous"
-    assert trainer.day_plan.ranges == ((512, 896),)   # day 1's rows of the train split
+    assert trainer.day_plan.ranges == ((512, 896),)  # day 1's rows of the train split
     assert second["steps_run"] == 384 // BATCH and second["step"] == 4 + 3
-    assert second["train_days"] == {"mode": "new", "rows": 384, "trained": [0, 1],
-                                    "before": [0], "run": [1]}
+    assert second["train_days"] == {"mode": "new", "rows": 384, "trained": [0, 1], "before": [0], "run": [1]}
     assert recorded(work)[-1] == (7, {"trained": [0, 1], "before": [0], "run": [1]})
 
-    again = run(config(), window(tmp_path / "w2", [0, 1], 2, seed=2), work)   # same dataset
+    again = run(config(), window(tmp_path / "w2", [0, 1], 2, seed=2), work)  # same dataset
     assert again["init"]["mode"] == "resume" and again["steps_run"] == 0
     remade = run(config(), window(tmp_path / "w2b", [0, 1], 2, seed=22), work)
     assert remade["init"]["mode"] == "previous" and remade["steps_run"] == 0
     assert remade["step"] == 7 and remade["train_days"]["trained"] == [0, 1]
-    assert 0.5 < remade["test_auc"] < 1      # the kept model, evaluated on this dataset
+    assert 0.5 < remade["test_auc"] < 1  # the kept model, evaluated on this dataset
     assert remade["test_auc"] == pytest.approx(remade["previous_model_test_auc"], abs=1e-6)
 
     skipped = run(config(), window(tmp_path / "w4", [0, 1, 2, 3], 4, seed=4), work)
@@ -161,13 +164,13 @@ def test_window_trains_every_day_and_a_killed_run_records_only_what_it_had(tmp_p
     other = tmp_path / "other"
     run(config(), window(tmp_path / "w1", [0], 1, seed=1, sizes=STREAM_SIZES_1), other)
     w3 = window(tmp_path / "w3", [0, 1, 2], 3, seed=3)
-    full = run(config(checkpoint_every=1), w3, other)      # steps 5..9: days 1 and 2
+    full = run(config(checkpoint_every=1), w3, other)  # steps 5..9: days 1 and 2
     assert full["steps_run"] == (384 + 256) // BATCH
     records = recorded(other)
     assert [s for s, _ in records] == list(range(4, 10))
     assert [r["trained"] for _, r in records[1:]] == [[0]] * 4 + [[0, 1, 2]]
     for step, path in complete_checkpoints(other / "checkpoints"):
-        if step > 6:        # killed after step 6's checkpoint
+        if step > 6:  # killed after step 6's checkpoint
             shutil.rmtree(path)
     resumed = run(config(checkpoint_every=1), w3, other)
     assert resumed["init"]["mode"] == "resume" and resumed["steps_run"] == 3
@@ -198,10 +201,12 @@ def test_stable_id_days_from_spark_train_the_new_day_only(tmp_path, spark):
         (raw / f"day_{k}").write_text("".join(line + "\n" for line in days[k]))
         if k == 0:
             continue
-        run_preprocess(raw, work, spark_config(),
-                       PreprocessConfig(frequency_threshold="2", ids="stable", output_files=2))
-        convert_parquet(layout.parquet, layout.binary,
-                        ConvertConfig(progress=False, fsync=False, overwrite=True))
+        run_preprocess(
+            raw, work, spark_config(), PreprocessConfig(frequency_threshold="2", ids="stable", output_files=2)
+        )
+        convert_parquet(
+            layout.parquet, layout.binary, ConvertConfig(progress=False, fsync=False, overwrite=True)
+        )
         segments = read_info(layout.binary).extra["segments"]["train"]
         assert [s["day"] for s in segments] == list(range(k))
         trainer = Trainer(train, layout.binary, work)
@@ -214,7 +219,7 @@ def test_stable_id_days_from_spark_train_the_new_day_only(tmp_path, spark):
         assert summary["train_days"]["trained"] == list(range(k))
         assert summary["steps_run"] == day_rows[k - 1] // 64
     assert [s["init"]["mode"] for s in trained] == ["scratch", "previous"]
-    again = run(train, layout.binary, work)     # the same day's run again: nothing trained
+    again = run(train, layout.binary, work)  # the same day's run again: nothing trained
     assert again["steps_run"] == 0 and again["train_days"]["trained"] == [0, 1]
 
 
@@ -227,19 +232,27 @@ def test_early_stoppings_best_model_counts_its_runs_days_once_the_run_ends(tmp_p
 
     work = tmp_path / "work"
     run(config(), window(tmp_path / "w3", [0, 1, 2], 3, seed=3), work)
-    stopped = run(config(early_stopping_patience=1, evals_per_epoch=5, epochs=3,
-                         optimizer="adam", init_optimizer="restart", learning_rate=0.3,
-                         warmup_steps=0),
-                  window(tmp_path / "w4", [0, 1, 2, 3], 4, seed=4), work)
+    stopped = run(
+        config(
+            early_stopping_patience=1,
+            evals_per_epoch=5,
+            epochs=3,
+            optimizer="adam",
+            init_optimizer="restart",
+            learning_rate=0.3,
+            warmup_steps=0,
+        ),
+        window(tmp_path / "w4", [0, 1, 2, 3], 4, seed=4),
+        work,
+    )
     assert stopped["stopped_early"]
     best = best_checkpoint(work / "checkpoints")
     meta = json.loads((best / "meta.json").read_text())
     first = meta["warm_start"]["from_step"]
     print("best step", meta["step"], "run start", first)
-    assert meta["step"] - first < 640 // BATCH       # saved before one pass over day 3
+    assert meta["step"] - first < 640 // BATCH  # saved before one pass over day 3
     assert meta[TRAIN_DAYS_KEY] == {"trained": [0, 1, 2, 3], "before": [0, 1, 2], "run": [3]}
-    after = run(config(init_optimizer="restart"),
-                window(tmp_path / "w4b", [0, 1, 2, 3], 4, seed=44), work)
+    after = run(config(init_optimizer="restart"), window(tmp_path / "w4b", [0, 1, 2, 3], 4, seed=44), work)
     assert after["steps_run"] == 0 and after["train_days"]["run"] == []
 
 
@@ -273,10 +286,10 @@ def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(
     trained = run(keep_one, layout.binary, work)
     assert trained["steps_run"] == 384 // BATCH and trained["step"] == 7
     model = checkpoint_arrays(work)
-    land([0, 1], 2, seed=22)                        # the same window, re-made: nothing new
+    land([0, 1], 2, seed=22)  # the same window, re-made: nothing new
     kept = run(keep_one, layout.binary, work)
     assert kept["steps_run"] == 0 and kept["init"]["mode"] == "previous"
-    [(step, path)] = complete_checkpoints(layout.checkpoints)   # the model's only copy
+    [(step, path)] = complete_checkpoints(layout.checkpoints)  # the model's only copy
     assert step == 7 and holds_previous_model(json.loads((path / "meta.json").read_text()))
 
     def forced_train(train) -> dict:
@@ -284,8 +297,7 @@ def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(
         pipeline_config.train, pipeline_config.force = train, True
         config_path = tmp_path / "effective.yaml"
         config_path.write_text(yaml.safe_dump(config_to_dict(pipeline_config)))
-        ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests),
-                                  config_path)
+        ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests), config_path)
         return stages.run_train(ctx).summary
 
     again = forced_train(keep_one)

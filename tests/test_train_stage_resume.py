@@ -21,24 +21,47 @@ from test_launch import write_tiny_dataset
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
-BASE = {"batch_size": 256, "eval_batch_size": 512, "log_every": 2, "warmup_steps": 0,
-        "intra_op_threads": 1, "learning_rate": 0.05}
+BASE = {
+    "batch_size": 256,
+    "eval_batch_size": 512,
+    "log_every": 2,
+    "warmup_steps": 0,
+    "intra_op_threads": 1,
+    "learning_rate": 0.05,
+}
 
 
-def _train(tmp_path: Path, workdir: Path, np_: int, max_steps: int, **train) -> tuple[
-        subprocess.CompletedProcess, dict]:
+def _train(
+    tmp_path: Path, workdir: Path, np_: int, max_steps: int, **train
+) -> tuple[subprocess.CompletedProcess, dict]:
     """One pipeline run of the train stage; returns the process and the stage's summary."""
     config = tmp_path / "train.yaml"
-    config.write_text("train:\n" + "".join(f"  {k}: {json.dumps(v)}\n"
-                                           for k, v in {**BASE, **train}.items()))
+    config.write_text("train:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in {**BASE, **train}.items()))
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--config", str(config), "--workdir", str(workdir),
-         "--input", str(tmp_path / "raw"), "--stages", "train", "--np", str(np_),
-         "--max-steps", str(max_steps)],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--config",
+            str(config),
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "raw"),
+            "--stages",
+            "train",
+            "--np",
+            str(np_),
+            "--max-steps",
+            str(max_steps),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     log = workdir / "logs" / "train.log"
-    assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-3000:] if log.exists()
-                                                        else "")
+    assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
     manifest = json.loads((workdir / "manifests" / "train.json").read_text())
     return proc, manifest["summary"]
 
@@ -56,16 +79,14 @@ def test_harmless_changes_resume_and_a_model_change_sets_the_checkpoints_aside(t
     assert first["step"] == 6 and _steps(workdir) == [6]
 
     # log_every, prefetch and threads changed, max_steps raised: resumed from step 6, not 0
-    _, second = _train(tmp_path, workdir, 2, 10, log_every=3, prefetch_batches=2,
-                       inter_op_threads=2)
+    _, second = _train(tmp_path, workdir, 2, 10, log_every=3, prefetch_batches=2, inter_op_threads=2)
     assert second["init"]["mode"] == "resume", second["init"]
     assert second["steps_run"] == 4 and second["step"] == 10, second
     assert "resumed from" in (workdir / "logs" / "train.log").read_text()
 
     # one rank left (a node died), and train.started damaged: still resumed, nothing moved
     (workdir / "manifests" / "train.started").write_text("{not json")
-    _, third = _train(tmp_path, workdir, 1, 12, log_every=3, keep_checkpoints=3,
-                      checkpoint_every=1)
+    _, third = _train(tmp_path, workdir, 1, 12, log_every=3, keep_checkpoints=3, checkpoint_every=1)
     assert third["init"]["mode"] == "resume" and third["steps_run"] == 2, third
     assert third["ranks"] == 1
     (workdir / "manifests" / "train.started").unlink()

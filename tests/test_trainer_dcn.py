@@ -43,8 +43,10 @@ def test_cross_layers_match_numpy():
         bias.assign(rng.normal(size=12).astype(np.float32))
     x0 = rng.normal(size=(7, 12)).astype(np.float32)
     got = cross(tf.constant(x0), tf.float32).numpy()
-    want = numpy_cross(x0.astype(np.float64), *([v.numpy().astype(np.float64) for v in vs]
-                                                 for vs in (cross.downs, cross.ups, cross.biases)))
+    want = numpy_cross(
+        x0.astype(np.float64),
+        *([v.numpy().astype(np.float64) for v in vs] for vs in (cross.downs, cross.ups, cross.biases)),
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert [v.shape for v in cross.downs[0:1] + cross.ups[0:1]] == [(12, 4), (4, 12)]
     # one layer with zero kernels and bias is the identity (the residual): x1 = x0
@@ -71,8 +73,7 @@ def test_pooled_lookup_sums_a_rows_ids_and_sends_each_its_gradient():
     np.add.at(want, ids.ravel(), np.repeat([1.0, 2.0], 3)[:, None] * np.ones(4))
     np.testing.assert_allclose(dense, want)
     # a one-hot column [B] is the plain lookup
-    np.testing.assert_array_equal(pooled_lookup(table, tf.constant([4, 4])).numpy(),
-                                  table.numpy()[[4, 4]])
+    np.testing.assert_array_equal(pooled_lookup(table, tf.constant([4, 4])).numpy(), table.numpy()[[4, 4]])
 
 
 def test_dense_parameters_count_the_cross_layers():
@@ -88,8 +89,9 @@ def test_dense_parameters_count_the_cross_layers():
     counted = sum(int(np.prod(v.shape)) for _, v in model.replicated_variables())
     assert dense_parameters(dims) == counted
     assert model.top.kernels[0].shape == (27 * 16, 128)
-    assert dims.meta()["interaction"] == "dcn" and "interaction" not in model_dims(
-        small_config()).meta()  # a dot model's dims are recorded as before
+    assert (
+        dims.meta()["interaction"] == "dcn" and "interaction" not in model_dims(small_config()).meta()
+    )  # a dot model's dims are recorded as before
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +102,13 @@ def multi_hot(tmp_path_factory):
     dictionaries = root / "work" / "parquet" / "dictionaries"
     write_stable_dictionaries(dictionaries, DEFAULT_TABLE_SIZES)
     path = root / "binary"
-    write_planted_dataset(path, ROWS, seed=4, multi_hot_sizes=MULTI_HOT,
-                          extra={DICTIONARIES_FINGERPRINT_KEY:
-                                 dictionaries_fingerprint(dictionaries)})
+    write_planted_dataset(
+        path,
+        ROWS,
+        seed=4,
+        multi_hot_sizes=MULTI_HOT,
+        extra={DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(dictionaries)},
+    )
     raw = np.random.default_rng(9).integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
     transformed = np.where(raw > -3, np.log(np.maximum(raw, -2) + 3.0), 0.0)
     transformed.astype(np.float32).astype(np.float16).tofile(path / "test" / NUMERICAL_FILE)
@@ -124,8 +130,7 @@ def test_multi_hot_rows_read_as_written(multi_hot, tmp_path):
     assert batch.categorical[9].shape == (32, 7) and not batch.categorical[9][10:].any()
     # its rows are drawn over the table sizes: read at another threshold they would not be
     # what converters rethreshold writes
-    with pytest.raises(DatasetError, match="multi-hot columns, which cannot be read at "
-                                           "threshold 2"):
+    with pytest.raises(DatasetError, match="multi-hot columns, which cannot be read at threshold 2"):
         open_dataset(path, threshold="2")
     # an id outside its table is named with its row, not its position in the flat file
     damaged = tmp_path / "damaged"
@@ -165,13 +170,19 @@ def raw_lines(path: Path, raw: np.ndarray, split: str = "test") -> list[str]:
     labels = np.fromfile(path / split / "label.bin", np.uint8)
     columns = [reader.categorical(c, 0, reader.rows) for c in range(NUM_CATEGORICAL)]
     firsts = [ids if ids.ndim == 1 else ids[:, 0] for ids in columns]
-    return ["\t".join([str(labels[r]), *map(str, raw[r]),
-                       *(f"{c:02x}{int(ids[r]):06x}" if ids[r] else "" for c, ids in
-                         enumerate(firsts))]) for r in range(reader.rows)]
+    return [
+        "\t".join(
+            [
+                str(labels[r]),
+                *map(str, raw[r]),
+                *(f"{c:02x}{int(ids[r]):06x}" if ids[r] else "" for c, ids in enumerate(firsts)),
+            ]
+        )
+        for r in range(reader.rows)
+    ]
 
 
-def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_rows(multi_hot,
-                                                                                  tmp_path):
+def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_rows(multi_hot, tmp_path):
     """The export of a multi-hot DCN model: raw lines (the score stage) reach the rows the
     converters materialized and score as the trainer does; serve_multi_hot takes those rows
     as the dataset holds them (raw integers + each column's k ids side by side) and agrees; an
@@ -188,8 +199,7 @@ def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_row
     config = small_config(max_steps=8, optimizer="adagrad", learning_rate=0.05, wide=True, **DCN)
     run(config, path, work)
     summary = export.export_model(work, path, ExportConfig())
-    assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default",
-                                     "serve_multi_hot"]
+    assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default", "serve_multi_hot"]
     assert summary["multi_hot_sizes"] == list(MULTI_HOT)
     assert (summary["multi_hot_seed"], summary["multi_hot_distribution"]) == (0, "uniform")
     assert summary["dims"]["interaction"] == "dcn"
@@ -203,23 +213,28 @@ def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_row
     scored = score_files(summary["saved_model"], [day], tmp_path / "scores", ScoreConfig())
     assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
     table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
-    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
 
-    ids = np.concatenate([np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
-                          for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)],
-                         axis=1).astype(np.int64)
+    ids = np.concatenate(
+        [
+            np.fromfile(path / "test" / cat_file(i), dt).reshape(ROWS["test"], -1)
+            for i, dt in zip(range(NUM_CATEGORICAL), trainer.dataset.cat_dtypes)
+        ],
+        axis=1,
+    ).astype(np.int64)
     assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
     model = tf.saved_model.load(summary["saved_model"])
-    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw, tf.int64),
-                                              cat_ids=tf.constant(ids))
+    out = model.signatures["serve_multi_hot"](
+        int_features=tf.constant(raw, tf.int64), cat_ids=tf.constant(ids)
+    )
     np.testing.assert_allclose(out["probability"].numpy(), expected, rtol=1e-5, atol=1e-6)
     assert set(out["reject_reason"].numpy().tolist()) == {b""}
     bad = ids[:2].copy()
     bad[1, 5] = DEFAULT_TABLE_SIZES[2]  # C3's one id, past its table
-    out = model.signatures["serve_multi_hot"](int_features=tf.constant(raw[:2], tf.int64),
-                                              cat_ids=tf.constant(bad))
+    out = model.signatures["serve_multi_hot"](
+        int_features=tf.constant(raw[:2], tf.int64), cat_ids=tf.constant(bad)
+    )
     assert out["reject_reason"].numpy().tolist() == [b"", b"id_out_of_range"]
     assert out["probability"].numpy()[1] == -1.0
 
@@ -234,21 +249,21 @@ def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
     grown = tuple(s + 100 if i == 9 else s for i, s in enumerate(DEFAULT_TABLE_SIZES))
     day1, day2 = tmp_path / "day1", tmp_path / "day2"
     write_planted_dataset(day1, ROWS, seed=1, signal_seed=3, multi_hot_sizes=MULTI_HOT)
-    write_planted_dataset(day2, ROWS, seed=2, signal_seed=3, table_sizes=grown,
-                          multi_hot_sizes=MULTI_HOT)
+    write_planted_dataset(day2, ROWS, seed=2, signal_seed=3, table_sizes=grown, multi_hot_sizes=MULTI_HOT)
     config = dict(optimizer="adagrad", learning_rate=0.05, **DCN)
     run(small_config(max_steps=4, **config), day1, tmp_path / "w")
     before = checkpoint_arrays(tmp_path / "w")
     # nothing to train: the previous model is saved for day 2 as it is, its tables grown
     summary = run(small_config(max_steps=0, init="previous", **config), day2, tmp_path / "w")
     assert summary["init"]["mode"] == "previous" and summary["init"]["grown_tables"] == {
-        "C10": [DEFAULT_TABLE_SIZES[9], grown[9]]}
+        "C10": [DEFAULT_TABLE_SIZES[9], grown[9]]
+    }
     after = checkpoint_arrays(tmp_path / "w")
     cross = [k for k in before if k.startswith("cross/")]
     assert len(cross) == 3 * 3 * 2  # down, up, bias and their Adagrad accumulators
     for key in cross:
         np.testing.assert_array_equal(after[key], before[key], err_msg=key)
-    np.testing.assert_array_equal(after["table/9"][:DEFAULT_TABLE_SIZES[9]], before["table/9"])
+    np.testing.assert_array_equal(after["table/9"][: DEFAULT_TABLE_SIZES[9]], before["table/9"])
     one_hot = tmp_path / "day3"
     write_planted_dataset(one_hot, ROWS, seed=3, signal_seed=3, table_sizes=grown)
     with pytest.raises(CheckpointError, match="multi_hot_sizes"):
@@ -278,14 +293,29 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
 
     top_in = dims.top_input(NUM_CATEGORICAL + 1)
     widths = ((NUM_INTEGER,) + dims.bottom_mlp, (top_in,) + dims.top_mlp)
-    bottom, top = ({f"{name}/{i}/{part}": normal(*((a, b) if part == "kernel" else (b,)))
-                    for i, (a, b) in enumerate(zip(w[:-1], w[1:])) for part in ("kernel", "bias")}
-                   for name, w in zip(("bottom", "top"), widths))
-    cross = {name: normal(*shape) for name, shape in
-             cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()}
+    bottom, top = (
+        {
+            f"{name}/{i}/{part}": normal(*((a, b) if part == "kernel" else (b,)))
+            for i, (a, b) in enumerate(zip(w[:-1], w[1:]))
+            for part in ("kernel", "bias")
+        }
+        for name, w in zip(("bottom", "top"), widths)
+    )
+    cross = {
+        name: normal(*shape) for name, shape in cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()
+    }
     expansions = [None if kj == 1 else rng.integers(0, 5, (5, kj)).astype(np.int32) for kj in k]
-    model = ServingDLRM(dims, [normal(5, 16) for _ in sizes], bottom, top, vocabularies, -(2**63),
-                        [normal(5, 1) for _ in sizes], cross, expansions)
+    model = ServingDLRM(
+        dims,
+        [normal(5, 16) for _ in sizes],
+        bottom,
+        top,
+        vocabularies,
+        -(2**63),
+        [normal(5, 1) for _ in sizes],
+        cross,
+        expansions,
+    )
 
     one_hot = rng.integers(0, 5, (6, NUM_CATEGORICAL))
     one_hot[0, 3] = 0  # a missing value (id 0 expands too)
@@ -294,19 +324,20 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
     one_hot[1, 0] = 0
     ints = rng.integers(0, 100, (6, NUM_INTEGER))
     lines = ["\t".join(["1", *map(str, r), *v]) for r, v in zip(ints, values)]
-    expanded = np.concatenate([one_hot[:, [j]] if e is None else e[one_hot[:, j]]
-                               for j, e in enumerate(expansions)], axis=1)
+    expanded = np.concatenate(
+        [one_hot[:, [j]] if e is None else e[one_hot[:, j]] for j, e in enumerate(expansions)], axis=1
+    )
     by_ids = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(expanded, tf.int64))
     by_line = model.serve_lines(tf.constant(lines), tf.constant([True] * 6))
     by_features = model.serve_features(tf.constant(ints, tf.int64), tf.constant(values))
     probability = by_ids["probability"].numpy()
     assert np.all((probability > 0.01) & (probability < 0.99)) and np.ptp(probability) > 1e-3
     np.testing.assert_allclose(by_line["probability"].numpy(), probability, rtol=1e-6)
-    np.testing.assert_array_equal(by_line["probability"].numpy(),
-                                  by_features["probability"].numpy())
+    np.testing.assert_array_equal(by_line["probability"].numpy(), by_features["probability"].numpy())
     # the expansion matters: the one-hot reading of the same ids scores otherwise
-    plain = np.concatenate([one_hot[:, [j]].repeat(kj, axis=1) * (np.arange(kj) == 0)
-                            for j, kj in enumerate(k)], axis=1)
+    plain = np.concatenate(
+        [one_hot[:, [j]].repeat(kj, axis=1) * (np.arange(kj) == 0) for j, kj in enumerate(k)], axis=1
+    )
     other = model.serve_multi_hot(tf.constant(ints, tf.int64), tf.constant(plain, tf.int64))
     assert np.abs(other["probability"].numpy() - by_ids["probability"].numpy()).max() > 1e-4
 
@@ -315,15 +346,18 @@ def test_dot_runs_record_their_settings_as_before_the_dcn_settings_existed():
     """A dot run's recorded settings (checkpoints, the train stage's key) are what they were,
     so upgrading leaves its checkpoints and finished stage valid; the cross layers' shape is
     no setting of a dot model; switching the interaction is one change, named."""
-    from dlrm_contracts.config import (DCN_SETTINGS, TRAIN_SETTING_KINDS, changed_settings,
-                                       train_model_settings)
+    from dlrm_contracts.config import (
+        DCN_SETTINGS,
+        TRAIN_SETTING_KINDS,
+        changed_settings,
+        train_model_settings,
+    )
 
     dot = train_model_settings(small_config())
-    assert set(dot) == {k for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"} - set(
-        DCN_SETTINGS)
+    assert set(dot) == {k for k, kind in TRAIN_SETTING_KINDS.items() if kind == "model"} - set(DCN_SETTINGS)
     assert train_model_settings(small_config(dcn_rank=64)) == dot
     dcn = train_model_settings(small_config(**DCN))
-    assert changed_settings(dot, dcn) == ["train.dcn_rank 512 -> 6",
-                                          "train.interaction 'dot' -> 'dcn'"]
+    assert changed_settings(dot, dcn) == ["train.dcn_rank 512 -> 6", "train.interaction 'dot' -> 'dcn'"]
     assert changed_settings(train_model_settings(small_config(interaction="dcn")), dot) == [
-        "train.interaction 'dcn' -> 'dot'"]
+        "train.interaction 'dcn' -> 'dot'"
+    ]

@@ -23,8 +23,15 @@ from trainer.loop import run
 from trainer.model import initial_table_piece
 from trainer.placement import Piece
 from trainer.synthetic import write_planted_dataset
-from trainer_helpers import (STREAM_SIZES_2, checkpoint_arrays, config_flags, run_trainer_cli,
-                             small_config, step_losses, stream_day)
+from trainer_helpers import (
+    STREAM_SIZES_2,
+    checkpoint_arrays,
+    config_flags,
+    run_trainer_cli,
+    small_config,
+    step_losses,
+    stream_day,
+)
 
 pytestmark = pytest.mark.horovod
 STEPS = 20
@@ -44,27 +51,33 @@ def dataset(tmp_path_factory):
 
 
 # MLPerf DLRMv2's ids per row of C1..C26, its 100 (C21) cut to 20 to keep the test small
-DLRMV2_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3,
-                    1, 1)
+DLRMV2_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3, 1, 1)
 # DLRMv2's structure at small dims: a 3-layer bottom MLP, 3 low-rank cross layers, a 5-layer top
 # MLP, no wide term (the reference's model)
-DLRMV2_SMALL = dict(interaction="dcn", dcn_layers=3, dcn_rank=32, embedding_dim=16,
-                    bottom_mlp=[64, 32, 16], top_mlp=[128, 128, 64, 32, 1], wide=False)
+DLRMV2_SMALL = dict(
+    interaction="dcn",
+    dcn_layers=3,
+    dcn_rank=32,
+    embedding_dim=16,
+    bottom_mlp=[64, 32, 16],
+    top_mlp=[128, 128, 64, 32, 1],
+    wide=False,
+)
 
 
 @pytest.fixture(scope="module")
 def multi_hot_dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("hvd_multi_hot") / "binary"
-    write_planted_dataset(path, {"train": 8192, "test": 1000, "validation": 777}, seed=2,
-                          multi_hot_sizes=DLRMV2_MULTI_HOT)
+    write_planted_dataset(
+        path, {"train": 8192, "test": 1000, "validation": 777}, seed=2, multi_hot_sizes=DLRMV2_MULTI_HOT
+    )
     return path
 
 
 def assert_same_training(single, multi, single_summary, multi_summary):
     losses_1, losses_2 = step_losses(single), step_losses(multi)
     assert sorted(losses_1) == sorted(losses_2) == list(range(1, STEPS + 1))
-    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()),
-                               rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()), rtol=2e-6, atol=1e-7)
     weights_1, weights_2 = checkpoint_arrays(single), checkpoint_arrays(multi)
     assert sorted(weights_1) == sorted(weights_2)
     assert sum(k.startswith("table/") for k in weights_1) == 26
@@ -81,39 +94,59 @@ def assert_same_training(single, multi, single_summary, multi_summary):
     assert np.abs(c2 - initial.numpy()).max() > 1e-3
 
 
-@pytest.mark.parametrize("variant", [
-    {"bottom_mlp_data_parallel": True, "xla": True},
-    {"bottom_mlp_data_parallel": False, "force_column_split": ["C2", "C7"]},
-    # the row L2 (inverse frequency) is applied by each piece's owner, C2's two halves alike,
-    # and the wide weights' own rate by the rank holding them
-    {"bottom_mlp_data_parallel": True, "force_column_split": ["C2"], "wide": True,
-     # at 0.05 the loss spiked after the warm-up (0.70 -> 0.87 -> 0.91): a step that large
-     # turns kernel rounding into 1e-3 (oneDNN capped at AVX2 failed the 2e-6 bound at step 6)
-     "optimizer": "adagrad", "learning_rate": 0.02, "table_l2": 8.0, "wide_l2": 80.0,
-     "row_l2_scaling": "inverse_frequency", "wide_learning_rate_factor": 4.0},
-    # DLRMv2's shape: multi-hot rows pooled by the owner of each table (C10's 7 ids per row
-    # on both ranks' halves of it), the cross layers' gradients allreduced
-    {"multi_hot": True, **DLRMV2_SMALL, "optimizer": "adagrad", "learning_rate": 0.02,
-     "bottom_mlp_data_parallel": True, "force_column_split": ["C10"]},
-], ids=["bottom-data-parallel+xla", "bottom-on-rank0+column-split",
-        "wide+column-split+adagrad+row-l2+wide-rate", "dlrmv2-dcn+multi-hot+column-split"])
-def test_two_ranks_train_the_same_model_as_one_process(dataset, multi_hot_dataset, tmp_path,
-                                                       variant):
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"bottom_mlp_data_parallel": True, "xla": True},
+        {"bottom_mlp_data_parallel": False, "force_column_split": ["C2", "C7"]},
+        # the row L2 (inverse frequency) is applied by each piece's owner, C2's two halves alike,
+        # and the wide weights' own rate by the rank holding them
+        {
+            "bottom_mlp_data_parallel": True,
+            "force_column_split": ["C2"],
+            "wide": True,
+            # at 0.05 the loss spiked after the warm-up (0.70 -> 0.87 -> 0.91): a step that large
+            # turns kernel rounding into 1e-3 (oneDNN capped at AVX2 failed the 2e-6 bound at step 6)
+            "optimizer": "adagrad",
+            "learning_rate": 0.02,
+            "table_l2": 8.0,
+            "wide_l2": 80.0,
+            "row_l2_scaling": "inverse_frequency",
+            "wide_learning_rate_factor": 4.0,
+        },
+        # DLRMv2's shape: multi-hot rows pooled by the owner of each table (C10's 7 ids per row
+        # on both ranks' halves of it), the cross layers' gradients allreduced
+        {
+            "multi_hot": True,
+            **DLRMV2_SMALL,
+            "optimizer": "adagrad",
+            "learning_rate": 0.02,
+            "bottom_mlp_data_parallel": True,
+            "force_column_split": ["C10"],
+        },
+    ],
+    ids=[
+        "bottom-data-parallel+xla",
+        "bottom-on-rank0+column-split",
+        "wide+column-split+adagrad+row-l2+wide-rate",
+        "dlrmv2-dcn+multi-hot+column-split",
+    ],
+)
+def test_two_ranks_train_the_same_model_as_one_process(dataset, multi_hot_dataset, tmp_path, variant):
     variant = dict(variant)
     if variant.pop("multi_hot", False):
         dataset = multi_hot_dataset
     config = small_config(max_steps=STEPS, **variant)
     multi_summary, proc = run_trainer_cli(
-        ["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"), *config_flags(config)],
-        ranks=2)
+        ["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"), *config_flags(config)], ranks=2
+    )
     placement = json.loads((tmp_path / "multi" / "logs" / "trainer_config.json").read_text())
     ranks = placement["placement"]["ranks"]
     assert all(r["pieces"] for r in ranks), "both ranks must own tables"
     split = variant.get("force_column_split", [None])[0]
     if split:
         assert f"{split}[0:8]" in ranks[0]["pieces"] and f"{split}[8:16]" in ranks[1]["pieces"]
-        assert placement["placement"]["bottom_owner"] == (
-            None if variant["bottom_mlp_data_parallel"] else 0)
+        assert placement["placement"]["bottom_owner"] == (None if variant["bottom_mlp_data_parallel"] else 0)
     single_summary = run(config, dataset, tmp_path / "single")
     assert_same_training(tmp_path / "single", tmp_path / "multi", single_summary, multi_summary)
     if variant.get("interaction") == "dcn":
@@ -142,20 +175,23 @@ def test_a_two_rank_run_resumes_in_one_process_with_its_optimizer_state(dataset,
     """A scheduled job may resume on another allocation: 2 ranks train steps 1-10 (Adam, tables
     split across ranks and the bottom MLP on rank 0), one process trains 11-20 from that
     checkpoint; losses and weights equal an uninterrupted one-process run."""
-    variant = dict(optimizer="adam", learning_rate=0.01, bottom_mlp_data_parallel=False,
-                   force_column_split=["C2"])
+    variant = dict(
+        optimizer="adam", learning_rate=0.01, bottom_mlp_data_parallel=False, force_column_split=["C2"]
+    )
     half = small_config(max_steps=STEPS // 2, **variant)
-    run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "resumed"),
-                     *config_flags(half)], ranks=2)
+    run_trainer_cli(
+        ["--dataset", str(dataset), "--workdir", str(tmp_path / "resumed"), *config_flags(half)], ranks=2
+    )
     resumed = run(small_config(max_steps=STEPS, **variant), dataset, tmp_path / "resumed")
     assert resumed["steps_run"] == STEPS - STEPS // 2
     reference = run(small_config(max_steps=STEPS, **variant), dataset, tmp_path / "reference")
     losses, expected = step_losses(tmp_path / "resumed"), step_losses(tmp_path / "reference")
     assert sorted(losses) == sorted(expected) == list(range(1, STEPS + 1))
-    np.testing.assert_allclose([losses[s] for s in expected], list(expected.values()),
-                               rtol=2e-6, atol=1e-7)
-    weights, expected_weights = (checkpoint_arrays(tmp_path / "resumed"),
-                                 checkpoint_arrays(tmp_path / "reference"))
+    np.testing.assert_allclose([losses[s] for s in expected], list(expected.values()), rtol=2e-6, atol=1e-7)
+    weights, expected_weights = (
+        checkpoint_arrays(tmp_path / "resumed"),
+        checkpoint_arrays(tmp_path / "reference"),
+    )
     assert sorted(weights) == sorted(expected_weights)
     assert any("adam_m" in name for name in weights)  # the optimizer state was carried over
     for name, value in expected_weights.items():
@@ -167,10 +203,12 @@ def test_two_ranks_stop_early_at_the_same_step_as_one_process(dataset, tmp_path)
     """Early stopping on two ranks: the AUC is computed on rank 0 only, the decision is shared,
     so both ranks stop at the step one process stops at, and the run's result is the best
     checkpoint (the summary and the eval mode say so)."""
-    config = small_config(optimizer="adam", learning_rate=0.01, epochs=20,
-                          early_stopping_patience=2, log_every=8)
-    multi, proc = run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"),
-                                   *config_flags(config)], ranks=2)
+    config = small_config(
+        optimizer="adam", learning_rate=0.01, epochs=20, early_stopping_patience=2, log_every=8
+    )
+    multi, proc = run_trainer_cli(
+        ["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"), *config_flags(config)], ranks=2
+    )
     single = run(config, dataset, tmp_path / "single")
     assert single["stopped_early"] and multi["stopped_early"]
     assert (multi["step"], multi["last_step"]) == (single["step"], single["last_step"])
@@ -184,8 +222,18 @@ def test_two_ranks_stop_early_at_the_same_step_as_one_process(dataset, tmp_path)
     np.testing.assert_allclose(multi["periodic_validation_auc"], curve, atol=MEMORISED_AUC_ATOL)
     assert multi["test_auc"] == pytest.approx(single["test_auc"], abs=MEMORISED_AUC_ATOL)
     assert "stopping at step" in proc.stderr and "restoring the best model" in proc.stderr
-    evaluated, _ = run_trainer_cli(["--dataset", str(dataset), "--workdir", str(tmp_path / "multi"),
-                                    "--mode", "eval", *config_flags(config)], ranks=2)
+    evaluated, _ = run_trainer_cli(
+        [
+            "--dataset",
+            str(dataset),
+            "--workdir",
+            str(tmp_path / "multi"),
+            "--mode",
+            "eval",
+            *config_flags(config),
+        ],
+        ranks=2,
+    )
     assert evaluated["step"] == multi["step"]
     assert evaluated["test_auc"] == pytest.approx(multi["test_auc"], abs=1e-9)
 
@@ -198,16 +246,17 @@ def test_two_ranks_equal_one_process_over_an_epoch_at_the_stated_tolerance(tmp_p
     data = tmp_path / "binary"
     write_planted_dataset(data, {"train": 32768, "test": 4000, "validation": 4000}, seed=2)
     config = small_config(optimizer="adagrad", learning_rate=0.05, epochs=1, evals_per_epoch=4)
-    multi, _ = run_trainer_cli(["--dataset", str(data), "--workdir", str(tmp_path / "multi"),
-                                *config_flags(config)], ranks=2)
+    multi, _ = run_trainer_cli(
+        ["--dataset", str(data), "--workdir", str(tmp_path / "multi"), *config_flags(config)], ranks=2
+    )
     single = run(config, data, tmp_path / "single")
     losses_1, losses_2 = step_losses(tmp_path / "single"), step_losses(tmp_path / "multi")
     assert sorted(losses_1) == sorted(losses_2) == list(range(1, 32768 // 256 + 1))
-    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()),
-                               rtol=EPOCH_LOSS_RTOL)
+    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()), rtol=EPOCH_LOSS_RTOL)
     assert single["test_auc"] > 0.85  # it learnt: the comparison is not of two flat curves
-    np.testing.assert_allclose(multi["periodic_validation_auc"], single["periodic_validation_auc"],
-                               atol=EPOCH_AUC_ATOL)
+    np.testing.assert_allclose(
+        multi["periodic_validation_auc"], single["periodic_validation_auc"], atol=EPOCH_AUC_ATOL
+    )
     for key in ("test_auc", "validation_auc"):
         assert multi[key] == pytest.approx(single[key], abs=EPOCH_AUC_ATOL), key
 
@@ -218,18 +267,23 @@ def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
     rank growing its own pieces. Losses of both days, every final weight, C7's optimizer slot
     and the previous model's AUC equal the two days trained in one process."""
     # 0.02, not 0.05: see the wide variant of test_two_ranks_train_the_same_model_as_one_process
-    variant = dict(optimizer="adagrad", learning_rate=0.02, bottom_mlp_data_parallel=False,
-                   force_column_split=["C7"], wide=True)
+    variant = dict(
+        optimizer="adagrad",
+        learning_rate=0.02,
+        bottom_mlp_data_parallel=False,
+        force_column_split=["C7"],
+        wide=True,
+    )
     rows = {"train": 8192, "test": 1000, "validation": 777}
     day1 = stream_day(tmp_path / "day1", 1, rows=rows)
     day2 = stream_day(tmp_path / "day2", 2, STREAM_SIZES_2, rows=rows)
     first = small_config(max_steps=STEPS // 2, **variant)
     warm = small_config(max_steps=STEPS // 2, init="previous", **variant)
     multi = tmp_path / "multi"
-    run_trainer_cli(["--dataset", str(day1), "--workdir", str(multi), *config_flags(first)],
-                    ranks=2)
+    run_trainer_cli(["--dataset", str(day1), "--workdir", str(multi), *config_flags(first)], ranks=2)
     multi_summary, proc = run_trainer_cli(
-        ["--dataset", str(day2), "--workdir", str(multi), *config_flags(warm)], ranks=2)
+        ["--dataset", str(day2), "--workdir", str(multi), *config_flags(warm)], ranks=2
+    )
     assert "warm start from the previous model" in proc.stderr
     placement = json.loads((multi / "logs" / "trainer_config.json").read_text())["placement"]
     assert "C7[0:8]" in placement["ranks"][0]["pieces"]
@@ -237,14 +291,12 @@ def test_a_warm_start_on_two_ranks_equals_one_process(tmp_path):
     run(first, day1, tmp_path / "single")
     single_summary = run(warm, day2, tmp_path / "single")
     init_1, init_2 = single_summary["init"], multi_summary["init"]
-    assert init_2.pop("from").endswith("step-000000010") and init_1.pop("from").endswith(
-        "step-000000010")
+    assert init_2.pop("from").endswith("step-000000010") and init_1.pop("from").endswith("step-000000010")
     assert init_2 == init_1 and init_2["mode"] == "previous"
     assert multi_summary["init"]["grown_tables"]["C7"] == [3000, 3500]
     losses_1, losses_2 = step_losses(tmp_path / "single"), step_losses(multi)
     assert sorted(losses_1) == sorted(losses_2) == list(range(1, STEPS + 1))
-    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()),
-                               rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose([losses_2[s] for s in losses_1], list(losses_1.values()), rtol=2e-6, atol=1e-7)
     weights_1, weights_2 = checkpoint_arrays(tmp_path / "single"), checkpoint_arrays(multi)
     assert sorted(weights_1) == sorted(weights_2)
     assert weights_1["table/6"].shape == (3500, 17)  # 16 columns + the wide weights

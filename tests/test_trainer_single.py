@@ -17,8 +17,15 @@ from trainer.checkpoint import complete_checkpoints
 from trainer.loop import run
 from trainer.metrics import read_metrics, roc_auc
 from trainer.synthetic import write_planted_dataset
-from trainer_helpers import (SMALL_ROWS, VENV_BIN, checkpoint_arrays, config_flags,
-                             run_trainer_cli, small_config, step_losses)
+from trainer_helpers import (
+    SMALL_ROWS,
+    VENV_BIN,
+    checkpoint_arrays,
+    config_flags,
+    run_trainer_cli,
+    small_config,
+    step_losses,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +44,13 @@ def test_stop_after_step_k_and_resume_gives_the_same_losses(dataset, tmp_path):
     assert summary["steps_run"] == 15 and summary["step"] == 22
     whole, resumed = step_losses(tmp_path / "whole"), step_losses(tmp_path / "resumed")
     assert sorted(resumed) == list(range(1, 23))
-    np.testing.assert_allclose([resumed[s] for s in range(8, 23)], [whole[s] for s in range(8, 23)],
-                               rtol=1e-6)
-    final_whole, final_resumed = checkpoint_arrays(tmp_path / "whole"), checkpoint_arrays(
-        tmp_path / "resumed")
+    np.testing.assert_allclose(
+        [resumed[s] for s in range(8, 23)], [whole[s] for s in range(8, 23)], rtol=1e-6
+    )
+    final_whole, final_resumed = (
+        checkpoint_arrays(tmp_path / "whole"),
+        checkpoint_arrays(tmp_path / "resumed"),
+    )
     for name, value in final_whole.items():
         np.testing.assert_allclose(final_resumed[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
 
@@ -49,9 +59,12 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     config = small_config(epochs=100, checkpoint_every=4)
     workdir = tmp_path / "killed"
     args = ["--dataset", str(dataset), "--workdir", str(workdir), *config_flags(config)]
-    proc = subprocess.Popen([str(VENV_BIN / "python"), "-m", "trainer", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=os.getcwd())
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "python"), "-m", "trainer", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=os.getcwd(),
+    )
     try:
         deadline = time.time() + 180
         while time.time() < deadline and len(complete_checkpoints(workdir / "checkpoints")) < 2:
@@ -65,13 +78,15 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     k = complete_checkpoints(workdir / "checkpoints")[-1][0]
     assert k >= 8 and k % 4 == 0
-    summary, _ = run_trainer_cli(args[:4] + config_flags(small_config(
-        epochs=100, checkpoint_every=4, max_steps=k + 6)))
+    summary, _ = run_trainer_cli(
+        args[:4] + config_flags(small_config(epochs=100, checkpoint_every=4, max_steps=k + 6))
+    )
     assert summary["steps_run"] == 6
     reference = run(small_config(epochs=100, max_steps=k + 6), dataset, tmp_path / "reference")
     got, want = step_losses(workdir), step_losses(tmp_path / "reference")
-    np.testing.assert_allclose([got[s] for s in range(k + 1, k + 7)],
-                               [want[s] for s in range(k + 1, k + 7)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [got[s] for s in range(k + 1, k + 7)], [want[s] for s in range(k + 1, k + 7)], rtol=1e-6
+    )
     # Weights agree to float rounding, not bit for bit (thread scheduling orders the sums), and
     # one near-tied pair of the 1,000 test rows swapping order moves the AUC by ~5e-6.
     assert summary["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-4)
@@ -106,8 +121,9 @@ def read_split(path, split, n):
     x = np.fromfile(path / split / "numerical.bin", "<f2").reshape(n, 13).astype(np.float64)
     y = np.fromfile(path / split / "label.bin", "u1").astype(np.float64)
     info = json.loads((path / "dataset.json").read_text())
-    cats = [np.fromfile(path / split / f"cat_{i}.bin", info["cat_dtypes"][i]).astype(np.int64)
-            for i in range(26)]
+    cats = [
+        np.fromfile(path / split / f"cat_{i}.bin", info["cat_dtypes"][i]).astype(np.int64) for i in range(26)
+    ]
     return x, cats, y
 
 
@@ -115,10 +131,14 @@ def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp
     rows = {"train": 16384, "test": 2048, "validation": 4096}
     path = tmp_path / "binary"
     write_planted_dataset(path, rows, seed=5)
-    summary = run(small_config(optimizer="adam", learning_rate=0.003, warmup_steps=10, epochs=2,
-                               log_every=50), path, tmp_path / "work")
-    baseline = logistic_regression_auc(read_split(path, "train", rows["train"]),
-                                       read_split(path, "validation", rows["validation"]))
+    summary = run(
+        small_config(optimizer="adam", learning_rate=0.003, warmup_steps=10, epochs=2, log_every=50),
+        path,
+        tmp_path / "work",
+    )
+    baseline = logistic_regression_auc(
+        read_split(path, "train", rows["train"]), read_split(path, "validation", rows["validation"])
+    )
     assert baseline > 0.55  # the baseline does learn the main effects
     assert summary["validation_auc"] > 0.8
     assert summary["validation_auc"] > baseline + 0.05, (summary["validation_auc"], baseline)
@@ -126,10 +146,14 @@ def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp
     records = read_metrics(tmp_path / "work" / "logs" / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [50, 100, 128] and all(
-        r["samples_per_s"] > 0 and r["lr"] == 0.003 for r in steps)
+        r["samples_per_s"] > 0 and r["lr"] == 0.003 for r in steps
+    )
     evals = [r for r in records if r.get("event") == "eval"]
-    assert [(r["split"], r["step"]) for r in evals] == [("validation", 64), ("test", 128),
-                                                        ("validation", 128)]
+    assert [(r["split"], r["step"]) for r in evals] == [
+        ("validation", 64),
+        ("test", 128),
+        ("validation", 128),
+    ]
     assert list((tmp_path / "work" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
 
@@ -140,10 +164,14 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
     # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
-    run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
-               dataset, tmp_path / "adam")
-    adam_xla = run(small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True,
-                                xla=True), dataset, tmp_path / "adam_xla")
+    run(
+        small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True), dataset, tmp_path / "adam"
+    )
+    adam_xla = run(
+        small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True, xla=True),
+        dataset,
+        tmp_path / "adam_xla",
+    )
     a2, b2 = step_losses(tmp_path / "adam"), step_losses(tmp_path / "adam_xla")
     np.testing.assert_allclose([b2[s] for s in a2], list(a2.values()), rtol=1e-4)
     assert adam_xla["xla"] is True and len(a2) == 6
@@ -157,8 +185,7 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
 
 
 def test_inference_benchmark_reports_a_rate(dataset, tmp_path):
-    summary = run(small_config(inference_steps=5), dataset, tmp_path / "bench",
-                  mode="inference_benchmark")
+    summary = run(small_config(inference_steps=5), dataset, tmp_path / "bench", mode="inference_benchmark")
     assert summary["mode"] == "inference_benchmark" and summary["inference_samples_per_s"] > 0
 
 
@@ -166,9 +193,12 @@ def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
     path = tmp_path / "binary"
     write_planted_dataset(path, {"train": 512, "test": 64, "validation": 64})
     (path / "_SUCCESS").unlink()
-    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(path),
-                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(path), "--workdir", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == ExitCode.DATASET_INVALID
     assert "_SUCCESS" in proc.stderr and "incomplete" in proc.stderr
     assert not (tmp_path / "w" / "checkpoints").exists()
@@ -181,11 +211,16 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     from trainer.synthetic import DEFAULT_TABLE_SIZES
     from dlrm_contracts.schema import CAT_COLUMNS
 
-    write_histogram(tmp_path / "counts", {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)}
-                                          for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)})
+    write_histogram(
+        tmp_path / "counts",
+        {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)} for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)},
+    )
     rethreshold(dataset, tmp_path / "counts", "9", tmp_path / "raised")
-    clamped = run(small_config(max_steps=6, frequency_threshold="9",
-                               counts_dir=str(tmp_path / "counts")), dataset, tmp_path / "a")
+    clamped = run(
+        small_config(max_steps=6, frequency_threshold="9", counts_dir=str(tmp_path / "counts")),
+        dataset,
+        tmp_path / "a",
+    )
     raised = run(small_config(max_steps=6), tmp_path / "raised", tmp_path / "b")
     assert step_losses(tmp_path / "a") == step_losses(tmp_path / "b")
     assert clamped["test_auc"] == raised["test_auc"]
@@ -225,11 +260,14 @@ def test_a_split_with_one_class_gets_no_auc_and_an_empty_split_no_metrics(tmp_pa
     assert [(e["split"], e["auc"]) for e in evals] == [("test", None)]
 
 
-@pytest.mark.parametrize("setting,message", [
-    (dict(batch_size=0), "batch sizes must be at least 1"),
-    (dict(eval_batch_size=-8), "batch sizes must be at least 1"),
-    (dict(max_steps=-1), "max steps must be 0 or more"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        (dict(batch_size=0), "batch sizes must be at least 1"),
+        (dict(eval_batch_size=-8), "batch sizes must be at least 1"),
+        (dict(max_steps=-1), "max steps must be 0 or more"),
+    ],
+)
 def test_impossible_settings_are_refused(dataset, tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         run(small_config(**setting), dataset, tmp_path / "w")
@@ -243,10 +281,23 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path
     part.write_bytes(part.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="rank-0.npz is unreadable"):
         run(small_config(max_steps=4), dataset, tmp_path / "w")
-    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(dataset),
-                           "--workdir", str(tmp_path / "w"), "--mode", "eval",
-                           *config_flags(small_config())],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            str(VENV_BIN / "python"),
+            "-m",
+            "trainer",
+            "--dataset",
+            str(dataset),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--mode",
+            "eval",
+            *config_flags(small_config()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == ExitCode.EVAL and "rank-0.npz is unreadable" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -255,8 +306,14 @@ def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(datas
     """Adam trains (the validation AUC rises well above chance within two epochs) and then
     over-fits 4,096 rows (it falls); early stopping ends the run after two evaluations without
     a better AUC, and the summary, the eval mode and a rerun all report the best model."""
-    config = small_config(optimizer="adam", learning_rate=0.01, epochs=20,
-                          early_stopping_patience=2, keep_checkpoints=1, log_every=8)
+    config = small_config(
+        optimizer="adam",
+        learning_rate=0.01,
+        epochs=20,
+        early_stopping_patience=2,
+        keep_checkpoints=1,
+        log_every=8,
+    )
     workdir = tmp_path / "adam"
     summary = run(config, dataset, workdir)
     curve = summary["periodic_validation_auc"]
@@ -291,8 +348,9 @@ def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
     run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
     losses, expected = step_losses(tmp_path / "resumed"), step_losses(tmp_path / "whole")
-    np.testing.assert_allclose([losses[s] for s in range(8, 23)],
-                               [expected[s] for s in range(8, 23)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [losses[s] for s in range(8, 23)], [expected[s] for s in range(8, 23)], rtol=1e-6
+    )
     assert expected[22] < expected[1]
     weights = checkpoint_arrays(tmp_path / "resumed")
     assert any(name.endswith("/adagrad") for name in weights)
@@ -302,8 +360,7 @@ def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     assert whole["test_auc"] > 0.55  # 22 steps of batch 256 on a planted signal
 
 
-def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(dataset, tmp_path,
-                                                                             monkeypatch):
+def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(dataset, tmp_path, monkeypatch):
     from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
 
     channel = tmp_path / "train.progress.jsonl"
@@ -342,8 +399,9 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_pa
     assert (root / "damaged-step-000000008").is_dir()
     assert [s for s, _ in complete_checkpoints(root)] == [4, 8, 12]
     whole, resumed = step_losses(tmp_path / "whole"), step_losses(workdir)
-    np.testing.assert_allclose([resumed[s] for s in range(5, 13)], [whole[s] for s in range(5, 13)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        [resumed[s] for s in range(5, 13)], [whole[s] for s in range(5, 13)], rtol=1e-6
+    )
 
 
 def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(dataset, tmp_path):

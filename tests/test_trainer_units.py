@@ -35,8 +35,7 @@ def test_dot_interaction_matches_numpy():
     features = np.random.default_rng(0).normal(size=(5, 27, 4)).astype(np.float32)
     got = dot_interaction(tf.constant(features)).numpy()
     assert got.shape == (5, 4 + 27 * 26 // 2)
-    np.testing.assert_allclose(got, numpy_interaction(features.astype(np.float64)), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(got, numpy_interaction(features.astype(np.float64)), rtol=1e-5, atol=1e-5)
 
 
 # -- AUC and log loss --------------------------------------------------------------------------
@@ -116,11 +115,14 @@ def test_placement_balances_and_covers_every_table_once():
 def test_column_split_by_threshold_and_forced():
     sizes = [10] * 26
     sizes[6] = 1_000_000
-    plan = plan_placement(sizes, 16, 2, split_threshold_bytes=1_000_000 * 16 * 4 - 1,
-                          force_split=["C2"])
+    plan = plan_placement(sizes, 16, 2, split_threshold_bytes=1_000_000 * 16 * 4 - 1, force_split=["C2"])
     for table in (6, 1):
-        slices = sorted((p.col_start, p.col_end, r) for r, rank in enumerate(plan.pieces)
-                        for p in rank if p.table == table)
+        slices = sorted(
+            (p.col_start, p.col_end, r)
+            for r, rank in enumerate(plan.pieces)
+            for p in rank
+            if p.table == table
+        )
         assert slices == [(0, 8, 0), (8, 16, 1)]
     assert plan_placement(sizes, 16, 1, force_split=["C2"]).pieces[0][1].width == 16
 
@@ -128,8 +130,9 @@ def test_column_split_by_threshold_and_forced():
 @pytest.mark.parametrize("bottom_dp", [True, False])
 def test_feature_columns_reorder_exchange_layout(bottom_dp):
     dim, world = 4, 3
-    plan = plan_placement([5 + t for t in range(26)], dim, world, bottom_data_parallel=bottom_dp,
-                          force_split=["C1", "C9"])
+    plan = plan_placement(
+        [5 + t for t in range(26)], dim, world, bottom_data_parallel=bottom_dp, force_split=["C1", "C9"]
+    )
     # Build the rank-order layout with labels (table, column), then apply the permutation.
     layout = []
     for rank in range(world):
@@ -166,13 +169,16 @@ def test_each_rank_reads_exactly_its_slice(dataset):
         view = RankView(4, rank, (1, 6), mode)
         got = reader.read(view, step=9, start=start, global_batch=batch)
         lo = start + rank * 25
-        np.testing.assert_array_equal(got.label, labels[lo:lo + 25])
-        want = {"local": numerical[lo:lo + 25], "global": numerical[start:start + batch],
-                "none": np.zeros((0, 13), np.float32)}[mode]
+        np.testing.assert_array_equal(got.label, labels[lo : lo + 25])
+        want = {
+            "local": numerical[lo : lo + 25],
+            "global": numerical[start : start + batch],
+            "none": np.zeros((0, 13), np.float32),
+        }[mode]
         np.testing.assert_array_equal(got.numerical, want)
         assert got.categorical[0].dtype == np.int32 and got.numerical.dtype == np.float32
-        np.testing.assert_array_equal(got.categorical[0], cat1[start:start + batch])
-        np.testing.assert_array_equal(got.categorical[1], cat6[start:start + batch])
+        np.testing.assert_array_equal(got.categorical[0], cat1[start : start + batch])
+        np.testing.assert_array_equal(got.categorical[1], cat6[start : start + batch])
         assert got.valid == batch and got.step == 9
 
 
@@ -200,14 +206,24 @@ def test_batch_order_is_a_function_of_seed_and_epoch():
 def write_histogram(counts_dir, column_counts: dict[str, dict[int, int]]):
     rows = [(c, n, v) for c, hist in column_counts.items() for n, v in hist.items()]
     counts_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"column": [r[0] for r in rows], "count": [r[1] for r in rows],
-                             "num_values": [r[2] for r in rows]}), counts_dir / "histogram.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "column": [r[0] for r in rows],
+                "count": [r[1] for r in rows],
+                "num_values": [r[2] for r in rows],
+            }
+        ),
+        counts_dir / "histogram.parquet",
+    )
 
 
 def test_reading_at_a_higher_threshold_clamps_ids(dataset, tmp_path):
     # Histogram consistent with the written sizes at threshold 1: table size - 1 values each.
-    hist = {c: {1: size - 1 - min(size - 1, 5), 9: min(size - 1, 5)}
-            for c, size in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)}
+    hist = {
+        c: {1: size - 1 - min(size - 1, 5), 9: min(size - 1, 5)}
+        for c, size in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)
+    }
     write_histogram(tmp_path / "counts", hist)
     ds = open_dataset(dataset, threshold="9", counts_dir=tmp_path / "counts")
     assert ds.table_sizes == tuple(min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES)
@@ -217,19 +233,22 @@ def test_reading_at_a_higher_threshold_clamps_ids(dataset, tmp_path):
         np.testing.assert_array_equal(got, np.where(original > ds.table_sizes[t] - 1, 0, original))
     assert (ids.categorical[6] == 0).mean() > 0.5  # the 40000-row table lost most ids
     # Counts of another dataset (sizes at the dataset's own threshold differ) are refused.
-    write_histogram(tmp_path / "other", {c: {1: s + 10} for c, s in zip(CAT_COLUMNS,
-                                                                         DEFAULT_TABLE_SIZES)})
+    write_histogram(tmp_path / "other", {c: {1: s + 10} for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)})
     with pytest.raises(DatasetError, match="do not belong"):
         open_dataset(dataset, threshold="9", counts_dir=tmp_path / "other")
 
 
 def test_a_threshold_below_the_written_one_is_refused(tmp_path):
-    write_planted_dataset(tmp_path / "binary", {"train": 10, "test": 10, "validation": 10},
-                          threshold_spec="9")
-    write_histogram(tmp_path / "counts", {c: {1: 3, 9: s - 1} for c, s in zip(CAT_COLUMNS,
-                                                                           DEFAULT_TABLE_SIZES)})
-    assert open_dataset(tmp_path / "binary", threshold="9",
-                        counts_dir=tmp_path / "counts").table_sizes == DEFAULT_TABLE_SIZES
+    write_planted_dataset(
+        tmp_path / "binary", {"train": 10, "test": 10, "validation": 10}, threshold_spec="9"
+    )
+    write_histogram(
+        tmp_path / "counts", {c: {1: 3, 9: s - 1} for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)}
+    )
+    assert (
+        open_dataset(tmp_path / "binary", threshold="9", counts_dir=tmp_path / "counts").table_sizes
+        == DEFAULT_TABLE_SIZES
+    )
     with pytest.raises(DatasetError, match="below the dataset's base threshold"):
         open_dataset(tmp_path / "binary", threshold="2", counts_dir=tmp_path / "counts")
 
@@ -252,10 +271,26 @@ def test_cli_settings_come_from_yaml_then_flags(tmp_path):
 
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("train:\n  batch_size: 512\n  preset: default\n  learning_rate: 3.0\n")
-    args = parser().parse_args(["--dataset", "d", "--workdir", "w", "--config", str(yaml_file),
-                                "--learning-rate", "0.25", "--force-column-split", "C3, C20",
-                                "--bottom-mlp-data-parallel", "false", "--top-mlp", "64,1",
-                                "--no-resume", "--xla"])
+    args = parser().parse_args(
+        [
+            "--dataset",
+            "d",
+            "--workdir",
+            "w",
+            "--config",
+            str(yaml_file),
+            "--learning-rate",
+            "0.25",
+            "--force-column-split",
+            "C3, C20",
+            "--bottom-mlp-data-parallel",
+            "false",
+            "--top-mlp",
+            "64,1",
+            "--no-resume",
+            "--xla",
+        ]
+    )
     config = config_from_args(args)
     assert (config.batch_size, config.preset, config.learning_rate) == (512, "default", 0.25)
     assert config.force_column_split == ["C3", "C20"] and config.top_mlp == [64, 1]
@@ -273,8 +308,11 @@ def test_an_id_outside_its_table_is_a_clear_error_not_a_lookup_crash(tmp_path):
     reader = SplitReader(open_dataset(path), "train")
     view = RankView(1, 0, tuple(range(26)), "local")
     reader.read(view, 0, 0, 128)  # rows 0..127 are fine
-    with pytest.raises(DatasetError, match=r"cat_1.bin: id 20 at row 130 is outside its table "
-                                           r"of size 20"):
+    with pytest.raises(
+        DatasetError,
+        match=r"cat_1.bin: id 20 at row 130 is outside its table "
+        r"of size 20",
+    ):
         reader.read(view, 1, 128, 128)
     ids[130] = -1
     ids.tofile(path / "train" / "cat_1.bin")
@@ -294,8 +332,10 @@ def test_metrics_log_is_strict_json_when_a_value_is_nan_or_inf(tmp_path):
     def strict(constant):
         raise ValueError(f"non-standard JSON constant {constant}")
 
-    records = [json.loads(line, parse_constant=strict)
-               for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line, parse_constant=strict)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     assert records[0]["auc"] is None and records[0]["logloss"] == 0.5
     assert records[1]["loss"] is None
 
@@ -311,12 +351,15 @@ def _checkpoint(root):
     return path
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("truncate_npz", r"rank-0.npz is unreadable \(truncated or corrupt"),
-    ("bad_meta", r"meta.json is unreadable"),
-    ("no_step", r"meta.json has no integer 'step'"),
-    ("flip_bytes", r"'bottom/0/kernel' is unreadable"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("truncate_npz", r"rank-0.npz is unreadable \(truncated or corrupt"),
+        ("bad_meta", r"meta.json is unreadable"),
+        ("no_step", r"meta.json has no integer 'step'"),
+        ("flip_bytes", r"'bottom/0/kernel' is unreadable"),
+    ],
+)
 def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path, damage, message):
     import json
 
@@ -352,8 +395,15 @@ def test_a_save_removes_temporaries_left_by_a_run_killed_while_saving(tmp_path):
     stale = tmp_path / ".step-000000007.tmp"
     stale.mkdir()
     (stale / "rank-0.npz").write_bytes(b"half written")
-    save_checkpoint(tmp_path, 4, LocalComm(), {"table/0/0-4": np.ones((3, 4), np.float32)},
-                    {}, {"table_sizes": [3]}, keep=2)
+    save_checkpoint(
+        tmp_path,
+        4,
+        LocalComm(),
+        {"table/0/0-4": np.ones((3, 4), np.float32)},
+        {},
+        {"table_sizes": [3]},
+        keep=2,
+    )
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [4]
     assert not stale.exists()
 
@@ -414,8 +464,27 @@ def test_default_patience_outlasts_a_dip_before_the_best():
     from dlrm_contracts.config import TrainConfig
     from trainer.early_stopping import EarlyStopping
 
-    curve = [0.6968, 0.7317, 0.7407, 0.7516, 0.7584, 0.7571, 0.7587, 0.7605, 0.764, 0.7638,
-             0.7628, 0.766, 0.7658, 0.7642, 0.7637, 0.7679, 0.7639, 0.7646, 0.7552]
+    curve = [
+        0.6968,
+        0.7317,
+        0.7407,
+        0.7516,
+        0.7584,
+        0.7571,
+        0.7587,
+        0.7605,
+        0.764,
+        0.7638,
+        0.7628,
+        0.766,
+        0.7658,
+        0.7642,
+        0.7637,
+        0.7679,
+        0.7639,
+        0.7646,
+        0.7552,
+    ]
 
     def replay(stopping):
         for k, auc in enumerate(curve, 1):
@@ -426,8 +495,10 @@ def test_default_patience_outlasts_a_dip_before_the_best():
 
     config = TrainConfig()
     assert replay(EarlyStopping(2, config.early_stopping_min_delta)) == (348, 435)
-    assert replay(EarlyStopping(config.early_stopping_patience,
-                                config.early_stopping_min_delta)) == (464, 551)
+    assert replay(EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)) == (
+        464,
+        551,
+    )
 
 
 def test_early_stopping_min_delta_is_checked_and_reaches_the_cli():
@@ -438,8 +509,7 @@ def test_early_stopping_min_delta_is_checked_and_reaches_the_cli():
     for bad in (-0.001, 1.0):
         with pytest.raises(ConfigError, match="early_stopping_min_delta"):
             TrainConfig(early_stopping_min_delta=bad)
-    args = parser().parse_args(["--dataset", "d", "--workdir", "w",
-                                "--early-stopping-min-delta", "0.002"])
+    args = parser().parse_args(["--dataset", "d", "--workdir", "w", "--early-stopping-min-delta", "0.002"])
     assert config_from_args(args).early_stopping_min_delta == 0.002
 
 
@@ -472,8 +542,9 @@ def test_a_save_keeps_the_protected_best_beyond_the_newest(tmp_path):
 
     state = {"table/0/0-4": np.ones((3, 4), np.float32)}
     for step in (4, 8, 12, 16):
-        save_checkpoint(tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, keep=1,
-                        protect=[8, None])
+        save_checkpoint(
+            tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, keep=1, protect=[8, None]
+        )
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [8, 16]
 
 
@@ -503,8 +574,7 @@ def test_the_wide_term_adds_each_ids_weight_to_the_deep_logit():
     categorical = [tf.constant(i) for i in ids]
     numerical = tf.constant(rng.normal(size=(32, 13)).astype(np.float32))
     expected = deep(categorical, numerical, 32).numpy() + sum(w[i, 0] for w, i in zip(weights, ids))
-    np.testing.assert_allclose(wide(categorical, numerical, 32).numpy(), expected, rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(wide(categorical, numerical, 32).numpy(), expected, rtol=1e-5, atol=1e-5)
     assert np.abs(sum(w[i, 0] for w, i in zip(weights, ids))).max() > 0.5  # the term counts
     assert wide_dims.meta()["wide"] is True and "wide" not in deep_dims.meta()
     assert ModelDims.from_meta(wide_dims.meta()) == wide_dims
@@ -531,8 +601,9 @@ def test_row_l2_pulls_only_the_looked_up_rows_toward_zero(optimizer):
     config = small_config(optimizer=optimizer, learning_rate=0.1, adagrad_initial_accumulator=1.0)
     start = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
     scale = tf.constant([1, 1, 1, 1, 4, 1], tf.float32)
-    grad = tf.IndexedSlices(tf.constant([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]]),
-                            tf.constant([1, 1, 4]), tf.constant([6, 2]))
+    grad = tf.IndexedSlices(
+        tf.constant([[0.5, 0.5], [0.5, 0.5], [0.0, 1.0]]), tf.constant([1, 1, 4]), tf.constant([6, 2])
+    )
     tables = {}
     for l2 in (0.0, 0.3):
         var = tf.Variable(start)
@@ -543,8 +614,7 @@ def test_row_l2_pulls_only_the_looked_up_rows_toward_zero(optimizer):
         np.testing.assert_array_equal(table[[0, 2, 3, 5]], start[[0, 2, 3, 5]])
     if optimizer == "sgd":  # plain arithmetic: row 1 summed once, row 4 with its scale of 4
         np.testing.assert_allclose(tables[0.3][1], start[1] - 0.1 * (1.0 + 0.3 * start[1]))
-        np.testing.assert_allclose(tables[0.3][4], start[4] - 0.1 * (np.array([0, 1])
-                                                                     + 1.2 * start[4]))
+        np.testing.assert_allclose(tables[0.3][4], start[4] - 0.1 * (np.array([0, 1]) + 1.2 * start[4]))
     # with every optimizer the penalised rows end nearer zero than without the penalty (Adam's
     # first step is the gradient's sign: row 4's first value moves only through the penalty)
     penalised, plain = np.abs(tables[0.3][[1, 4]]), np.abs(tables[0.0][[1, 4]])
@@ -564,8 +634,7 @@ def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
 
     write_planted_dataset(tmp_path / "d", {"train": 3000, "test": 100, "validation": 100}, seed=4)
     dataset = open_dataset(tmp_path / "d")
-    config = small_config(wide=True, table_l2=3.0, wide_l2=60.0,
-                          row_l2_scaling="inverse_frequency")
+    config = small_config(wide=True, table_l2=3.0, wide_l2=60.0, row_l2_scaling="inverse_frequency")
     placement = plan_placement(dataset.table_sizes, model_dims(config).embedding_dim, 1)
     model = DLRM(model_dims(config), placement, 0, 64, 1, make_comm())
     penalties = row_penalties(config, model, dataset, 64)
@@ -578,8 +647,9 @@ def test_row_l2_counts_train_ids_for_the_inverse_frequency_scale(tmp_path):
     expected = 1.0 / np.minimum(np.maximum(counts, 1) * 64 / 3000, 1.0)
     np.testing.assert_allclose(penalties[f"table/3/0-{dim}"].scale.numpy(), expected, rtol=1e-6)
     assert expected.max() > expected.min()  # the planted data has rare and frequent ids
-    none = row_penalties(small_config(wide=True, table_l2=3.0, wide_l2=0.0,
-                                      row_l2_scaling="none"), model, dataset, 64)
+    none = row_penalties(
+        small_config(wide=True, table_l2=3.0, wide_l2=0.0, row_l2_scaling="none"), model, dataset, 64
+    )
     assert len(none) == 26 and all(p.scale is None for p in none.values())
     assert row_penalties(small_config(wide=True, wide_l2=0.0), model, dataset, 64) == {}
 
@@ -593,14 +663,17 @@ def test_a_rate_factor_scales_only_its_variables_step(optimizer):
     from trainer.optim import make_optimizer
 
     config = small_config(optimizer=optimizer, learning_rate=0.1)
-    grads = [tf.IndexedSlices(tf.constant([[0.5], [-0.25]]), tf.constant([0, 2]),
-                              tf.constant([3, 1])), tf.constant([0.5, -1.0])]
+    grads = [
+        tf.IndexedSlices(tf.constant([[0.5], [-0.25]]), tf.constant([0, 2]), tf.constant([3, 1])),
+        tf.constant([0.5, -1.0]),
+    ]
     moved = {}
     for factor in (1.0, 3.0):
-        variables = [("table/0/16-17", tf.Variable(tf.ones([3, 1]))),
-                     ("top/0/bias", tf.Variable(tf.ones([2])))]
-        make_optimizer(variables, config, None, {"table/0/16-17": factor}).apply(
-            grads, tf.constant(0.1))
+        variables = [
+            ("table/0/16-17", tf.Variable(tf.ones([3, 1]))),
+            ("top/0/bias", tf.Variable(tf.ones([2]))),
+        ]
+        make_optimizer(variables, config, None, {"table/0/16-17": factor}).apply(grads, tf.constant(0.1))
         moved[factor] = [1.0 - v.numpy() for _, v in variables]
     np.testing.assert_allclose(moved[3.0][0], 3.0 * moved[1.0][0], rtol=1e-5)
     np.testing.assert_allclose(moved[3.0][1], moved[1.0][1], rtol=1e-6)

@@ -10,16 +10,21 @@ import shutil
 import numpy as np
 import pytest
 
-from dlrm_contracts.binary_format import (CHECKSUMS_KEY, cat_dtype, cat_file, describe, read_info,
-                                          write_json)
+from dlrm_contracts.binary_format import CHECKSUMS_KEY, cat_dtype, cat_file, describe, read_info, write_json
 from dlrm_contracts.config import ConfigError, ExportConfig, PipelineConfig
 from dlrm_contracts.dataset_identity import IDENTITY_KEY, dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, complete_checkpoints, export_versions
 from dlrm_contracts.schema import SPLITS
 from trainer.checkpoint import CheckpointError
 from trainer.warm_start import check_schedule, check_warm_start, plan_start
-from trainer_helpers import (STREAM_SIZES_1, STREAM_SIZES_2, checkpoint_arrays, small_config,
-                             step_losses, stream_day)
+from trainer_helpers import (
+    STREAM_SIZES_1,
+    STREAM_SIZES_2,
+    checkpoint_arrays,
+    small_config,
+    step_losses,
+    stream_day,
+)
 
 SIZES_1, SIZES_2 = STREAM_SIZES_1, STREAM_SIZES_2
 DIMS = {"embedding_dim": 16, "bottom_mlp": [64, 32, 16], "top_mlp": [128, 64, 1]}
@@ -48,13 +53,16 @@ def _meta_checkpoint(root, step: int, identity: dict, **meta) -> None:
 def test_the_settings_are_checked_where_they_are_read():
     from dlrm_contracts.config import config_from_dict
 
-    loaded = config_from_dict({"train": {"init": "previous", "init_optimizer": "restart"},
-                               "export": {"keep_versions": 5}})
+    loaded = config_from_dict(
+        {"train": {"init": "previous", "init_optimizer": "restart"}, "export": {"keep_versions": 5}}
+    )
     assert (loaded.train.init, loaded.train.init_optimizer) == ("previous", "restart")
     assert loaded.export.keep_versions == 5
-    for section, bad, words in [("train", {"init": "yesterday"}, "train.init 'yesterday'"),
-                                ("train", {"init_optimizer": "keep"}, "init_optimizer 'keep'"),
-                                ("export", {"keep_versions": 0}, "keep_versions must be")]:
+    for section, bad, words in [
+        ("train", {"init": "yesterday"}, "train.init 'yesterday'"),
+        ("train", {"init_optimizer": "keep"}, "init_optimizer 'keep'"),
+        ("export", {"keep_versions": 0}, "keep_versions must be"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             config_from_dict({section: bad})
 
@@ -79,8 +87,7 @@ def test_the_newest_checkpoint_decides_how_a_run_starts(tmp_path):
     assert (plan.kind, plan.path.name) == ("previous", "step-000000020")
 
 
-def test_a_warm_start_refuses_a_shrunk_table_other_dims_another_optimizer_or_an_ended_schedule(
-        tmp_path):
+def test_a_warm_start_refuses_a_shrunk_table_other_dims_another_optimizer_or_an_ended_schedule(tmp_path):
     meta = {"table_sizes": list(SIZES_1), "dims": DIMS, "optimizer": "adagrad"}
     grown = check_warm_start(meta, tmp_path, list(SIZES_2), DIMS, config(init="previous"))
     assert grown == {"C2": [20, 24], "C5": [200, 260], "C7": [3000, 3500], "C17": [900, 1000]}
@@ -89,19 +96,21 @@ def test_a_warm_start_refuses_a_shrunk_table_other_dims_another_optimizer_or_an_
     with pytest.raises(CheckpointError, match=r"shrank.*C3 20 -> 19 rows.*preprocess.ids: stable"):
         check_warm_start(meta, tmp_path, shrunk, DIMS, config(init="previous"))
     with pytest.raises(CheckpointError, match="dims"):
-        check_warm_start(meta, tmp_path, list(SIZES_1), {**DIMS, "embedding_dim": 8},
-                         config(init="previous"))
+        check_warm_start(meta, tmp_path, list(SIZES_1), {**DIMS, "embedding_dim": 8}, config(init="previous"))
     with pytest.raises(CheckpointError, match="trained with adagrad.*init_optimizer: restart"):
-        check_warm_start(meta, tmp_path, list(SIZES_1), DIMS, config(init="previous",
-                                                                       optimizer="adam"))
-    check_warm_start(meta, tmp_path, list(SIZES_1), DIMS,
-                     config(init="previous", optimizer="adam", init_optimizer="restart"))
+        check_warm_start(meta, tmp_path, list(SIZES_1), DIMS, config(init="previous", optimizer="adam"))
+    check_warm_start(
+        meta,
+        tmp_path,
+        list(SIZES_1),
+        DIMS,
+        config(init="previous", optimizer="adam", init_optimizer="restart"),
+    )
     decayed = config(init="previous", decay_start_step=10, decay_steps=20)
     check_schedule(29, decayed)
     with pytest.raises(ConfigError, match="ended at step 30.*rate 0"):
         check_schedule(30, decayed)
-    check_schedule(30, config(init="previous", init_optimizer="restart", decay_start_step=10,
-                              decay_steps=20))
+    check_schedule(30, config(init="previous", init_optimizer="restart", decay_start_step=10, decay_steps=20))
 
 
 def test_the_pipeline_keeps_the_previous_model_when_it_retrains_a_dataset(tmp_path, monkeypatch):
@@ -118,13 +127,16 @@ def test_the_pipeline_keeps_the_previous_model_when_it_retrains_a_dataset(tmp_pa
     pipeline_config = PipelineConfig()
     pipeline_config.train = config(init="previous")
     pipeline_config.force = True
-    ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests),
-                              tmp_path / "c.yaml")
+    ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     monkeypatch.setattr(stages, "verify_binary_dataset", lambda ctx: None)
     seen = []
-    monkeypatch.setattr(stages, "run_child", lambda argv, log, **_: (
-        seen.append([s for s, _ in complete_checkpoints(layout.checkpoints)])
-        or ChildResult(0, {}, [])))
+    monkeypatch.setattr(
+        stages,
+        "run_child",
+        lambda argv, log, **_: (
+            seen.append([s for s, _ in complete_checkpoints(layout.checkpoints)]) or ChildResult(0, {}, [])
+        ),
+    )
     _meta_checkpoint(layout.checkpoints, 10, {"source_fingerprint": "yesterday"})
     _meta_checkpoint(layout.checkpoints, 20, identity_of(layout.binary))
     stages.run_train(ctx)
@@ -151,8 +163,7 @@ def test_warm_start_grows_the_tables_and_continues_the_optimizer(tmp_path):
     run(config(keep_checkpoints=1), day(tmp_path / "day1", seed=1), work)
     before = checkpoint_arrays(work)
     reader = CheckpointReader(latest_checkpoint(work / "checkpoints"))
-    slots = {t: reader.value(f"table/{t}/0-16/adagrad", (old, 16))
-             for t, old in enumerate(SIZES_1)}
+    slots = {t: reader.value(f"table/{t}/0-16/adagrad", (old, 16)) for t, old in enumerate(SIZES_1)}
     reader.close()
     warm = config(init="previous", keep_checkpoints=1, checkpoint_every=3)
     trainer = Trainer(warm, day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
@@ -191,8 +202,7 @@ def test_a_warm_start_keeps_the_wide_weights_of_old_rows_and_starts_new_rows_at_
     work = tmp_path / "work"
     run(config(wide=True), day(tmp_path / "day1", seed=1), work)
     before = checkpoint_arrays(work)
-    trainer = Trainer(config(wide=True, init="previous"),
-                      day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
+    trainer = Trainer(config(wide=True, init="previous"), day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
     assert trainer._start().kind == "previous"
     state = _owned(trainer)
     trained = 0
@@ -218,16 +228,14 @@ def test_a_warm_started_run_stopped_midway_resumes_as_one(tmp_path):
     for work in ("whole", "stopped"):
         run(config(), day1, tmp_path / work)
     whole = run(config(init="previous", init_optimizer="restart"), day2, tmp_path / "whole")
-    run(config(init="previous", init_optimizer="restart", max_steps=3), day2,
-        tmp_path / "stopped")
+    run(config(init="previous", init_optimizer="restart", max_steps=3), day2, tmp_path / "stopped")
     resumed = run(config(init="previous", init_optimizer="restart"), day2, tmp_path / "stopped")
     assert resumed["init"]["mode"] == "resume" and resumed["init"]["from_step"] == 8
     assert (resumed["step"], resumed["steps_run"]) == (16, 5)
     assert resumed["previous_model_test_auc"] == whole["previous_model_test_auc"]
     losses, expected = step_losses(tmp_path / "stopped"), step_losses(tmp_path / "whole")
     assert sorted(losses) == sorted(expected) == list(range(1, 17))
-    np.testing.assert_allclose([losses[s] for s in expected], list(expected.values()),
-                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose([losses[s] for s in expected], list(expected.values()), rtol=1e-6, atol=1e-8)
     weights = checkpoint_arrays(tmp_path / "stopped")
     for name, value in checkpoint_arrays(tmp_path / "whole").items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
@@ -242,8 +250,9 @@ def _as_served(day2, out, old_sizes):
             ids = np.fromfile(day2 / split / cat_file(t), cat_dtype(new)).astype(np.int64)
             ids[ids >= old] = 0
             ids.astype(cat_dtype(old)).tofile(out / split / cat_file(t))
-    described = describe(out, info.splits, list(old_sizes), info.threshold_spec,
-                         info.source_fingerprint, {CHECKSUMS_KEY: {}})
+    described = describe(
+        out, info.splits, list(old_sizes), info.threshold_spec, info.source_fingerprint, {CHECKSUMS_KEY: {}}
+    )
     write_json(out / DATASET_JSON, described.to_json())
     return out
 
@@ -261,8 +270,9 @@ def test_the_previous_model_is_scored_as_it_is_served_and_restart_takes_the_weig
     day2 = day(tmp_path / "day2", seed=2, sizes=SIZES_2)
     warm = config(init="previous", init_optimizer="restart")
     summary = run(warm, day2, work)
-    served = run(config(verify_dataset="none"), _as_served(day2, tmp_path / "served", SIZES_1),
-                 reference, mode="eval")
+    served = run(
+        config(verify_dataset="none"), _as_served(day2, tmp_path / "served", SIZES_1), reference, mode="eval"
+    )
     assert summary["previous_model_test_auc"] == pytest.approx(served["test_auc"], abs=1e-6)
     records = [json.loads(l) for l in (work / "logs" / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in records if r.get("step") == 9 and "lr" in r)
@@ -309,8 +319,9 @@ def test_a_daily_cycle_exports_new_versions_and_keeps_the_last_k(tmp_path, monke
     assert json.loads((version_2 / "fingerprint.json").read_text())["version"] == 2
     vocabulary = (version_2 / "assets" / "C7.vocab").read_text().splitlines()
     assert len(vocabulary) == SIZES_2[6]  # header + ids 1..3499
-    assert (work / "export" / "1" / "assets" / "C7.vocab").read_text().splitlines() == \
-        vocabulary[:SIZES_1[6]]  # the ids of day 1 kept their values
+    assert (work / "export" / "1" / "assets" / "C7.vocab").read_text().splitlines() == vocabulary[
+        : SIZES_1[6]
+    ]  # the ids of day 1 kept their values
     third = export.export_model(work, day2, keep_2)
     assert third["removed_versions"] == [1]
     assert [v for v, _ in export_versions(work / "export")] == [2, 3]
@@ -335,16 +346,30 @@ def test_the_report_lists_the_next_day_auc_of_every_daily_run(tmp_path):
 
     layout = WorkdirLayout.at(tmp_path / "w")
     layout.manifests.mkdir(parents=True)
-    runs = [{"time": "day 1", "status": "ok", "init": "scratch", "next_day_auc": 0.71,
-             "previous_model_test_auc": None, "export_version": 1},
-            {"time": "day 2", "status": "ok", "init": "previous", "next_day_auc": 0.74,
-             "previous_model_test_auc": 0.72, "export_version": 2},
-            {"time": "day 3", "status": "failed: train", "next_day_auc": None}]
+    runs = [
+        {
+            "time": "day 1",
+            "status": "ok",
+            "init": "scratch",
+            "next_day_auc": 0.71,
+            "previous_model_test_auc": None,
+            "export_version": 1,
+        },
+        {
+            "time": "day 2",
+            "status": "ok",
+            "init": "previous",
+            "next_day_auc": 0.74,
+            "previous_model_test_auc": 0.72,
+            "export_version": 2,
+        },
+        {"time": "day 3", "status": "failed: train", "next_day_auc": None},
+    ]
     (layout.manifests / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
     (layout.root / "summary.json").write_text(json.dumps(runs[1]))
     text = write_report(layout).read_text()
     assert "next-day AUC 0.74 (warm start; the previous model scored 0.72" in text
-    section = text[text.index("## Daily runs"):]
+    section = text[text.index("## Daily runs") :]
     assert "| day 1 | ok | scratch | 0.71 | None | 1 |" in section
     assert "| day 2 | ok | previous | 0.74 | 0.72 | 2 |" in section
     assert "day 3" not in section  # no next-day AUC measured
@@ -367,8 +392,7 @@ def test_no_export_version_is_one_line_for_the_score_stage_and_the_scorer(tmp_pa
     raw.write_text("")
     pipeline_config = PipelineConfig()
     pipeline_config.score.input = [str(raw)]
-    ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests),
-                              tmp_path / "c.yaml")
+    ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests), tmp_path / "c.yaml")
     with pytest.raises(PipelineError, match=r"no exported model under .*<N>/") as refused:
         stages.STAGE_TABLE["score"].run(ctx)
     assert refused.value.code == ExitCode.SCORE

@@ -51,9 +51,13 @@ class Holder:
         self.workdir, self.child = workdir, list(child)
 
     def __enter__(self) -> "Holder":
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(self.workdir),
-                                      *self.child], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=_env())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(self.workdir), *self.child],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
         assert self.proc.stdout.readline().strip() == "held"
         return self
 
@@ -68,12 +72,14 @@ class Holder:
 def _workdir_in_use(tmp_path: Path) -> tuple[Path, dict[Path, bytes]]:
     """A workdir with outputs each entry point would delete or replace, and their bytes."""
     workdir = tmp_path / "w"
-    kept = {workdir / "binary" / "dataset.json": b'{"kept": 1}',
-            workdir / "parquet" / "dictionary_index" / "index.json": b'{"kept": 2}',
-            workdir / "parquet" / ".splits-staging" / "train" / "part-0.parquet": b"kept 3",
-            workdir / "checkpoints" / "step-000000001" / "meta.json": b'{"step": 1}',
-            workdir / "scores" / "day.parquet": b"kept 4",
-            workdir / "export" / "1" / "saved_model.pb": b"kept 5"}
+    kept = {
+        workdir / "binary" / "dataset.json": b'{"kept": 1}',
+        workdir / "parquet" / "dictionary_index" / "index.json": b'{"kept": 2}',
+        workdir / "parquet" / ".splits-staging" / "train" / "part-0.parquet": b"kept 3",
+        workdir / "checkpoints" / "step-000000001" / "meta.json": b'{"step": 1}',
+        workdir / "scores" / "day.parquet": b"kept 4",
+        workdir / "export" / "1" / "saved_model.pb": b"kept 5",
+    }
     for path, content in kept.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
@@ -86,48 +92,108 @@ def _workdir_in_use(tmp_path: Path) -> tuple[Path, dict[Path, bytes]]:
 def _commands(workdir: Path, tmp_path: Path) -> dict[str, list[str]]:
     python = sys.executable
     return {
-        "spark_jobs": [python, "-m", "spark_jobs", "--input", str(tmp_path / "raw"),
-                       "--workdir", str(workdir)],
+        "spark_jobs": [
+            python,
+            "-m",
+            "spark_jobs",
+            "--input",
+            str(tmp_path / "raw"),
+            "--workdir",
+            str(workdir),
+        ],
         "converters convert": [python, "-m", "converters", "convert", "--workdir", str(workdir)],
-        "converters rethreshold": [python, "-m", "converters", "rethreshold",
-                                   "--source", str(workdir / "binary"),
-                                   "--counts", str(workdir / "counts"),
-                                   "--frequency-threshold", "5",
-                                   "--output", str(workdir / "binary.derived")],
-        "trainer train": [python, "-m", "trainer", "--dataset", str(workdir / "binary"),
-                          "--workdir", str(workdir)],
-        "trainer eval": [python, "-m", "trainer", "--mode", "eval",
-                         "--dataset", str(workdir / "binary"), "--workdir", str(workdir)],
-        "trainer export": [python, "-m", "trainer", "--mode", "export",
-                           "--dataset", str(workdir / "binary"), "--workdir", str(workdir)],
-        "trainer.score": [python, "-m", "trainer.score", "--model", str(workdir / "export"),
-                          "--out", str(workdir / "scores"),
-                          "--input", str(tmp_path / "raw" / "day_0")],
+        "converters rethreshold": [
+            python,
+            "-m",
+            "converters",
+            "rethreshold",
+            "--source",
+            str(workdir / "binary"),
+            "--counts",
+            str(workdir / "counts"),
+            "--frequency-threshold",
+            "5",
+            "--output",
+            str(workdir / "binary.derived"),
+        ],
+        "trainer train": [
+            python,
+            "-m",
+            "trainer",
+            "--dataset",
+            str(workdir / "binary"),
+            "--workdir",
+            str(workdir),
+        ],
+        "trainer eval": [
+            python,
+            "-m",
+            "trainer",
+            "--mode",
+            "eval",
+            "--dataset",
+            str(workdir / "binary"),
+            "--workdir",
+            str(workdir),
+        ],
+        "trainer export": [
+            python,
+            "-m",
+            "trainer",
+            "--mode",
+            "export",
+            "--dataset",
+            str(workdir / "binary"),
+            "--workdir",
+            str(workdir),
+        ],
+        "trainer.score": [
+            python,
+            "-m",
+            "trainer.score",
+            "--model",
+            str(workdir / "export"),
+            "--out",
+            str(workdir / "scores"),
+            "--input",
+            str(tmp_path / "raw" / "day_0"),
+        ],
     }
 
 
-ENTRY_POINTS = ["spark_jobs", "converters convert", "converters rethreshold", "trainer train",
-                "trainer eval", "trainer export", "trainer.score"]
+ENTRY_POINTS = [
+    "spark_jobs",
+    "converters convert",
+    "converters rethreshold",
+    "trainer train",
+    "trainer eval",
+    "trainer export",
+    "trainer.score",
+]
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_a_second_writer_of_a_workdir_ends_with_exit_3_naming_the_holder(tmp_path, entry):
     workdir, kept = _workdir_in_use(tmp_path)
     with Holder(workdir) as holder:
-        proc = subprocess.run(_commands(workdir, tmp_path)[entry], capture_output=True,
-                              text=True, env=_env(), timeout=600)
+        proc = subprocess.run(
+            _commands(workdir, tmp_path)[entry], capture_output=True, text=True, env=_env(), timeout=600
+        )
     assert proc.returncode == ExitCode.LOCKED, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f'"pid": {holder.proc.pid}' in errors[0] and str(workdir) in errors[0], errors
-    assert {path: path.read_bytes() for path in kept} == kept      # nothing touched
+    assert {path: path.read_bytes() for path in kept} == kept  # nothing touched
 
 
 def test_the_holders_children_run_under_its_lock_and_no_one_else_does(tmp_path):
     workdir = tmp_path / "w"
-    probe = [sys.executable, "-c",
-             "import sys; from dlrm_contracts.lock import workdir_lock\n"
-             f"with workdir_lock({str(workdir)!r}, 'child') as lock: print(lock.guest)"]
+    probe = [
+        sys.executable,
+        "-c",
+        "import sys; from dlrm_contracts.lock import workdir_lock\n"
+        f"with workdir_lock({str(workdir)!r}, 'child') as lock: print(lock.guest)",
+    ]
     with Holder(workdir, *probe) as holder:
         child = holder.child_result()
         assert child["code"] == 0 and child["out"].strip() == "True", child
@@ -136,8 +202,7 @@ def test_the_holders_children_run_under_its_lock_and_no_one_else_does(tmp_path):
             outside = subprocess.run(probe, capture_output=True, text=True, env=env)
             assert outside.returncode != 0 and "in use by another pipeline run" in outside.stderr
     # the holder is gone: a token left in an environment is no lock, the lock is taken as usual
-    after = subprocess.run(probe, capture_output=True, text=True,
-                           env=_env(**{LOCK_TOKEN_ENV: "0" * 32}))
+    after = subprocess.run(probe, capture_output=True, text=True, env=_env(**{LOCK_TOKEN_ENV: "0" * 32}))
     assert after.returncode == 0 and after.stdout.strip() == "False", after.stderr
 
 
@@ -146,14 +211,28 @@ def test_the_pipeline_refuses_a_workdir_a_wing_holds(tmp_path):
     spark_jobs (or any wing) at work on the workdir is refused too."""
     workdir, _kept = _workdir_in_use(tmp_path)
     with Holder(workdir) as holder:
-        proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
-                               "--input", str(tmp_path / "raw"), "--stages", "preprocess"],
-                              capture_output=True, text=True, env=_env())
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "--workdir",
+                str(workdir),
+                "--input",
+                str(tmp_path / "raw"),
+                "--stages",
+                "preprocess",
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+        )
     assert proc.returncode == ExitCode.LOCKED, proc.stderr[-2000:]
     assert f'"pid": {holder.proc.pid}' in proc.stderr
 
 
 # ---------------------------------------------------------------- planted links
+
 
 def _plant(link: Path, tmp_path: Path) -> Path:
     """A symbolic link at ``link`` to a file outside the workdir; returns the target."""
@@ -166,13 +245,24 @@ def _plant(link: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["pipeline", "spark_jobs"])
-def test_a_link_planted_at_the_lock_file_is_refused_and_its_target_untouched(tmp_path,
-                                                                             command):
+def test_a_link_planted_at_the_lock_file_is_refused_and_its_target_untouched(tmp_path, command):
     workdir, _kept = _workdir_in_use(tmp_path)
     target = _plant(workdir / ".pipeline.lock", tmp_path)
-    argv = ([sys.executable, "-m", "pipeline", "--workdir", str(workdir), "--input",
-             str(tmp_path / "raw"), "--stages", "preprocess"] if command == "pipeline"
-            else _commands(workdir, tmp_path)["spark_jobs"])
+    argv = (
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "raw"),
+            "--stages",
+            "preprocess",
+        ]
+        if command == "pipeline"
+        else _commands(workdir, tmp_path)["spark_jobs"]
+    )
     proc = subprocess.run(argv, capture_output=True, text=True, env=_env())
     assert proc.returncode == ExitCode.USAGE, proc.stderr[-2000:]
     assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
@@ -183,12 +273,24 @@ def test_a_run_never_writes_through_links_planted_at_the_files_it_writes(tmp_pat
     """history.jsonl (appended) is refused with a warning naming it; summary.json, the
     effective config and the report (written whole) replace the link; no target changes."""
     workdir, _kept = _workdir_in_use(tmp_path)
-    names = ["manifests/history.jsonl", "summary.json", "manifests/effective_config.yaml",
-             "report/report.md"]
+    names = ["manifests/history.jsonl", "summary.json", "manifests/effective_config.yaml", "report/report.md"]
     targets = {name: _plant(workdir / name, tmp_path) for name in names}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
-                           "--input", str(tmp_path / "raw"), "--stages", "eval"],
-                          capture_output=True, text=True, env=_env())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "raw"),
+            "--stages",
+            "eval",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
     assert proc.returncode == ExitCode.DATASET_INVALID, proc.stderr[-2000:]
     assert "history.jsonl is a symbolic link" in proc.stderr, proc.stderr[-2000:]
     for name, target in targets.items():
@@ -218,12 +320,28 @@ def test_the_pipeline_runs_its_wings_under_its_own_lock(tmp_path):
     holds the workdir's lock: the child runs under it (exit 0), not refused with exit 3.
     (tests/test_pipeline.py does the same for the trainer's two ranks under horovodrun.)"""
     config = tmp_path / "pipeline.yaml"
-    config.write_text("generator:\n  days: 2\n  rows_per_day: 400\n  seed: 7\n"
-                      "spark:\n  driver_memory: 1g\npreflight:\n  enabled: false\n")
+    config.write_text(
+        "generator:\n  days: 2\n  rows_per_day: 400\n  seed: 7\n"
+        "spark:\n  driver_memory: 1g\npreflight:\n  enabled: false\n"
+    )
     workdir = tmp_path / "w"
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--workdir", str(workdir),
-                           "--config", str(config), "--stages", "generate,preprocess"],
-                          capture_output=True, text=True, env=_env(), timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--workdir",
+            str(workdir),
+            "--config",
+            str(config),
+            "--stages",
+            "generate,preprocess",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["stages"]["preprocess"]["action"] == "ran", summary
@@ -237,8 +355,7 @@ def test_a_wing_writing_through_a_planted_link_ends_with_one_line_and_exit_2(cap
     from trainer.metrics import MetricsLog
 
     target = _plant(tmp_path / "logs" / "metrics.jsonl", tmp_path)
-    code = run_cli("trainer", lambda: MetricsLog(tmp_path / "logs" / "metrics.jsonl")
-                   .write({"step": 1}))
+    code = run_cli("trainer", lambda: MetricsLog(tmp_path / "logs" / "metrics.jsonl").write({"step": 1}))
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE and "Traceback" not in err, err
     assert err.count("\n") == 1 and "metrics.jsonl is a symbolic link" in err, err

@@ -20,23 +20,53 @@ VENV_BIN = Path(sys.executable).parent
 SMALL_ROWS = {"train": 4096, "test": 1000, "validation": 777}
 
 # The days of one stream with stable ids: day 2's tables are day 1's, some grown.
-STREAM_SIZES_1 = (3, 20, 20, 50, 200, 300, 3000, 7, 100, 300, 128, 129, 2, 60, 500, 500, 900,
-                  10, 30, 90, 400, 15, 250, 700, 4, 1500)
+STREAM_SIZES_1 = (
+    3,
+    20,
+    20,
+    50,
+    200,
+    300,
+    3000,
+    7,
+    100,
+    300,
+    128,
+    129,
+    2,
+    60,
+    500,
+    500,
+    900,
+    10,
+    30,
+    90,
+    400,
+    15,
+    250,
+    700,
+    4,
+    1500,
+)
 STREAM_GROWN = {1: 24, 4: 260, 6: 3500, 16: 1000}  # C2 (planted interaction), C5, C7, C17
 STREAM_SIZES_2 = tuple(STREAM_GROWN.get(i, s) for i, s in enumerate(STREAM_SIZES_1))
 STREAM_SIGNAL = 99  # one planted signal for every day of the stream
 
 
-def stream_day(path: Path, seed: int, sizes: tuple[int, ...] = STREAM_SIZES_1,
-               rows: dict[str, int] = SMALL_ROWS, dictionaries: Path | None = None) -> Path:
+def stream_day(
+    path: Path,
+    seed: int,
+    sizes: tuple[int, ...] = STREAM_SIZES_1,
+    rows: dict[str, int] = SMALL_ROWS,
+    dictionaries: Path | None = None,
+) -> Path:
     """One day of the stream; with ``dictionaries``, append-only dictionaries for these sizes
     are written there and their fingerprint recorded, as convert records it."""
     extra = {}
     if dictionaries is not None:
         write_stable_dictionaries(dictionaries, sizes)
         extra = {DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(dictionaries)}
-    write_planted_dataset(path, rows, seed=seed, table_sizes=sizes, signal_seed=STREAM_SIGNAL,
-                          extra=extra)
+    write_planted_dataset(path, rows, seed=seed, table_sizes=sizes, signal_seed=STREAM_SIGNAL, extra=extra)
     return path
 
 
@@ -54,36 +84,74 @@ def write_stable_dictionaries(root: Path, sizes: tuple[int, ...]) -> None:
         folder = root / f"column={column}"
         folder.mkdir(parents=True)
         ids = np.arange(1, size, dtype=np.int64)
-        pq.write_table(pa.table({"value": [f"{c:02x}{i:06x}" for i in ids], "id": ids}),
-                       folder / "part-0.parquet")
+        pq.write_table(
+            pa.table({"value": [f"{c:02x}{i:06x}" for i in ids], "id": ids}), folder / "part-0.parquet"
+        )
 
 
 def small_config(**overrides) -> TrainConfig:
     """A quick, deterministic config (small preset, SGD, every step logged, no early stopping,
     the DLRM without the wide term: the tests of the wide term turn it on)."""
-    base = dict(preset="small", wide=False, batch_size=256, optimizer="sgd", learning_rate=0.5,
-                learning_rate_scaling="none", warmup_steps=5, epochs=1, evals_per_epoch=1,
-                early_stopping_patience=0, log_every=1, seed=7, shuffle_batches=True,
-                intra_op_threads=1)
+    base = dict(
+        preset="small",
+        wide=False,
+        batch_size=256,
+        optimizer="sgd",
+        learning_rate=0.5,
+        learning_rate_scaling="none",
+        warmup_steps=5,
+        epochs=1,
+        evals_per_epoch=1,
+        early_stopping_patience=0,
+        log_every=1,
+        seed=7,
+        shuffle_batches=True,
+        intra_op_threads=1,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
 
 def config_flags(config: TrainConfig) -> list[str]:
     """The CLI flags that reproduce ``small_config`` settings in a subprocess."""
-    flags = ["--preset", config.preset, "--batch-size", str(config.batch_size),
-             "--learning-rate", repr(config.learning_rate), "--warmup-steps", str(config.warmup_steps),
-             "--epochs", str(config.epochs), "--log-every", str(config.log_every),
-             "--seed", str(config.seed), "--shuffle-batches", str(config.shuffle_batches),
-             "--bottom-mlp-data-parallel", str(config.bottom_mlp_data_parallel),
-             "--optimizer", config.optimizer,
-             "--learning-rate-scaling", config.learning_rate_scaling,
-             "--evals-per-epoch", str(config.evals_per_epoch),
-             "--early-stopping-patience", str(config.early_stopping_patience),
-             "--wide", str(config.wide),
-             "--table-l2", repr(config.table_l2), "--wide-l2", repr(config.wide_l2),
-             "--row-l2-scaling", config.row_l2_scaling,
-             "--wide-learning-rate-factor", repr(config.wide_learning_rate_factor)]
+    flags = [
+        "--preset",
+        config.preset,
+        "--batch-size",
+        str(config.batch_size),
+        "--learning-rate",
+        repr(config.learning_rate),
+        "--warmup-steps",
+        str(config.warmup_steps),
+        "--epochs",
+        str(config.epochs),
+        "--log-every",
+        str(config.log_every),
+        "--seed",
+        str(config.seed),
+        "--shuffle-batches",
+        str(config.shuffle_batches),
+        "--bottom-mlp-data-parallel",
+        str(config.bottom_mlp_data_parallel),
+        "--optimizer",
+        config.optimizer,
+        "--learning-rate-scaling",
+        config.learning_rate_scaling,
+        "--evals-per-epoch",
+        str(config.evals_per_epoch),
+        "--early-stopping-patience",
+        str(config.early_stopping_patience),
+        "--wide",
+        str(config.wide),
+        "--table-l2",
+        repr(config.table_l2),
+        "--wide-l2",
+        repr(config.wide_l2),
+        "--row-l2-scaling",
+        config.row_l2_scaling,
+        "--wide-learning-rate-factor",
+        repr(config.wide_learning_rate_factor),
+    ]
     if config.max_steps is not None:
         flags += ["--max-steps", str(config.max_steps)]
     if config.force_column_split:
@@ -95,8 +163,14 @@ def config_flags(config: TrainConfig) -> list[str]:
     if config.intra_op_threads:
         flags += ["--intra-op-threads", str(config.intra_op_threads)]
     if config.interaction != "dot":
-        flags += ["--interaction", config.interaction, "--dcn-layers", str(config.dcn_layers),
-                  "--dcn-rank", str(config.dcn_rank)]
+        flags += [
+            "--interaction",
+            config.interaction,
+            "--dcn-layers",
+            str(config.dcn_layers),
+            "--dcn-rank",
+            str(config.dcn_rank),
+        ]
     if config.embedding_dim:
         flags += ["--embedding-dim", str(config.embedding_dim)]
     if config.bottom_mlp:
@@ -110,8 +184,7 @@ def config_flags(config: TrainConfig) -> list[str]:
 
 def step_losses(workdir: Path) -> dict[int, float]:
     """step -> loss of every training record of ``workdir/logs/metrics.jsonl`` (last one wins)."""
-    return {r["step"]: r["loss"] for r in read_metrics(workdir / "logs" / "metrics.jsonl")
-            if "loss" in r}
+    return {r["step"]: r["loss"] for r in read_metrics(workdir / "logs" / "metrics.jsonl") if "loss" in r}
 
 
 def checkpoint_arrays(workdir: Path) -> dict[str, np.ndarray]:
@@ -134,15 +207,29 @@ def checkpoint_arrays(workdir: Path) -> dict[str, np.ndarray]:
         reader.close()
 
 
-def run_trainer_cli(args: list[str], ranks: int = 1, timeout: int = 240,
-                    env: dict | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+def run_trainer_cli(
+    args: list[str], ranks: int = 1, timeout: int = 240, env: dict | None = None
+) -> tuple[dict, subprocess.CompletedProcess]:
     """Run ``python -m trainer`` (under horovodrun when ranks > 1); returns the JSON summary."""
     command = [str(VENV_BIN / "python"), "-m", "trainer", *args]
     if ranks > 1:
-        command = [str(VENV_BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-                   "--gloo", *command]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=Path(__file__).resolve().parent.parent)
+        command = [
+            str(VENV_BIN / "horovodrun"),
+            "-np",
+            str(ranks),
+            "-H",
+            f"localhost:{ranks}",
+            "--gloo",
+            *command,
+        ]
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
-    return json.loads(last[last.index("{"):]), proc
+    return json.loads(last[last.index("{") :]), proc

@@ -39,9 +39,9 @@ from dlrm_contracts.atomic import replace_directory, write_json_atomic
 from dlrm_contracts.config import TrainConfig, train_model_settings
 from dlrm_contracts.dataset_identity import IDENTITY_KEY
 from dlrm_contracts.layout import CHECKPOINT_META as META
-from dlrm_contracts.layout import (CURRENT_RUN_JSON, RUN_KEY, checkpoint_run, current_run,
-                                   read_checkpoint_meta)
+from dlrm_contracts.layout import CURRENT_RUN_JSON, RUN_KEY, checkpoint_run, current_run, read_checkpoint_meta
 from dlrm_contracts.layout import complete_checkpoints
+
 # re-exported: the trainer's callers find the checkpoint paths beside the checkpoints
 from dlrm_contracts.layout import best_checkpoint, checkpoint_dir, latest_checkpoint  # noqa: F401
 
@@ -52,9 +52,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint that does not fit the model being restored."""
 
 
-def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
-                    replicated: dict[str, np.ndarray], meta: dict[str, Any], keep: int,
-                    protect: Iterable[int | None] = (), run_start: int = 0) -> Path:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    comm,
+    owned: dict[str, np.ndarray],
+    replicated: dict[str, np.ndarray],
+    meta: dict[str, Any],
+    keep: int,
+    protect: Iterable[int | None] = (),
+    run_start: int = 0,
+) -> Path:
     """Collective: every rank calls it with its own state; returns the final directory.
 
     The checkpoint names its run (``meta["run"]``), which becomes the current run
@@ -94,12 +102,14 @@ def save_checkpoint(root: Path, step: int, comm, owned: dict[str, np.ndarray],
 
 def retired(root: Path, run_id: str, keep: int, protect: set[int], run_start: int) -> list[Path]:
     """The checkpoints retention removes after run ``run_id`` saved one (see save_checkpoint)."""
-    found = [(step, path, checkpoint_run(read_checkpoint_meta(path)))
-             for step, path in complete_checkpoints(root)]
+    found = [
+        (step, path, checkpoint_run(read_checkpoint_meta(path))) for step, path in complete_checkpoints(root)
+    ]
     mine = [(step, path) for step, path, run in found if run == run_id]
-    out = [path for step, path in mine[:-max(1, keep)] if step not in protect]
-    return out + [path for step, path, run in found
-                  if run != run_id and step < run_start and step not in protect]
+    out = [path for step, path in mine[: -max(1, keep)] if step not in protect]
+    return out + [
+        path for step, path, run in found if run != run_id and step < run_start and step not in protect
+    ]
 
 
 # what numpy raises on a truncated or corrupt .npz member
@@ -127,8 +137,9 @@ class CheckpointReader:
         self._where = {key: f for f in self._files for key in f.files}
 
     def _damaged(self, what: str) -> CheckpointError:
-        error = CheckpointError(f"{what}; delete {self.path} to resume from an older checkpoint, "
-                                "or use --no-resume")
+        error = CheckpointError(
+            f"{what}; delete {self.path} to resume from an older checkpoint, or use --no-resume"
+        )
         error.damage = what  # the file and what is wrong with it, for another mode's own fix
         return error
 
@@ -136,16 +147,18 @@ class CheckpointReader:
         try:
             return file[key]
         except _DAMAGED_ARRAY as exc:
-            raise self._damaged(f"{self.path}: {key!r} is unreadable (truncated or corrupt: "
-                                f"{exc})") from None
+            raise self._damaged(f"{self.path}: {key!r} is unreadable (truncated or corrupt: {exc})") from None
 
     def check_compatible(self, table_sizes: list[int], dims: dict[str, Any]) -> None:
         if list(self.meta.get("table_sizes", [])) != list(table_sizes):
-            raise CheckpointError(f"{self.path} was saved for table sizes {self.meta.get('table_sizes')}"
-                                  f", the dataset has {list(table_sizes)}")
+            raise CheckpointError(
+                f"{self.path} was saved for table sizes {self.meta.get('table_sizes')}"
+                f", the dataset has {list(table_sizes)}"
+            )
         if self.meta.get("dims") != dims:
-            raise CheckpointError(f"{self.path} was saved for model dims {self.meta.get('dims')}, "
-                                  f"this run uses {dims}")
+            raise CheckpointError(
+                f"{self.path} was saved for model dims {self.meta.get('dims')}, this run uses {dims}"
+            )
 
     def keys(self) -> list[str]:
         """Every array saved, a table slice under its own key (``table/<t>/<a>-<b>``)."""
@@ -170,9 +183,10 @@ class CheckpointReader:
                 continue
             lo, hi = max(start, int(saved[2])), min(end, int(saved[3]))
             if lo < hi:
-                out[:, lo - start:hi - start] = self._read(file, key)[
-                    :, lo - int(saved[2]):hi - int(saved[2])]
-                covered[lo - start:hi - start] = True
+                out[:, lo - start : hi - start] = self._read(file, key)[
+                    :, lo - int(saved[2]) : hi - int(saved[2])
+                ]
+                covered[lo - start : hi - start] = True
         if not covered.all():
             raise CheckpointError(f"{self.path} does not hold all columns of {name!r}")
         return out
@@ -182,14 +196,24 @@ class CheckpointReader:
             f.close()
 
 
-def checkpoint_meta(config: TrainConfig, placement_description: dict, table_sizes: list[int],
-                    dims: dict[str, Any], dataset_identity: dict[str, Any] | None = None,
-                    run_id: str | None = None) -> dict[str, Any]:
+def checkpoint_meta(
+    config: TrainConfig,
+    placement_description: dict,
+    table_sizes: list[int],
+    dims: dict[str, Any],
+    dataset_identity: dict[str, Any] | None = None,
+    run_id: str | None = None,
+) -> dict[str, Any]:
     """What meta.json records beside the arrays: the model's shape and placement, the dataset,
     and the run (its id and the settings of the model it trains, TRAIN_SETTING_KINDS)."""
-    meta = {"placement": placement_description, "table_sizes": list(table_sizes), "dims": dims,
-            "optimizer": config.optimizer, "seed": config.seed,
-            IDENTITY_KEY: dict(dataset_identity or {})}
+    meta = {
+        "placement": placement_description,
+        "table_sizes": list(table_sizes),
+        "dims": dims,
+        "optimizer": config.optimizer,
+        "seed": config.seed,
+        IDENTITY_KEY: dict(dataset_identity or {}),
+    }
     if run_id is not None:
         meta[RUN_KEY] = {"id": run_id, "settings": train_model_settings(config)}
     return meta

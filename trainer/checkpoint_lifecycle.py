@@ -21,19 +21,38 @@ import tensorflow as tf
 from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import TrainConfig, changed_settings, train_model_settings
 from dlrm_contracts.dataset_identity import IDENTITY_KEY, capped, trained_on
-from dlrm_contracts.layout import (CHECKPOINT_META, WorkdirLayout, checkpoint_dir, checkpoint_run,
-                                   run_checkpoints)
+from dlrm_contracts.layout import (
+    CHECKPOINT_META,
+    WorkdirLayout,
+    checkpoint_dir,
+    checkpoint_run,
+    run_checkpoints,
+)
 from dlrm_contracts.superseded import set_aside
-from trainer.checkpoint import (CheckpointError, CheckpointReader, best_checkpoint,
-                                checkpoint_meta, complete_checkpoints, latest_checkpoint,
-                                new_run_id, recorded_settings, save_checkpoint)
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointReader,
+    best_checkpoint,
+    checkpoint_meta,
+    complete_checkpoints,
+    latest_checkpoint,
+    new_run_id,
+    recorded_settings,
+    save_checkpoint,
+)
 from trainer.data import BinaryDataset
 from trainer.dictionary_lineage import LINEAGE_KEY, lineage_of
 from trainer.placement import Placement
 from trainer.run_state import RunState
 from trainer.train_days import TRAIN_DAYS_KEY
-from trainer.warm_start import (StartPlan, WarmStart, check_schedule, check_warm_start,
-                                load_grown, remove_superseded)
+from trainer.warm_start import (
+    StartPlan,
+    WarmStart,
+    check_schedule,
+    check_warm_start,
+    load_grown,
+    remove_superseded,
+)
 
 Variables = list[tuple[str, tf.Variable]]
 
@@ -53,12 +72,10 @@ class ModelState:
         return self._with_slots(self.owned)
 
     def replicated_state(self) -> Variables:
-        return (self._with_slots(self.replicated) + self.optimizer.state()
-                + [("loss_scale", self.loss_scale)])
+        return self._with_slots(self.replicated) + self.optimizer.state() + [("loss_scale", self.loss_scale)]
 
     def _with_slots(self, variables: Variables) -> Variables:
-        return list(variables) + [slot for name, _ in variables
-                                  for slot in self.optimizer.state_for(name)]
+        return list(variables) + [slot for name, _ in variables for slot in self.optimizer.state_for(name)]
 
 
 class CheckpointLifecycle:
@@ -76,9 +93,18 @@ class CheckpointLifecycle:
         progress: prints a line on rank 0.
     """
 
-    def __init__(self, layout: WorkdirLayout, comm, config: TrainConfig, dataset: BinaryDataset,
-                 placement: Placement, dims: dict[str, Any], state: ModelState, run: RunState,
-                 progress: Callable[[str], None]):
+    def __init__(
+        self,
+        layout: WorkdirLayout,
+        comm,
+        config: TrainConfig,
+        dataset: BinaryDataset,
+        placement: Placement,
+        dims: dict[str, Any],
+        state: ModelState,
+        run: RunState,
+        progress: Callable[[str], None],
+    ):
         self.layout, self.root = layout, layout.checkpoints
         self.comm, self.rank = comm, comm.rank
         self.config, self.dataset, self.placement = config, dataset, placement
@@ -94,7 +120,7 @@ class CheckpointLifecycle:
     def start(self, plan: StartPlan) -> None:
         """Scratch, resume or warm start, as trainer/warm_start.py planned it."""
         if plan.kind == "resume":
-            assert plan.path is not None   # plan_start names the checkpoint it resumes
+            assert plan.path is not None  # plan_start names the checkpoint it resumes
             path = self.resume(plan.path)
             self.progress(f"trainer: resumed from {path} at step {self.run.step}")
             return
@@ -102,12 +128,14 @@ class CheckpointLifecycle:
         if plan.kind == "scratch":
             self.set_aside_other_runs()
         elif plan.kind == "previous":
-            assert plan.path is not None   # plan_start names the previous model
+            assert plan.path is not None  # plan_start names the previous model
             warm = self.restore_previous(plan.path)
             grown = ", ".join(f"{c} {o}->{n}" for c, (o, n) in warm.grown.items()) or "none"
-            self.progress(f"trainer: warm start from the previous model {plan.path} (step "
-                          f"{warm.source_step}), optimizer state {warm.optimizer}; tables "
-                          f"grown: {grown}")
+            self.progress(
+                f"trainer: warm start from the previous model {plan.path} (step "
+                f"{warm.source_step}), optimizer state {warm.optimizer}; tables "
+                f"grown: {grown}"
+            )
 
     # -- save -----------------------------------------------------------------------------
     def save(self) -> Path:
@@ -118,18 +146,30 @@ class CheckpointLifecycle:
             self.run_id = new_run_id()
         step = self.run.step
         owned = {name: v.numpy() for name, v in self.state.owned_state()}
-        replicated = ({name: v.numpy() for name, v in self.state.replicated_state()}
-                      if self.rank == 0 else {})
-        meta = checkpoint_meta(self.config, self.placement.describe(),
-                               list(self.dataset.table_sizes), self.dims,
-                               self.dataset.identity, self.run_id)
+        replicated = {name: v.numpy() for name, v in self.state.replicated_state()} if self.rank == 0 else {}
+        meta = checkpoint_meta(
+            self.config,
+            self.placement.describe(),
+            list(self.dataset.table_sizes),
+            self.dims,
+            self.dataset.identity,
+            self.run_id,
+        )
         meta.update(self.run.to_meta())
         if self.rank == 0:  # the one rank that writes the meta (an export may then extend it)
             meta[LINEAGE_KEY] = self._dictionaries_lineage()
         self.saved_step = step
-        return save_checkpoint(self.root, step, self.comm, owned, replicated, meta,
-                               self.config.keep_checkpoints, protect=self.run.protected_steps(),
-                               run_start=self.run.run_start)
+        return save_checkpoint(
+            self.root,
+            step,
+            self.comm,
+            owned,
+            replicated,
+            meta,
+            self.config.keep_checkpoints,
+            protect=self.run.protected_steps(),
+            run_start=self.run.run_start,
+        )
 
     def _dictionaries_lineage(self) -> str | None:
         """The stable dictionaries' lineage (trainer/dictionary_lineage.py), read once a run."""
@@ -173,8 +213,10 @@ class CheckpointLifecycle:
         except CheckpointError as exc:
             if not hasattr(exc, "damage"):
                 raise
-            raise CheckpointError(f"{exc.damage}, and no older checkpoint of this run is intact: "
-                                  "train again (--stages train,eval --force)") from None
+            raise CheckpointError(
+                f"{exc.damage}, and no older checkpoint of this run is intact: "
+                "train again (--stages train,eval --force)"
+            ) from None
 
     def resume(self, newest: Path) -> Path:
         """Continue this dataset's run whose newest checkpoint is ``newest``: refused when the
@@ -195,10 +237,13 @@ class CheckpointLifecycle:
                 meta, error = self.load(path), None
             except CheckpointError as exc:
                 meta, error = None, exc
-            failing = int(self.comm.allreduce_sum(
-                [tf.constant([0.0 if error is None else 1.0])], name=f"resume_check_{k}")[0].numpy()[0])
+            failing = int(
+                self.comm.allreduce_sum(
+                    [tf.constant([0.0 if error is None else 1.0])], name=f"resume_check_{k}"
+                )[0].numpy()[0]
+            )
             if not failing:
-                assert meta is not None   # no rank failed, this one included
+                assert meta is not None  # no rank failed, this one included
                 self.broadcast()
                 self.run.continue_from(meta)
                 self.set_aside_damaged(candidates[:k], first_error)
@@ -248,20 +293,30 @@ class CheckpointLifecycle:
         reader = CheckpointReader(path)
         try:
             meta = reader.meta
-            grown = check_warm_start(meta, path, list(self.dataset.table_sizes), self.dims,
-                                     self.config, self.dataset.identity)
+            grown = check_warm_start(
+                meta, path, list(self.dataset.table_sizes), self.dims, self.config, self.dataset.identity
+            )
             source_step = int(meta["step"])
             check_schedule(source_step, self.config)
             continued = self.config.init_optimizer == "continue"
-            variables = (self.state.owned_state() + self.state.replicated_state() if continued
-                         else self.state.owned + self.state.replicated)
+            variables = (
+                self.state.owned_state() + self.state.replicated_state()
+                if continued
+                else self.state.owned + self.state.replicated
+            )
             old_sizes = [int(s) for s in meta["table_sizes"]]
             load_grown(reader, variables, old_sizes)
         finally:
             reader.close()
         self.broadcast()
-        warm = WarmStart(str(path), source_step, self.config.init_optimizer, old_sizes, grown,
-                         capped=capped(meta.get(IDENTITY_KEY)))
+        warm = WarmStart(
+            str(path),
+            source_step,
+            self.config.init_optimizer,
+            old_sizes,
+            grown,
+            capped=capped(meta.get(IDENTITY_KEY)),
+        )
         self.run.start_from(warm, meta)
         self.comm.barrier()  # every rank has read the checkpoints before any is removed
         if self.rank == 0:
@@ -275,9 +330,11 @@ class CheckpointLifecycle:
         read again), once every rank has stopped reading them."""
         if not damaged:
             return
-        self.progress(f"trainer: {', '.join(str(p) for p in damaged)} damaged "
-                      f"({error or 'on another rank'}): moved aside as damaged-*, resuming from "
-                      "the newest intact checkpoint")
+        self.progress(
+            f"trainer: {', '.join(str(p) for p in damaged)} damaged "
+            f"({error or 'on another rank'}): moved aside as damaged-*, resuming from "
+            "the newest intact checkpoint"
+        )
         self.comm.barrier()
         if self.rank == 0:
             for path in damaged:
@@ -301,7 +358,8 @@ class CheckpointLifecycle:
                 f"the checkpoints in {self.root} are another model's run "
                 f"({'; '.join(changed)}): resuming would mix the two. Restore those settings "
                 f"to resume it, or rerun with --no-resume to start anew (its checkpoints are "
-                f"moved to {self.layout.superseded}/, not deleted)")
+                f"moved to {self.layout.superseded}/, not deleted)"
+            )
 
     def set_aside_other_runs(self) -> None:
         """A run from scratch continues none of the checkpoints there: rank 0 moves them to
@@ -311,10 +369,15 @@ class CheckpointLifecycle:
             return
         self.comm.barrier()
         if self.rank == 0:
-            record = set_aside(self.root, [p for _, p in found],
-                               "a new run from scratch (--no-resume, or train.resume: false)")
+            record = set_aside(
+                self.root,
+                [p for _, p in found],
+                "a new run from scratch (--no-resume, or train.resume: false)",
+            )
             if record:
-                self.progress(f"trainer: {len(record['checkpoints'])} checkpoints of earlier "
-                              f"runs moved to {record['path']} (remove them with: "
-                              f"{record['remove_with']})")
+                self.progress(
+                    f"trainer: {len(record['checkpoints'])} checkpoints of earlier "
+                    f"runs moved to {record['path']} (remove them with: "
+                    f"{record['remove_with']})"
+                )
         self.comm.barrier()

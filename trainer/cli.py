@@ -17,17 +17,30 @@ import json
 from pathlib import Path
 
 from dlrm_contracts.atomic import write_text_atomic
-from dlrm_contracts.config import (INIT_OPTIMIZERS, INTERACTIONS, LEARNING_RATE_SCALINGS,
-                                   OPTIMIZERS, ROW_L2_SCALINGS, TRAIN_DAYS, TRAIN_INITS,
-                                   TrainConfig, flag_overrides, load_config)
+from dlrm_contracts.config import (
+    INIT_OPTIMIZERS,
+    INTERACTIONS,
+    LEARNING_RATE_SCALINGS,
+    OPTIMIZERS,
+    ROW_L2_SCALINGS,
+    TRAIN_DAYS,
+    TRAIN_INITS,
+    TrainConfig,
+    flag_overrides,
+    load_config,
+)
 from dlrm_contracts.errors import ExitCode, UsageError, failing_as, run_cli
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.lock import workdir_lock
 
 # What a known failure of a mode (an unreadable or incompatible checkpoint, an export that
 # cannot be made) exits with: the pipeline stage that runs the mode.
-MODE_FAILURE = {"train": ExitCode.TRAIN, "eval": ExitCode.EVAL,
-                "inference_benchmark": ExitCode.TRAIN, "export": ExitCode.EXPORT}
+MODE_FAILURE = {
+    "train": ExitCode.TRAIN,
+    "eval": ExitCode.EVAL,
+    "inference_benchmark": ExitCode.TRAIN,
+    "export": ExitCode.EXPORT,
+}
 
 
 def _bool(text: str) -> bool:
@@ -39,22 +52,33 @@ def _bool(text: str) -> bool:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dataset", required=True, help="split binary dataset (DIR/binary)")
     p.add_argument("--workdir", required=True, help="pipeline workdir: checkpoints/ and logs/ go here")
-    p.add_argument("--mode", default="train", choices=list(MODE_FAILURE),
-                   help="export: the run's checkpoint + dictionaries -> a new version "
-                        "DIR/export/<N> (one process)")
+    p.add_argument(
+        "--mode",
+        default="train",
+        choices=list(MODE_FAILURE),
+        help="export: the run's checkpoint + dictionaries -> a new version DIR/export/<N> (one process)",
+    )
     p.add_argument("--config", help="YAML file with a 'train' section")
     p.add_argument("--preset", choices=["default", "small"])
     p.add_argument("--embedding-dim", type=int)
     p.add_argument("--bottom-mlp", help="comma-separated layer sizes, e.g. 512,256,128")
     p.add_argument("--top-mlp", help="comma-separated layer sizes ending in 1")
-    p.add_argument("--wide", type=_bool, metavar="BOOL",
-                   help="a per-id scalar weight per table summed into the logit (train.wide)")
-    p.add_argument("--interaction", choices=list(INTERACTIONS),
-                   help="dot products, or DCNv2's low-rank cross layers (train.interaction)")
+    p.add_argument(
+        "--wide",
+        type=_bool,
+        metavar="BOOL",
+        help="a per-id scalar weight per table summed into the logit (train.wide)",
+    )
+    p.add_argument(
+        "--interaction",
+        choices=list(INTERACTIONS),
+        help="dot products, or DCNv2's low-rank cross layers (train.interaction)",
+    )
     p.add_argument("--dcn-layers", type=int, help="cross layers with --interaction dcn")
     p.add_argument("--dcn-rank", type=int, help="their rank with --interaction dcn")
     p.add_argument("--batch-size", type=int, help="global batch over all ranks")
@@ -62,31 +86,55 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in total")
     p.add_argument("--optimizer", choices=list(OPTIMIZERS))
-    p.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate",
-                   help="the rate at a global batch of learning_rate_batch (1024 by default)")
-    p.add_argument("--learning-rate-scaling", choices=list(LEARNING_RATE_SCALINGS),
-                   help="how the rate follows the global batch (default sqrt)")
-    p.add_argument("--table-l2", type=float,
-                   help="L2 on the embedding rows a step looks up, on the summed train loss "
-                        "(train.table_l2)")
-    p.add_argument("--wide-l2", type=float,
-                   help="L2 on the wide weights a step looks up, on the summed train loss: a "
-                        "logistic regression's 1/C (train.wide_l2)")
-    p.add_argument("--row-l2-scaling", choices=list(ROW_L2_SCALINGS),
-                   help="none, or inverse_frequency: the row L2 divided by the row's batch "
-                        "presence (train.row_l2_scaling)")
-    p.add_argument("--wide-learning-rate-factor", type=float,
-                   help="the wide weights' rate over the schedule's "
-                        "(train.wide_learning_rate_factor)")
+    p.add_argument(
+        "--learning-rate",
+        "--lr",
+        type=float,
+        dest="learning_rate",
+        help="the rate at a global batch of learning_rate_batch (1024 by default)",
+    )
+    p.add_argument(
+        "--learning-rate-scaling",
+        choices=list(LEARNING_RATE_SCALINGS),
+        help="how the rate follows the global batch (default sqrt)",
+    )
+    p.add_argument(
+        "--table-l2",
+        type=float,
+        help="L2 on the embedding rows a step looks up, on the summed train loss (train.table_l2)",
+    )
+    p.add_argument(
+        "--wide-l2",
+        type=float,
+        help="L2 on the wide weights a step looks up, on the summed train loss: a "
+        "logistic regression's 1/C (train.wide_l2)",
+    )
+    p.add_argument(
+        "--row-l2-scaling",
+        choices=list(ROW_L2_SCALINGS),
+        help="none, or inverse_frequency: the row L2 divided by the row's batch "
+        "presence (train.row_l2_scaling)",
+    )
+    p.add_argument(
+        "--wide-learning-rate-factor",
+        type=float,
+        help="the wide weights' rate over the schedule's (train.wide_learning_rate_factor)",
+    )
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--decay-start-step", type=int)
     p.add_argument("--decay-steps", type=int)
     p.add_argument("--evals-per-epoch", type=int)
-    p.add_argument("--early-stopping-patience", type=int,
-                   help="validation evaluations without a better AUC before stopping (0 = off)")
-    p.add_argument("--early-stopping-min-delta", type=float,
-                   help="validation AUC changes this small neither reset nor spend the patience "
-                        "(train.early_stopping_min_delta)")
+    p.add_argument(
+        "--early-stopping-patience",
+        type=int,
+        help="validation evaluations without a better AUC before stopping (0 = off)",
+    )
+    p.add_argument(
+        "--early-stopping-min-delta",
+        type=float,
+        help="validation AUC changes this small neither reset nor spend the patience "
+        "(train.early_stopping_min_delta)",
+    )
     p.add_argument("--amp", action="store_const", const=True)
     p.add_argument("--xla", action="store_const", const=True)
     p.add_argument("--bottom-mlp-data-parallel", type=_bool, metavar="BOOL")
@@ -97,15 +145,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--keep-checkpoints", type=int)
     p.add_argument("--no-resume", dest="resume", action="store_const", const=False)
-    p.add_argument("--init", choices=list(TRAIN_INITS),
-                   help="a new run starts from scratch or from the workdir's previous model "
-                        "(tables grown; docs/trainer.md, 'Warm start')")
-    p.add_argument("--init-optimizer", choices=list(INIT_OPTIMIZERS),
-                   help="with --init previous: continue the optimizer state and schedule, or "
-                        "restart them (weights only)")
-    p.add_argument("--days", choices=list(TRAIN_DAYS),
-                   help="train on the whole window, or (with --init previous) only on the train "
-                        "days the previous model has not seen (docs/trainer.md, 'Warm start')")
+    p.add_argument(
+        "--init",
+        choices=list(TRAIN_INITS),
+        help="a new run starts from scratch or from the workdir's previous model "
+        "(tables grown; docs/trainer.md, 'Warm start')",
+    )
+    p.add_argument(
+        "--init-optimizer",
+        choices=list(INIT_OPTIMIZERS),
+        help="with --init previous: continue the optimizer state and schedule, or "
+        "restart them (weights only)",
+    )
+    p.add_argument(
+        "--days",
+        choices=list(TRAIN_DAYS),
+        help="train on the whole window, or (with --init previous) only on the train "
+        "days the previous model has not seen (docs/trainer.md, 'Warm start')",
+    )
     p.add_argument("--frequency-threshold", help="read the dataset at this higher threshold")
     p.add_argument("--counts-dir", help="counts for --frequency-threshold (default WORKDIR/counts)")
     p.add_argument("--verify-dataset", choices=["quick", "full", "none"])
@@ -121,9 +178,13 @@ def _list(text: str | None, kind=int) -> list | None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return flag_overrides(load_config(args.config).train, args,
-                          bottom_mlp=_list(args.bottom_mlp), top_mlp=_list(args.top_mlp),
-                          force_column_split=_list(args.force_column_split, str.strip))
+    return flag_overrides(
+        load_config(args.config).train,
+        args,
+        bottom_mlp=_list(args.bottom_mlp),
+        top_mlp=_list(args.top_mlp),
+        force_column_split=_list(args.force_column_split, str.strip),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,9 +214,12 @@ def _run_locked(args: argparse.Namespace, config: TrainConfig) -> int:
     from trainer.data import open_dataset
 
     # The dataset check runs before TensorFlow is even imported: bad input fails fast.
-    open_dataset(args.dataset, threshold=config.frequency_threshold,
-                 counts_dir=config.counts_dir or WorkdirLayout.at(args.workdir).counts,
-                 verify=config.verify_dataset)
+    open_dataset(
+        args.dataset,
+        threshold=config.frequency_threshold,
+        counts_dir=config.counts_dir or WorkdirLayout.at(args.workdir).counts,
+        verify=config.verify_dataset,
+    )
     from trainer.checkpoint import CheckpointError
     from trainer.export import ExportError
     from trainer.loop import nan_to_none, run
@@ -164,8 +228,13 @@ def _run_locked(args: argparse.Namespace, config: TrainConfig) -> int:
         if args.mode == "export":
             summary = _export(args)
         else:
-            summary = run(config, Path(args.dataset), Path(args.workdir), mode=args.mode,
-                          eval_speedup=load_config(args.config).preflight.eval_speedup)
+            summary = run(
+                config,
+                Path(args.dataset),
+                Path(args.workdir),
+                mode=args.mode,
+                eval_speedup=load_config(args.config).preflight.eval_speedup,
+            )
     if summary is not None and _rank() == 0:
         line = json.dumps(nan_to_none(summary))
         # horovodrun prefixes every forwarded line with "[0]<stdout>:", so the summary is also
@@ -181,8 +250,10 @@ def _export(args: argparse.Namespace) -> dict:
     import os
 
     if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
-        raise UsageError("--mode export runs in one process (it reads every rank's checkpoint "
-                         "files); start it without horovodrun")
+        raise UsageError(
+            "--mode export runs in one process (it reads every rank's checkpoint "
+            "files); start it without horovodrun"
+        )
     from trainer.export import export_model
 
     return export_model(args.workdir, args.dataset, load_config(args.config).export)

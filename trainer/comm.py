@@ -60,11 +60,13 @@ class HorovodComm:
         @tf.custom_gradient
         def exchange(x):
             received, received_splits = hvd.alltoall(
-                x, splits=tf.constant(list(splits), tf.int32), name=name, ignore_name_scope=True)
+                x, splits=tf.constant(list(splits), tf.int32), name=name, ignore_name_scope=True
+            )
 
             def backward(upstream):
-                sent_back, _ = hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad",
-                                            ignore_name_scope=True)
+                sent_back, _ = hvd.alltoall(
+                    upstream, splits=received_splits, name=f"{name}_grad", ignore_name_scope=True
+                )
                 return sent_back
 
             return received, backward
@@ -74,8 +76,7 @@ class HorovodComm:
     def allreduce_sum(self, tensors: list[tf.Tensor], name: str) -> list[tf.Tensor]:
         if not tensors:
             return []
-        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum, name=name,
-                                           ignore_name_scope=True)
+        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum, name=name, ignore_name_scope=True)
 
     def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         return self._hvd.allgather(tensor, name=name, ignore_name_scope=True)

@@ -26,9 +26,18 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dlrm_contracts.binary_format import (LABEL_DTYPE, LABEL_FILE, NUM_NUMERICAL, NUMERICAL_DTYPE,
-                                          MULTI_HOT_KEYS, NUMERICAL_FILE, DatasetError,
-                                          cat_file, multi_hot_sizes, read_info)
+from dlrm_contracts.binary_format import (
+    LABEL_DTYPE,
+    LABEL_FILE,
+    NUM_NUMERICAL,
+    NUMERICAL_DTYPE,
+    MULTI_HOT_KEYS,
+    NUMERICAL_FILE,
+    DatasetError,
+    cat_file,
+    multi_hot_sizes,
+    read_info,
+)
 from dlrm_contracts.dataset_identity import dataset_identity
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
@@ -37,8 +46,17 @@ from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 from trainer.train_days import train_segments
 
-__all__ = ["DatasetError", "BinaryDataset", "RankView", "Batch", "SplitReader", "open_dataset",
-           "clamp_limits", "batch_starts", "prefetch"]
+__all__ = [
+    "DatasetError",
+    "BinaryDataset",
+    "RankView",
+    "Batch",
+    "SplitReader",
+    "open_dataset",
+    "clamp_limits",
+    "batch_starts",
+    "prefetch",
+]
 
 
 @dataclass(frozen=True)
@@ -69,12 +87,17 @@ class BinaryDataset:
     @property
     def clamp(self) -> tuple[int | None, ...]:
         """Largest id kept per table when read at a higher threshold (None = no clamping)."""
-        return tuple(None if new == old else new - 1
-                     for new, old in zip(self.table_sizes, self.written_table_sizes))
+        return tuple(
+            None if new == old else new - 1 for new, old in zip(self.table_sizes, self.written_table_sizes)
+        )
 
 
-def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
-                 counts_dir: str | Path, threshold: ThresholdSpec) -> tuple[int, ...]:
+def clamp_limits(
+    written_sizes: Sequence[int],
+    written_threshold: str | None,
+    counts_dir: str | Path,
+    threshold: ThresholdSpec,
+) -> tuple[int, ...]:
     """Table sizes at ``threshold``, read off the counts histogram.
 
     The rule of dlrm_contracts.table_sizes, which rethreshold uses too, so that reading at T' equals rethresholding to T':
@@ -84,8 +107,13 @@ def clamp_limits(written_sizes: Sequence[int], written_threshold: str | None,
     return tuple(new_table_sizes(counts_dir, base, threshold, tuple(written_sizes)))
 
 
-def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = None,
-                 counts_dir: str | Path | None = None, verify: str = "quick") -> BinaryDataset:
+def open_dataset(
+    path: str | Path,
+    *,
+    threshold: ThresholdSpec | str | None = None,
+    counts_dir: str | Path | None = None,
+    verify: str = "quick",
+) -> BinaryDataset:
     """Check a split binary dataset, then describe it for the trainer.
 
     Args:
@@ -118,41 +146,57 @@ def open_dataset(path: str | Path, *, threshold: ThresholdSpec | str | None = No
     if threshold is not None:
         threshold = parse_threshold_spec(threshold)
         if info.extra.get("ids") == "modulo":
-            raise DatasetError(f"{path} has capped ids (preprocess.ids: modulo), which no "
-                               f"threshold applies to: unset train.frequency_threshold")
+            raise DatasetError(
+                f"{path} has capped ids (preprocess.ids: modulo), which no "
+                f"threshold applies to: unset train.frequency_threshold"
+            )
         if info.extra.get("ids") == "contiguous":
-            raise DatasetError(f"{path} has contiguous ids (preprocess.ids: contiguous), "
-                               f"numbered by first appearance, not by count: no threshold "
-                               f"raise applies; unset train.frequency_threshold")
+            raise DatasetError(
+                f"{path} has contiguous ids (preprocess.ids: contiguous), "
+                f"numbered by first appearance, not by count: no threshold "
+                f"raise applies; unset train.frequency_threshold"
+            )
         if info.extra.get("ids") == "stable" and (
-                info.threshold_spec is None
-                or threshold != parse_threshold_spec(info.threshold_spec)):
+            info.threshold_spec is None or threshold != parse_threshold_spec(info.threshold_spec)
+        ):
             # stable ids are not ordered by count: no higher threshold is a prefix of them
-            raise DatasetError(f"{path} has stable ids (preprocess.ids: stable), which cannot "
-                               f"be read at threshold {threshold}: only at its own, "
-                               f"{info.threshold_spec}")
+            raise DatasetError(
+                f"{path} has stable ids (preprocess.ids: stable), which cannot "
+                f"be read at threshold {threshold}: only at its own, "
+                f"{info.threshold_spec}"
+            )
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
         if any(k > 1 for k in multi_hot_sizes(info)) and (
-                info.threshold_spec is None
-                or threshold != parse_threshold_spec(info.threshold_spec)):
+            info.threshold_spec is None or threshold != parse_threshold_spec(info.threshold_spec)
+        ):
             # a multi-hot row's ids are drawn over every table's size: clamping ids is not
             # what the rows at the new sizes are (converters rethreshold draws them again)
-            raise DatasetError(f"{path} has multi-hot columns, which cannot be read at "
-                               f"threshold {threshold}, only at its own "
-                               f"({info.threshold_spec}): rethreshold it with `python -m "
-                               "converters rethreshold`, which draws the rows at the new "
-                               "table sizes")
+            raise DatasetError(
+                f"{path} has multi-hot columns, which cannot be read at "
+                f"threshold {threshold}, only at its own "
+                f"({info.threshold_spec}): rethreshold it with `python -m "
+                "converters rethreshold`, which draws the rows at the new "
+                "table sizes"
+            )
         sizes = clamp_limits(written, info.threshold_spec, counts, threshold)
     try:
         days = train_segments(info.extra, int(info.splits.get("train", 0)))
     except (TypeError, KeyError, ValueError) as exc:
-        raise DatasetError(f"{path / DATASET_JSON}: its train segments are damaged "
-                           f"({type(exc).__name__}: {exc}); convert the dataset again") from None
-    return BinaryDataset(path, dict(info.splits), written, sizes,
-                         tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
-                         dataset_identity(info, threshold),
-                         None if days is None else tuple(days), multi_hot_sizes(info),
-                         {k: info.extra[k] for k in MULTI_HOT_KEYS if k in info.extra})
+        raise DatasetError(
+            f"{path / DATASET_JSON}: its train segments are damaged "
+            f"({type(exc).__name__}: {exc}); convert the dataset again"
+        ) from None
+    return BinaryDataset(
+        path,
+        dict(info.splits),
+        written,
+        sizes,
+        tuple(np.dtype(d).newbyteorder("<") for d in info.cat_dtypes),
+        dataset_identity(info, threshold),
+        None if days is None else tuple(days),
+        multi_hot_sizes(info),
+        {k: info.extra[k] for k in MULTI_HOT_KEYS if k in info.extra},
+    )
 
 
 @dataclass(frozen=True)
@@ -191,26 +235,23 @@ class SplitReader:
     order (train.days: new trains only the new days' ranges); batch starts index that run.
     """
 
-    def __init__(self, dataset: BinaryDataset, split: str,
-                 ranges: Sequence[tuple[int, int]] | None = None):
+    def __init__(self, dataset: BinaryDataset, split: str, ranges: Sequence[tuple[int, int]] | None = None):
         self.dataset = dataset
         self.split = split
         total = dataset.rows[split]
-        self._ranges = tuple((int(a), int(b)) for a, b in ranges) if ranges is not None \
-            else ((0, total),)
+        self._ranges = tuple((int(a), int(b)) for a, b in ranges) if ranges is not None else ((0, total),)
         if any(not 0 <= a <= b <= total for a, b in self._ranges):
-            raise DatasetError(f"row ranges {self._ranges} are outside the {split} split's "
-                               f"{total} rows")
+            raise DatasetError(f"row ranges {self._ranges} are outside the {split} split's {total} rows")
         lengths = [b - a for a, b in self._ranges]
         self._firsts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         self.rows = int(self._firsts[-1])
         folder = dataset.path / split
         self._label = self._map(folder / LABEL_FILE, LABEL_DTYPE, (total,))
-        self._numerical = self._map(folder / NUMERICAL_FILE, NUMERICAL_DTYPE,
-                                    (total, NUM_NUMERICAL))
-        self._cats = [self._map(folder / cat_file(i), dt, (total,) if k == 1 else (total, k))
-                      for i, (dt, k) in enumerate(zip(dataset.cat_dtypes,
-                                                      dataset.multi_hot_sizes))]
+        self._numerical = self._map(folder / NUMERICAL_FILE, NUMERICAL_DTYPE, (total, NUM_NUMERICAL))
+        self._cats = [
+            self._map(folder / cat_file(i), dt, (total,) if k == 1 else (total, k))
+            for i, (dt, k) in enumerate(zip(dataset.cat_dtypes, dataset.multi_hot_sizes))
+        ]
         self._clamp = dataset.clamp
 
     @staticmethod
@@ -232,7 +273,7 @@ class SplitReader:
         """Rows [start, stop) converted to ``dtype`` and zero padded to ``length`` rows."""
         out = np.zeros((length,) + array.shape[1:], dtype=dtype)
         for lo, hi, at in self._pieces(start, stop):
-            out[at:at + hi - lo] = array[lo:hi]
+            out[at : at + hi - lo] = array[lo:hi]
         return out
 
     def file_row(self, row: int) -> int:
@@ -250,12 +291,14 @@ class SplitReader:
             # fail deep inside TensorFlow (CPU) or be read as zeros (GPU gather).
             flat = int(np.argmax(((ids < 0) | (ids >= size)).ravel()))
             bad = flat // max(1, ids[:1].size)
-            raise DatasetError(f"{self.dataset.path / self.split / cat_file(table)}: id "
-                               f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} "
-                               f"is outside its table of "
-                               f"size {size}: the dataset is damaged; rebuild it with --stages "
-                               "convert --force (`python -m converters verify "
-                               f"{self.dataset.path}` finds every such value)")
+            raise DatasetError(
+                f"{self.dataset.path / self.split / cat_file(table)}: id "
+                f"{int(ids.ravel()[flat])} at row {self.file_row(start + bad)} "
+                f"is outside its table of "
+                f"size {size}: the dataset is damaged; rebuild it with --stages "
+                "convert --force (`python -m converters verify "
+                f"{self.dataset.path}` finds every such value)"
+            )
         limit = self._clamp[table]
         if limit is not None:
             ids[ids > limit] = 0
@@ -267,8 +310,7 @@ class SplitReader:
         if view.numerical == "local":
             numerical = self._slice(self._numerical, start + lo, start + hi, np.float32, hi - lo)
         elif view.numerical == "global":
-            numerical = self._slice(self._numerical, start, start + global_batch, np.float32,
-                                    global_batch)
+            numerical = self._slice(self._numerical, start, start + global_batch, np.float32, global_batch)
         else:
             numerical = np.zeros((0, NUM_NUMERICAL), np.float32)
         cats = [self.categorical(t, start, global_batch) for t in view.tables]
@@ -276,8 +318,15 @@ class SplitReader:
         return Batch(step, cats, numerical, label, valid)
 
 
-def batch_starts(rows: int, global_batch: int, *, epoch: int = 0, seed: int = 0,
-                 shuffle: bool = False, drop_remainder: bool = True) -> np.ndarray:
+def batch_starts(
+    rows: int,
+    global_batch: int,
+    *,
+    epoch: int = 0,
+    seed: int = 0,
+    shuffle: bool = False,
+    drop_remainder: bool = True,
+) -> np.ndarray:
     """First row of every batch of an epoch, in the order they are trained on.
 
     The order is a pure function of (seed, epoch), so step s of a run always reads the same
@@ -291,8 +340,14 @@ def batch_starts(rows: int, global_batch: int, *, epoch: int = 0, seed: int = 0,
     return starts
 
 
-def prefetch(reader: SplitReader, view: RankView, plan: Sequence[tuple[int, int]],
-             global_batch: int, depth: int = 4, workers: int = 2) -> Iterator[Batch]:
+def prefetch(
+    reader: SplitReader,
+    view: RankView,
+    plan: Sequence[tuple[int, int]],
+    global_batch: int,
+    depth: int = 4,
+    workers: int = 2,
+) -> Iterator[Batch]:
     """Yield ``reader.read`` for each (step, start) of ``plan`` in order, ``depth`` ahead.
 
     numpy copies release the GIL, so reads overlap the training step running in TensorFlow.

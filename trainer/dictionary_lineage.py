@@ -26,7 +26,7 @@ from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictio
 from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 
-LINEAGE_KEY = "dictionaries_lineage"     # checkpoint meta.json
+LINEAGE_KEY = "dictionaries_lineage"  # checkpoint meta.json
 
 
 def stable_record(dictionaries: Path) -> dict[str, Any] | None:
@@ -38,8 +38,12 @@ def stable_record(dictionaries: Path) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("ids") != "stable":
         return None
     lineage, sizes = record.get("lineage"), record.get("table_sizes")
-    if not isinstance(lineage, str) or not lineage or not isinstance(sizes, dict) \
-            or sorted(sizes) != sorted(CAT_COLUMNS):
+    if (
+        not isinstance(lineage, str)
+        or not lineage
+        or not isinstance(sizes, dict)
+        or sorted(sizes) != sorted(CAT_COLUMNS)
+    ):
         return None
     return record
 
@@ -60,20 +64,26 @@ def extension(meta: dict[str, Any], dictionaries: Path) -> tuple[dict[str, Any] 
     model reads as id 0), ``(None, why not)`` otherwise."""
     trained = meta.get(LINEAGE_KEY)
     if not trained:
-        return None, ("the checkpoint records no stable-ids lineage (ids by frequency, or "
-                      "trained before checkpoints recorded it)")
+        return None, (
+            "the checkpoint records no stable-ids lineage (ids by frequency, or "
+            "trained before checkpoints recorded it)"
+        )
     record = stable_record(dictionaries)
     if record is None:
         return None, f"the dictionaries in {dictionaries} are not stable ids (no {IDS_RECORD})"
     if record["lineage"] != trained:
-        return None, (f"the dictionaries in {dictionaries} were started over since the "
-                      f"checkpoint's (lineage {record['lineage']}, the checkpoint's {trained}): "
-                      "their ids are not the checkpoint's")
+        return None, (
+            f"the dictionaries in {dictionaries} were started over since the "
+            f"checkpoint's (lineage {record['lineage']}, the checkpoint's {trained}): "
+            "their ids are not the checkpoint's"
+        )
     old = [int(s) for s in meta.get("table_sizes", [])]
     new = [int(record["table_sizes"][c]) for c in CAT_COLUMNS]
     shrunk = [c for c, o, n in zip(CAT_COLUMNS, old, new) if n < o]
     if len(old) != len(new) or shrunk:
-        return None, (f"tables of the dictionaries in {dictionaries} are smaller than the "
-                      f"checkpoint's ({', '.join(shrunk[:4]) or 'another number of tables'})")
+        return None, (
+            f"tables of the dictionaries in {dictionaries} are smaller than the "
+            f"checkpoint's ({', '.join(shrunk[:4]) or 'another number of tables'})"
+        )
     gained = {c: n - o for c, o, n in zip(CAT_COLUMNS, old, new) if n > o}
     return {"lineage": trained, "values_read_as_id_0": gained}, ""

@@ -28,20 +28,28 @@ class ModelDims:
         on, so a dot model without the term keeps the meta of the models saved before those
         settings existed (and a DCN checkpoint is never restored into a dot model, nor the
         reverse: the dims differ)."""
-        out = {"embedding_dim": self.embedding_dim, "bottom_mlp": list(self.bottom_mlp),
-               "top_mlp": list(self.top_mlp)}
+        out = {
+            "embedding_dim": self.embedding_dim,
+            "bottom_mlp": list(self.bottom_mlp),
+            "top_mlp": list(self.top_mlp),
+        }
         if self.wide:
             out["wide"] = True
         if self.interaction != "dot":
-            out.update(interaction=self.interaction, dcn_layers=self.dcn_layers,
-                       dcn_rank=self.dcn_rank)
+            out.update(interaction=self.interaction, dcn_layers=self.dcn_layers, dcn_rank=self.dcn_rank)
         return out
 
     @classmethod
     def from_meta(cls, meta: dict) -> "ModelDims":
-        return cls(int(meta["embedding_dim"]), tuple(meta["bottom_mlp"]), tuple(meta["top_mlp"]),
-                   bool(meta.get("wide", False)), str(meta.get("interaction", "dot")),
-                   int(meta.get("dcn_layers", 0)), int(meta.get("dcn_rank", 0)))
+        return cls(
+            int(meta["embedding_dim"]),
+            tuple(meta["bottom_mlp"]),
+            tuple(meta["top_mlp"]),
+            bool(meta.get("wide", False)),
+            str(meta.get("interaction", "dot")),
+            int(meta.get("dcn_layers", 0)),
+            int(meta.get("dcn_rank", 0)),
+        )
 
     def top_input(self, features: int) -> int:
         """Width of the top MLP's input for ``features`` vectors of the embedding dim (the
@@ -76,8 +84,9 @@ def model_dims(config: TrainConfig) -> ModelDims:
     return ModelDims(dim, bottom, top, config.wide)
 
 
-def dense_parameters(dims: ModelDims, num_numerical: int = NUM_NUMERICAL,
-                     num_tables: int = NUM_CATEGORICAL) -> int:
+def dense_parameters(
+    dims: ModelDims, num_numerical: int = NUM_NUMERICAL, num_tables: int = NUM_CATEGORICAL
+) -> int:
     """Weights and biases of the two MLPs and of the cross layers (the dot interaction has
     none; each cross layer has two low-rank kernels and a bias over the concatenation)."""
     features = num_tables + 1

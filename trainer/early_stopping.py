@@ -58,13 +58,17 @@ class EarlyStopping:
         return asdict(self)
 
     @classmethod
-    def from_meta(cls, patience: int, meta: dict[str, Any] | None,
-                  min_delta: float = 0.0) -> EarlyStopping:
+    def from_meta(cls, patience: int, meta: dict[str, Any] | None, min_delta: float = 0.0) -> EarlyStopping:
         """The state a checkpoint saved, under this run's patience and min_delta (a resumed run
         with a larger patience may go on after an earlier stop)."""
         if not meta:
             return cls(patience, min_delta)
-        state = cls(patience, min_delta, meta.get("best_step"), meta.get("best_auc"),
-                    int(meta.get("evals_since_best", 0)))
+        state = cls(
+            patience,
+            min_delta,
+            meta.get("best_step"),
+            meta.get("best_auc"),
+            int(meta.get("evals_since_best", 0)),
+        )
         state.stopped = patience > 0 and state.evals_since_best >= patience
         return state

@@ -45,20 +45,29 @@ class Evaluator:
         rank: this rank; the metrics are computed on rank 0 only.
     """
 
-    def __init__(self, predict: Callable, view: RankView, dataset: BinaryDataset,
-                 batch_size: int, prefetch_batches: int, rank: int):
+    def __init__(
+        self,
+        predict: Callable,
+        view: RankView,
+        dataset: BinaryDataset,
+        batch_size: int,
+        prefetch_batches: int,
+        rank: int,
+    ):
         self.predict, self.view, self.dataset = predict, view, dataset
         self.batch_size, self.prefetch_batches, self.rank = batch_size, prefetch_batches, rank
 
-    def predictions(self, split: str, dataset: BinaryDataset | None = None,
-                    on_rows: RowsHook | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def predictions(
+        self, split: str, dataset: BinaryDataset | None = None, on_rows: RowsHook | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(labels, probabilities) of a whole split in row order (on every rank); ``dataset``
         reads it at other table sizes (ids past them as 0)."""
         reader = SplitReader(dataset or self.dataset, split)
         starts = batch_starts(reader.rows, self.batch_size, drop_remainder=False)
         labels, scores = [], []
-        for batch in prefetch(reader, self.view, list(enumerate(starts.tolist())),
-                              self.batch_size, self.prefetch_batches):
+        for batch in prefetch(
+            reader, self.view, list(enumerate(starts.tolist())), self.batch_size, self.prefetch_batches
+        ):
             probabilities, gathered = self.predict(*batch_tensors(batch))
             scores.append(probabilities.numpy()[: batch.valid])
             labels.append(gathered.numpy()[: batch.valid])
@@ -68,16 +77,16 @@ class Evaluator:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
         return np.concatenate(labels), np.concatenate(scores)
 
-    def evaluate(self, split: str, dataset: BinaryDataset | None = None,
-                 on_rows: RowsHook | None = None) -> EvalResult:
+    def evaluate(
+        self, split: str, dataset: BinaryDataset | None = None, on_rows: RowsHook | None = None
+    ) -> EvalResult:
         """AUC and log loss of a split (rank 0's; None on the others, and for an empty split).
         A split with one class only has no AUC: None, never a number."""
         labels, scores = self.predictions(split, dataset, on_rows)
         if labels.size == 0 or self.rank != 0:
             return EvalResult(split, int(labels.size), None, None)
         auc = roc_auc(labels, scores)
-        return EvalResult(split, int(labels.size), None if math.isnan(auc) else auc,
-                          log_loss(labels, scores))
+        return EvalResult(split, int(labels.size), None if math.isnan(auc) else auc, log_loss(labels, scores))
 
     def inference_rate(self, steps: int) -> float:
         """Samples per second of the prediction step over ``steps`` batches of the test split
@@ -87,32 +96,37 @@ class Evaluator:
         reader = SplitReader(self.dataset, split)
         starts = batch_starts(reader.rows, self.batch_size)
         if len(starts) == 0:
-            raise ConfigError(f"the {split} split has fewer rows than one batch of "
-                              f"{self.batch_size}")
+            raise ConfigError(f"the {split} split has fewer rows than one batch of {self.batch_size}")
         plan = [(i, int(starts[i % len(starts)])) for i in range(steps)]
         first = None
-        for i, batch in enumerate(prefetch(reader, self.view, plan, self.batch_size,
-                                           self.prefetch_batches)):
+        for i, batch in enumerate(prefetch(reader, self.view, plan, self.batch_size, self.prefetch_batches)):
             probabilities, _ = self.predict(*batch_tensors(batch))
             probabilities.numpy()
             if i == 0:
                 first = time.perf_counter()
-        assert first is not None   # the plan holds at least one batch
+        assert first is not None  # the plan holds at least one batch
         return (steps - 1) * self.batch_size / max(time.perf_counter() - first, 1e-9)
 
 
 def as_served(dataset: BinaryDataset, table_sizes: Sequence[int]) -> BinaryDataset:
     """The dataset as a model with tables of ``table_sizes`` serves it: a value it has no row
     for reads as id 0, not as a fresh row (how a previous model is scored on a new day)."""
-    return dataclasses.replace(dataset, table_sizes=tuple(
-        min(a, b) for a, b in zip(table_sizes, dataset.table_sizes)))
+    return dataclasses.replace(
+        dataset, table_sizes=tuple(min(a, b) for a, b in zip(table_sizes, dataset.table_sizes))
+    )
 
 
 def eval_record(result: EvalResult, step: int, model: str | None = None) -> dict[str, Any]:
     """The metrics log's record of an evaluation; ``model`` names a model other than the
     run's own (the previous model before a warm-started run trains)."""
-    record = {"event": "eval", "split": result.split, "step": step, "rows": result.rows,
-              "auc": result.auc, "logloss": result.logloss}
+    record = {
+        "event": "eval",
+        "split": result.split,
+        "step": step,
+        "rows": result.rows,
+        "auc": result.auc,
+        "logloss": result.logloss,
+    }
     return {**record, "model": model} if model else record
 
 
@@ -120,12 +134,15 @@ def eval_line(result: EvalResult, step: int, model: str | None = None) -> str:
     """The progress line of an evaluation."""
     shown = "undefined (the split has one class only)" if result.auc is None else result.auc
     whose = f" ({model} model)" if model else ""
-    return (f"eval {result.split}{whose} at step {step}: auc {shown} logloss {result.logloss} "
-            f"({result.rows} rows)")
+    return (
+        f"eval {result.split}{whose} at step {step}: auc {shown} logloss {result.logloss} "
+        f"({result.rows} rows)"
+    )
 
 
-def summary_record(head: dict[str, Any], evals: Iterable[EvalResult],
-                   extra: dict[str, Any]) -> dict[str, Any]:
+def summary_record(
+    head: dict[str, Any], evals: Iterable[EvalResult], extra: dict[str, Any]
+) -> dict[str, Any]:
     """A mode's summary: ``head`` (mode, step, ranks...), each evaluation's AUC, log loss and
     rows under its split's name, then ``extra``."""
     record = dict(head)

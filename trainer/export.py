@@ -39,18 +39,32 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from dlrm_contracts.atomic import publish, remove_stale_temporaries, temporary_sibling
-from dlrm_contracts.binary_format import (MULTI_HOT_DISTRIBUTION_KEY, MULTI_HOT_KEYS,
-                                          MULTI_HOT_SEED_KEY, MULTI_HOT_SIZES_KEY)
+from dlrm_contracts.binary_format import (
+    MULTI_HOT_DISTRIBUTION_KEY,
+    MULTI_HOT_KEYS,
+    MULTI_HOT_SEED_KEY,
+    MULTI_HOT_SIZES_KEY,
+)
 from dlrm_contracts.config import ExportConfig
-from dlrm_contracts.dataset_identity import (CAPPED_IDS, DICTIONARIES_FINGERPRINT_KEY,
-                                             IDENTITY_KEY, capped, dictionaries_fingerprint,
-                                             trained_on)
-from dlrm_contracts.layout import (CHECKPOINT_META, DATASET_JSON, EXPORT_FINGERPRINT,
-                                   WorkdirLayout, complete_checkpoints, export_versions)
+from dlrm_contracts.dataset_identity import (
+    CAPPED_IDS,
+    DICTIONARIES_FINGERPRINT_KEY,
+    IDENTITY_KEY,
+    capped,
+    dictionaries_fingerprint,
+    trained_on,
+)
+from dlrm_contracts.layout import (
+    CHECKPOINT_META,
+    DATASET_JSON,
+    EXPORT_FINGERPRINT,
+    WorkdirLayout,
+    complete_checkpoints,
+    export_versions,
+)
 from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
 from dlrm_contracts.multi_hot import DEFAULT_SEED, MultiHotError, MultiHotSpec, iter_tables
-from dlrm_contracts.serving_state import (ServingState, protected_versions, read_state,
-                                          write_state)
+from dlrm_contracts.serving_state import ServingState, protected_versions, read_state, write_state
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
@@ -71,12 +85,15 @@ class ExportError(ValueError):
 
 
 # New dictionaries mean new ids: the model must be trained again on what they give.
-REBUILD_DICTIONARIES = ("the dictionaries are damaged; rebuild them and the model with "
-                        "--stages preprocess,convert,train,eval,export --force")
+REBUILD_DICTIONARIES = (
+    "the dictionaries are damaged; rebuild them and the model with "
+    "--stages preprocess,convert,train,eval,export --force"
+)
 
 
-def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path
-                           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def check_dataset_identity(
+    checkpoint: Path, meta: dict, dictionaries: Path
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The checkpoint's dataset identity, once it is shown to be the dictionaries' own or
     extended by them; and, when extended, what the extension adds (else None).
 
@@ -91,33 +108,38 @@ def check_dataset_identity(checkpoint: Path, meta: dict, dictionaries: Path
     identity = meta.get(IDENTITY_KEY)
     recorded = identity.get(DICTIONARIES_FINGERPRINT_KEY) if isinstance(identity, dict) else None
     if recorded is None:
-        raise ExportError(f"{checkpoint / 'meta.json'} records no dictionaries its ids belong to "
-                          "(saved before checkpoints recorded their dataset, or trained on a "
-                          "dataset converted without parquet/dictionaries beside it): train it "
-                          "again on the current dataset (--stages convert,train,eval,export)")
+        raise ExportError(
+            f"{checkpoint / 'meta.json'} records no dictionaries its ids belong to "
+            "(saved before checkpoints recorded their dataset, or trained on a "
+            "dataset converted without parquet/dictionaries beside it): train it "
+            "again on the current dataset (--stages convert,train,eval,export)"
+        )
     current = dictionaries_fingerprint(dictionaries)
     if current == recorded:
         return identity, None
     extended, why_not = extension(meta, dictionaries)
     if extended is not None:
         return identity, extended
-    raise ExportError(f"checkpoint {checkpoint.name} was trained on another preprocess "
-                      f"run's dictionaries than those in {dictionaries}, and they do not extend "
-                      f"its own ({why_not}): exporting would pair its embedding rows with other "
-                      "values. Train on the current dataset first "
-                      "(--stages convert,train,eval,export)")
+    raise ExportError(
+        f"checkpoint {checkpoint.name} was trained on another preprocess "
+        f"run's dictionaries than those in {dictionaries}, and they do not extend "
+        f"its own ({why_not}): exporting would pair its embedding rows with other "
+        "values. Train on the current dataset first "
+        "(--stages convert,train,eval,export)"
+    )
 
 
-def export_size(table_sizes: list[int], embedding_dim: int,
-                vocabularies: bool = True) -> dict[str, int]:
+def export_size(table_sizes: list[int], embedding_dim: int, vocabularies: bool = True) -> dict[str, int]:
     """Bytes of the export: on disk (tables + vocabularies) and in a serving process.
     ``vocabularies`` False: a model of capped ids, which has none."""
     tables = embedding_bytes(table_sizes, embedding_dim, 4)
     values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
-    return {"tables_bytes": tables, "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
-            "disk_bytes": (export_bytes(table_sizes, embedding_dim) if vocabularies
-                           else tables),
-            "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES}
+    return {
+        "tables_bytes": tables,
+        "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
+        "disk_bytes": (export_bytes(table_sizes, embedding_dim) if vocabularies else tables),
+        "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES,
+    }
 
 
 def _available_memory() -> int | None:
@@ -130,8 +152,13 @@ def _available_memory() -> int | None:
     return None
 
 
-def check_export_fits(table_sizes: list[int], embedding_dim: int, config: ExportConfig,
-                      multi_hot_bytes: int = 0, vocabularies: bool = True) -> dict:
+def check_export_fits(
+    table_sizes: list[int],
+    embedding_dim: int,
+    config: ExportConfig,
+    multi_hot_bytes: int = 0,
+    vocabularies: bool = True,
+) -> dict:
     """Refuse, before reading any table, an export that would not fit in this process.
 
     The exporting process holds every table once plus one more while it is copied in, and the
@@ -154,7 +181,8 @@ def check_export_fits(table_sizes: list[int], embedding_dim: int, config: Export
             f"vocabularies {size['serving_memory_bytes'] - size['tables_bytes']:,} B as hash "
             f"tables), more than {where} ({limit / 2**30:.2f} GiB). Every table is exported whole "
             "(no sharded export): export on a machine with more memory, or train at a higher "
-            "frequency threshold (`run_pipeline.sh plan` prints the export size per threshold)")
+            "frequency threshold (`run_pipeline.sh plan` prints the export size per threshold)"
+        )
     return {**size, "estimated_peak_bytes": needed}
 
 
@@ -175,8 +203,9 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
             try:
                 table = pq.read_table(folder, columns=["value", "id"])
             except (OSError, ValueError) as exc:  # pyarrow's errors are both
-                raise ExportError(f"the dictionary of {column} in {folder} cannot be read "
-                                  f"({exc}): {REBUILD_DICTIONARIES}") from None
+                raise ExportError(
+                    f"the dictionary of {column} in {folder} cannot be read ({exc}): {REBUILD_DICTIONARIES}"
+                ) from None
             ids = table.column("id").to_numpy()
             values = np.asarray(table.column("value").to_pylist(), dtype=object)
         else:  # a table of id 0 alone (_check_dictionary_folders refused any other)
@@ -184,12 +213,15 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
         order = np.argsort(ids, kind="stable")
         ids, values = ids[order], values[order]
         if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
-            raise ExportError(f"the dictionary of {column} in {folder} does not hold ids 1..k "
-                              "exactly once each")
+            raise ExportError(
+                f"the dictionary of {column} in {folder} does not hold ids 1..k exactly once each"
+            )
         if len(ids) < size - 1:
-            raise ExportError(f"the dictionary of {column} has {len(ids)} values but the "
-                              f"checkpoint's table has {size} rows: the dictionaries in "
-                              f"{dictionaries} do not belong to this model (preprocess again)")
+            raise ExportError(
+                f"the dictionary of {column} has {len(ids)} values but the "
+                f"checkpoint's table has {size} rows: the dictionaries in "
+                f"{dictionaries} do not belong to this model (preprocess again)"
+            )
         path = out_dir / f"{column}.vocab"
         with open(path, "w", encoding="ascii") as fh:
             fh.write(VOCABULARY_HEADER + "\n")
@@ -200,8 +232,9 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
     return paths
 
 
-def _mlp_weights(reader: CheckpointReader, name: str, sizes: tuple[int, ...],
-                 in_dim: int) -> dict[str, np.ndarray]:
+def _mlp_weights(
+    reader: CheckpointReader, name: str, sizes: tuple[int, ...], in_dim: int
+) -> dict[str, np.ndarray]:
     out = {}
     for i, (fan_in, fan_out) in enumerate(zip((in_dim,) + sizes[:-1], sizes)):
         out[f"{name}/{i}/kernel"] = reader.value(f"{name}/{i}/kernel", (fan_in, fan_out))
@@ -228,13 +261,14 @@ def _dataset_description(dataset: Path, identity: dict[str, Any]) -> dict[str, A
         info = json.loads((dataset / DATASET_JSON).read_text())
     except (OSError, ValueError):
         info = {}
-    same = isinstance(info, dict) and info.get("source_fingerprint") == identity.get(
-        "source_fingerprint")
-    return {"path": str(dataset) if same else None,
-            "source_fingerprint": identity.get("source_fingerprint"),
-            DICTIONARIES_FINGERPRINT_KEY: identity.get(DICTIONARIES_FINGERPRINT_KEY),
-            "rows": info.get("splits") if same else None,
-            "threshold_spec": identity.get("threshold_spec")}
+    same = isinstance(info, dict) and info.get("source_fingerprint") == identity.get("source_fingerprint")
+    return {
+        "path": str(dataset) if same else None,
+        "source_fingerprint": identity.get("source_fingerprint"),
+        DICTIONARIES_FINGERPRINT_KEY: identity.get(DICTIONARIES_FINGERPRINT_KEY),
+        "rows": info.get("splits") if same else None,
+        "threshold_spec": identity.get("threshold_spec"),
+    }
 
 
 def _check_dictionary_folders(dictionaries: Path, sizes: list[int]) -> None:
@@ -242,8 +276,9 @@ def _check_dictionary_folders(dictionaries: Path, sizes: list[int]) -> None:
     for column, size in zip(CAT_COLUMNS, sizes):
         folder = dictionaries / f"column={column}"
         if size > 1 and not folder.is_dir():
-            raise ExportError(f"the dictionary of {column} is missing ({folder} does not exist): "
-                              f"{REBUILD_DICTIONARIES}")
+            raise ExportError(
+                f"the dictionary of {column} is missing ({folder} does not exist): {REBUILD_DICTIONARIES}"
+            )
 
 
 @dataclass(frozen=True)
@@ -272,8 +307,14 @@ class _Source:
         return ["serve_features", "serve_lines", "serving_default", *rows]
 
 
-def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_model: Path,
-                 config: ExportConfig, version: int) -> dict[str, Any]:
+def _fingerprint(
+    layout: WorkdirLayout,
+    dataset: Path,
+    source: _Source,
+    saved_model: Path,
+    config: ExportConfig,
+    version: int,
+) -> dict[str, Any]:
     """What the export was made from and what it holds (fingerprint.json)."""
     description = _dataset_description(dataset, source.identity)
     meta = source.meta
@@ -284,7 +325,8 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         # null, or the lineage and the values per table the served model reads as id 0
         "dictionaries_extended": source.extended,
         "threshold_spec": description["threshold_spec"],
-        "checkpoint": str(source.checkpoint), "checkpoint_step": int(meta["step"]),
+        "checkpoint": str(source.checkpoint),
+        "checkpoint_step": int(meta["step"]),
         "trained_ranks": (meta.get("placement") or {}).get("world"),
         "test_auc": _test_auc(layout, int(meta["step"])),
         "dims": source.dims.meta(),
@@ -295,12 +337,16 @@ def _fingerprint(layout: WorkdirLayout, dataset: Path, source: _Source, saved_mo
         "signatures": source.signatures,
         # only for a multi-hot model: its materialization (serve_multi_hot's cat_ids holds
         # multi_hot_sizes[i] ids of column i)
-        **({k: v for k, v in source.meta["dims"].items() if k in MULTI_HOT_KEYS}
-           if source.multi_hot is not None else {}),
+        **(
+            {k: v for k, v in source.meta["dims"].items() if k in MULTI_HOT_KEYS}
+            if source.multi_hot is not None
+            else {}
+        ),
         "missing_integer": config.missing_integer,
         "size": source.size,
-        "saved_model_bytes": sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file()
-                                 and p.name != FINGERPRINT),
+        "saved_model_bytes": sum(
+            p.stat().st_size for p in saved_model.rglob("*") if p.is_file() and p.name != FINGERPRINT
+        ),
         # what the score stage and the serving image check before loading (model_digest.py)
         DIGEST_KEY: saved_model_digest(saved_model),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -321,7 +367,7 @@ def prune_versions(export_dir: Path, keep: int, state: ServingState | None = Non
     The oldest go first: a server may still be unloading the previous newest one.
     """
     found = export_versions(export_dir)
-    kept = {v for v, _ in found[-max(1, keep):]}
+    kept = {v for v, _ in found[-max(1, keep) :]}
     kept |= protected_versions(state or read_state(export_dir), [v for v, _ in found])
     removed = []
     for version, path in found:
@@ -350,8 +396,7 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     if best is None:
         raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
     if not layout.dictionaries.is_dir() and not _capped_checkpoint(best):
-        raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes "
-                          "them")
+        raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes them")
     state = read_state(layout.export)  # a damaged record is refused before anything is written
     damaged: list[str] = []
     for checkpoint in [best, *_older_of_same_run(layout, best, Path(dataset))]:
@@ -361,18 +406,29 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
         except CheckpointError as exc:
             damaged.append(getattr(exc, "damage", str(exc)))
     else:
-        raise ExportError(f"{damaged[0]}, and no older checkpoint of this run is intact: train "
-                          "again (--stages train,eval,export --force)")
+        raise ExportError(
+            f"{damaged[0]}, and no older checkpoint of this run is intact: train "
+            "again (--stages train,eval,export --force)"
+        )
     for what in damaged:
-        print(f"trainer: warning: {what}: exported the newest intact checkpoint of the run, "
-              f"{fingerprint['checkpoint']}", file=sys.stderr, flush=True)
+        print(
+            f"trainer: warning: {what}: exported the newest intact checkpoint of the run, "
+            f"{fingerprint['checkpoint']}",
+            file=sys.stderr,
+            flush=True,
+        )
     state.verified[int(fingerprint["version"])] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write_state(layout.export, state)  # verified before anything is pruned
     removed = prune_versions(layout.export, config.keep_versions, state)
     record = write_state(layout.export, state)
-    return {**fingerprint, "seconds": round(time.perf_counter() - started, 2),
-            "saved_model": str(final), "removed_versions": removed,
-            "served_version": record["served_version"], "damaged_checkpoints": damaged}
+    return {
+        **fingerprint,
+        "seconds": round(time.perf_counter() - started, 2),
+        "saved_model": str(final),
+        "removed_versions": removed,
+        "served_version": record["served_version"],
+        "damaged_checkpoints": damaged,
+    }
 
 
 def _capped_checkpoint(checkpoint: Path) -> bool:
@@ -408,8 +464,9 @@ def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> li
     return older
 
 
-def _export_checkpoint(layout: WorkdirLayout, checkpoint: Path, dataset: Path,
-                       config: ExportConfig) -> tuple[Path, dict[str, Any]]:
+def _export_checkpoint(
+    layout: WorkdirLayout, checkpoint: Path, dataset: Path, config: ExportConfig
+) -> tuple[Path, dict[str, Any]]:
     """One checkpoint exported as the next version; CheckpointError when it is damaged."""
     reader = CheckpointReader(checkpoint)
     try:
@@ -419,8 +476,9 @@ def _export_checkpoint(layout: WorkdirLayout, checkpoint: Path, dataset: Path,
         reader.close()
 
 
-def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any],
-                    config: ExportConfig) -> _Source:
+def _checked_source(
+    layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any], config: ExportConfig
+) -> _Source:
     """The checkpoint's model, refused before anything is written when its dictionaries are
     missing or not the ones it was trained with, or it would not fit in memory."""
     sizes = [int(s) for s in meta.get("table_sizes", [])]
@@ -437,31 +495,38 @@ def _checked_source(layout: WorkdirLayout, checkpoint: Path, meta: dict[str, Any
     multi_hot = multi_hot_spec(checkpoint, dims_meta, sizes)
     # the wide weights are one more column of every table; a multi-hot column adds its
     # lookup table (table rows x k int32)
-    size = check_export_fits(sizes, dims.embedding_dim + int(dims.wide), config,
-                             sum(multi_hot.table_bytes(c) for c in range(len(sizes)))
-                             if multi_hot is not None else 0, vocabularies=not capped_ids)
-    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot,
-                   capped_ids)
+    size = check_export_fits(
+        sizes,
+        dims.embedding_dim + int(dims.wide),
+        config,
+        sum(multi_hot.table_bytes(c) for c in range(len(sizes))) if multi_hot is not None else 0,
+        vocabularies=not capped_ids,
+    )
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, capped_ids)
 
 
-def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any],
-                   sizes: list[int]) -> MultiHotSpec | None:
+def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any], sizes: list[int]) -> MultiHotSpec | None:
     """The materialization a multi-hot checkpoint was trained on (its dims record the
     dataset's sizes, seed and distribution; the draws depend on the table sizes too), so that
     the export turns a raw value's one-hot id into the same row of ids; None when one-hot."""
     if MULTI_HOT_SIZES_KEY not in dims_meta:
         return None
     try:
-        return MultiHotSpec(tuple(sizes), tuple(dims_meta[MULTI_HOT_SIZES_KEY]),
-                            int(dims_meta.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
-                            str(dims_meta.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")))
+        return MultiHotSpec(
+            tuple(sizes),
+            tuple(dims_meta[MULTI_HOT_SIZES_KEY]),
+            int(dims_meta.get(MULTI_HOT_SEED_KEY, DEFAULT_SEED)),
+            str(dims_meta.get(MULTI_HOT_DISTRIBUTION_KEY, "uniform")),
+        )
     except (MultiHotError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{checkpoint / 'meta.json'} records a multi-hot layout that "
-                              f"cannot be materialized ({exc})") from None
+        raise CheckpointError(
+            f"{checkpoint / 'meta.json'} records a multi-hot layout that cannot be materialized ({exc})"
+        ) from None
 
 
-def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Source,
-                   dataset: Path, config: ExportConfig) -> tuple[Path, dict[str, Any]]:
+def _write_version(
+    layout: WorkdirLayout, reader: CheckpointReader, source: _Source, dataset: Path, config: ExportConfig
+) -> tuple[Path, dict[str, Any]]:
     """The next version, written beside its final name and renamed into place; returns its
     path and fingerprint."""
     layout.export.mkdir(parents=True, exist_ok=True)
@@ -471,9 +536,11 @@ def _write_version(layout: WorkdirLayout, reader: CheckpointReader, source: _Sou
     # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
     temporary = temporary_sibling(final)
     try:
-        vocabularies = (None if source.capped else
-                        write_vocabularies(layout.dictionaries, source.sizes,
-                                           temporary / "vocabularies"))
+        vocabularies = (
+            None
+            if source.capped
+            else write_vocabularies(layout.dictionaries, source.sizes, temporary / "vocabularies")
+        )
         saved_model = temporary / "model"
         _save(reader, source, vocabularies, saved_model, config)
         verify_saved_model(saved_model, capped_ids=source.capped)
@@ -508,23 +575,33 @@ def verify_saved_model(saved_model: Path, capped_ids: bool = False) -> None:
     lines = ["\t".join(["0", *ints, *cats]) for ints, cats in rows]
     try:
         model = tf.saved_model.load(str(saved_model))
-        by_line = model.signatures["serve_lines"](lines=tf.constant(lines),
-                                                  has_label=tf.constant([True] * len(lines)))
+        by_line = model.signatures["serve_lines"](
+            lines=tf.constant(lines), has_label=tf.constant([True] * len(lines))
+        )
         by_features = model.signatures["serve_features"](
-            int_features=tf.constant([[-(2**63) if not v else int(v) for v in ints]
-                                      for ints, _ in rows], tf.int64),
-            cat_features=tf.constant([cats for _, cats in rows]))
+            int_features=tf.constant(
+                [[-(2**63) if not v else int(v) for v in ints] for ints, _ in rows], tf.int64
+            ),
+            cat_features=tf.constant([cats for _, cats in rows]),
+        )
         probability = by_line["probability"].numpy()
         reasons = by_line["reject_reason"].numpy().tolist()
         agree = np.array_equal(probability, by_features["probability"].numpy())
     except (tf.errors.OpError, ValueError, KeyError, OSError) as exc:
-        raise ExportError(f"the new version does not load and score in TensorFlow "
-                          f"({type(exc).__name__}: {exc}); nothing was written") from None
-    if reasons != [b""] * len(rows) or not agree or not np.all(
-            np.isfinite(probability) & (probability >= 0) & (probability <= 1)):
-        raise ExportError(f"the new version scores test lines wrongly (probabilities "
-                          f"{probability.tolist()}, reasons {reasons}, signatures agree: {agree}); "
-                          "nothing was written")
+        raise ExportError(
+            f"the new version does not load and score in TensorFlow "
+            f"({type(exc).__name__}: {exc}); nothing was written"
+        ) from None
+    if (
+        reasons != [b""] * len(rows)
+        or not agree
+        or not np.all(np.isfinite(probability) & (probability >= 0) & (probability <= 1))
+    ):
+        raise ExportError(
+            f"the new version scores test lines wrongly (probabilities "
+            f"{probability.tolist()}, reasons {reasons}, signatures agree: {agree}); "
+            "nothing was written"
+        )
 
 
 def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dict[str, Any]:
@@ -535,19 +612,35 @@ def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dic
 
     top_in = dims.top_input(len(CAT_COLUMNS) + 1)
     return {
-        "tables": (reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
-                   for t, rows in enumerate(sizes)),
+        "tables": (
+            reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
+            for t, rows in enumerate(sizes)
+        ),
         "bottom": _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
         "top": _mlp_weights(reader, "top", dims.top_mlp, top_in),
-        "wide": ([reader.value(wide_key(t, dims.embedding_dim), (rows, 1))
-                  for t, rows in enumerate(sizes)] if dims.wide else None),
-        "cross": ({name: reader.value(name, shape) for name, shape in
-                   cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()}
-                  if dims.interaction == "dcn" else None)}
+        "wide": (
+            [reader.value(wide_key(t, dims.embedding_dim), (rows, 1)) for t, rows in enumerate(sizes)]
+            if dims.wide
+            else None
+        ),
+        "cross": (
+            {
+                name: reader.value(name, shape)
+                for name, shape in cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()
+            }
+            if dims.interaction == "dcn"
+            else None
+        ),
+    }
 
 
-def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path] | None,
-          out: Path, config: ExportConfig) -> None:
+def _save(
+    reader: CheckpointReader,
+    source: _Source,
+    vocabularies: list[Path] | None,
+    out: Path,
+    config: ExportConfig,
+) -> None:
     import tensorflow as tf
 
     from trainer.serving import ServingDLRM
@@ -557,14 +650,25 @@ def _save(reader: CheckpointReader, source: _Source, vocabularies: list[Path] | 
     if source.multi_hot is not None:  # one lookup table per multi-hot column
         built = dict(iter_tables(source.multi_hot))
         expansions = [built.get(c) for c in range(len(source.sizes))]
-    module = ServingDLRM(source.dims, w["tables"], w["bottom"], w["top"], vocabularies,
-                         config.missing_integer, w["wide"], w["cross"], expansions,
-                         caps=source.sizes if source.capped else None)
+    module = ServingDLRM(
+        source.dims,
+        w["tables"],
+        w["bottom"],
+        w["top"],
+        vocabularies,
+        config.missing_integer,
+        w["wide"],
+        w["cross"],
+        expansions,
+        caps=source.sizes if source.capped else None,
+    )
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.
-    signatures = {"serve_features": module.serve_features.get_concrete_function(),
-                  "serve_lines": lines, "serving_default": lines}
+    signatures = {
+        "serve_features": module.serve_features.get_concrete_function(),
+        "serve_lines": lines,
+        "serving_default": lines,
+    }
     if expansions is not None:
         signatures["serve_multi_hot"] = module.serve_multi_hot.get_concrete_function()
     tf.saved_model.save(module, str(out), signatures=signatures)
-

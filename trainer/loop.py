@@ -26,8 +26,7 @@ from trainer.checkpoint_lifecycle import CheckpointLifecycle, ModelState
 from trainer.comm import make_comm
 from trainer.data import Batch, BinaryDataset, RankView, SplitReader, open_dataset, prefetch
 from trainer.early_stopping import EarlyStopping
-from trainer.evaluation import (EvalResult, Evaluator, as_served, eval_line, eval_record,
-                                summary_record)
+from trainer.evaluation import EvalResult, Evaluator, as_served, eval_line, eval_record, summary_record
 from trainer.model import DLRM, model_dims
 from trainer.optim import learning_rate, make_optimizer
 from trainer.placement import plan_placement
@@ -68,13 +67,14 @@ def compute_dtype(config: TrainConfig) -> tf.DType:
         return tf.float16
     if cpu_supports_bfloat16():
         if config.xla:
-            print("trainer: note: --amp with --xla on a CPU: XLA's CPU dots do not use the "
-                  "bfloat16 instructions that TensorFlow's own (oneDNN) matmuls use, so this "
-                  "runs at about float32 speed; drop --xla to train at bfloat16 speed",
-                  file=sys.stderr)
+            print(
+                "trainer: note: --amp with --xla on a CPU: XLA's CPU dots do not use the "
+                "bfloat16 instructions that TensorFlow's own (oneDNN) matmuls use, so this "
+                "runs at about float32 speed; drop --xla to train at bfloat16 speed",
+                file=sys.stderr,
+            )
         return tf.bfloat16
-    print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32",
-          file=sys.stderr)
+    print("trainer: --amp asked but this CPU has no bfloat16 support; training in float32", file=sys.stderr)
     return tf.float32
 
 
@@ -143,23 +143,23 @@ class Trainer:
     functions (trainer/steps.py), the checkpoints' lifecycle (trainer/checkpoint_lifecycle.py),
     evaluation (trainer/evaluation.py) and the log (trainer/run_log.py) are parts it holds."""
 
-    def __init__(self, config: TrainConfig, dataset_path: str | Path, workdir: str | Path,
-                 comm=None):
+    def __init__(self, config: TrainConfig, dataset_path: str | Path, workdir: str | Path, comm=None):
         self.config = config
         self.comm = comm or make_comm()
         self.rank, self.world = self.comm.rank, self.comm.size
         set_threads(config, self.comm.local_size)
         self.layout = WorkdirLayout.at(workdir)
-        self.dataset = open_dataset(dataset_path, threshold=config.frequency_threshold,
-                                    counts_dir=config.counts_dir
-                                    or (self.layout.counts if config.frequency_threshold else None),
-                                    verify=config.verify_dataset)
+        self.dataset = open_dataset(
+            dataset_path,
+            threshold=config.frequency_threshold,
+            counts_dir=config.counts_dir or (self.layout.counts if config.frequency_threshold else None),
+            verify=config.verify_dataset,
+        )
         self.dims = model_dims(config)
         self.global_batch, self.eval_batch = checked_batch_sizes(config, self.world)
         self.log = RunLog(self.layout.logs, self.rank)
         self.reporter = NoProgress()  # run() gives rank 0 one (trainer/progress.py)
-        self.run = RunState(EarlyStopping(config.early_stopping_patience,
-                                          config.early_stopping_min_delta))
+        self.run = RunState(EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta))
         self._build_model()
 
     def _build_model(self) -> None:
@@ -167,34 +167,68 @@ class Trainer:
         the parts that save and evaluate them; replicas start equal."""
         config = self.config
         self.placement = plan_placement(
-            self.dataset.table_sizes, self.dims.embedding_dim, self.world,
+            self.dataset.table_sizes,
+            self.dims.embedding_dim,
+            self.world,
             bottom_data_parallel=config.bottom_mlp_data_parallel,
             split_threshold_bytes=config.column_split_threshold_mb * 2**20,
-            force_split=tuple(config.force_column_split))
+            force_split=tuple(config.force_column_split),
+        )
         self.compute_dtype = compute_dtype(config)
-        self.model = DLRM(self.dims, self.placement, self.rank, self.global_batch, config.seed,
-                          self.comm, self.compute_dtype, xla=config.xla)
-        numerical = ("local" if self.placement.bottom_owner is None
-                     else "global" if self.placement.bottom_owner == self.rank else "none")
+        self.model = DLRM(
+            self.dims,
+            self.placement,
+            self.rank,
+            self.global_batch,
+            config.seed,
+            self.comm,
+            self.compute_dtype,
+            xla=config.xla,
+        )
+        numerical = (
+            "local"
+            if self.placement.bottom_owner is None
+            else "global"
+            if self.placement.bottom_owner == self.rank
+            else "none"
+        )
         self.view = RankView(self.world, self.rank, self.model.tables_read, numerical)
         replicated, owned = self.model.replicated_variables(), self.model.owned_variables()
         self.optimizer = make_optimizer(
-            replicated + owned, config,
+            replicated + owned,
+            config,
             row_penalties(config, self.model, self.dataset, self.global_batch),
-            {name: config.wide_learning_rate_factor for name in self.model.wide_names()})
-        self.steps = StepFunctions(self.model, self.optimizer, self.comm, self.global_batch,
-                                   self.eval_batch, self.compute_dtype, config.xla)
+            {name: config.wide_learning_rate_factor for name in self.model.wide_names()},
+        )
+        self.steps = StepFunctions(
+            self.model,
+            self.optimizer,
+            self.comm,
+            self.global_batch,
+            self.eval_batch,
+            self.compute_dtype,
+            config.xla,
+        )
         self.state = ModelState(owned, replicated, self.optimizer, self.steps.loss_scale)
         # The model's shape as checkpoints record it: the dims, and with multi-hot rows the
         # dataset's record of their materialization (sizes, seed, distribution): a checkpoint
         # trained on other rows is not restored for these (its embeddings were pooled over
         # other ids), and the export rebuilds the same rows from raw values.
         dims = {**self.dims.meta(), **self.dataset.multi_hot_record}
-        self.checkpoints = CheckpointLifecycle(self.layout, self.comm, config, self.dataset,
-                                               self.placement, dims, self.state, self.run,
-                                               self.log.progress)
-        self.evaluator = Evaluator(self.steps.predict, self.view, self.dataset, self.eval_batch,
-                                   config.prefetch_batches, self.rank)
+        self.checkpoints = CheckpointLifecycle(
+            self.layout,
+            self.comm,
+            config,
+            self.dataset,
+            self.placement,
+            dims,
+            self.state,
+            self.run,
+            self.log.progress,
+        )
+        self.evaluator = Evaluator(
+            self.steps.predict, self.view, self.dataset, self.eval_batch, config.prefetch_batches, self.rank
+        )
         self.comm.broadcast_variables([v for _, v in replicated])
 
     def train_on_batch(self, batch: Batch, lr: float) -> tf.Tensor:
@@ -245,8 +279,9 @@ class Trainer:
 
     def plan_train_days(self) -> DayPlan:
         """The train rows of the run that starts from the model now loaded (train.days)."""
-        plan = plan_days(self.config.days, self.dataset.train_days, self.dataset.rows["train"],
-                         self.run.days_seen_before)
+        plan = plan_days(
+            self.config.days, self.dataset.train_days, self.dataset.rows["train"], self.run.days_seen_before
+        )
         if plan.note:
             self.log.progress(f"trainer: {plan.note}")
         self.run.day_plan = plan
@@ -254,8 +289,13 @@ class Trainer:
 
     def total_steps(self) -> tuple[int, int]:
         """(steps this run trains, steps per epoch): trainer/step_plan.py's run_length."""
-        return run_length(self.train_rows, self.dataset.rows["train"], self.global_batch,
-                          self.config, self.day_plan is not None and self.day_plan.rows == 0)
+        return run_length(
+            self.train_rows,
+            self.dataset.rows["train"],
+            self.global_batch,
+            self.config,
+            self.day_plan is not None and self.day_plan.rows == 0,
+        )
 
     def train(self, final_eval: bool = True) -> dict[str, Any]:
         """Train this run's planned steps: from scratch, from where an interrupted run of this
@@ -273,15 +313,21 @@ class Trainer:
         self.run.covering_steps = min(planned, steps_per_epoch)
         total = self.run_start + planned
         if self.run.early_stopping.stopped:
-            self.log.progress(f"trainer: stopped early before (best validation AUC "
-                              f"{self.run.early_stopping.best_auc} at step "
-                              f"{self.run.early_stopping.best_step}): nothing to train")
+            self.log.progress(
+                f"trainer: stopped early before (best validation AUC "
+                f"{self.run.early_stopping.best_auc} at step "
+                f"{self.run.early_stopping.best_step}): nothing to train"
+            )
             total = self.step
         eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
         warm = start.kind == "previous" and self.config.evaluate_previous
-        self.reporter.start_training(self.step - self.run_start, total - self.run_start,
-                                     eval_every, final_eval,
-                                     self.dataset.rows.get("test", 0) if warm else 0)
+        self.reporter.start_training(
+            self.step - self.run_start,
+            total - self.run_start,
+            eval_every,
+            final_eval,
+            self.dataset.rows.get("test", 0) if warm else 0,
+        )
         if warm:
             self.run.warm_start.previous_test_auc = self._evaluate_previous()
         batches = self._train_batches(total, steps_per_epoch)
@@ -295,15 +341,17 @@ class Trainer:
             clock.step_done(loss)
             self.reporter.step(done)
             if done % max(1, self.config.log_every) == 0 or self.step == total:
-                last_loss = self._report_step(loss, lr, (done - 1) // steps_per_epoch, total,
-                                              clock)
+                last_loss = self._report_step(loss, lr, (done - 1) // steps_per_epoch, total, clock)
             if self._validates_at(done, total - self.run_start, eval_every):
                 evals.append(self.evaluate("validation"))
                 if self._stop_early(evals[-1]):
                     batches.close()  # the read-ahead threads stop too
                     break
-            if self.config.checkpoint_every and done % self.config.checkpoint_every == 0 \
-                    and self.checkpoints.saved_step != self.step:
+            if (
+                self.config.checkpoint_every
+                and done % self.config.checkpoint_every == 0
+                and self.checkpoints.saved_step != self.step
+            ):
                 self.checkpoints.save()
         if planned == 0 and start.kind == "previous":
             # The previous model, its tables grown to this dataset's, saved for it so that eval
@@ -312,8 +360,11 @@ class Trainer:
         summary = self._finish_training(clock, last_loss, evals, final_eval)
         summary["init"] = self._init_record(start)
         # the run has ended: its days count as trained (as its model's checkpoint records)
-        summary["train_days"] = {"mode": self.config.days, "rows": self.train_rows,
-                                 **self.day_plan.to_meta(True)}
+        summary["train_days"] = {
+            "mode": self.config.days,
+            "rows": self.train_rows,
+            **self.day_plan.to_meta(True),
+        }
         if self.run.warm_start is not None:
             summary["previous_model_test_auc"] = self.run.warm_start.previous_test_auc
         return summary
@@ -332,15 +383,18 @@ class Trainer:
         if not self.run.early_stopping.enabled:
             return False
         auc = math.nan if result.auc is None else result.auc
-        shared = self.comm.allreduce_sum([tf.constant(auc if self.rank == 0 else 0.0, tf.float64)],
-                                         name="dlrm_early_stopping")[0]
+        shared = self.comm.allreduce_sum(
+            [tf.constant(auc if self.rank == 0 else 0.0, tf.float64)], name="dlrm_early_stopping"
+        )[0]
         if self.run.early_stopping.update(self.step, float(shared)):
             self.checkpoints.save()
         elif self.run.early_stopping.stopped:
-            self.log.progress(f"trainer: validation AUC has not improved for "
-                              f"{self.run.early_stopping.patience} evaluations: stopping at step "
-                              f"{self.step}, best {self.run.early_stopping.best_auc} at step "
-                              f"{self.run.early_stopping.best_step}")
+            self.log.progress(
+                f"trainer: validation AUC has not improved for "
+                f"{self.run.early_stopping.patience} evaluations: stopping at step "
+                f"{self.step}, best {self.run.early_stopping.best_auc} at step "
+                f"{self.run.early_stopping.best_step}"
+            )
         return self.run.early_stopping.stopped
 
     def _schedule_step(self, step: int) -> int:
@@ -359,28 +413,36 @@ class Trainer:
 
     def _train_batches(self, total: int, steps_per_epoch: int) -> Iterable[Batch]:
         """This rank's batches from the current step to ``total``, read ahead by a thread."""
-        reader = SplitReader(self.dataset, "train", self.day_plan.ranges
-                             if self.day_plan is not None else None)
-        plan = batch_plan(self.step, total, self.run_start, steps_per_epoch, self.train_rows,
-                          self.global_batch, self.config)
+        reader = SplitReader(
+            self.dataset, "train", self.day_plan.ranges if self.day_plan is not None else None
+        )
+        plan = batch_plan(
+            self.step, total, self.run_start, steps_per_epoch, self.train_rows, self.global_batch, self.config
+        )
         return prefetch(reader, self.view, plan, self.global_batch, self.config.prefetch_batches)
 
-    def _report_step(self, loss: tf.Tensor, lr: float, epoch: int, total: int,
-                     clock: ThroughputClock) -> float:
+    def _report_step(
+        self, loss: tf.Tensor, lr: float, epoch: int, total: int, clock: ThroughputClock
+    ) -> float:
         """Log the loss, learning rate and samples/s since the last report; returns the loss."""
         value = float(loss.numpy())
         rate = clock.window_rate()
-        self.log.record({"step": self.step, "epoch": epoch, "loss": value, "lr": lr,
-                         "samples_per_s": round(rate, 1)}, self.step)
+        self.log.record(
+            {"step": self.step, "epoch": epoch, "loss": value, "lr": lr, "samples_per_s": round(rate, 1)},
+            self.step,
+        )
         self.reporter.loss(value)
         eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
-        self.log.progress(f"step {self.step}/{total} epoch {epoch} loss {value:.5f} lr {lr:.4g} "
-                          f"{rate:,.0f} samples/s eta {eta:,.0f}s")
+        self.log.progress(
+            f"step {self.step}/{total} epoch {epoch} loss {value:.5f} lr {lr:.4g} "
+            f"{rate:,.0f} samples/s eta {eta:,.0f}s"
+        )
         clock.restart_window()
         return value
 
-    def _finish_training(self, clock: ThroughputClock, last_loss: float | None,
-                         evals: list[EvalResult], final_eval: bool) -> dict[str, Any]:
+    def _finish_training(
+        self, clock: ThroughputClock, last_loss: float | None, evals: list[EvalResult], final_eval: bool
+    ) -> dict[str, Any]:
         """Last checkpoint, final evaluations and the summary of the run."""
         samples_per_s = clock.run_rate()  # before the final save and evaluations
         last_step = self.step
@@ -390,29 +452,35 @@ class Trainer:
         stopping = self.run.early_stopping
         # The run's model: the best validation AUC's checkpoint with early stopping.
         if stopping.best_step is not None and stopping.best_step != self.step:
-            self.log.progress(f"trainer: restoring the best model (validation AUC "
-                              f"{stopping.best_auc} at step {stopping.best_step})")
+            self.log.progress(
+                f"trainer: restoring the best model (validation AUC "
+                f"{stopping.best_auc} at step {stopping.best_step})"
+            )
             self.restore_best()
         checkpoint = best_checkpoint(self.layout.checkpoints)
         finals = [self.evaluate("test"), self.evaluate("validation")] if final_eval else []
-        extra = {"train_loss": last_loss, "steps_run": clock.steps,
-                 "train_samples_per_s": samples_per_s,
-                 "checkpoint": str(checkpoint) if checkpoint else None,
-                 "periodic_validation_auc": [e.auc for e in evals]}
+        extra = {
+            "train_loss": last_loss,
+            "steps_run": clock.steps,
+            "train_samples_per_s": samples_per_s,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "periodic_validation_auc": [e.auc for e in evals],
+        }
         if stopping.enabled:
-            extra.update(last_step=last_step, stopped_early=stopping.stopped,
-                         best_validation_auc=stopping.best_auc)
+            extra.update(
+                last_step=last_step, stopped_early=stopping.stopped, best_validation_auc=stopping.best_auc
+            )
         return self._summary_record("train", finals, extra)
 
     # -- evaluation (trainer/evaluation.py) ------------------------------------------------
-    def predictions(self, split: str, dataset: BinaryDataset | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def predictions(self, split: str, dataset: BinaryDataset | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(labels, probabilities) of a whole split in row order (on every rank); ``dataset``
         reads it at other table sizes (ids past them as 0)."""
         return self.evaluator.predictions(split, dataset, self.reporter.eval_rows)
 
-    def evaluate(self, split: str, dataset: BinaryDataset | None = None,
-                 model: str | None = None) -> EvalResult:
+    def evaluate(
+        self, split: str, dataset: BinaryDataset | None = None, model: str | None = None
+    ) -> EvalResult:
         """AUC and log loss of a split (on rank 0), logged unless the split is empty; ``model``
         names a model other than the run's own in the log."""
         result = self.evaluator.evaluate(split, dataset, self.reporter.eval_rows)
@@ -427,8 +495,7 @@ class Trainer:
         is served: a value it had no row for reads as id 0, not as a fresh row."""
         if self.dataset.rows.get("test", 0) == 0:
             return None
-        served = as_served(self.dataset,
-                           self.run.warm_start.served_sizes(self.dataset.table_sizes))
+        served = as_served(self.dataset, self.run.warm_start.served_sizes(self.dataset.table_sizes))
         return self.evaluate("test", dataset=served, model="previous").auc
 
     def run_eval(self) -> dict[str, Any]:
@@ -438,19 +505,38 @@ class Trainer:
     def run_inference_benchmark(self) -> dict[str, Any]:
         self.restore_best(required=False)
         rate = self.evaluator.inference_rate(max(2, self.config.inference_steps))
-        return self._summary_record("inference_benchmark", [], {
-            "inference_samples_per_s": round(rate, 1), "batch_size": self.eval_batch})
+        return self._summary_record(
+            "inference_benchmark",
+            [],
+            {"inference_samples_per_s": round(rate, 1), "batch_size": self.eval_batch},
+        )
 
-    def _summary_record(self, mode: str, evals: Iterable[EvalResult],
-                        extra: dict[str, Any]) -> dict[str, Any]:
-        return summary_record({"mode": mode, "step": self.step, "ranks": self.world,
-                               "global_batch": self.global_batch, "preset": self.config.preset,
-                               "compute_dtype": self.compute_dtype.name, "xla": self.config.xla},
-                              evals, extra)
+    def _summary_record(
+        self, mode: str, evals: Iterable[EvalResult], extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        return summary_record(
+            {
+                "mode": mode,
+                "step": self.step,
+                "ranks": self.world,
+                "global_batch": self.global_batch,
+                "preset": self.config.preset,
+                "compute_dtype": self.compute_dtype.name,
+                "xla": self.config.xla,
+            },
+            evals,
+            extra,
+        )
 
 
-def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str = "train",
-        comm=None, eval_speedup: float = PreflightConfig().eval_speedup) -> dict[str, Any]:
+def run(
+    config: TrainConfig,
+    dataset: str | Path,
+    workdir: str | Path,
+    mode: str = "train",
+    comm=None,
+    eval_speedup: float = PreflightConfig().eval_speedup,
+) -> dict[str, Any]:
     """Train, evaluate or benchmark inference: this process's share of the run.
 
     Args:
@@ -468,17 +554,29 @@ def run(config: TrainConfig, dataset: str | Path, workdir: str | Path, mode: str
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     trainer = Trainer(config, dataset, workdir, comm=comm)
-    trainer.reporter = make_progress(trainer.rank, mode, trainer.global_batch,
-                                     dict(trainer.dataset.rows), eval_speedup)
+    trainer.reporter = make_progress(
+        trainer.rank, mode, trainer.global_batch, dict(trainer.dataset.rows), eval_speedup
+    )
     if trainer.rank == 0:
         logs = trainer.layout.logs
         logs.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(logs / "trainer_config.json", json.dumps(
-            {"mode": mode, "dataset": str(dataset), "ranks": trainer.world,
-             "train": config_to_dict(config), "placement": trainer.placement.describe(),
-             "table_sizes": list(trainer.dataset.table_sizes),
-             "written_table_sizes": list(trainer.dataset.written_table_sizes)},
-            indent=1) + "\n", fsync=False)
+        write_text_atomic(
+            logs / "trainer_config.json",
+            json.dumps(
+                {
+                    "mode": mode,
+                    "dataset": str(dataset),
+                    "ranks": trainer.world,
+                    "train": config_to_dict(config),
+                    "placement": trainer.placement.describe(),
+                    "table_sizes": list(trainer.dataset.table_sizes),
+                    "written_table_sizes": list(trainer.dataset.written_table_sizes),
+                },
+                indent=1,
+            )
+            + "\n",
+            fsync=False,
+        )
     if mode == "train":
         return trainer.train()
     if mode == "eval":

@@ -56,9 +56,8 @@ class MetricsLog:
             return
         record = {"time": round(time.time(), 3), **record}
         # Strict JSON: a NaN/inf (diverged loss, undefined AUC) is written as null, not NaN.
-        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-                  for k, v in record.items()}
-        with open_append(self.path) as fh:   # never through a link planted there
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        with open_append(self.path) as fh:  # never through a link planted there
             fh.write(json.dumps(record, allow_nan=False) + "\n")
 
 

@@ -73,16 +73,23 @@ class CrossNet(tf.Module):
     on every rank), biases start at 0 (as in the reference).
     """
 
-    def __init__(self, width: int, layers: int, rank: int, seed: int, ident: int,
-                 name: str = "cross"):
+    def __init__(self, width: int, layers: int, rank: int, seed: int, ident: int, name: str = "cross"):
         super().__init__(name=name)
         std = math.sqrt(2.0 / (width + rank))
         self.downs, self.ups, self.biases = [], [], []
         for i in range(layers):
-            self.downs.append(tf.Variable(tf.random.stateless_normal(
-                [width, rank], seed=[seed, ident + 2 * i], stddev=std), name=f"{name}_{i}_down"))
-            self.ups.append(tf.Variable(tf.random.stateless_normal(
-                [rank, width], seed=[seed, ident + 2 * i + 1], stddev=std), name=f"{name}_{i}_up"))
+            self.downs.append(
+                tf.Variable(
+                    tf.random.stateless_normal([width, rank], seed=[seed, ident + 2 * i], stddev=std),
+                    name=f"{name}_{i}_down",
+                )
+            )
+            self.ups.append(
+                tf.Variable(
+                    tf.random.stateless_normal([rank, width], seed=[seed, ident + 2 * i + 1], stddev=std),
+                    name=f"{name}_{i}_up",
+                )
+            )
             self.biases.append(tf.Variable(tf.zeros([width]), name=f"{name}_{i}_bias"))
 
     def __call__(self, x0: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -96,8 +103,11 @@ class CrossNet(tf.Module):
     def named_variables(self) -> list[tuple[str, tf.Variable]]:
         out = []
         for i, (down, up, bias) in enumerate(zip(self.downs, self.ups, self.biases)):
-            out += [(f"{self.name}/{i}/down", down), (f"{self.name}/{i}/up", up),
-                    (f"{self.name}/{i}/bias", bias)]
+            out += [
+                (f"{self.name}/{i}/down", down),
+                (f"{self.name}/{i}/up", up),
+                (f"{self.name}/{i}/bias", bias),
+            ]
         return out
 
 
@@ -105,8 +115,9 @@ def cross_sizes(width: int, layers: int, rank: int) -> dict[str, tuple[int, ...]
     """Checkpoint name -> shape of every cross-layer variable (what the export reads)."""
     out: dict[str, tuple[int, ...]] = {}
     for i in range(layers):
-        out.update({f"cross/{i}/down": (width, rank), f"cross/{i}/up": (rank, width),
-                    f"cross/{i}/bias": (width,)})
+        out.update(
+            {f"cross/{i}/down": (width, rank), f"cross/{i}/up": (rank, width), f"cross/{i}/bias": (width,)}
+        )
     return out
 
 
@@ -121,18 +132,28 @@ def interaction(features: tf.Tensor, cross: CrossNet | None, dtype: tf.DType) ->
 class MLP(tf.Module):
     """Dense layers with ReLU (the last one too unless ``final_relu`` is False)."""
 
-    def __init__(self, in_dim: int, sizes: tuple[int, ...], seed: int, ident: int,
-                 final_relu: bool, name: str):
+    def __init__(
+        self, in_dim: int, sizes: tuple[int, ...], seed: int, ident: int, final_relu: bool, name: str
+    ):
         super().__init__(name=name)
         self.kernels, self.biases = [], []
         self.final_relu = final_relu
         for i, (fan_in, fan_out) in enumerate(zip((in_dim,) + sizes[:-1], sizes)):
             std = math.sqrt(2.0 / (fan_in + fan_out))
-            self.kernels.append(tf.Variable(tf.random.stateless_normal(
-                [fan_in, fan_out], seed=[seed, ident + 2 * i], stddev=std), name=f"{name}_{i}_w"))
-            self.biases.append(tf.Variable(tf.random.stateless_normal(
-                [fan_out], seed=[seed, ident + 2 * i + 1], stddev=math.sqrt(1.0 / fan_out)),
-                name=f"{name}_{i}_b"))
+            self.kernels.append(
+                tf.Variable(
+                    tf.random.stateless_normal([fan_in, fan_out], seed=[seed, ident + 2 * i], stddev=std),
+                    name=f"{name}_{i}_w",
+                )
+            )
+            self.biases.append(
+                tf.Variable(
+                    tf.random.stateless_normal(
+                        [fan_out], seed=[seed, ident + 2 * i + 1], stddev=math.sqrt(1.0 / fan_out)
+                    ),
+                    name=f"{name}_{i}_b",
+                )
+            )
 
     def __call__(self, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
         x = tf.cast(x, dtype)
@@ -157,13 +178,15 @@ def table_seed_ident(table: int, column: int) -> int:
 def initial_table_column(piece: Piece, column: int, seed: int) -> tf.Tensor:
     """Column ``column`` of a table from its own seed: uniform(±1/sqrt(rows)) as the seed."""
     bound = 1.0 / math.sqrt(piece.rows)
-    return tf.random.stateless_uniform([piece.rows], seed=[seed, table_seed_ident(piece.table, column)],
-                                       minval=-bound, maxval=bound)
+    return tf.random.stateless_uniform(
+        [piece.rows], seed=[seed, table_seed_ident(piece.table, column)], minval=-bound, maxval=bound
+    )
 
 
 def initial_table_piece(piece: Piece, seed: int) -> tf.Tensor:
-    return tf.stack([initial_table_column(piece, c, seed)
-                     for c in range(piece.col_start, piece.col_end)], axis=1)
+    return tf.stack(
+        [initial_table_column(piece, c, seed) for c in range(piece.col_start, piece.col_end)], axis=1
+    )
 
 
 def wide_key(table: int, dim: int) -> str:
@@ -187,8 +210,17 @@ def table_variable(piece: Piece, seed: int) -> tf.Variable:
 class DLRM(tf.Module):
     """This rank's variables of the DLRM and its forward pass (see the module docstring)."""
 
-    def __init__(self, dims: ModelDims, placement: Placement, rank: int, global_batch: int,
-                 seed: int, comm, compute_dtype: tf.DType = tf.float32, xla: bool = False):
+    def __init__(
+        self,
+        dims: ModelDims,
+        placement: Placement,
+        rank: int,
+        global_batch: int,
+        seed: int,
+        comm,
+        compute_dtype: tf.DType = tf.float32,
+        xla: bool = False,
+    ):
         super().__init__(name="dlrm")
         if global_batch % placement.world:
             raise ConfigError(f"global batch {global_batch} must divide by the {placement.world} ranks")
@@ -204,12 +236,16 @@ class DLRM(tf.Module):
         self._wide_width = 1 if dims.wide else 0
         self.bottom_data_parallel = placement.bottom_owner is None
         self.owns_bottom = self.bottom_data_parallel or placement.bottom_owner == rank
-        self.bottom = (MLP(NUM_NUMERICAL, dims.bottom_mlp, seed, 1000, True, "bottom")
-                       if self.owns_bottom else None)
+        self.bottom = (
+            MLP(NUM_NUMERICAL, dims.bottom_mlp, seed, 1000, True, "bottom") if self.owns_bottom else None
+        )
         features = placement.exchanged_features() + (1 if self.bottom_data_parallel else 0)
         top_in = dims.top_input(features)
-        self.cross = (CrossNet(top_in, dims.dcn_layers, dims.dcn_rank, seed, 3000)
-                      if dims.interaction == "dcn" else None)
+        self.cross = (
+            CrossNet(top_in, dims.dcn_layers, dims.dcn_rank, seed, 3000)
+            if dims.interaction == "dcn"
+            else None
+        )
         self.top = MLP(top_in, dims.top_mlp, seed, 2000, False, "top")
         self._columns = placement.feature_columns()
         self._identity_columns = bool(np.array_equal(self._columns, np.arange(len(self._columns))))
@@ -219,18 +255,15 @@ class DLRM(tf.Module):
     def replicated_variables(self) -> list[tuple[str, tf.Variable]]:
         """Same on every rank, gradients allreduced: cross layers and top MLP (+ bottom MLP if
         data parallel)."""
-        out = (self.cross.named_variables() if self.cross is not None else []) \
-            + self.top.named_variables()
+        out = (self.cross.named_variables() if self.cross is not None else []) + self.top.named_variables()
         if self.bottom_data_parallel:
             out = self.bottom.named_variables() + out
         return out
 
     def owned_variables(self) -> list[tuple[str, tf.Variable]]:
         """Only on this rank, gradients arrive through the alltoall: tables (+ bottom MLP)."""
-        out = [(f"table/{p.table}/{p.col_start}-{p.col_end}", v)
-               for p, v in zip(self.pieces, self.tables)]
-        out += [(wide_key(p.table, self.dims.embedding_dim), v)
-                for p, v in zip(self.wide_pieces, self.wide)]
+        out = [(f"table/{p.table}/{p.col_start}-{p.col_end}", v) for p, v in zip(self.pieces, self.tables)]
+        out += [(wide_key(p.table, self.dims.embedding_dim), v) for p, v in zip(self.wide_pieces, self.wide)]
         if self.owns_bottom and not self.bottom_data_parallel:
             out = self.bottom.named_variables() + out
         return out
@@ -240,8 +273,9 @@ class DLRM(tf.Module):
         return [wide_key(p.table, self.dims.embedding_dim) for p in self.wide_pieces]
 
     # -- forward ---------------------------------------------------------------------------
-    def _owned_outputs(self, categorical: list[tf.Tensor], numerical: tf.Tensor | None,
-                       global_batch: int) -> tf.Tensor:
+    def _owned_outputs(
+        self, categorical: list[tf.Tensor], numerical: tf.Tensor | None, global_batch: int
+    ) -> tf.Tensor:
         parts = []
         if self.owns_bottom and not self.bottom_data_parallel:
             parts.append(tf.cast(self.bottom(numerical, self.compute_dtype), tf.float32))
@@ -257,8 +291,10 @@ class DLRM(tf.Module):
     def _wide_sum(self, categorical: list[tf.Tensor], batch: int) -> tf.Tensor:
         """[batch]: the sum of this rank's wide weights at each sample's ids."""
         # gather, then drop the column: the gradient stays sparse (the looked-up rows only)
-        weights = [pooled_lookup(w, categorical[self._cat_index[p.table]])[:, 0]
-                   for p, w in zip(self.wide_pieces, self.wide)]
+        weights = [
+            pooled_lookup(w, categorical[self._cat_index[p.table]])[:, 0]
+            for p, w in zip(self.wide_pieces, self.wide)
+        ]
         return tf.add_n(weights) if weights else tf.zeros([batch])
 
     def _exchange(self, owned: tf.Tensor, local_batch: int) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -270,8 +306,9 @@ class DLRM(tf.Module):
         if world > 1:
             widths = [self.placement.sent_width(s) + extra for s in range(world)]
             sent = tf.reshape(owned, [-1])
-            received = self.comm.alltoall(sent, [local_batch * widths[self.rank]] * world,
-                                          name=f"dlrm_exchange_b{local_batch}")
+            received = self.comm.alltoall(
+                sent, [local_batch * widths[self.rank]] * world, name=f"dlrm_exchange_b{local_batch}"
+            )
             blocks = tf.split(received, [local_batch * w for w in widths], axis=0)
             blocks = [tf.reshape(blk, [local_batch, w]) for blk, w in zip(blocks, widths)]
             if extra:
@@ -280,8 +317,9 @@ class DLRM(tf.Module):
             owned = tf.concat(blocks, axis=1)
         if not self._identity_columns:
             owned = tf.gather(owned, self._columns, axis=1)
-        return tf.reshape(owned, [local_batch, self.placement.exchanged_features(),
-                                  self.dims.embedding_dim]), wide
+        return tf.reshape(
+            owned, [local_batch, self.placement.exchanged_features(), self.dims.embedding_dim]
+        ), wide
 
     def dense_part(self, numerical: tf.Tensor, features: tf.Tensor, wide: tf.Tensor) -> tf.Tensor:
         """Step 3 on the local samples: [bottom MLP], interaction, top MLP -> logits (+ the
@@ -290,12 +328,12 @@ class DLRM(tf.Module):
         if self.bottom_data_parallel:
             bottom = self.bottom(numerical, self.compute_dtype)
             features = tf.concat([bottom[:, None, :], features], axis=1)
-        logits = self.top(interaction(features, self.cross, self.compute_dtype),
-                          self.compute_dtype)
+        logits = self.top(interaction(features, self.cross, self.compute_dtype), self.compute_dtype)
         return tf.cast(logits[:, 0], tf.float32) + wide
 
-    def features(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
-                 local_batch: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def features(
+        self, categorical: list[tf.Tensor], numerical: tf.Tensor, local_batch: int
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Steps 1-2: (numericals for the dense part, exchanged features [b, F, d], the wide
         sum [b]).
 
@@ -304,16 +342,13 @@ class DLRM(tf.Module):
         or empty.
         """
         global_numerical = numerical if not self.bottom_data_parallel else None
-        owned = self._owned_outputs(categorical, global_numerical,
-                                    local_batch * self.placement.world)
+        owned = self._owned_outputs(categorical, global_numerical, local_batch * self.placement.world)
         features, wide = self._exchange(owned, local_batch)
         if wide is None:
-            wide = (self._wide_sum(categorical, local_batch) if self._wide_width
-                    else tf.zeros([local_batch]))
+            wide = self._wide_sum(categorical, local_batch) if self._wide_width else tf.zeros([local_batch])
         local_numerical = numerical if self.bottom_data_parallel else tf.zeros([local_batch, 0])
         return local_numerical, features, wide
 
-    def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor,
-                 local_batch: int) -> tf.Tensor:
+    def __call__(self, categorical: list[tf.Tensor], numerical: tf.Tensor, local_batch: int) -> tf.Tensor:
         """Logits [local batch]."""
         return self._dense(*self.features(categorical, numerical, local_batch))

@@ -87,9 +87,13 @@ class Optimizer:
     factor, and their state by name (the checkpoints save it); a kind makes its own slots
     in ``make_slots`` and updates them in ``apply``."""
 
-    def __init__(self, variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                 penalties: dict[str, RowL2] | None = None,
-                 rate_factors: dict[str, float] | None = None):
+    def __init__(
+        self,
+        variables: list[tuple[str, tf.Variable]],
+        config: TrainConfig,
+        penalties: dict[str, RowL2] | None = None,
+        rate_factors: dict[str, float] | None = None,
+    ):
         self.variables = variables
         self.penalties = penalties_for(variables, penalties)
         self.rates = [(rate_factors or {}).get(name, 1.0) for name, _ in variables]
@@ -113,8 +117,7 @@ class Optimizer:
 
 class SGD(Optimizer):
     def apply(self, grads: list, lr_all: tf.Tensor) -> None:
-        for (_, var), grad, penalty, factor in zip(self.variables, grads, self.penalties,
-                                                   self.rates):
+        for (_, var), grad, penalty, factor in zip(self.variables, grads, self.penalties, self.rates):
             lr = scaled(lr_all, factor)
             if isinstance(grad, tf.IndexedSlices) and penalty is not None:
                 rows, values = distinct_rows(grad)
@@ -144,9 +147,10 @@ class Adam(Optimizer):
 
     def apply(self, grads: list, lr: tf.Tensor) -> None:
         t = tf.cast(self.iterations.assign_add(1), tf.float32)
-        step_all = lr * tf.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
-        for (_, var), grad, m, v, penalty, factor in zip(self.variables, grads, self.m, self.v,
-                                                         self.penalties, self.rates):
+        step_all = lr * tf.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
+        for (_, var), grad, m, v, penalty, factor in zip(
+            self.variables, grads, self.m, self.v, self.penalties, self.rates
+        ):
             step = scaled(step_all, factor)
             if isinstance(grad, tf.IndexedSlices):
                 rows, values = distinct_rows(grad)
@@ -156,8 +160,7 @@ class Adam(Optimizer):
                 v_rows = self.beta2 * tf.gather(v, rows) + (1 - self.beta2) * tf.square(values)
                 m.scatter_update(tf.IndexedSlices(m_rows, rows))
                 v.scatter_update(tf.IndexedSlices(v_rows, rows))
-                var.scatter_sub(tf.IndexedSlices(step * m_rows / (tf.sqrt(v_rows) + self.epsilon),
-                                                 rows))
+                var.scatter_sub(tf.IndexedSlices(step * m_rows / (tf.sqrt(v_rows) + self.epsilon), rows))
             else:
                 m.assign(self.beta1 * m + (1 - self.beta1) * grad)
                 v.assign(self.beta2 * v + (1 - self.beta2) * tf.square(grad))
@@ -175,15 +178,18 @@ class Adagrad(Optimizer):
 
     def make_slots(self, config: TrainConfig) -> None:
         self.epsilon = config.adagrad_epsilon
-        self.accumulators = [tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator),
-                                         trainable=False) for _, v in self.variables]
+        self.accumulators = [
+            tf.Variable(tf.fill(v.shape, config.adagrad_initial_accumulator), trainable=False)
+            for _, v in self.variables
+        ]
 
     def state_for(self, name: str) -> list[tuple[str, tf.Variable]]:
         return [(f"{name}/adagrad", self.accumulators[self._by_name[name]])]
 
     def apply(self, grads: list, lr_all: tf.Tensor) -> None:
-        for (_, var), grad, acc, penalty, factor in zip(self.variables, grads, self.accumulators,
-                                                        self.penalties, self.rates):
+        for (_, var), grad, acc, penalty, factor in zip(
+            self.variables, grads, self.accumulators, self.penalties, self.rates
+        ):
             lr = scaled(lr_all, factor)
             if isinstance(grad, tf.IndexedSlices):
                 rows, values = distinct_rows(grad)
@@ -191,16 +197,18 @@ class Adagrad(Optimizer):
                     values = penalty.add(var, rows, values)
                 acc_rows = tf.gather(acc, rows) + tf.square(values)
                 acc.scatter_update(tf.IndexedSlices(acc_rows, rows))
-                var.scatter_sub(tf.IndexedSlices(
-                    lr * values / (tf.sqrt(acc_rows) + self.epsilon), rows))
+                var.scatter_sub(tf.IndexedSlices(lr * values / (tf.sqrt(acc_rows) + self.epsilon), rows))
             else:
                 acc.assign_add(tf.square(grad))
                 var.assign_sub(lr * grad / (tf.sqrt(acc) + self.epsilon))
 
 
-def make_optimizer(variables: list[tuple[str, tf.Variable]], config: TrainConfig,
-                   penalties: dict[str, RowL2] | None = None,
-                   rate_factors: dict[str, float] | None = None) -> Optimizer:
+def make_optimizer(
+    variables: list[tuple[str, tf.Variable]],
+    config: TrainConfig,
+    penalties: dict[str, RowL2] | None = None,
+    rate_factors: dict[str, float] | None = None,
+) -> Optimizer:
     """The configured optimizer; ``penalties`` names the sparse variables with a row L2,
     ``rate_factors`` those whose rate is the schedule's times a factor."""
     kinds = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}

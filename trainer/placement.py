@@ -76,11 +76,18 @@ class Placement:
         return np.array([position[(t, c)] for t in order for c in range(self.dim)], np.int32)
 
     def describe(self) -> dict:
-        return {"world": self.world, "dim": self.dim, "bottom_owner": self.bottom_owner,
-                "ranks": [{"pieces": [p.name for p in self.pieces[r]],
-                           "embedding_mb": round(sum(p.rows * p.width for p in self.pieces[r])
-                                                 * 4 / 2**20, 3)}
-                          for r in range(self.world)]}
+        return {
+            "world": self.world,
+            "dim": self.dim,
+            "bottom_owner": self.bottom_owner,
+            "ranks": [
+                {
+                    "pieces": [p.name for p in self.pieces[r]],
+                    "embedding_mb": round(sum(p.rows * p.width for p in self.pieces[r]) * 4 / 2**20, 3),
+                }
+                for r in range(self.world)
+            ],
+        }
 
 
 def column_ranges(dim: int, parts: int) -> list[tuple[int, int]]:
@@ -88,10 +95,16 @@ def column_ranges(dim: int, parts: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def plan_placement(table_sizes: list[int] | tuple[int, ...], dim: int, world: int, *,
-                   bottom_data_parallel: bool = True, split_threshold_bytes: float = float("inf"),
-                   force_split: tuple[str, ...] | list[str] = (),
-                   bytes_per_value: int = 4) -> Placement:
+def plan_placement(
+    table_sizes: list[int] | tuple[int, ...],
+    dim: int,
+    world: int,
+    *,
+    bottom_data_parallel: bool = True,
+    split_threshold_bytes: float = float("inf"),
+    force_split: tuple[str, ...] | list[str] = (),
+    bytes_per_value: int = 4,
+) -> Placement:
     """Balance tables over ``world`` ranks; split the too-large ones column-wise."""
     if world < 1:
         raise ValueError("world size must be at least 1")
@@ -115,7 +128,8 @@ def plan_placement(table_sizes: list[int] | tuple[int, ...], dim: int, world: in
         load[rank] += piece.rows * piece.width
     idle = [r for r in range(world) if not owned[r]]
     if idle:
-        raise ConfigError(f"{world} ranks but rank(s) {idle} would hold no table: use fewer ranks "
-                          "or split tables column-wise (force_column_split)")
-    return Placement(world, dim, tuple(tuple(sorted(p)) for p in owned),
-                     None if bottom_data_parallel else 0)
+        raise ConfigError(
+            f"{world} ranks but rank(s) {idle} would hold no table: use fewer ranks "
+            "or split tables column-wise (force_column_split)"
+        )
+    return Placement(world, dim, tuple(tuple(sorted(p)) for p in owned), None if bottom_data_parallel else 0)

@@ -33,8 +33,9 @@ def batch_presence(counts: np.ndarray, global_batch: int, train_rows: int) -> np
     return np.minimum(share, 1.0)
 
 
-def inverse_frequency(dataset: BinaryDataset, table: int, rows: int, global_batch: int,
-                      counts_chunk: int = 1 << 22) -> tf.Tensor:
+def inverse_frequency(
+    dataset: BinaryDataset, table: int, rows: int, global_batch: int, counts_chunk: int = 1 << 22
+) -> tf.Tensor:
     """[rows] float32: 1 / the batch presence of each row of ``table`` in the train split."""
     reader = SplitReader(dataset, "train")
     counts = np.zeros(rows, np.int64)
@@ -45,8 +46,9 @@ def inverse_frequency(dataset: BinaryDataset, table: int, rows: int, global_batc
     return tf.constant((1.0 / presence).astype(np.float32))
 
 
-def row_penalties(config: TrainConfig, model: DLRM, dataset: BinaryDataset,
-                  global_batch: int) -> dict[str, RowL2]:
+def row_penalties(
+    config: TrainConfig, model: DLRM, dataset: BinaryDataset, global_batch: int
+) -> dict[str, RowL2]:
     """Variable name -> its ``RowL2`` for this rank's tables and wide weights (none when both
     strengths are 0)."""
     train_rows = max(dataset.rows["train"], 1)
@@ -61,7 +63,10 @@ def row_penalties(config: TrainConfig, model: DLRM, dataset: BinaryDataset,
             continue
         table = int(name.split("/")[1])
         if table not in scales:
-            scales[table] = (inverse_frequency(dataset, table, int(var.shape[0]), global_batch)
-                             if config.row_l2_scaling == "inverse_frequency" else None)
+            scales[table] = (
+                inverse_frequency(dataset, table, int(var.shape[0]), global_batch)
+                if config.row_l2_scaling == "inverse_frequency"
+                else None
+            )
         out[name] = RowL2(strength / train_rows, scales[table])
     return out

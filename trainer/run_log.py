@@ -16,7 +16,8 @@ from trainer.metrics import MetricsLog
 # TensorBoard's scalar plugin tag, written with TensorFlow's own summary op so that the
 # tensorboard package is not needed to produce the event files (only to view them).
 SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+)
 # fields of a record that label it rather than measure something
 LABELS = ("step", "epoch", "event", "split")
 
@@ -41,8 +42,12 @@ class RunLog:
             for key, value in record.items():
                 if key not in LABELS and isinstance(value, (int, float)):
                     prefix = record.get("split", "train")
-                    tf.summary.write(f"{prefix}/{key}", tf.constant(float(value), tf.float32),
-                                     step=record.get("step", step), metadata=SCALAR_METADATA)
+                    tf.summary.write(
+                        f"{prefix}/{key}",
+                        tf.constant(float(value), tf.float32),
+                        step=record.get("step", step),
+                        metadata=SCALAR_METADATA,
+                    )
         self._summary.flush()
 
     def progress(self, text: str) -> None:

@@ -57,9 +57,9 @@ class RunState:
         self.run_start = int(meta.get(RUN_START_KEY, 0))
         self.warm_start = WarmStart.from_meta(meta.get(WARM_START_KEY))
         self.days_seen_before = days_before(meta) if TRAIN_DAYS_KEY in meta else None
-        self.early_stopping = EarlyStopping.from_meta(self.early_stopping.patience,
-                                                      meta.get("early_stopping"),
-                                                      self.early_stopping.min_delta)
+        self.early_stopping = EarlyStopping.from_meta(
+            self.early_stopping.patience, meta.get("early_stopping"), self.early_stopping.min_delta
+        )
 
     def start_from(self, warm: WarmStart, meta: dict[str, Any]) -> None:
         """A new run from the previous model whose meta is ``meta``: it starts at that model's
@@ -67,5 +67,4 @@ class RunState:
         self.step = self.run_start = warm.source_step
         self.warm_start = warm
         self.days_seen_before = trained_days(meta)
-        self.early_stopping = EarlyStopping(self.early_stopping.patience,
-                                            self.early_stopping.min_delta)
+        self.early_stopping = EarlyStopping(self.early_stopping.patience, self.early_stopping.min_delta)

@@ -85,8 +85,9 @@ def _reading(path: Path) -> Iterator[None]:
     try:
         yield
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise ScoreError(f"{path} is not a readable gzip file (truncated or corrupt: {exc}); "
-                         "nothing was written for it") from None
+        raise ScoreError(
+            f"{path} is not a readable gzip file (truncated or corrupt: {exc}); nothing was written for it"
+        ) from None
 
 
 def line_text(line: bytes) -> bytes:
@@ -96,8 +97,7 @@ def line_text(line: bytes) -> bytes:
 
 
 def _integer(field: bytes) -> bool:
-    return not field or (_INTEGER.fullmatch(field) is not None
-                         and _INT64[0] <= int(field) <= _INT64[1])
+    return not field or (_INTEGER.fullmatch(field) is not None and _INT64[0] <= int(field) <= _INT64[1])
 
 
 def fits_rules(line: bytes, labelled: bool) -> bool:
@@ -107,7 +107,7 @@ def fits_rules(line: bytes, labelled: bool) -> bool:
         fields = [b"0", *fields]
     if len(fields) > NUM_FIELDS or fields[0] not in (b"0", b"1"):
         return False
-    ints, cats = fields[1:1 + NUM_INTEGER], fields[1 + NUM_INTEGER:]
+    ints, cats = fields[1 : 1 + NUM_INTEGER], fields[1 + NUM_INTEGER :]
     return all(map(_integer, ints)) and all(not f or _HEX.fullmatch(f) for f in cats)
 
 
@@ -123,15 +123,18 @@ def detect_label(path: Path, max_reject_rate: float) -> bool | None:
     lines = [line for line in itertools.islice(_lines(path), LABEL_SNIFF_LINES) if line_text(line)]
     if not lines:
         return None
-    fit = {labelled: sum(fits_rules(line, labelled) for line in lines) / len(lines)
-           for labelled in (True, False)}
+    fit = {
+        labelled: sum(fits_rules(line, labelled) for line in lines) / len(lines) for labelled in (True, False)
+    }
     winner = fit[True] >= fit[False]
     if fit[not winner] < 1.0 - max_reject_rate and fit[winner] >= 0.5:
         return winner
-    raise ScoreError(f"cannot tell whether the lines of {path} start with the label: of its "
-                     f"first {len(lines)} lines, {fit[True]:.1%} are valid read as labelled and "
-                     f"{fit[False]:.1%} read as unlabelled (a line of 39 fields can be either); "
-                     "set score.has_label: true or false in the config")
+    raise ScoreError(
+        f"cannot tell whether the lines of {path} start with the label: of its "
+        f"first {len(lines)} lines, {fit[True]:.1%} are valid read as labelled and "
+        f"{fit[False]:.1%} read as unlabelled (a line of 39 fields can be either); "
+        "set score.has_label: true or false in the config"
+    )
 
 
 class ScanProgress:
@@ -142,11 +145,19 @@ class ScanProgress:
         self.reporter = reporter
         self.sizes = {output_name(p): p.stat().st_size for p in paths}
         self.total = sum(self.sizes.values())
-        self.finished = 0   # bytes of the files already scored
+        self.finished = 0  # bytes of the files already scored
         self.lines = 0
         self._current: str | None = None
-        reporter.report(phase="score", unit="MiB", total=self.total / 2**20, done=0.0,
-                        fraction=0.0, rows=0, rows_unit="lines", force=True)
+        reporter.report(
+            phase="score",
+            unit="MiB",
+            total=self.total / 2**20,
+            done=0.0,
+            fraction=0.0,
+            rows=0,
+            rows_unit="lines",
+            force=True,
+        )
 
     def scanned(self, name: str, lines: int, position: int) -> None:
         if name != self._current:
@@ -155,23 +166,30 @@ class ScanProgress:
             self._current = name
         self.lines += lines
         done = self.finished + position
-        self.reporter.report(detail=name, done=done / 2**20, rows=self.lines,
-                             fraction=done / self.total if self.total else None)
+        self.reporter.report(
+            detail=name,
+            done=done / 2**20,
+            rows=self.lines,
+            fraction=done / self.total if self.total else None,
+        )
 
     def finish(self) -> None:
         self.reporter.report(done=self.total / 2**20, rows=self.lines, fraction=1.0, force=True)
 
 
-SCHEMA_LABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32()),
-                             ("label", pa.int8())])
+SCHEMA_LABELLED = pa.schema(
+    [("line_number", pa.int64()), ("probability", pa.float32()), ("label", pa.int8())]
+)
 SCHEMA_UNLABELLED = pa.schema([("line_number", pa.int64()), ("probability", pa.float32())])
 
 
-def score_file(model, path: Path, out_dir: Path, config: ScoreConfig,
-               progress: ScanProgress | None = None) -> dict:
+def score_file(
+    model, path: Path, out_dir: Path, config: ScoreConfig, progress: ScanProgress | None = None
+) -> dict:
     """Score one file into OUT/<name>.parquet + OUT/rejects/<name>.jsonl (atomically)."""
-    has_label = (config.has_label if config.has_label is not None
-                 else detect_label(path, config.max_reject_rate))
+    has_label = (
+        config.has_label if config.has_label is not None else detect_label(path, config.max_reject_rate)
+    )
     name = output_name(path)
     final, final_rejects = out_dir / f"{name}.parquet", out_dir / "rejects" / f"{name}.jsonl"
     (out_dir / "rejects").mkdir(parents=True, exist_ok=True)
@@ -181,38 +199,52 @@ def score_file(model, path: Path, out_dir: Path, config: ScoreConfig,
     too_many = None
     with atomic_file(final_rejects) as tmp_rejects:
         try:
-            with atomic_file(final) as tmp, pq.ParquetWriter(tmp, schema) as writer, \
-                    open(tmp_rejects, "w", encoding="utf-8") as rejects:
-                lines_read, rejected = _score_lines(model, path, bool(has_label), writer,
-                                                    rejects, config, progress)
+            with (
+                atomic_file(final) as tmp,
+                pq.ParquetWriter(tmp, schema) as writer,
+                open(tmp_rejects, "w", encoding="utf-8") as rejects,
+            ):
+                lines_read, rejected = _score_lines(
+                    model, path, bool(has_label), writer, rejects, config, progress
+                )
                 _check_reject_rate(path, lines_read, rejected, final_rejects, config)
         except TooManyRejects as exc:  # the scores are dropped, the rejects kept
             too_many = exc
     if too_many is not None:
         raise too_many
-    return {"file": str(path), "output": str(final), "rejects": str(final_rejects),
-            "has_label": has_label, "lines": lines_read,
-            "scored": lines_read - sum(rejected.values()), "rejected": rejected}
+    return {
+        "file": str(path),
+        "output": str(final),
+        "rejects": str(final_rejects),
+        "has_label": has_label,
+        "lines": lines_read,
+        "scored": lines_read - sum(rejected.values()),
+        "rejected": rejected,
+    }
 
 
 class TooManyRejects(ScoreError):
     """More lines refused than score.max_reject_rate allows."""
 
 
-def _check_reject_rate(path: Path, lines: int, rejected: dict[str, int], rejects_file: Path,
-                       config: ScoreConfig) -> None:
+def _check_reject_rate(
+    path: Path, lines: int, rejected: dict[str, int], rejects_file: Path, config: ScoreConfig
+) -> None:
     count = sum(rejected.values())
     rate = count / lines if lines else 0.0
     if rate > config.max_reject_rate:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(rejected.items()))
-        raise TooManyRejects(f"{path}: {count:,} of {lines:,} lines rejected ({rate:.2%}: "
-                             f"{reasons}), more than score.max_reject_rate "
-                             f"{config.max_reject_rate:.2%}: no scores written; the lines are "
-                             f"in {rejects_file}")
+        raise TooManyRejects(
+            f"{path}: {count:,} of {lines:,} lines rejected ({rate:.2%}: "
+            f"{reasons}), more than score.max_reject_rate "
+            f"{config.max_reject_rate:.2%}: no scores written; the lines are "
+            f"in {rejects_file}"
+        )
 
 
-def _score_lines(model, path: Path, has_label: bool, writer, rejects, config: ScoreConfig,
-                 progress: ScanProgress | None) -> tuple[int, dict[str, int]]:
+def _score_lines(
+    model, path: Path, has_label: bool, writer, rejects, config: ScoreConfig, progress: ScanProgress | None
+) -> tuple[int, dict[str, int]]:
     """Every line of ``path``, ``batch_rows`` at a time: scores to ``writer``, refused lines to
     ``rejects``. Returns the lines read and the rejects per reason."""
     import tensorflow as tf
@@ -226,8 +258,7 @@ def _score_lines(model, path: Path, has_label: bool, writer, rejects, config: Sc
             batch = list(itertools.islice(lines, config.batch_rows))
             if not batch:
                 break
-            out = signature(lines=tf.constant(batch),
-                            has_label=tf.fill([len(batch)], tf.constant(has_label)))
+            out = signature(lines=tf.constant(batch), has_label=tf.fill([len(batch)], tf.constant(has_label)))
             probability = out["probability"].numpy()
             reasons = out["reject_reason"].numpy()
             numbers = np.arange(lines_read + 1, lines_read + len(batch) + 1, dtype=np.int64)
@@ -239,18 +270,30 @@ def _score_lines(model, path: Path, has_label: bool, writer, rejects, config: Sc
             for i in np.flatnonzero(~keep):
                 reason = reasons[i].decode()
                 rejected[reason] = rejected.get(reason, 0) + 1
-                rejects.write(json.dumps({"file": str(path), "line_number": int(numbers[i]),
-                                          "reason": reason,
-                                          "line": line_text(batch[i]).decode("utf-8", "replace")})
-                              + "\n")
+                rejects.write(
+                    json.dumps(
+                        {
+                            "file": str(path),
+                            "line_number": int(numbers[i]),
+                            "reason": reason,
+                            "line": line_text(batch[i]).decode("utf-8", "replace"),
+                        }
+                    )
+                    + "\n"
+                )
             lines_read += len(batch)
             if progress is not None:
                 progress.scanned(name, len(batch), raw.tell())
     return lines_read, rejected
 
 
-def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | Path,
-                config: ScoreConfig, progress_settings: ProgressConfig | None = None) -> dict:
+def score_files(
+    model_dir: str | Path,
+    inputs: list[str | Path],
+    out_dir: str | Path,
+    config: ScoreConfig,
+    progress_settings: ProgressConfig | None = None,
+) -> dict:
     """Score raw day files with an exported SavedModel, one output file per input.
 
     Args:
@@ -277,14 +320,18 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
     if not (model_dir / SAVED_MODEL_PB).is_file():
         served = served_export(model_dir)
         if served is None:
-            raise ScoreError(f"no SavedModel at {model_dir} (no saved_model.pb, nor a version "
-                             "directory <N>/ holding one): run the export stage first")
+            raise ScoreError(
+                f"no SavedModel at {model_dir} (no saved_model.pb, nor a version "
+                "directory <N>/ holding one): run the export stage first"
+            )
         model_dir = served
     try:  # a model directory is code: only a version the export stage wrote is loaded
         verify_saved_model(model_dir)
     except ModelDigestError as error:
-        raise ScoreError(f"{error}: serve an intact version (run_pipeline.sh export rollback "
-                         "[VERSION]) or export again (--stages export --force)") from None
+        raise ScoreError(
+            f"{error}: serve an intact version (run_pipeline.sh export rollback "
+            "[VERSION]) or export again (--stages export --force)"
+        ) from None
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -293,10 +340,14 @@ def score_files(model_dir: str | Path, inputs: list[str | Path], out_dir: str | 
         progress = ScanProgress(paths, reporter)
         files = [score_file(model, p, out_dir, config, progress) for p in paths]
         progress.finish()
-    return {"model": str(model_dir), "files": files, "lines": sum(f["lines"] for f in files),
-            "scored": sum(f["scored"] for f in files),
-            "rejected": sum(sum(f["rejected"].values()) for f in files),
-            "seconds": round(time.perf_counter() - started, 2)}
+    return {
+        "model": str(model_dir),
+        "files": files,
+        "lines": sum(f["lines"] for f in files),
+        "scored": sum(f["scored"] for f in files),
+        "rejected": sum(sum(f["rejected"].values()) for f in files),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 def load_model(model_dir: Path):
@@ -311,18 +362,26 @@ def load_model(model_dir: Path):
         return model
     except (tf.errors.OpError, ValueError, KeyError, OSError, RuntimeError) as exc:
         cause = " ".join(str(exc).split())[:300]
-        raise ScoreError(f"the SavedModel {model_dir} cannot be loaded ({type(exc).__name__}: "
-                         f"{cause}): serve an intact version (run_pipeline.sh export rollback "
-                         "[VERSION]) or export again (--stages export --force)") from None
+        raise ScoreError(
+            f"the SavedModel {model_dir} cannot be loaded ({type(exc).__name__}: "
+            f"{cause}): serve an intact version (run_pipeline.sh export rollback "
+            "[VERSION]) or export again (--stages export --force)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.score", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True,
-                        help="SavedModel: an export version (DIR/export/<N>), or DIR/export for "
-                             "its served version (DIR/export/serving.json: the version held by a "
-                             "rollback, else the newest verified)")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.score",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="SavedModel: an export version (DIR/export/<N>), or DIR/export for "
+        "its served version (DIR/export/serving.json: the version held by a "
+        "rollback, else the newest verified)",
+    )
     parser.add_argument("--out", required=True, help="output directory (DIR/scores)")
     parser.add_argument("--input", required=True, help="comma-separated raw files (plain or .gz)")
     parser.add_argument("--config", help="YAML file with a 'score' section")
@@ -332,10 +391,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    with output_lock(args.out, "trainer.score"), \
-            failing_as(ExitCode.SCORE, ScoreError, ServingStateError):
-        summary = score_files(args.model, [p for p in args.input.split(",") if p], args.out,
-                              config.score, config.progress)
+    with output_lock(args.out, "trainer.score"), failing_as(ExitCode.SCORE, ScoreError, ServingStateError):
+        summary = score_files(
+            args.model, [p for p in args.input.split(",") if p], args.out, config.score, config.progress
+        )
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -41,8 +41,15 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from dlrm_contracts.schema import (BAD_LABEL, NON_HEX_CATEGORICAL, NON_INTEGER, NUM_CATEGORICAL,
-                                   NUM_FIELDS, NUM_INTEGER, TOO_MANY_FIELDS)
+from dlrm_contracts.schema import (
+    BAD_LABEL,
+    NON_HEX_CATEGORICAL,
+    NON_INTEGER,
+    NUM_CATEGORICAL,
+    NUM_FIELDS,
+    NUM_INTEGER,
+    TOO_MANY_FIELDS,
+)
 from trainer.model import MLP, CrossNet, ModelDims, interaction, pooled_lookup
 
 INT64_MAX_TAIL = 223_372_036_854_775_807  # 2**63 - 1 = 9 * 10**18 + this
@@ -154,18 +161,24 @@ class ServingCore(tf.Module):
     """Whole tables, both MLPs, the cross layers of a DCN model and the wide weights: ids and
     numericals -> a click probability, with the trainer's own ops (so the same rounding)."""
 
-    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
-                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 missing_integer: int, wide: Sequence[np.ndarray] | None = None,
-                 cross: dict[str, np.ndarray] | None = None):
+    def __init__(
+        self,
+        dims: ModelDims,
+        tables: Iterable[np.ndarray],
+        bottom: dict[str, np.ndarray],
+        top: dict[str, np.ndarray],
+        missing_integer: int,
+        wide: Sequence[np.ndarray] | None = None,
+        cross: dict[str, np.ndarray] | None = None,
+    ):
         """``wide``: each table's [rows, 1] first-order weights (``dims.wide``), or None;
         ``cross``: the cross layers' weights (``dims.interaction`` dcn), or None."""
         super().__init__(name="dlrm_serving")
         self.missing_integer = missing_integer
-        self.tables = [tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}")
-                       for i, t in enumerate(tables)]
-        self.wide = [tf.Variable(w, trainable=False, name=f"wide_C{i + 1}")
-                     for i, w in enumerate(wide or [])]
+        self.tables = [
+            tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}") for i, t in enumerate(tables)
+        ]
+        self.wide = [tf.Variable(w, trainable=False, name=f"wide_C{i + 1}") for i, w in enumerate(wide or [])]
         self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", bottom)
         top_in = dims.top_input(NUM_CATEGORICAL + 1)
         self.cross = None
@@ -176,8 +189,9 @@ class ServingCore(tf.Module):
         self.top = self._mlp(top_in, dims.top_mlp, False, "top", top)
 
     @staticmethod
-    def _mlp(in_dim: int, sizes: tuple[int, ...], final_relu: bool, name: str,
-             weights: dict[str, np.ndarray]) -> MLP:
+    def _mlp(
+        in_dim: int, sizes: tuple[int, ...], final_relu: bool, name: str, weights: dict[str, np.ndarray]
+    ) -> MLP:
         """The trainer's MLP (same ops, so the same rounding) holding the checkpoint's weights."""
         mlp = MLP(in_dim, sizes, 0, 0, final_relu, name)
         for key, variable in mlp.named_variables():
@@ -187,19 +201,16 @@ class ServingCore(tf.Module):
     def _probability_of_ids(self, integers: tf.Tensor, ids: Sequence[tf.Tensor]) -> tf.Tensor:
         """``ids``: per column [n] (one-hot) or [n, k] (multi-hot, pooled by sum)."""
         numerical = log_transform(integers)
-        embedded = tf.stack([pooled_lookup(self.tables[j], ids[j])
-                             for j in range(NUM_CATEGORICAL)], axis=1)
+        embedded = tf.stack([pooled_lookup(self.tables[j], ids[j]) for j in range(NUM_CATEGORICAL)], axis=1)
         bottom = self.bottom(numerical, tf.float32)
         features = tf.concat([bottom[:, None, :], embedded], axis=1)
         logits = self.top(interaction(features, self.cross, tf.float32), tf.float32)[:, 0]
         if self.wide:  # the top MLP's logit + the tables' weights, as in training
             # One reduction, not a chain of adds: graph rewriting may regroup an add_n
             # differently in each signature, and the signatures must agree to the bit.
-            weights = tf.concat([pooled_lookup(w, ids[j]) for j, w in enumerate(self.wide)],
-                                axis=1)
+            weights = tf.concat([pooled_lookup(w, ids[j]) for j, w in enumerate(self.wide)], axis=1)
             logits += tf.reduce_sum(weights, axis=1)
         return tf.sigmoid(logits)
-
 
     def _add_multi_hot_signature(self, multi_hot_sizes: Sequence[int]) -> None:
         """``serve_multi_hot``: rows of ids as the dataset holds them. A tf.function made per
@@ -207,9 +218,13 @@ class ServingCore(tf.Module):
         width is refused by the signature."""
         sizes = tuple(int(k) for k in multi_hot_sizes)
         self.multi_hot_offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        self.serve_multi_hot = tf.function(self._serve_multi_hot, input_signature=[
-            tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
-            tf.TensorSpec([None, self.multi_hot_offsets[-1]], tf.int64, name="cat_ids")])
+        self.serve_multi_hot = tf.function(
+            self._serve_multi_hot,
+            input_signature=[
+                tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
+                tf.TensorSpec([None, self.multi_hot_offsets[-1]], tf.int64, name="cat_ids"),
+            ],
+        )
 
     def _serve_multi_hot(self, int_features, cat_ids):
         """``cat_ids`` int64 [n, sum(k)]: C1's k1 ids, then C2's k2 ids, ... (a row of the
@@ -218,7 +233,7 @@ class ServingCore(tf.Module):
         offsets = self.multi_hot_offsets
         ids, in_range = [], []
         for j in range(NUM_CATEGORICAL):
-            column = cat_ids[:, offsets[j]:offsets[j + 1]]
+            column = cat_ids[:, offsets[j] : offsets[j + 1]]
             rows = tf.cast(tf.shape(self.tables[j])[0], tf.int64)
             ok = tf.reduce_all((column >= 0) & (column < rows), axis=1)
             in_range.append(ok)
@@ -226,9 +241,12 @@ class ServingCore(tf.Module):
         in_range = tf.reduce_all(tf.stack(in_range, axis=1), axis=1)
         reason = first_reason([(ID_OUT_OF_RANGE, ~in_range)])
         probability = self._probability_of_ids(int_features, ids)
-        return {"probability": tf.where(in_range, probability,
-                                        tf.fill(tf.shape(probability), REJECTED_PROBABILITY)),
-                "reject_reason": reason}
+        return {
+            "probability": tf.where(
+                in_range, probability, tf.fill(tf.shape(probability), REJECTED_PROBABILITY)
+            ),
+            "reject_reason": reason,
+        }
 
 
 class ServingDLRM(ServingCore):
@@ -239,72 +257,106 @@ class ServingDLRM(ServingCore):
     the converter's materialization, dlrm_contracts/multi_hot.py), so raw values reach the
     same k ids the dataset held, and gets ``serve_multi_hot`` too."""
 
-    def __init__(self, dims: ModelDims, tables: Iterable[np.ndarray],
-                 bottom: dict[str, np.ndarray], top: dict[str, np.ndarray],
-                 vocabularies: Sequence[Path] | None, missing_integer: int,
-                 wide: Sequence[np.ndarray] | None = None,
-                 cross: dict[str, np.ndarray] | None = None,
-                 expansions: Sequence[np.ndarray | None] | None = None,
-                 caps: Sequence[int] | None = None):
+    def __init__(
+        self,
+        dims: ModelDims,
+        tables: Iterable[np.ndarray],
+        bottom: dict[str, np.ndarray],
+        top: dict[str, np.ndarray],
+        vocabularies: Sequence[Path] | None,
+        missing_integer: int,
+        wide: Sequence[np.ndarray] | None = None,
+        cross: dict[str, np.ndarray] | None = None,
+        expansions: Sequence[np.ndarray | None] | None = None,
+        caps: Sequence[int] | None = None,
+    ):
         """Exactly one of ``vocabularies`` (a file per column) and ``caps`` (26 ints)."""
         if (vocabularies is None) == (caps is None):
-            raise ValueError("a served model takes its ids from vocabularies or from caps, "
-                             "one of the two")
+            raise ValueError("a served model takes its ids from vocabularies or from caps, one of the two")
         super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
         # plain ints: a constant of the graph, nothing to restore
         self.caps = None if caps is None else tuple(int(c) for c in caps)
-        self.vocabularies = [tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-            str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
-            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=0)
-            for path in vocabularies or []]
+        self.vocabularies = [
+            tf.lookup.StaticHashTable(
+                tf.lookup.TextFileInitializer(
+                    str(path),
+                    tf.string,
+                    tf.lookup.TextFileIndex.WHOLE_LINE,
+                    tf.int64,
+                    tf.lookup.TextFileIndex.LINE_NUMBER,
+                ),
+                default_value=0,
+            )
+            for path in vocabularies or []
+        ]
         # column index -> its lookup table (multi-hot columns only)
-        self.expansions = {str(j): tf.Variable(e, trainable=False, name=f"multi_hot_C{j + 1}")
-                           for j, e in enumerate(expansions or []) if e is not None}
+        self.expansions = {
+            str(j): tf.Variable(e, trainable=False, name=f"multi_hot_C{j + 1}")
+            for j, e in enumerate(expansions or [])
+            if e is not None
+        }
         if expansions is not None:
-            self._add_multi_hot_signature([1 if e is None else int(e.shape[1])
-                                           for e in expansions])
+            self._add_multi_hot_signature([1 if e is None else int(e.shape[1]) for e in expansions])
 
     def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
         if self.caps is not None:
             return capped_ids(normalised, unusable, self.caps)
-        ids = tf.stack([self.vocabularies[j].lookup(normalised[:, j])
-                        for j in range(NUM_CATEGORICAL)], axis=1)
+        ids = tf.stack(
+            [self.vocabularies[j].lookup(normalised[:, j]) for j in range(NUM_CATEGORICAL)], axis=1
+        )
         return tf.where(unusable, tf.zeros_like(ids), ids)
 
     def _probability(self, integers: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
         """``ids`` [n, 26] one-hot ids; a multi-hot column's become its row's k ids."""
-        columns = [tf.gather(self.expansions[str(j)], ids[:, j]) if str(j) in self.expansions
-                   else ids[:, j] for j in range(NUM_CATEGORICAL)]
+        columns = [
+            tf.gather(self.expansions[str(j)], ids[:, j]) if str(j) in self.expansions else ids[:, j]
+            for j in range(NUM_CATEGORICAL)
+        ]
         return self._probability_of_ids(integers, columns)
 
-    def _score(self, integers: tf.Tensor, categoricals: tf.Tensor,
-               reason: tf.Tensor) -> tf.Tensor:
+    def _score(self, integers: tf.Tensor, categoricals: tf.Tensor, reason: tf.Tensor) -> tf.Tensor:
         normalised, unusable, _ = normalise_categoricals(categoricals)
         probability = self._probability(integers, self._ids(normalised, unusable))
-        return tf.where(tf.equal(reason, ""), probability,
-                        tf.fill(tf.shape(probability), REJECTED_PROBABILITY))
+        return tf.where(
+            tf.equal(reason, ""), probability, tf.fill(tf.shape(probability), REJECTED_PROBABILITY)
+        )
 
-    @tf.function(input_signature=[tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
-                                  tf.TensorSpec([None, NUM_CATEGORICAL], tf.string,
-                                                name="cat_features")])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
+            tf.TensorSpec([None, NUM_CATEGORICAL], tf.string, name="cat_features"),
+        ]
+    )
     def serve_features(self, int_features, cat_features):
         _, _, cats_valid = normalise_categoricals(cat_features)
         reason = first_reason([(NON_HEX_CATEGORICAL, ~cats_valid)])
-        return {"probability": self._score(int_features, cat_features, reason),
-                "reject_reason": reason}
+        return {"probability": self._score(int_features, cat_features, reason), "reject_reason": reason}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="lines"),
-                                  tf.TensorSpec([None], tf.bool, name="has_label")])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name="lines"),
+            tf.TensorSpec([None], tf.bool, name="has_label"),
+        ]
+    )
     def serve_lines(self, lines, has_label):
         fields, too_many = split_lines(lines, has_label)
         label_text = fields[:, 0]
         bad_label = ~(tf.equal(label_text, "0") | tf.equal(label_text, "1"))
-        integers, ints_valid = parse_integers(fields[:, 1:1 + NUM_INTEGER], self.missing_integer)
-        categoricals = fields[:, 1 + NUM_INTEGER:]
+        integers, ints_valid = parse_integers(fields[:, 1 : 1 + NUM_INTEGER], self.missing_integer)
+        categoricals = fields[:, 1 + NUM_INTEGER :]
         _, _, cats_valid = normalise_categoricals(categoricals)
-        reason = first_reason([(TOO_MANY_FIELDS, too_many), (BAD_LABEL, bad_label),
-                               (NON_INTEGER, ~ints_valid), (NON_HEX_CATEGORICAL, ~cats_valid)])
+        reason = first_reason(
+            [
+                (TOO_MANY_FIELDS, too_many),
+                (BAD_LABEL, bad_label),
+                (NON_INTEGER, ~ints_valid),
+                (NON_HEX_CATEGORICAL, ~cats_valid),
+            ]
+        )
         scored = tf.equal(reason, "")
         label = tf.where(scored & has_label, tf.cast(tf.equal(label_text, "1"), tf.int32), -1)
-        return {"probability": self._score(integers, categoricals, reason),
-                "reject_reason": reason, "label": label}
+        return {
+            "probability": self._score(integers, categoricals, reason),
+            "reject_reason": reason,
+            "label": label,
+        }

@@ -10,8 +10,9 @@ from dlrm_contracts.config import ConfigError, TrainConfig
 from trainer.data import batch_starts
 
 
-def run_length(train_rows: int, split_rows: int, global_batch: int, config: TrainConfig,
-               nothing_new: bool = False) -> tuple[int, int]:
+def run_length(
+    train_rows: int, split_rows: int, global_batch: int, config: TrainConfig, nothing_new: bool = False
+) -> tuple[int, int]:
     """(steps this run trains, steps per epoch) over ``train_rows`` of the ``split_rows`` of
     the train split; (0, 1) when train.days: new finds no day the model has not seen
     (``nothing_new``).
@@ -23,18 +24,23 @@ def run_length(train_rows: int, split_rows: int, global_batch: int, config: Trai
         return 0, 1
     steps_per_epoch = train_rows // global_batch
     if steps_per_epoch == 0:
-        which = "the train split" if train_rows == split_rows else \
-            "the new train days (train.days: new)"
-        raise ConfigError(f"{which} have {train_rows} rows, fewer than one global "
-                          f"batch of {global_batch}")
+        which = "the train split" if train_rows == split_rows else "the new train days (train.days: new)"
+        raise ConfigError(f"{which} have {train_rows} rows, fewer than one global batch of {global_batch}")
     total = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     return total, steps_per_epoch
 
 
-def batch_plan(first: int, total: int, run_start: int, steps_per_epoch: int, train_rows: int,
-               global_batch: int, config: TrainConfig) -> list[tuple[int, int]]:
+def batch_plan(
+    first: int,
+    total: int,
+    run_start: int,
+    steps_per_epoch: int,
+    train_rows: int,
+    global_batch: int,
+    config: TrainConfig,
+) -> list[tuple[int, int]]:
     """(global step, first row of the run's rows) of every batch from step ``first`` to
     ``total``; epochs count from the run's first step ``run_start``."""
     plan, starts, epoch = [], None, None
@@ -42,8 +48,9 @@ def batch_plan(first: int, total: int, run_start: int, steps_per_epoch: int, tra
         local = step - run_start
         if local // steps_per_epoch != epoch:
             epoch = local // steps_per_epoch
-            starts = batch_starts(train_rows, global_batch, epoch=epoch, seed=config.seed,
-                                  shuffle=config.shuffle_batches)
-        assert starts is not None   # set by the first step of the loop
+            starts = batch_starts(
+                train_rows, global_batch, epoch=epoch, seed=config.seed, shuffle=config.shuffle_batches
+            )
+        assert starts is not None  # set by the first step of the loop
         plan.append((step, int(starts[local % steps_per_epoch])))
     return plan

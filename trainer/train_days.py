@@ -22,7 +22,7 @@ from typing import Any
 
 # meta.json key: {"trained": [days], "before": [days], "run": [days]} (None: unknown)
 TRAIN_DAYS_KEY = "train_days"
-SEGMENTS_KEY = "segments"       # dataset.json's per-split day list (converters/segments.py)
+SEGMENTS_KEY = "segments"  # dataset.json's per-split day list (converters/segments.py)
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class DayPlan:
     """The train rows of a run: ``ranges`` of the train split, in row order."""
 
     ranges: tuple[tuple[int, int], ...]
-    run_days: tuple[int, ...] | None    # the days trained; None: the dataset lists no days
-    before: tuple[int, ...] | None      # days the starting model had seen; None: unknown
+    run_days: tuple[int, ...] | None  # the days trained; None: the dataset lists no days
+    before: tuple[int, ...] | None  # days the starting model had seen; None: unknown
     note: str = ""
 
     @property
@@ -49,9 +49,11 @@ class DayPlan:
         return sorted(set(self.before) | (set(self.run_days) if covered else set()))
 
     def to_meta(self, covered: bool) -> dict[str, Any]:
-        return {"trained": self.trained(covered),
-                "before": None if self.before is None else list(self.before),
-                "run": None if self.run_days is None else list(self.run_days)}
+        return {
+            "trained": self.trained(covered),
+            "before": None if self.before is None else list(self.before),
+            "run": None if self.run_days is None else list(self.run_days),
+        }
 
 
 def trained_days(meta: dict[str, Any] | None) -> tuple[int, ...] | None:
@@ -79,23 +81,33 @@ def train_segments(extra: dict[str, Any], train_rows: int) -> list[tuple[int, in
         out.append((int(segment["day"]), start, start + rows))
         start += rows
     if start != train_rows:
-        raise ValueError(f"dataset.json's train segments add up to {start} rows, the train split "
-                         f"has {train_rows}")
+        raise ValueError(
+            f"dataset.json's train segments add up to {start} rows, the train split has {train_rows}"
+        )
     return out
 
 
-def plan_days(mode: str, segments: list[tuple[int, int, int]] | None, train_rows: int,
-              before: tuple[int, ...] | None) -> DayPlan:
+def plan_days(
+    mode: str, segments: list[tuple[int, int, int]] | None, train_rows: int, before: tuple[int, ...] | None
+) -> DayPlan:
     """The rows of a run (``train.days``), given the days its starting model has seen
     (``before``: () from scratch, None when the model does not record them)."""
     if segments is None:
-        note = ("train.days: new, but the dataset lists no days (ids by frequency): training "
-                "on the whole train split" if mode == "new" else "")
+        note = (
+            "train.days: new, but the dataset lists no days (ids by frequency): training "
+            "on the whole train split"
+            if mode == "new"
+            else ""
+        )
         return DayPlan(((0, train_rows),) if train_rows else (), None, before, note)
     days = tuple(day for day, _, _ in segments)
     if mode == "window" or before is None:
-        note = ("train.days: new, but the model this run starts from records no trained days: "
-                "training on the whole window" if mode == "new" and before is None else "")
+        note = (
+            "train.days: new, but the model this run starts from records no trained days: "
+            "training on the whole window"
+            if mode == "new" and before is None
+            else ""
+        )
         return DayPlan(_merged([(a, b) for _, a, b in segments]), days, before, note)
     if not before:
         note = "train.days: new from scratch: training on the whole window"
@@ -103,15 +115,18 @@ def plan_days(mode: str, segments: list[tuple[int, int, int]] | None, train_rows
     seen = set(before)
     fresh = [(day, a, b) for day, a, b in segments if day not in seen]
     if not fresh:
-        note = (f"train.days: new: the previous model has been trained on every train day of "
-                f"this window ({_listed(days)}): nothing new to train on; the model is kept as "
-                "it is")
+        note = (
+            f"train.days: new: the previous model has been trained on every train day of "
+            f"this window ({_listed(days)}): nothing new to train on; the model is kept as "
+            "it is"
+        )
     else:
-        note = (f"train.days: new: training on day(s) {_listed(tuple(d for d, _, _ in fresh))} "
-                f"only ({sum(b - a for _, a, b in fresh)} of {train_rows} train rows; the "
-                f"previous model has seen {_listed(tuple(sorted(seen)))})")
-    return DayPlan(_merged([(a, b) for _, a, b in fresh]), tuple(d for d, _, _ in fresh),
-                   before, note)
+        note = (
+            f"train.days: new: training on day(s) {_listed(tuple(d for d, _, _ in fresh))} "
+            f"only ({sum(b - a for _, a, b in fresh)} of {train_rows} train rows; the "
+            f"previous model has seen {_listed(tuple(sorted(seen)))})"
+        )
+    return DayPlan(_merged([(a, b) for _, a, b in fresh]), tuple(d for d, _, _ in fresh), before, note)
 
 
 def _merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -37,8 +37,14 @@ import numpy as np
 
 from dlrm_contracts.config import ConfigError, TrainConfig
 from dlrm_contracts.dataset_identity import IDENTITY_KEY, capped, trained_on
-from dlrm_contracts.layout import (CHECKPOINT_META, checkpoint_dir, checkpoint_run,
-                                   complete_checkpoints, read_checkpoint_meta, run_checkpoints)
+from dlrm_contracts.layout import (
+    CHECKPOINT_META,
+    checkpoint_dir,
+    checkpoint_run,
+    complete_checkpoints,
+    read_checkpoint_meta,
+    run_checkpoints,
+)
 from dlrm_contracts.binary_format import MULTI_HOT_SIZES_KEY
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.schema import CAT_COLUMNS
@@ -65,7 +71,7 @@ class WarmStart:
 
     source: str
     source_step: int
-    optimizer: str                      # continue | restart
+    optimizer: str  # continue | restart
     old_table_sizes: list[int]
     grown: dict[str, list[int]] = field(default_factory=dict)  # column -> [old, new] rows
     # The previous model's AUC on this run's test split before any step (rank 0; kept in the
@@ -75,19 +81,29 @@ class WarmStart:
     capped: bool = False
 
     def to_meta(self) -> dict[str, Any]:
-        return {"from": self.source, "from_step": self.source_step, "optimizer": self.optimizer,
-                "old_table_sizes": self.old_table_sizes, "grown_tables": self.grown,
-                "previous_model_test_auc": self.previous_test_auc,
-                **({"capped_ids": True} if self.capped else {})}
+        return {
+            "from": self.source,
+            "from_step": self.source_step,
+            "optimizer": self.optimizer,
+            "old_table_sizes": self.old_table_sizes,
+            "grown_tables": self.grown,
+            "previous_model_test_auc": self.previous_test_auc,
+            **({"capped_ids": True} if self.capped else {}),
+        }
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None) -> WarmStart | None:
         if not isinstance(meta, dict) or "from_step" not in meta:
             return None
-        return cls(str(meta.get("from")), int(meta["from_step"]), str(meta.get("optimizer")),
-                   [int(s) for s in meta.get("old_table_sizes", [])],
-                   dict(meta.get("grown_tables") or {}), meta.get("previous_model_test_auc"),
-                   bool(meta.get("capped_ids", False)))
+        return cls(
+            str(meta.get("from")),
+            int(meta["from_step"]),
+            str(meta.get("optimizer")),
+            [int(s) for s in meta.get("old_table_sizes", [])],
+            dict(meta.get("grown_tables") or {}),
+            meta.get("previous_model_test_auc"),
+            bool(meta.get("capped_ids", False)),
+        )
 
     def served_sizes(self, table_sizes: tuple[int, ...]) -> tuple[int, ...]:
         """The table sizes at which this run's dataset reads as the previous model serves it
@@ -103,8 +119,9 @@ def _meta(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads((path / CHECKPOINT_META).read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path / CHECKPOINT_META} is unreadable ({exc}); delete {path} "
-                              "to start from an older checkpoint") from None
+        raise CheckpointError(
+            f"{path / CHECKPOINT_META} is unreadable ({exc}); delete {path} to start from an older checkpoint"
+        ) from None
     return meta if isinstance(meta, dict) else {}
 
 
@@ -114,8 +131,11 @@ def holds_previous_model(meta: dict[str, Any]) -> bool:
     it started from, at the same step, for eval and export. It is then the only copy of that
     model (it replaced the checkpoint it was loaded from), so a rerun of its dataset must start
     from it rather than drop it with the dataset's own checkpoints."""
-    return (isinstance(meta.get(WARM_START_KEY), dict) and "step" in meta
-            and meta.get(RUN_START_KEY) == meta["step"])
+    return (
+        isinstance(meta.get(WARM_START_KEY), dict)
+        and "step" in meta
+        and meta.get(RUN_START_KEY) == meta["step"]
+    )
 
 
 def previous_model(root: Path, identity: dict[str, Any]) -> Path | None:
@@ -131,8 +151,7 @@ def previous_model(root: Path, identity: dict[str, Any]) -> Path | None:
         best = (meta.get("early_stopping") or {}).get("best_step")
         if isinstance(best, int) and not isinstance(best, bool) and best != step:
             candidate = checkpoint_dir(root, best)
-            if (candidate / CHECKPOINT_META).exists() and not trained_on(_meta(candidate),
-                                                                          identity):
+            if (candidate / CHECKPOINT_META).exists() and not trained_on(_meta(candidate), identity):
                 return candidate
         return path
     return None
@@ -143,9 +162,12 @@ def plan_start(root: Path, identity: dict[str, Any], config: TrainConfig) -> Sta
     docstring). Every rank computes the same plan from the same files."""
     found = run_checkpoints(root)  # the current run's: never a stray at a higher step
     if not found:
-        note = ("train.init: previous, but no checkpoint under "
-                f"{root} to start from: training from scratch (the first run of a daily job)"
-                if config.init == "previous" else "")
+        note = (
+            "train.init: previous, but no checkpoint under "
+            f"{root} to start from: training from scratch (the first run of a daily job)"
+            if config.init == "previous"
+            else ""
+        )
         return StartPlan("scratch", note=note)
     latest = found[-1][1]
     if trained_on(_meta(latest), identity):
@@ -164,13 +186,19 @@ def plan_start(root: Path, identity: dict[str, Any], config: TrainConfig) -> Sta
             f"{identity.get('source_fingerprint') or 'this one'} (a new preprocess or convert "
             "run, e.g. a new day): resuming would continue another dataset's run. Set "
             "train.init: previous to start a new run from its weights, or train from scratch "
-            "with --no-resume (or an empty checkpoint directory)")
+            "with --no-resume (or an empty checkpoint directory)"
+        )
     return StartPlan("scratch")
 
 
-def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
-                     dims: dict[str, Any], config: TrainConfig,
-                     identity: dict[str, Any] | None = None) -> dict[str, list[int]]:
+def check_warm_start(
+    meta: dict[str, Any],
+    path: Path,
+    table_sizes: list[int],
+    dims: dict[str, Any],
+    config: TrainConfig,
+    identity: dict[str, Any] | None = None,
+) -> dict[str, list[int]]:
     """Refuse a previous model that cannot seed this run; returns the tables that grow
     (with capped ids: that are remapped to a multiple of their cap). ``identity``: this
     run's dataset's (None: a dataset of dictionary ids).
@@ -182,20 +210,27 @@ def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
     """
     old = [int(s) for s in meta.get("table_sizes", [])]
     if len(old) != len(table_sizes):
-        raise CheckpointError(f"{path / CHECKPOINT_META} names {len(old)} table sizes, the "
-                              f"dataset has {len(table_sizes)} tables")
+        raise CheckpointError(
+            f"{path / CHECKPOINT_META} names {len(old)} table sizes, the "
+            f"dataset has {len(table_sizes)} tables"
+        )
     if meta.get("dims") != dims:
-        raise CheckpointError(f"the previous model {path} has dims {meta.get('dims')}, this run "
-                              f"{dims}: a warm start keeps the model's shape (train.init: "
-                              "scratch to train the new shape)")
+        raise CheckpointError(
+            f"the previous model {path} has dims {meta.get('dims')}, this run "
+            f"{dims}: a warm start keeps the model's shape (train.init: "
+            "scratch to train the new shape)"
+        )
     was_capped, is_capped = capped(meta.get(IDENTITY_KEY)), capped(identity)
     if was_capped != is_capped:
-        kinds = {True: "capped ids (preprocess.ids: modulo)",
-                 False: "dictionary ids (preprocess.ids: frequency or stable)"}
+        kinds = {
+            True: "capped ids (preprocess.ids: modulo)",
+            False: "dictionary ids (preprocess.ids: frequency or stable)",
+        }
         raise CheckpointError(
             f"the previous model {path} was trained on {kinds[was_capped]}, this dataset has "
             f"{kinds[is_capped]}: its rows mean other values. Train from scratch with "
-            "train.init: scratch")
+            "train.init: scratch"
+        )
     if is_capped:
         _check_caps(path, old, table_sizes, dims)
     shrunk = {c: [o, n] for c, o, n in zip(CAT_COLUMNS, old, table_sizes) if n < o}
@@ -204,12 +239,14 @@ def check_warm_start(meta: dict[str, Any], path: Path, table_sizes: list[int],
             f"tables shrank since the previous model {path} ({_listed(shrunk)}): its rows no "
             "longer mean the same values (ids moved: a threshold raise, or ids by frequency). "
             "A warm start needs ids that only grow (preprocess.ids: stable, one threshold); "
-            "train from scratch with train.init: scratch")
+            "train from scratch with train.init: scratch"
+        )
     if config.init_optimizer == "continue" and meta.get("optimizer") != config.optimizer:
         raise CheckpointError(
             f"the previous model {path} was trained with {meta.get('optimizer')}, this run uses "
             f"{config.optimizer}: its optimizer state cannot continue (set "
-            "train.init_optimizer: restart to take the weights only)")
+            "train.init_optimizer: restart to take the weights only)"
+        )
     return {c: [o, n] for c, o, n in zip(CAT_COLUMNS, old, table_sizes) if n > o}
 
 
@@ -223,7 +260,8 @@ def _check_caps(path: Path, old: list[int], new: list[int], dims: dict[str, Any]
         raise CheckpointError(
             f"preprocess.caps changed since the previous model {path} ({_listed(changed)}) and "
             "the model is multi-hot: its rows of ids are drawn over the table sizes, so none "
-            "carries over. Keep the caps, or train from scratch with train.init: scratch")
+            "carries over. Keep the caps, or train from scratch with train.init: scratch"
+        )
     uneven = {c: on for c, on in changed.items() if on[1] % on[0]}
     if uneven:
         raise CheckpointError(
@@ -231,7 +269,8 @@ def _check_caps(path: Path, old: list[int], new: list[int], dims: dict[str, Any]
             "caps that are not multiples of the old ones: the values of a new id had several "
             "old ids, so no old row stands for them. Keep the caps (or make each new cap a "
             "multiple of its old one: its rows are then remapped exactly), or train from "
-            "scratch with train.init: scratch")
+            "scratch with train.init: scratch"
+        )
 
 
 def _listed(tables: dict[str, list[int]], limit: int = 4) -> str:
@@ -242,8 +281,7 @@ def _listed(tables: dict[str, list[int]], limit: int = 4) -> str:
 
 def check_schedule(start_step: int, config: TrainConfig) -> None:
     """A continued schedule whose decay ended before this run would train at rate 0."""
-    if config.init_optimizer != "continue" or config.decay_start_step is None \
-            or not config.decay_steps:
+    if config.init_optimizer != "continue" or config.decay_start_step is None or not config.decay_steps:
         return
     end = config.decay_start_step + config.decay_steps
     if start_step >= end:
@@ -251,11 +289,11 @@ def check_schedule(start_step: int, config: TrainConfig) -> None:
             f"the learning-rate schedule, continued from the previous model's step {start_step}, "
             f"ended at step {end} (decay_start_step + decay_steps): this run would train at "
             "rate 0. Set train.init_optimizer: restart (the schedule starts again) or move the "
-            "decay")
+            "decay"
+        )
 
 
-def load_grown(reader: CheckpointReader, variables: list[tuple[str, Any]],
-               old_sizes: list[int]) -> None:
+def load_grown(reader: CheckpointReader, variables: list[tuple[str, Any]], old_sizes: list[int]) -> None:
     """Assign every variable its saved value; a table (or its optimizer slot) saved with fewer
     rows gets them as its first rows, the rest keeping the values it was created with; with
     capped ids (a cap now a multiple of the saved one, ``check_warm_start``) row s gets saved
@@ -297,11 +335,16 @@ def remove_superseded(root: Path, source_step: int, log: Callable[[str], None]) 
         if checkpoint_run(read_checkpoint_meta(path)) != source_run:
             others.append(path)
             continue
-        log(f"trainer: removing {path}: the previous run's checkpoint past the model this run "
-            "starts from (this run's checkpoints are numbered on from it)")
+        log(
+            f"trainer: removing {path}: the previous run's checkpoint past the model this run "
+            "starts from (this run's checkpoints are numbered on from it)"
+        )
         shutil.rmtree(path, ignore_errors=True)
-    record = set_aside(root, others, "checkpoints of another run past the previous model a "
-                                     "warm start began from")
+    record = set_aside(
+        root, others, "checkpoints of another run past the previous model a warm start began from"
+    )
     if record:
-        log(f"trainer: {len(record['checkpoints'])} checkpoints of another run moved to "
-            f"{record['path']} (remove them with: {record['remove_with']})")
+        log(
+            f"trainer: {len(record['checkpoints'])} checkpoints of another run moved to "
+            f"{record['path']} (remove them with: {record['remove_with']})"
+        )

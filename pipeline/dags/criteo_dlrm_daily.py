@@ -84,9 +84,22 @@ PREFLIGHT_TIMEOUT_S = 600
 # The pipeline's exit codes (dlrm_contracts/errors.py, ExitCode; docs/pipeline.md), by the
 # names its summary's status uses. Written out because this file imports nothing of the
 # product; tests/test_airflow_dag.py checks it against ExitCode.
-EXIT_CODES = {0: "ok", 1: "failed", 2: "usage", 3: "locked", 4: "input_data", 5: "preprocess",
-              6: "convert", 7: "dataset_invalid", 8: "train", 9: "eval", 10: "export",
-              11: "score", 12: "disk_full", 130: "interrupted"}
+EXIT_CODES = {
+    0: "ok",
+    1: "failed",
+    2: "usage",
+    3: "locked",
+    4: "input_data",
+    5: "preprocess",
+    6: "convert",
+    7: "dataset_invalid",
+    8: "train",
+    9: "eval",
+    10: "export",
+    11: "score",
+    12: "disk_full",
+    130: "interrupted",
+}
 # What another attempt can fix without a person: another run finishing, a lost Spark executor
 # or trainer host, space freed, a killed run. Every other failure names what a person must fix.
 RETRIED = frozenset({"locked", "preprocess", "train", "eval", "disk_full", "interrupted"})
@@ -96,7 +109,7 @@ REFUSED = frozenset({"failed: train_refused", "failed: eval_refused"})
 
 
 class Verdict(NamedTuple):
-    state: str   # "success", "skipped", "retry" or "failed"
+    state: str  # "success", "skipped", "retry" or "failed"
     reason: str
 
 
@@ -108,18 +121,20 @@ def verdict(returncode: int, summary: dict[str, Any] | None) -> Verdict:
     kind = EXIT_CODES.get(returncode)
     error = (summary or {}).get("error") or (summary or {}).get("status") or "see the task log"
     if kind is None:
-        return Verdict("failed", f"the pipeline exited {returncode}, not one of its exit codes "
-                                 "(docs/pipeline.md): see the task log")
+        return Verdict(
+            "failed",
+            f"the pipeline exited {returncode}, not one of its exit codes "
+            "(docs/pipeline.md): see the task log",
+        )
     if kind != "ok":
-        state = "retry" if kind in RETRIED and (summary or {}).get("status") not in REFUSED \
-            else "failed"
+        state = "retry" if kind in RETRIED and (summary or {}).get("status") not in REFUSED else "failed"
         return Verdict(state, f"the pipeline exited {returncode} ({kind}): {error}")
     stages = (summary or {}).get("stages") or {}
     if stages and all(stage.get("action") == "skipped" for stage in stages.values()):
-        return Verdict("skipped", "nothing new: every stage was up to date ("
-                                  + ", ".join(stages) + ")")
-    return Verdict("success", "ok: " + ", ".join(f"{name} {stage.get('action')}"
-                                                 for name, stage in stages.items()))
+        return Verdict("skipped", "nothing new: every stage was up to date (" + ", ".join(stages) + ")")
+    return Verdict(
+        "success", "ok: " + ", ".join(f"{name} {stage.get('action')}" for name, stage in stages.items())
+    )
 
 
 class SettingError(Exception):
@@ -137,7 +152,8 @@ def _check_code_settings(home: Path, python: str) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "criteo_dlrm_trusted_paths", Path(__file__).resolve().with_name("trusted_paths.py"))
+        "criteo_dlrm_trusted_paths", Path(__file__).resolve().with_name("trusted_paths.py")
+    )
     trusted = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trusted)
     try:
@@ -168,24 +184,44 @@ class RunSettings:
         home_text = _variable("criteo_dlrm_home", None)
         home = Path(home_text) if home_text else _checkout()
         if home is None or not (home / "pipeline" / "cli.py").is_file():
-            raise SettingError(f"set the Airflow Variable criteo_dlrm_home to the product's "
-                               f"directory (this DAG file is not in one; got {home_text!r})")
+            raise SettingError(
+                f"set the Airflow Variable criteo_dlrm_home to the product's "
+                f"directory (this DAG file is not in one; got {home_text!r})"
+            )
         python = _variable("criteo_dlrm_python", str(home / ".venv" / "bin" / "python"))
         if not os.access(python, os.X_OK):
-            raise SettingError(f"the product's Python {python} is not an executable: run "
-                               f"scripts/install.sh in {home} or set criteo_dlrm_python")
+            raise SettingError(
+                f"the product's Python {python} is not an executable: run "
+                f"scripts/install.sh in {home} or set criteo_dlrm_python"
+            )
         _check_code_settings(home, python)
         source = _variable("criteo_dlrm_input", None)
         if source is None:
-            raise SettingError("set the Airflow Variable criteo_dlrm_input to the directory the "
-                               "day files land in")
-        return cls(home, python, source, _variable("criteo_dlrm_workdir", str(home / "workdir")),
-                   _variable("criteo_dlrm_config", None),
-                   _variable("criteo_dlrm_stages", DEFAULT_STAGES))
+            raise SettingError(
+                "set the Airflow Variable criteo_dlrm_input to the directory the day files land in"
+            )
+        return cls(
+            home,
+            python,
+            source,
+            _variable("criteo_dlrm_workdir", str(home / "workdir")),
+            _variable("criteo_dlrm_config", None),
+            _variable("criteo_dlrm_stages", DEFAULT_STAGES),
+        )
 
     def argv(self, command: str = "run") -> list[str]:
-        argv = [self.python, "-m", "pipeline", command, "--input", self.input,
-                "--workdir", self.workdir, "--stages", self.stages]
+        argv = [
+            self.python,
+            "-m",
+            "pipeline",
+            command,
+            "--input",
+            self.input,
+            "--workdir",
+            self.workdir,
+            "--stages",
+            self.stages,
+        ]
         return argv + (["--config", self.config] if self.config else [])
 
 
@@ -195,10 +231,14 @@ def time_limit(preflight: dict[str, Any] | None, default: timedelta) -> tuple[ti
     seconds = (preflight or {}).get("timeout_s")
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
         estimate = (preflight or {}).get("seconds_total")
-        return (timedelta(seconds=float(seconds)),
-                f"{seconds:.0f} s from the preflight's estimate of {estimate} s")
-    return default, f"{default.total_seconds():.0f} s (CRITEO_DLRM_EXECUTION_TIMEOUT_S: the " \
-                    "preflight gave no estimate)"
+        return (
+            timedelta(seconds=float(seconds)),
+            f"{seconds:.0f} s from the preflight's estimate of {estimate} s",
+        )
+    return (
+        default,
+        f"{default.total_seconds():.0f} s (CRITEO_DLRM_EXECUTION_TIMEOUT_S: the preflight gave no estimate)",
+    )
 
 
 def last_json_line(stdout: str) -> dict[str, Any] | None:
@@ -231,8 +271,9 @@ class CriteoPipelineOperator(BaseOperator):
         try:
             # The preflight reads no data beyond a sample per file: minutes at most, even
             # when it calibrates the machine's rates for the first time.
-            done = subprocess.run(argv, cwd=settings.home, stdout=subprocess.PIPE, text=True,
-                                  timeout=PREFLIGHT_TIMEOUT_S)
+            done = subprocess.run(
+                argv, cwd=settings.home, stdout=subprocess.PIPE, text=True, timeout=PREFLIGHT_TIMEOUT_S
+            )
             figures = last_json_line(done.stdout)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self.log.warning("preflight not run (%s): the default time limit holds", exc)
@@ -249,8 +290,7 @@ class CriteoPipelineOperator(BaseOperator):
         self.log.info("running %s (in %s)", shlex.join(argv), settings.home)
         # The pipeline's log lines go to stderr, which the task's log captures as they come;
         # stdout carries only its summary.
-        self._child = subprocess.Popen(argv, cwd=settings.home, stdout=subprocess.PIPE,
-                                       text=True)
+        self._child = subprocess.Popen(argv, cwd=settings.home, stdout=subprocess.PIPE, text=True)
         try:
             stdout, _ = self._child.communicate()
         finally:
@@ -295,20 +335,23 @@ with DAG(
     dag_id=DAG_ID,
     description="Criteo/DLRM: count the new day, rebuild what it changes, train, export",
     schedule=os.environ.get("CRITEO_DLRM_SCHEDULE", "@daily"),
-    start_date=datetime.fromisoformat(os.environ.get("CRITEO_DLRM_START_DATE", "2026-01-01"))
-    .replace(tzinfo=timezone.utc),
+    start_date=datetime.fromisoformat(os.environ.get("CRITEO_DLRM_START_DATE", "2026-01-01")).replace(
+        tzinfo=timezone.utc
+    ),
     # A run works on whatever the landing directory holds, not on its logical date: catching up
     # missed intervals would only repeat the same run.
     catchup=_env_flag("CRITEO_DLRM_CATCHUP", False),
     # One workdir, one run at a time (the pipeline's lock would refuse a second one anyway).
     max_active_runs=1,
     max_active_tasks=1,
-    default_args={"retries": int(os.environ.get("CRITEO_DLRM_RETRIES", "3")),
-                  "retry_delay": timedelta(seconds=float(
-                      os.environ.get("CRITEO_DLRM_RETRY_DELAY_S", "900"))),
-                  # replaced, as each run starts, by the limit its preflight derives
-                  "execution_timeout": timedelta(seconds=float(os.environ.get(
-                      "CRITEO_DLRM_EXECUTION_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))))},
+    default_args={
+        "retries": int(os.environ.get("CRITEO_DLRM_RETRIES", "3")),
+        "retry_delay": timedelta(seconds=float(os.environ.get("CRITEO_DLRM_RETRY_DELAY_S", "900"))),
+        # replaced, as each run starts, by the limit its preflight derives
+        "execution_timeout": timedelta(
+            seconds=float(os.environ.get("CRITEO_DLRM_EXECUTION_TIMEOUT_S", str(DEFAULT_TIMEOUT_S)))
+        ),
+    },
     tags=["criteo-dlrm"],
     doc_md=__doc__,
 ) as dag:

@@ -35,25 +35,31 @@ def check_trusted_path(setting: str, value: str, kind: str) -> Path:
     and not group- or world-writable. Else UntrustedPathError naming the setting and why."""
     path = Path(value)
     if not path.is_absolute():
-        raise UntrustedPathError(f"the Airflow Variable {setting} must be an absolute path, got "
-                                 f"{value!r}")
+        raise UntrustedPathError(f"the Airflow Variable {setting} must be an absolute path, got {value!r}")
     target = path.resolve()
     if kind == "executable" and not (target.is_file() and os.access(target, os.X_OK)):
         raise UntrustedPathError(f"the Airflow Variable {setting} ({value}) is not an executable")
     if kind == "directory" and not target.is_dir():
         raise UntrustedPathError(f"the Airflow Variable {setting} ({value}) is not a directory")
     owners = {os.geteuid(), 0}
-    checked = [(path, os.lstat(path)), (target, os.stat(target)),
-               (path.parent, os.stat(path.parent)), (target.parent, os.stat(target.parent))]
+    checked = [
+        (path, os.lstat(path)),
+        (target, os.stat(target)),
+        (path.parent, os.stat(path.parent)),
+        (target.parent, os.stat(target.parent)),
+    ]
     for candidate, info in checked:
         if stat.S_ISLNK(info.st_mode):  # a link's own mode means nothing; its owner does
             if info.st_uid not in owners:
-                raise UntrustedPathError(f"the Airflow Variable {setting}: the link {candidate} "
-                                         f"belongs to uid {info.st_uid}")
+                raise UntrustedPathError(
+                    f"the Airflow Variable {setting}: the link {candidate} belongs to uid {info.st_uid}"
+                )
             continue
         why = _problem(candidate, info, owners)
         if why:
-            raise UntrustedPathError(f"the Airflow Variable {setting} names code others could "
-                                     f"change: {why}; it must be owned by the Airflow user or "
-                                     "root and writable by no one else")
+            raise UntrustedPathError(
+                f"the Airflow Variable {setting} names code others could "
+                f"change: {why}; it must be owned by the Airflow user or "
+                "root and writable by no one else"
+            )
     return path

@@ -62,7 +62,7 @@ def rank_to_value(ranks: np.ndarray, salt32: int) -> np.ndarray:
     Bijective, so distinct ranks of a column give distinct hex values; mixed, so the most
     frequent value of a column is some arbitrary hash, as in the real logs.
     """
-    x = (ranks.astype(np.uint32) ^ np.uint32(salt32 & _M32))
+    x = ranks.astype(np.uint32) ^ np.uint32(salt32 & _M32)
     x ^= x >> np.uint32(16)
     x *= np.uint32(_FMIX_C1)
     x ^= x >> np.uint32(13)

@@ -63,12 +63,12 @@ class IntegerEffect:
 
     def term(self, values: np.ndarray, missing: np.ndarray) -> np.ndarray:
         t = np.where(values > -3, np.log(np.maximum(values, -2) + 3.0), 0.0)
-        return np.where(missing, self.missing_weight,
-                        self.coefficient * np.tanh((t - self.centre) / self.scale))
+        return np.where(
+            missing, self.missing_weight, self.coefficient * np.tanh((t - self.centre) / self.scale)
+        )
 
     def scaled(self, factor: float) -> "IntegerEffect":
-        return IntegerEffect(self.coefficient * factor, self.centre, self.scale,
-                             self.missing_weight * factor)
+        return IntegerEffect(self.coefficient * factor, self.centre, self.scale, self.missing_weight * factor)
 
 
 @dataclass(frozen=True)
@@ -93,37 +93,42 @@ class PlantedModel:
         draw would move it by several points.
         """
         seed = config.seed
-        cat_salts = tuple(hashing.salt(seed, _PURPOSE_CATEGORICAL, c)
-                          for c in range(len(shapes.cardinalities)))
-        pair_salts = tuple(hashing.salt(seed, _PURPOSE_PAIR, p)
-                           for p in range(len(INTERACTION_PAIRS)))
-        int_salts = tuple(hashing.salt(seed, _PURPOSE_INTEGER, j)
-                          for j in range(len(shapes.integers)))
+        cat_salts = tuple(
+            hashing.salt(seed, _PURPOSE_CATEGORICAL, c) for c in range(len(shapes.cardinalities))
+        )
+        pair_salts = tuple(hashing.salt(seed, _PURPOSE_PAIR, p) for p in range(len(INTERACTION_PAIRS)))
+        int_salts = tuple(hashing.salt(seed, _PURPOSE_INTEGER, j) for j in range(len(shapes.integers)))
         unit_ints = tuple(
-            IntegerEffect(coefficient=1.0 if hashing.hash_uniform(1, s) < 0.5 else -1.0,
-                          centre=float(np.log(shape.median + 3.0)),
-                          scale=max(shape.log_sd, 0.5),
-                          missing_weight=2 * hashing.hash_uniform(3, s) - 1)
-            for shape, s in zip(shapes.integers, int_salts))
-        rng = np.random.default_rng(
-            np.random.SeedSequence(seed, spawn_key=(_PURPOSE_CALIBRATE,)))
+            IntegerEffect(
+                coefficient=1.0 if hashing.hash_uniform(1, s) < 0.5 else -1.0,
+                centre=float(np.log(shape.median + 3.0)),
+                scale=max(shape.log_sd, 0.5),
+                missing_weight=2 * hashing.hash_uniform(3, s) - 1,
+            )
+            for shape, s in zip(shapes.integers, int_salts)
+        )
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_PURPOSE_CALIBRATE,)))
         sample = sample_features(rng, CALIBRATION_ROWS, shapes)
 
         strength = config.signal_strength
         cat_targets = _spreads(CATEGORICAL_SCALE * strength, cat_salts)
         int_targets = _spreads(INTEGER_SCALE * strength, int_salts)
         pair_targets = _spreads(INTERACTION_SCALE * strength, pair_salts)
-        unit = cls(seed, cat_salts, (1.0,) * len(cat_salts), unit_ints, pair_salts,
-                   (1.0,) * len(pair_salts))
-        cat_amps = tuple(_normalise(t, unit.main_effect(c, sample.cat_ranks[c]))
-                         for c, t in enumerate(cat_targets))
+        unit = cls(seed, cat_salts, (1.0,) * len(cat_salts), unit_ints, pair_salts, (1.0,) * len(pair_salts))
+        cat_amps = tuple(
+            _normalise(t, unit.main_effect(c, sample.cat_ranks[c])) for c, t in enumerate(cat_targets)
+        )
         int_effects = tuple(
             e.scaled(_normalise(t, e.term(sample.int_values[j], sample.int_missing[j])))
-            for j, (e, t) in enumerate(zip(unit_ints, int_targets)))
-        pair_amps = tuple(_normalise(t, unit.pair_effect(p, sample.cat_ranks))
-                          for p, t in enumerate(pair_targets))
-        heads = tuple(hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
-                      for size, salt, amp in zip(shapes.cardinalities, cat_salts, cat_amps))
+            for j, (e, t) in enumerate(zip(unit_ints, int_targets))
+        )
+        pair_amps = tuple(
+            _normalise(t, unit.pair_effect(p, sample.cat_ranks)) for p, t in enumerate(pair_targets)
+        )
+        heads = tuple(
+            hashed_main_effect(np.arange(min(size, HEAD_RANKS) + 1), salt, amp)
+            for size, salt, amp in zip(shapes.cardinalities, cat_salts, cat_amps)
+        )
         parts = (seed, cat_salts, cat_amps, int_effects, pair_salts, pair_amps)
         model = cls(*parts, head_effects=heads)
         intercept = solve_intercept(model.logits(sample), config.click_rate)
@@ -170,7 +175,8 @@ class PlantedModel:
             "integer_effects": [vars(e) for e in self.integer_effects],
             "interaction_pairs": [
                 {"columns": [CAT_COLUMNS[a], CAT_COLUMNS[b]], "amplitude": amp}
-                for (a, b), amp in zip(INTERACTION_PAIRS, self.pair_amplitudes)],
+                for (a, b), amp in zip(INTERACTION_PAIRS, self.pair_amplitudes)
+            ],
         }
 
 
@@ -188,9 +194,8 @@ def _spreads(scale: float, salts: tuple[int, ...]) -> list[float]:
     """Target standard deviations of a group of terms: seeded relative sizes
     (0.5 + U[0, 1)), rescaled so their root mean square is exactly ``scale``."""
     # A salt of its own: the term's salt also hashes its per-rank weights.
-    raw = np.array([0.5 + hashing.hash_uniform(0, hashing.salt(s, _PURPOSE_SPREAD))
-                    for s in salts])
-    return list(scale * raw / np.sqrt(np.mean(raw ** 2))) if raw.size else []
+    raw = np.array([0.5 + hashing.hash_uniform(0, hashing.salt(s, _PURPOSE_SPREAD)) for s in salts])
+    return list(scale * raw / np.sqrt(np.mean(raw**2))) if raw.size else []
 
 
 def _normalise(target_sd: float, unit_term: np.ndarray) -> float:

@@ -28,7 +28,6 @@ def render_lines(labels: np.ndarray, features: Features, hex_values: np.ndarray)
     lines = pc.binary_join_element_wise(*columns, "\t")
     # Joining each line with an empty string on "\n" appends the line end.
     lines = pc.binary_join_element_wise(lines, "", "\n")
-    offsets = np.frombuffer(lines.buffers()[1], np.int32, count=len(lines) + 1,
-                            offset=lines.offset * 4)
+    offsets = np.frombuffer(lines.buffers()[1], np.int32, count=len(lines) + 1, offset=lines.offset * 4)
     data = lines.buffers()[2]
-    return data[int(offsets[0]):int(offsets[-1])].to_pybytes()
+    return data[int(offsets[0]) : int(offsets[-1])].to_pybytes()

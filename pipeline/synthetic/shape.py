@@ -23,23 +23,70 @@ from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
 
 # Unique values per categorical column over all 24 Terabyte days (C1 .. C26).
 TERABYTE_CARDINALITIES: tuple[int, ...] = (
-    227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282, 10,
-    2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108, 36,
+    227605432,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    130229467,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    292775614,
+    40790948,
+    187188510,
+    590152,
+    12973,
+    108,
+    36,
 )
 
 # Share of rows where the categorical column is empty (C1 .. C26). A few columns are rarely
 # missing (~3%), one group is missing together about 44% of the time, C22 mostly missing:
 # the pattern of the real logs.
 CATEGORICAL_MISSING_RATES: tuple[float, ...] = (
-    0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
-    0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.76, 0.0, 0.034, 0.44, 0.44,
+    0.0,
+    0.0,
+    0.034,
+    0.034,
+    0.0,
+    0.12,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+    0.034,
+    0.76,
+    0.0,
+    0.034,
+    0.44,
+    0.44,
 )
 
 
 # Columns that are empty on the same rows in the real logs (their missing indicators are
 # perfectly correlated in real rows); each group's columns share one missing rate.
-MISSING_TOGETHER: tuple[tuple[str, ...], ...] = (
-    ("I1", "I10"), ("I4", "I13"), ("C19", "C20", "C25", "C26"))
+MISSING_TOGETHER: tuple[tuple[str, ...], ...] = (("I1", "I10"), ("I4", "I13"), ("C19", "C20", "C25", "C26"))
 
 
 @dataclass(frozen=True)
@@ -113,17 +160,18 @@ class ColumnShapes:
     integers: tuple[IntegerShape, ...]
     zipf_exponent: float
     uniform: tuple[bool, ...] = (False,) * len(CAT_COLUMNS)  # drawn uniformly, not by Zipf
-    drift: tuple[float, ...] = (0.0,) * len(CAT_COLUMNS)     # popularity moved per day (fraction)
+    drift: tuple[float, ...] = (0.0,) * len(CAT_COLUMNS)  # popularity moved per day (fraction)
 
     @classmethod
     def from_config(cls, config: GeneratorConfig) -> "ColumnShapes":
-        sizes = tuple(config.uniform_columns.get(c) or
-                      scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
-                      for c, t in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES))
+        sizes = tuple(
+            config.uniform_columns.get(c)
+            or scaled_cardinality(t, config.cardinality_scale, config.cardinality_floor)
+            for c, t in zip(CAT_COLUMNS, TERABYTE_CARDINALITIES)
+        )
         uniform = tuple(c in config.uniform_columns for c in CAT_COLUMNS)
         drift = tuple(float(config.drift_columns.get(c, 0.0)) for c in CAT_COLUMNS)
-        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent, uniform,
-                   drift)
+        return cls(sizes, CATEGORICAL_MISSING_RATES, INTEGER_SHAPES, config.zipf_exponent, uniform, drift)
 
     def describe(self) -> dict:
         """The plain form written into generator_meta.json."""
@@ -131,14 +179,20 @@ class ColumnShapes:
             "cardinalities": dict(zip(CAT_COLUMNS, self.cardinalities)),
             "categorical_missing_rates": dict(zip(CAT_COLUMNS, self.categorical_missing)),
             "integer_shapes": {
-                name: {"missing": s.missing, "zero": s.zero, "median": s.median,
-                       "log_sd": s.log_sd, "negative_-1_-2_-3": list(s.negative)}
-                for name, s in zip(INT_COLUMNS, self.integers)},
+                name: {
+                    "missing": s.missing,
+                    "zero": s.zero,
+                    "median": s.median,
+                    "log_sd": s.log_sd,
+                    "negative_-1_-2_-3": list(s.negative),
+                }
+                for name, s in zip(INT_COLUMNS, self.integers)
+            },
             "missing_together": [list(group) for group in MISSING_TOGETHER],
             "zipf_exponent": self.zipf_exponent,
             "uniform_columns": [c for c, u in zip(CAT_COLUMNS, self.uniform) if u],
         }
-        if any(self.drift):          # only then: a drift-free workdir's record is unchanged
+        if any(self.drift):  # only then: a drift-free workdir's record is unchanged
             described["drift_columns"] = {c: d for c, d in zip(CAT_COLUMNS, self.drift) if d}
         return described
 
@@ -161,8 +215,9 @@ def zipf_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
     return np.clip(x.astype(np.int64), 1, size)
 
 
-def sample_categorical_ranks(rng: np.random.Generator, rows: int, size: int,
-                             exponent: float, uniform: bool = False) -> np.ndarray:
+def sample_categorical_ranks(
+    rng: np.random.Generator, rows: int, size: int, exponent: float, uniform: bool = False
+) -> np.ndarray:
     """Ranks 1..size of one categorical column for ``rows`` rows (missing applied later)."""
     u = rng.random(rows)
     if uniform:
@@ -236,9 +291,13 @@ def drift_ranks(cat_ranks: np.ndarray, shapes: ColumnShapes, day: int) -> None:
 def sample_features(rng: np.random.Generator, rows: int, shapes: ColumnShapes) -> Features:
     """Draw ``rows`` rows of all columns (integers, categoricals, then missing fields)."""
     int_values = np.stack([sample_integers(rng, rows, shape) for shape in shapes.integers])
-    cat_ranks = np.stack([sample_categorical_ranks(rng, rows, size, shapes.zipf_exponent, uniform)
-                          for size, uniform in zip(shapes.cardinalities, shapes.uniform)])
+    cat_ranks = np.stack(
+        [
+            sample_categorical_ranks(rng, rows, size, shapes.zipf_exponent, uniform)
+            for size, uniform in zip(shapes.cardinalities, shapes.uniform)
+        ]
+    )
     missing = sample_missing(rng, rows, shapes)
-    int_missing = missing[:len(shapes.integers)]
-    cat_ranks[missing[len(shapes.integers):]] = 0
+    int_missing = missing[: len(shapes.integers)]
+    cat_ranks[missing[len(shapes.integers) :]] = 0
     return Features(int_values, int_missing, cat_ranks)

@@ -57,10 +57,13 @@ class SyntheticSource:
     def from_config(cls, config: GeneratorConfig) -> "SyntheticSource":
         shapes = ColumnShapes.from_config(config)
         model = PlantedModel.build(config, shapes)
-        salts = tuple(hashing.salt(config.seed, _PURPOSE_VALUES, c) & 0xFFFFFFFF
-                      for c in range(len(shapes.cardinalities)))
-        return cls(config.seed, shapes, model, salts, config.chunk_rows,
-                   config.gzip_level if config.gzip else None)
+        salts = tuple(
+            hashing.salt(config.seed, _PURPOSE_VALUES, c) & 0xFFFFFFFF
+            for c in range(len(shapes.cardinalities))
+        )
+        return cls(
+            config.seed, shapes, model, salts, config.chunk_rows, config.gzip_level if config.gzip else None
+        )
 
     def chunk_sizes(self, rows_per_day: int) -> list[int]:
         full, rest = divmod(rows_per_day, self.chunk_rows)
@@ -68,7 +71,8 @@ class SyntheticSource:
 
     def rng(self, day: int, index: int) -> np.random.Generator:
         return np.random.default_rng(
-            np.random.SeedSequence(self.seed, spawn_key=(_PURPOSE_CHUNK, day, index)))
+            np.random.SeedSequence(self.seed, spawn_key=(_PURPOSE_CHUNK, day, index))
+        )
 
     def sample(self, day: int, index: int, rows: int) -> tuple[Features, np.ndarray, np.ndarray]:
         """(features, true logits, labels) of one chunk: the part tests can reproduce."""
@@ -81,25 +85,27 @@ class SyntheticSource:
 
     def hex_values(self, features: Features) -> np.ndarray:
         """(26, rows) uint32: the value each categorical rank is written as."""
-        return np.stack([hashing.rank_to_value(ranks, salt)
-                         for ranks, salt in zip(features.cat_ranks, self.value_salts)])
+        return np.stack(
+            [hashing.rank_to_value(ranks, salt) for ranks, salt in zip(features.cat_ranks, self.value_salts)]
+        )
 
     def make_chunk(self, day: int, index: int, rows: int) -> Chunk:
         features, logits, labels = self.sample(day, index, rows)
         payload = render_lines(labels, features, self.hex_values(features))
         if self.gzip_level is not None:
             payload = gzip.compress(payload, compresslevel=self.gzip_level, mtime=0)
-        return Chunk(day, index, rows, int(labels.sum()), payload,
-                     SparseCounts.of(logits, labels), size=len(payload))
+        return Chunk(
+            day, index, rows, int(labels.sum()), payload, SparseCounts.of(logits, labels), size=len(payload)
+        )
 
-    def features_from_fields(self, int_values: np.ndarray, int_missing: np.ndarray,
-                             cat_values: np.ndarray, cat_missing: np.ndarray) -> Features:
+    def features_from_fields(
+        self, int_values: np.ndarray, int_missing: np.ndarray, cat_values: np.ndarray, cat_missing: np.ndarray
+    ) -> Features:
         """Rebuild sampled features from parsed file fields (hex values → ranks).
 
         ``cat_values`` is (26, rows) uint32, ``int_*`` are (13, rows). Lets anyone recompute
         the planted probability of a written row: ``model.probabilities(features)``.
         """
-        ranks = np.stack([hashing.value_to_rank(v, salt)
-                          for v, salt in zip(cat_values, self.value_salts)])
+        ranks = np.stack([hashing.value_to_rank(v, salt) for v, salt in zip(cat_values, self.value_salts)])
         ranks[cat_missing] = 0
         return Features(np.asarray(int_values, np.int64), np.asarray(int_missing, bool), ranks)

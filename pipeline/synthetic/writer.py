@@ -37,8 +37,10 @@ IN_PROGRESS_FILE = ".generator_in_progress.json"
 META_FORMAT_VERSION = 1
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 # What an interrupted run of ours leaves behind: day files and chunks being written.
-_LEFTOVER = re.compile(r"^\.(day_\d+(\.gz)?|generator_meta\.json|\.generator_in_progress\.json)"
-                       r"\.tmp-\d+-[0-9a-f]+$|^\.day_\d+\.chunk\d+\.part$")
+_LEFTOVER = re.compile(
+    r"^\.(day_\d+(\.gz)?|generator_meta\.json|\.generator_in_progress\.json)"
+    r"\.tmp-\d+-[0-9a-f]+$|^\.day_\d+\.chunk\d+\.part$"
+)
 
 _worker_source: SyntheticSource | None = None
 
@@ -79,12 +81,14 @@ def day_file_name(day: int, gzip: bool) -> str:
 
 
 def _tasks(source: SyntheticSource, config: GeneratorConfig) -> list[tuple[int, int, int]]:
-    return [(day, index, rows) for day in range(config.days)
-            for index, rows in enumerate(source.chunk_sizes(config.rows_per_day))]
+    return [
+        (day, index, rows)
+        for day in range(config.days)
+        for index, rows in enumerate(source.chunk_sizes(config.rows_per_day))
+    ]
 
 
-def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
-                     ) -> Iterator[Chunk]:
+def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path) -> Iterator[Chunk]:
     tasks = _tasks(source, config)
     if config.workers <= 1:
         for task in tasks:
@@ -93,8 +97,9 @@ def _chunks_in_order(source: SyntheticSource, config: GeneratorConfig, out: Path
     context = pool_context()
     window = 2 * config.workers
     # No more processes than chunks: --workers 64 on a 7-row run starts one.
-    with ProcessPoolExecutor(min(config.workers, len(tasks)), mp_context=context,
-                             initializer=_init_worker, initargs=(source,)) as pool:
+    with ProcessPoolExecutor(
+        min(config.workers, len(tasks)), mp_context=context, initializer=_init_worker, initargs=(source,)
+    ) as pool:
         pending: deque[Future] = deque()
         for task in tasks:
             pending.append(pool.submit(_make_chunk, *task, str(out)))
@@ -127,8 +132,9 @@ def _our_day_files(out: Path) -> set[str]:
             try:
                 ours |= {d["file"] for d in json.loads(path.read_text())["days"]}
             except (ValueError, KeyError, TypeError) as err:
-                raise OutputDirectoryError(f"{path} is unreadable ({err}); remove it or choose "
-                                           "another output directory") from err
+                raise OutputDirectoryError(
+                    f"{path} is unreadable ({err}); remove it or choose another output directory"
+                ) from err
     return ours
 
 
@@ -140,7 +146,8 @@ def _check_directory(out: Path) -> None:
     if foreign:
         raise ForeignDayFilesError(
             f"{out} already holds day files the generator did not write ({', '.join(foreign)}); "
-            f"refusing to overwrite them: choose an empty directory")
+            f"refusing to overwrite them: choose an empty directory"
+        )
     for name in sorted(existing):
         (out / name).unlink()
     (out / META_FILE).unlink(missing_ok=True)
@@ -184,8 +191,9 @@ def generate(out_dir: str | os.PathLike, config: GeneratorConfig | None = None) 
     return meta
 
 
-def _write_days(out: Path, names: list[str], source: SyntheticSource, config: GeneratorConfig,
-                histogram: LogitHistogram) -> list[dict]:
+def _write_days(
+    out: Path, names: list[str], source: SyntheticSource, config: GeneratorConfig, histogram: LogitHistogram
+) -> list[dict]:
     """Every day file in order, from the chunks the pool makes; on any failure (or interrupt)
     the days already written are deleted, so an incomplete run leaves nothing like data."""
     days: list[dict] = []
@@ -204,8 +212,9 @@ def _write_days(out: Path, names: list[str], source: SyntheticSource, config: Ge
     return days
 
 
-def _meta(config: GeneratorConfig, source: SyntheticSource, days: list[dict],
-          histogram: LogitHistogram) -> dict:
+def _meta(
+    config: GeneratorConfig, source: SyntheticSource, days: list[dict], histogram: LogitHistogram
+) -> dict:
     """``generator_meta.json``: the layout, the settings, rows and clicks per day, and the Bayes
     AUC of the planted model (the ceiling any trained model can reach on this data)."""
     auc, auc_error = histogram.auc()
@@ -216,7 +225,7 @@ def _meta(config: GeneratorConfig, source: SyntheticSource, days: list[dict],
     return {
         "format_version": META_FORMAT_VERSION,
         "layout": f"criteo-terabyte-tsv: label, I1..I13, C1..C26 ({NUM_FIELDS} fields), "
-                  "tab separated, empty = missing, LF",
+        "tab separated, empty = missing, LF",
         "seed": config.seed,
         "parameters": {k: v for k, v in asdict(config).items() if k != "workers"},
         "days": days,
@@ -226,15 +235,16 @@ def _meta(config: GeneratorConfig, source: SyntheticSource, days: list[dict],
         "bayes_auc": auc,
         "bayes_auc_max_error": auc_error,
         "bayes_auc_method": f"ROC AUC of the planted click probabilities against the labels "
-                            f"over all rows, from click/non-click counts in {BINS} logit bins "
-                            f"on [{LOGIT_MIN}, {LOGIT_MAX}]; same-bin pairs count 1/2",
+        f"over all rows, from click/non-click counts in {BINS} logit bins "
+        f"on [{LOGIT_MIN}, {LOGIT_MAX}]; same-bin pairs count 1/2",
         "shape": source.shapes.describe(),
         "planted_model": source.model.describe(),
     }
 
 
-def _write_day(out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk],
-               histogram: LogitHistogram) -> dict:
+def _write_day(
+    out: Path, name: str, chunks_per_day: int, chunks: Iterator[Chunk], histogram: LogitHistogram
+) -> dict:
     rows = clicks = size = 0
     # Day files are the bulk of the output and remade from the seed: not flushed one by one,
     # but in one pass (generate) before the in-progress marker goes.
@@ -266,7 +276,7 @@ def _splice(part_file: str, fd: int, size: int) -> None:
             src.seek(size - left)
             view = memoryview(src.read())
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             left = 0
     if left:
         raise RuntimeError(f"{part_file} is shorter than the {size} bytes its worker wrote")

@@ -32,8 +32,8 @@ _NEWLINE = 10
 class Chunk:
     day: int
     path: str
-    index: int        # the chunk's number within its day
-    start: int        # byte range [start, end) of the lines it owns
+    index: int  # the chunk's number within its day
+    start: int  # byte range [start, end) of the lines it owns
     end: int
     gzipped: bool
 
@@ -55,7 +55,7 @@ class LineBlock:
         return len(self.starts)
 
     def line(self, i: int) -> bytes:
-        return self.data[self.starts[i]:self.ends[i]].tobytes()
+        return self.data[self.starts[i] : self.ends[i]].tobytes()
 
 
 class ChunkReadError(RuntimeError):
@@ -72,8 +72,7 @@ def plan_chunks(days, chunk_bytes: int) -> list[Chunk]:
             continue
         count = max(1, -(-size // max(1, chunk_bytes)))
         bounds = [size * k // count for k in range(count + 1)]
-        chunks += [Chunk(d.day, str(d.path), k, bounds[k], bounds[k + 1], False)
-                   for k in range(count)]
+        chunks += [Chunk(d.day, str(d.path), k, bounds[k], bounds[k + 1], False) for k in range(count)]
     return chunks
 
 
@@ -131,10 +130,10 @@ class _RangedReader:
                 self.pending = self._request()
             self.buffer, asked = self.pending.result()
             self.at, self.pending = 0, None
-            self.done = len(self.buffer) < asked          # the object's end
+            self.done = len(self.buffer) < asked  # the object's end
             if not self.done and self.offset < self.limit:
                 self.pending = self._request()
-        piece = self.buffer[self.at:self.at + n]
+        piece = self.buffer[self.at : self.at + n]
         self.at += len(piece)
         return piece
 
@@ -171,13 +170,14 @@ def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
                 yield from _inflate(stream, compressed, read_bytes)
                 if not stream.eof:
                     break
-                compressed = stream.unused_data          # another gzip member follows
+                compressed = stream.unused_data  # another gzip member follows
                 stream, fed = zlib.decompressobj(wbits=31), False
     except zlib.error as error:
         raise ChunkReadError(f"{path}: corrupt gzip stream ({error})") from None
     if fed and not stream.eof:
-        raise ChunkReadError(f"{path}: EOFException: Unexpected end of gzip input stream "
-                             "(the file is truncated)")
+        raise ChunkReadError(
+            f"{path}: EOFException: Unexpected end of gzip input stream (the file is truncated)"
+        )
 
 
 def _inflate(stream, data: bytes, limit: int) -> Iterator[bytes]:
@@ -214,12 +214,18 @@ class _LongLine:
     def block(self, first: int) -> LineBlock:
         """The line as a block of its first bytes, with its full length."""
         data = padded_buffer(self.head)
-        return LineBlock(data, np.array([PAD], np.int64), np.array([PAD + len(self.head)], np.int64),
-                         first, cut=np.array([self.length - (self.last == 13)], np.int64))
+        return LineBlock(
+            data,
+            np.array([PAD], np.int64),
+            np.array([PAD + len(self.head)], np.int64),
+            first,
+            cut=np.array([self.length - (self.last == 13)], np.int64),
+        )
 
 
-def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
-                max_line_bytes: int | None = None) -> Iterator[LineBlock]:
+def line_blocks(
+    chunk: Chunk, block_bytes: int = 1 << 20, max_line_bytes: int | None = None
+) -> Iterator[LineBlock]:
     """The chunk's lines, in order, as blocks of about ``block_bytes`` of text.
 
     A line still unfinished after more than ``max_line_bytes`` + 1 bytes (room for a '\\r')
@@ -227,8 +233,8 @@ def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
     as a block of its own (``LineBlock.cut``). So every byte is copied a bounded number of
     times and the reader holds at most ``block_bytes`` + ``max_line_bytes`` + 1 bytes of text,
     whatever the length of a line or the ratio of a gzip stream. None: no limit."""
-    pending = b""                 # bytes after the last complete line seen so far
-    offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0   # file offset of pending[0]
+    pending = b""  # bytes after the last complete line seen so far
+    offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0  # file offset of pending[0]
     skip_to_line_start = not chunk.gzipped and chunk.start > 0
     first = 0
     long: _LongLine | None = None
@@ -241,7 +247,7 @@ def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
             if cut < 0:
                 continue
             yield long.block(first)
-            first, long, piece = first + 1, None, piece[cut + 1:]
+            first, long, piece = first + 1, None, piece[cut + 1 :]
             if offset >= end:
                 return
         text = pending + piece if pending else piece
@@ -249,10 +255,10 @@ def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
             cut = text.find(b"\n")
             if cut < 0:
                 pending, offset = b"", offset + len(text)
-                if offset >= end:       # no line starts in this chunk
+                if offset >= end:  # no line starts in this chunk
                     return
                 continue
-            text, offset = text[cut + 1:], offset + cut + 1
+            text, offset = text[cut + 1 :], offset + cut + 1
             skip_to_line_start = False
             if offset >= end:
                 return
@@ -260,8 +266,8 @@ def line_blocks(chunk: Chunk, block_bytes: int = 1 << 20,
         if last < 0:
             pending = text
         else:
-            block, done = _block(text[:last + 1], offset, chunk, first)
-            pending, offset = text[last + 1:], offset + last + 1
+            block, done = _block(text[: last + 1], offset, chunk, first)
+            pending, offset = text[last + 1 :], offset + last + 1
             if block is not None:
                 first += len(block)
                 yield block

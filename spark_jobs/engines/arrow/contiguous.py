@@ -50,12 +50,16 @@ def first_seen_task(chunks: list[Chunk], settings: ReadSettings):
                     continue
                 values, positions, counts = merge_first_seen(column_parts)
                 n = len(values)
-                yield pa.record_batch({
-                    "column": pa.array(np.full(n, j, np.int32)),
-                    "value": pa.array(values.astype(np.int64)),
-                    "day": pa.array(np.full(n, chunk.day, np.int32)),
-                    "pos": pa.array(positions.astype(np.int64)),
-                    "count": pa.array(counts)})
+                yield pa.record_batch(
+                    {
+                        "column": pa.array(np.full(n, j, np.int32)),
+                        "value": pa.array(values.astype(np.int64)),
+                        "day": pa.array(np.full(n, chunk.day, np.int32)),
+                        "pos": pa.array(positions.astype(np.int64)),
+                        "count": pa.array(counts),
+                    }
+                )
+
     return run
 
 
@@ -69,8 +73,9 @@ def range_bounds(ranges: int) -> np.ndarray:
     return np.array([-(-(r << 32) // ranges) for r in range(ranges)], np.uint32)
 
 
-def write_index(session: SparkSession, ids: DataFrame, kept: dict[str, int], index_dir: str,
-                group_values: int) -> None:
+def write_index(
+    session: SparkSession, ids: DataFrame, kept: dict[str, int], index_dir: str, group_values: int
+) -> None:
     """The dictionary index of ``ids`` (column index, value, id): a layout of value ranges per
     column, a task per group of ranges writing their regions, then the seal."""
     from pyspark.sql import functions as F
@@ -78,10 +83,16 @@ def write_index(session: SparkSession, ids: DataFrame, kept: dict[str, int], ind
     from spark_jobs.columns import literal_lookup
 
     ranges = {j: _ranges(kept[c], group_values) for j, c in enumerate(CAT_COLUMNS)}
-    keyed = ids.select("column", "value", "id", F.shiftright(
-        F.col("value") * literal_lookup(ranges, "column"), 32).alias("range"))
-    found = {(int(r["column"]), int(r["range"])): int(r["count"])
-             for r in keyed.groupBy("column", "range").count().collect()}
+    keyed = ids.select(
+        "column",
+        "value",
+        "id",
+        F.shiftright(F.col("value") * literal_lookup(ranges, "column"), 32).alias("range"),
+    )
+    found = {
+        (int(r["column"]), int(r["range"])): int(r["count"])
+        for r in keyed.groupBy("column", "range").count().collect()
+    }
     layouts, sizes = {}, {}
     for j, c in enumerate(CAT_COLUMNS):
         per_range = [found.get((j, r), 0) for r in range(ranges[j])]
@@ -89,8 +100,11 @@ def write_index(session: SparkSession, ids: DataFrame, kept: dict[str, int], ind
         sizes.update({(j, r): int(s) for r, s in enumerate(layouts[c].sizes)})
     dictionary_index.create_index(Path(index_dir), layouts)
     tasks = max(1, min(len(found), 4 * session.sparkContext.defaultParallelism))
-    written = (keyed.repartition(tasks, "column", "range")
-               .mapInArrow(_region_task(index_dir, sizes), "written LONG").collect())
+    written = (
+        keyed.repartition(tasks, "column", "range")
+        .mapInArrow(_region_task(index_dir, sizes), "written LONG")
+        .collect()
+    )
     if sum(r["written"] for r in written) != sum(found.values()):
         raise RuntimeError("the contiguous ids' index regions do not hold every kept value")
     dictionary_index.seal_index(Path(index_dir))
@@ -117,7 +131,9 @@ def _region_task(index_dir: str, sizes: dict[tuple[int, int], int]):
         for s, e in zip(starts, ends):
             j, r = int(column[order[s]]), int(ranges[order[s]])
             rows = order[s:e]
-            dictionary_index.write_region(index_dir, CAT_COLUMNS[j], r, sizes[(j, r)],
-                                          values[rows], ids[rows])
+            dictionary_index.write_region(
+                index_dir, CAT_COLUMNS[j], r, sizes[(j, r)], values[rows], ids[rows]
+            )
         yield pa.record_batch({"written": pa.array([len(keys)], pa.int64())})
+
     return run

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, VALUE_DTYPE, Counts,
-                                                   merge_counts, to_binary)
+from spark_jobs.engines.arrow.value_counts import (
+    DAY_COUNT_DTYPE,
+    VALUE_DTYPE,
+    Counts,
+    merge_counts,
+    to_binary,
+)
 
 KIND_PARTIAL = 3
-FINE_BITS = 10                      # 1024 buckets per column
+FINE_BITS = 10  # 1024 buckets per column
 FINE_SHIFT = 32 - FINE_BITS
 GROUP_MAP_SCHEMA = "column INT, value LONG, group INT"
 MERGE_INPUT = ("group", "day", "values", "counts")
@@ -42,7 +47,7 @@ def bucket_rows(day: int, counts_by_column: dict[int, Counts]):
     for column, c in sorted(counts_by_column.items()):
         if not len(c):
             continue
-        cuts = np.searchsorted(c.values, edges)          # each bucket's first entry
+        cuts = np.searchsorted(c.values, edges)  # each bucket's first entry
         starts = np.concatenate([[0], cuts])
         ends = np.concatenate([cuts, [len(c)]])
         for bucket in np.flatnonzero(ends > starts):
@@ -52,14 +57,17 @@ def bucket_rows(day: int, counts_by_column: dict[int, Counts]):
             values.append(np.ascontiguousarray(c.values[a:b], VALUE_DTYPE))
             counts.append(np.ascontiguousarray(c.counts[a:b], DAY_COUNT_DTYPE))
     n = len(columns)
-    return pa.record_batch({
-        "kind": pa.array(np.full(n, KIND_PARTIAL, np.int32)),
-        "day": pa.array(np.full(n, day, np.int32)),
-        "column": pa.array(np.array(columns, np.int32)),
-        "value": pa.array(np.array(buckets, np.int64)),
-        "count": pa.array(np.array([len(v) for v in values], np.int64)),
-        "values": to_binary(values),
-        "counts": to_binary(counts)})
+    return pa.record_batch(
+        {
+            "kind": pa.array(np.full(n, KIND_PARTIAL, np.int32)),
+            "day": pa.array(np.full(n, day, np.int32)),
+            "column": pa.array(np.array(columns, np.int32)),
+            "value": pa.array(np.array(buckets, np.int64)),
+            "count": pa.array(np.array([len(v) for v in values], np.int64)),
+            "values": to_binary(values),
+            "counts": to_binary(counts),
+        }
+    )
 
 
 def group_map(plan) -> list[tuple[int, int, int]]:
@@ -69,14 +77,16 @@ def group_map(plan) -> list[tuple[int, int, int]]:
     exchanges write the same files."""
     out = []
     starts = np.arange(1 << FINE_BITS, dtype=np.uint64) << np.uint64(FINE_SHIFT)
-    ends = starts + np.uint64((1 << FINE_SHIFT) - 1)           # each bucket's last value
+    ends = starts + np.uint64((1 << FINE_SHIFT) - 1)  # each bucket's last value
     for column, bounds in enumerate(plan.bounds):
         bounds = np.asarray(bounds, np.uint64)
         first = np.searchsorted(bounds, starts, side="right") - 1
         last = np.searchsorted(bounds, ends, side="right") - 1
         for bucket in range(1 << FINE_BITS):
-            out += [(column, bucket, plan.first[column] + r)
-                    for r in range(int(first[bucket]), int(last[bucket]) + 1)]
+            out += [
+                (column, bucket, plan.first[column] + r)
+                for r in range(int(first[bucket]), int(last[bucket]) + 1)
+            ]
     return out
 
 
@@ -106,8 +116,10 @@ def merge_task(spec):
                 a = int(np.searchsorted(part, np.uint32(low))) if low else 0
                 b = len(part) if high is None else int(np.searchsorted(part, np.uint32(high)))
                 if b > a:
-                    parts.setdefault(int(days[i]), []).append(Counts(
-                        part[a:b], np.frombuffer(counts[i].as_buffer(), DAY_COUNT_DTYPE)[a:b]))
+                    parts.setdefault(int(days[i]), []).append(
+                        Counts(part[a:b], np.frombuffer(counts[i].as_buffer(), DAY_COUNT_DTYPE)[a:b])
+                    )
         if parts:
             yield finish(group, parts)
+
     return run

@@ -38,16 +38,22 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs.engines.arrow import dictionary_index, dictionary_parts, partial_files, remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
-from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, TOTAL_COUNT_DTYPE, VALUE_DTYPE,
-                                                   Counts, count_histogram, evenly_spaced,
-                                                   merge_counts, to_binary)
+from spark_jobs.engines.arrow.value_counts import (
+    DAY_COUNT_DTYPE,
+    TOTAL_COUNT_DTYPE,
+    VALUE_DTYPE,
+    Counts,
+    count_histogram,
+    evenly_spaced,
+    merge_counts,
+    to_binary,
+)
 
 KIND_STATS, KIND_SAMPLE = 0, 2
 # What the count tasks emit (their partial counts go to files, ``spark_jobs.engines.arrow.partial_files``).
 # Statistics rows: value = chunk << CODE_BITS | code, count = lines. Sample rows: every
 # SAMPLE_STEP-th of a (chunk, column)'s distinct values, value = how many the sample stands for.
-COUNT_SCHEMA = ("kind INT, day INT, column INT, value LONG, count LONG, "
-                "values BINARY, counts BINARY")
+COUNT_SCHEMA = "kind INT, day INT, column INT, value LONG, count LONG, values BINARY, counts BINARY"
 TOTALS_SCHEMA = "group INT, entries LONG, histogram_counts BINARY, histogram_sizes BINARY"
 WRITTEN_SCHEMA = "group INT, kept LONG"
 SAMPLE_STEP = 1024
@@ -58,6 +64,7 @@ _MAX_COUNT = 2**63 - 1
 
 # ---------------------------------------------------------------- partial counts as rows
 
+
 def sample_rows(day: int, counts_by_column: dict[int, Counts]):
     """One record batch: a sample row per column with values (value = the entries it stands
     for), from which the driver plans the value groups."""
@@ -65,15 +72,17 @@ def sample_rows(day: int, counts_by_column: dict[int, Counts]):
 
     columns = [j for j, c in counts_by_column.items() if len(c)]
     n = len(columns)
-    return pa.record_batch({
-        "kind": pa.array([KIND_SAMPLE] * n, pa.int32()),
-        "day": pa.array([day] * n, pa.int32()),
-        "column": pa.array(columns, pa.int32()),
-        "value": pa.array([len(counts_by_column[j]) for j in columns], pa.int64()),
-        "count": pa.array([0] * n, pa.int64()),
-        "values": to_binary([evenly_spaced(counts_by_column[j].values, SAMPLE_STEP)
-                             for j in columns]),
-        "counts": pa.nulls(n, pa.binary())})
+    return pa.record_batch(
+        {
+            "kind": pa.array([KIND_SAMPLE] * n, pa.int32()),
+            "day": pa.array([day] * n, pa.int32()),
+            "column": pa.array(columns, pa.int32()),
+            "value": pa.array([len(counts_by_column[j]) for j in columns], pa.int64()),
+            "count": pa.array([0] * n, pa.int64()),
+            "values": to_binary([evenly_spaced(counts_by_column[j].values, SAMPLE_STEP) for j in columns]),
+            "counts": pa.nulls(n, pa.binary()),
+        }
+    )
 
 
 def write_partials(path: str, day: int, counts_by_column: dict[int, Counts]):
@@ -88,12 +97,16 @@ def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
     for day in days:
         if remote.is_url(counts_dir):
             folder = remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}")
-            files += [(day, p) for p in remote.list_files(folder, ".parquet")
-                      if not p.rsplit("/", 1)[-1].startswith("_")]
+            files += [
+                (day, p)
+                for p in remote.list_files(folder, ".parquet")
+                if not p.rsplit("/", 1)[-1].startswith("_")
+            ]
             continue
         folder = values_dir(counts_dir) / f"day={day}"
-        files += [(day, str(p)) for p in sorted(folder.glob("*.parquet"))
-                  if not p.name.startswith((".", "_"))]
+        files += [
+            (day, str(p)) for p in sorted(folder.glob("*.parquet")) if not p.name.startswith((".", "_"))
+        ]
     return files
 
 
@@ -110,6 +123,7 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
     sample rows, one batch of files per item, one file at a time (a file is one group's or one
     day's counts: a worker's memory stays bounded whatever the batch). ``directory`` None:
     the partial counts as rows for Spark's exchange (``count_exchange``)."""
+
     def run(items):
         from spark_jobs.engines.arrow.count_exchange import bucket_rows
 
@@ -125,6 +139,7 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
                         continue
                     name = f"stored-{int(k):05d}-{i:05d}{partial_files.SUFFIX}"
                     yield write_partials(remote.join(directory, name), day, by_column)
+
     return run
 
 
@@ -140,9 +155,11 @@ def _stored_counts(path: str) -> dict[int, Counts]:
             table = pq.read_table(inner, filesystem=fs, columns=["column", "value", "count"])
         else:
             table = pq.read_table(path, columns=["column", "value", "count"])
-    except Exception as error:      # named here: the task's traceback reaches the user as one line
-        raise ValueError(f"the stored value counts {path} are damaged ({error}); delete "
-                         f"{Path(path).parent} and run again to count that day again") from error
+    except Exception as error:  # named here: the task's traceback reaches the user as one line
+        raise ValueError(
+            f"the stored value counts {path} are damaged ({error}); delete "
+            f"{Path(path).parent} and run again to count that day again"
+        ) from error
     by_column = {}
     names = pc.unique(table["column"]).to_pylist()
     for name in names:
@@ -156,14 +173,15 @@ def _stored_counts(path: str) -> dict[int, Counts]:
 
 # ---------------------------------------------------------------- groups
 
+
 @dataclass(frozen=True)
 class GroupPlan:
     """Each column's value ranges and their group numbers: group = first[column] + range."""
 
-    bounds: tuple[np.ndarray, ...]     # per column: lowest value of each range, bounds[0] = 0
-    first: tuple[int, ...]             # per column: the group of its first range
-    entries: int = 0                   # partial entries in all (what the merge will read)
-    column_entries: tuple[int, ...] = ()   # per column (empty: unknown)
+    bounds: tuple[np.ndarray, ...]  # per column: lowest value of each range, bounds[0] = 0
+    first: tuple[int, ...]  # per column: the group of its first range
+    entries: int = 0  # partial entries in all (what the merge will read)
+    column_entries: tuple[int, ...] = ()  # per column (empty: unknown)
 
     @property
     def groups(self) -> int:
@@ -189,8 +207,9 @@ class GroupPlan:
         return out
 
     @classmethod
-    def from_samples(cls, samples: list[tuple[int, int, np.ndarray]],
-                     group_values: int = GROUP_VALUES) -> "GroupPlan":
+    def from_samples(
+        cls, samples: list[tuple[int, int, np.ndarray]], group_values: int = GROUP_VALUES
+    ) -> "GroupPlan":
         """``samples``: (column, entries the sample stands for, sampled values) per partial."""
         by_column: dict[int, list] = {j: [] for j in range(len(CAT_COLUMNS))}
         for column, entries, values in samples:
@@ -201,8 +220,12 @@ class GroupPlan:
             bounds.append(column_bounds)
             first.append(next_group)
             next_group += len(column_bounds)
-        return cls(tuple(bounds), tuple(first), sum(entries for _, entries, _ in samples),
-                   tuple(sum(entries for entries, _ in by_column[j]) for j in range(len(CAT_COLUMNS))))
+        return cls(
+            tuple(bounds),
+            tuple(first),
+            sum(entries for _, entries, _ in samples),
+            tuple(sum(entries for entries, _ in by_column[j]) for j in range(len(CAT_COLUMNS))),
+        )
 
 
 def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> np.ndarray:
@@ -223,11 +246,12 @@ def _range_bounds(samples: list[tuple[int, np.ndarray]], group_values: int) -> n
 
 # ---------------------------------------------------------------- merge
 
+
 @dataclass(frozen=True)
 class MergeSpec:
     plan: GroupPlan
-    recount: frozenset[int]            # days whose counts are written
-    dictionary_days: frozenset[int]    # days summed into the totals
+    recount: frozenset[int]  # days whose counts are written
+    dictionary_days: frozenset[int]  # days summed into the totals
     counts_dir: str
     totals_dir: str
     # frequency ids: each column's threshold, and the merge stages the group's dictionary part;
@@ -240,15 +264,17 @@ def merge_task(spec: MergeSpec, batches: list[list[int]], paths: list[str]):
     read from every partial file (``paths``; a worker holds one group's entries at a time),
     the recounted days' counts written, the totals over the dictionary days staged and their
     histogram returned (``TOTALS_SCHEMA``)."""
+
     def run(items):
-        layouts: dict = {}                      # each file's segment table, read once a task
+        layouts: dict = {}  # each file's segment table, read once a task
         for item in items:
             for k in item.column(0).to_numpy():
                 for group in batches[int(k)]:
                     column, low, high = spec.plan.value_range(group)
                     by_day = partial_files.read_range(paths, column, low, high, layouts)
-                    if by_day:                  # a range no partial reaches has no row
+                    if by_day:  # a range no partial reaches has no row
                         yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
+
     return run
 
 
@@ -266,15 +292,17 @@ def merge_group(spec: MergeSpec, group: int, per_day: dict[int, Counts]):
     if spec.minimum is None:
         write_totals(spec.totals_dir, group, totals)
     elif remote.is_url(spec.totals_dir):
-        dictionary_parts.stage_group_remote(spec.totals_dir, group, totals, sizes_of[0],
-                                            spec.minimum[column])
+        dictionary_parts.stage_group_remote(spec.totals_dir, group, totals, sizes_of[0], spec.minimum[column])
     else:
-        dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0],
-                                     spec.minimum[column])
-    return pa.record_batch({"group": pa.array([group], pa.int32()),
-                            "entries": pa.array([len(totals)], pa.int64()),
-                            "histogram_counts": to_binary([sizes_of[0]]),
-                            "histogram_sizes": to_binary([sizes_of[1]])})
+        dictionary_parts.stage_group(spec.totals_dir, group, totals, sizes_of[0], spec.minimum[column])
+    return pa.record_batch(
+        {
+            "group": pa.array([group], pa.int32()),
+            "entries": pa.array([len(totals)], pa.int64()),
+            "histogram_counts": to_binary([sizes_of[0]]),
+            "histogram_sizes": to_binary([sizes_of[1]]),
+        }
+    )
 
 
 def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts: Counts) -> None:
@@ -287,16 +315,28 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    name = pa.DictionaryArray.from_arrays(pa.array(np.zeros(len(counts), np.int32)),
-                                          pa.array([column], pa.string()))
-    table = pa.table({"column": name, "value": pa.array(counts.values.astype(np.int64)),
-                      "count": pa.array(counts.counts.astype(np.int64))})
+    name = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(len(counts), np.int32)), pa.array([column], pa.string())
+    )
+    table = pa.table(
+        {
+            "column": name,
+            "value": pa.array(counts.values.astype(np.int64)),
+            "count": pa.array(counts.counts.astype(np.int64)),
+        }
+    )
     name = f"part-{column}-{rank:05d}.parquet"
 
     def write(target) -> None:
-        pq.write_table(table, target, compression="snappy", use_dictionary=["column", "count"],
-                       column_encoding={"value": "DELTA_BINARY_PACKED"},
-                       write_statistics=["value"], store_schema=False)
+        pq.write_table(
+            table,
+            target,
+            compression="snappy",
+            use_dictionary=["column", "count"],
+            column_encoding={"value": "DELTA_BINARY_PACKED"},
+            write_statistics=["value"],
+            store_schema=False,
+        )
 
     if remote.is_url(counts_dir):
         write_parquet_object(write, remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}", name))
@@ -335,8 +375,9 @@ def _totals_paths(directory: str, group: int) -> tuple[Path, Path]:
 
 def write_totals(directory: str, group: int, totals: Counts) -> None:
     """A group's totals as two .npy files, each replaced whole (a retried task rewrites them)."""
-    for path, array in zip(_totals_paths(directory, group),
-                           (totals.values, totals.counts.astype(TOTAL_COUNT_DTYPE, copy=False))):
+    for path, array in zip(
+        _totals_paths(directory, group), (totals.values, totals.counts.astype(TOTAL_COUNT_DTYPE, copy=False))
+    ):
         dictionary_parts.save_array(path, array)
 
 
@@ -347,32 +388,43 @@ def read_totals(directory: str, group: int) -> Counts:
     return Counts(values, counts)
 
 
-def write_parquet_atomically(table, path: Path, use_dictionary=True,
-                             row_group_size: int | None = None) -> None:
+def write_parquet_atomically(
+    table, path: Path, use_dictionary=True, row_group_size: int | None = None
+) -> None:
     import pyarrow.parquet as pq
 
-    write_atomically(path, lambda temporary: pq.write_table(
-        table, temporary, compression="snappy", use_dictionary=use_dictionary,
-        row_group_size=row_group_size))
+    write_atomically(
+        path,
+        lambda temporary: pq.write_table(
+            table,
+            temporary,
+            compression="snappy",
+            use_dictionary=use_dictionary,
+            row_group_size=row_group_size,
+        ),
+    )
 
 
 # ---------------------------------------------------------------- ids and writing
+
 
 def thresholds(spec: ThresholdSpec) -> tuple[int, ...]:
     """Each column's effective threshold (a count is a LONG: a higher one keeps nothing)."""
     return tuple(min(spec.effective(c), _MAX_COUNT) for c in CAT_COLUMNS)
 
 
-def first_ids(plan: GroupPlan, histograms: dict[int, tuple[np.ndarray, np.ndarray]],
-              minimum: tuple[int, ...]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def first_ids(
+    plan: GroupPlan, histograms: dict[int, tuple[np.ndarray, np.ndarray]], minimum: tuple[int, ...]
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per group: its kept counts (ascending) and the id of the first (lowest) value of each
     among the group's values. Ordered by (count descending, group ascending), a column's
     (group, count) classes are its ids in blocks: each block starts after the ones before."""
     out = {}
     for j in range(len(CAT_COLUMNS)):
         groups = [plan.first[j] + r for r in range(len(plan.bounds[j]))]
-        entries = [(g, c, n) for g in groups if g in histograms
-                   for c, n in zip(*histograms[g]) if c >= minimum[j]]
+        entries = [
+            (g, c, n) for g in groups if g in histograms for c, n in zip(*histograms[g]) if c >= minimum[j]
+        ]
         if not entries:
             continue
         group, count, size = (np.array(x, np.int64) for x in zip(*entries))
@@ -382,13 +434,14 @@ def first_ids(plan: GroupPlan, histograms: dict[int, tuple[np.ndarray, np.ndarra
         first = np.empty_like(start)
         first[order] = 1 + start
         for g in np.unique(group):
-            mine = np.flatnonzero(group == g)          # counts ascending, as in the histogram
+            mine = np.flatnonzero(group == g)  # counts ascending, as in the histogram
             out[int(g)] = (count[mine], first[mine])
     return out
 
 
-def assign_ids(values: np.ndarray, counts: np.ndarray, classes: np.ndarray,
-               class_first: np.ndarray) -> np.ndarray:
+def assign_ids(
+    values: np.ndarray, counts: np.ndarray, classes: np.ndarray, class_first: np.ndarray
+) -> np.ndarray:
     """Ids of a group's kept values (ascending, their counts all in ``classes``): the class's
     first id plus the value's rank among the group's values of the same count."""
     from spark_jobs.engines.arrow.kernels import ranks_in_class
@@ -403,8 +456,8 @@ class WriteSpec:
     plan: GroupPlan
     dict_dir: str
     index_dir: str
-    regions: dict[int, tuple[int, int]]   # group → (first slot, slots) in its column's index
-    totals_dir: str                       # where the merge staged the groups' parts
+    regions: dict[int, tuple[int, int]]  # group → (first slot, slots) in its column's index
+    totals_dir: str  # where the merge staged the groups' parts
 
 
 def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_ids_broadcast):
@@ -418,8 +471,10 @@ def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_i
             for item in batch.column("id").to_numpy():
                 groups = batches_of_groups[int(item)]
                 written = [_fill_group(spec, g, firsts.get(g)) for g in groups]
-                yield pa.record_batch({"group": pa.array(groups, pa.int32()),
-                                       "kept": pa.array(written, pa.int64())})
+                yield pa.record_batch(
+                    {"group": pa.array(groups, pa.int32()), "kept": pa.array(written, pa.int64())}
+                )
+
     return run
 
 
@@ -436,33 +491,67 @@ def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
 
 
 def _fill_group(spec: WriteSpec, group: int, classes) -> int:
-    if classes is None:                   # nothing kept in this group
+    if classes is None:  # nothing kept in this group
         return 0
     column, rank = spec.plan.column_range(group)
     name = CAT_COLUMNS[column]
     if remote.is_url(spec.dict_dir):
         part_url = remote.join(spec.dict_dir, f"column={name}", f"part-{rank:05d}.parquet")
         return dictionary_parts.fill_group_remote(
-            spec.totals_dir, group, classes[0], classes[1], part_url, spec.index_dir, name, rank,
-            spec.regions[group][1])
+            spec.totals_dir,
+            group,
+            classes[0],
+            classes[1],
+            part_url,
+            spec.index_dir,
+            name,
+            rank,
+            spec.regions[group][1],
+        )
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
-    return dictionary_parts.fill_group(spec.totals_dir, group, classes[0], classes[1], part,
-                                       spec.index_dir, name, rank, spec.regions[group][1])
+    return dictionary_parts.fill_group(
+        spec.totals_dir,
+        group,
+        classes[0],
+        classes[1],
+        part,
+        spec.index_dir,
+        name,
+        rank,
+        spec.regions[group][1],
+    )
 
 
-def write_group_part(dict_dir: str, index_dir: str, region: tuple[int, int], column: int,
-                     rank: int, values: np.ndarray, ids: np.ndarray, counts: np.ndarray,
-                     row_group_size: int | None = None) -> None:
+def write_group_part(
+    dict_dir: str,
+    index_dir: str,
+    region: tuple[int, int],
+    column: int,
+    rank: int,
+    values: np.ndarray,
+    ids: np.ndarray,
+    counts: np.ndarray,
+    row_group_size: int | None = None,
+) -> None:
     """A value group's part of its column's dictionary (value, id, count; values ascending)
     and its region of the index: what both id modes write once a group's ids are known."""
     import pyarrow as pa
 
     name = CAT_COLUMNS[column]
-    table = pa.table({"value": format_hex(values), "id": pa.array(ids.astype(np.int32)),
-                      "count": pa.array(counts.astype(np.int64))})
+    table = pa.table(
+        {
+            "value": format_hex(values),
+            "id": pa.array(ids.astype(np.int32)),
+            "count": pa.array(counts.astype(np.int64)),
+        }
+    )
     # every value and id is distinct: only the counts gain from dictionary encoding
-    write_parquet_atomically(table, Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
-                             use_dictionary=["count"], row_group_size=row_group_size)
+    write_parquet_atomically(
+        table,
+        Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+        use_dictionary=["count"],
+        row_group_size=row_group_size,
+    )
     dictionary_index.write_region(index_dir, name, rank, region[1], values, ids)
 
 

@@ -45,10 +45,10 @@ from dlrm_contracts.atomic import replace_file, write_text_atomic
 from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 
-INDEX_FORMAT_VERSION = 3     # 3: sealed with checksums
+INDEX_FORMAT_VERSION = 3  # 3: sealed with checksums
 INDEX_JSON = "index.json"
-INDEX_LOAD = 0.6       # kept values per slot
-PAGE_SLOTS = 512       # 4 KiB of slots: regions start on a page boundary
+INDEX_LOAD = 0.6  # kept values per slot
+PAGE_SLOTS = 512  # 4 KiB of slots: regions start on a page boundary
 
 
 def region_path(index_dir: str | Path, column: str, rank: int) -> Path:
@@ -70,9 +70,9 @@ class ColumnLayout:
     """Where a column's ranges live in the span of its slots (each range's file mapped at its
     ``start``)."""
 
-    bounds: np.ndarray    # uint32 lower bound of each value range (bounds[0] = 0), ascending
-    starts: np.ndarray    # int64 first slot of each range's region
-    sizes: np.ndarray     # int64 slots of each range's region (0: nothing kept there)
+    bounds: np.ndarray  # uint32 lower bound of each value range (bounds[0] = 0), ascending
+    starts: np.ndarray  # int64 first slot of each range's region
+    sizes: np.ndarray  # int64 slots of each range's region (0: nothing kept there)
 
     @classmethod
     def of(cls, bounds, kept_per_range) -> "ColumnLayout":
@@ -86,8 +86,7 @@ class ColumnLayout:
         return int(self.sizes.sum())
 
     def to_json(self) -> dict:
-        return {"bounds": self.bounds.tolist(), "starts": self.starts.tolist(),
-                "sizes": self.sizes.tolist()}
+        return {"bounds": self.bounds.tolist(), "starts": self.starts.tolist(), "sizes": self.sizes.tolist()}
 
 
 def create_index(index_dir: Path | str, layouts: dict[str, ColumnLayout]) -> None:
@@ -96,29 +95,38 @@ def create_index(index_dir: Path | str, layouts: dict[str, ColumnLayout]) -> Non
     Behind a URL: the prefix emptied and index.json written (objects need no folders)."""
     if remote.is_url(index_dir):
         remote.delete_tree(str(index_dir))
-        meta = {"format_version": INDEX_FORMAT_VERSION, "load": INDEX_LOAD,
-                "columns": {c: layout.to_json() for c, layout in layouts.items()}}
+        meta = {
+            "format_version": INDEX_FORMAT_VERSION,
+            "load": INDEX_LOAD,
+            "columns": {c: layout.to_json() for c, layout in layouts.items()},
+        }
         remote.write_bytes(remote.join(index_dir, INDEX_JSON), json.dumps(meta).encode())
         return
     shutil.rmtree(index_dir, ignore_errors=True)
     index_dir.mkdir(parents=True)
     for column in layouts:
         (index_dir / column).mkdir()
-    meta = {"format_version": INDEX_FORMAT_VERSION, "load": INDEX_LOAD,
-            "columns": {c: layout.to_json() for c, layout in layouts.items()}}
+    meta = {
+        "format_version": INDEX_FORMAT_VERSION,
+        "load": INDEX_LOAD,
+        "columns": {c: layout.to_json() for c, layout in layouts.items()},
+    }
     write_text_atomic(index_dir / INDEX_JSON, json.dumps(meta))
 
 
-def write_region(index_dir: str, column: str, rank: int, size: int, values: np.ndarray,
-                 ids: np.ndarray) -> None:
+def write_region(
+    index_dir: str, column: str, rank: int, size: int, values: np.ndarray, ids: np.ndarray
+) -> None:
     """Build one range's hash table of ``size`` slots and write it as the range's file."""
     from spark_jobs.engines.arrow.kernels import build_region
 
     if size == 0:
         return
-    if len(values) >= size:              # a probe for an absent value needs an empty slot
-        raise ValueError(f"{region_path(index_dir, column, rank)}: {len(values)} values do not "
-                         f"fit a region of {size} slots")
+    if len(values) >= size:  # a probe for an absent value needs an empty slot
+        raise ValueError(
+            f"{region_path(index_dir, column, rank)}: {len(values)} values do not "
+            f"fit a region of {size} slots"
+        )
     region = np.zeros(size, np.uint64)
     build_region(np.ascontiguousarray(values, np.uint32), np.ascontiguousarray(ids, np.int32), region)
     write_atomically(region_path(index_dir, column, rank), region.tofile, fsync=True)
@@ -145,11 +153,14 @@ def seal_index(index_dir: Path) -> None:
     for column, data in meta["columns"].items():
         _, _, sizes, _ = checks.column_arrays(meta, index_dir / INDEX_JSON, column, sealed=False)
         checks.check_files(index_dir, column, sizes)
-        data["checksums"] = [_file_checksum(region_path(index_dir, column, rank)) if slots else None
-                             for rank, slots in enumerate(sizes.tolist())]
+        data["checksums"] = [
+            _file_checksum(region_path(index_dir, column, rank)) if slots else None
+            for rank, slots in enumerate(sizes.tolist())
+        ]
     meta["checksum"] = checks.meta_checksum(meta["columns"])
-    write_atomically(index_dir / INDEX_JSON, lambda temporary: temporary.write_text(json.dumps(meta)),
-                     fsync=True)
+    write_atomically(
+        index_dir / INDEX_JSON, lambda temporary: temporary.write_text(json.dumps(meta)), fsync=True
+    )
 
 
 def _seal_remote(url: str) -> None:
@@ -168,7 +179,7 @@ def fetch_index(url: str, target: Path) -> None:
     """Every file of the index behind ``url`` copied into the local directory ``target``."""
     prefix = url.rstrip("/") + "/"
     for source in remote.list_files(url, recursive=True):
-        remote.download(source, target / source[len(prefix):])
+        remote.download(source, target / source[len(prefix) :])
 
 
 def _file_checksum(path: Path) -> str:
@@ -194,8 +205,10 @@ class DictionaryIndex:
         directory = Path(index_dir)
         checked = _checked_columns(directory, columns)
         self.columns = columns
-        self._tables = [(layout, _mapped_and_verified(directory, column, layout, checksums))
-                        for column, (layout, checksums) in checked.items()]
+        self._tables = [
+            (layout, _mapped_and_verified(directory, column, layout, checksums))
+            for column, (layout, checksums) in checked.items()
+        ]
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
         """values [columns, n] (int64, negative = missing) → int32 ids in out [columns, n];
@@ -219,8 +232,7 @@ def _checked_columns(index_dir: Path, columns: tuple[str, ...]) -> dict:
     return checked
 
 
-def _mapped_and_verified(index_dir: Path, column: str, layout: ColumnLayout,
-                         checksums: list) -> np.ndarray:
+def _mapped_and_verified(index_dir: Path, column: str, layout: ColumnLayout, checksums: list) -> np.ndarray:
     """The column's slots mapped, each range's bytes checked against its checksum."""
     from spark_jobs.engines.arrow.index_checks import check_region
 
@@ -229,12 +241,11 @@ def _mapped_and_verified(index_dir: Path, column: str, layout: ColumnLayout,
     slots = _map_column(index_dir, column, layout)
     for rank in np.flatnonzero(layout.sizes):
         start, size = int(layout.starts[rank]), int(layout.sizes[rank])
-        check_region(region_path(index_dir, column, int(rank)), slots[start:start + size],
-                     checksums[rank])
+        check_region(region_path(index_dir, column, int(rank)), slots[start : start + size], checksums[rank])
     return slots
 
 
-_MAP_FIXED = 0x10          # Linux's value on every architecture; the mmap module lacks it
+_MAP_FIXED = 0x10  # Linux's value on every architecture; the mmap module lacks it
 
 
 def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarray:
@@ -246,10 +257,12 @@ def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarra
     from spark_jobs.engines.arrow.index_checks import check_region_stat, damaged
 
     if not sys.platform.startswith("linux"):
-        raise OSError("the dictionary index is mapped with Linux's mmap(MAP_FIXED): "
-                      f"{sys.platform} is not supported")
-    span = mmap.mmap(-1, layout.total_slots * 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                     prot=mmap.PROT_READ)
+        raise OSError(
+            f"the dictionary index is mapped with Linux's mmap(MAP_FIXED): {sys.platform} is not supported"
+        )
+    span = mmap.mmap(
+        -1, layout.total_slots * 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ
+    )
     slots = np.frombuffer(span, np.uint64)
     base = slots.ctypes.data
     for rank in np.flatnonzero(layout.sizes):
@@ -260,13 +273,12 @@ def _map_column(index_dir: Path, column: str, layout: ColumnLayout) -> np.ndarra
         except OSError as error:
             raise damaged(path, f"unreadable ({error.strerror})") from None
         try:
-            check_region_stat(path, os.fstat(fd), size // 8)     # the file mapped is the one checked
+            check_region_stat(path, os.fstat(fd), size // 8)  # the file mapped is the one checked
             address = base + int(layout.starts[rank]) * 8
-            if _libc_mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED,
-                          fd, 0) != address:
+            if _libc_mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0) != address:
                 raise OSError(ctypes.get_errno(), f"mapping {path}: {os.strerror(ctypes.get_errno())}")
         finally:
-            os.close(fd)               # a mapping outlives its descriptor
+            os.close(fd)  # a mapping outlives its descriptor
     return slots
 
 
@@ -279,23 +291,31 @@ def _mmap_function():
     """libc's mmap with its signature declared, once a process (a worker maps every range)."""
     mmap_call = ctypes.CDLL(None, use_errno=True).mmap
     mmap_call.restype = ctypes.c_void_p
-    mmap_call.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long)
+    mmap_call.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    )
     return mmap_call
 
 
 _OPEN: dict[str, DictionaryIndex] = {}
 
 
-def worker_index(index_dir: str, columns: tuple[str, ...], token: str,
-                 local_root: str | None = None) -> DictionaryIndex:
+def worker_index(
+    index_dir: str, columns: tuple[str, ...], token: str, local_root: str | None = None
+) -> DictionaryIndex:
     """The worker's index for this run (``token`` names the run; an older one is dropped).
     With ``local_root`` (a cluster), the files are first copied once per node into it."""
     key = f"{token}:{index_dir}"
     if key not in _OPEN:
         _OPEN.clear()
-        if remote.is_url(index_dir) and not local_root:     # local mode, workdir behind a URL
+        if remote.is_url(index_dir) and not local_root:  # local mode, workdir behind a URL
             import tempfile
+
             local_root = tempfile.gettempdir()
         source = local_copy(index_dir, local_root, token) if local_root else index_dir
         _OPEN[key] = DictionaryIndex(source, columns)
@@ -316,7 +336,7 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
             shutil.copytree(index_dir, staging)
         try:
             staging.rename(target)
-        except OSError:                    # another worker's copy landed first
+        except OSError:  # another worker's copy landed first
             shutil.rmtree(staging, ignore_errors=True)
     return str(target)
 

@@ -44,12 +44,17 @@ _ID_BYTES = 4
 def _paths(directory: str, group: int) -> tuple[Path, Path, Path, Path]:
     """The staged part, its rows (rank and class index per value), its classes, its region."""
     base = Path(directory) / f"part-{group:07d}"
-    return (base.with_suffix(".parquet"), base.with_suffix(".rows"),
-            base.with_suffix(".classes.npy"), base.with_suffix(".slots"))
+    return (
+        base.with_suffix(".parquet"),
+        base.with_suffix(".rows"),
+        base.with_suffix(".classes.npy"),
+        base.with_suffix(".slots"),
+    )
 
 
-def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np.ndarray,
-                minimum: int) -> int:
+def stage_group(
+    directory: str, group: int, totals: Counts, histogram_counts: np.ndarray, minimum: int
+) -> int:
     """Stage a group's part and index region from its totals (values ascending) and the
     counts of their histogram (ascending); returns the values kept. Every file is replaced
     whole, so a retried merge task rewrites its own."""
@@ -59,51 +64,71 @@ def stage_group(directory: str, group: int, totals: Counts, histogram_counts: np
     if not kept.any():
         return 0
     values, counts = totals.values[kept], totals.counts[kept]
-    classes = histogram_counts[histogram_counts >= minimum]    # the group's kept counts
+    classes = histogram_counts[histogram_counts >= minimum]  # the group's kept counts
     in_class = class_index(classes, counts)
     ranks = np.empty(len(values), np.int64)
     ranks_in_class(in_class, np.zeros(len(classes), np.int64), ranks)
     part, rows, classes_path, region_path = _paths(directory, group)
     _write_part(part, values, ranks.astype(np.int32), counts)
     region = np.zeros(dictionary_index.region_slots(len(values)), np.uint64)
-    build_region(np.ascontiguousarray(values, np.uint32),
-                 np.arange(1, len(values) + 1, dtype=np.int32), region)
+    build_region(
+        np.ascontiguousarray(values, np.uint32), np.arange(1, len(values) + 1, dtype=np.int32), region
+    )
     write_atomically(rows, lambda temporary: _write_rows(temporary, ranks, in_class, len(classes)))
     save_array(classes_path, classes.astype(np.int64))
-    write_atomically(region_path, region.tofile)        # raw slots: it becomes the index's file
+    write_atomically(region_path, region.tofile)  # raw slots: it becomes the index's file
     return len(values)
 
 
-def fill_group(directory: str, group: int, classes: np.ndarray, class_first: np.ndarray,
-               part_path: Path, index_dir: str, column: str, rank: int, slots: int) -> int:
+def fill_group(
+    directory: str,
+    group: int,
+    classes: np.ndarray,
+    class_first: np.ndarray,
+    part_path: Path,
+    index_dir: str,
+    column: str,
+    rank: int,
+    slots: int,
+) -> int:
     """After the barrier: the staged part's ids filled in and the part moved to ``part_path``,
     the staged region's slots given their ids in place and the region moved into the index,
     the staged files removed (by the tasks, in parallel, rather than by the driver after
     them). Returns the values kept."""
     staged, rows_path, classes_path, region_path = _paths(directory, group)
-    if not rows_path.exists() and part_path.exists():     # a retried task: this group is done
+    if not rows_path.exists() and part_path.exists():  # a retried task: this group is done
         import pyarrow.parquet as pq
+
         return pq.ParquetFile(part_path).metadata.num_rows
     if not np.array_equal(np.load(classes_path), classes):
-        raise ValueError(f"value group {group}: the staged dictionary part's counts differ from "
-                         f"the histogram's (a stale staging directory {directory}?)")
+        raise ValueError(
+            f"value group {group}: the staged dictionary part's counts differ from "
+            f"the histogram's (a stale staging directory {directory}?)"
+        )
     ranks, in_class = _read_rows(rows_path, len(classes))
-    labelled_ids = np.zeros(len(ranks) + 1, np.int32)     # [0]: an empty slot's, then by row
+    labelled_ids = np.zeros(len(ranks) + 1, np.int32)  # [0]: an empty slot's, then by row
     ids = labelled_ids[1:]
     np.add(class_first[in_class], ranks, out=ids, casting="unsafe")
-    source = staged if staged.exists() else part_path     # a retried task: already moved
+    source = staged if staged.exists() else part_path  # a retried task: already moved
     fill_ids(source, ranks, ids)
     if source == staged:
         part_path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, part_path)
     _install_region(region_path, labelled_ids, part_path, index_dir, column, rank, slots)
-    for path in (classes_path, rows_path):                # the rows last: they mark it undone
+    for path in (classes_path, rows_path):  # the rows last: they mark it undone
         path.unlink()
     return len(ids)
 
 
-def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, index_dir: str,
-                    column: str, rank: int, slots: int) -> None:
+def _install_region(
+    staged: Path,
+    labelled_ids: np.ndarray,
+    part_path: Path,
+    index_dir: str,
+    column: str,
+    rank: int,
+    slots: int,
+) -> None:
     """The staged region (its slots pointing at rows) relabelled in place and moved into the
     index: its pages are already in the page cache, where a copy into another file would
     fill new ones. Relabelling twice would corrupt it, so the file is first renamed to mark
@@ -116,10 +141,11 @@ def _install_region(staged: Path, labelled_ids: np.ndarray, part_path: Path, ind
         os.replace(staged, relabelling)
         region = np.memmap(relabelling, np.uint64, "r+")
         if len(region) != slots:
-            raise ValueError(f"{staged}: a staged index region of {len(region)} slots where the "
-                             f"index has {slots}")
+            raise ValueError(
+                f"{staged}: a staged index region of {len(region)} slots where the index has {slots}"
+            )
         relabel_region(region.view(np.ndarray), labelled_ids)
-        region.flush()       # msync: the relabelled pages reach the file before it is renamed
+        region.flush()  # msync: the relabelled pages reach the file before it is renamed
         del region
         dictionary_index.install_region(index_dir, column, rank, relabelling)
     elif relabelling.exists() or not dictionary_index.region_path(index_dir, column, rank).exists():
@@ -134,9 +160,9 @@ def _rebuild_region(part_path: Path, index_dir: str, column: str, rank: int, slo
     from spark_jobs.engines.arrow.fastparse import parse_hex
 
     table = pq.read_table(part_path, columns=["value", "id"])
-    dictionary_index.write_region(index_dir, column, rank, slots,
-                                  parse_hex(table["value"].combine_chunks()),
-                                  table["id"].to_numpy())
+    dictionary_index.write_region(
+        index_dir, column, rank, slots, parse_hex(table["value"].combine_chunks()), table["id"].to_numpy()
+    )
 
 
 def _class_dtype(classes: int) -> np.dtype:
@@ -158,7 +184,7 @@ def _read_rows(path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
     if len(data) % width:
         raise ValueError(f"{path}: {len(data)} bytes is not a whole number of rows")
     n = len(data) // width
-    return data[:4 * n].view(np.int32), data[4 * n:].view(_class_dtype(classes))
+    return data[: 4 * n].view(np.int32), data[4 * n :].view(_class_dtype(classes))
 
 
 def fill_ids(path: Path, placeholders: np.ndarray, ids: np.ndarray) -> None:
@@ -176,12 +202,14 @@ def fill_ids(path: Path, placeholders: np.ndarray, ids: np.ndarray) -> None:
             chunk, rows = group.column(column), group.num_rows
             offset = chunk.data_page_offset + chunk.total_compressed_size - _ID_BYTES * rows
             found = np.frombuffer(os.pread(fd, _ID_BYTES * rows, offset), "<i4")
-            want = np.ascontiguousarray(ids[start:start + rows], "<i4")
+            want = np.ascontiguousarray(ids[start : start + rows], "<i4")
             if chunk.compression != "UNCOMPRESSED" or not (
-                    np.array_equal(found, placeholders[start:start + rows])
-                    or np.array_equal(found, want)):
-                raise ValueError(f"{path}: its id column is not where this job writes it; "
-                                 f"delete the workdir's counts/.totals and run again")
+                np.array_equal(found, placeholders[start : start + rows]) or np.array_equal(found, want)
+            ):
+                raise ValueError(
+                    f"{path}: its id column is not where this job writes it; "
+                    f"delete the workdir's counts/.totals and run again"
+                )
             if os.pwrite(fd, want.tobytes(), offset) != want.nbytes:
                 raise OSError(f"{path}: short write of its ids")
             start += rows
@@ -195,25 +223,46 @@ def _write_part(path: Path, values: np.ndarray, ids: np.ndarray, counts: np.ndar
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([pa.field("value", pa.string(), nullable=False),
-                        pa.field("id", pa.int32(), nullable=False),
-                        pa.field("count", pa.int64(), nullable=False)])
-    table = pa.table({"value": format_hex(values), "id": pa.array(ids, pa.int32()),
-                      "count": pa.array(counts.astype(np.int64, copy=False))}, schema=schema)
+    schema = pa.schema(
+        [
+            pa.field("value", pa.string(), nullable=False),
+            pa.field("id", pa.int32(), nullable=False),
+            pa.field("count", pa.int64(), nullable=False),
+        ]
+    )
+    table = pa.table(
+        {
+            "value": format_hex(values),
+            "id": pa.array(ids, pa.int32()),
+            "count": pa.array(counts.astype(np.int64, copy=False)),
+        },
+        schema=schema,
+    )
     # statistics only for the values (a reader's range filter uses them); the ids' would be the
     # placeholders', and the counts' cost more than they serve
-    write_atomically(path, lambda temporary: pq.write_table(
-        table, temporary, row_group_size=PART_ROW_GROUP_ROWS,
-        max_rows_per_page=PART_ROW_GROUP_ROWS, data_page_size=1 << 30, data_page_version="1.0",
-        use_dictionary=["count"], compression={"value": "snappy", "id": "none", "count": "snappy"},
-        write_statistics=["value"]))
+    write_atomically(
+        path,
+        lambda temporary: pq.write_table(
+            table,
+            temporary,
+            row_group_size=PART_ROW_GROUP_ROWS,
+            max_rows_per_page=PART_ROW_GROUP_ROWS,
+            data_page_size=1 << 30,
+            data_page_version="1.0",
+            use_dictionary=["count"],
+            compression={"value": "snappy", "id": "none", "count": "snappy"},
+            write_statistics=["value"],
+        ),
+    )
 
 
 def save_array(path: Path, array: np.ndarray) -> None:
     """One .npy file, replaced whole (np.save is given a file: given a name it would add .npy)."""
+
     def write(temporary: Path) -> None:
         with open(temporary, "wb") as out:
             np.save(out, array, allow_pickle=False)
+
     write_atomically(path, write)
 
 
@@ -231,8 +280,9 @@ def _staged_names(group: int) -> list[str]:
     return [f"part-{group:07d}{suffix}" for suffix in _STAGED]
 
 
-def stage_group_remote(url: str, group: int, totals: Counts, histogram_counts: np.ndarray,
-                       minimum: int) -> int:
+def stage_group_remote(
+    url: str, group: int, totals: Counts, histogram_counts: np.ndarray, minimum: int
+) -> int:
     """``stage_group`` into a local scratch directory, its files then written under ``url``."""
     import shutil
 
@@ -249,8 +299,17 @@ def stage_group_remote(url: str, group: int, totals: Counts, histogram_counts: n
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def fill_group_remote(url: str, group: int, classes: np.ndarray, class_first: np.ndarray,
-                      part_url: str, index_url: str, column: str, rank: int, slots: int) -> int:
+def fill_group_remote(
+    url: str,
+    group: int,
+    classes: np.ndarray,
+    class_first: np.ndarray,
+    part_url: str,
+    index_url: str,
+    column: str,
+    rank: int,
+    slots: int,
+) -> int:
     """``fill_group`` on the group's staged files fetched into a local scratch directory; the
     filled part and the index region then written to ``part_url`` and under ``index_url``."""
     import shutil
@@ -264,8 +323,7 @@ def fill_group_remote(url: str, group: int, classes: np.ndarray, class_first: np
         for name in _staged_names(group):
             remote.download(remote.join(url, name), staged / name)
         part = scratch / "part.parquet"
-        kept = fill_group(str(staged), group, classes, class_first, part, str(index_dir),
-                          column, rank, slots)
+        kept = fill_group(str(staged), group, classes, class_first, part, str(index_dir), column, rank, slots)
         remote.upload(part, part_url)
         region = dictionary_index.region_path(index_dir, column, rank)
         remote.upload(region, remote.join(index_url, column, region.name))

@@ -34,9 +34,18 @@ from spark_jobs.engines.arrow import tasks as arrow_tasks
 from spark_jobs.engines.arrow.chunks import plan_chunks
 from spark_jobs.engines.arrow.fastparse import REASON_CODES
 from spark_jobs.engines.arrow.split_writer import WriteSpec
-from spark_jobs.engines.arrow.tasks import (CODE_BITS, LINES, MISSING_CAT, MISSING_INT, PADDED,
-                                            REJECT_SCHEMA, SLOW, TRANSFORM_SCHEMA, ReadSettings,
-                                            TransformSpec)
+from spark_jobs.engines.arrow.tasks import (
+    CODE_BITS,
+    LINES,
+    MISSING_CAT,
+    MISSING_INT,
+    PADDED,
+    REJECT_SCHEMA,
+    SLOW,
+    TRANSFORM_SCHEMA,
+    ReadSettings,
+    TransformSpec,
+)
 from spark_jobs.engines.arrow.value_counts import VALUE_DTYPE
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats, line_number_column
@@ -54,26 +63,28 @@ ROW_GROUP_ROWS = 1 << 18
 
 class ArrowEngine:
     name = "arrow"
-    lookups = "dictionary index"     # how the transform finds ids (recorded in preprocess.json)
+    lookups = "dictionary index"  # how the transform finds ids (recorded in preprocess.json)
 
     def __init__(self, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
-        self.settings = ReadSettings(block_bytes=max(4096, cfg.arrow_block_kb << 10),
-                                     count_flush_lines=COUNT_FLUSH_LINES,
-                                     max_line_bytes=cfg.max_line_bytes)
+        self.settings = ReadSettings(
+            block_bytes=max(4096, cfg.arrow_block_kb << 10),
+            count_flush_lines=COUNT_FLUSH_LINES,
+            max_line_bytes=cfg.max_line_bytes,
+        )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
-        self._partials_dir: Path | None = None   # the count pass's partial files, until merged
-        self._counted: list = []       # the shuffle exchange's persisted count outputs
-        self._samples: list = []       # (column, entries, sampled values) per partial
-        self._entries: dict[int, int] = {}   # distinct values per group (totals on disk)
+        self._partials_dir: Path | None = None  # the count pass's partial files, until merged
+        self._counted: list = []  # the shuffle exchange's persisted count outputs
+        self._samples: list = []  # (column, entries, sampled values) per partial
+        self._entries: dict[int, int] = {}  # distinct values per group (totals on disk)
         self._totals_dir: Path | None = None  # where the merge leaves the totals or staged parts
         self._staged_for: ThresholdSpec | None = None  # the threshold the parts are staged for
         self._plan: dicts.GroupPlan | None = None
         self._histograms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._previous: stable_ids.Previous | None = None   # stable ids: what they extend
+        self._previous: stable_ids.Previous | None = None  # stable ids: what they extend
         self._previous_samples: list = []
         if not session.sparkContext.master.startswith("local"):
             _ship_code(session)
@@ -89,8 +100,9 @@ class ArrowEngine:
             return self.cfg.arrow_exchange
         return "shuffle" if remote.is_url(counts_dir) else "files"
 
-    def count(self, recount: list[int], counts_dir: Path,
-              read: set[int] | None = None) -> dict[int, DayStats]:
+    def count(
+        self, recount: list[int], counts_dir: Path, read: set[int] | None = None
+    ) -> dict[int, DayStats]:
         """Statistics of every day read (``read``, a superset of ``recount``; None: every
         day); the partial value counts of ``recount`` stay cached for ``count_totals``."""
         days = [d for d in self.days if read is None or d.day in read]
@@ -123,16 +135,19 @@ class ArrowEngine:
             frame.unpersist()
         self._counted = []
 
-    def count_totals(self, counts_dir: Path, days: list[int] | None,
-                     frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
+    def count_totals(
+        self, counts_dir: Path, days: list[int] | None, frequency_ids: ThresholdSpec | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
         """Write the recounted days' value counts, sum the totals over ``days`` (None: all) by
         group, and return (and store) their count histogram per column. With
         ``frequency_ids`` (the threshold of a frequency-ids run) the merge also stages each
         group's dictionary part, so that only the ids are left for ``write_dictionaries``."""
         shuffle = self.exchange(counts_dir) == "shuffle"
         if remote.is_url(counts_dir) and frequency_ids is None:
-            raise RuntimeError("stable ids (preprocess.ids: stable) need a workdir on a "
-                               "filesystem path; a workdir URL supports frequency ids")
+            raise RuntimeError(
+                "stable ids (preprocess.ids: stable) need a workdir on a "
+                "filesystem path; a workdir URL supports frequency ids"
+            )
         wanted = [d.day for d in self.days] if days is None else list(days)
         partials = None if shuffle else partial_files.partials_dir(counts_dir)
         samples = list(self._samples) + self._previous_samples
@@ -146,20 +161,30 @@ class ArrowEngine:
         dicts.clear_day_counts(counts_dir, self._recounted)
         self._totals_dir = dicts.totals_dir(counts_dir)
         dicts.clear_dir(self._totals_dir)
-        merge = dicts.MergeSpec(self._plan, frozenset(self._recounted), frozenset(wanted),
-                                str(counts_dir), str(self._totals_dir),
-                                dicts.thresholds(frequency_ids) if frequency_ids else None)
+        merge = dicts.MergeSpec(
+            self._plan,
+            frozenset(self._recounted),
+            frozenset(wanted),
+            str(counts_dir),
+            str(self._totals_dir),
+            dicts.thresholds(frequency_ids) if frequency_ids else None,
+        )
         self._staged_for = frequency_ids
         if shuffle:
             rows = self._shuffled_merge(merge)
         else:
             groups = dicts.balanced_batches(self._plan.group_entries(), self._tasks_per_group_pass())
-            rows = self._over(groups, dicts.merge_task(merge, groups, partial_files.files(partials)),
-                              dicts.TOTALS_SCHEMA).collect()
+            rows = self._over(
+                groups, dicts.merge_task(merge, groups, partial_files.files(partials)), dicts.TOTALS_SCHEMA
+            ).collect()
             partial_files.clear(partials)
-        self._histograms = {int(r["group"]): (np.frombuffer(r["histogram_counts"], np.int64),
-                                              np.frombuffer(r["histogram_sizes"], np.int64))
-                            for r in rows}
+        self._histograms = {
+            int(r["group"]): (
+                np.frombuffer(r["histogram_counts"], np.int64),
+                np.frombuffer(r["histogram_sizes"], np.int64),
+            )
+            for r in rows
+        }
         self._entries = {int(r["group"]): int(r["entries"]) for r in rows}
         return _write_histogram(_column_histogram(self._plan, self._histograms), counts_dir)
 
@@ -171,14 +196,18 @@ class ArrowEngine:
         from pyspark.sql import functions as F
 
         partials = reduce(lambda a, b: a.unionByName(b), self._counted).filter(
-            F.col("kind") == count_exchange.KIND_PARTIAL)
-        routes = self.session.createDataFrame(count_exchange.group_map(self._plan),
-                                              count_exchange.GROUP_MAP_SCHEMA)
-        routed = partials.join(F.broadcast(routes), ["column", "value"]).select(
-            *count_exchange.MERGE_INPUT)
-        rows = (routed.repartition(self._tasks_per_group_pass(), "group")
-                .sortWithinPartitions("group", "day")
-                .mapInArrow(count_exchange.merge_task(merge), dicts.TOTALS_SCHEMA).collect())
+            F.col("kind") == count_exchange.KIND_PARTIAL
+        )
+        routes = self.session.createDataFrame(
+            count_exchange.group_map(self._plan), count_exchange.GROUP_MAP_SCHEMA
+        )
+        routed = partials.join(F.broadcast(routes), ["column", "value"]).select(*count_exchange.MERGE_INPUT)
+        rows = (
+            routed.repartition(self._tasks_per_group_pass(), "group")
+            .sortWithinPartitions("group", "day")
+            .mapInArrow(count_exchange.merge_task(merge), dicts.TOTALS_SCHEMA)
+            .collect()
+        )
         self._release_counted()
         return rows
 
@@ -197,13 +226,15 @@ class ArrowEngine:
         self._release_counted()
 
     # ------------------------------------------------------------ dictionaries
-    def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
-                           index_dir: Path) -> None:
+    def write_dictionaries(
+        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
+    ) -> None:
         """Each group's part of the dictionaries (value, id, count), staged by the merge, gets
         its ids; its region of the dictionary index is written."""
         if self._staged_for != spec:
-            raise RuntimeError(f"the merge staged the dictionaries for threshold "
-                               f"{self._staged_for}, not {spec}")
+            raise RuntimeError(
+                f"the merge staged the dictionaries for threshold {self._staged_for}, not {spec}"
+            )
         minimum = dicts.thresholds(spec)
         first_ids = dicts.first_ids(self._plan, self._histograms, minimum)
         layouts, regions = dicts.index_layouts(self._plan, self._histograms, minimum)
@@ -214,27 +245,36 @@ class ArrowEngine:
         dictionary_index.create_index(index_dir, layouts)
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
-            write = dicts.WriteSpec(self._plan, str(dict_dir), str(index_dir), regions,
-                                    str(self._totals_dir))
+            write = dicts.WriteSpec(self._plan, str(dict_dir), str(index_dir), regions, str(self._totals_dir))
             # one task per core: a group's fill takes milliseconds, less than a task's start-up;
             # dealt by the slots each fills (a group's distinct values say little of what it
             # keeps), and only the groups that keep something: the others staged nothing
-            batches = dicts.balanced_batches({g: slots for g, (_, slots) in regions.items() if slots},
-                                             self.session.sparkContext.defaultParallelism)
-            written = self._over(batches, dicts.dictionary_task(write, batches, broadcast),
-                                 dicts.WRITTEN_SCHEMA).collect()
+            batches = dicts.balanced_batches(
+                {g: slots for g, (_, slots) in regions.items() if slots},
+                self.session.sparkContext.defaultParallelism,
+            )
+            written = self._over(
+                batches, dicts.dictionary_task(write, batches, broadcast), dicts.WRITTEN_SCHEMA
+            ).collect()
         finally:
             broadcast.unpersist()
         kept = sum(r["kept"] for r in written)
         if kept != expected:
-            raise RuntimeError(f"{kept} values kept in the dictionaries, but the table sizes from "
-                               f"the histogram add up to {expected}")
+            raise RuntimeError(
+                f"{kept} values kept in the dictionaries, but the table sizes from "
+                f"the histogram add up to {expected}"
+            )
         dictionary_index.seal_index(index_dir)
         dicts.clear_dir(self._totals_dir)
 
-    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
-                                      days: list[int], dict_dir: Path,
-                                      index_dir: Path) -> dict[str, int]:
+    def write_contiguous_dictionaries(
+        self,
+        spec: ThresholdSpec,
+        stats: dict[int, DayStats],
+        days: list[int],
+        dict_dir: Path,
+        index_dir: Path,
+    ) -> dict[str, int]:
         """Contiguous ids (``spark_jobs.contiguous_ids``): first-seen tasks over the chunks of
         ``days``, the shared builder's dictionaries, then their index
         (``engines.arrow.contiguous``). Returns the kept values per column."""
@@ -244,16 +284,16 @@ class ArrowEngine:
         if remote.is_url(index_dir):
             from spark_jobs.errors import PreprocessConfigError
 
-            raise PreprocessConfigError("contiguous ids (preprocess.ids: contiguous) need a "
-                                        "workdir on a filesystem path with the arrow engine "
-                                        "(or preprocess.engine: sql)")
+            raise PreprocessConfigError(
+                "contiguous ids (preprocess.ids: contiguous) need a "
+                "workdir on a filesystem path with the arrow engine "
+                "(or preprocess.engine: sql)"
+            )
         chunks = [c for c in self.chunks if c.day in set(days)]
-        partials = self._over(chunks, contiguous.first_seen_task(chunks, self.settings),
-                              PARTIAL_SCHEMA)
+        partials = self._over(chunks, contiguous.first_seen_task(chunks, self.settings), PARTIAL_SCHEMA)
         ids, kept = build_dictionaries(partials, spec, dict_dir)
         try:
-            contiguous.write_index(self.session, ids, kept, str(index_dir),
-                                   self.cfg.arrow_group_values)
+            contiguous.write_index(self.session, ids, kept, str(index_dir), self.cfg.arrow_group_values)
         finally:
             ids.unpersist()
         return kept
@@ -264,8 +304,9 @@ class ArrowEngine:
         self._previous = previous
         self._previous_samples = stable_groups.dictionary_samples(previous)
 
-    def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
-                                  index_dir: Path) -> dict[str, int]:
+    def write_stable_dictionaries(
+        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
+    ) -> dict[str, int]:
         """Stable ids (``spark_jobs.stable_ids``): every group reads its range of the previous
         dictionaries and finds its kept newcomers (a survey pass: their count histograms and
         the old entries per group, collected), the newcomers' first ids are summed on the
@@ -276,18 +317,27 @@ class ArrowEngine:
         minimum = dicts.thresholds(spec)
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
-        ids = stable_groups.StableSpec(self._plan, minimum,
-                                       previous.directory if previous else None,
-                                       str(self._totals_dir), frozenset(self._entries))
+        ids = stable_groups.StableSpec(
+            self._plan,
+            minimum,
+            previous.directory if previous else None,
+            str(self._totals_dir),
+            frozenset(self._entries),
+        )
         # every group, not only those with counts this run: old entries must be carried over
         weights = {g: self._entries.get(g, 0) + 1 for g in range(self._plan.groups)}
         batches = dicts.balanced_batches(weights, self._tasks_per_group_pass())
-        survey = {int(r["group"]): r for r in
-                  self._over(batches, stable_groups.survey_task(ids, batches),
-                             stable_groups.SURVEY_SCHEMA).collect()}
+        survey = {
+            int(r["group"]): r
+            for r in self._over(
+                batches, stable_groups.survey_task(ids, batches), stable_groups.SURVEY_SCHEMA
+            ).collect()
+        }
         stable_groups.check_old_entries(self._plan, survey, before)
-        histograms = {g: (np.frombuffer(r["histogram_counts"], np.int64),
-                          np.frombuffer(r["histogram_sizes"], np.int64)) for g, r in survey.items()}
+        histograms = {
+            g: (np.frombuffer(r["histogram_counts"], np.int64), np.frombuffer(r["histogram_sizes"], np.int64))
+            for g, r in survey.items()
+        }
         kept = {g: int(r["old"]) + int(histograms[g][1].sum()) for g, r in survey.items()}
         sizes = dict(before)
         for g, (_, added) in histograms.items():
@@ -301,24 +351,29 @@ class ArrowEngine:
         broadcast = self.session.sparkContext.broadcast(first_ids)
         try:
             write = stable_groups.StableWriteSpec(ids, str(staging), str(index_dir), regions)
-            batches = dicts.balanced_batches({g: n + 1 for g, n in kept.items()},
-                                             self._tasks_per_group_pass())
-            written = self._over(batches, stable_groups.write_task(write, batches, broadcast),
-                                 stable_groups.WRITTEN_SCHEMA).collect()
+            batches = dicts.balanced_batches(
+                {g: n + 1 for g, n in kept.items()}, self._tasks_per_group_pass()
+            )
+            written = self._over(
+                batches, stable_groups.write_task(write, batches, broadcast), stable_groups.WRITTEN_SCHEMA
+            ).collect()
         finally:
             broadcast.unpersist()
         total = sum(r["kept"] for r in written)
         if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
-            raise RuntimeError(f"{total} values written to the stable dictionaries, but their "
-                               f"ids add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
+            raise RuntimeError(
+                f"{total} values written to the stable dictionaries, but their "
+                f"ids add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}"
+            )
         dictionary_index.seal_index(index_dir)
         stable_ids.commit(staging, dict_dir, spec, sizes)
         shutil.rmtree(self._totals_dir, ignore_errors=True)
         return sizes
 
     def _tasks_per_group_pass(self) -> int:
-        return _merge_partitions(self._plan, self.cfg.arrow_group_values,
-                                 self.session.sparkContext.defaultParallelism)
+        return _merge_partitions(
+            self._plan, self.cfg.arrow_group_values, self.session.sparkContext.defaultParallelism
+        )
 
     # ------------------------------------------------------------ rejects
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
@@ -331,18 +386,29 @@ class ArrowEngine:
         chunks = [c for c in self.chunks if c.day in dirty]
         rows = self._over(chunks, arrow_tasks.reject_task(chunks, self.settings), REJECT_SCHEMA)
         names = {d.day: d.name for d in self.days}
-        rejects = rows.select(literal_lookup(names, "day").alias("file"),
-                              (line_number_column(stats, dirty) + 1).alias("line_number"),
-                              "reason", "line", "line_bytes")
+        rejects = rows.select(
+            literal_lookup(names, "day").alias("file"),
+            (line_number_column(stats, dirty) + 1).alias("line_number"),
+            "reason",
+            "line",
+            "line_bytes",
+        )
         if remote.is_url(out_dir):
             _write_json_lines(rejects, remote.join(out_dir, "part-00000.json"))
         else:
             rejects.write.mode("overwrite").json(str(out_dir))
 
     # ------------------------------------------------------------ transform pass
-    def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int,
-                     days: set[int] | None = None) -> None:
+    def write_splits(
+        self,
+        stats: dict[int, DayStats],
+        sizes: dict[str, int],
+        dict_dir: Path,
+        index_dir: Path,
+        staging: Path,
+        train_files: int,
+        days: set[int] | None = None,
+    ) -> None:
         """Write ``staging/<split>/part-*.parquet``. Every id comes from the dictionary index
         (with ``ids: modulo``: from the caps, ``spark_jobs.capped_ids``; with ``ids:
         contiguous`` from the index and the caps, ``spark_jobs.contiguous_ids``). Train is
@@ -352,43 +418,56 @@ class ArrowEngine:
         spec = self.transform_spec(stats, index_dir)
         last = self.days[-1].day
         dicts.clear_dir(staging)
-        write = partial(WriteSpec, out_dir=str(staging), compression=self.cfg.compression,
-                        row_group_rows=ROW_GROUP_ROWS)
+        write = partial(
+            WriteSpec, out_dir=str(staging), compression=self.cfg.compression, row_group_rows=ROW_GROUP_ROWS
+        )
         results = []
         if days is None or last in days:
             eval_chunks = [c for c in self.chunks if c.day == last]
-            task = arrow_tasks.eval_write_task(eval_chunks, spec, self.settings,
-                                               write(test_lines=spec.test_lines))
+            task = arrow_tasks.eval_write_task(
+                eval_chunks, spec, self.settings, write(test_lines=spec.test_lines)
+            )
             results += self._over(eval_chunks, task, split_writer.RESULT_SCHEMA).collect()
         if days is None or days - {last}:
-            results += split_writer.write_partitions(self.train_rows(spec, train_files, days),
-                                                     write(test_lines=None))
+            results += split_writer.write_partitions(
+                self.train_rows(spec, train_files, days), write(test_lines=None)
+            )
         split_writer.commit(results, staging)
-        if remote.is_url(index_dir) and not spec.index_on_node:   # local mode's one copy
+        if remote.is_url(index_dir) and not spec.index_on_node:  # local mode's one copy
             import tempfile
-            shutil.rmtree(Path(tempfile.gettempdir()) / f"criteo-dlrm-index-{spec.run_token}",
-                          ignore_errors=True)
+
+            shutil.rmtree(
+                Path(tempfile.gettempdir()) / f"criteo-dlrm-index-{spec.run_token}", ignore_errors=True
+            )
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
-        chunks = [c for c in self.chunks
-                  if c.day != spec.eval_day and (days is None or c.day in days)]
-        rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings),
-                          TRANSFORM_SCHEMA)
+        chunks = [c for c in self.chunks if c.day != spec.eval_day and (days is None or c.day in days)]
+        rows = self._over(chunks, arrow_tasks.transform_task(chunks, spec, self.settings), TRANSFORM_SCHEMA)
         return rows.repartition(train_files, "_order").sortWithinPartitions("_order", "_tie")
 
     def transform_spec(self, stats, index_dir: Path) -> TransformSpec:
-        first_line = {(day, chunk): offset for day, s in stats.items()
-                      for chunk, offset in s.line_offsets().items()}
+        first_line = {
+            (day, chunk): offset for day, s in stats.items() for chunk, offset in s.line_offsets().items()
+        }
         last = stats[self.days[-1].day]
         on_cluster = not self.session.sparkContext.master.startswith("local")
-        caps = (tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
-                if self.cfg.ids == "modulo" or self.cfg.caps is not None else None)
-        return TransformSpec(index_dir=str(index_dir), run_token=uuid.uuid4().hex,
-                             index_on_node=on_cluster, seed=int(self.cfg.shuffle_seed),
-                             chunk_first_line=first_line, eval_day=last.day,
-                             test_lines=last.test_lines, caps=caps,
-                             contiguous=self.cfg.ids == "contiguous")
+        caps = (
+            tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
+            if self.cfg.ids == "modulo" or self.cfg.caps is not None
+            else None
+        )
+        return TransformSpec(
+            index_dir=str(index_dir),
+            run_token=uuid.uuid4().hex,
+            index_on_node=on_cluster,
+            seed=int(self.cfg.shuffle_seed),
+            chunk_first_line=first_line,
+            eval_day=last.day,
+            test_lines=last.test_lines,
+            caps=caps,
+            contiguous=self.cfg.ids == "contiguous",
+        )
 
 
 def _write_histogram(histogram, counts_dir) -> dict[str, list[tuple[int, int]]]:
@@ -471,8 +550,11 @@ def _merge_partitions(plan: dicts.GroupPlan, group_values: int, cores: int) -> i
 
 def _samples(rows) -> list[tuple[int, int, np.ndarray]]:
     """(column, entries, sampled values) of the sample rows among ``rows``."""
-    return [(int(r["column"]), int(r["value"]), np.frombuffer(r["values"], VALUE_DTYPE))
-            for r in rows if r["kind"] == dicts.KIND_SAMPLE]
+    return [
+        (int(r["column"]), int(r["value"]), np.frombuffer(r["values"], VALUE_DTYPE))
+        for r in rows
+        if r["kind"] == dicts.KIND_SAMPLE
+    ]
 
 
 def _column_histogram(plan, histograms) -> dict[str, list[tuple[int, int]]]:

@@ -29,8 +29,8 @@ from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_FIELDS, NUM_INTEGER, REJE
 # reason codes: 0 = valid, then the reject reasons in their order of precedence
 REASON_CODES: tuple[str, ...] = ("", *REJECT_REASONS)
 TOO_LONG, TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX = 1, 2, 3, 4, 5
-MISSING = -1          # the value of a missing categorical (a present one is 0 .. 2**32 - 1)
-PAD = 16              # bytes of padding before and after a block's data
+MISSING = -1  # the value of a missing categorical (a present one is 0 .. 2**32 - 1)
+PAD = 16  # bytes of padding before and after a block's data
 _FIRST_CAT = 1 + NUM_INTEGER
 _TABS = NUM_FIELDS - 1
 _MAX_FAST_DIGITS = 16
@@ -38,20 +38,20 @@ _INT64_MAX = 2**63 - 1
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)
-_ZEROS = np.uint64(0x3030303030303030)    # eight '0' characters
+_ZEROS = np.uint64(0x3030303030303030)  # eight '0' characters
 
 
 @dataclass
 class ParsedLines:
     """One block's lines, parsed. Arrays have one row per line, in line order."""
 
-    reason: np.ndarray     # uint8 reason code (0 = valid)
-    padded: np.ndarray     # bool: fewer than 40 fields
-    slow: np.ndarray       # bool: decided by the exact slow path
-    label: np.ndarray      # int32 (0 where rejected)
-    ints: np.ndarray       # int64 [n, 13] (0 where missing)
+    reason: np.ndarray  # uint8 reason code (0 = valid)
+    padded: np.ndarray  # bool: fewer than 40 fields
+    slow: np.ndarray  # bool: decided by the exact slow path
+    label: np.ndarray  # int32 (0 where rejected)
+    ints: np.ndarray  # int64 [n, 13] (0 where missing)
     int_missing: np.ndarray  # bool [n, 13]
-    cats: np.ndarray       # int64 [n, 26]: the hex value, MISSING where missing
+    cats: np.ndarray  # int64 [n, 26]: the hex value, MISSING where missing
 
     def __len__(self) -> int:
         return len(self.reason)
@@ -64,7 +64,7 @@ class ParsedLines:
 def padded_buffer(payload: bytes | bytearray | memoryview) -> np.ndarray:
     """``payload`` copied into a uint8 array with PAD zero bytes on each side."""
     out = np.zeros(len(payload) + 2 * PAD, np.uint8)
-    out[PAD:PAD + len(payload)] = np.frombuffer(payload, np.uint8)
+    out[PAD : PAD + len(payload)] = np.frombuffer(payload, np.uint8)
     return out
 
 
@@ -112,8 +112,9 @@ def _decimal8(words: np.ndarray) -> np.ndarray:
     """Eight ASCII digits (first digit in the lowest byte) → their value (0 .. 99,999,999)."""
     v = words - _ZEROS
     v = (v * np.uint64(10)) + (v >> np.uint64(8))
-    v = (((v & np.uint64(0x000000FF000000FF)) * np.uint64(100 + (1000000 << 32)))
-         + (((v >> np.uint64(16)) & np.uint64(0x000000FF000000FF)) * np.uint64(1 + (10000 << 32))))
+    v = ((v & np.uint64(0x000000FF000000FF)) * np.uint64(100 + (1000000 << 32))) + (
+        ((v >> np.uint64(16)) & np.uint64(0x000000FF000000FF)) * np.uint64(1 + (10000 << 32))
+    )
     return (v >> np.uint64(32)).astype(np.int64)
 
 
@@ -148,7 +149,7 @@ def _field_bounds(data: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     n = len(starts)
     if len(tabs) == n * _TABS and n:
         at = tabs.reshape(n, _TABS)
-        if np.all(at[:, 0] > starts) and np.all(at[:, -1] < ends):   # 39 tabs in every line
+        if np.all(at[:, 0] > starts) and np.all(at[:, -1] < ends):  # 39 tabs in every line
             return _full_lines(at, starts, ends)
     first = np.searchsorted(tabs, starts)
     ntabs = np.searchsorted(tabs, ends) - first
@@ -171,7 +172,7 @@ def _parse_integers(words: np.ndarray, data: np.ndarray, fe: np.ndarray, length:
     """I1..I13: values, missing mask, bad (non-integer) mask, too long for the fast path.
     Fields of up to 8 digits (nearly all) are one word; longer ones add a second."""
     missing = length == 0
-    negative = (data[fe - length] == 45) & ~missing          # '-'
+    negative = (data[fe - length] == 45) & ~missing  # '-'
     digits = length - negative
     long_field = digits > _MAX_FAST_DIGITS
     low = _keep_last(words[fe - 8], np.minimum(digits, 8))
@@ -199,8 +200,13 @@ def _parse_categoricals(words: np.ndarray, fe: np.ndarray, length: np.ndarray):
     return value, bad
 
 
-def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                max_line_bytes: int | None = None, lengths: np.ndarray | None = None) -> ParsedLines:
+def parse_block(
+    data: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    max_line_bytes: int | None = None,
+    lengths: np.ndarray | None = None,
+) -> ParsedLines:
     """Parse lines ``data[starts[i]:ends[i]]`` (``data`` from ``padded_buffer``; ends exclude the
     '\\n'; a trailing '\\r' is dropped here). Exact for every line: the few lines the vector
     path cannot decide are re-parsed by ``parse_line_exact``. A line longer than
@@ -217,19 +223,29 @@ def parse_block(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     words = _words(data)
     label_char = data[starts]
     label_ok = (length[0] == 1) & ((label_char == 48) | (label_char == 49))
-    ints, int_missing, int_bad, int_long = _parse_integers(words, data, fe[1:_FIRST_CAT],
-                                                           length[1:_FIRST_CAT])
+    ints, int_missing, int_bad, int_long = _parse_integers(
+        words, data, fe[1:_FIRST_CAT], length[1:_FIRST_CAT]
+    )
     cats, cat_bad = _parse_categoricals(words, fe[_FIRST_CAT:], length[_FIRST_CAT:])
     too_many = ntabs > _TABS
-    reason = np.select([too_long, too_many, ~label_ok, int_bad.any(axis=0), cat_bad.any(axis=0)],
-                       [TOO_LONG, TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX], 0).astype(np.uint8)
+    reason = np.select(
+        [too_long, too_many, ~label_ok, int_bad.any(axis=0), cat_bad.any(axis=0)],
+        [TOO_LONG, TOO_MANY, BAD_LABEL, NON_INTEGER, NON_HEX],
+        0,
+    ).astype(np.uint8)
     slow = int_long.any(axis=0) & ~too_many & label_ok & ~too_long
     # [fields, n] → [n, fields] views (no copy)
-    parsed = ParsedLines(reason=reason, padded=(ntabs < _TABS) & (reason == 0), slow=slow,
-                         label=np.where(reason == 0, label_char.astype(np.int32) - 48, 0).astype(np.int32),
-                         ints=ints.T, int_missing=int_missing.T, cats=cats.T)
+    parsed = ParsedLines(
+        reason=reason,
+        padded=(ntabs < _TABS) & (reason == 0),
+        slow=slow,
+        label=np.where(reason == 0, label_char.astype(np.int32) - 48, 0).astype(np.int32),
+        ints=ints.T,
+        int_missing=int_missing.T,
+        cats=cats.T,
+    )
     for i in np.flatnonzero(slow):
-        _set_line(parsed, i, parse_line_exact(data[starts[i]:ends[i]].tobytes()))
+        _set_line(parsed, i, parse_line_exact(data[starts[i] : ends[i]].tobytes()))
     return parsed
 
 
@@ -250,7 +266,7 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 def _is_integer(field: bytes) -> bool:
     body = field[1:] if field[:1] == b"-" else field
-    return bool(body) and set(body) <= _DIGITS and -2**63 <= int(field) <= _INT64_MAX
+    return bool(body) and set(body) <= _DIGITS and -(2**63) <= int(field) <= _INT64_MAX
 
 
 def parse_line_exact(line: bytes, max_line_bytes: int | None = None) -> tuple[int, bool, int, list, list]:
@@ -272,8 +288,13 @@ def parse_line_exact(line: bytes, max_line_bytes: int | None = None) -> tuple[in
         return (NON_INTEGER, padded, *rejected)
     if not all(len(f) <= 8 and set(f) <= _HEX for f in raw_cats if f):
         return (NON_HEX, padded, *rejected)
-    return (0, padded, int(fields[0]), [int(f) if f else None for f in raw_ints],
-            [int(f, 16) if f else None for f in raw_cats])
+    return (
+        0,
+        padded,
+        int(fields[0]),
+        [int(f) if f else None for f in raw_ints],
+        [int(f, 16) if f else None for f in raw_cats],
+    )
 
 
 def parse_hex(strings) -> np.ndarray:
@@ -289,9 +310,9 @@ def parse_hex(strings) -> np.ndarray:
     offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
     if np.any(np.diff(offsets) != 8):
         raise ValueError("dictionary values must be 8 hex digits")
-    data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
     words = data.view("<u8")
-    case_bits = np.uint64(0x2020202020202020)          # set in digits and lowercase letters
+    case_bits = np.uint64(0x2020202020202020)  # set in digits and lowercase letters
     if not np.all(_all_hex(words)) or np.any((words & case_bits) != case_bits):
         raise ValueError("dictionary values must be lowercase hex digits")
     return _hex8(words)

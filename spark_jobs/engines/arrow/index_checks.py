@@ -35,7 +35,7 @@ from spark_jobs.errors import PreprocessJobError
 
 REBUILD = "rebuild it by running the preprocess stage again (--stages preprocess --force)"
 _MAX_BOUND = 2**32 - 1
-_MAX_SLOTS = 1 << 34              # more than a range holding every uint32 value needs
+_MAX_SLOTS = 1 << 34  # more than a range holding every uint32 value needs
 
 
 class DictionaryIndexError(PreprocessJobError):
@@ -58,7 +58,7 @@ def read_meta(index_dir: Path, sealed: bool = True) -> dict:
         raise damaged(path, "missing") from None
     except OSError as error:
         raise damaged(path, f"unreadable ({error.strerror})") from None
-    except (ValueError, RecursionError):          # not UTF-8, not JSON, nested beyond reason
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested beyond reason
         raise damaged(path, "not JSON") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("columns"), dict):
         raise damaged(path, "no 'columns' mapping")
@@ -78,8 +78,9 @@ def meta_checksum(columns: dict) -> str:
     return checksum_text(xxhash.xxh3_128(text.encode()))
 
 
-def column_arrays(meta: dict, path: Path, column: str,
-                  sealed: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+def column_arrays(
+    meta: dict, path: Path, column: str, sealed: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
     """A column's (bounds uint32, starts int64, sizes int64, file checksums) from ``meta``,
     checked: equal lengths, bounds ascending from 0, sizes whole pages, each start the sum of
     the sizes before it (so every range lies inside the span of the column's slots, one after
@@ -101,18 +102,23 @@ def column_arrays(meta: dict, path: Path, column: str,
     if not np.array_equal(starts, np.concatenate([[0], np.cumsum(sizes[:-1])])):
         raise damaged(path, f"column {column}: starts are not the sums of the sizes before them")
     checksums = data.get("checksums")
-    if sealed and (not isinstance(checksums, list) or len(checksums) != len(sizes) or any(
-            not isinstance(c, str) if s else c is not None for c, s in zip(checksums, sizes.tolist()))):
+    if sealed and (
+        not isinstance(checksums, list)
+        or len(checksums) != len(sizes)
+        or any(not isinstance(c, str) if s else c is not None for c, s in zip(checksums, sizes.tolist()))
+    ):
         raise damaged(path, f"column {column}: no checksum for each range that keeps values")
     return bounds.astype(np.uint32), starts, sizes, checksums
 
 
 def _integers(data: dict, key: str, highest: int, path: Path, column: str) -> np.ndarray:
     items = data.get(key)
-    if not isinstance(items, list) or not items or not all(
-            type(x) is int and 0 <= x <= highest for x in items):   # bool is not a number here
-        raise damaged(path, f"column {column}: '{key}' is not a list of integers "
-                            f"from 0 to {highest}")
+    if (
+        not isinstance(items, list)
+        or not items
+        or not all(type(x) is int and 0 <= x <= highest for x in items)
+    ):  # bool is not a number here
+        raise damaged(path, f"column {column}: '{key}' is not a list of integers from 0 to {highest}")
     return np.array(items, np.int64)
 
 

@@ -66,7 +66,7 @@ def lookup_column(values, bounds, starts, sizes, slots, out):
             out[i] = 0
             continue
         key = np.uint64(v)
-        lo, hi = 0, ranges                 # the last range whose bound is <= key
+        lo, hi = 0, ranges  # the last range whose bound is <= key
         while hi - lo > 1:
             mid = (lo + hi) >> 1
             if np.uint64(bounds[mid]) <= key:
@@ -155,8 +155,10 @@ def relabel_region(region, labelled_ids):
         slot = region[s]
         row = slot >> np.uint64(32)
         if row >= rows:
-            raise ValueError("a staged dictionary index region points past its group's rows: "
-                             "delete the workdir's counts/.totals and run again")
+            raise ValueError(
+                "a staged dictionary index region points past its group's rows: "
+                "delete the workdir's counts/.totals and run again"
+            )
         region[s] = (slot & _MASK32) | (np.uint64(labelled_ids[np.int64(row)]) << np.uint64(32))
 
 
@@ -166,9 +168,21 @@ def warm_up() -> None:
     slots = np.zeros(512, np.uint64)
     build_region(np.arange(1, 3, dtype=np.uint32), np.arange(1, 3, dtype=np.int32), slots)
     slots.setflags(write=False)
-    lookup_column(np.arange(-1, 3, dtype=np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int64),
-                  np.full(1, 512, np.int64), slots, np.zeros(4, np.int32))
+    lookup_column(
+        np.arange(-1, 3, dtype=np.int64),
+        np.zeros(1, np.uint32),
+        np.zeros(1, np.int64),
+        np.full(1, 512, np.int64),
+        slots,
+        np.zeros(4, np.int32),
+    )
     ranks_in_class(np.zeros(2, np.int64), np.ones(1, np.int64), np.zeros(2, np.int64))
-    merge_two(np.ones(1, np.uint32), np.ones(1, np.int64), np.ones(1, np.uint32),
-              np.ones(1, np.int64), np.zeros(2, np.uint32), np.zeros(2, np.int64))
+    merge_two(
+        np.ones(1, np.uint32),
+        np.ones(1, np.int64),
+        np.ones(1, np.uint32),
+        np.ones(1, np.int64),
+        np.zeros(2, np.uint32),
+        np.zeros(2, np.int64),
+    )
     relabel_region(np.zeros(4, np.uint64), np.zeros(2, np.int32))

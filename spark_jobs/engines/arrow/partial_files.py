@@ -40,9 +40,9 @@ from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
 
 _MAGIC = b"DLRMPCv2"
-_SEGMENT_FIELDS = 5                     # day, column, first entry, entries, first fence
+_SEGMENT_FIELDS = 5  # day, column, first entry, entries, first fence
 _HEADER = len(_MAGIC) + 8
-FENCE = 256                             # values per fence: a slice's read is at most 2 KiB long
+FENCE = 256  # values per fence: a slice's read is at most 2 KiB long
 SUFFIX = ".partial"
 
 
@@ -82,7 +82,7 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
         fence += len(fences[k])
 
     def write_file(temporary) -> None:
-        with (open(temporary, "wb") if isinstance(temporary, Path) else temporary) as out:
+        with open(temporary, "wb") if isinstance(temporary, Path) else temporary as out:
             out.write(_MAGIC)
             out.write(np.int64(len(segments)).tobytes())
             out.write(table.tobytes())
@@ -93,7 +93,7 @@ def write(path: str | Path, segments: list[tuple[int, int, Counts]]) -> None:
             for _, _, counts in segments:
                 out.write(np.ascontiguousarray(counts.counts, DAY_COUNT_DTYPE).data)
 
-    if remote.is_url(path):                # one object, written whole by one request
+    if remote.is_url(path):  # one object, written whole by one request
         import io
 
         buffer = io.BytesIO()
@@ -120,9 +120,9 @@ class _Unclosed:
 class Layout:
     """A partial file's segment table, its fences and where its arrays start."""
 
-    segments: np.ndarray                  # [segments, 5]: day, column, first, entries, first fence
-    by_column: dict[int, list[int]]       # column → its segments' rows in the table
-    fences: np.ndarray                    # every FENCE-th value of each segment
+    segments: np.ndarray  # [segments, 5]: day, column, first, entries, first fence
+    by_column: dict[int, list[int]]  # column → its segments' rows in the table
+    fences: np.ndarray  # every FENCE-th value of each segment
     entries: int
     values_at: int
     # behind a URL: the object, opened once for the task's ranged reads (None: a local file)
@@ -152,17 +152,18 @@ def read_layout(path: str) -> Layout:
         size = os.fstat(fh.fileno()).st_size
         head = fh.read(_HEADER)
         n = _segment_count(path, head)
-        segments = np.frombuffer(fh.read(8 * _SEGMENT_FIELDS * n), np.int64).reshape(
-            n, _SEGMENT_FIELDS)
+        segments = np.frombuffer(fh.read(8 * _SEGMENT_FIELDS * n), np.int64).reshape(n, _SEGMENT_FIELDS)
         fence_count = int((-(-segments[:, 3] // FENCE)).sum())
         fences = np.frombuffer(fh.read(4 * fence_count), VALUE_DTYPE)
     return _layout(path, size, n, segments, fences, fence_count, None)
 
 
 def _segment_count(path: str, head: bytes) -> int:
-    if len(head) < _HEADER or head[:len(_MAGIC)] != _MAGIC:
-        raise ValueError(f"{path} is not a partial counts file of this version; "
-                         f"delete the workdir's counts/.partials and run again")
+    if len(head) < _HEADER or head[: len(_MAGIC)] != _MAGIC:
+        raise ValueError(
+            f"{path} is not a partial counts file of this version; "
+            f"delete the workdir's counts/.partials and run again"
+        )
     return int(np.frombuffer(head, np.int64, 1, len(_MAGIC))[0])
 
 
@@ -171,39 +172,49 @@ def _layout(path, size, n, segments, fences, fence_count, source) -> Layout:
     for k, column in enumerate(segments[:, 1].tolist()):
         by_column.setdefault(column, []).append(k)
     entries = int(segments[:, 3].sum()) if n else 0
-    layout = Layout(segments, by_column, fences, entries,
-                    _HEADER + 8 * _SEGMENT_FIELDS * n + 4 * fence_count, source)
+    layout = Layout(
+        segments, by_column, fences, entries, _HEADER + 8 * _SEGMENT_FIELDS * n + 4 * fence_count, source
+    )
     if size != layout.size or len(fences) != fence_count:
-        raise ValueError(f"{path}: {size} bytes where its segment table says {layout.size}; "
-                         f"delete the workdir's counts/.partials and run again")
+        raise ValueError(
+            f"{path}: {size} bytes where its segment table says {layout.size}; "
+            f"delete the workdir's counts/.partials and run again"
+        )
     return layout
 
 
-def slices(path: str, layout: Layout, column: int, low: int,
-           high: int | None) -> list[tuple[int, Counts]]:
+def slices(path: str, layout: Layout, column: int, low: int, high: int | None) -> list[tuple[int, Counts]]:
     """Each segment of ``column`` in the file: (day, its counts with values in ``[low, high)``;
     ``high`` None: no upper bound)."""
     out = []
     segments = layout.by_column.get(column)
-    if not segments:                    # nothing of this column in the file: not even opened
+    if not segments:  # nothing of this column in the file: not even opened
         return out
     fd = layout.source if layout.source is not None else os.open(path, os.O_RDONLY)
     try:
         for k in segments:
             day, _, first, entries, fence = (int(x) for x in layout.segments[k])
-            fences = layout.fences[fence:fence + -(-entries // FENCE)]
+            fences = layout.fences[fence : fence + -(-entries // FENCE)]
             # the slice lies within [start, end): between the fences around low and high
             start = FENCE * max(int(np.searchsorted(fences, np.uint32(low), "right")) - 1, 0)
-            end = entries if high is None else min(
-                entries, FENCE * int(np.searchsorted(fences, np.uint32(high), "left")))
+            end = (
+                entries
+                if high is None
+                else min(entries, FENCE * int(np.searchsorted(fences, np.uint32(high), "left")))
+            )
             if end <= start:
                 continue
             values = _read(fd, path, layout.values_at + 4 * (first + start), end - start, VALUE_DTYPE)
             a = int(np.searchsorted(values, np.uint32(low))) if low else 0
             b = len(values) if high is None else int(np.searchsorted(values, np.uint32(high)))
             if b > a:
-                counts = _read(fd, path, layout.values_at + 4 * (layout.entries + first + start + a),
-                               b - a, DAY_COUNT_DTYPE)
+                counts = _read(
+                    fd,
+                    path,
+                    layout.values_at + 4 * (layout.entries + first + start + a),
+                    b - a,
+                    DAY_COUNT_DTYPE,
+                )
                 out.append((day, Counts(values[a:b], counts)))
     finally:
         if layout.source is None:
@@ -217,18 +228,21 @@ def _read(fd, path: str, offset: int, n: int, dtype) -> np.ndarray:
     if not isinstance(fd, int):
         data = remote.read_range(fd, offset, 4 * n)
         if len(data) != 4 * n:
-            raise ValueError(f"{path}: short read at {offset}; delete the workdir's "
-                             f"counts/.partials and run again")
+            raise ValueError(
+                f"{path}: short read at {offset}; delete the workdir's counts/.partials and run again"
+            )
         return np.frombuffer(data, dtype).copy()
     out = np.empty(n, dtype)
     if os.preadv(fd, [out], offset) != out.nbytes:
-        raise ValueError(f"{path}: short read at {offset}; delete the workdir's counts/.partials "
-                         f"and run again")
+        raise ValueError(
+            f"{path}: short read at {offset}; delete the workdir's counts/.partials and run again"
+        )
     return out
 
 
-def read_range(paths: list[str], column: int, low: int, high: int | None,
-               layouts: dict[str, Layout] | None = None) -> dict[int, list[Counts]]:
+def read_range(
+    paths: list[str], column: int, low: int, high: int | None, layouts: dict[str, Layout] | None = None
+) -> dict[int, list[Counts]]:
     """One value range of ``column`` from every file, by day: a worker holds one value
     range's slices, whatever the number of files. ``layouts`` (a task's own dict, filled
     here) keeps each file's table and fences for the task's next ranges."""

@@ -15,6 +15,7 @@ from pyspark import daemon
 def _load_kernels() -> None:
     try:
         from spark_jobs.engines.arrow.kernels import warm_up
+
         warm_up()
     except Exception:  # noqa: BLE001 - the workers then load them on first use, as on a cluster
         pass

@@ -29,6 +29,7 @@ IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
 REMOTE_FIRST_READ_BYTES = 8 << 20
 REMOTE_READ_BYTES = 64 << 20
 
+
 def is_url(path) -> bool:
     """An object store's or HDFS's URL (or Location): what goes through a pyarrow filesystem."""
     from dlrm_contracts.storage import is_url as storage_url
@@ -131,11 +132,14 @@ def list_files(url: str, suffix: str = "", recursive: bool = False) -> list[str]
 
     root = resolve(str(url))
     log_request("list")
-    infos = root.fs.get_file_info(pafs.FileSelector(root.path.rstrip("/"), allow_not_found=True,
-                                                    recursive=recursive))
-    return sorted(replace(root, path=i.path).url for i in infos
-                  if i.type == pafs.FileType.File and i.path.endswith(suffix)
-                  and not i.base_name.startswith("."))
+    infos = root.fs.get_file_info(
+        pafs.FileSelector(root.path.rstrip("/"), allow_not_found=True, recursive=recursive)
+    )
+    return sorted(
+        replace(root, path=i.path).url
+        for i in infos
+        if i.type == pafs.FileType.File and i.path.endswith(suffix) and not i.base_name.startswith(".")
+    )
 
 
 def delete_tree(url: str) -> None:

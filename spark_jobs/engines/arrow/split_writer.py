@@ -51,8 +51,9 @@ def unpack_rows(array) -> np.ndarray:
     _, offsets_buf, data = array.buffers()
     offsets = np.frombuffer(offsets_buf, np.int32, n + 1, array.offset * 4)
     if offsets[-1] - offsets[0] != n * ROW_BYTES:
-        raise ValueError(f"packed rows of {ROW_BYTES} bytes expected, got {offsets[-1] - offsets[0]} "
-                         f"bytes for {n} rows")
+        raise ValueError(
+            f"packed rows of {ROW_BYTES} bytes expected, got {offsets[-1] - offsets[0]} bytes for {n} rows"
+        )
     return np.frombuffer(data, ROW_DTYPE, n, int(offsets[0]))
 
 
@@ -60,10 +61,10 @@ def unpack_rows(array) -> np.ndarray:
 class WriteSpec:
     """What a writer task needs; pickled with it."""
 
-    out_dir: str                     # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
+    out_dir: str  # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
     compression: str
-    row_group_rows: int              # rows buffered per row group (bounds a worker's memory)
-    test_lines: int | None           # None: every row is train; else test = _order < test_lines
+    row_group_rows: int  # rows buffered per row group (bounds a worker's memory)
+    test_lines: int | None  # None: every row is train; else test = _order < test_lines
 
 
 class _SplitFile:
@@ -72,7 +73,7 @@ class _SplitFile:
     def __init__(self, spec: WriteSpec, split: str, part: int, token: str):
         self.spec, self.split, self.part = spec, split, part
         self.path = remote.join(spec.out_dir, split, f"part-{part:05d}.{token}.parquet")
-        self.sink = None           # behind a URL: the object's upload stream
+        self.sink = None  # behind a URL: the object's upload stream
         self.pending: list = []
         self.pending_rows = 0
         self.rows = 0
@@ -100,8 +101,9 @@ class _SplitFile:
                 self.sink = fs.open_output_stream(inner, compression=None)
             else:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.sink or self.path, table.schema,
-                                           compression=parquet_codec(self.spec.compression))
+            self.writer = pq.ParquetWriter(
+                self.sink or self.path, table.schema, compression=parquet_codec(self.spec.compression)
+            )
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
 
@@ -122,15 +124,19 @@ def split_table(label: np.ndarray, numericals_by_column, ids_by_column, schema=N
     """The splits' table from one array per column."""
     import pyarrow as pa
 
-    columns = [pa.array(label), *[pa.array(x) for x in numericals_by_column],
-               *[x if isinstance(x, pa.Array) else pa.array(x) for x in ids_by_column]]
+    columns = [
+        pa.array(label),
+        *[pa.array(x) for x in numericals_by_column],
+        *[x if isinstance(x, pa.Array) else pa.array(x) for x in ids_by_column],
+    ]
     return pa.Table.from_arrays(columns, schema=schema or parquet_schema())
 
 
 def _table(batch, schema):
     rows = unpack_rows(batch.column("row"))
-    return split_table(rows["label"], np.ascontiguousarray(rows["num"].T),
-                       np.ascontiguousarray(rows["cat"].T), schema)
+    return split_table(
+        rows["label"], np.ascontiguousarray(rows["num"].T), np.ascontiguousarray(rows["cat"].T), schema
+    )
 
 
 class PartitionFiles:
@@ -164,8 +170,14 @@ class PartitionFiles:
         if not results:
             return None
         split, part, path, rows = zip(*results)
-        return pa.record_batch({"split": pa.array(split, pa.string()), "part": pa.array(part, pa.int32()),
-                                "path": pa.array(path, pa.string()), "rows": pa.array(rows, pa.int64())})
+        return pa.record_batch(
+            {
+                "split": pa.array(split, pa.string()),
+                "part": pa.array(part, pa.int32()),
+                "path": pa.array(path, pa.string()),
+                "rows": pa.array(rows, pa.int64()),
+            }
+        )
 
 
 def write_task(spec: WriteSpec):
@@ -185,6 +197,7 @@ def write_task(spec: WriteSpec):
         results = files.results() if files is not None else None
         if results is not None:
             yield results
+
     return run
 
 
@@ -192,8 +205,11 @@ def write_partitions(frame, spec: WriteSpec) -> list:
     """Run the writer over ``frame``'s partitions (their order is the files' order)."""
     from pyspark.sql import functions as F
 
-    return (frame.select(F.spark_partition_id().alias("_p"), "_order", "row")
-            .mapInArrow(write_task(spec), RESULT_SCHEMA).collect())
+    return (
+        frame.select(F.spark_partition_id().alias("_p"), "_order", "row")
+        .mapInArrow(write_task(spec), RESULT_SCHEMA)
+        .collect()
+    )
 
 
 def commit(results: list, staging: Path | str) -> dict[str, int]:

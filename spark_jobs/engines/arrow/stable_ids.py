@@ -16,18 +16,28 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs.engines.arrow.dictionaries import (SAMPLE_STEP, GroupPlan, assign_ids, read_totals,
-                                                   write_group_part)
+from spark_jobs.engines.arrow.dictionaries import (
+    SAMPLE_STEP,
+    GroupPlan,
+    assign_ids,
+    read_totals,
+    write_group_part,
+)
 from spark_jobs.engines.arrow.fastparse import parse_hex
-from spark_jobs.engines.arrow.value_counts import (TOTAL_COUNT_DTYPE, VALUE_DTYPE, Counts,
-                                                   count_histogram, evenly_spaced, to_binary)
+from spark_jobs.engines.arrow.value_counts import (
+    TOTAL_COUNT_DTYPE,
+    VALUE_DTYPE,
+    Counts,
+    count_histogram,
+    evenly_spaced,
+    to_binary,
+)
 from spark_jobs.stable_ids import Previous, check_old_ids
 
 # Rows per row group of a stable dictionary part: the next run's range filters and range
 # planning read the parts' row-group statistics, so finer groups mean less read per task.
 ROW_GROUP_ROWS = 1 << 16
-SURVEY_SCHEMA = ("group INT, old LONG, old_max LONG, histogram_counts BINARY, "
-                 "histogram_sizes BINARY")
+SURVEY_SCHEMA = "group INT, old LONG, old_max LONG, histogram_counts BINARY, histogram_sizes BINARY"
 WRITTEN_SCHEMA = "group INT, kept LONG"
 
 
@@ -49,27 +59,32 @@ def dictionary_samples(previous: Previous | None) -> list[tuple[int, int, np.nda
             stats = [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
             if all(s is not None and s.has_min_max for s in stats):
                 values = parse_hex([s.min for s in stats])
-            else:      # a part written without statistics: sample its values
-                values = evenly_spaced(np.sort(parse_hex(
-                    pq.read_table(part, columns=["value"]).column("value").combine_chunks())),
-                    SAMPLE_STEP)
+            else:  # a part written without statistics: sample its values
+                values = evenly_spaced(
+                    np.sort(
+                        parse_hex(pq.read_table(part, columns=["value"]).column("value").combine_chunks())
+                    ),
+                    SAMPLE_STEP,
+                )
             samples.append((j, int(meta.num_rows), np.sort(values).astype(VALUE_DTYPE)))
     return samples
 
 
 # ---------------------------------------------------------------- one value group
 
+
 @dataclass(frozen=True)
 class StableSpec:
     plan: GroupPlan
-    minimum: tuple[int, ...]            # each column's threshold
-    previous: str | None                # the previous dictionaries' directory
+    minimum: tuple[int, ...]  # each column's threshold
+    previous: str | None  # the previous dictionaries' directory
     totals_dir: str
-    with_totals: frozenset[int]         # groups the merge left totals for
+    with_totals: frozenset[int]  # groups the merge left totals for
 
 
-def old_entries(directory: str | None, column: str, low: int, high: int | None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def old_entries(
+    directory: str | None, column: str, low: int, high: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """The previous dictionary's (values ascending, ids) of ``column`` in [low, high): a
     filter the parts' row-group statistics answer, so only this range is read."""
     import pyarrow.dataset as ds
@@ -80,8 +95,7 @@ def old_entries(directory: str | None, column: str, low: int, high: int | None
     condition = ds.field("value") >= f"{low:08x}"
     if high is not None:
         condition = condition & (ds.field("value") < f"{high:08x}")
-    table = ds.dataset(str(folder), format="parquet").to_table(columns=["value", "id"],
-                                                               filter=condition)
+    table = ds.dataset(str(folder), format="parquet").to_table(columns=["value", "id"], filter=condition)
     values = parse_hex(table.column("value").combine_chunks()).astype(VALUE_DTYPE)
     ids = table.column("id").to_numpy().astype(np.int64)
     order = np.argsort(values, kind="stable")
@@ -95,9 +109,9 @@ class GroupIds:
     group: int
     column: int
     rank: int
-    old: Counts                          # old values and their counts in this run (0: unseen)
+    old: Counts  # old values and their counts in this run (0: unseen)
     old_ids: np.ndarray
-    new: Counts                          # kept values without an id yet, ascending
+    new: Counts  # kept values without an id yet, ascending
 
 
 def group_ids(spec: StableSpec, group: int) -> GroupIds:
@@ -105,16 +119,25 @@ def group_ids(spec: StableSpec, group: int) -> GroupIds:
     bounds = spec.plan.bounds[column]
     high = int(bounds[rank + 1]) if rank + 1 < len(bounds) else None
     old_values, old_ids = old_entries(spec.previous, CAT_COLUMNS[column], int(bounds[rank]), high)
-    totals = (read_totals(spec.totals_dir, group) if group in spec.with_totals
-              else Counts(np.zeros(0, VALUE_DTYPE), np.zeros(0, TOTAL_COUNT_DTYPE)))
+    totals = (
+        read_totals(spec.totals_dir, group)
+        if group in spec.with_totals
+        else Counts(np.zeros(0, VALUE_DTYPE), np.zeros(0, TOTAL_COUNT_DTYPE))
+    )
     at = np.searchsorted(old_values, totals.values)
     known = at < len(old_values)
     known[known] = old_values[at[known]] == totals.values[known]
     old_counts = np.zeros(len(old_values), np.int64)
     old_counts[at[known]] = totals.counts[known]
     fresh = ~known & (totals.counts >= spec.minimum[column])
-    return GroupIds(group, column, rank, Counts(old_values, old_counts), old_ids,
-                    Counts(totals.values[fresh], totals.counts[fresh]))
+    return GroupIds(
+        group,
+        column,
+        rank,
+        Counts(old_values, old_counts),
+        old_ids,
+        Counts(totals.values[fresh], totals.counts[fresh]),
+    )
 
 
 def survey_task(spec: StableSpec, batches_of_groups: list[list[int]]):
@@ -128,19 +151,23 @@ def survey_task(spec: StableSpec, batches_of_groups: list[list[int]]):
                 groups = batches_of_groups[int(item)]
                 found = [group_ids(spec, g) for g in groups]
                 histograms = [count_histogram(f.new.counts) for f in found]
-                yield pa.record_batch({
-                    "group": pa.array(groups, pa.int32()),
-                    "old": pa.array([len(f.old) for f in found], pa.int64()),
-                    "old_max": pa.array([int(f.old_ids.max(initial=0)) for f in found], pa.int64()),
-                    "histogram_counts": to_binary([h[0] for h in histograms]),
-                    "histogram_sizes": to_binary([h[1] for h in histograms])})
+                yield pa.record_batch(
+                    {
+                        "group": pa.array(groups, pa.int32()),
+                        "old": pa.array([len(f.old) for f in found], pa.int64()),
+                        "old_max": pa.array([int(f.old_ids.max(initial=0)) for f in found], pa.int64()),
+                        "histogram_counts": to_binary([h[0] for h in histograms]),
+                        "histogram_sizes": to_binary([h[1] for h in histograms]),
+                    }
+                )
+
     return run
 
 
 @dataclass(frozen=True)
 class StableWriteSpec:
     ids: StableSpec
-    staging: str                         # where the new dictionaries are written
+    staging: str  # where the new dictionaries are written
     index_dir: str
     regions: dict[int, tuple[int, int]]  # group → (first slot, slots) in its column's index
 
@@ -157,14 +184,17 @@ def write_task(spec: StableWriteSpec, batches_of_groups: list[list[int]], first_
             for item in batch.column("id").to_numpy():
                 groups = batches_of_groups[int(item)]
                 written = [_write_group(spec, group_ids(spec.ids, g), firsts.get(g)) for g in groups]
-                yield pa.record_batch({"group": pa.array(groups, pa.int32()),
-                                       "kept": pa.array(written, pa.int64())})
+                yield pa.record_batch(
+                    {"group": pa.array(groups, pa.int32()), "kept": pa.array(written, pa.int64())}
+                )
+
     return run
 
 
 def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
-    new_ids = (assign_ids(found.new.values, found.new.counts, *classes) if len(found.new)
-               else np.zeros(0, np.int64))
+    new_ids = (
+        assign_ids(found.new.values, found.new.counts, *classes) if len(found.new) else np.zeros(0, np.int64)
+    )
     values = np.concatenate([found.old.values, found.new.values])
     if not len(values):
         return 0
@@ -172,12 +202,22 @@ def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
     values = values[order]
     ids = np.concatenate([found.old_ids, new_ids])[order]
     counts = np.concatenate([found.old.counts, found.new.counts.astype(np.int64)])[order]
-    write_group_part(spec.staging, spec.index_dir, spec.regions[found.group], found.column,
-                     found.rank, values, ids, counts, row_group_size=ROW_GROUP_ROWS)
+    write_group_part(
+        spec.staging,
+        spec.index_dir,
+        spec.regions[found.group],
+        found.column,
+        found.rank,
+        values,
+        ids,
+        counts,
+        row_group_size=ROW_GROUP_ROWS,
+    )
     return len(values)
 
 
 # ---------------------------------------------------------------- the driver's arithmetic
+
 
 def newcomer_first_ids(plan: GroupPlan, histograms, minimum, previous_sizes: dict[str, int]):
     """Per group: its newcomers' counts and the first id of each (group, count) class, after

@@ -30,13 +30,12 @@ from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.engines.arrow.dictionaries import KIND_STATS, sample_rows, write_partials
 from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
 from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
-from spark_jobs.engines.arrow.value_counts import (DAY_COUNT_DTYPE, Counts, count_values,
-                                                   merge_counts)
+from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
 
 STATS_COLUMN = -1
 CODE_BITS = 8
-LINES, PADDED, SLOW = 0, 6, 7          # 1..5: rejected, by reason code
-MISSING_INT, MISSING_CAT = 16, 32      # + column index
+LINES, PADDED, SLOW = 0, 6, 7  # 1..5: rejected, by reason code
+MISSING_INT, MISSING_CAT = 16, 32  # + column index
 STAT_CODES = 64
 
 REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING, line_bytes LONG"
@@ -44,8 +43,8 @@ REJECT_SCHEMA = "day INT, pos LONG, reason STRING, line STRING, line_bytes LONG"
 
 @dataclass(frozen=True)
 class ReadSettings:
-    block_bytes: int          # text parsed per numpy block
-    count_flush_lines: int    # valid lines whose values are counted together
+    block_bytes: int  # text parsed per numpy block
+    count_flush_lines: int  # valid lines whose values are counted together
     # longer lines are rejected; the rejects keep this much of a line
     max_line_bytes: int = PreprocessConfig.max_line_bytes
 
@@ -68,6 +67,7 @@ def _parse(block: LineBlock, settings: ReadSettings):
 
 # ---------------------------------------------------------------- count pass
 
+
 def _stat_rows(day: int, chunk: int, stats: np.ndarray):
     import pyarrow as pa
 
@@ -75,14 +75,17 @@ def _stat_rows(day: int, chunk: int, stats: np.ndarray):
     if stats[LINES] and LINES not in codes:
         codes = np.append(codes, LINES)
     n = len(codes)
-    return pa.record_batch({
-        "kind": pa.array(np.full(n, KIND_STATS, np.int32)),
-        "day": pa.array(np.full(n, day, np.int32)),
-        "column": pa.array(np.full(n, STATS_COLUMN, np.int32)),
-        "value": pa.array((np.int64(chunk) << CODE_BITS) | codes.astype(np.int64)),
-        "count": pa.array(stats[codes].astype(np.int64)),
-        "values": pa.nulls(n, pa.binary()),
-        "counts": pa.nulls(n, pa.binary())})
+    return pa.record_batch(
+        {
+            "kind": pa.array(np.full(n, KIND_STATS, np.int32)),
+            "day": pa.array(np.full(n, day, np.int32)),
+            "column": pa.array(np.full(n, STATS_COLUMN, np.int32)),
+            "value": pa.array((np.int64(chunk) << CODE_BITS) | codes.astype(np.int64)),
+            "count": pa.array(stats[codes].astype(np.int64)),
+            "values": pa.nulls(n, pa.binary()),
+            "counts": pa.nulls(n, pa.binary()),
+        }
+    )
 
 
 class _ValueCounter:
@@ -92,7 +95,7 @@ class _ValueCounter:
 
     def __init__(self, flush_lines: int):
         self.flush_lines = flush_lines
-        self.pending: list[np.ndarray] = []      # [26, lines] blocks, column-major
+        self.pending: list[np.ndarray] = []  # [26, lines] blocks, column-major
         self.pending_lines = 0
         self.partials: list[list[Counts]] = [[] for _ in range(NUM_CATEGORICAL)]
 
@@ -121,6 +124,7 @@ class _ValueCounter:
             return []
         if path is None:
             from spark_jobs.engines.arrow.count_exchange import bucket_rows
+
             return [sample_rows(day, merged), bucket_rows(day, merged)]
         return [write_partials(path, day, merged)]
 
@@ -128,18 +132,20 @@ class _ValueCounter:
 def _add_stats(stats: np.ndarray, parsed) -> None:
     valid = parsed.valid
     stats[LINES] += len(parsed)
-    stats[1:len(REASON_CODES)] += np.bincount(parsed.reason, minlength=len(REASON_CODES))[1:]
+    stats[1 : len(REASON_CODES)] += np.bincount(parsed.reason, minlength=len(REASON_CODES))[1:]
     stats[PADDED] += int(np.count_nonzero(parsed.padded))
     stats[SLOW] += int(np.count_nonzero(parsed.slow))
-    stats[MISSING_INT:MISSING_INT + NUM_INTEGER] += parsed.int_missing[valid].sum(axis=0)
-    stats[MISSING_CAT:MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats.T[:, valid] == MISSING).sum(axis=1)
+    stats[MISSING_INT : MISSING_INT + NUM_INTEGER] += parsed.int_missing[valid].sum(axis=0)
+    stats[MISSING_CAT : MISSING_CAT + NUM_CATEGORICAL] += (parsed.cats.T[:, valid] == MISSING).sum(axis=1)
 
 
-def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings,
-               partials_dir: str | None):
+def count_task(
+    chunks: list[Chunk], count_days: frozenset[int], settings: ReadSettings, partials_dir: str | None
+):
     """mapInArrow function: statistics of every chunk, value counts of ``count_days`` (to a
     partial file per chunk in ``partials_dir``, named by its number: a retry replaces it;
     None: as rows, ``count_exchange``)."""
+
     def run(batches):
         for number, chunk, blocks in _blocks(chunks, batches, settings):
             stats = np.zeros(STAT_CODES, np.int64)
@@ -154,10 +160,12 @@ def count_task(chunks: list[Chunk], count_days: frozenset[int], settings: ReadSe
                 yield from counter.write(path, chunk.day)
             if stats[LINES]:
                 yield _stat_rows(chunk.day, chunk.index, stats)
+
     return run
 
 
 # ---------------------------------------------------------------- rejects
+
 
 def _line_lengths(block: LineBlock) -> np.ndarray:
     """Each line's full length in bytes, without its '\\n' and a trailing '\\r'."""
@@ -171,7 +179,7 @@ def _kept_text(block: LineBlock, i: int, length: int, keep: int) -> str:
     """What the rejects keep of line ``i``: its first ``keep`` bytes (a line can be any size,
     and a day file anything the pipeline can read), as text."""
     start = int(block.starts[i])
-    return block.data[start:start + min(int(length), keep)].tobytes().decode("utf-8", "replace")
+    return block.data[start : start + min(int(length), keep)].tobytes().decode("utf-8", "replace")
 
 
 def reject_task(chunks: list[Chunk], settings: ReadSettings):
@@ -187,31 +195,38 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
                 if not len(bad):
                     continue
                 lengths = _line_lengths(block)[bad]
-                yield pa.record_batch({
-                    "day": pa.array(np.full(len(bad), chunk.day, np.int32)),
-                    "pos": pa.array((np.int64(chunk.index) << 33) + block.first + bad),
-                    "reason": pa.array([REASON_CODES[parsed.reason[i]] for i in bad], pa.string()),
-                    "line": pa.array([_kept_text(block, i, n, settings.max_line_bytes)
-                                      for i, n in zip(bad, lengths)], pa.string()),
-                    "line_bytes": pa.array(lengths.astype(np.int64))})
+                yield pa.record_batch(
+                    {
+                        "day": pa.array(np.full(len(bad), chunk.day, np.int32)),
+                        "pos": pa.array((np.int64(chunk.index) << 33) + block.first + bad),
+                        "reason": pa.array([REASON_CODES[parsed.reason[i]] for i in bad], pa.string()),
+                        "line": pa.array(
+                            [_kept_text(block, i, n, settings.max_line_bytes) for i, n in zip(bad, lengths)],
+                            pa.string(),
+                        ),
+                        "line_bytes": pa.array(lengths.astype(np.int64)),
+                    }
+                )
+
     return run
 
 
 # ---------------------------------------------------------------- transform pass
 
+
 @dataclass(frozen=True)
 class TransformSpec:
     """What a transform task needs besides its chunks; small, pickled with the task."""
 
-    index_dir: str                      # the dictionary index (engines.arrow.dictionary_index)
+    index_dir: str  # the dictionary index (engines.arrow.dictionary_index)
     run_token: str
-    index_on_node: bool                 # copy the index into the node's local dir first
+    index_on_node: bool  # copy the index into the node's local dir first
     seed: int
-    chunk_first_line: dict[tuple[int, int], int]   # (day, chunk) → its first line in the day
+    chunk_first_line: dict[tuple[int, int], int]  # (day, chunk) → its first line in the day
     eval_day: int
-    test_lines: int                     # test = lines [0, test_lines) of the eval day
+    test_lines: int  # test = lines [0, test_lines) of the eval day
     caps: tuple[int, ...] | None = None  # ids: modulo (spark_jobs.capped_ids); None: the index
-    contiguous: bool = False   # ids: contiguous: the index, then caps (spark_jobs.contiguous_ids)
+    contiguous: bool = False  # ids: contiguous: the index, then caps (spark_jobs.contiguous_ids)
 
 
 # The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
@@ -240,21 +255,23 @@ def _order_keys(spec: TransformSpec, day: int, lines: np.ndarray):
 class _Rows:
     """A block's valid rows, transformed: what the splits hold, before packing or writing."""
 
-    lines: np.ndarray          # line numbers within the day
+    lines: np.ndarray  # line numbers within the day
     label: np.ndarray
-    numericals: np.ndarray     # float32 [lines, 13]
-    ids: np.ndarray            # int32 [26, lines]
+    numericals: np.ndarray  # float32 [lines, 13]
+    ids: np.ndarray  # int32 [26, lines]
 
 
 def _transformed(spec: TransformSpec, chunk: Chunk, block: LineBlock, parsed, index) -> _Rows:
     valid = np.flatnonzero(parsed.valid)
-    cats = parsed.cats.T[:, valid]            # [26, lines], one contiguous row per column
+    cats = parsed.cats.T[:, valid]  # [26, lines], one contiguous row per column
     ids = np.empty(cats.shape, np.int32)
     index.lookup_into(cats, ids)
-    return _Rows(lines=spec.chunk_first_line[(chunk.day, chunk.index)] + block.first + valid,
-                 label=parsed.label[valid],
-                 numericals=log_numericals(parsed.ints[valid], parsed.int_missing[valid]),
-                 ids=ids)
+    return _Rows(
+        lines=spec.chunk_first_line[(chunk.day, chunk.index)] + block.first + valid,
+        label=parsed.label[valid],
+        numericals=log_numericals(parsed.ints[valid], parsed.int_missing[valid]),
+        ids=ids,
+    )
 
 
 def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
@@ -263,8 +280,13 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
     from spark_jobs.engines.arrow.split_writer import pack_rows
 
     key, tie = _order_keys(spec, chunk.day, rows.lines)
-    return pa.record_batch({"_order": pa.array(key), "_tie": pa.array(tie),
-                            "row": pack_rows(rows.label, rows.numericals, rows.ids.T)})
+    return pa.record_batch(
+        {
+            "_order": pa.array(key),
+            "_tie": pa.array(tie),
+            "row": pack_rows(rows.label, rows.numericals, rows.ids.T),
+        }
+    )
 
 
 def _ids_of(spec: TransformSpec):
@@ -298,9 +320,11 @@ def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: Read
 
 def transform_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings):
     """mapInArrow function: the valid rows of each chunk, packed for the split writer."""
+
     def run(batches):
         for _, chunk, rows in _transformed_blocks(chunks, spec, settings, batches):
             yield _output_batch(spec, chunk, rows)
+
     return run
 
 
@@ -324,4 +348,5 @@ def eval_write_task(chunks: list[Chunk], spec: TransformSpec, settings: ReadSett
             results = partition.results()
             if results is not None:
                 yield results
+
     return run

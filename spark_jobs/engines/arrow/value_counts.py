@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 VALUE_DTYPE = np.dtype("<u4")
-DAY_COUNT_DTYPE = np.dtype("<u4")    # counts within one day (a day has fewer than 2**32 lines)
+DAY_COUNT_DTYPE = np.dtype("<u4")  # counts within one day (a day has fewer than 2**32 lines)
 TOTAL_COUNT_DTYPE = np.dtype("<i8")  # counts over days
 
 
@@ -75,10 +75,9 @@ def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
 
     from spark_jobs.engines.arrow.kernels import merge_two
 
-    runs = [(len(p), k, Counts(p.values, p.counts.astype(np.int64, copy=False)))
-            for k, p in enumerate(parts)]
+    runs = [(len(p), k, Counts(p.values, p.counts.astype(np.int64, copy=False))) for k, p in enumerate(parts)]
     heapq.heapify(runs)
-    order = len(runs)                    # ties broken by arrival: the heap never compares Counts
+    order = len(runs)  # ties broken by arrival: the heap never compares Counts
     while len(runs) > 1:
         (_, _, a), (_, _, b) = heapq.heappop(runs), heapq.heappop(runs)
         values = np.empty(len(a) + len(b), VALUE_DTYPE)
@@ -86,7 +85,7 @@ def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
         n = merge_two(a.values, a.counts, b.values, b.counts, values, counts)
         heapq.heappush(runs, (n, order, Counts(values[:n], counts[:n])))
         order += 1
-    out = runs[0][2]           # trimmed: the last merge's buffers had room for no duplicates
+    out = runs[0][2]  # trimmed: the last merge's buffers had room for no duplicates
     return Counts(out.values.copy(), out.counts.astype(count_dtype))
 
 
@@ -129,6 +128,7 @@ def evenly_spaced(values: np.ndarray, step: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- arrays as Arrow binary values
 
+
 def to_binary(arrays: list[np.ndarray]):
     """An Arrow binary array with one value per numpy array (one copy, into one buffer)."""
     import pyarrow as pa
@@ -136,7 +136,9 @@ def to_binary(arrays: list[np.ndarray]):
     sizes = np.array([a.nbytes for a in arrays], np.int64)
     offsets = np.zeros(len(arrays) + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
-    data = np.concatenate([np.ascontiguousarray(a).view(np.uint8).reshape(-1) for a in arrays]) \
-        if arrays else np.zeros(0, np.uint8)
-    return pa.Array.from_buffers(pa.binary(), len(arrays), [None, pa.py_buffer(offsets),
-                                                             pa.py_buffer(data)])
+    data = (
+        np.concatenate([np.ascontiguousarray(a).view(np.uint8).reshape(-1) for a in arrays])
+        if arrays
+        else np.zeros(0, np.uint8)
+    )
+    return pa.Array.from_buffers(pa.binary(), len(arrays), [None, pa.py_buffer(offsets), pa.py_buffer(data)])

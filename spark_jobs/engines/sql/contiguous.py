@@ -29,20 +29,40 @@ def first_seen_partials(session: SparkSession, days, stats, max_line_bytes: int)
 
     frames = []
     for day in days:
-        rows = parse_for_transform(read_day(session, str(day.path), day.day), max_line_bytes,
-                                   checked=not stats[day.day].all_fast, hex_values=True)
-        pairs = F.explode(F.array(*[
-            F.struct(F.lit(j).alias("column"), F.coalesce(F.col(c), F.lit(0)).alias("value"))
-            for j, c in enumerate(CAT_COLUMNS)])).alias("pair")
-        frames.append(rows.select(F.col("day").cast("int").alias("day"), "pos", pairs).select(
-            F.col("pair.column").cast("int").alias("column"), F.col("pair.value").alias("value"),
-            "day", "pos", F.lit(1).cast("long").alias("count")))
+        rows = parse_for_transform(
+            read_day(session, str(day.path), day.day),
+            max_line_bytes,
+            checked=not stats[day.day].all_fast,
+            hex_values=True,
+        )
+        pairs = F.explode(
+            F.array(
+                *[
+                    F.struct(F.lit(j).alias("column"), F.coalesce(F.col(c), F.lit(0)).alias("value"))
+                    for j, c in enumerate(CAT_COLUMNS)
+                ]
+            )
+        ).alias("pair")
+        frames.append(
+            rows.select(F.col("day").cast("int").alias("day"), "pos", pairs).select(
+                F.col("pair.column").cast("int").alias("column"),
+                F.col("pair.value").alias("value"),
+                "day",
+                "pos",
+                F.lit(1).cast("long").alias("count"),
+            )
+        )
     return reduce(lambda a, b: a.unionByName(b), frames)
 
 
-def contiguous_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Path,
-                            kept: dict[str, int], broadcast_max_values: int,
-                            caps: dict[str, int] | None) -> tuple[DataFrame, bool]:
+def contiguous_categoricals(
+    rows: DataFrame,
+    session: SparkSession,
+    dict_dir: Path,
+    kept: dict[str, int],
+    broadcast_max_values: int,
+    caps: dict[str, int] | None,
+) -> tuple[DataFrame, bool]:
     """Each C* (its hex value, null when missing) → its contiguous id, ``RARE_ID`` when it has
     none, modulo its cap when capped. Returns (rows, shuffled?)."""
     from pyspark.sql import functions as F
@@ -51,8 +71,14 @@ def contiguous_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Pa
         rows = rows.withColumn(c, F.coalesce(F.col(c), F.lit(0).cast("long")))
     # a column that keeps nothing has size 1 (every value rare): nothing to join
     sizes = {c: kept[c] + 1 for c in CAT_COLUMNS}
-    rows, shuffled = map_categoricals(rows, session, dict_dir, sizes, broadcast_max_values,
-                                      dictionary_key=lambda v: F.conv(v, 16, 10).cast("long"))
+    rows, shuffled = map_categoricals(
+        rows,
+        session,
+        dict_dir,
+        sizes,
+        broadcast_max_values,
+        dictionary_key=lambda v: F.conv(v, 16, 10).cast("long"),
+    )
     for c in CAT_COLUMNS:
         ids = F.when(F.col(c) == 0, F.lit(RARE_ID)).otherwise(F.col(c))
         if caps is not None:

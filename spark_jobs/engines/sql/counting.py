@@ -15,9 +15,14 @@ from typing import TYPE_CHECKING
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.counting import write_histogram_file
-from spark_jobs.engines.sql.row_classes import (ALL_MASKED_COLUMNS, MASKED_COLUMNS,
-                                                ROW_CLASS_COLUMN, add_categorical_missing,
-                                                row_class_sql, stats_from_counts)
+from spark_jobs.engines.sql.row_classes import (
+    ALL_MASKED_COLUMNS,
+    MASKED_COLUMNS,
+    ROW_CLASS_COLUMN,
+    add_categorical_missing,
+    row_class_sql,
+    stats_from_counts,
+)
 from spark_jobs.stats import DayStats
 
 if TYPE_CHECKING:
@@ -38,15 +43,18 @@ def _pairs(parsed: DataFrame, recount: bool, masked=MASKED_COLUMNS) -> DataFrame
     if not recount:
         return classes.select("day", F.lit(ROW_CLASS_COLUMN).alias("column"), F.col("_class").alias("value"))
     pairs = ", ".join([*(f"'{c}', `{c}`" for c in CAT_COLUMNS), f"'{ROW_CLASS_COLUMN}', _class"])
-    return (classes.select("day", "reason",
-                           F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
-            .where((F.col("reason").isNull() & F.col("value").isNotNull())
-                   | (F.col("column") == ROW_CLASS_COLUMN))
-            .drop("reason"))
+    return (
+        classes.select("day", "reason", F.expr(f"stack({len(CAT_COLUMNS) + 1}, {pairs}) AS (column, value)"))
+        .where(
+            (F.col("reason").isNull() & F.col("value").isNotNull()) | (F.col("column") == ROW_CLASS_COLUMN)
+        )
+        .drop("reason")
+    )
 
 
-def count_pass(parsed_days: dict[int, DataFrame], recount: list[int],
-               counts_dir: Path, values_counted: bool = True) -> dict[int, DayStats]:
+def count_pass(
+    parsed_days: dict[int, DataFrame], recount: list[int], counts_dir: Path, values_counted: bool = True
+) -> dict[int, DayStats]:
     """One aggregation over every day: value counts of the recounted days (written to their
     partitions) and every day's statistics (from the row classes). ``values_counted=False``
     (modulo ids, ``recount`` empty): no stored counts to take the missing categoricals from,
@@ -58,12 +66,14 @@ def count_pass(parsed_days: dict[int, DataFrame], recount: list[int],
 
     masked = MASKED_COLUMNS if values_counted else ALL_MASKED_COLUMNS
     frames = [_pairs(frame, day in recount, masked) for day, frame in parsed_days.items()]
-    counts = (reduce(lambda a, b: a.unionByName(b), frames)
-              .groupBy("day", "column", "value").agg(F.count(F.lit(1)).alias("count"))
-              .persist(StorageLevel.MEMORY_AND_DISK))
+    counts = (
+        reduce(lambda a, b: a.unionByName(b), frames)
+        .groupBy("day", "column", "value")
+        .agg(F.count(F.lit(1)).alias("count"))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     try:
-        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS_COLUMN).collect(),
-                                  masked)
+        stats = stats_from_counts(counts.where(F.col("column") == ROW_CLASS_COLUMN).collect(), masked)
         if not values_counted:
             return stats
         if recount:
@@ -71,12 +81,16 @@ def count_pass(parsed_days: dict[int, DataFrame], recount: list[int],
             # writes no partition: dynamic overwrite alone would keep its old counts
             for day in recount:
                 shutil.rmtree(values_dir(counts_dir) / f"day={day}", ignore_errors=True)
-            values = counts.where((F.col("column") != ROW_CLASS_COLUMN)
-                                  & F.col("day").isin([str(d) for d in recount]))
-            (values.select("day", "column", F.conv("value", 16, 10).cast("long").alias("value"),
-                           "count").write.mode("overwrite")
-             .option("partitionOverwriteMode", "dynamic")
-             .partitionBy("day").parquet(str(values_dir(counts_dir))))
+            values = counts.where(
+                (F.col("column") != ROW_CLASS_COLUMN) & F.col("day").isin([str(d) for d in recount])
+            )
+            (
+                values.select("day", "column", F.conv("value", 16, 10).cast("long").alias("value"), "count")
+                .write.mode("overwrite")
+                .option("partitionOverwriteMode", "dynamic")
+                .partitionBy("day")
+                .parquet(str(values_dir(counts_dir)))
+            )
     finally:
         counts.unpersist()
     add_categorical_missing(stats, _values_counted(frames[0].sparkSession, counts_dir))
@@ -89,12 +103,16 @@ def _values_counted(session: SparkSession, counts_dir: Path) -> list[Row]:
 
     if not values_dir(counts_dir).is_dir():  # no day has any categorical value
         return []
-    return (session.read.schema(COUNTS_SCHEMA).parquet(str(values_dir(counts_dir)))
-            .groupBy("day", "column").agg(F.sum("count").alias("count")).collect())
+    return (
+        session.read.schema(COUNTS_SCHEMA)
+        .parquet(str(values_dir(counts_dir)))
+        .groupBy("day", "column")
+        .agg(F.sum("count").alias("count"))
+        .collect()
+    )
 
 
-def stored_counts(session: SparkSession, counts_dir: Path,
-                  days: list[int] | None = None) -> DataFrame:
+def stored_counts(session: SparkSession, counts_dir: Path, days: list[int] | None = None) -> DataFrame:
     """The stored (column, value, count, day) rows (``days``: only those days')."""
     from pyspark.sql import functions as F
 
@@ -104,22 +122,23 @@ def stored_counts(session: SparkSession, counts_dir: Path,
     return counts
 
 
-def value_totals(session: SparkSession, counts_dir: Path,
-                 days: list[int] | None = None) -> DataFrame:
+def value_totals(session: SparkSession, counts_dir: Path, days: list[int] | None = None) -> DataFrame:
     """(column, value, count) summed over the counted days (``days``: only those); ``value``
     is the integer of the hex string."""
     from pyspark.sql import functions as F
 
-    return (stored_counts(session, counts_dir, days)
-            .groupBy("column", "value").agg(F.sum("count").cast("long").alias("count")))
+    return (
+        stored_counts(session, counts_dir, days)
+        .groupBy("column", "value")
+        .agg(F.sum("count").cast("long").alias("count"))
+    )
 
 
 def write_histogram(totals: DataFrame, counts_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """(column, count, num_values) of a totals DataFrame, stored; returns it per column."""
     from pyspark.sql import functions as F
 
-    rows = (totals.groupBy("column", "count").agg(F.count(F.lit(1)).cast("long").alias("num_values"))
-            .collect())
+    rows = totals.groupBy("column", "count").agg(F.count(F.lit(1)).cast("long").alias("num_values")).collect()
     histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
     for r in rows:
         histogram[r["column"]].append((r["count"], r["num_values"]))

@@ -33,8 +33,7 @@ def _threshold_of(column: Column, spec: ThresholdSpec) -> Column:
     expr = F.lit(effective(CAT_COLUMNS[0]))
     cases = None
     for c in CAT_COLUMNS:
-        cases = (F.when(column == c, effective(c)) if cases is None
-                 else cases.when(column == c, effective(c)))
+        cases = F.when(column == c, effective(c)) if cases is None else cases.when(column == c, effective(c))
     return cases.otherwise(expr)
 
 
@@ -48,9 +47,14 @@ def column_starts(sizes: dict[str, int]) -> dict[str, int]:
     return starts
 
 
-def build_dictionaries(totals: DataFrame, spec: ThresholdSpec, sizes: dict[str, int], out_dir: Path,
-                       after: dict[str, int] | None = None,
-                       carried: DataFrame | None = None) -> None:
+def build_dictionaries(
+    totals: DataFrame,
+    spec: ThresholdSpec,
+    sizes: dict[str, int],
+    out_dir: Path,
+    after: dict[str, int] | None = None,
+    carried: DataFrame | None = None,
+) -> None:
     """Write (value, id, count) partitioned by ``column`` to ``out_dir``. ``totals``' values are 8-digit hex strings or
     their integers (the same order; an integer sorts faster and becomes its string only when
     kept). ``sizes`` (``table_sizes`` of the same totals) place each column in the global
@@ -62,9 +66,11 @@ def build_dictionaries(totals: DataFrame, spec: ThresholdSpec, sizes: dict[str, 
     from pyspark.sql import functions as F
 
     kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
-    ordered = (kept.orderBy("column", F.desc("count"), "value")
-               .withColumn("pos", F.monotonically_increasing_id())
-               .persist())
+    ordered = (
+        kept.orderBy("column", F.desc("count"), "value")
+        .withColumn("pos", F.monotonically_increasing_id())
+        .persist()
+    )
     try:
         pid = F.shiftright(F.col("pos"), PARTITION_SHIFT)
         partition_sizes = ordered.groupBy(pid.alias("pid")).count().collect()
@@ -76,10 +82,11 @@ def build_dictionaries(totals: DataFrame, spec: ThresholdSpec, sizes: dict[str, 
             offsets = {0: 0}
         starts = column_starts(sizes)
         if total != sum(sizes[c] - 1 for c in CAT_COLUMNS):
-            raise RuntimeError(f"{total} values kept, but the table sizes from the histogram "
-                               f"add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}")
-        global_index = (literal_lookup(offsets, pid)
-                        + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT)))
+            raise RuntimeError(
+                f"{total} values kept, but the table sizes from the histogram "
+                f"add up to {sum(sizes[c] - 1 for c in CAT_COLUMNS)}"
+            )
+        global_index = literal_lookup(offsets, pid) + (F.col("pos") - F.shiftleft(pid, PARTITION_SHIFT))
         indexed = ordered.withColumn("index", global_index.cast("long"))
         value = F.col("value")
         if dict(totals.dtypes)["value"] != "string":
@@ -89,8 +96,9 @@ def build_dictionaries(totals: DataFrame, spec: ThresholdSpec, sizes: dict[str, 
             number = number + literal_lookup(after, "column")
         ids = indexed.select("column", value.alias("value"), number.cast("int").alias("id"), "count")
         if carried is not None:
-            ids = ids.unionByName(carried.select("column", "value", F.col("id").cast("int"),
-                                                 F.col("count").cast("long")))
+            ids = ids.unionByName(
+                carried.select("column", "value", F.col("id").cast("int"), F.col("count").cast("long"))
+            )
         ids.write.mode("overwrite").partitionBy("column").parquet(str(out_dir))
     finally:
         ordered.unpersist()

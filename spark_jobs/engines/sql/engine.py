@@ -34,21 +34,23 @@ if TYPE_CHECKING:
 
 class SqlEngine:
     name = "sql"
-    lookups = "Spark joins"          # broadcast up to broadcast_max_values, shuffled above
+    lookups = "Spark joins"  # broadcast up to broadcast_max_values, shuffled above
 
     def __init__(self, session: SparkSession, days: list[DayFile], cfg: PreprocessConfig):
         self.session = session
         self.days = days
         self.cfg = cfg
-        self.parsed = {d.day: parse_for_counting(read_day(session, str(d.path), d.day),
-                                                 cfg.max_line_bytes) for d in days}
-        self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
+        self.parsed = {
+            d.day: parse_for_counting(read_day(session, str(d.path), d.day), cfg.max_line_bytes) for d in days
+        }
+        self._totals: DataFrame | None = None  # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
-        self._contiguous_kept: dict[str, int] | None = None   # ids: contiguous, kept per column
-        self._contiguous_dir: Path | None = None   # and their dictionaries
+        self._contiguous_kept: dict[str, int] | None = None  # ids: contiguous, kept per column
+        self._contiguous_dir: Path | None = None  # and their dictionaries
 
-    def count(self, recount: list[int], counts_dir: Path,
-              read: set[int] | None = None) -> dict[int, DayStats]:
+    def count(
+        self, recount: list[int], counts_dir: Path, read: set[int] | None = None
+    ) -> dict[int, DayStats]:
         """Statistics of the days in ``read`` (None: every day), value counts of ``recount``."""
         parsed = {d: f for d, f in self.parsed.items() if read is None or d in read}
         return counting.count_pass(parsed, recount, counts_dir)
@@ -58,16 +60,18 @@ class SqlEngine:
         or stored, so the classes carry the missing categoricals too."""
         return counting.count_pass(self.parsed, [], counts_dir, values_counted=False)
 
-    def count_totals(self, counts_dir: Path, days: list[int] | None,
-                     frequency_ids: ThresholdSpec | None = None) -> dict[str, list[tuple[int, int]]]:
+    def count_totals(
+        self, counts_dir: Path, days: list[int] | None, frequency_ids: ThresholdSpec | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
         """Cache (column, value, count) over the counted days (None: all), from the stored
         counts; return (and store) their count histogram per column. (``frequency_ids``: the
         Arrow engine's; this engine builds its dictionaries from the cached totals.)"""
         self._totals = counting.value_totals(self.session, counts_dir, days).persist()
         return counting.write_histogram(self._totals, counts_dir)
 
-    def write_dictionaries(self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path,
-                           index_dir: Path) -> None:
+    def write_dictionaries(
+        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
+    ) -> None:
         """The dictionaries by one global sort of the kept values (the transform joins them;
         no index is needed)."""
         build_dictionaries(self._totals, spec, sizes, dict_dir)
@@ -76,8 +80,9 @@ class SqlEngine:
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
         self._previous = previous
 
-    def write_stable_dictionaries(self, spec: ThresholdSpec, dict_dir: Path,
-                                  index_dir: Path) -> dict[str, int]:
+    def write_stable_dictionaries(
+        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
+    ) -> dict[str, int]:
         """Stable ids in SQL: the kept values without an id (an anti join with the previous
         dictionaries) numbered by the same global sort, after each column's previous ids; the
         previous entries carried over with their counts of this run; written into a staging
@@ -89,28 +94,42 @@ class SqlEngine:
         totals = self._totals.select("column", hex_value("value").alias("value"), "count")
         kept = totals.where(F.col("count") >= _threshold_of(F.col("column"), spec))
         newcomers, carried = kept, None
-        if previous is not None and max(before.values()) > 1:   # else no column has an id yet
+        if previous is not None and max(before.values()) > 1:  # else no column has an id yet
             old = self.session.read.parquet(previous.directory).select("column", "value", "id")
-            found = {r["column"]: (int(r["n"]), int(r["top"])) for r in
-                     old.groupBy("column").agg(F.count(F.lit(1)).alias("n"),
-                                               F.max("id").alias("top")).collect()}
+            found = {
+                r["column"]: (int(r["n"]), int(r["top"]))
+                for r in old.groupBy("column")
+                .agg(F.count(F.lit(1)).alias("n"), F.max("id").alias("top"))
+                .collect()
+            }
             stable_ids.check_old_ids(found, before)
             newcomers = kept.join(old.select("column", "value"), ["column", "value"], "left_anti")
-            carried = (old.join(totals, ["column", "value"], "left")
-                       .select("column", "value", "id",
-                               F.coalesce(F.col("count"), F.lit(0)).alias("count")))
+            carried = old.join(totals, ["column", "value"], "left").select(
+                "column", "value", "id", F.coalesce(F.col("count"), F.lit(0)).alias("count")
+            )
         added = {r["column"]: int(r["count"]) for r in newcomers.groupBy("column").count().collect()}
         staging = stable_ids.staging_dir(dict_dir)
-        build_dictionaries(newcomers, spec, {c: added.get(c, 0) + 1 for c in CAT_COLUMNS}, staging,
-                           after={c: before[c] - 1 for c in CAT_COLUMNS}, carried=carried)
+        build_dictionaries(
+            newcomers,
+            spec,
+            {c: added.get(c, 0) + 1 for c in CAT_COLUMNS},
+            staging,
+            after={c: before[c] - 1 for c in CAT_COLUMNS},
+            carried=carried,
+        )
         sizes = {c: before[c] + added.get(c, 0) for c in CAT_COLUMNS}
         stable_ids.commit(staging, dict_dir, spec, sizes)
         self.close()
         return sizes
 
-    def write_contiguous_dictionaries(self, spec: ThresholdSpec, stats: dict[int, DayStats],
-                                      days: list[int], dict_dir: Path,
-                                      index_dir: Path) -> dict[str, int]:
+    def write_contiguous_dictionaries(
+        self,
+        spec: ThresholdSpec,
+        stats: dict[int, DayStats],
+        days: list[int],
+        dict_dir: Path,
+        index_dir: Path,
+    ) -> dict[str, int]:
         """Contiguous ids (``spark_jobs.contiguous_ids``): a read of ``days`` for the first
         appearances, the dictionaries written; returns the kept values per column."""
         from spark_jobs.contiguous_ids import build_dictionaries
@@ -128,7 +147,7 @@ class SqlEngine:
     def close(self) -> None:
         if self._totals is not None:
             self._totals.unpersist()
-            self._totals: DataFrame | None = None   # (column, value, count), cached by count_totals
+            self._totals: DataFrame | None = None  # (column, value, count), cached by count_totals
 
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
         rejects.write_rejects(self.parsed, self.days, stats, out_dir)
@@ -136,14 +155,24 @@ class SqlEngine:
     def _rows(self, day: DayFile, stats: dict[int, DayStats]) -> DataFrame:
         """The second read of a day: valid rows with join keys and line numbers (checks skipped
         for days whose count pass found every line fast)."""
-        rows = parse_for_transform(read_day(self.session, str(day.path), day.day),
-                                   self.cfg.max_line_bytes, checked=not stats[day.day].all_fast,
-                                   hex_values=self.cfg.ids in ("modulo", "contiguous"))
+        rows = parse_for_transform(
+            read_day(self.session, str(day.path), day.day),
+            self.cfg.max_line_bytes,
+            checked=not stats[day.day].all_fast,
+            hex_values=self.cfg.ids in ("modulo", "contiguous"),
+        )
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
-    def write_splits(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                     index_dir: Path, staging: Path, train_files: int,
-                     days: set[int] | None = None) -> None:
+    def write_splits(
+        self,
+        stats: dict[int, DayStats],
+        sizes: dict[str, int],
+        dict_dir: Path,
+        index_dir: Path,
+        staging: Path,
+        train_files: int,
+        days: set[int] | None = None,
+    ) -> None:
         """``staging/<split>/part-*.parquet`` by Spark's writer: test and validation from one
         split-partitioned write, then train hash-partitioned into ``train_files``. ``days``:
         only these days' rows (None: every day)."""
@@ -154,16 +183,24 @@ class SqlEngine:
         shutil.rmtree(staging, ignore_errors=True)
         # test and validation first: their write replaces the staging directory
         if evaluation is not None:
-            transform.write_parquet(transform.eval_part(evaluation, shuffled), staging,
-                                    compression, partition_by="split")
+            transform.write_parquet(
+                transform.eval_part(evaluation, shuffled), staging, compression, partition_by="split"
+            )
         if train is not None:
-            transform.write_parquet(transform.train_part(train, train_files),
-                                    staging / "split=train", compression)
+            transform.write_parquet(
+                transform.train_part(train, train_files), staging / "split=train", compression
+            )
         for split_dir in staging.glob("split=*"):
             split_dir.replace(staging / split_dir.name.removeprefix("split="))
 
-    def _split_rows(self, stats: dict[int, DayStats], sizes: dict[str, int], dict_dir: Path,
-                    train_days: list[DayFile], with_eval: bool):
+    def _split_rows(
+        self,
+        stats: dict[int, DayStats],
+        sizes: dict[str, int],
+        dict_dir: Path,
+        train_days: list[DayFile],
+        with_eval: bool,
+    ):
         """(train rows, evaluation rows, whether evaluation rows lost their line order); None
         for a part not asked for."""
         from pyspark.sql import functions as F
@@ -173,11 +210,16 @@ class SqlEngine:
                 return transform.capped_categoricals(rows, column_caps(self.cfg))
             if self.cfg.ids == "contiguous":
                 return contiguous.contiguous_categoricals(
-                    rows, self.session, self._contiguous_dir, self._contiguous_kept,
+                    rows,
+                    self.session,
+                    self._contiguous_dir,
+                    self._contiguous_kept,
                     self.cfg.broadcast_max_values,
-                    column_caps(self.cfg) if self.cfg.caps is not None else None)
-            return transform.map_categoricals(rows, self.session, dict_dir, sizes,
-                                              self.cfg.broadcast_max_values)
+                    column_caps(self.cfg) if self.cfg.caps is not None else None,
+                )
+            return transform.map_categoricals(
+                rows, self.session, dict_dir, sizes, self.cfg.broadcast_max_values
+            )
 
         def keyed(day: DayFile):
             key, tie = train_key_columns(self.cfg.shuffle_seed, day.day, F.col("_line"))
@@ -191,9 +233,12 @@ class SqlEngine:
             return train, None, False
         last = self.days[-1]
         evaluation, shuffled = mapped(self._rows(last, stats))
-        split = (F.when(F.col("_line") < F.lit(stats[last.day].test_lines), F.lit("test"))
-                 .otherwise(F.lit("validation")))
-        evaluation = (evaluation.withColumn("split", split).withColumn("_order", F.col("_line"))
-                      .withColumn("_tie", F.lit(0).cast("long")))
-        return (train, transform.output_projection(evaluation, extra=("split", "_order", "_tie")),
-                shuffled)
+        split = F.when(F.col("_line") < F.lit(stats[last.day].test_lines), F.lit("test")).otherwise(
+            F.lit("validation")
+        )
+        evaluation = (
+            evaluation.withColumn("split", split)
+            .withColumn("_order", F.col("_line"))
+            .withColumn("_tie", F.lit(0).cast("long"))
+        )
+        return (train, transform.output_projection(evaluation, extra=("split", "_order", "_tie")), shuffled)

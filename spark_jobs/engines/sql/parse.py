@@ -29,9 +29,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dlrm_contracts.schema import (BAD_LABEL, CAT_COLUMNS, INT_COLUMNS, LABEL, LINE_TOO_LONG,
-                                   NON_HEX_CATEGORICAL, NON_INTEGER, NUM_CATEGORICAL, NUM_FIELDS,
-                                   NUM_INTEGER, TOO_MANY_FIELDS)
+from dlrm_contracts.schema import (
+    BAD_LABEL,
+    CAT_COLUMNS,
+    INT_COLUMNS,
+    LABEL,
+    LINE_TOO_LONG,
+    NON_HEX_CATEGORICAL,
+    NON_INTEGER,
+    NUM_CATEGORICAL,
+    NUM_FIELDS,
+    NUM_INTEGER,
+    TOO_MANY_FIELDS,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -45,8 +55,10 @@ _INT = r"(?:-?[0-9]{1,18})?"
 # integer fields followed by a tab or the end, or fewer than 13 and the end (a short line).
 # The end is \z, never $: Java's $ also matches before a final line terminator ('\r', NEL,
 # U+2028, U+2029), so "1\u0085" or "0\t5\u2028" would pass as valid (and CAST then fails).
-FAST_HEAD = (rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t|\z)"
-             rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}}\z)")
+FAST_HEAD = (
+    rf"^[01](?:(?:\t{_INT}){{{NUM_INTEGER}}}(?:\t|\z)"
+    rf"|(?:\t{_INT}){{0,{NUM_INTEGER - 1}}}\z)"
+)
 
 
 def _sql_string(text: str) -> str:
@@ -63,8 +75,10 @@ def _fast_sql(max_line_bytes: int) -> str:
     cats = [_field(j) for j in range(FIRST_CAT, NUM_FIELDS)]
     lengths = " AND ".join(f"coalesce(octet_length({c}), 0) IN (0, 8)" for c in cats)
     joined = f"concat_ws('', {', '.join(cats)})"
-    return (f"(octet_length(line) <= {int(max_line_bytes)} AND size(f) <= {NUM_FIELDS} AND line rlike {_sql_string(FAST_HEAD)} AND {lengths} "
-            f"AND unhex({joined}) IS NOT NULL AND lower({joined}) = {joined})")
+    return (
+        f"(octet_length(line) <= {int(max_line_bytes)} AND size(f) <= {NUM_FIELDS} AND line rlike {_sql_string(FAST_HEAD)} AND {lengths} "
+        f"AND unhex({joined}) IS NOT NULL AND lower({joined}) = {joined})"
+    )
 
 
 def _reason_sql(max_line_bytes: int) -> str:
@@ -77,23 +91,26 @@ def _reason_sql(max_line_bytes: int) -> str:
     """
     ints = f"concat_ws('\\t', slice(f, 2, {NUM_INTEGER}))"
     cats = f"concat_ws('\\t', slice(f, {FIRST_CAT + 1}, {NUM_CATEGORICAL}))"
-    overflow = " OR ".join(f"coalesce({_field(j)} != '' AND try_cast({_field(j)} AS BIGINT) IS NULL, false)"
-                           for j in range(1, FIRST_CAT))
-    slow = (f"CASE WHEN octet_length(line) > {int(max_line_bytes)} THEN '{LINE_TOO_LONG}' "
-            f"WHEN size(f) > {NUM_FIELDS} THEN '{TOO_MANY_FIELDS}' "
-            f"WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN '{BAD_LABEL}' "
-            f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*\\\\z' OR {overflow} "
-            f"THEN '{NON_INTEGER}' "
-            f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*\\\\z' "
-            f"THEN '{NON_HEX_CATEGORICAL}' END")
+    overflow = " OR ".join(
+        f"coalesce({_field(j)} != '' AND try_cast({_field(j)} AS BIGINT) IS NULL, false)"
+        for j in range(1, FIRST_CAT)
+    )
+    slow = (
+        f"CASE WHEN octet_length(line) > {int(max_line_bytes)} THEN '{LINE_TOO_LONG}' "
+        f"WHEN size(f) > {NUM_FIELDS} THEN '{TOO_MANY_FIELDS}' "
+        f"WHEN NOT coalesce(get(f, 0) IN ('0', '1'), false) THEN '{BAD_LABEL}' "
+        f"WHEN NOT {ints} rlike '^(?:-?[0-9]+)?(?:\\t(?:-?[0-9]+)?)*\\\\z' OR {overflow} "
+        f"THEN '{NON_INTEGER}' "
+        f"WHEN NOT {cats} rlike '^(?:[0-9a-fA-F]{{1,8}})?(?:\\t(?:[0-9a-fA-F]{{1,8}})?)*\\\\z' "
+        f"THEN '{NON_HEX_CATEGORICAL}' END"
+    )
     return f"CASE WHEN fast THEN NULL ELSE {slow} END"
 
 
 def input_tasks(days) -> int:
     """The tasks Spark's text reader splits the days into: one per gzip file (it cannot be
     split), one per ``SPARK_SPLIT_BYTES`` of a plain file (what progress plans on)."""
-    return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES))
-               for d in days)
+    return sum(1 if d.gzipped else max(1, math.ceil(d.path.stat().st_size / SPARK_SPLIT_BYTES)) for d in days)
 
 
 def read_day(session: SparkSession, path: str, day: int) -> DataFrame:
@@ -106,10 +123,15 @@ def read_day(session: SparkSession, path: str, day: int) -> DataFrame:
     """
     # lineSep '\n': Hadoop's default reader also ends a line at a lone '\r', which would split
     # "a\rb" into two lines and shift every later line number and the test/validation split
-    return session.read.option("lineSep", "\n").text(path).selectExpr(
-        f"'{int(day)}' AS day",
-        "CASE WHEN endswith(value, '\\r') THEN substr(value, 1, length(value) - 1) "
-        "ELSE value END AS line")
+    return (
+        session.read.option("lineSep", "\n")
+        .text(path)
+        .selectExpr(
+            f"'{int(day)}' AS day",
+            "CASE WHEN endswith(value, '\\r') THEN substr(value, 1, length(value) - 1) "
+            "ELSE value END AS line",
+        )
+    )
 
 
 def split_fields(lines: DataFrame, max_line_bytes: int, checked: bool = True) -> DataFrame:
@@ -124,11 +146,12 @@ def split_fields(lines: DataFrame, max_line_bytes: int, checked: bool = True) ->
     """
     frame = lines.selectExpr("*", "split(line, '\\t', -1) AS f")
     if not checked:
-        return frame.selectExpr("*", "true AS fast", "CAST(NULL AS STRING) AS reason",
-                                "monotonically_increasing_id() AS pos")
-    return (frame.selectExpr("*", f"{_fast_sql(max_line_bytes)} AS fast")
-            .selectExpr("*", f"{_reason_sql(max_line_bytes)} AS reason",
-                        "monotonically_increasing_id() AS pos"))
+        return frame.selectExpr(
+            "*", "true AS fast", "CAST(NULL AS STRING) AS reason", "monotonically_increasing_id() AS pos"
+        )
+    return frame.selectExpr("*", f"{_fast_sql(max_line_bytes)} AS fast").selectExpr(
+        "*", f"{_reason_sql(max_line_bytes)} AS reason", "monotonically_increasing_id() AS pos"
+    )
 
 
 def label_sql() -> str:
@@ -157,16 +180,20 @@ def cat_sqls() -> list[str]:
 def cat_key_sqls() -> list[str]:
     """C1..C26 as join keys: xxhash64 of the normalised value (exact, see the module doc)."""
     # xxhash64(NULL) is the seed, a valid key: a missing value must stay NULL (no match, id 0)
-    return [f"CASE WHEN {cat_value_sql(j)} IS NULL THEN CAST(NULL AS BIGINT) "
-            f"ELSE xxhash64({cat_value_sql(j)}) END AS {c}"
-            for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+    return [
+        f"CASE WHEN {cat_value_sql(j)} IS NULL THEN CAST(NULL AS BIGINT) "
+        f"ELSE xxhash64({cat_value_sql(j)}) END AS {c}"
+        for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)
+    ]
 
 
 def cat_hex_sqls() -> list[str]:
     """C1..C26 as the BIGINT value of their hex digits, null when missing (capped ids: the
     value itself, not a join key, is what the id is computed from)."""
-    return [f"CAST(conv({cat_value_sql(j)}, 16, 10) AS BIGINT) AS {c}"
-            for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+    return [
+        f"CAST(conv({cat_value_sql(j)}, 16, 10) AS BIGINT) AS {c}"
+        for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)
+    ]
 
 
 def value_key(column: Column) -> Column:
@@ -185,23 +212,31 @@ def parse_for_counting(lines: DataFrame, max_line_bytes: int) -> DataFrame:
     """
     kept = f"CAST(substr(CAST(line AS BINARY), 1, {int(max_line_bytes)}) AS STRING)"
     return split_fields(lines, max_line_bytes).selectExpr(
-        "day", "pos", "fast", "reason",
+        "day",
+        "pos",
+        "fast",
+        "reason",
         f"size(f) < {NUM_FIELDS} AS padded",
         f"CASE WHEN reason IS NOT NULL THEN {kept} END AS raw",
         "CASE WHEN reason IS NOT NULL THEN CAST(octet_length(line) AS BIGINT) END AS raw_bytes",
         *[f"nullif({_field(i)}, '') AS {c}" for i, c in enumerate(INT_COLUMNS, start=1)],
-        *cat_sqls())
+        *cat_sqls(),
+    )
 
 
-def parse_for_transform(lines: DataFrame, max_line_bytes: int, checked: bool,
-                        hex_values: bool = False) -> DataFrame:
+def parse_for_transform(
+    lines: DataFrame, max_line_bytes: int, checked: bool, hex_values: bool = False
+) -> DataFrame:
     """(day, line) → valid rows: day, pos, label, I* (BIGINT), C* (join keys; with
     ``hex_values`` the values themselves, as BIGINT)."""
     # ``pos >= 0`` (always true) keeps ``pos`` referenced: once pruned the projection is
     # deterministic and the validity filter would be pushed below it.
     cats = cat_hex_sqls() if hex_values else cat_key_sqls()
-    return split_fields(lines, max_line_bytes, checked).where("reason IS NULL AND pos >= 0").selectExpr(
-        "day", "pos", label_sql(), *int_sqls(), *cats)
+    return (
+        split_fields(lines, max_line_bytes, checked)
+        .where("reason IS NULL AND pos >= 0")
+        .selectExpr("day", "pos", label_sql(), *int_sqls(), *cats)
+    )
 
 
 def log_transform(column: Column) -> Column:

@@ -16,8 +16,10 @@ from spark_jobs.stats import DayStats, line_number_column
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-def write_rejects(parsed: dict[int, DataFrame], days: list[DayFile], stats: dict[int, DayStats],
-                  out_dir: Path) -> None:
+
+def write_rejects(
+    parsed: dict[int, DataFrame], days: list[DayFile], stats: dict[int, DayStats], out_dir: Path
+) -> None:
     """Rejected lines with their day file, 1-based line number, reason, first bytes
     (``parse_for_counting``'s ``raw``) and full length in bytes.
 
@@ -40,5 +42,6 @@ def write_rejects(parsed: dict[int, DataFrame], days: list[DayFile], stats: dict
         (line_number_column(stats, [d.day for d in dirty]) + 1).alias("line_number"),
         "reason",
         F.col("raw").alias("line"),
-        F.col("raw_bytes").alias("line_bytes"))
+        F.col("raw_bytes").alias("line_bytes"),
+    )
     rejects.write.mode("overwrite").json(str(out_dir))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
 from spark_jobs.stats import PARTITION_SHIFT, DayStats
 
-ROW_CLASS_COLUMN = "_row"    # the pseudo column of the row classes in the count aggregation
+ROW_CLASS_COLUMN = "_row"  # the pseudo column of the row classes in the count aggregation
 MASKED_COLUMNS: tuple[str, ...] = INT_COLUMNS  # bit i of the row class mask = column i missing
 # modulo ids count no values, so their classes' mask covers all 39 columns (more classes, but
 # no 26 (column, value) pairs per line)
@@ -27,12 +27,13 @@ def row_class_sql(masked: tuple[str, ...] = MASKED_COLUMNS) -> str:
     """'pid:fast:reason:padded:mask' of a parsed line; mask bit i = MASKED_COLUMNS[i] missing
     (valid rows only). The mask, not the null values, gives the integers' missing rates, so a
     day whose values are not recounted still gets them and null values need not be counted."""
-    bits = " + ".join(f"CASE WHEN {c} IS NULL THEN {1 << i} ELSE 0 END"
-                      for i, c in enumerate(masked))
-    return (f"concat_ws(':', CAST(shiftright(pos, {PARTITION_SHIFT}) AS STRING), "
-            "CASE WHEN fast THEN '1' ELSE '0' END, coalesce(reason, ''), "
-            "CASE WHEN padded THEN '1' ELSE '0' END, "
-            f"CAST(CASE WHEN reason IS NULL THEN {bits} ELSE 0 END AS STRING))")
+    bits = " + ".join(f"CASE WHEN {c} IS NULL THEN {1 << i} ELSE 0 END" for i, c in enumerate(masked))
+    return (
+        f"concat_ws(':', CAST(shiftright(pos, {PARTITION_SHIFT}) AS STRING), "
+        "CASE WHEN fast THEN '1' ELSE '0' END, coalesce(reason, ''), "
+        "CASE WHEN padded THEN '1' ELSE '0' END, "
+        f"CAST(CASE WHEN reason IS NULL THEN {bits} ELSE 0 END AS STRING))"
+    )
 
 
 def stats_from_counts(rows, masked: tuple[str, ...] = MASKED_COLUMNS) -> dict[int, DayStats]:

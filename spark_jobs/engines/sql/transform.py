@@ -27,9 +27,15 @@ if TYPE_CHECKING:
 OUTPUT_COLUMNS = ALL_COLUMNS  # the splits hold the whole record, in its order
 
 
-def map_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Path, sizes: dict[str, int],
-                     broadcast_max_values: int, columns=CAT_COLUMNS,
-                     dictionary_key=value_key) -> tuple[DataFrame, bool]:
+def map_categoricals(
+    rows: DataFrame,
+    session: SparkSession,
+    dict_dir: Path,
+    sizes: dict[str, int],
+    broadcast_max_values: int,
+    columns=CAT_COLUMNS,
+    dictionary_key=value_key,
+) -> tuple[DataFrame, bool]:
     """Replace each of ``columns`` (keys) by its id (0 when rare or missing). Returns (rows,
     shuffled?). ``dictionary_key`` maps the dictionary's ``value`` to the rows' key."""
     from pyspark.sql import functions as F
@@ -40,15 +46,18 @@ def map_categoricals(rows: DataFrame, session: SparkSession, dict_dir: Path, siz
         if sizes[c] <= 1:
             rows = rows.withColumn(c, F.lit(0).cast("int"))
             continue
-        table = (dictionaries.where(F.col("column") == c)
-                 .select(dictionary_key(F.col("value")).alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")))
+        table = dictionaries.where(F.col("column") == c).select(
+            dictionary_key(F.col("value")).alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")
+        )
         if sizes[c] - 1 <= broadcast_max_values:
             table = F.broadcast(table)
         else:
             shuffled = True
-        rows = (rows.join(table, rows[c] == table[f"_k_{c}"], "left")
-                .withColumn(c, F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int"))
-                .drop(f"_k_{c}", f"_id_{c}"))
+        rows = (
+            rows.join(table, rows[c] == table[f"_k_{c}"], "left")
+            .withColumn(c, F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int"))
+            .drop(f"_k_{c}", f"_id_{c}")
+        )
     return rows, shuffled
 
 
@@ -66,10 +75,12 @@ def output_projection(rows: DataFrame, extra: tuple = ()) -> DataFrame:
     """label int32, I* float32 (log transform), C* int32, plus ``extra`` helper columns."""
     from pyspark.sql import functions as F
 
-    return rows.select(F.col(LABEL).cast("int").alias(LABEL),
-                       *[log_transform(F.col(c)).alias(c) for c in INT_COLUMNS],
-                       *[F.col(c).cast("int").alias(c) for c in CAT_COLUMNS],
-                       *extra)
+    return rows.select(
+        F.col(LABEL).cast("int").alias(LABEL),
+        *[log_transform(F.col(c)).alias(c) for c in INT_COLUMNS],
+        *[F.col(c).cast("int").alias(c) for c in CAT_COLUMNS],
+        *extra,
+    )
 
 
 def write_parquet(frame: DataFrame, path: Path, compression: str, partition_by: str | None = None) -> None:
@@ -85,8 +96,11 @@ def train_part(rows: DataFrame, partitions: int) -> DataFrame:
     long key, which Spark does by radix sort on its prefix."""
     from pyspark.sql import functions as F
 
-    return (rows.repartition(partitions, F.col("_order")).sortWithinPartitions("_order", "_tie")
-            .select(*OUTPUT_COLUMNS))
+    return (
+        rows.repartition(partitions, F.col("_order"))
+        .sortWithinPartitions("_order", "_tie")
+        .select(*OUTPUT_COLUMNS)
+    )
 
 
 def eval_part(rows: DataFrame, must_sort: bool) -> DataFrame:
