@@ -784,8 +784,8 @@ class ScoreConfig:
 class PreflightConfig:
     """The up-front check of disk, memory and time (pipeline/preflight.py, docs/pipeline.md).
 
-    Bytes per row are the measured ones of docs/sizing.md section 3; rates are per core (or per
-    CPU-second) from docs/perf-history.md, so the estimates scale with the cores of the machine.
+    Bytes per row are those of docs/sizing.md section 3; rates are per core (or per
+    CPU-second), so the estimates scale with the cores of the machine.
     """
 
     enabled: bool = True
@@ -877,8 +877,7 @@ class ProgressConfig:
     )
     # Within the count and the transform, the share of the phase spent in the tasks that read
     # the input (one per chunk); the rest is the count's merge and collects and the
-    # transform's train-file writes (the same run's event log: count 33.6 of 42.2 s,
-    # transform 44.1 of 75.6 s).
+    # transform's train-file writes (from a run's Spark event log at the Terabyte shape).
     preprocess_read_shares: dict[str, float] = field(default_factory=lambda: {"count": 0.8, "transform": 0.6})
 
     def __post_init__(self) -> None:
@@ -919,7 +918,7 @@ class LaunchConfig:
     # fails (horovodrun's HOROVOD_GLOO_TIMEOUT_SECONDS, which the pipeline sets for its ranks
     # unless the environment already does). Gloo's own default, 30 s, is shorter than the gap
     # between ranks on a loaded machine or a cluster with slow shared storage: one rank still
-    # building its dataset or TensorFlow graph while the other waits ended a 2-rank run with
+    # building its dataset or TensorFlow graph while the other waits ends a 2-rank run with
     # exit 8. 300 s rides that out and still ends a run whose peer really died within minutes.
     # Here, not under train, so that changing it does not change the train stage's key.
     gloo_timeout_seconds: int = 300

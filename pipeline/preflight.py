@@ -2,9 +2,10 @@
 
 It costs seconds, never a Spark job: rows come from the raw files' sizes and the bytes per line
 of a sample read from the start of each file (or from the data-quality report of an earlier
-count over the same files); disk needs from measured bytes per row (docs/sizing.md); table
-sizes, and so embedding memory and checkpoints, from the count histogram when one exists; time
-from measured per-core rates (docs/perf-history.md). Each need is set against what is there: free
+count over the same files); disk needs from bytes per row (``config.preflight``, docs/sizing.md);
+table sizes, and so embedding memory and checkpoints, from the count histogram when one exists;
+time from per-core rates (``config.preflight``, scaled to this machine's cores by
+``pipeline.calibration``). Each need is set against what is there: free
 space on the workdir's filesystem and on ``spark.local.dir``, the machine's memory, and the
 output a stage already left (a stage that is done needs nothing new).
 

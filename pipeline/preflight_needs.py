@@ -3,8 +3,8 @@
 Kept apart from the sentences ``pipeline.preflight`` prints about them, so the rule for each
 figure (which stages grow the workdir, when the Spark shuffle counts against it, how a rank's
 tables are reckoned) can be read and changed without the prose around it, and a figure can be
-tested or reused (``before_train``) without parsing text. Every measured rate or size comes from
-``config.preflight`` (docs/sizing.md, docs/perf-history.md).
+tested or reused (``before_train``) without parsing text. Every rate or size per row comes from
+``config.preflight`` (docs/sizing.md), so a figure is changed in one place.
 """
 
 from __future__ import annotations

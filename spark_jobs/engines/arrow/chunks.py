@@ -3,8 +3,7 @@
 The Arrow engine's tasks read their input themselves: Spark schedules one task per chunk (a
 byte range of a plain day file, or a whole ``.gz`` day), and the task reads its bytes straight
 into numpy. Handing the text to Python through Spark's own reader costs more than the whole
-parse: the JVM copies every line into an Arrow batch and ships it over a socket
-(docs/perf-history.md, "Reading the text").
+parse: the JVM copies every line into an Arrow batch and ships it over a socket.
 
 Line semantics are those of the SQL engine's reader (``lineSep '\\n'``): a line ends at
 ``'\\n'`` only; a last line without ``'\\n'`` is a line; a file ending in ``'\\n'`` has no

@@ -15,7 +15,8 @@ The groups are the file exchange's value ranges (planned from the samples, ``dic
 so both exchanges write the same bytes; a fine bucket across a group bound is sent to each
 group it meets, whose task keeps its own range of it. A row is a binary value of a bucket's slice of a chunk's sorted values (uint32) and
 one of their counts (uint32): the JVM moves a few thousand byte strings per chunk, never a
-row per value (what made the rows exchange slow before the files, docs/perf-history.md).
+row per value (a JVM object per value, serialised and shuffled, costs more than the count
+itself at high cardinality).
 """
 
 from __future__ import annotations

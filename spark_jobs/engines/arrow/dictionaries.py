@@ -309,9 +309,8 @@ def _write_day_counts(counts_dir: str, day: int, column: str, rank: int, counts:
     """One group's counts of one day, as both engines store them (column, the value's
     integer, count). The name is the group's, so a retried task replaces its own file.
 
-    The values ascend, so delta encoding stores them in ~1.3 bytes instead of 8 and costs
-    less to write than plain values compressed; the column name is one dictionary entry
-    (docs/perf-history.md, "At the Terabyte's cardinality")."""
+    The values ascend, so delta encoding stores each in a byte or two instead of 8 and costs
+    less to write than plain values compressed; the column name is one dictionary entry."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -17,14 +17,13 @@ Why this shape:
   tasks; a worker's private memory does not grow with the dictionaries;
 - one file per range: the merge builds a range's table in the file it stays in, and the
   dictionary tasks only give its slots their ids in place and rename it into the index, where
-  a copy into one file per column wrote every table's pages a second time
-  (docs/perf-history.md, "The index's ranges as files of their own");
+  a copy into one file per column would write every table's pages a second time;
 - ``INDEX_LOAD`` kept values per slot (8 bytes a slot): 13.3 bytes per kept value;
 - a lookup touches one cache line in nearly every case (linear probing), whatever the size.
 
-The build and lookup loops are compiled with numba: per lookup they cost 10-43 ns against
-52-215 ns for the best numpy formulation of the same probe (a vectorised gather per probe round
-over a block of 4096 values), measured in docs/perf-history.md ("Dictionary lookups").
+The build and lookup loops are compiled with numba: a lookup is one short probe loop, where
+the best numpy formulation of the same probe (a vectorised gather per probe round over a block
+of values) passes over the whole block once per round.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ stages the group's part with each row's rank among the group's values of the sam
 id column, and its index region with each slot pointing at its row. After the barrier each id
 is ``first id of its count class + rank``: the dictionaries phase writes 4 bytes per value into
 the part and rewrites the region's slots, instead of formatting, encoding and hashing every
-kept value while the rest of the job waits (docs/perf-history.md, "At the Terabyte's cardinality").
+kept value while the rest of the job waits.
 
 The region is staged as the raw slots file it will be in the index (one file per range,
 spark_jobs/engines/arrow/dictionary_index.py): after the barrier its slots are relabelled in place and the file

@@ -2,9 +2,10 @@
 ids within a value range, and the dictionary index's hash tables (build a range's table,
 probe it).
 
-They are loops whose numpy formulations cost several passes over the data (docs/perf-history.md,
-"Dictionary lookups"). In the index, a slot is ``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of
-``size`` slots is ``mix32(value) * size >> 32``, and linear probing wraps around the region.
+They are loops because their numpy formulations make several passes over the data where one
+loop makes one (a numpy probe: one vectorised gather per round). In the index, a slot is
+``value | id << 32`` (id >= 1), 0 when empty; a value's home slot in a region of ``size``
+slots is ``mix32(value) * size >> 32``, and linear probing wraps around the region.
 Compiled once per machine: ``cache=True`` keeps the machine code beside this file (or, for
 code shipped to executors in a zip, in numba's cache directory).
 """
@@ -96,9 +97,9 @@ def lookup_column(values, bounds, starts, sizes, slots, out):
 @numba.njit(cache=True, nogil=True)
 def merge_two(a_values, a_counts, b_values, b_counts, out_values, out_counts):
     """Two runs of distinct ascending values and their counts merged into ``out_*`` (room
-    for both), equal values' counts summed; returns the entries written. One linear pass:
-    numpy's best, a stable sort of the concatenation, costs several times more per entry
-    (docs/perf-history.md, "At the Terabyte's cardinality")."""
+    for both), equal values' counts summed; returns the entries written. One linear pass,
+    because numpy's best, a stable sort of the concatenation, sorts again what is already
+    sorted."""
     i, j, n = 0, 0, 0
     na, nb = a_values.shape[0], b_values.shape[0]
     while i < na and j < nb:

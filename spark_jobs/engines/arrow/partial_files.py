@@ -2,12 +2,12 @@
 
 Why files and not rows: at the Terabyte's cardinality most values of a chunk are unique, so a
 chunk's partial counts are about as many entries as its lines. Handed to Spark as rows, those
-bytes were cached by the JVM, read back, split by value range, shuffled (serialised,
-compressed, written, read, decompressed) and grouped before a merge task saw them: most of the
-count phase's extra cost on columns of millions of values (docs/perf-history.md, "At the Terabyte's
-cardinality"). Each count task instead writes its chunk's partial counts once, as sorted flat
-arrays, and each merge task reads, for its value range, a slice of every file (found through
-the file's fences, below). The JVM only sees statistics and samples.
+bytes would be cached by the JVM, read back, split by value range, shuffled (serialised,
+compressed, written, read, decompressed) and grouped before a merge task saw them: many passes
+over as many entries as the input has lines, on columns of millions of values. Each count task
+instead writes its chunk's partial counts once, as sorted flat arrays, and each merge task
+reads, for its value range, a slice of every file (found through the file's fences, below).
+The JVM only sees statistics and samples.
 
 The workdir is where the merge already leaves its staged parts for the fill tasks: on a
 cluster it is the shared filesystem docs/cluster.md requires, so any executor reads any file.
@@ -22,8 +22,7 @@ Why fences: every merge group reads a slice of every file, so the reads grow as 
 files, which is rows squared (the Terabyte: thousands of each). A merge task reads each
 file's table and fences once; a group's slice is then found in memory to within ``FENCE``
 values and read with two ``pread`` calls, with no mapping set up and torn down per (group,
-file) and no page touched by a binary search over the file (docs/perf-history.md, "The
-merge's reads of the partial files").
+file) and no page touched by a binary search over the file.
 """
 
 from __future__ import annotations

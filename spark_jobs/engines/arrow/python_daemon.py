@@ -2,9 +2,9 @@
 before it forks the Python workers.
 
 Without it, every worker imports numba and loads the loops' machine code from its cache itself,
-about 1.3 s of CPU each, once per run and worker. Forked from a daemon that did it once, the
-workers start with them in memory. Local mode only (``spark_jobs.session``): a cluster's
-executors start their daemon before the job's code reaches them.
+once per run and worker: the same work spent again by every worker. Forked from a daemon that
+did it once, the workers start with them in memory. Local mode only (``spark_jobs.session``): a
+cluster's executors start their daemon before the job's code reaches them.
 """
 
 from __future__ import annotations
