@@ -19,7 +19,7 @@ reference, by default scratch) from the first day all trained.
 
 ``--one-day`` first runs days 0-1 from scratch in a fresh workdir: half of it is the cost of
 one day, and every run's line then gives its cost in days (whole run, and preprocess + convert
-+ train from the run's summary): issue 25's target is <= 1.5 days whatever the window. Half
++ train from the run's summary): the daily target is <= 1.5 days whatever the window. Half
 the 2-day run also halves the fixed costs (Spark and TensorFlow start-up, the evaluations)
 that a daily run pays whole, and it trains one day, not two; so preprocess + convert + train
 is also given against the whole 2-day run, the smallest run that trains one day, and against

@@ -16,7 +16,7 @@ It prints nanoseconds per value for:
 - merging a value group's partial counts: ``merge_counts`` (one sort of packed keys) against
   the argsort and two gathers it replaced;
 - one value group's dictionary write with everything after the barrier, step by step (ids,
-  hex strings, parquet, index region): the design until 2026-11-25;
+  hex strings, parquet, index region): the design the staged parts below replaced;
 - a merge group's read of one partial count file (``spark_jobs.engines.arrow.partial_files``), per (group,
   file): the merge reads groups x files slices, so this is the term that grows as rows squared;
 - the design in use (``spark_jobs.engines.arrow.dictionary_parts``): the merge stages the group's part and

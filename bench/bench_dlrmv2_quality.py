@@ -1,6 +1,6 @@
 """Quality: TorchRec's dlrm_main.py (DCN) beside our DCNv2 and dot trainers, one epoch, same rows.
 
-Issue 37's quality check: on the same generated multi-hot data and the same rows, the test AUC
+The DLRMv2 quality check: on the same generated multi-hot data and the same rows, the test AUC
 of MLPerf DLRMv2's reference trainer (mlcommons/training ``recommendation_v2/torchrec_dlrm``
 ``dlrm_main.py``, DCN interaction, on CPU) beside our trainer with ``train.interaction: dcn``
 and with the dot interaction, one epoch each, small dimensions.

@@ -14,9 +14,9 @@ by the pipeline):
   that C is reported (and, for comparison only, the C a pick by test AUC would have made).
 * **the difference** (when both ran, one process): DLRM test AUC minus the logistic
   regression's, with a paired bootstrap 95% interval (both models scored on the same resampled
-  test rows, ``--bootstrap`` rounds). On 15k test rows the interval is about +-0.006-0.011 AUC
-  wide: a gap of 0.001-0.003 is a tie, not a win or a loss (docs/perf-history.md, "Fourth
-  round").
+  test rows, ``--bootstrap`` rounds). On test splits of some thousands of rows the interval is
+  about a hundredth of AUC wide on each side: a gap of a few thousandths is then a tie, not a
+  win or a loss.
 
 scikit-learn is a benchmark-only dependency (``pip install -e '.[bench]'``); the product never
 imports it.

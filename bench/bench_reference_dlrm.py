@@ -1,6 +1,6 @@
 """Benchmark: facebookresearch/dlrm (the reference DLRM) trained on our split binary dataset.
 
-Issue 24's one-epoch target says our trainer must stay at or above the reference on the same
+The one-epoch target: our trainer must stay at or above the reference on the same
 data. This script makes "the same data" literal: it converts the train and test splits of a
 dataset written by the pipeline (``DIR/binary``) into the reference's MLPerf binary input,
 runs the reference's ``dlrm_s_pytorch.py`` (a checkout outside this repository, in its own
@@ -30,8 +30,8 @@ rare or missing). The rows keep the split's order.
 10-40M cap, where it would hash nothing. The test split is scored once, at the end
 (``--test-freq`` past the epoch's end), as our one-epoch figure is; so the MLPerf stop rule
 (``--mlperf-auc-threshold``, checked at test passes) is left out too: it could act only
-there, after the last step. The terabyte recipe is the default: the MLPerf one costs ~3x its
-CPU (docs/perf-history.md, issue 24's "Fifth round").
+there, after the last step. The terabyte recipe is the default: the MLPerf one costs several
+times its CPU for the same epoch.
 
 Usage::
 

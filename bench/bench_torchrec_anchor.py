@@ -1,6 +1,6 @@
 """Anchor: our TorchRec .npy output against TorchRec's own scripts on the same raw days.
 
-Issue 37 asks that the files ``convert.formats: [binary, torchrec]`` writes equal what
+The files ``convert.formats: [binary, torchrec]`` writes must equal what
 TorchRec's ``npy_preproc_criteo`` + ``contiguous_preproc_criteo`` make of the same raw logs.
 This script builds 24 raw days (TorchRec's scripts read exactly ``day_0 .. day_23``): generated
 days, with the 200 real rows of ``shared/data/criteo_real_sample.tsv`` put first in day 23,

@@ -147,8 +147,8 @@ def main() -> int:
             flags = set(variant.split("+")) - {"float32"}
             if flags - {"xla", "amp", "dcn"}:
                 p.error(f"unknown variant {variant!r}")
-            # SGD without early stopping: the figures stay comparable with the history in
-            # docs/perf-history.md, and no validation pass runs inside the timed steps.
+            # SGD without early stopping: the figures stay comparable from one version of the
+            # trainer to the next, and no validation pass runs inside the timed steps.
             base = dict(
                 preset=args.preset,
                 batch_size=args.batch_size,
