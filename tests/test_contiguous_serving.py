@@ -17,6 +17,7 @@ from dlrm_contracts.config import ExportConfig, ScoreConfig
 from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR, FIRST_ID, RARE_ID
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
+from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES
 from spark_jobs.contiguous_ids import ContiguousIds
 from tests.test_capped_serving import CAPS, ROWS
 from trainer.synthetic import write_planted_dataset
@@ -100,6 +101,8 @@ def test_a_contiguous_id_model_exports_and_scores_raw_lines_as_the_trainer(tmp_p
     summary = export_model(work, path, ExportConfig())
     assert not (work / "parquet" / "dictionaries").exists()
     assert summary["ids"] == "contiguous" and summary["table_sizes"] == list(CAPS)
+    # every value is shipped (ids beyond a cap too), and the size check counts them
+    assert summary["size"]["vocabulary_bytes"] == sum(map(len, dictionaries)) * VOCABULARY_LINE_BYTES
     trainer = Trainer(config, path, work)
     trainer.restore_best(required=True)
     labels, expected = trainer.predictions("test")

@@ -72,7 +72,7 @@ from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
 from dlrm_contracts.multi_hot import DEFAULT_SEED, MultiHotError, MultiHotSpec, iter_tables
 from dlrm_contracts.serving_state import ServingState, protected_versions, read_state, write_state
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
-from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
+from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
 from trainer.dictionary_lineage import extension
 from trainer.model import ModelDims
@@ -135,15 +135,19 @@ def check_dataset_identity(
     )
 
 
-def export_size(table_sizes: list[int], embedding_dim: int, vocabularies: bool = True) -> dict[str, int]:
+def export_size(
+    table_sizes: list[int], embedding_dim: int, vocabularies: bool = True, values: int | None = None
+) -> dict[str, int]:
     """Bytes of the export: on disk (tables + vocabularies) and in a serving process.
-    ``vocabularies`` False: a model of capped ids, which has none."""
+    ``vocabularies`` False: a model of capped ids, which has none; ``values``: the values the
+    vocabularies hold when not one per table row (contiguous ids ship every value)."""
     tables = embedding_bytes(table_sizes, embedding_dim, 4)
-    values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
+    if values is None:
+        values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
     return {
         "tables_bytes": tables,
         "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
-        "disk_bytes": (export_bytes(table_sizes, embedding_dim) if vocabularies else tables),
+        "disk_bytes": tables + values * VOCABULARY_LINE_BYTES,  # as table_sizes.export_bytes
         "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES,
     }
 
@@ -164,6 +168,7 @@ def check_export_fits(
     config: ExportConfig,
     multi_hot_bytes: int = 0,
     vocabularies: bool = True,
+    values: int | None = None,
 ) -> dict:
     """Refuse, before reading any table, an export that would not fit in this process.
 
@@ -171,7 +176,7 @@ def check_export_fits(
     vocabularies as hash tables while the SavedModel is traced (and a multi-hot model's
     lookup tables, ``multi_hot_bytes``).
     """
-    size = export_size(table_sizes, embedding_dim, vocabularies)
+    size = export_size(table_sizes, embedding_dim, vocabularies, values)
     largest = max(table_sizes) * embedding_dim * 4
     needed = size["serving_memory_bytes"] + largest + multi_hot_bytes
     if config.max_memory_mb > 0:
@@ -250,6 +255,19 @@ def write_contiguous_vocabularies(dictionaries: Path, out_dir: Path) -> list[Pat
                 fh.write("\n".join(values.tolist()) + "\n")
         paths.append(path)
     return paths
+
+
+def _dictionary_rows(dictionaries: Path) -> int:
+    """The values of every column's dictionary, from the parquet footers (nothing else read)."""
+    rows = 0
+    for path in sorted(dictionaries.rglob("*.parquet")):
+        try:
+            rows += pq.ParquetFile(path).metadata.num_rows
+        except (OSError, ValueError) as exc:  # pyarrow's errors are both
+            raise ExportError(
+                f"the dictionary file {path} cannot be read ({exc}): {REBUILD_DICTIONARIES}"
+            ) from None
+    return rows
 
 
 def _read_dictionary(folder: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -551,6 +569,7 @@ def _checked_source(
         config,
         sum(multi_hot.table_bytes(c) for c in range(len(sizes))) if multi_hot is not None else 0,
         vocabularies=not capped_ids,
+        values=_dictionary_rows(dictionaries) if contiguous_ids and dictionaries is not None else None,
     )
     return _Source(
         checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, capped_ids, contiguous_ids
