@@ -2,10 +2,11 @@
 contiguous dictionaries and scored on raw lines: the raw values are drawn so that the
 transform's rule (``spark_jobs.contiguous_ids.ContiguousIds``: missing is the value 0, a value
 with no id is 1, then the caps) gives the dataset's ids, and the served scores equal the
-trainer's predictions of those ids."""
+trainer's predictions of those ids; and convert records those dictionaries' fingerprint."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from dlrm_contracts.binary_format import NUMERICAL_FILE
 from dlrm_contracts.config import ExportConfig, ScoreConfig
 from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR, FIRST_ID, RARE_ID
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
+from dlrm_contracts.layout import PREPROCESS_JSON
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES
 from spark_jobs.contiguous_ids import ContiguousIds
@@ -133,3 +135,17 @@ def test_a_contiguous_id_model_exports_and_scores_raw_lines_as_the_trainer(tmp_p
     table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
     np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
+
+
+def test_convert_records_the_contiguous_dictionaries_a_model_is_served_with(tmp_path):
+    """dataset.json's dictionaries fingerprint (what the export checks) is that of
+    parquet/contiguous_dictionaries when preprocess numbered contiguous ids."""
+    from converters.convert import _dataset_extra
+
+    parquet = tmp_path / "parquet"
+    _dictionaries(np.random.default_rng(1), parquet / DICTIONARIES_DIR)
+    (parquet / PREPROCESS_JSON).write_text(json.dumps({"ids": "contiguous"}))
+    extra = _dataset_extra(parquet, None, {}, None)
+    assert extra["ids"] == "contiguous"
+    assert extra[DICTIONARIES_FINGERPRINT_KEY] == dictionaries_fingerprint(parquet / DICTIONARIES_DIR)
+    assert extra[DICTIONARIES_FINGERPRINT_KEY] is not None
