@@ -57,6 +57,7 @@ from dlrm_contracts.binary_format import (
     write_json,
 )
 from dlrm_contracts.config import ConvertConfig
+from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR
 from dlrm_contracts.dataset_identity import (
     DICTIONARIES_FINGERPRINT_KEY,
     dictionaries_fingerprint,
@@ -516,11 +517,14 @@ def _dataset_extra(
     """What dataset.json records beyond the format: the source, the dictionaries it must be
     served with, stable ids and their day segments, the multi-hot sizes and what their draws
     depend on, and every file's checksum."""
+    ids = _ids_mode(parquet_dir)
     return {
         "source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
         # what a model trained on it must be served with (trainer.export)
-        DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(parquet_dir / DICTIONARIES_DIR),
-        **({"ids": ids} if (ids := _ids_mode(parquet_dir)) else {}),
+        DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(
+            parquet_dir / (CONTIGUOUS_DICTIONARIES_DIR if ids == "contiguous" else DICTIONARIES_DIR)
+        ),
+        **({"ids": ids} if ids else {}),
         **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
         **(multi_hot_extra(multi.sizes, multi.seed, multi.distribution) if multi else {}),
         CHECKSUMS_KEY: dict(sorted(checksums.items())),

@@ -27,10 +27,14 @@ from dlrm_contracts.thresholds import ThresholdSpec
 DICTIONARIES_FINGERPRINT_KEY = "dictionaries_fingerprint"
 IDENTITY_KEY = "dataset_identity"
 # The identity of a dataset with capped ids (``preprocess.ids: modulo``) says so: its ids come
-# from no dictionary, so the export and a warm start must know (recorded for that mode alone,
-# so the identities of the other modes' datasets stay what they were).
+# from no dictionary, so the export and a warm start must know; so does one of contiguous ids,
+# whose dictionaries are elsewhere and read by another rule (dlrm_contracts.contiguous_ids).
+# Recorded for those modes alone, so the identities of the other modes' datasets stay what
+# they were.
 IDS_KEY = "ids"
 CAPPED_IDS = "modulo"
+CONTIGUOUS_IDS = "contiguous"
+RECORDED_IDS = (CAPPED_IDS, CONTIGUOUS_IDS)
 
 
 def parquet_footer(path: Path) -> bytes:
@@ -75,13 +79,18 @@ def dataset_identity(info: DatasetInfo, read_threshold: ThresholdSpec | None = N
         "source_fingerprint": info.source_fingerprint,
         DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
         "threshold_spec": (info.threshold_spec if read_threshold is None else str(read_threshold)),
-        **({IDS_KEY: CAPPED_IDS} if info.extra.get(IDS_KEY) == CAPPED_IDS else {}),
+        **({IDS_KEY: info.extra[IDS_KEY]} if info.extra.get(IDS_KEY) in RECORDED_IDS else {}),
     }
 
 
 def capped(identity: dict[str, Any] | None) -> bool:
     """Whether a dataset identity (or a checkpoint's record of one) is of capped ids."""
     return isinstance(identity, dict) and identity.get(IDS_KEY) == CAPPED_IDS
+
+
+def contiguous(identity: dict[str, Any] | None) -> bool:
+    """Whether a dataset identity (or a checkpoint's record of one) is of contiguous ids."""
+    return isinstance(identity, dict) and identity.get(IDS_KEY) == CONTIGUOUS_IDS
 
 
 def trained_on(checkpoint_meta: dict[str, Any], identity: dict[str, Any]) -> bool:

@@ -34,21 +34,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR, FIRST_ID, MISSING_VALUE, RARE_ID
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-RARE_ID = 1  # a value seen fewer than the threshold's times (or not in the numbered days)
-FIRST_ID = 2  # the first value to appear
 # One row per (column index, value, chunk or partition): the value's first position there and
 # its count. ``pos`` orders the lines of a day (read partition or chunk << 33 | line in it).
 PARTIAL_SCHEMA = "column INT, value LONG, day INT, pos LONG, count LONG"
-# Beside the splits, not in parquet/dictionaries: a reader of those (the export's vocabulary,
-# the stable lineage) takes an absent value as id 0 and the ids as table rows, neither of which
-# holds here (missing is a value, rare is 1, the caps apply after).
-DICTIONARIES_DIR = "contiguous_dictionaries"
 
 
 def contiguous_ids(days: list[np.ndarray], spec: ThresholdSpec, caps=None) -> list[np.ndarray]:
@@ -58,7 +53,7 @@ def contiguous_ids(days: list[np.ndarray], spec: ThresholdSpec, caps=None) -> li
     values = np.concatenate(days) if days else np.zeros((0, len(CAT_COLUMNS)), np.int64)
     out = np.empty(values.shape, np.int64)
     for j, column in enumerate(CAT_COLUMNS):
-        column_values = np.where(values[:, j] < 0, 0, values[:, j])
+        column_values = np.where(values[:, j] < 0, MISSING_VALUE, values[:, j])
         unique, first, inverse, counts = np.unique(
             column_values, return_index=True, return_inverse=True, return_counts=True
         )
@@ -74,7 +69,7 @@ def contiguous_ids(days: list[np.ndarray], spec: ThresholdSpec, caps=None) -> li
 def first_seen(values: np.ndarray, positions: np.ndarray):
     """One column's (values, first positions, counts) of a block of lines (positions
     ascending); a missing value (negative) is the value 0."""
-    values = np.where(values < 0, 0, values)
+    values = np.where(values < 0, MISSING_VALUE, values)
     unique, first, counts = np.unique(values, return_index=True, return_counts=True)
     return unique, positions[first], counts.astype(np.int64)
 
@@ -93,9 +88,9 @@ def merge_first_seen(parts):
 
 
 class ContiguousIds:
-    """A transform's ids (``lookup_into``, the dictionary index's call) under contiguous ids:
-    a missing value looked up as the value 0, an absent one (rare) is ``RARE_ID``, then the
-    caps."""
+    """A transform's ids (``lookup_into``, the dictionary index's call) under contiguous ids,
+    by the rule of ``dlrm_contracts.contiguous_ids`` (the served model's too): a missing value
+    looked up as ``MISSING_VALUE``, an absent one (rare) is ``RARE_ID``, then the caps."""
 
     def __init__(self, index, caps: tuple[int, ...] | None):
         self.index = index
@@ -103,7 +98,7 @@ class ContiguousIds:
         self.caps = None if caps is None else np.asarray(caps, np.int64).reshape(-1, 1)
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
-        self.index.lookup_into(np.where(values < 0, 0, values), out)
+        self.index.lookup_into(np.where(values < 0, MISSING_VALUE, values), out)
         out[out == 0] = RARE_ID
         if self.caps is not None:
             out[...] = np.remainder(out, self.caps)

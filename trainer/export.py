@@ -3,6 +3,9 @@
 A model trained on capped ids (``preprocess.ids: modulo``, recorded in its checkpoint's dataset
 identity) needs no dictionaries: its SavedModel computes each value's id from the value and
 its column's cap, the table's size (trainer.serving.capped_ids), and holds no vocabulary.
+One trained on contiguous ids (``preprocess.ids: contiguous``) ships the contiguous
+dictionaries (``parquet/contiguous_dictionaries``) as its vocabularies, read by their rule
+(dlrm_contracts.contiguous_ids, trainer.serving.contiguous_ids).
 
 The run's checkpoint is ``best_checkpoint``: the best validation AUC's with early stopping,
 else the latest.
@@ -46,11 +49,14 @@ from dlrm_contracts.binary_format import (
     MULTI_HOT_SIZES_KEY,
 )
 from dlrm_contracts.config import ExportConfig
+from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR, FIRST_ID
 from dlrm_contracts.dataset_identity import (
     CAPPED_IDS,
+    CONTIGUOUS_IDS,
     DICTIONARIES_FINGERPRINT_KEY,
     IDENTITY_KEY,
     capped,
+    contiguous,
     dictionaries_fingerprint,
     trained_on,
 )
@@ -66,7 +72,7 @@ from dlrm_contracts.model_digest import DIGEST_KEY, saved_model_digest
 from dlrm_contracts.multi_hot import DEFAULT_SEED, MultiHotError, MultiHotSpec, iter_tables
 from dlrm_contracts.serving_state import ServingState, protected_versions, read_state, write_state
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
-from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes, export_bytes
+from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
 from trainer.dictionary_lineage import extension
 from trainer.model import ModelDims
@@ -129,15 +135,19 @@ def check_dataset_identity(
     )
 
 
-def export_size(table_sizes: list[int], embedding_dim: int, vocabularies: bool = True) -> dict[str, int]:
+def export_size(
+    table_sizes: list[int], embedding_dim: int, vocabularies: bool = True, values: int | None = None
+) -> dict[str, int]:
     """Bytes of the export: on disk (tables + vocabularies) and in a serving process.
-    ``vocabularies`` False: a model of capped ids, which has none."""
+    ``vocabularies`` False: a model of capped ids, which has none; ``values``: the values the
+    vocabularies hold when not one per table row (contiguous ids ship every value)."""
     tables = embedding_bytes(table_sizes, embedding_dim, 4)
-    values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
+    if values is None:
+        values = int(sum(max(0, s - 1) for s in table_sizes)) if vocabularies else 0
     return {
         "tables_bytes": tables,
         "vocabulary_bytes": values * VOCABULARY_LINE_BYTES,
-        "disk_bytes": (export_bytes(table_sizes, embedding_dim) if vocabularies else tables),
+        "disk_bytes": tables + values * VOCABULARY_LINE_BYTES,  # as table_sizes.export_bytes
         "serving_memory_bytes": tables + values * HASH_ENTRY_BYTES,
     }
 
@@ -158,6 +168,7 @@ def check_export_fits(
     config: ExportConfig,
     multi_hot_bytes: int = 0,
     vocabularies: bool = True,
+    values: int | None = None,
 ) -> dict:
     """Refuse, before reading any table, an export that would not fit in this process.
 
@@ -165,7 +176,7 @@ def check_export_fits(
     vocabularies as hash tables while the SavedModel is traced (and a multi-hot model's
     lookup tables, ``multi_hot_bytes``).
     """
-    size = export_size(table_sizes, embedding_dim, vocabularies)
+    size = export_size(table_sizes, embedding_dim, vocabularies, values)
     largest = max(table_sizes) * embedding_dim * 4
     needed = size["serving_memory_bytes"] + largest + multi_hot_bytes
     if config.max_memory_mb > 0:
@@ -199,19 +210,8 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
     paths = []
     for column, size in zip(CAT_COLUMNS, table_sizes):
         folder = dictionaries / f"column={column}"
-        if folder.is_dir():
-            try:
-                table = pq.read_table(folder, columns=["value", "id"])
-            except (OSError, ValueError) as exc:  # pyarrow's errors are both
-                raise ExportError(
-                    f"the dictionary of {column} in {folder} cannot be read ({exc}): {REBUILD_DICTIONARIES}"
-                ) from None
-            ids = table.column("id").to_numpy()
-            values = np.asarray(table.column("value").to_pylist(), dtype=object)
-        else:  # a table of id 0 alone (_check_dictionary_folders refused any other)
-            ids, values = np.zeros(0, np.int64), np.zeros(0, object)
-        order = np.argsort(ids, kind="stable")
-        ids, values = ids[order], values[order]
+        # no folder: a table of id 0 alone (_check_dictionary_folders refused any other)
+        ids, values = _read_dictionary(folder, column)
         if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
             raise ExportError(
                 f"the dictionary of {column} in {folder} does not hold ids 1..k exactly once each"
@@ -230,6 +230,61 @@ def write_vocabularies(dictionaries: Path, table_sizes: list[int], out_dir: Path
                 fh.write("\n".join(kept.tolist()) + "\n")
         paths.append(path)
     return paths
+
+
+def write_contiguous_vocabularies(dictionaries: Path, out_dir: Path) -> list[Path]:
+    """Contiguous ids' vocabularies: line i holds the value of id i, lines 0 and 1 (no value's:
+    the rare id 1 is the lookup's default) a header. Every value is written, as the transform
+    looks every one up: with caps, ids beyond a table's rows are taken modulo them
+    (trainer.serving.contiguous_ids)."""
+    from trainer.serving import CONTIGUOUS_RARE_LINE, VOCABULARY_HEADER
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for column in CAT_COLUMNS:
+        ids, values = _read_dictionary(dictionaries / f"column={column}", column)
+        if not np.array_equal(ids, np.arange(FIRST_ID, FIRST_ID + len(ids))):
+            raise ExportError(
+                f"the contiguous dictionary of {column} in {dictionaries} does not hold ids "
+                f"{FIRST_ID}..k exactly once each: {REBUILD_DICTIONARIES}"
+            )
+        path = out_dir / f"{column}.vocab"
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(f"{VOCABULARY_HEADER}\n{CONTIGUOUS_RARE_LINE}\n")
+            if len(values):
+                fh.write("\n".join(values.tolist()) + "\n")
+        paths.append(path)
+    return paths
+
+
+def _dictionary_rows(dictionaries: Path) -> int:
+    """The values of every column's dictionary, from the parquet footers (nothing else read)."""
+    rows = 0
+    for path in sorted(dictionaries.rglob("*.parquet")):
+        try:
+            rows += pq.ParquetFile(path).metadata.num_rows
+        except (OSError, ValueError) as exc:  # pyarrow's errors are both
+            raise ExportError(
+                f"the dictionary file {path} cannot be read ({exc}): {REBUILD_DICTIONARIES}"
+            ) from None
+    return rows
+
+
+def _read_dictionary(folder: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """One column's dictionary as (ids, values) by id; none when its folder is absent (a
+    column with no value)."""
+    if not folder.is_dir():
+        return np.zeros(0, np.int64), np.zeros(0, object)
+    try:
+        table = pq.read_table(folder, columns=["value", "id"])
+    except (OSError, ValueError) as exc:  # pyarrow's errors are both
+        raise ExportError(
+            f"the dictionary of {column} in {folder} cannot be read ({exc}): {REBUILD_DICTIONARIES}"
+        ) from None
+    ids = table.column("id").to_numpy()
+    values = np.asarray(table.column("value").to_pylist(), dtype=object)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], values[order]
 
 
 def _mlp_weights(
@@ -299,6 +354,8 @@ class _Source:
     # trained on capped ids (preprocess.ids: modulo): the caps are the table sizes, and the
     # export ships no vocabulary
     capped: bool = False
+    # trained on contiguous ids: the vocabularies are the contiguous dictionaries
+    contiguous: bool = False
 
     @property
     def signatures(self) -> list[str]:
@@ -331,9 +388,10 @@ def _fingerprint(
         "test_auc": _test_auc(layout, int(meta["step"])),
         "dims": source.dims.meta(),
         "table_sizes": source.sizes,
-        # how a raw value becomes its id: "vocabulary" (a file per column in assets/) or
-        # "modulo" (its hex value modulo its column's cap, the table size)
-        "ids": CAPPED_IDS if source.capped else "vocabulary",
+        # how a raw value becomes its id: "vocabulary" (a file per column in assets/),
+        # "modulo" (its hex value modulo its column's cap, the table size) or "contiguous" (a
+        # file per column, read by dlrm_contracts.contiguous_ids' rule)
+        "ids": CAPPED_IDS if source.capped else CONTIGUOUS_IDS if source.contiguous else "vocabulary",
         "signatures": source.signatures,
         # only for a multi-hot model: its materialization (serve_multi_hot's cat_ids holds
         # multi_hot_sizes[i] ids of column i)
@@ -395,8 +453,9 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     best = best_checkpoint(layout.checkpoints)
     if best is None:
         raise ExportError(f"no complete checkpoint under {layout.checkpoints}: train first")
-    if not layout.dictionaries.is_dir() and not _capped_checkpoint(best):
-        raise ExportError(f"no dictionaries at {layout.dictionaries}: the preprocess stage writes them")
+    dictionaries = _dictionaries_of(layout, best)
+    if dictionaries is not None and not dictionaries.is_dir():
+        raise ExportError(f"no dictionaries at {dictionaries}: the preprocess stage writes them")
     state = read_state(layout.export)  # a damaged record is refused before anything is written
     damaged: list[str] = []
     for checkpoint in [best, *_older_of_same_run(layout, best, Path(dataset))]:
@@ -431,14 +490,20 @@ def export_model(workdir: str | Path, dataset: str | Path, config: ExportConfig)
     }
 
 
-def _capped_checkpoint(checkpoint: Path) -> bool:
-    """Whether a checkpoint records a dataset of capped ids (a damaged meta.json: no, and its
-    damage is reported where the checkpoint is read)."""
+def _dictionaries_of(layout: WorkdirLayout, checkpoint: Path) -> Path | None:
+    """The dictionaries a checkpoint's model is served with: None for capped ids, the
+    contiguous dictionaries for contiguous ids, else parquet/dictionaries (also when its
+    meta.json is damaged: the damage is reported where the checkpoint is read)."""
     try:
         meta = json.loads((checkpoint / CHECKPOINT_META).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and capped(meta.get(IDENTITY_KEY))
+        meta = None
+    identity = meta.get(IDENTITY_KEY) if isinstance(meta, dict) else None
+    if capped(identity):
+        return None
+    if contiguous(identity):
+        return layout.parquet / CONTIGUOUS_DICTIONARIES_DIR
+    return layout.dictionaries
 
 
 def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> list[Path]:
@@ -487,11 +552,14 @@ def _checked_source(
         raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
     dims = ModelDims.from_meta(dims_meta)
     capped_ids = capped(meta.get(IDENTITY_KEY))
-    if capped_ids:  # the ids are the values' own: no dictionary to check them against
+    contiguous_ids = contiguous(meta.get(IDENTITY_KEY))
+    dictionaries = _dictionaries_of(layout, checkpoint)
+    if dictionaries is None:  # capped: the ids are the values' own, no dictionary to check
         identity, extended = meta[IDENTITY_KEY], None
     else:
-        _check_dictionary_folders(layout.dictionaries, sizes)
-        identity, extended = check_dataset_identity(checkpoint, meta, layout.dictionaries)
+        if not contiguous_ids:  # a contiguous column always has its folder (missing is a value)
+            _check_dictionary_folders(dictionaries, sizes)
+        identity, extended = check_dataset_identity(checkpoint, meta, dictionaries)
     multi_hot = multi_hot_spec(checkpoint, dims_meta, sizes)
     # the wide weights are one more column of every table; a multi-hot column adds its
     # lookup table (table rows x k int32)
@@ -501,8 +569,11 @@ def _checked_source(
         config,
         sum(multi_hot.table_bytes(c) for c in range(len(sizes))) if multi_hot is not None else 0,
         vocabularies=not capped_ids,
+        values=_dictionary_rows(dictionaries) if contiguous_ids and dictionaries is not None else None,
     )
-    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, capped_ids)
+    return _Source(
+        checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, capped_ids, contiguous_ids
+    )
 
 
 def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any], sizes: list[int]) -> MultiHotSpec | None:
@@ -536,14 +607,16 @@ def _write_version(
     # Inside DIR/export (one filesystem: the rename is atomic); a server ignores the name.
     temporary = temporary_sibling(final)
     try:
-        vocabularies = (
-            None
-            if source.capped
-            else write_vocabularies(layout.dictionaries, source.sizes, temporary / "vocabularies")
-        )
+        vocabularies = None
+        if source.contiguous:
+            vocabularies = write_contiguous_vocabularies(
+                layout.parquet / CONTIGUOUS_DICTIONARIES_DIR, temporary / "vocabularies"
+            )
+        elif not source.capped:
+            vocabularies = write_vocabularies(layout.dictionaries, source.sizes, temporary / "vocabularies")
         saved_model = temporary / "model"
         _save(reader, source, vocabularies, saved_model, config)
-        verify_saved_model(saved_model, capped_ids=source.capped)
+        verify_saved_model(saved_model, capped_ids=source.capped, contiguous_ids=source.contiguous)
         fingerprint = _fingerprint(layout, dataset, source, saved_model, config, version)
         (saved_model / FINGERPRINT).write_text(json.dumps(fingerprint, indent=1) + "\n")
         # on disk, renamed to a new name (never replacing a version a server loaded), the
@@ -554,11 +627,12 @@ def _write_version(
     return final, fingerprint
 
 
-def verify_saved_model(saved_model: Path, capped_ids: bool = False) -> None:
+def verify_saved_model(saved_model: Path, capped_ids: bool = False, contiguous_ids: bool = False) -> None:
     """Load the SavedModel as a server would and score a few lines through both signatures:
     a probability in [0, 1], the same from both, for a line of missing values and for one of
     each column's first known value (``capped_ids``: a model with no vocabulary, every hex
-    value has an id: CAPPED_TEST_VALUE). Refused (ExportError) otherwise, before the version is
+    value has an id: CAPPED_TEST_VALUE; ``contiguous_ids``: the first value after the
+    vocabulary's two header lines). Refused (ExportError) otherwise, before the version is
     renamed into place, so that a server never loads a model that cannot answer."""
     import tensorflow as tf
 
@@ -570,7 +644,8 @@ def verify_saved_model(saved_model: Path, capped_ids: bool = False) -> None:
             known.append(CAPPED_TEST_VALUE)
             continue
         lines = (saved_model / "assets" / f"{column}.vocab").read_text(encoding="ascii").split("\n")
-        known.append(lines[1] if len(lines) > 1 and lines[1] else "")
+        first = 2 if contiguous_ids else 1
+        known.append(lines[first] if len(lines) > first and lines[first] else "")
     rows = [([""] * NUM_INTEGER, [""] * NUM_CATEGORICAL), (["1"] * NUM_INTEGER, known)]
     lines = ["\t".join(["0", *ints, *cats]) for ints, cats in rows]
     try:
@@ -661,6 +736,7 @@ def _save(
         w["cross"],
         expansions,
         caps=source.sizes if source.capped else None,
+        contiguous=source.contiguous,
     )
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.

@@ -12,7 +12,10 @@ TensorFlow Serving) without this project's code. The rules are those of the Spar
   looked up in the column's dictionary; unknown, rare (beyond the trained table) or missing
   values get id 0. A model trained on capped ids (``preprocess.ids: modulo``) has no
   dictionary: a value's id is its hex value modulo its column's cap (its table size), a
-  missing value's 0, as ``spark_jobs.capped_ids`` gives them (``capped_ids`` below);
+  missing value's 0, as ``spark_jobs.capped_ids`` gives them (``capped_ids`` below). One
+  trained on contiguous ids (``preprocess.ids: contiguous``) looks its values up in the
+  contiguous dictionaries by their rule (dlrm_contracts.contiguous_ids: missing is the value
+  0, an unknown value is id 1, then the id modulo the table's rows, its cap);
 - lines: a trailing ``\\n`` and then one trailing ``\\r`` are dropped; fields are split on tabs;
   fewer than 40 fields are padded with missing values; a line the Spark job would reject gets
   probability REJECTED_PROBABILITY (-1: not a probability, and valid JSON where NaN is not)
@@ -41,6 +44,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from dlrm_contracts.contiguous_ids import MISSING_VALUE, RARE_ID
 from dlrm_contracts.schema import (
     BAD_LABEL,
     NON_HEX_CATEGORICAL,
@@ -58,6 +62,8 @@ _HEX = "[0-9a-fA-F]{1,8}"
 # First line of every vocabulary file: takes line number (= id) 0, never equal to a normalised
 # value (8 lowercase hex digits), so only unknown values get id 0 from the table's default.
 VOCABULARY_HEADER = "<id 0: rare or missing>"
+# A contiguous-id vocabulary's second line: id 1 (RARE_ID) is no value's, only the default's.
+CONTIGUOUS_RARE_LINE = "<id 1: rare>"
 # The probability of a row the Spark job would reject: outside [0, 1], and valid JSON.
 REJECTED_PROBABILITY = -1.0
 # serve_multi_hot's reason for a row holding an id its table has no row for
@@ -132,6 +138,18 @@ def capped_ids(normalised: tf.Tensor, unusable: tf.Tensor, caps: Sequence[int]) 
     not hex: such a row is refused anyway, as the preprocess rejects its line)."""
     ids = tf.math.floormod(hex_values(normalised), tf.constant(list(caps), tf.int64))
     return tf.where(unusable, tf.zeros_like(ids), ids)
+
+
+def contiguous_ids(
+    normalised: tf.Tensor, missing: tf.Tensor, vocabularies: Sequence, table_rows: Sequence[int]
+) -> tf.Tensor:
+    """Contiguous ids (dlrm_contracts.contiguous_ids): [n, 26] normalised values -> their ids;
+    ``vocabularies`` (one hash table per column, default ``RARE_ID``) hold the dictionaries'
+    ids, ``table_rows`` the tables' rows (the caps, or the highest id + 1)."""
+    as_missing = tf.constant(f"{MISSING_VALUE:08x}")
+    looked_up = tf.where(missing, as_missing, normalised)
+    ids = tf.stack([vocabularies[j].lookup(looked_up[:, j]) for j in range(NUM_CATEGORICAL)], axis=1)
+    return tf.math.floormod(ids, tf.constant(list(table_rows), tf.int64))
 
 
 def split_lines(lines: tf.Tensor, has_label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -252,7 +270,7 @@ class ServingCore(tf.Module):
 class ServingDLRM(ServingCore):
     """The core plus how a raw value becomes its id: one vocabulary lookup per column, or,
     for a model trained on capped ids, the value modulo its column's cap (``caps``, the
-    tables' sizes). A multi-hot model also
+    tables' sizes), or (``contiguous``) a lookup by contiguous ids' rule. A multi-hot model also
     holds each multi-hot column's lookup table (``expansions``: one-hot id -> its row's k ids,
     the converter's materialization, dlrm_contracts/multi_hot.py), so raw values reach the
     same k ids the dataset held, and gets ``serve_multi_hot`` too."""
@@ -269,13 +287,17 @@ class ServingDLRM(ServingCore):
         cross: dict[str, np.ndarray] | None = None,
         expansions: Sequence[np.ndarray | None] | None = None,
         caps: Sequence[int] | None = None,
+        contiguous: bool = False,
     ):
-        """Exactly one of ``vocabularies`` (a file per column) and ``caps`` (26 ints)."""
+        """Exactly one of ``vocabularies`` (a file per column) and ``caps`` (26 ints);
+        ``contiguous``: the vocabularies hold contiguous ids (line i: the value of id i)."""
         if (vocabularies is None) == (caps is None):
             raise ValueError("a served model takes its ids from vocabularies or from caps, one of the two")
         super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
         # plain ints: a constant of the graph, nothing to restore
         self.caps = None if caps is None else tuple(int(c) for c in caps)
+        self.contiguous = contiguous
+        self.table_rows = tuple(int(t.shape[0]) for t in self.tables)
         self.vocabularies = [
             tf.lookup.StaticHashTable(
                 tf.lookup.TextFileInitializer(
@@ -285,7 +307,7 @@ class ServingDLRM(ServingCore):
                     tf.int64,
                     tf.lookup.TextFileIndex.LINE_NUMBER,
                 ),
-                default_value=0,
+                default_value=RARE_ID if contiguous else 0,
             )
             for path in vocabularies or []
         ]
@@ -298,9 +320,11 @@ class ServingDLRM(ServingCore):
         if expansions is not None:
             self._add_multi_hot_signature([1 if e is None else int(e.shape[1]) for e in expansions])
 
-    def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor) -> tf.Tensor:
+    def _ids(self, normalised: tf.Tensor, unusable: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:
         if self.caps is not None:
             return capped_ids(normalised, unusable, self.caps)
+        if self.contiguous:  # a non-hex value's row is refused whatever its id
+            return contiguous_ids(normalised, missing, self.vocabularies, self.table_rows)
         ids = tf.stack(
             [self.vocabularies[j].lookup(normalised[:, j]) for j in range(NUM_CATEGORICAL)], axis=1
         )
@@ -316,7 +340,8 @@ class ServingDLRM(ServingCore):
 
     def _score(self, integers: tf.Tensor, categoricals: tf.Tensor, reason: tf.Tensor) -> tf.Tensor:
         normalised, unusable, _ = normalise_categoricals(categoricals)
-        probability = self._probability(integers, self._ids(normalised, unusable))
+        ids = self._ids(normalised, unusable, tf.equal(categoricals, ""))
+        probability = self._probability(integers, ids)
         return tf.where(
             tf.equal(reason, ""), probability, tf.fill(tf.shape(probability), REJECTED_PROBABILITY)
         )
