@@ -6,7 +6,8 @@ fingerprint of its outputs. The runner skips a stage whose inputs and outputs ma
 manifest, and reruns it otherwise. The threshold gets special care: raising it never needs Spark
 (ids are ordered by count, so a higher threshold is a prefix of the ids), so the preprocess stage
 is satisfied by parquet made at any threshold the requested one is at least, and the convert
-stage derives the dataset from the existing binary one.
+stage derives the dataset from the existing binary one (converters.api decides; the stage tells
+it what the manifests know).
 """
 
 from __future__ import annotations
