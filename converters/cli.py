@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--output", help="binary dataset directory (instead of --workdir)")
     convert.add_argument("--threshold-spec", help="override preprocess.json's threshold_spec")
     convert.add_argument(
+        "--frequency-threshold",
+        help="with --workdir: this threshold as the pipeline's convert stage makes it "
+        "(derived from the binary dataset in place when it is a raise of it, a damaged one "
+        "rebuilt, else converted and rethresholded), e.g. '15,C3:3'",
+    )
+    convert.add_argument(
         "--multi-hot-sizes",
         type=_sizes,
         help="ids per row of C1..C26, e.g. MLPerf's 3,2,1,2,6,...; "
@@ -155,6 +161,8 @@ def _print_summary(summary: Any, as_json: bool) -> None:
 def _run_convert(args: argparse.Namespace) -> int:
     from converters.convert import convert_parquet
 
+    if args.frequency_threshold is not None:
+        return _run_convert_workdir(args)
     if args.workdir:
         layout = WorkdirLayout.at(args.workdir)
         parquet, output = args.parquet or layout.parquet, args.output or layout.binary
@@ -175,6 +183,27 @@ def _run_convert(args: argparse.Namespace) -> int:
         else:
             summary = convert_parquet(parquet, output, config, args.threshold_spec)
     _print_summary(summary, args.json)
+    return 0
+
+
+def _run_convert_workdir(args: argparse.Namespace) -> int:
+    """``convert --workdir DIR --frequency-threshold T``: the convert stage's decision
+    (converters.api), made from what the workdir's files say."""
+    from converters.api import convert_workdir, request_from_workdir
+    from dlrm_contracts.thresholds import parse_threshold_spec
+
+    if not args.workdir or is_url(args.workdir) or args.parquet or args.output or args.threshold_spec:
+        raise UsageError(
+            "--frequency-threshold needs --workdir DIR (a local path), without --parquet, "
+            "--output or --threshold-spec"
+        )
+    layout = WorkdirLayout.at(args.workdir)
+    request = request_from_workdir(
+        layout, _convert_config(args), parse_threshold_spec(args.frequency_threshold)
+    )
+    with output_lock(layout.binary, "converters convert"):
+        result = convert_workdir(request)
+    _print_summary({"action": result.action, "engine": result.engine, **result.summary}, args.json)
     return 0
 
 

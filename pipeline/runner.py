@@ -482,11 +482,11 @@ def _run_stages(run: RunState) -> None:
     # rank, checkpoints) is checked again before train when it is unknown now, or when this
     # run's preprocess grows the tables (stable ids: today's newcomers are not counted yet).
     # (with a workdir URL the preflight's disk figures would be the local side's: not run)
-    check_before_train = (
-        config.preflight.enabled
-        and run.remote is None
-        and (not _tables_known(config) or (config.preprocess.ids == "stable" and "preprocess" in run.wanted))
-    )
+    check_before_train = False
+    if config.preflight.enabled and run.remote is None:
+        tables_sized = _run_preflight(config)
+        grows_tables = config.preprocess.ids == "stable" and "preprocess" in run.wanted
+        check_before_train = not tables_sized or grows_tables
     run.ctx = StageContext(
         config,
         run.layout,
@@ -510,8 +510,9 @@ def _run_stages(run: RunState) -> None:
         run.running = None
 
 
-def _tables_known(config: PipelineConfig) -> bool:
-    """Run the preflight (raises on a shortfall); whether it could size the tables per rank."""
+def _run_preflight(config: PipelineConfig) -> bool:
+    """Run the preflight, which raises on a shortfall; returns whether it could size the
+    tables per rank (else they are checked again before train)."""
     return "embedding_bytes_per_rank" in preflight.check(config, log.info).facts
 
 

@@ -6,25 +6,29 @@ fingerprint of its outputs. The runner skips a stage whose inputs and outputs ma
 manifest, and reruns it otherwise. The threshold gets special care: raising it never needs Spark
 (ids are ordered by count, so a higher threshold is a prefix of the ids), so the preprocess stage
 is satisfied by parquet made at any threshold the requested one is at least, and the convert
-stage derives the dataset from the existing binary one.
+stage derives the dataset from the existing binary one (converters.api decides; the stage tells
+it what the manifests know).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from converters.convert import TORCHREC, convert_parquet, same_materialization, write_other_formats
-from converters.rethreshold import rethreshold
-from dlrm_contracts.atomic import is_complete, replace_directory, write_json_atomic
-from dlrm_contracts.binary_format import DamagedDatasetError, DatasetError, UnreadableParquetError, read_info
+from converters.api import (
+    REMOVED_BY_LEAN_MODE,
+    ConvertRequest,
+    convert_workdir,
+    listed,
+    remove_parquet_splits,
+)
+from dlrm_contracts.atomic import is_complete, write_json_atomic
+from dlrm_contracts.binary_format import DatasetError, read_info
 from dlrm_contracts.config import (
     TRAIN_EXTENT_SETTINGS,
     PipelineConfig,
@@ -37,9 +41,7 @@ from dlrm_contracts.dataset_identity import dataset_identity, trained_on
 from dlrm_contracts.object_commit import publish_directory
 from dlrm_contracts.layout import (
     DATASET_JSON,
-    DAYS_DIR,
     PREPROCESS_JSON,
-    SEGMENTS_JSON,
     SUPERSEDED_DIR,
     WorkdirLayout,
     best_checkpoint,
@@ -48,7 +50,6 @@ from dlrm_contracts.layout import (
     read_checkpoint_meta,
     run_checkpoints,
 )
-from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.serving_state import ServingStateError, served_export
 from dlrm_contracts.storage import is_url
 from dlrm_contracts.superseded import set_aside
@@ -369,62 +370,23 @@ def _derivable_from_binary(ctx: StageContext) -> bool:
 
 
 def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
-    """keep_parquet: false — delete the splits once the binary dataset verifies.
-
-    The record is written before the deletion: a run killed half-way leaves splits that no
-    longer match it, so the preprocess stage is simply redone.
-    """
-    splits = [ctx.layout.parquet_split(s) for s in SPLITS if ctx.layout.parquet_split(s).exists()]
-    if ctx.config.preprocess.keep_parquet or not splits:
+    """keep_parquet: false — the splits removed once the binary dataset verifies
+    (converters.api), recorded by the parquet's identity so that the stages made from them
+    stay up to date; the preprocess manifest says so too."""
+    if ctx.config.preprocess.keep_parquet:
         return None
-    # stable ids: the splits are links to the kept days, which hold the bytes; they go too
-    # (the next run then transforms its whole window: the lean mode trades time for disk)
-    days = [p for p in (ctx.layout.parquet_days, ctx.layout.parquet / SEGMENTS_JSON) if p.exists()]
-
-    try:
-        verify_dataset(ctx.layout.binary, full=False)
-    except DatasetError as exc:
-        raise PipelineError(f"{exc}: the parquet splits are kept", ExitCode.DATASET_INVALID) from None
-    files = {
-        f.stat().st_ino: f.stat().st_size
-        for d in splits + days
-        for f in ([d] if d.is_file() else d.rglob("*"))
-        if f.is_file()
-    }
-    freed = sum(files.values())  # a hard-linked file counted once
-    record = {
-        "fingerprint": _preprocess_outputs(ctx),
-        "remaining": _parquet_fingerprint(ctx, ignore=(*SPLITS, DAYS_DIR, SEGMENTS_JSON)),
-        "removed": [d.name for d in splits + days],
-        "bytes": freed,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "reason": "preprocess.keep_parquet: false; the binary dataset verified",
-    }
-    write_json_atomic(ctx.layout.parquet_removed, record)
-    for path in splits + days:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    log.info("convert    parquet splits removed (keep_parquet: false): %.1f MiB freed", freed / 2**20)
+    record = remove_parquet_splits(
+        ctx.layout,
+        lambda: {
+            "fingerprint": _preprocess_outputs(ctx),
+            "remaining": _parquet_fingerprint(ctx, ignore=REMOVED_BY_LEAN_MODE),
+        },
+    )
     previous = ctx.manifests.load("preprocess")
-    if previous:  # the preprocess manifest says so too; its key and fingerprint are unchanged
+    if record and previous:  # its key and fingerprint are unchanged
         previous.setdefault("summary", {})["parquet_removed"] = record
         write_json_atomic(ctx.manifests.manifest_path("preprocess"), previous)
     return record
-
-
-def _needs_parquet(ctx: StageContext, damage: str | None = None) -> None:
-    removed = read_record(ctx.layout.parquet_removed)
-    if removed and not all(ctx.layout.parquet_split(s).exists() for s in SPLITS):
-        why = f"the binary dataset is damaged ({damage}) and " if damage else ""
-        raise PipelineError(
-            f"{why}this conversion needs the parquet splits, which were removed "
-            f"on {removed.get('time')} (preprocess.keep_parquet: false): rebuild "
-            "them with --stages preprocess,convert --force (the counts are "
-            "reused)",
-            ExitCode.CONVERT,
-        )
 
 
 def _convert_run(ctx: StageContext) -> Outcome:
@@ -443,6 +405,7 @@ def _convert_at_url(ctx: StageContext) -> Outcome:
     local workdir, the dataset published at the URL by its marker (dlrm_contracts.object_commit);
     the local copy stays as the dataset train and eval stage in (already intact: no copy)."""
     remote, layout = ctx.remote, ctx.layout
+    assert remote is not None
     with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
         fetched = remote.fetch_parquet(layout.parquet)
         remote.fetch_histogram(layout.counts)
@@ -465,168 +428,33 @@ def _convert_at_url(ctx: StageContext) -> Outcome:
 
 
 def _convert(ctx: StageContext) -> Outcome:
-    """Convert, rethreshold or both; the converters' typed errors fail the stage (exit 6),
-    anything else stays what it is (a bug: exit 1)."""
-    derived = ctx.layout.root / "binary.derived"
-    shutil.rmtree(derived, ignore_errors=True)
-    try:
-        with failing_as(ExitCode.CONVERT, DatasetError, what="convert failed"):
-            try:
-                return _convert_or_derive(ctx, derived)
-            except DatasetError as exc:
-                # a damaged or missing file that preprocess writes: running it again rebuilds it
-                if not any(str(d) in str(exc) for d in (ctx.layout.parquet, ctx.layout.counts)):
-                    raise
-                rebuilt = UnreadableParquetError if isinstance(exc, UnreadableParquetError) else DatasetError
-                raise rebuilt(
-                    f"{exc}; rebuild it with --stages preprocess,convert --force (the "
-                    "raw days are read again)"
-                ) from exc
-    except BaseException:
-        shutil.rmtree(derived, ignore_errors=True)  # a full disk gets its space back
-        raise
+    """The converters' decision (converters.api.convert_workdir), told what this workdir's
+    records know."""
+    result = convert_workdir(_convert_request(ctx))
+    return Outcome(result.action, result.engine, result.summary)
 
 
-def _refuse_stable_raise(ctx: StageContext) -> None:
-    """Stable ids are not ordered by count, so a threshold raise is no prefix of them: the
-    binary dataset is never derived at another threshold than the parquet's."""
-    record = read_record(ctx.layout.parquet / PREPROCESS_JSON) or {}
-    made_at = _parquet_spec(ctx)
-    if record.get("ids") == "stable" and made_at is not None and ctx.threshold != made_at:
-        raise PipelineError(
-            f"threshold {ctx.threshold} differs from {made_at}, the threshold of "
-            "this workdir's stable ids (preprocess.ids: stable): a stable "
-            'workdir keeps its threshold (docs/spark_jobs.md, "Stable ids")',
-            ExitCode.USAGE,
-        )
-
-
-def _convert_or_derive(ctx: StageContext, derived: Path) -> Outcome:
-    wanted = ctx.threshold
-    _refuse_stable_raise(ctx)
+def _convert_request(ctx: StageContext) -> ConvertRequest:
     previous = ctx.manifests.load("convert") or {}
-    same_parquet = (previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"]
-    damaged = False
-    # the TorchRec files hold the parquet's ids: a threshold raise of the binary alone would
-    # leave them behind (rethreshold does not carry them), so they are always converted
-    torchrec = TORCHREC in ctx.config.convert.formats
-    if same_parquet and ctx.layout.binary.exists() and not torchrec:
-        try:
-            outcome = _derive_from_binary(ctx, derived, previous)
-            if outcome is not None:
-                return outcome
-        except DamagedDatasetError as exc:
-            # Never derive from (or keep) files that are not what the convert stage wrote.
-            damage = _damage_report(exc, previous, ctx.layout.binary)
-            log.warning(
-                "convert    the binary dataset %s is not what the convert stage wrote "
-                "(%s): rebuilding it from the parquet",
-                ctx.layout.binary,
-                damage,
-            )
-            _needs_parquet(ctx, damage)
-            damaged = True
-    made_at = _parquet_spec(ctx)
-    if made_at is not None and not wanted.is_at_least(made_at):
-        # Checked before converting: the existing binary dataset stays as it is.
-        raise PipelineError(
-            f"threshold {wanted} is below the parquet's threshold {made_at}: the "
-            "rarer values are already merged into id 0, so the preprocess "
-            "stage must run again (add it: --stages preprocess,convert)",
-            ExitCode.CONVERT,
-        )
-    if torchrec and made_at is not None and wanted != made_at:
-        raise PipelineError(
-            f"convert.formats torchrec writes the parquet's ids (threshold "
-            f"{made_at}), not ids at threshold {wanted}: run the preprocess "
-            f"stage at {wanted} too (--stages preprocess,convert)",
-            ExitCode.CONVERT,
-        )
-    _needs_parquet(ctx)
-    # stable ids: the days converted before are copied from the dataset in place, never
-    # from one found damaged
-    derive = made_at is not None and wanted != made_at
-    # other formats (convert.formats) are written from the final dataset only
-    summary = convert_parquet(
-        ctx.layout.parquet,
-        ctx.layout.binary,
-        _binary_only(ctx.config.convert) if derive else ctx.config.convert,
-        reuse=not damaged,
+    recorded = previous.get("output_files")
+    binary = ctx.layout.binary
+    parquet_record = read_record(ctx.layout.parquet / PREPROCESS_JSON) or {}
+    return ConvertRequest(
+        layout=ctx.layout,
+        config=ctx.config.convert,
+        threshold=ctx.threshold,
+        parquet_threshold=_parquet_spec(ctx),
+        stable_ids=parquet_record.get("ids") == "stable",
+        same_parquet=(previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"],
+        changed_since_written=(lambda: changed_files(recorded, binary))
+        if isinstance(recorded, dict)
+        else None,
+        splits_removed=read_record(ctx.layout.parquet_removed),
         source=str(ctx.remote.parquet) if ctx.remote else None,
+        # a derived dataset names the published source and counts, of which the local side
+        # holds copies
+        recorded_as=(str(ctx.remote.binary), str(ctx.remote.root / "counts")) if ctx.remote else None,
     )
-    if derive:
-        # The dataset was just written and checked: no need to read it back for its checksums.
-        fresh = dataclasses.replace(_binary_only(ctx.config.convert), verify_checksums=False)
-        summary = rethreshold(ctx.layout.binary, ctx.layout.counts, wanted, derived, fresh, _recorded_as(ctx))
-        replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
-        summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
-        return Outcome("derived", "converters+rethreshold", {**summary, "from_threshold": str(made_at)})
-    return Outcome("ran", "converters", summary)
-
-
-def _damage_report(exc: DamagedDatasetError, previous: dict[str, Any], binary: Path) -> str:
-    """One line: the files changed since the convert stage (by size and mtime, which names an
-    edited dataset.json too), then what the check found."""
-    recorded = previous.get("output_files")
-    changed = changed_files(recorded, binary) if isinstance(recorded, dict) else []
-    found = exc.one_line()
-    return f"changed since it was written: {_listed(changed)}; {found}" if changed else found
-
-
-def _listed(names: list[str], limit: int = 5) -> str:
-    more = len(names) - limit
-    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
-
-
-def _derive_from_binary(ctx: StageContext, derived: Path, previous: dict[str, Any]) -> Outcome | None:
-    """The requested threshold from the binary dataset in the workdir (a raise, or the same
-    threshold after its files changed), once it is shown intact; None when the request is not
-    a raise of it.
-
-    Raises:
-        DamagedDatasetError: the dataset is incomplete, unreadable, or a file differs from what
-            was written (its checksum; or its size or mtime with convert.verify_checksums off).
-    """
-    info = verify_dataset(ctx.layout.binary, full=False)
-    have = _recorded_spec({"threshold_spec": info.threshold_spec})
-    if (
-        have is None
-        or not ctx.threshold.is_at_least(have)
-        or not same_materialization(info, ctx.config.convert)
-    ):
-        return None
-    recorded = previous.get("output_files")
-    if not ctx.config.convert.verify_checksums and isinstance(recorded, dict):
-        changed = changed_files(recorded, ctx.layout.binary)
-        if changed:
-            raise DamagedDatasetError(
-                f"{', '.join(changed)} changed after the convert stage",
-                [f"{name} changed (size or modification time)" for name in changed],
-            )
-    summary = rethreshold(
-        ctx.layout.binary,
-        ctx.layout.counts,
-        ctx.threshold,
-        derived,
-        _binary_only(ctx.config.convert),  # checks every file's checksum first
-        _recorded_as(ctx),
-    )
-    replace_directory(derived, ctx.layout.binary, ctx.config.convert.fsync)
-    summary.update(write_other_formats(ctx.layout.binary, ctx.config.convert))
-    return Outcome("derived", "rethreshold", {**summary, "from_threshold": str(have)})
-
-
-def _recorded_as(ctx: StageContext) -> tuple[str, str] | None:
-    """What a derived dataset names as its source and counts: at a workdir URL the published
-    ones, of which the local side holds copies."""
-    if ctx.remote is None:
-        return None
-    return str(ctx.remote.binary), str(ctx.remote.root / "counts")
-
-
-def _binary_only(config):
-    """The convert settings for a dataset that is not yet the final one (no other formats)."""
-    return dataclasses.replace(config, formats=["binary"])
 
 
 # ---------------------------------------------------------------- train / eval
@@ -759,7 +587,7 @@ def verify_binary_dataset(ctx: StageContext) -> None:
     )
     if changed:
         raise PipelineError(
-            f"{_listed(changed)} in {ctx.layout.binary} changed after the "
+            f"{listed(changed)} in {ctx.layout.binary} changed after the "
             "convert stage wrote it (size or modification time): add the convert "
             "stage (e.g. --stages convert,train,eval) to check it and rebuild "
             "what is damaged",

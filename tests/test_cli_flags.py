@@ -53,7 +53,7 @@ def _converters():
         _fields(c.ConvertConfig),
         {
             "": {"command"},
-            "convert": options | {"workdir", "parquet", "output", "threshold_spec"},
+            "convert": options | {"workdir", "parquet", "output", "threshold_spec", "frequency_threshold"},
             "verify": {"dataset", "quick", "json"},
             "rethreshold": options | {"source", "output", "frequency_threshold", "counts", "workdir"},
             "mlperf-multihot": options | {"dataset", "output"},
