@@ -46,37 +46,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+# MLPerf DLRMv2's --num_embeddings_per_feature, recorded once beside its source (the capped
+# anchor imports only the standard library, so the TorchRec side may import it too)
+from bench_capped_ids_anchor import CAPS
+
 ANCHORS_PYTHON = "/work/anchors/.venv/bin/python"
 DAYS = 24  # what npy_preproc_criteo and contiguous_preproc_criteo read: day_0 .. day_23
-# MLPerf DLRMv2's --num_embeddings_per_feature (mlcommons/training recommendation_v2 README)
-CAPS = [
-    40000000,
-    39060,
-    17295,
-    7424,
-    20265,
-    3,
-    7122,
-    1543,
-    63,
-    40000000,
-    3067956,
-    405282,
-    10,
-    2209,
-    11938,
-    155,
-    4,
-    976,
-    14,
-    40000000,
-    40000000,
-    40000000,
-    590152,
-    12973,
-    108,
-    36,
-]
 VARIANTS = {"mlperf": (0, CAPS), "t0": (0, None), "t3": (3, None)}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_capped_ids_anchor import CAPS as MLPERF_CAPS  # 40M, mid-sized, and tiny ones
 
 from dlrm_contracts.binary_format import NUMERICAL_FILE, read_info
 from dlrm_contracts.config import ExportConfig
@@ -26,35 +27,6 @@ from tests.spark_fixtures import reference_parse
 from trainer.synthetic import write_planted_dataset
 from trainer_helpers import small_config
 
-# MLPerf DLRMv2's caps (docs/spark_jobs.md): 40M, mid-sized, and tiny ones
-MLPERF_CAPS = [
-    40000000,
-    39060,
-    17295,
-    7424,
-    20265,
-    3,
-    7122,
-    1543,
-    63,
-    40000000,
-    3067956,
-    405282,
-    10,
-    2209,
-    11938,
-    155,
-    4,
-    976,
-    14,
-    40000000,
-    40000000,
-    40000000,
-    590152,
-    12973,
-    108,
-    36,
-]
 # small caps for a model trained in the tests (cap 1: every value is id 0)
 CAPS = (
     3,

@@ -17,37 +17,10 @@ import yaml
 from dlrm_contracts.config import PipelineConfig, load_config
 from pipeline.hosts import horovodrun_hosts
 from pipeline.preflight_needs import _binary_bytes_per_row, memory_needs
+from bench_capped_ids_anchor import CAPS  # MLPerf DLRMv2's published caps
 from tests.test_shipped_configs import _unknown_keys
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-CAPS = [
-    40000000,
-    39060,
-    17295,
-    7424,
-    20265,
-    3,
-    7122,
-    1543,
-    63,
-    40000000,
-    3067956,
-    405282,
-    10,
-    2209,
-    11938,
-    155,
-    4,
-    976,
-    14,
-    40000000,
-    40000000,
-    40000000,
-    590152,
-    12973,
-    108,
-    36,
-]
 MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 REFERENCE = {
     "preset": "default",
