@@ -28,7 +28,7 @@ from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
 from dlrm_contracts.lock import WorkdirLock, workdir_lock
 from dlrm_contracts.storage import is_url
 from dlrm_contracts.serving_state import ServingStateError, served_export
-from dlrm_contracts.progress import Display
+from dlrm_contracts.progress_display import Display
 from dlrm_contracts.superseded import superseded_runs
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight

@@ -17,7 +17,6 @@ from dlrm_contracts.config import ConfigError, ProgressConfig, config_from_dict
 from dlrm_contracts.progress import (
     PROGRESS_FILE_ENV,
     ChannelWriter,
-    Display,
     Progress,
     Reporter,
     StageEstimate,
@@ -25,6 +24,7 @@ from dlrm_contracts.progress import (
     counting,
     open_reporter,
 )
+from dlrm_contracts.progress_display import Display, line as shown
 from pipeline.progress import ConsoleFilter, CpuMeter, StageWatch, PROGRESS_RECORD
 
 
@@ -75,7 +75,7 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
     assert est.eta(now=80.0) == pytest.approx(70.0)
     assert est.eta(now=90.0) == pytest.approx(60.0)  # counts down between reports
     assert est.rate() == pytest.approx(1000.0)
-    line = est.line(now=80.0)
+    line = shown(est, now=80.0)
     assert line.startswith("s  30%") and "elapsed 1m20s" in line and "ETA 1m10s" in line
     # a stage that starts over (a second pass) restarts the estimate instead of going negative
     est.update(Progress("s", fraction=0.1, time=81.0), now=81.0)
@@ -116,7 +116,7 @@ def test_rate_restarts_with_each_phase_and_metrics_are_shown():
         ),
         now=11.0,
     )
-    assert "10,000 samples/s" in est.line(now=11.0) and "loss 0.12" in est.line(now=11.0)
+    assert "10,000 samples/s" in shown(est, now=11.0) and "loss 0.12" in shown(est, now=11.0)
     assert est.update(
         Progress(
             "train",
@@ -131,11 +131,11 @@ def test_rate_restarts_with_each_phase_and_metrics_are_shown():
         ),
         now=12.0,
     )
-    line = est.line(now=12.0)
+    line = shown(est, now=12.0)
     assert est.rate() is None and "rows/s" not in line  # one sample of the new phase
     assert "eval test 10/100 rows" in line and "loss 0.12346" in line
     assert "test AUC 0.75 (step 60)" in line
-    assert "no report for" in est.line(now=200.0)
+    assert "no report for" in shown(est, now=200.0)
 
 
 def test_lines_come_on_a_fixed_grid_and_at_each_new_phase():
