@@ -29,7 +29,7 @@ from dlrm_contracts.atomic import fsync_tree
 from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
-from spark_jobs import counting, day_store, progress, quality, stable_ids
+from spark_jobs import counting, day_store, quality, stable_ids
 from spark_jobs.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES
 from spark_jobs.contiguous_ids import table_sizes as contiguous_table_sizes
 from spark_jobs.dictionaries import table_sizes
@@ -50,6 +50,7 @@ from spark_jobs.splits import (
     write_empty,
 )
 from spark_jobs.stats import DayStats
+from spark_jobs.progress import NO_PROGRESS, NoProgress
 from spark_jobs.timing import StageTimer
 
 if TYPE_CHECKING:
@@ -73,7 +74,12 @@ def published_dictionaries(layout: WorkdirLayout):
 
 
 def run_preprocess(
-    input_dir, workdir, spark: SparkConfig, preprocess: PreprocessConfig, retransform: bool = False
+    input_dir,
+    workdir,
+    spark: SparkConfig,
+    preprocess: PreprocessConfig,
+    retransform: bool = False,
+    progress: NoProgress = NO_PROGRESS,
 ) -> dict:
     """Run count → dictionaries → transform over the day files of ``input_dir`` (every one,
     or the newest ``preprocess.window_days``).
@@ -89,6 +95,7 @@ def run_preprocess(
         workdir: the workdir (counts, dictionaries, parquet and reports go in its layout).
         spark: the session settings (master, memory, ``--conf``, GPU profile).
         preprocess: threshold spec, engine, reject limit, shuffle seed, output files.
+        progress: told each phase and the days it reads (spark_jobs.progress).
 
     Returns:
         The summary also written to ``parquet/preprocess.json``: rows per split, table sizes,
@@ -127,7 +134,7 @@ def run_preprocess(
         day_store.clear_leftovers(layout)
     with spark_errors():
         session = get_session(spark)
-        return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform)
+        return _run(session, days, layout, spec, preprocess, engine_id, previous, retransform, progress)
 
 
 def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
@@ -225,8 +232,9 @@ def _run(
     engine_id: str,
     previous: stable_ids.Previous | None = None,
     retransform: bool = False,
+    progress: NoProgress = NO_PROGRESS,
 ) -> dict:
-    timer = StageTimer()
+    timer = StageTimer(progress)
     engine = _make_engine(engine_id, session, days, cfg)
     if cfg.ids == "stable":
         engine.use_previous_dictionaries(previous)
@@ -259,12 +267,12 @@ def _run_stages(
                 days, layout, cfg, stable_ids.lineage(dictionaries_dir(layout)), retransform
             )
             # the progress report plans the transform on the days it will read, not the window
-            progress.planned(
+            timer.progress.planned(
                 "transform",
                 [d.day for d, _, _ in work.transform],
                 [d.day for d, role, _ in work.transform if role == day_store.TRAIN],
             )
-            stats = _count_stable(engine, days, layout, recount, cfg, work)
+            stats = _count_stable(engine, days, layout, recount, cfg, work, timer.progress)
         else:
             stats = engine.count(recount, layout.counts)
         quality.check_days_not_empty(days, stats)
@@ -402,6 +410,7 @@ def _count_stable(
     recount: list[int],
     cfg: PreprocessConfig,
     work: day_store.DayWork,
+    progress: NoProgress,
 ) -> dict[int, DayStats]:
     """Every day's statistics, reading only the days whose statistics are not kept with their
     transformed parts (``day_store.stored_stats``), those to recount, and the newest day (so
