@@ -8,15 +8,13 @@ at most one a second, to one sink:
 
 - under the pipeline, a JSON line appended to the stage's channel file, named by
   ``CRITEO_DLRM_PROGRESS_FILE`` in a child's environment (or set with :func:`channel` for a
-  stage that runs inside the pipeline's own process); the pipeline follows that file with a
-  :class:`ChannelReader` and shows every stage the same way, whatever tool runs it;
-- run on its own, the terminal display of :mod:`dlrm_contracts.progress_display` on stderr.
+  stage that runs inside the pipeline's own process), which the pipeline follows with a
+  :class:`ChannelReader`;
+- run on its own, the display of :mod:`dlrm_contracts.progress_display` on stderr.
 
-This module is what the producers and the readers agree on: the record, the channel's
-writing and reading, and the ETA arithmetic (:class:`StageEstimate`: the mean rate of the
-fraction since the first report, so the start-up before it, a JVM or TensorFlow, does not
-count), which the pipeline's display, a standalone tool's and bench/bench_progress.py all
-draw the same way. How a stage is shown lives in :mod:`dlrm_contracts.progress_display`.
+The ETA (:class:`StageEstimate`) is the mean rate of the fraction since the first report, so
+the start-up before it (a JVM, TensorFlow) does not count; every reader of the records (the
+pipeline, a standalone tool, bench/bench_progress.py) draws it the same way from here.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ the pipeline.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -208,25 +209,20 @@ def _terminal_size(stream: IO[str] | None) -> dict[str, Any]:
     return {"ncols": size.columns or 120, "nrows": size.lines or 40}
 
 
-_STATUS_BAR: type | None = None
-
-
+@functools.cache
 def _status_bar() -> type:
     """tqdm with a free text field, ``{status}``, for the bar format (tqdm's own postfix
     comes with a leading comma)."""
-    global _STATUS_BAR
-    if _STATUS_BAR is None:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        class StatusBar(tqdm):
-            status = ""
+    class StatusBar(tqdm):
+        status = ""
 
-            @property
-            def format_dict(self) -> dict[str, Any]:
-                return {**super().format_dict, "status": self.status}
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            return {**super().format_dict, "status": self.status}
 
-        _STATUS_BAR = StatusBar
-    return _STATUS_BAR
+    return StatusBar
 
 
 # ---------------------------------------------------------------- a tool on its own

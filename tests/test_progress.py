@@ -16,6 +16,7 @@ import pytest
 from dlrm_contracts.config import ConfigError, ProgressConfig, config_from_dict
 from dlrm_contracts.progress import (
     PROGRESS_FILE_ENV,
+    ChannelReader,
     ChannelWriter,
     Progress,
     Reporter,
@@ -174,6 +175,63 @@ def test_channel_lines_are_whole_and_a_broken_channel_never_fails_the_stage(tmp_
     broken.send(Progress("convert"))
     broken.send(Progress("convert"))
     assert capsys.readouterr().err.count("cannot be written") == 1
+
+
+def test_the_channel_reader_returns_whole_records_of_its_stage_in_order(tmp_path):
+    path = tmp_path / "preprocess.progress.jsonl"
+    reader = ChannelReader(path, "preprocess")
+    assert reader.read() == []  # no file yet: nothing, no error
+    first, second = Progress("preprocess", done=1), Progress("preprocess", done=2)
+    other = Progress("convert", done=9)
+    torn = second.to_line()
+    path.write_text(first.to_line() + other.to_line() + "not json\n" + torn[:10])
+    assert reader.read() == [first]  # the foreign stage, the junk and the torn half left out
+    with open(path, "a") as fh:
+        fh.write(torn[10:])
+    assert reader.read() == [second] and reader.read() == []
+
+
+def test_the_trainers_rank_0_reports_to_the_channel_in_process_or_in_its_environment(tmp_path, monkeypatch):
+    from trainer.progress import NoProgress, TrainProgress, make_progress
+
+    monkeypatch.delenv(PROGRESS_FILE_ENV, raising=False)
+    args = (512, {"test": 10, "validation": 10}, 5.0)
+    assert type(make_progress(0, "train", *args)) is NoProgress  # run alone: its own lines
+    with channel(tmp_path / "train.progress.jsonl"):
+        assert isinstance(make_progress(0, "train", *args), TrainProgress)
+        assert type(make_progress(1, "train", *args)) is NoProgress
+        assert type(make_progress(0, "export", *args)) is NoProgress
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(tmp_path / "eval.progress.jsonl"))
+    reporter = make_progress(0, "eval", *args)
+    reporter.evaluated_split("test", 0, 0.75)
+    [record] = ChannelReader(tmp_path / "eval.progress.jsonl", "eval").read()
+    assert record.metrics == {"test AUC": "0.75000 (step 0)"} and record.fraction == 0.5
+
+
+def test_the_preprocess_job_reports_through_the_progress_it_is_given():
+    """No module-global state: the job's stage timer tells the object it was handed, and a
+    job that was handed none (a library call) reports nowhere."""
+    from spark_jobs.progress import NO_PROGRESS, NoProgress
+    from spark_jobs.timing import StageTimer
+
+    class Heard(NoProgress):
+        def __init__(self):
+            self.said = []
+
+        def phase(self, name):
+            self.said.append(name)
+
+    a, b = Heard(), Heard()
+    timer = StageTimer(a)
+    with timer.stage("count"):
+        with StageTimer(b).stage("transform"):
+            pass
+    with timer.stage("dictionaries"):
+        pass
+    assert a.said == ["count", "dictionaries"] and b.said == ["transform"]
+    assert StageTimer().progress is NO_PROGRESS
+    with StageTimer().stage("count"):
+        NO_PROGRESS.planned("count", [1, 2])  # a null object: takes the job's calls, says nothing
 
 
 def test_a_reporter_writes_to_the_pipelines_channel_in_process_and_in_a_child(tmp_path, monkeypatch):
