@@ -3,10 +3,11 @@
 Every stage has a channel file, ``logs/<stage>.progress.jsonl``: a child finds its path in
 ``CRITEO_DLRM_PROGRESS_FILE``, a stage run in this process writes it through
 ``dlrm_contracts.progress.channel``. A :class:`StageWatch` follows that file twice a second and
-feeds the run's :class:`~dlrm_contracts.progress_display.Display`: a bar on a terminal, and a plain line
-every ``progress.interval_s`` seconds in the run's log (and on stderr when it is not a
-terminal), also while the stage reports nothing (start-up, a stage without reports), so a log
-never goes quiet for longer. The file stays after the run: the record the ETA is checked from.
+feeds the run's :class:`~dlrm_contracts.progress_display.Display`: a bar on a terminal, and a
+plain line every ``progress.interval_s`` seconds in the run's log (and on stderr when it is not
+a terminal), also while the stage reports nothing (start-up, a stage without reports), so a
+log never goes quiet for longer. The file stays after the run: the record the ETA is checked
+from.
 
 It also counts the stage's CPU seconds on this machine: this process's own, plus its children's
 (sampled process by process while they run, since a JVM whose parent never waits for it is
