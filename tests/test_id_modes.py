@@ -3,6 +3,7 @@ places that ask them (config validation, records, the spark job's stage table), 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -133,3 +134,31 @@ def test_the_preprocess_job_has_steps_for_every_mode():
     assert set(STEPS) == set(id_modes.ID_MODES.values())
     assert STEPS[STABLE].splits is not STEPS[FREQUENCY].splits  # per-day parts, linked
     assert STEPS[MODULO].count is STEPS[CONTIGUOUS].count  # statistics only
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_convert_keeps_the_parquets_threshold_unless_a_raise_is_a_prefix(name, tmp_path):
+    """Only ids ordered by count may be converted at a higher threshold than the parquet's:
+    stable and contiguous ids are refused (exit 2) before anything is read."""
+    from converters.api import ConvertRequest, _refuse_fixed_threshold
+    from dlrm_contracts.config import ConvertConfig
+    from dlrm_contracts.errors import ExitCode, PipelineError
+    from dlrm_contracts.layout import WorkdirLayout
+
+    def request(threshold: int) -> ConvertRequest:
+        return ConvertRequest(
+            layout=WorkdirLayout.at(tmp_path),
+            config=ConvertConfig(),
+            threshold=parse_threshold_spec(threshold),
+            parquet_threshold=parse_threshold_spec(2),
+            ids=id_mode(name),
+        )
+
+    _refuse_fixed_threshold(request(2))  # its own threshold: always converted
+    if id_mode(name).raisable:
+        _refuse_fixed_threshold(request(3))
+        return
+    words = f"differs from 2, the threshold of this workdir's {id_mode(name).description}"
+    with pytest.raises(PipelineError, match=re.escape(words)) as raised:
+        _refuse_fixed_threshold(request(3))
+    assert raised.value.code == ExitCode.USAGE
