@@ -153,13 +153,13 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     with caps): the caps; contiguous ids without caps: not known before their pass (None)."""
     if config.preprocess.caps is not None:
         return list(column_caps(config.preprocess).values())
-    if config.preprocess.ids == "contiguous":
+    if not config.preprocess.mode.counts_values:  # contiguous without caps: sized by its pass
         return None
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(config.preprocess.frequency_threshold)
     out = [int(sizes[c]) for c in CAT_COLUMNS]
-    if config.preprocess.ids == "stable" and layout.parquet_model_size.is_file():
+    if config.preprocess.mode.grows_tables and layout.parquet_model_size.is_file():
         previous = json.loads(layout.parquet_model_size.read_text())
         out = [max(n, int(previous.get(c, 0))) for n, c in zip(out, CAT_COLUMNS)]
     return out

@@ -485,7 +485,7 @@ def _run_stages(run: RunState) -> None:
     check_before_train = False
     if config.preflight.enabled and run.remote is None:
         tables_sized = _run_preflight(config)
-        grows_tables = config.preprocess.ids == "stable" and "preprocess" in run.wanted
+        grows_tables = config.preprocess.mode.grows_tables and "preprocess" in run.wanted
         check_before_train = not tables_sized or grows_tables
     run.ctx = StageContext(
         config,
