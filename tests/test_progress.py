@@ -87,36 +87,20 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
 
 def test_rate_restarts_with_each_phase_and_metrics_are_shown():
     est = StageEstimate("train", started=0.0, rate_window_s=60.0)
-    est.update(
-        Progress(
+    for t, step, loss in ((10.0, 50, 0.1234567), (11.0, 60, 0.12)):
+        record = Progress(
             "train",
-            fraction=0.5,
+            fraction=step / 100,
             phase="train",
-            done=50,
+            done=step,
             total=100,
             unit="steps",
-            rows=50_000.0,
+            rows=step * 1000.0,
             rows_unit="samples",
-            metrics={"loss": 0.1234567},
-            time=10.0,
-        ),
-        now=10.0,
-    )
-    est.update(
-        Progress(
-            "train",
-            fraction=0.6,
-            phase="train",
-            done=60,
-            total=100,
-            unit="steps",
-            rows=60_000.0,
-            rows_unit="samples",
-            metrics={"loss": 0.12},
-            time=11.0,
-        ),
-        now=11.0,
-    )
+            metrics={"loss": loss},
+            time=t,
+        )
+        est.update(record, now=t)
     assert "10,000 samples/s" in shown(est, now=11.0) and "loss 0.12" in shown(est, now=11.0)
     assert est.update(
         Progress(
