@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR
+from dlrm_contracts.thresholds import ThresholdSpec
 
 # dlrm_contracts.layout.DICTIONARIES_DIR (not imported: the config validates with these modes
 # and stays free of the storage layer's imports; tests/test_id_modes.py checks they agree)
@@ -110,7 +111,7 @@ class IdMode:
         own; modulo and contiguous: none, not even the one they were made at)."""
         return self.other_thresholds != THRESHOLD_NONE
 
-    def threshold_refusal(self, wanted: object, own: object) -> str | None:
+    def threshold_refusal(self, wanted: ThresholdSpec, own: ThresholdSpec | None) -> str | None:
         """None when a dataset of these ids made at ``own`` may be read at ``wanted``; else
         what its ids are and why not, for a refusal (the caller adds what to do instead)."""
         if self.readable_at(wanted, own):
@@ -122,7 +123,7 @@ class IdMode:
         """Where this mode's value -> id tables are under ``parquet_dir`` (None: it has none)."""
         return None if self.dictionaries_dir is None else Path(parquet_dir) / self.dictionaries_dir
 
-    def readable_at(self, wanted: object, own: object) -> bool:
+    def readable_at(self, wanted: ThresholdSpec, own: ThresholdSpec | None) -> bool:
         """Whether a dataset whose ids were made at threshold ``own`` may be read (or
         rethresholded) at ``wanted``: only frequency ids are ordered by count, so that a
         higher threshold is a prefix of them."""
