@@ -66,7 +66,8 @@ class IdMode:
     caps_required: bool  # preprocess.caps must be set
     caps_allowed: bool  # preprocess.caps may be set
     threshold_applies: bool  # preprocess.frequency_threshold decides which values get ids
-    # which thresholds the binary dataset may be read at besides its own (THRESHOLD_*)
+    # which thresholds a dataset of these ids may be read or rethresholded at (THRESHOLD_*):
+    # any higher one, only its own, or none (no threshold may be asked of it at all)
     other_thresholds: str
     # why no other threshold may be read, and what to do instead (the refusals' words)
     why_threshold_fixed: str
@@ -79,7 +80,7 @@ class IdMode:
 
     @property
     def writes_dictionaries(self) -> bool:
-        """Whether a dictionary pass runs (the progress plan skips it when not)."""
+        """Whether a dictionary pass runs (a progress plan has no such phase when not)."""
         return self.dictionaries_dir is not None
 
     @property
