@@ -27,6 +27,7 @@ from converters.api import (
     listed,
     remove_parquet_splits,
 )
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.atomic import is_complete, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError, read_info
 from dlrm_contracts.config import (
@@ -56,7 +57,6 @@ from dlrm_contracts.storage import is_url
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
-from pipeline.diskspace import human as human_bytes
 from pipeline.fingerprint import (
     changed_files,
     file_content_hash,

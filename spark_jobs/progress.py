@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.config import PreprocessConfig, ProgressConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Reporter, open_reporter
@@ -39,14 +40,6 @@ from spark_jobs.inputs import DayFile, bytes_per_line, discover_days
 from spark_jobs.splits import train_files
 
 POLL_SECONDS = 1.0
-
-
-def _size(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:,.1f} {unit}"
-        nbytes /= 1024
-    return ""
 
 
 class NoProgress:
@@ -263,7 +256,7 @@ class PreprocessProgress(NoProgress):
         if name == "count":
             days = self._phase_days(name)
             size = sum(self._day_bytes.get(d.day, 0) for d in days)
-            return f"{self._days_text(days)}, {_size(size)}"
+            return f"{self._days_text(days)}, {human_bytes(size)}"
         if name == "dictionaries":
             chosen = self.days[:-1] if self.cfg.dictionary_days == "train" else self.days
             return f"from {self._days_text(chosen)}"
