@@ -135,11 +135,12 @@ class PreprocessProgress(NoProgress):
         reporter: Reporter | None = None,
     ):
         self.cfg = cfg
-        # capped ids build no dictionaries: their share would keep the job's fraction below 1
+        # a mode that writes no dictionaries (capped ids) has no such phase: its share would
+        # keep the job's fraction below 1
         self.shares = {
             name: share
             for name, share in settings.preprocess_phase_shares.items()
-            if not (cfg.ids == "modulo" and name == "dictionaries")
+            if cfg.mode.dictionaries_dir is not None or name != "dictionaries"
         }
         self.read_shares = settings.preprocess_read_shares
         self.input_tasks = input_tasks  # the engine's tasks reading these days (its plan)
