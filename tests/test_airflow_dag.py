@@ -6,8 +6,10 @@ done) and runs on SQLite in a temporary AIRFLOW_HOME, each DAG run through ``air
 real one (local Spark, TensorFlow) of the virtualenv running these tests.
 
 Day files land in a directory one after another, as a daily job sees them: two days first (the
-least the pipeline trains on), then one new day before each of two more runs, then none. What
-each run did is read from the pipeline's own outputs (the preprocess manifest's days counted,
+least the pipeline trains on), then one new day before each of two more runs, then none (and
+a run while another holds the workdir), then a fifth day for a run that asks for a model of
+another shape: one workdir and its runs serve every test of that story, in order, through
+module fixtures that depend on each other. What each run did is read from the pipeline's own outputs (the preprocess manifest's days counted,
 counts/days.json, summary.json, history.jsonl) and the task's state from Airflow's database.
 """
 
@@ -164,7 +166,7 @@ def site(tmp_path_factory, airflow_bin):
             "--out",
             str(staging),
             "--days",
-            "4",
+            "5",
             "--rows-per-day",
             str(ROWS_PER_DAY),
             "--seed",
@@ -327,7 +329,10 @@ def test_a_run_with_no_new_day_is_skipped(daily):
     assert len(record["history"]) == 4  # the pipeline ran, and said there was nothing to do
 
 
-def test_a_locked_workdir_is_retried_until_the_other_run_ends(daily, site):
+@pytest.fixture(scope="module")
+def locked(daily, site) -> dict:
+    """A DAG run started while another run holds the workdir (after the daily runs, nothing
+    new landed): its first attempt as it waits for its retry, then the end of the run."""
     airflow, workdir = site["airflow"], site["workdir"]
     before, previous_run = len(_history(workdir)), airflow.latest_task()["run_id"]
     with open(workdir / ".pipeline.lock", "a+") as held:  # another run holds the workdir
@@ -349,13 +354,23 @@ def test_a_locked_workdir_is_retried_until_the_other_run_ends(daily, site):
             time.sleep(0.2)
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
     out, _ = proc.communicate(timeout=600)
+    return {
+        "before": before,
+        "first": first,
+        "out": out,
+        "final": airflow.latest_task(),
+        "history": _history(workdir),
+    }
+
+
+def test_a_locked_workdir_is_retried_until_the_other_run_ends(locked):
+    first, out, final = locked["first"], locked["out"], locked["final"]
     assert first.get("try_number") == 1, out[-6000:]
     assert "exited 3 (locked)" in out
-    final = airflow.latest_task()
     # the retry found the workdir free and up to date (nothing new since the last run)
     assert final["state"] == "skipped" and final["try_number"] == 2, out[-6000:]
-    history = _history(workdir)
-    assert len(history) == before + 1 and history[-1]["status"] == "ok"
+    history = locked["history"]
+    assert len(history) == locked["before"] + 1 and history[-1]["status"] == "ok"
 
 
 def test_a_bad_config_fails_without_retry(daily, site, tmp_path):
@@ -465,28 +480,32 @@ def _land_in(site: dict, landing: Path, days) -> None:
         os.replace(partial, landing / f"day_{day}")
 
 
-def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(site, tmp_path):
+@pytest.fixture(scope="module")
+def refused(locked, site) -> dict:
+    """The daily workdir once its runs are done (``locked`` is the last to use it as it is):
+    a fifth day lands and the run that should warm-start from the kept model asks for another
+    shape. The daily runs made that model, so no run of its own is needed to make one."""
+    workdir = site["workdir"]
+    before = _history(workdir)
+    land(site, 4)  # a new day: the next run warm-starts from the kept model
+    other_shape = site["root"] / "other_shape.yaml"
+    other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n", "  preset: small\n  embedding_dim: 8\n"))
+    proc = site["airflow"].dags_test("2026-11-09", criteo_dlrm_config=str(other_shape))
+    return {
+        "proc": proc,
+        "task": site["airflow"].latest_task(),
+        "before": before,
+        "history": _history(workdir),
+    }
+
+
+def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(refused, site):
     """A warm start (train.init: previous) whose previous model has another shape than this
     run's is refused by the trainer (exit 8 with its one line): every attempt would be refused
     the same way, so no retry is spent on it."""
-    landing, workdir = tmp_path / "landing", tmp_path / "workdir"
-    _land_in(site, landing, (0, 1, 2))
-    first = site["airflow"].dags_test(
-        "2026-11-08", criteo_dlrm_workdir=str(workdir), criteo_dlrm_input=str(landing)
-    )
-    task = site["airflow"].latest_task()
-    assert task["state"] == "success", (first.stdout + first.stderr)[-6000:]
-    _land_in(site, landing, (3,))  # a new day: the next run warm-starts from that model
-    other_shape = tmp_path / "other_shape.yaml"
-    other_shape.write_text(DAILY_CONFIG.replace("  preset: small\n", "  preset: small\n  embedding_dim: 8\n"))
-    proc = site["airflow"].dags_test(
-        "2026-11-09",
-        criteo_dlrm_workdir=str(workdir),
-        criteo_dlrm_input=str(landing),
-        criteo_dlrm_config=str(other_shape),
-    )
-    task = site["airflow"].latest_task()
+    proc, task, workdir = refused["proc"], refused["task"], site["workdir"]
     out = proc.stdout + proc.stderr
+    assert refused["before"] and all(h["status"] == "ok" for h in refused["before"])
     assert task["state"] == "failed", out[-6000:]
     assert task["try_number"] == 1  # retries are 2, yet no second attempt
     assert task["summary"]["status"] == "failed: train_refused", task["summary"]
@@ -494,8 +513,10 @@ def test_a_model_that_cannot_fit_the_new_tables_fails_without_retry(site, tmp_pa
     # the pipeline's one line names the cause (its log, which the task's log shows too)
     newest_log = sorted((workdir / "logs").glob("pipeline-*.log"))[-1].read_text()
     assert "has dims" in newest_log and "train.init: scratch" in newest_log, newest_log[-3000:]
-    history = _history(workdir)
-    assert [h["status"] for h in history] == ["ok", "failed: train_refused"]
+    history = refused["history"]
+    assert [h["status"] for h in history] == [h["status"] for h in refused["before"]] + [
+        "failed: train_refused"
+    ]
 
 
 def test_the_time_limit_comes_from_the_preflights_estimate(site, tmp_path):
