@@ -1029,7 +1029,10 @@ def test_the_rapids_jar_is_checked_against_the_checksum_the_repo_keeps():
     assert dockerfile.args.get("RAPIDS_JAR_SHA256") == "" and "RAPIDS_JAR_SHA256" in _digests()
 
 
-LOCKS = {"preprocess": ["--exclude", "tensorflow", "--build-system"], "train": ["--extra", "distributed"]}
+LOCKS = {
+    "preprocess": ["--exclude", "tensorflow", "--extra", "object-store", "--build-system"],
+    "train": ["--extra", "distributed"],
+}
 
 
 @pytest.mark.parametrize("lock", sorted(LOCKS))
