@@ -73,6 +73,7 @@ class ArrowEngine:
             block_bytes=max(4096, cfg.arrow_block_kb << 10),
             count_flush_lines=COUNT_FLUSH_LINES,
             max_line_bytes=cfg.max_line_bytes,
+            remote_read_bytes=cfg.arrow_remote_read_mb << 20,
         )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []

@@ -20,14 +20,13 @@ import os
 import posixpath
 import tempfile
 from pathlib import Path
+from typing import Any
 
 IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
-# Ranged reads of a day file: the first small, so a task starts parsing after a short wait;
-# each next one twice the last up to the largest, so a chunk costs a few requests whose
-# latency is a small part of their transfer. A reader holds two of them (one parsed, one on
-# its way), which bounds a task's read buffers at twice the largest.
+# A day file's reads: the first small, so a task starts parsing after a short wait; each next
+# one twice the last up to the largest (``PreprocessConfig.arrow_remote_read_mb``). On S3 they
+# are pieces of one streamed GET per chunk; on the other stores, one ranged request each.
 REMOTE_FIRST_READ_BYTES = 8 << 20
-REMOTE_READ_BYTES = 64 << 20
 
 
 def is_url(path) -> bool:
@@ -81,6 +80,88 @@ def open_remote(url: str):
     fs, inner = filesystem(url)
     log_request("head")
     return fs.open_input_file(inner)
+
+
+def streams(url: str) -> bool:
+    """Whether ``stream_range`` reads this URL: S3 with boto3 (pyarrow's S3 client has no
+    streamed read, each of its reads is a request of its own); other stores are read by
+    ranges."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(str(url)).scheme.lower() == "s3" and _s3_client() is not None
+
+
+def stream_range(url: str, start: int, end: int | None) -> "Stream":
+    """A streamed GET of bytes [start, end) of an S3 object (``end`` None: to its end), read
+    piece by piece with ``read(n)``: one request for a whole chunk, whose bytes arrive while
+    the task parses (only what is read is held). A range starting at or past the object's
+    end reads as empty."""
+    from urllib.parse import urlsplit
+
+    from botocore.exceptions import ClientError
+
+    if end is not None and end <= start:
+        return Stream(None, url)
+    parts = urlsplit(str(url))
+    last = "" if end is None else str(end - 1)
+    try:
+        response = _s3_client().get_object(
+            Bucket=parts.netloc, Key=parts.path.lstrip("/"), Range=f"bytes={start}-{last}"
+        )
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "InvalidRange":
+            raise
+        log_request("get")
+        return Stream(None, url)
+    return Stream(response["Body"], url)
+
+
+class Stream:
+    """One streamed GET: ``read(n)`` gives ``n`` bytes (fewer only at its end); the request is
+    logged with the bytes read when it is closed."""
+
+    def __init__(self, body, url: str):
+        self.body, self.url, self.read_total = body, url, 0
+
+    def read(self, n: int) -> bytes:
+        if self.body is None:
+            return b""
+        pieces, wanted = [], n
+        while wanted > 0:
+            piece = self.body.read(wanted)
+            if not piece:
+                break
+            pieces.append(piece)
+            wanted -= len(piece)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self.read_total += len(data)
+        return data
+
+    def close(self) -> None:
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+            log_request("get", self.read_total)
+
+
+_S3_CLIENTS: dict[tuple, object] = {}
+
+
+def _s3_client() -> Any:
+    """boto3's S3 client for this environment (one per process and environment: its set-up
+    costs a credential lookup), None without boto3. Credentials, region and endpoint come from
+    the environment as for pyarrow's client (``dlrm_contracts.storage``)."""
+    try:
+        import boto3
+    except ImportError:
+        return None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    key = (endpoint, region, os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_PROFILE"))
+    client = _S3_CLIENTS.get(key)
+    if client is None:
+        client = _S3_CLIENTS[key] = boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
+    return client
 
 
 def read_bytes(url: str) -> bytes:
