@@ -81,18 +81,27 @@ def _path(text: str):
 
 
 def run_engine(
-    session, input_dir: str, workdir: str, cfg, on_phase=None, chunk_bytes: int | None = None
+    session,
+    input_dir: str,
+    workdir: str,
+    cfg,
+    on_phase=None,
+    chunk_bytes: int | None = None,
+    publish: bool = False,
 ) -> dict:
     """The Arrow engine's phases on ``input_dir`` into ``workdir`` (paths or URLs), as the
     preprocess job calls them: counts under ``counts/``, dictionaries and index under
-    ``parquet/``, the splits in ``parquet/.splits-staging``. Returns the rows per split and
-    the seconds per phase; ``on_phase(name)`` is called as each phase starts and at the end.
-    ``chunk_bytes``: chunks smaller than the config's floor of a megabyte (tests)."""
+    ``parquet/``, the splits in ``parquet/.splits-staging`` or (``publish``) put in place as
+    the job does (renamed locally, published by their markers at a URL). Returns the rows per
+    split and the seconds per phase; ``on_phase(name)`` is called as each phase starts and at
+    the end. ``chunk_bytes``: chunks smaller than the config's floor of a megabyte (tests)."""
+    from dlrm_contracts.schema import SPLITS
+    from dlrm_contracts.storage import location_of
     from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.dictionaries import table_sizes
     from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.inputs import discover_days
-    from spark_jobs.splits import train_files
+    from spark_jobs.splits import settle_split_dirs, split_staging, train_files
 
     days = discover_days(input_dir)
     spec = parse_threshold_spec(cfg.frequency_threshold)
@@ -123,7 +132,8 @@ def run_engine(
         start = time.perf_counter()
         on_phase and on_phase("transform")
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        staging = _path(join(workdir, "parquet", ".splits-staging"))
+        parquet = location_of(join(workdir, "parquet"))
+        staging = split_staging(parquet) if publish else _path(join(workdir, "parquet", ".splits-staging"))
         engine.write_splits(
             stats,
             sizes,
@@ -132,6 +142,8 @@ def run_engine(
             staging,
             partitions,
         )
+        if publish:
+            settle_split_dirs(staging, {s: parquet / s for s in SPLITS}, cfg.compression)
         seconds["transform"] = time.perf_counter() - start
         on_phase and on_phase("end")
     finally:
@@ -239,7 +251,7 @@ def one_run(args) -> dict:
         marks.append((name, lines, moto, process_tree_cpu_seconds()))
 
     start = time.perf_counter()
-    result = run_engine(session, args.input, args.workdir, cfg, on_phase)
+    result = run_engine(session, args.input, args.workdir, cfg, on_phase, publish=True)
     result["wall_seconds"] = time.perf_counter() - start
     result["marks"] = marks
     session.stop()

@@ -44,8 +44,9 @@ from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
 from spark_jobs.splits import (
     move_split_dirs,
-    publish_split_dirs,
     rows_in_files,
+    settle_split_dirs,
+    split_staging,
     train_files,
     write_empty,
 )
@@ -432,7 +433,7 @@ def _write_splits(
     """Train, test and validation from a second read of every day; rows per split, counted
     from the written files' footers."""
     with timer.stage("transform"):
-        staging = layout.parquet / ".splits-staging"
+        staging = split_staging(layout.parquet)
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
         engine.write_splits(
             stats,
@@ -442,12 +443,7 @@ def _write_splits(
             staging,
             partitions,
         )
-        targets = {s: layout.parquet_split(s) for s in SPLITS}
-        if workdir_io.is_remote(staging):
-            publish_split_dirs(staging, targets, cfg.compression)
-        else:
-            for name in move_split_dirs(staging, targets):
-                write_empty(targets[name] / "part-00000.parquet", cfg.compression)
+        settle_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS}, cfg.compression)
     return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 
