@@ -165,11 +165,32 @@ def _s3_client() -> Any:
 
 
 def read_bytes(url: str) -> bytes:
-    fs, inner = filesystem(url)
-    with fs.open_input_stream(inner, compression=None) as handle:
-        data = handle.read()
+    """An object read whole (FileNotFoundError when it is not there): on S3 one GET (pyarrow's
+    client asks for the object's size first, a second request per object)."""
+    if streams(url):
+        data = _get_object(url)
+    else:
+        fs, inner = filesystem(url)
+        with fs.open_input_stream(inner, compression=None) as handle:
+            data = handle.read()
     log_request("get", len(data))
     return data
+
+
+def _get_object(url: str) -> bytes:
+    from urllib.parse import urlsplit
+
+    from botocore.exceptions import ClientError
+
+    parts = urlsplit(str(url))
+    try:
+        response = _s3_client().get_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(url) from None
+        raise
+    with response["Body"] as body:
+        return body.read()
 
 
 def write_bytes(url: str, data) -> None:
