@@ -223,7 +223,7 @@ class PreprocessConfig:
     # Arrow engine, a day file behind a URL: its reads grow from 8 MB to this many MB, the next
     # one fetched while the task parses the current one, so a task holds at most twice this.
     # On S3 the reads are pieces of one streamed GET per chunk (one request whatever this
-    # size); on GCS, Azure and HDFS each read is a ranged request (a chunk of 256 MB: 4-5).
+    # size); on GCS, Azure and HDFS each read is a ranged request (a chunk of 256 MB: 7).
     arrow_remote_read_mb: int = 64
     # A line longer than this many bytes (without its '\n' and a trailing '\r') is rejected as
     # line_too_long, by both engines, before any field is read; the rejects keep at most this

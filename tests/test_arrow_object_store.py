@@ -142,6 +142,38 @@ def test_a_chunk_on_s3_is_one_streamed_get(store, tmp_path, monkeypatch):
     assert size <= sum(_requests(log, "get")) <= size + len(behind) * 512
 
 
+def test_a_broken_stream_is_asked_again_from_where_it_stopped(store, tmp_path):
+    """A connection reset mid-way through a chunk's GET: the stream asks for the rest with a
+    new GET from the byte it stopped at, and the bytes read are the object's."""
+    from urllib3.exceptions import ProtocolError
+
+    from spark_jobs.engines.arrow import remote
+
+    data = bytes(range(256)) * 64
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "day_0").write_bytes(data)
+    url = harness.upload_input(tmp_path / "raw", store, "broken", store["bucket"]) + "/day_0"
+
+    class Breaks:
+        def __init__(self, body):
+            self.body, self.reads = body, 0
+
+        def read(self, n):
+            self.reads += 1
+            if self.reads == 3:
+                raise ProtocolError("Connection broken: reset by peer")
+            return self.body.read(n)
+
+        def close(self):
+            self.body.close()
+
+    stream = remote.stream_range(url, 100, 10_000)
+    stream.body = Breaks(stream.body)
+    got = b"".join(iter(lambda: stream.read(1000), b""))
+    stream.close()
+    assert got == data[100:10_000] and stream.retries == 1
+
+
 def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
     """On a store read by ranges, a chunk's requests double from the first size to the largest
     (then stay there), one ahead of the parse, and still give the lines of a local read."""

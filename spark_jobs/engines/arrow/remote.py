@@ -96,52 +96,81 @@ def stream_range(url: str, start: int, end: int | None) -> "Stream":
     piece by piece with ``read(n)``: one request for a whole chunk, whose bytes arrive while
     the task parses (only what is read is held). A range starting at or past the object's
     end reads as empty."""
-    from urllib.parse import urlsplit
+    return Stream(url, start, end)
 
-    from botocore.exceptions import ClientError
 
-    if end is not None and end <= start:
-        return Stream(None, url)
-    parts = urlsplit(str(url))
-    last = "" if end is None else str(end - 1)
-    try:
-        response = _s3_client().get_object(
-            Bucket=parts.netloc, Key=parts.path.lstrip("/"), Range=f"bytes={start}-{last}"
-        )
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "InvalidRange":
-            raise
-        log_request("get")
-        return Stream(None, url)
-    return Stream(response["Body"], url)
+# A stream broken mid-way (a reset connection, a read timeout) is asked again from where it
+# stopped, this many times, before the task fails (and Spark retries it).
+STREAM_RETRIES = 3
 
 
 class Stream:
     """One streamed GET: ``read(n)`` gives ``n`` bytes (fewer only at its end); the request is
     logged with the bytes read when it is closed."""
 
-    def __init__(self, body, url: str):
-        self.body, self.url, self.read_total = body, url, 0
+    def __init__(self, url: str, start: int, end: int | None):
+        self.url, self.start, self.end = url, start, end
+        self.read_total, self.retries, self.logged = 0, 0, 0
+        self.body = self._open(start)
+
+    def _open(self, offset: int):
+        from urllib.parse import urlsplit
+
+        from botocore.exceptions import ClientError
+
+        if self.end is not None and self.end <= offset:
+            return None
+        parts = urlsplit(str(self.url))
+        last = "" if self.end is None else str(self.end - 1)
+        try:
+            response = _s3_client().get_object(
+                Bucket=parts.netloc, Key=parts.path.lstrip("/"), Range=f"bytes={offset}-{last}"
+            )
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(self.url) from None
+            if code != "InvalidRange":  # InvalidRange: at or past the object's end
+                raise
+            log_request("get")
+            return None
+        return response["Body"]
 
     def read(self, n: int) -> bytes:
-        if self.body is None:
-            return b""
-        pieces, wanted = [], n
-        while wanted > 0:
-            piece = self.body.read(wanted)
+        pieces: list[bytes] = []
+        wanted = n
+        while wanted > 0 and self.body is not None:
+            piece = self._read_body(wanted)
             if not piece:
                 break
             pieces.append(piece)
             wanted -= len(piece)
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        self.read_total += len(data)
-        return data
+            self.read_total += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _read_body(self, n: int) -> bytes:
+        from botocore.exceptions import BotoCoreError
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self.body.read(n)
+        except (BotoCoreError, HTTPError, ConnectionError) as error:
+            if self.retries >= STREAM_RETRIES:
+                raise OSError(f"{self.url}: the stream broke {self.retries + 1} times ({error})") from None
+            self.retries += 1
+            self._close_body()
+            self.body = self._open(self.start + self.read_total)
+            return b"" if self.body is None else self._read_body(n)
 
     def close(self) -> None:
         if self.body is not None:
-            self.body.close()
-            self.body = None
-            log_request("get", self.read_total)
+            self._close_body()
+
+    def _close_body(self) -> None:
+        self.body.close()
+        self.body = None
+        log_request("get", self.read_total - self.logged)
+        self.logged = self.read_total
 
 
 _S3_CLIENTS: dict[tuple, object] = {}
