@@ -248,7 +248,8 @@ def one_run(args) -> dict:
     def on_phase(name):
         lines = sum(1 for _ in open(log)) if log and os.path.exists(log) else 0
         moto = sum(1 for _ in open(args.moto_log)) if args.moto_log else 0
-        marks.append((name, lines, moto, process_tree_cpu_seconds()))
+        server = _cpu_seconds(args.moto_pid) if args.moto_pid else 0.0
+        marks.append((name, lines, moto, process_tree_cpu_seconds(), server))
 
     start = time.perf_counter()
     result = run_engine(session, args.input, args.workdir, cfg, on_phase, publish=True)
@@ -264,7 +265,7 @@ def phase_requests(log: Path, moto_log: Path | None, marks) -> dict:
     lines = log.read_text().splitlines() if log.exists() else []
     moto = moto_log.read_text().splitlines() if moto_log and moto_log.exists() else []
     out = {}
-    for (name, a, ma, _), (_, b, mb, _) in zip(marks, marks[1:]):
+    for (name, a, ma, *_), (_, b, mb, *_) in zip(marks, marks[1:]):
         kinds, nbytes = Counter(), Counter()
         for line in lines[a:b]:
             _, kind, size = line.split()
@@ -307,7 +308,7 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
         args.driver_memory,
     ]
     if where == "s3":
-        command += ["--moto-log", str(server.log)]
+        command += ["--moto-log", str(server.log), "--moto-pid", str(server.process.pid)]
     server_cpu = _cpu_seconds(server.process.pid) if server else 0.0
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     server_cpu = _cpu_seconds(server.process.pid) - server_cpu if server else 0.0
@@ -324,6 +325,9 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     result["server_cpu_seconds"] = round(server_cpu, 1) if where == "s3" else 0.0
     result["cpu_seconds"] = {
         m[0]: round(n[3] - m[3], 1) for m, n in zip(result["marks"], result["marks"][1:])
+    }
+    result["server_cpu_by_phase"] = {
+        m[0]: round(n[4] - m[4], 1) for m, n in zip(result["marks"], result["marks"][1:])
     }
     return result
 
@@ -355,6 +359,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir")
     parser.add_argument("--exchange", default="auto")
     parser.add_argument("--moto-log")
+    parser.add_argument("--moto-pid", type=int)
     parser.add_argument("--data-root", default="/tmp/bench_object_store")
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=2_500_000)
@@ -395,7 +400,13 @@ def main(argv=None) -> int:
                 + "  ".join(f"{p} {result['seconds'][p]:.1f} s" for p in PHASES)
                 + "  cpu "
                 + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items())
-                + (f"  S3 server cpu {result['server_cpu_seconds']}" if run.startswith("s3") else ""),
+                + (
+                    f"  S3 server cpu {result['server_cpu_seconds']} ("
+                    + " ".join(f"{p} {c}" for p, c in result["server_cpu_by_phase"].items())
+                    + ")"
+                    if run.startswith("s3")
+                    else ""
+                ),
                 flush=True,
             )
             for phase, io in result.get("io", {}).items():
