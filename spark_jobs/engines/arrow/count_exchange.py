@@ -12,12 +12,11 @@ pass (``route_task``) cuts each row at its column's group bounds, one row per (g
 the chunk reaches, and Spark shuffles those to the merge task of their group (``merge_task``).
 The object store sees no request of the exchange.
 
-Why rows cut after planning, not before: before the plan, rows could only be cut at fixed
-points of the value space (the shuffle routed by a join on fine buckets before), and a
-merge task then got one run per (bucket, chunk), hundreds per chunk, each costing the JVM a
-row and the merge a Python-level step. Cut at the group bounds, a merge task gets one run per
-(chunk), as the file exchange reads one slice per file, and the rows shuffled grow as groups
-x chunks, not as buckets x chunks.
+Why rows are cut after planning: before the plan, rows could only be cut at fixed points of
+the value space (say 1/1024 of it), and a merge task would get one run per (slice, chunk),
+hundreds per chunk, each costing the JVM a row and the merge a Python-level step. Cut at the
+group bounds, a merge task gets one run per chunk, as the file exchange reads one slice per
+file, and the rows shuffled grow as groups x chunks, not as slices x chunks.
 
 The groups are the file exchange's value ranges (``dictionaries.GroupPlan``) and a run holds
 exactly its group's values, so both exchanges write the same bytes. A row is a binary value of
