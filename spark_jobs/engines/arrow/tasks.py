@@ -128,9 +128,9 @@ class _ValueCounter:
         if not merged:
             return []
         if path is None:
-            from spark_jobs.engines.arrow.count_exchange import bucket_rows
+            from spark_jobs.engines.arrow.count_exchange import partial_rows
 
-            return [sample_rows(day, merged), bucket_rows(day, merged)]
+            return [sample_rows(day, merged), partial_rows(day, merged)]
         return [write_partials(path, day, merged)]
 
 
