@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dlrm_contracts.progress import Progress, StageEstimate  # noqa: E402
+from dlrm_contracts.progress import ChannelReader, StageEstimate  # noqa: E402
 from dlrm_contracts.config import STAGES  # noqa: E402
 
 
@@ -78,10 +78,9 @@ def eta_errors(workdir: Path, stage: str, min_left: float) -> dict | None:
     meta = json.loads(manifest.read_text())
     started = datetime.strptime(meta["started"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
     ended = started + meta["seconds"]
-    records = [Progress.from_line(x) for x in channel.read_text().splitlines()]
     estimate = StageEstimate(stage, started=started)
     at_10, worst, samples = None, None, 0
-    for record in filter(None, records):
+    for record in ChannelReader(channel, stage).read():
         estimate.update(record, now=record.time)
         eta, left = estimate.eta(now=record.time), ended - record.time
         if record.fraction is None or record.fraction < 0.10 or eta is None or left < min_left:

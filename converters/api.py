@@ -34,6 +34,7 @@ from dlrm_contracts.atomic import is_complete, read_json, replace_directory, wri
 from dlrm_contracts.binary_format import DamagedDatasetError, DatasetError, UnreadableParquetError, read_info
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
+from dlrm_contracts.id_modes import FREQUENCY, IdMode, recorded_or_default
 from dlrm_contracts.layout import DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -51,7 +52,7 @@ class ConvertRequest:
     config: ConvertConfig
     threshold: ThresholdSpec  # the one asked for
     parquet_threshold: ThresholdSpec | None  # the parquet's (its preprocess.json), None if unknown
-    stable_ids: bool = False  # the parquet holds stable ids (preprocess.ids: stable)
+    ids: IdMode = FREQUENCY  # how the parquet's ids were given (its preprocess.json)
     # The binary dataset in place was converted from this very parquet: it may be derived from.
     same_parquet: bool = False
     # The files of the binary dataset changed (size or mtime) since it was written, when the
@@ -95,22 +96,21 @@ def convert_workdir(request: ConvertRequest) -> ConvertResult:
         raise
 
 
-def _refuse_stable_raise(request: ConvertRequest) -> None:
-    """Stable ids are not ordered by count, so a threshold raise is no prefix of them: the
-    binary dataset is never derived at another threshold than the parquet's."""
-    made_at = request.parquet_threshold
-    if request.stable_ids and made_at is not None and request.threshold != made_at:
+def _refuse_fixed_threshold(request: ConvertRequest) -> None:
+    """Only ids ordered by count have a higher threshold as a prefix: the binary dataset of
+    any other ids is never made at another threshold than the parquet's."""
+    made_at, ids = request.parquet_threshold, request.ids
+    if made_at is not None and request.threshold != made_at and not ids.raisable:
         raise PipelineError(
             f"threshold {request.threshold} differs from {made_at}, the threshold of "
-            "this workdir's stable ids (preprocess.ids: stable): a stable "
-            'workdir keeps its threshold (docs/spark_jobs.md, "Stable ids")',
+            f"this workdir's {ids.description}: {ids.threshold_remedy} (docs/spark_jobs.md)",
             ExitCode.USAGE,
         )
 
 
 def _convert_or_derive(request: ConvertRequest, derived: Path) -> ConvertResult:
     wanted, layout, config = request.threshold, request.layout, request.config
-    _refuse_stable_raise(request)
+    _refuse_fixed_threshold(request)
     damaged = False
     # the TorchRec files hold the parquet's ids: a threshold raise of the binary alone would
     # leave them behind (rethreshold does not carry them), so they are always converted
@@ -316,7 +316,7 @@ def request_from_workdir(
         parquet_threshold=_spec_or_none(preprocess.get("threshold_spec"))
         if is_complete(layout.parquet)
         else None,
-        stable_ids=preprocess.get("ids") == "stable",
+        ids=recorded_or_default(preprocess),
         same_parquet=_converted_from(layout) or bool(removed),
         splits_removed=removed,
     )

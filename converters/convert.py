@@ -57,14 +57,14 @@ from dlrm_contracts.binary_format import (
     write_json,
 )
 from dlrm_contracts.config import ConvertConfig
-from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR
 from dlrm_contracts.dataset_identity import (
     DICTIONARIES_FINGERPRINT_KEY,
     dictionaries_fingerprint,
     parquet_footer,
 )
 from dlrm_contracts.multi_hot import MultiHotSpec, check_sizes, iter_tables, materialize, spec_of_dataset
-from dlrm_contracts.layout import DATASET_JSON, DICTIONARIES_DIR, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.id_modes import IdMode, recorded_or_default
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
@@ -333,14 +333,12 @@ def _pieces(
     return pieces, segments
 
 
-def _ids_mode(parquet_dir: Path) -> str | None:
-    """How preprocess gave the ids when no threshold raise is a prefix of them (rethreshold and
-    the trainer refuse one): stable or contiguous (not ordered by count) or modulo (capped, no
-    threshold); recorded in dataset.json. None for frequency ids."""
+def _ids_mode(parquet_dir: Path) -> IdMode:
+    """How preprocess gave the ids (its preprocess.json), recorded in dataset.json unless the
+    default: rethreshold and the trainer ask it which thresholds the dataset may be read at,
+    the export how a raw value becomes its id."""
     preprocess = parquet_dir / PREPROCESS_JSON
-    data = read_json(preprocess) if preprocess.exists() else {}
-    ids = data.get("ids") if isinstance(data, dict) else None
-    return ids if ids in ("stable", "modulo", "contiguous") else None
+    return recorded_or_default(read_json(preprocess) if preprocess.exists() else {})
 
 
 def convert_parquet(
@@ -517,14 +515,15 @@ def _dataset_extra(
     """What dataset.json records beyond the format: the source, the dictionaries it must be
     served with, stable ids and their day segments, the multi-hot sizes and what their draws
     depend on, and every file's checksum."""
-    ids = _ids_mode(parquet_dir)
+    mode = _ids_mode(parquet_dir)
+    dictionaries = mode.dictionaries(parquet_dir)
     return {
         "source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
         # what a model trained on it must be served with (trainer.export)
-        DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(
-            parquet_dir / (CONTIGUOUS_DICTIONARIES_DIR if ids == "contiguous" else DICTIONARIES_DIR)
-        ),
-        **({"ids": ids} if ids else {}),
+        DICTIONARIES_FINGERPRINT_KEY: None
+        if dictionaries is None
+        else dictionaries_fingerprint(dictionaries),
+        **({"ids": mode.name} if not mode.default else {}),
         **({SEGMENTS_KEY: recorded_segments(segments)} if segments else {}),
         **(multi_hot_extra(multi.sizes, multi.seed, multi.distribution) if multi else {}),
         CHECKSUMS_KEY: dict(sorted(checksums.items())),

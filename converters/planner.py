@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.binary_format import cat_dtype, dtype_name
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.table_sizes import embedding_bytes, export_bytes, read_histogram
@@ -38,14 +39,6 @@ def plan(
             }
         )
     return rows
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_plan(rows: list[dict[str, Any]]) -> str:

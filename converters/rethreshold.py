@@ -46,6 +46,7 @@ from dlrm_contracts.binary_format import (
 )
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY
+from dlrm_contracts.id_modes import recorded_or_default
 from dlrm_contracts.multi_hot import MultiHotSpec, iter_tables, materialize, spec_of_dataset
 from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON
 from dlrm_contracts.progress import counting
@@ -185,27 +186,13 @@ def rethreshold(
     source, output = Path(source_binary_dir), Path(output_dir)
     refuse_overlap(output, {"source dataset": source, "counts": counts_dir})
     info = _intact_source(source, config)
-    if info.extra.get("ids") == "modulo":
-        raise DatasetError(
-            f"{source} has capped ids (preprocess.ids: modulo): every value keeps "
-            "its id modulo its column's cap, so there is no threshold to raise; "
-            "change preprocess.caps and run the preprocess stage instead"
-        )
-    if info.extra.get("ids") == "contiguous":
-        raise DatasetError(
-            f"{source} has contiguous ids (preprocess.ids: contiguous), numbered "
-            "by first appearance, not by count: no higher threshold is a prefix "
-            "of them; change preprocess.frequency_threshold and run the "
-            "preprocess stage instead"
-        )
-    base = written_threshold_spec(info.threshold_spec, source)
+    mode = recorded_or_default(info.extra)
+    base = written_threshold_spec(info.threshold_spec, source) if mode.other_thresholds_readable else None
     new = parse_threshold_spec(spec)
-    if info.extra.get("ids") == "stable" and new != base:
-        raise DatasetError(
-            f"{source} has stable ids (preprocess.ids: stable), which are not "
-            f"ordered by count: threshold {new} is no prefix of its ids at {base}. "
-            "A stable workdir keeps its threshold; use a new workdir for another"
-        )
+    refusal = mode.threshold_refusal(new, base)
+    if refusal is not None:
+        raise DatasetError(f"{source} has {refusal}; {mode.threshold_remedy}")
+    assert base is not None  # every mode whose threshold may change has one
     sizes = new_table_sizes(counts_dir, base, new, info.table_sizes)
     multi, rematerialized = _rewritten_multi_hot(info, sizes)
     start = time.perf_counter()

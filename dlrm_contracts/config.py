@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlrm_contracts.errors import UsageError
+from dlrm_contracts.id_modes import ID_MODE_NAMES, IdMode, id_mode
 from dlrm_contracts.security import refuse_secret_settings, refuse_secret_values
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, ThresholdSpecError, parse_threshold_spec
@@ -28,7 +29,7 @@ Section = TypeVar("Section")
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
 ARROW_EXCHANGES: tuple[str, ...] = ("auto", "files", "shuffle")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
-ID_MODES: tuple[str, ...] = ("frequency", "stable", "modulo", "contiguous")
+ID_MODES: tuple[str, ...] = ID_MODE_NAMES  # dlrm_contracts.id_modes
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
 # is 2**31 - 1.
 MAX_CAP = 2**31  # dlrm_contracts.binary_format.MAX_TABLE_SIZE
@@ -298,19 +299,25 @@ class PreprocessConfig:
         )
         _one_of("preprocess.arrow_exchange", self.arrow_exchange, ARROW_EXCHANGES)
 
+    @property
+    def mode(self) -> IdMode:
+        """The id mode ``ids`` names (dlrm_contracts.id_modes); checked when constructed."""
+        return id_mode(self.ids)
+
 
 def _check_caps(cfg: PreprocessConfig) -> None:
     """Caps go with modulo ids (which need them) or contiguous ids (capped after numbering, as
     the reference's reader does); a setting modulo ids would silently ignore (a threshold,
     dictionary days) is refused rather than dropped."""
-    if cfg.ids not in ("modulo", "contiguous"):
+    mode = cfg.mode
+    if not mode.caps_allowed:
         _check(
             cfg.caps is None,
             f"preprocess.caps is set but preprocess.ids is {cfg.ids!r}: "
             "caps apply only with ids: modulo or contiguous",
         )
         return
-    if cfg.ids == "modulo":
+    if mode.caps_required:
         _check(
             cfg.caps is not None,
             "preprocess.ids is modulo but preprocess.caps is not set: "
@@ -329,7 +336,7 @@ def _check_caps(cfg: PreprocessConfig) -> None:
         f"preprocess.caps lists {len(caps)} caps: give one for all columns or "
         f"{len(CAT_COLUMNS)}, one per column C1..C26",
     )
-    if cfg.ids == "contiguous":  # the threshold and dictionary days apply: ids are numbered
+    if mode.threshold_applies:  # contiguous: the threshold and dictionary days apply
         return
     _check(
         cfg.frequency_threshold == ThresholdSpec(2),

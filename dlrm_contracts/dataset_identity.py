@@ -21,20 +21,17 @@ from typing import Any
 import xxhash
 
 from dlrm_contracts.binary_format import CHECKSUM_PREFIX, DatasetError, DatasetInfo, file_checksum
+from dlrm_contracts.id_modes import IdMode, recorded_or_default
 from dlrm_contracts.thresholds import ThresholdSpec
 
 # Keys: dataset.json's (written by the converters) and the checkpoint meta's.
 DICTIONARIES_FINGERPRINT_KEY = "dictionaries_fingerprint"
 IDENTITY_KEY = "dataset_identity"
-# The identity of a dataset with capped ids (``preprocess.ids: modulo``) says so: its ids come
-# from no dictionary, so the export and a warm start must know; so does one of contiguous ids,
-# whose dictionaries are elsewhere and read by another rule (dlrm_contracts.contiguous_ids).
-# Recorded for those modes alone, so the identities of the other modes' datasets stay what
-# they were.
+# The identity of a dataset whose ids are not served through parquet/dictionaries says how
+# they were given (IdMode.in_dataset_identity): capped ids come from no dictionary, so the
+# export and a warm start must know; contiguous ids' dictionaries are elsewhere and read by
+# another rule (dlrm_contracts.contiguous_ids). The other modes' identities stay what they were.
 IDS_KEY = "ids"
-CAPPED_IDS = "modulo"
-CONTIGUOUS_IDS = "contiguous"
-RECORDED_IDS = (CAPPED_IDS, CONTIGUOUS_IDS)
 
 
 def parquet_footer(path: Path) -> bytes:
@@ -79,18 +76,24 @@ def dataset_identity(info: DatasetInfo, read_threshold: ThresholdSpec | None = N
         "source_fingerprint": info.source_fingerprint,
         DICTIONARIES_FINGERPRINT_KEY: info.extra.get(DICTIONARIES_FINGERPRINT_KEY),
         "threshold_spec": (info.threshold_spec if read_threshold is None else str(read_threshold)),
-        **({IDS_KEY: info.extra[IDS_KEY]} if info.extra.get(IDS_KEY) in RECORDED_IDS else {}),
+        **({IDS_KEY: mode.name} if (mode := recorded_or_default(info.extra)).in_dataset_identity else {}),
     }
+
+
+def identity_mode(identity: dict[str, Any] | None) -> IdMode:
+    """How the ids of a dataset identity (or a checkpoint's record of one) were given, as far
+    as serving them is concerned: an identity that names no mode is of dictionary ids."""
+    return recorded_or_default(identity)
 
 
 def capped(identity: dict[str, Any] | None) -> bool:
     """Whether a dataset identity (or a checkpoint's record of one) is of capped ids."""
-    return isinstance(identity, dict) and identity.get(IDS_KEY) == CAPPED_IDS
+    return identity_mode(identity).capped
 
 
 def contiguous(identity: dict[str, Any] | None) -> bool:
     """Whether a dataset identity (or a checkpoint's record of one) is of contiguous ids."""
-    return isinstance(identity, dict) and identity.get(IDS_KEY) == CONTIGUOUS_IDS
+    return identity_mode(identity).contiguous
 
 
 def trained_on(checkpoint_meta: dict[str, Any], identity: dict[str, Any]) -> bool:

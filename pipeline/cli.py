@@ -216,7 +216,7 @@ def validate(config: PipelineConfig) -> None:
         )
     if config.launch.hosts:
         horovodrun_hosts(config.launch.hosts, config.launch.np)  # refuses a bad list or np
-    if config.train.init == "previous" and config.preprocess.ids != "stable":
+    if config.train.init == "previous" and not config.preprocess.mode.grows_tables:
         # ids by frequency move every day even when no table shrinks: the previous model's
         # rows would meet other values, and nothing in the sizes would tell
         raise UsageError(

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.errors import ExitCode, PipelineError, disk_full_cause
 
 
@@ -30,19 +31,11 @@ def same_filesystem(a: str | Path, b: str | Path) -> bool:
     return existing_ancestor(Path(a)).stat().st_dev == existing_ancestor(Path(b)).stat().st_dev
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def disk_full_error(stage: str, path: str | Path) -> PipelineError:
     """The one-line failure: stage, path, free space, and what to do."""
     path = Path(path)
     try:
-        free = human(free_bytes(path))
+        free = human_bytes(free_bytes(path))
     except OSError:
         free = "unknown"
     return PipelineError(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.config import OPTIMIZER_STATE_FACTOR, PipelineConfig, column_caps
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, histogram_path
@@ -29,7 +30,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.table_sizes import read_histogram
 from pipeline import calibration
 from pipeline.calibration import Speed
-from pipeline.diskspace import free_bytes, human
+from pipeline.diskspace import free_bytes
 from pipeline.fingerprint import input_fingerprint
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.preflight_needs import (
@@ -92,7 +93,7 @@ def _input_rows(
         window = f"; the newest {days} (preprocess.window_days): {rows:,} rows" if days < g.days else ""
         est.say(
             f"input: generated, {g.days} days x {g.rows_per_day:,} rows = "
-            f"{g.days * g.rows_per_day:,} rows (~{human(raw_bytes)} of text, written to the "
+            f"{g.days * g.rows_per_day:,} rows (~{human_bytes(raw_bytes)} of text, written to the "
             f"workdir){window}"
         )
         return rows, g.rows_per_day, raw_bytes
@@ -108,7 +109,7 @@ def _input_rows(
     if counted is not None:
         rows, last = counted
         est.say(
-            f"input: {len(days)} day files, {human(raw_bytes)}, {rows:,} rows "
+            f"input: {len(days)} day files, {human_bytes(raw_bytes)}, {rows:,} rows "
             "(counted by the last preprocess run)"
         )
         return rows, last, raw_bytes
@@ -125,8 +126,8 @@ def _input_rows(
         per_day.append(int(round(day.path.stat().st_size / per_line)) if per_line else 0)
     rows = sum(per_day)
     est.say(
-        f"input: {len(days)} day files, {human(raw_bytes)}, ~{rows:,} rows (estimated "
-        f"from bytes per line of the first {human(preflight.sample_bytes)} of each file)"
+        f"input: {len(days)} day files, {human_bytes(raw_bytes)}, ~{rows:,} rows (estimated "
+        f"from bytes per line of the first {human_bytes(preflight.sample_bytes)} of each file)"
     )
     return rows, per_day[-1], raw_bytes
 
@@ -153,13 +154,13 @@ def _table_sizes(config: PipelineConfig, layout: WorkdirLayout) -> list[int] | N
     with caps): the caps; contiguous ids without caps: not known before their pass (None)."""
     if config.preprocess.caps is not None:
         return list(column_caps(config.preprocess).values())
-    if config.preprocess.ids == "contiguous":
+    if not config.preprocess.mode.counts_values:  # contiguous without caps: sized by its pass
         return None
     if not histogram_path(layout.counts).is_file():
         return None
     sizes = read_histogram(layout.counts).table_sizes(config.preprocess.frequency_threshold)
     out = [int(sizes[c]) for c in CAT_COLUMNS]
-    if config.preprocess.ids == "stable" and layout.parquet_model_size.is_file():
+    if config.preprocess.mode.grows_tables and layout.parquet_model_size.is_file():
         previous = json.loads(layout.parquet_model_size.read_text())
         out = [max(n, int(previous.get(c, 0))) for n, c in zip(out, CAT_COLUMNS)]
     return out
@@ -173,16 +174,16 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
     full, existing = needs.full, needs.existing
     for growth in needs.stages:
         est.say(
-            f"disk: {growth.stage:<10} + {human(growth.added)}"
+            f"disk: {growth.stage:<10} + {human_bytes(growth.added)}"
             + (
-                f" (+ {human(growth.transient)} while it runs: the count's partial files, "
+                f" (+ {human_bytes(growth.transient)} while it runs: the count's partial files, "
                 "then Spark's shuffle)"
                 if growth.transient
                 else ""
             )
             + "".join(
-                f"; {a} {human(full[a])}"
-                + (f", {human(existing[a])} there" if existing[a] else "")
+                f"; {a} {human_bytes(full[a])}"
+                + (f", {human_bytes(existing[a])} there" if existing[a] else "")
                 + (
                     " (at most: 4-byte ids until the counts exist)"
                     if a == "binary" and not needs.tables_known
@@ -193,7 +194,7 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
         )
         if growth.stage == "convert" and needs.parquet_freed is not None:
             est.say(
-                f"disk: convert    - {human(needs.parquet_freed)} parquet removed after it "
+                f"disk: convert    - {human_bytes(needs.parquet_freed)} parquet removed after it "
                 "(preprocess.keep_parquet: false)"
             )
     if needs.checkpoints_unknown:
@@ -203,27 +204,27 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
     peak, peak_at, free = needs.peak, needs.peak_at, needs.free
     est.facts.update(workdir_peak_bytes=int(peak), workdir_free_bytes=free)
     est.say(
-        f"disk: workdir {root}: needs up to {human(peak)} more (peak during {peak_at}), {human(free)} free"
+        f"disk: workdir {root}: needs up to {human_bytes(peak)} more (peak during {peak_at}), {human_bytes(free)} free"
     )
     if needs.workdir_short:
         est.shortfalls.append(
-            f"the workdir {root} needs {human(peak)} more disk (peak "
-            f"during {peak_at}) but its filesystem has {human(free)} free"
+            f"the workdir {root} needs {human_bytes(peak)} more disk (peak "
+            f"during {peak_at}) but its filesystem has {human_bytes(free)} free"
         )
     shuffle, shuffle_dir = needs.shuffle, needs.shuffle_dir
     if needs.shuffle_free is not None:
         est.say(
-            f"disk: spark.local.dir {shuffle_dir}: Spark shuffle ~{human(shuffle)}, "
-            f"{human(needs.shuffle_free)} free"
+            f"disk: spark.local.dir {shuffle_dir}: Spark shuffle ~{human_bytes(shuffle)}, "
+            f"{human_bytes(needs.shuffle_free)} free"
         )
         if needs.shuffle_short:
             est.shortfalls.append(
-                f"spark.local.dir {shuffle_dir} needs ~{human(shuffle)} for "
-                f"Spark's shuffle but has {human(needs.shuffle_free)} free"
+                f"spark.local.dir {shuffle_dir} needs ~{human_bytes(shuffle)} for "
+                f"Spark's shuffle but has {human_bytes(needs.shuffle_free)} free"
             )
     elif shuffle and shuffle_dir is None:
         est.say(
-            f"disk: Spark shuffle ~{human(shuffle)} on the executors' local disks "
+            f"disk: Spark shuffle ~{human_bytes(shuffle)} on the executors' local disks "
             "(cluster master: not checked here)"
         )
 
@@ -231,7 +232,7 @@ def _say_disk(est: Estimate, root: Path, needs: DiskNeeds | None) -> None:
 def _superseded_words(size: int, root: Path) -> str:
     folder = WorkdirLayout.at(root).superseded
     return (
-        f"disk: checkpoints set aside (earlier runs, never deleted) hold {human(size)} in "
+        f"disk: checkpoints set aside (earlier runs, never deleted) hold {human_bytes(size)} in "
         f"{folder}: remove them with: rm -r {folder}"
     )
 
@@ -253,7 +254,7 @@ def _say_memory(est: Estimate, needs: MemoryNeeds) -> None:
         return
     if ranks.budget is None:
         est.say(
-            f"memory: embedding tables per rank: fullest {human(ranks.fullest)} (planner, "
+            f"memory: embedding tables per rank: fullest {human_bytes(ranks.fullest)} (planner, "
             f"{needs.world} ranks); the ranks run on other hosts: set "
             "preflight.rank_memory_gib to check it"
         )
@@ -261,18 +262,18 @@ def _say_memory(est: Estimate, needs: MemoryNeeds) -> None:
     if ranks.configured_gib is not None:
         where = f"preflight.rank_memory_gib {ranks.configured_gib:g} GiB per rank"
     else:
-        where = f"this machine's {human(ranks.total)} / {ranks.ranks_here} ranks"
+        where = f"this machine's {human_bytes(ranks.total)} / {ranks.ranks_here} ranks"
     est.facts["embedding_bytes_per_rank"] = ranks.per_rank
     est.say(
         f"memory: embedding tables{' + optimizer state' if needs.state_factor > 1 else ''} "
         f"per rank (planner, {needs.world} ranks, dim {ranks.embedding_dim}): fullest "
-        f"{human(ranks.fullest)}, least {human(min(ranks.per_rank))}; {where}, "
+        f"{human_bytes(ranks.fullest)}, least {human_bytes(min(ranks.per_rank))}; {where}, "
         f"{ranks.reserve_gib:g} GiB of it kept for TensorFlow"
     )
     if ranks.short:
         est.shortfalls.append(
-            f"the fullest rank needs {human(ranks.fullest)} for its tables but "
-            f"has {human(max(0, ranks.usable))} ({where} less the reserve)"
+            f"the fullest rank needs {human_bytes(ranks.fullest)} for its tables but "
+            f"has {human_bytes(max(0, ranks.usable))} ({where} less the reserve)"
         )
 
 
@@ -280,7 +281,7 @@ def _say_driver(est: Estimate, driver: DriverMemory) -> None:
     if driver.local:
         est.say(
             f"memory: Spark driver (local: runs every task) {driver.driver_memory} "
-            f"configured; this machine has {human(driver.total)}, {human(driver.available)} "
+            f"configured; this machine has {human_bytes(driver.total)}, {human_bytes(driver.available)} "
             "available"
         )
         # A warning, not a refusal: the JVM takes its heap as it needs it, so a small input
@@ -288,7 +289,7 @@ def _say_driver(est: Estimate, driver: DriverMemory) -> None:
         if driver.more_than_available:
             est.warnings.append(
                 f"spark.driver_memory {driver.driver_memory} is more than the "
-                f"{human(driver.available)} of memory available now: a large "
+                f"{human_bytes(driver.available)} of memory available now: a large "
                 "input would fail when the heap fills"
             )
     else:
@@ -442,15 +443,15 @@ def before_train(config: PipelineConfig, emit) -> None:
         there = (tree_bytes(layout.checkpoints) if layout.checkpoints.exists() else 0) - aside
         free = free_bytes(layout.checkpoints)
         est.say(
-            f"disk: checkpoints {human(need)} ({config.train.keep_checkpoints} kept + the one "
-            f"being written), {human(there)} there, {human(free)} free"
+            f"disk: checkpoints {human_bytes(need)} ({config.train.keep_checkpoints} kept + the one "
+            f"being written), {human_bytes(there)} there, {human_bytes(free)} free"
         )
         if aside:
             est.say(_superseded_words(aside, layout.root))
         if need - there > free * (1 - config.preflight.disk_headroom):
             est.shortfalls.append(
-                f"the checkpoints need {human(need - there)} more disk in "
-                f"{layout.checkpoints} but its filesystem has {human(free)} free"
+                f"the checkpoints need {human_bytes(need - there)} more disk in "
+                f"{layout.checkpoints} but its filesystem has {human_bytes(free)} free"
             )
     except (OSError, ValueError) as exc:
         emit(f"preflight (before train) incomplete: {exc}")

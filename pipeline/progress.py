@@ -3,10 +3,11 @@
 Every stage has a channel file, ``logs/<stage>.progress.jsonl``: a child finds its path in
 ``CRITEO_DLRM_PROGRESS_FILE``, a stage run in this process writes it through
 ``dlrm_contracts.progress.channel``. A :class:`StageWatch` follows that file twice a second and
-feeds the run's :class:`~dlrm_contracts.progress.Display`: a bar on a terminal, and a plain line
-every ``progress.interval_s`` seconds in the run's log (and on stderr when it is not a
-terminal), also while the stage reports nothing (start-up, a stage without reports), so a log
-never goes quiet for longer. The file stays after the run: the record the ETA is checked from.
+feeds the run's :class:`~dlrm_contracts.progress_display.Display`: a bar on a terminal, and a
+plain line every ``progress.interval_s`` seconds in the run's log (and on stderr when it is not
+a terminal), also while the stage reports nothing (start-up, a stage without reports), so a
+log never goes quiet for longer. The file stays after the run: the record the ETA is checked
+from.
 
 It also counts the stage's CPU seconds on this machine: this process's own, plus its children's
 (sampled process by process while they run, since a JVM whose parent never waits for it is
@@ -21,13 +22,15 @@ import resource
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
 
 from dlrm_contracts.config import ProgressConfig
 from dlrm_contracts.errors import ExitCode
-from dlrm_contracts.progress import PROGRESS_FILE_ENV, Display, Progress, channel
+from dlrm_contracts.progress import PROGRESS_FILE_ENV, ChannelReader, Progress, channel
+from dlrm_contracts.progress_display import Display
 
 log = logging.getLogger("pipeline")
 TICK_SECONDS = 0.5
@@ -127,12 +130,11 @@ class StageWatch:
         self.display = display
         self.cpu_seconds: float | None = None
         self.latest: Progress | None = None
-        self._offset = 0
-        self._partial = b""
+        self._reader = ChannelReader(self.path, stage)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch-{stage}", daemon=True)
-        self._channel = None
-        self._cpu: CpuMeter | None = None
+        self._channel = ExitStack()
+        self._cpu: CpuMeter  # from the stage's start (__enter__)
 
     def env(self) -> dict[str, str]:
         return {PROGRESS_FILE_ENV: str(self.path)}
@@ -150,15 +152,14 @@ class StageWatch:
             )
         self._cpu = CpuMeter()
         self.display.start(self.stage, self.started)
-        self._channel = channel(self.path)  # the stages run in this process report here too
-        self._channel.__enter__()
+        self._channel.enter_context(channel(self.path))  # stages run in this process report here too
         self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self._channel.__exit__(None, None, None)
+        self._channel.close()
         self._read()
         self.cpu_seconds = self._cpu.seconds()
         interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "code", None) == ExitCode.INTERRUPTED
@@ -179,18 +180,7 @@ class StageWatch:
             self.display.tick()
 
     def _read(self) -> None:
-        """The channel's new whole lines, in order, to the display."""
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
-        except OSError:
-            return
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()  # a line still being written
-        for line in lines:
-            progress = Progress.from_line(line.decode("utf-8", "replace"))
-            if progress is not None and progress.stage == self.stage:
-                self.latest = progress
-                self.display.update(progress)
+        """The channel's new records, in order, to the display."""
+        for progress in self._reader.read():
+            self.latest = progress
+            self.display.update(progress)

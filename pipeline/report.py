@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.atomic import atomic_file, write_text_atomic
 from dlrm_contracts.config import STAGES
 from dlrm_contracts.layout import WorkdirLayout
-from pipeline.diskspace import human
 from pipeline.manifest import read_record
 
 
@@ -260,7 +260,7 @@ def _set_aside_section(summary: dict[str, Any]) -> list[str]:
     ]
     for run in runs:
         lines.append(
-            f"| `{run.get('path')}` | {human(run.get('bytes') or 0)} | "
+            f"| `{run.get('path')}` | {human_bytes(run.get('bytes') or 0)} | "
             f"{run.get('reason') or 'not recorded'} |"
         )
     return lines

@@ -28,7 +28,7 @@ from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
 from dlrm_contracts.lock import WorkdirLock, workdir_lock
 from dlrm_contracts.storage import is_url
 from dlrm_contracts.serving_state import ServingStateError, served_export
-from dlrm_contracts.progress import Display
+from dlrm_contracts.progress_display import Display
 from dlrm_contracts.superseded import superseded_runs
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
@@ -485,7 +485,7 @@ def _run_stages(run: RunState) -> None:
     check_before_train = False
     if config.preflight.enabled and run.remote is None:
         tables_sized = _run_preflight(config)
-        grows_tables = config.preprocess.ids == "stable" and "preprocess" in run.wanted
+        grows_tables = config.preprocess.mode.grows_tables and "preprocess" in run.wanted
         check_before_train = not tables_sized or grows_tables
     run.ctx = StageContext(
         config,

@@ -27,6 +27,7 @@ from converters.api import (
     listed,
     remove_parquet_splits,
 )
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.atomic import is_complete, write_json_atomic
 from dlrm_contracts.binary_format import DatasetError, read_info
 from dlrm_contracts.config import (
@@ -38,6 +39,7 @@ from dlrm_contracts.config import (
 )
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as, says_disk_full
 from dlrm_contracts.dataset_identity import dataset_identity, trained_on
+from dlrm_contracts.id_modes import recorded_or_default
 from dlrm_contracts.object_commit import publish_directory
 from dlrm_contracts.layout import (
     DATASET_JSON,
@@ -55,7 +57,6 @@ from dlrm_contracts.storage import is_url
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
-from pipeline.diskspace import human as human_bytes
 from pipeline.fingerprint import (
     changed_files,
     file_content_hash,
@@ -225,7 +226,7 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
         "dictionary_days": p.dictionary_days,
         "threshold": str(ctx.threshold),
         # only when set, so that a workdir made before these settings keeps its key
-        **({"ids": p.ids} if p.ids != "frequency" else {}),
+        **({"ids": p.ids} if not p.mode.default else {}),
         **({"caps": p.caps} if p.caps is not None else {}),
         **({"window_days": p.window_days} if p.window_days is not None else {}),
     }
@@ -262,9 +263,10 @@ def _preprocess_outputs(ctx: StageContext) -> str:
 
 
 def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
-    """Parquet made from the same raw data at a lower threshold serves a raised one (never
-    with stable ids: their threshold cannot change, the Spark job says so)."""
-    if ctx.config.preprocess.ids == "stable":
+    """Parquet made from the same raw data at a lower threshold serves a raised one, when a
+    higher threshold is a prefix of its ids (never with stable ids: their threshold cannot
+    change, the Spark job says so; nor contiguous ids, numbered among the kept values)."""
+    if not ctx.config.preprocess.mode.raisable:
         return None
     previous = ctx.manifests.load("preprocess")
     made_at = _parquet_spec(ctx)
@@ -444,7 +446,7 @@ def _convert_request(ctx: StageContext) -> ConvertRequest:
         config=ctx.config.convert,
         threshold=ctx.threshold,
         parquet_threshold=_parquet_spec(ctx),
-        stable_ids=parquet_record.get("ids") == "stable",
+        ids=recorded_or_default(parquet_record),
         same_parquet=(previous.get("inputs") or {}).get("parquet") == _convert_inputs(ctx)["parquet"],
         changed_since_written=(lambda: changed_files(recorded, binary))
         if isinstance(recorded, dict)

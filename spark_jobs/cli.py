@@ -155,8 +155,10 @@ def _preprocess(args: argparse.Namespace) -> int:
         workdir_lock(args.workdir, "spark_jobs"),
         PreprocessProgress(
             args.input, args.workdir, preprocess, config.progress, tasks, config.preflight.sample_bytes
-        ),
+        ) as progress,
     ):
-        summary = run_preprocess(args.input, args.workdir, spark, preprocess, retransform=args.retransform)
+        summary = run_preprocess(
+            args.input, args.workdir, spark, preprocess, retransform=args.retransform, progress=progress
+        )
     print(json.dumps(summary, separators=(",", ":")))
     return 0

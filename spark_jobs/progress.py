@@ -1,7 +1,9 @@
 """The preprocess job's progress: its phase, Spark tasks done, rows/s and the job's fraction.
 
-A thread beside the session polls Spark's status tracker once a second, and the job says when
-a phase starts (``phase(name)``, from preprocess's stage timer). The Spark stages that become
+The job's entry point (spark_jobs/cli.py) makes a :class:`PreprocessProgress` and hands it to
+``run_preprocess``; called as a library, the job reports to :data:`NO_PROGRESS`. A thread
+beside the session polls Spark's status tracker once a second, and the job says when a phase
+starts (``phase(name)``, from preprocess's stage timer). The Spark stages that become
 active during a phase count for it. A phase's fraction is its tasks done over those planned:
 the input's tasks (one per chunk for the Arrow engine, per file split for the SQL engine) for
 the count and the transform, then the transform's one write task per train file; the count's
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.config import PreprocessConfig, ProgressConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Reporter, open_reporter
@@ -38,29 +41,20 @@ from spark_jobs.splits import train_files
 
 POLL_SECONDS = 1.0
 
-_active: PreprocessProgress | None = None
+
+class NoProgress:
+    """What the job tells its progress, and where nothing listens (run_preprocess called as a
+    library, a test): the job reports through one of these, given to it by its caller."""
+
+    def planned(self, name: str, days: list[int], train_days: list[int] | None = None) -> None:
+        """The days phase ``name`` reads (stable ids: a part of the window); for the transform,
+        also those of them written to train, each into its own files (``train_days``)."""
+
+    def phase(self, name: str) -> None:
+        """A phase of the job starts (preprocess's stage timer says so)."""
 
 
-def _size(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:,.1f} {unit}"
-        nbytes /= 1024
-    return ""
-
-
-def planned(name: str, days: list[int], train_days: list[int] | None = None) -> None:
-    """The days phase ``name`` reads (stable ids: a part of the window); for the transform,
-    also those of them written to train, each into its own files (``train_days``)."""
-    if _active is not None:
-        _active.planned(name, days, train_days)
-
-
-def phase(name: str) -> None:
-    """A phase of the job starts (called by preprocess's stage timer; nothing without a
-    tracker, e.g. when run_preprocess is called as a library)."""
-    if _active is not None:
-        _active.phase(name)
+NO_PROGRESS = NoProgress()
 
 
 @dataclass(frozen=True)
@@ -126,8 +120,9 @@ class _Phase:
         return min(0.99, read_share + (1 - read_share) * max(0.0, after))
 
 
-class PreprocessProgress:
-    """``with PreprocessProgress(...): run_preprocess(...)``: reports the job's progress."""
+class PreprocessProgress(NoProgress):
+    """``with PreprocessProgress(...) as progress: run_preprocess(..., progress=progress)``:
+    reports the job's progress while the thread polls Spark."""
 
     def __init__(
         self,
@@ -140,11 +135,12 @@ class PreprocessProgress:
         reporter: Reporter | None = None,
     ):
         self.cfg = cfg
-        # capped ids build no dictionaries: their share would keep the job's fraction below 1
+        # a mode that writes no dictionaries (capped ids) has no such phase: its share would
+        # keep the job's fraction below 1
         self.shares = {
             name: share
             for name, share in settings.preprocess_phase_shares.items()
-            if not (cfg.ids == "modulo" and name == "dictionaries")
+            if cfg.mode.dictionaries_dir is not None or name != "dictionaries"
         }
         self.read_shares = settings.preprocess_read_shares
         self.input_tasks = input_tasks  # the engine's tasks reading these days (its plan)
@@ -168,7 +164,6 @@ class PreprocessProgress:
 
     # -------------------------------------------------------------- lifetime
     def __enter__(self) -> PreprocessProgress:
-        global _active
         try:
             self.days = discover_days(self.input_dir, self.cfg.window_days, self.cfg.input_link_roots)
             self._day_bytes = {d.day: d.size() for d in self.days}
@@ -178,14 +173,11 @@ class PreprocessProgress:
             self.input_rows = sum(self._day_rows.values())
         except Exception:  # noqa: BLE001 — the job itself reports bad input, with its own code
             self.days, self.input_rows, self._day_rows, self._day_bytes = [], None, {}, {}
-        _active = self
         self.reporter.report(phase="session", detail="starting Spark", force=True)
         self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        global _active
-        _active = None
         self._stop.set()
         self._thread.join(timeout=10)
         if exc_type is None:
@@ -202,7 +194,7 @@ class PreprocessProgress:
                 pass
 
     # -------------------------------------------------------------- phases
-    def planned(self, name: str, days: list[int], train_days: list[int] | None) -> None:
+    def planned(self, name: str, days: list[int], train_days: list[int] | None = None) -> None:
         """The job's plan of a phase; the phase already running is planned again at once."""
         with self._lock:
             self._plans[name] = _Plan(
@@ -212,7 +204,7 @@ class PreprocessProgress:
             if current is not None and current.name == name:
                 current.read_tasks, current.after_tasks = self._planned_tasks(name)
                 current.rows, current.detail = self._phase_rows(name), self._detail(name)
-                self._send(force=True)
+                self._send(current, force=True)
 
     def _phase_days(self, name: str) -> list[DayFile]:
         plan = self._plans.get(name)
@@ -241,7 +233,7 @@ class PreprocessProgress:
             self._end_current()
             read, after = self._planned_tasks(name)
             self._current = _Phase(name, self._detail(name), read, after, self._phase_rows(name), time.time())
-            self._send()
+            self._send(self._current)
 
     def _end_current(self) -> None:
         if self._current is not None and self._current.name not in self._finished:
@@ -265,7 +257,7 @@ class PreprocessProgress:
         if name == "count":
             days = self._phase_days(name)
             size = sum(self._day_bytes.get(d.day, 0) for d in days)
-            return f"{self._days_text(days)}, {_size(size)}"
+            return f"{self._days_text(days)}, {human_bytes(size)}"
         if name == "dictionaries":
             chosen = self.days[:-1] if self.cfg.dictionary_days == "train" else self.days
             return f"from {self._days_text(chosen)}"
@@ -354,7 +346,7 @@ class PreprocessProgress:
                     current.finished.add(stage_id)
         with self._lock:
             if current is self._current:
-                self._send(force=catch_up)  # a phase's last state is never throttled away
+                self._send(current, force=catch_up)  # a phase's last state is never throttled away
 
     @staticmethod
     def _rows_read(phase: _Phase) -> float | None:
@@ -362,9 +354,8 @@ class PreprocessProgress:
         read = phase.read_fraction()
         return None if phase.rows is None or read >= 1.0 else read * phase.rows
 
-    def _send(self, force: bool = False) -> None:
-        """The current state to the reporter (under the lock)."""
-        current = self._current
+    def _send(self, current: _Phase, force: bool = False) -> None:
+        """The current phase's state to the reporter (under the lock)."""
         # a phase that reads no input (the dictionaries) has no read share: 1.0 is never used
         within = current.fraction(self.read_shares.get(current.name, 1.0), time.time())
         total_share = sum(self._share(name) for name in self.shares)

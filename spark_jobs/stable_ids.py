@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm_contracts.atomic import fsync_path, publish, read_json, write_json_atomic
+from dlrm_contracts.id_modes import STABLE
 from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
@@ -142,7 +143,7 @@ def commit(staging: Path, dict_dir: Path, spec: ThresholdSpec, sizes: dict[str, 
         staging / IDS_RECORD,
         {
             "format_version": IDS_FORMAT_VERSION,
-            "ids": "stable",
+            "ids": STABLE.name,
             "lineage": lineage(dict_dir) or uuid.uuid4().hex,
             "threshold_spec": str(spec),
             "table_sizes": sizes,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from spark_jobs import progress
+from spark_jobs.progress import NO_PROGRESS, NoProgress
 
 
 def process_tree_cpu_seconds() -> float:
@@ -32,15 +32,17 @@ def process_tree_cpu_seconds() -> float:
 
 class StageTimer:
     """Wall and CPU seconds per phase (CPU of this machine's processes only: on a cluster the
-    executors' CPU is elsewhere). Entering a phase also announces it to the progress stream."""
+    executors' CPU is elsewhere). Entering a phase also announces it to the job's ``progress``,
+    which the stages also tell what they plan to read (the timer is what they all hold)."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: NoProgress = NO_PROGRESS) -> None:
+        self.progress = progress
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        progress.phase(name)
+        self.progress.phase(name)
         start, cpu = time.perf_counter(), process_tree_cpu_seconds()
         try:
             yield

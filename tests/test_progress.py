@@ -16,8 +16,8 @@ import pytest
 from dlrm_contracts.config import ConfigError, ProgressConfig, config_from_dict
 from dlrm_contracts.progress import (
     PROGRESS_FILE_ENV,
+    ChannelReader,
     ChannelWriter,
-    Display,
     Progress,
     Reporter,
     StageEstimate,
@@ -25,6 +25,7 @@ from dlrm_contracts.progress import (
     counting,
     open_reporter,
 )
+from dlrm_contracts.progress_display import Display, line as shown
 from pipeline.progress import ConsoleFilter, CpuMeter, StageWatch, PROGRESS_RECORD
 
 
@@ -75,7 +76,7 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
     assert est.eta(now=80.0) == pytest.approx(70.0)
     assert est.eta(now=90.0) == pytest.approx(60.0)  # counts down between reports
     assert est.rate() == pytest.approx(1000.0)
-    line = est.line(now=80.0)
+    line = shown(est, now=80.0)
     assert line.startswith("s  30%") and "elapsed 1m20s" in line and "ETA 1m10s" in line
     # a stage that starts over (a second pass) restarts the estimate instead of going negative
     est.update(Progress("s", fraction=0.1, time=81.0), now=81.0)
@@ -86,37 +87,21 @@ def test_eta_is_the_mean_rate_since_the_first_report_and_leaves_start_up_out():
 
 def test_rate_restarts_with_each_phase_and_metrics_are_shown():
     est = StageEstimate("train", started=0.0, rate_window_s=60.0)
-    est.update(
-        Progress(
+    for t, step, loss in ((10.0, 50, 0.1234567), (11.0, 60, 0.12)):
+        record = Progress(
             "train",
-            fraction=0.5,
+            fraction=step / 100,
             phase="train",
-            done=50,
+            done=step,
             total=100,
             unit="steps",
-            rows=50_000.0,
+            rows=step * 1000.0,
             rows_unit="samples",
-            metrics={"loss": 0.1234567},
-            time=10.0,
-        ),
-        now=10.0,
-    )
-    est.update(
-        Progress(
-            "train",
-            fraction=0.6,
-            phase="train",
-            done=60,
-            total=100,
-            unit="steps",
-            rows=60_000.0,
-            rows_unit="samples",
-            metrics={"loss": 0.12},
-            time=11.0,
-        ),
-        now=11.0,
-    )
-    assert "10,000 samples/s" in est.line(now=11.0) and "loss 0.12" in est.line(now=11.0)
+            metrics={"loss": loss},
+            time=t,
+        )
+        est.update(record, now=t)
+    assert "10,000 samples/s" in shown(est, now=11.0) and "loss 0.12" in shown(est, now=11.0)
     assert est.update(
         Progress(
             "train",
@@ -131,11 +116,11 @@ def test_rate_restarts_with_each_phase_and_metrics_are_shown():
         ),
         now=12.0,
     )
-    line = est.line(now=12.0)
+    line = shown(est, now=12.0)
     assert est.rate() is None and "rows/s" not in line  # one sample of the new phase
     assert "eval test 10/100 rows" in line and "loss 0.12346" in line
     assert "test AUC 0.75 (step 60)" in line
-    assert "no report for" in est.line(now=200.0)
+    assert "no report for" in shown(est, now=200.0)
 
 
 def test_lines_come_on_a_fixed_grid_and_at_each_new_phase():
@@ -174,6 +159,63 @@ def test_channel_lines_are_whole_and_a_broken_channel_never_fails_the_stage(tmp_
     broken.send(Progress("convert"))
     broken.send(Progress("convert"))
     assert capsys.readouterr().err.count("cannot be written") == 1
+
+
+def test_the_channel_reader_returns_whole_records_of_its_stage_in_order(tmp_path):
+    path = tmp_path / "preprocess.progress.jsonl"
+    reader = ChannelReader(path, "preprocess")
+    assert reader.read() == []  # no file yet: nothing, no error
+    first, second = Progress("preprocess", done=1), Progress("preprocess", done=2)
+    other = Progress("convert", done=9)
+    torn = second.to_line()
+    path.write_text(first.to_line() + other.to_line() + "not json\n" + torn[:10])
+    assert reader.read() == [first]  # the foreign stage, the junk and the torn half left out
+    with open(path, "a") as fh:
+        fh.write(torn[10:])
+    assert reader.read() == [second] and reader.read() == []
+
+
+def test_the_trainers_rank_0_reports_to_the_channel_in_process_or_in_its_environment(tmp_path, monkeypatch):
+    from trainer.progress import NoProgress, TrainProgress, make_progress
+
+    monkeypatch.delenv(PROGRESS_FILE_ENV, raising=False)
+    args = (512, {"test": 10, "validation": 10}, 5.0)
+    assert type(make_progress(0, "train", *args)) is NoProgress  # run alone: its own lines
+    with channel(tmp_path / "train.progress.jsonl"):
+        assert isinstance(make_progress(0, "train", *args), TrainProgress)
+        assert type(make_progress(1, "train", *args)) is NoProgress
+        assert type(make_progress(0, "export", *args)) is NoProgress
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(tmp_path / "eval.progress.jsonl"))
+    reporter = make_progress(0, "eval", *args)
+    reporter.evaluated_split("test", 0, 0.75)
+    [record] = ChannelReader(tmp_path / "eval.progress.jsonl", "eval").read()
+    assert record.metrics == {"test AUC": "0.75000 (step 0)"} and record.fraction == 0.5
+
+
+def test_the_preprocess_job_reports_through_the_progress_it_is_given():
+    """No module-global state: the job's stage timer tells the object it was handed, and a
+    job that was handed none (a library call) reports nowhere."""
+    from spark_jobs.progress import NO_PROGRESS, NoProgress
+    from spark_jobs.timing import StageTimer
+
+    class Heard(NoProgress):
+        def __init__(self):
+            self.said = []
+
+        def phase(self, name):
+            self.said.append(name)
+
+    a, b = Heard(), Heard()
+    timer = StageTimer(a)
+    with timer.stage("count"):
+        with StageTimer(b).stage("transform"):
+            pass
+    with timer.stage("dictionaries"):
+        pass
+    assert a.said == ["count", "dictionaries"] and b.said == ["transform"]
+    assert StageTimer().progress is NO_PROGRESS
+    with StageTimer().stage("count"):
+        NO_PROGRESS.planned("count", [1, 2])  # a null object: takes the job's calls, says nothing
 
 
 def test_a_reporter_writes_to_the_pipelines_channel_in_process_and_in_a_child(tmp_path, monkeypatch):

@@ -374,8 +374,8 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark, mon
     settings = ProgressConfig()
     window = discover_days(raw, WINDOW)  # days 1-3
     tasks = lambda chosen: input_tasks("arrow", chosen, cfg)  # noqa: E731
-    with PreprocessProgress(raw, work, cfg, settings, tasks, 1 << 16):
-        summary = run_preprocess(raw, work, spark_config(), cfg)
+    with PreprocessProgress(raw, work, cfg, settings, tasks, 1 << 16) as progress:
+        summary = run_preprocess(raw, work, spark_config(), cfg, progress=progress)
     assert summary["transform"]["days_transformed"] == [2, 3]
     assert summary["transform"]["days_read"] == [3]
     records = [Progress.from_line(line) for line in channel.read_text().splitlines()]

@@ -39,6 +39,7 @@ from dlrm_contracts.binary_format import (
     read_info,
 )
 from dlrm_contracts.dataset_identity import dataset_identity
+from dlrm_contracts.id_modes import recorded_or_default
 from dlrm_contracts.layout import DATASET_JSON, counts_beside
 from dlrm_contracts.schema import NUM_CATEGORICAL
 from dlrm_contracts.table_sizes import new_table_sizes, written_threshold_spec
@@ -145,26 +146,12 @@ def open_dataset(
     sizes = written
     if threshold is not None:
         threshold = parse_threshold_spec(threshold)
-        if info.extra.get("ids") == "modulo":
-            raise DatasetError(
-                f"{path} has capped ids (preprocess.ids: modulo), which no "
-                f"threshold applies to: unset train.frequency_threshold"
-            )
-        if info.extra.get("ids") == "contiguous":
-            raise DatasetError(
-                f"{path} has contiguous ids (preprocess.ids: contiguous), "
-                f"numbered by first appearance, not by count: no threshold "
-                f"raise applies; unset train.frequency_threshold"
-            )
-        if info.extra.get("ids") == "stable" and (
-            info.threshold_spec is None or threshold != parse_threshold_spec(info.threshold_spec)
-        ):
-            # stable ids are not ordered by count: no higher threshold is a prefix of them
-            raise DatasetError(
-                f"{path} has stable ids (preprocess.ids: stable), which cannot "
-                f"be read at threshold {threshold}: only at its own, "
-                f"{info.threshold_spec}"
-            )
+        mode = recorded_or_default(info.extra)
+        recorded = info.threshold_spec
+        own = parse_threshold_spec(recorded) if recorded is not None and not mode.raisable else None
+        refusal = mode.threshold_refusal(threshold, own)
+        if refusal is not None:
+            raise DatasetError(f"{path} has {refusal}; unset train.frequency_threshold")
         counts = Path(counts_dir) if counts_dir else counts_beside(path)
         if any(k > 1 for k in multi_hot_sizes(info)) and (
             info.threshold_spec is None or threshold != parse_threshold_spec(info.threshold_spec)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
+from dlrm_contracts.id_modes import recorded_or_default
 from dlrm_contracts.layout import IDS_RECORD
 from dlrm_contracts.schema import CAT_COLUMNS
 
@@ -35,7 +36,7 @@ def stable_record(dictionaries: Path) -> dict[str, Any] | None:
         record = json.loads((Path(dictionaries) / IDS_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("ids") != "stable":
+    if not isinstance(record, dict) or not recorded_or_default(record).grows_tables:
         return None
     lineage, sizes = record.get("lineage"), record.get("table_sizes")
     if (

@@ -49,17 +49,15 @@ from dlrm_contracts.binary_format import (
     MULTI_HOT_SIZES_KEY,
 )
 from dlrm_contracts.config import ExportConfig
-from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR, FIRST_ID
+from dlrm_contracts.contiguous_ids import FIRST_ID
 from dlrm_contracts.dataset_identity import (
-    CAPPED_IDS,
-    CONTIGUOUS_IDS,
     DICTIONARIES_FINGERPRINT_KEY,
     IDENTITY_KEY,
-    capped,
-    contiguous,
     dictionaries_fingerprint,
+    identity_mode,
     trained_on,
 )
+from dlrm_contracts.id_modes import FREQUENCY, IdMode
 from dlrm_contracts.layout import (
     CHECKPOINT_META,
     DATASET_JSON,
@@ -351,11 +349,18 @@ class _Source:
     extended: dict[str, Any] | None = None
     # the materialization of the multi-hot rows the model was trained on (None: one-hot)
     multi_hot: MultiHotSpec | None = None
-    # trained on capped ids (preprocess.ids: modulo): the caps are the table sizes, and the
-    # export ships no vocabulary
-    capped: bool = False
-    # trained on contiguous ids: the vocabularies are the contiguous dictionaries
-    contiguous: bool = False
+    # how the ids it was trained on were given (its dataset identity): capped ids' caps are
+    # the table sizes and the export ships no vocabulary; contiguous ids' vocabularies are the
+    # contiguous dictionaries
+    ids: IdMode = FREQUENCY
+
+    @property
+    def capped(self) -> bool:
+        return self.ids.capped
+
+    @property
+    def contiguous(self) -> bool:
+        return self.ids.contiguous
 
     @property
     def signatures(self) -> list[str]:
@@ -391,7 +396,7 @@ def _fingerprint(
         # how a raw value becomes its id: "vocabulary" (a file per column in assets/),
         # "modulo" (its hex value modulo its column's cap, the table size) or "contiguous" (a
         # file per column, read by dlrm_contracts.contiguous_ids' rule)
-        "ids": CAPPED_IDS if source.capped else CONTIGUOUS_IDS if source.contiguous else "vocabulary",
+        "ids": source.ids.served_by,
         "signatures": source.signatures,
         # only for a multi-hot model: its materialization (serve_multi_hot's cat_ids holds
         # multi_hot_sizes[i] ids of column i)
@@ -499,11 +504,7 @@ def _dictionaries_of(layout: WorkdirLayout, checkpoint: Path) -> Path | None:
     except (OSError, ValueError):
         meta = None
     identity = meta.get(IDENTITY_KEY) if isinstance(meta, dict) else None
-    if capped(identity):
-        return None
-    if contiguous(identity):
-        return layout.parquet / CONTIGUOUS_DICTIONARIES_DIR
-    return layout.dictionaries
+    return identity_mode(identity).dictionaries(layout.parquet)
 
 
 def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> list[Path]:
@@ -551,13 +552,12 @@ def _checked_source(
     if len(sizes) != len(CAT_COLUMNS) or not dims_meta:
         raise CheckpointError(f"{checkpoint / 'meta.json'} names no table sizes or dims")
     dims = ModelDims.from_meta(dims_meta)
-    capped_ids = capped(meta.get(IDENTITY_KEY))
-    contiguous_ids = contiguous(meta.get(IDENTITY_KEY))
+    ids = identity_mode(meta.get(IDENTITY_KEY))
     dictionaries = _dictionaries_of(layout, checkpoint)
     if dictionaries is None:  # capped: the ids are the values' own, no dictionary to check
         identity, extended = meta[IDENTITY_KEY], None
     else:
-        if not contiguous_ids:  # a contiguous column always has its folder (missing is a value)
+        if not ids.contiguous:  # a contiguous column always has its folder (missing is a value)
             _check_dictionary_folders(dictionaries, sizes)
         identity, extended = check_dataset_identity(checkpoint, meta, dictionaries)
     multi_hot = multi_hot_spec(checkpoint, dims_meta, sizes)
@@ -568,12 +568,10 @@ def _checked_source(
         dims.embedding_dim + int(dims.wide),
         config,
         sum(multi_hot.table_bytes(c) for c in range(len(sizes))) if multi_hot is not None else 0,
-        vocabularies=not capped_ids,
-        values=_dictionary_rows(dictionaries) if contiguous_ids and dictionaries is not None else None,
+        vocabularies=not ids.capped,
+        values=_dictionary_rows(dictionaries) if ids.contiguous and dictionaries is not None else None,
     )
-    return _Source(
-        checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, capped_ids, contiguous_ids
-    )
+    return _Source(checkpoint, meta, dims, sizes, identity, size, extended, multi_hot, ids)
 
 
 def multi_hot_spec(checkpoint: Path, dims_meta: dict[str, Any], sizes: list[int]) -> MultiHotSpec | None:
@@ -610,7 +608,7 @@ def _write_version(
         vocabularies = None
         if source.contiguous:
             vocabularies = write_contiguous_vocabularies(
-                layout.parquet / CONTIGUOUS_DICTIONARIES_DIR, temporary / "vocabularies"
+                source.ids.dictionaries(layout.parquet), temporary / "vocabularies"
             )
         elif not source.capped:
             vocabularies = write_vocabularies(layout.dictionaries, source.sizes, temporary / "vocabularies")

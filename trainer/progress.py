@@ -7,10 +7,9 @@ one (the forward pass only), so the periodic and final evaluations are part of t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from dlrm_contracts.progress import PROGRESS_FILE_ENV, ChannelWriter, Reporter
+from dlrm_contracts.progress import Reporter, channel_sink
 
 
 class NoProgress:
@@ -115,7 +114,7 @@ def make_progress(
 ) -> NoProgress:
     """Rank 0 of a train or eval run reports to the pipeline's channel; anything else
     reports nothing (run alone, the trainer's own step lines on stderr say where it is)."""
-    path = os.environ.get(PROGRESS_FILE_ENV)
-    if rank != 0 or mode not in ("train", "eval") or not path:
+    sink = channel_sink() if rank == 0 and mode in ("train", "eval") else None
+    if sink is None:
         return NoProgress()
-    return TrainProgress(global_batch, split_rows, eval_speedup, Reporter(mode, ChannelWriter(path)))
+    return TrainProgress(global_batch, split_rows, eval_speedup, Reporter(mode, sink))

@@ -455,7 +455,7 @@ class ArrowEngine:
         on_cluster = not self.session.sparkContext.master.startswith("local")
         caps = (
             tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
-            if self.cfg.ids == "modulo" or self.cfg.caps is not None
+            if self.cfg.mode.capped or self.cfg.caps is not None
             else None
         )
         return TransformSpec(
@@ -467,7 +467,7 @@ class ArrowEngine:
             eval_day=last.day,
             test_lines=last.test_lines,
             caps=caps,
-            contiguous=self.cfg.ids == "contiguous",
+            contiguous=self.cfg.mode.contiguous,
         )
 
 

@@ -159,7 +159,7 @@ class SqlEngine:
             read_day(self.session, str(day.path), day.day),
             self.cfg.max_line_bytes,
             checked=not stats[day.day].all_fast,
-            hex_values=self.cfg.ids in ("modulo", "contiguous"),
+            hex_values=self.cfg.mode.hex_values,
         )
         return rows.withColumn("_line", line_number_column(stats, [day.day]))
 
@@ -206,9 +206,9 @@ class SqlEngine:
         from pyspark.sql import functions as F
 
         def mapped(rows):
-            if self.cfg.ids == "modulo":
+            if self.cfg.mode.capped:
                 return transform.capped_categoricals(rows, column_caps(self.cfg))
-            if self.cfg.ids == "contiguous":
+            if self.cfg.mode.contiguous:
                 return contiguous.contiguous_categoricals(
                     rows,
                     self.session,
