@@ -81,18 +81,27 @@ def _path(text: str):
 
 
 def run_engine(
-    session, input_dir: str, workdir: str, cfg, on_phase=None, chunk_bytes: int | None = None
+    session,
+    input_dir: str,
+    workdir: str,
+    cfg,
+    on_phase=None,
+    chunk_bytes: int | None = None,
+    publish: bool = False,
 ) -> dict:
     """The Arrow engine's phases on ``input_dir`` into ``workdir`` (paths or URLs), as the
     preprocess job calls them: counts under ``counts/``, dictionaries and index under
-    ``parquet/``, the splits in ``parquet/.splits-staging``. Returns the rows per split and
-    the seconds per phase; ``on_phase(name)`` is called as each phase starts and at the end.
-    ``chunk_bytes``: chunks smaller than the config's floor of a megabyte (tests)."""
+    ``parquet/``, the splits in ``parquet/.splits-staging`` or (``publish``) put in place as
+    the job does (renamed locally, published by their markers at a URL). Returns the rows per
+    split and the seconds per phase; ``on_phase(name)`` is called as each phase starts and at
+    the end. ``chunk_bytes``: chunks smaller than the config's floor of a megabyte (tests)."""
+    from dlrm_contracts.schema import SPLITS
+    from dlrm_contracts.storage import location_of
     from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.dictionaries import table_sizes
     from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.inputs import discover_days
-    from spark_jobs.splits import train_files
+    from spark_jobs.splits import settle_split_dirs, split_staging, train_files
 
     days = discover_days(input_dir)
     spec = parse_threshold_spec(cfg.frequency_threshold)
@@ -123,7 +132,8 @@ def run_engine(
         start = time.perf_counter()
         on_phase and on_phase("transform")
         partitions = train_files(cfg, sum(stats[d.day].rows_valid for d in days[:-1]))
-        staging = _path(join(workdir, "parquet", ".splits-staging"))
+        parquet = location_of(join(workdir, "parquet"))
+        staging = split_staging(parquet) if publish else _path(join(workdir, "parquet", ".splits-staging"))
         engine.write_splits(
             stats,
             sizes,
@@ -132,6 +142,8 @@ def run_engine(
             staging,
             partitions,
         )
+        if publish:
+            settle_split_dirs(staging, {s: parquet / s for s in SPLITS}, cfg.compression)
         seconds["transform"] = time.perf_counter() - start
         on_phase and on_phase("end")
     finally:
@@ -236,10 +248,11 @@ def one_run(args) -> dict:
     def on_phase(name):
         lines = sum(1 for _ in open(log)) if log and os.path.exists(log) else 0
         moto = sum(1 for _ in open(args.moto_log)) if args.moto_log else 0
-        marks.append((name, lines, moto, process_tree_cpu_seconds()))
+        server = _cpu_seconds(args.moto_pid) if args.moto_pid else 0.0
+        marks.append((name, lines, moto, process_tree_cpu_seconds(), server))
 
     start = time.perf_counter()
-    result = run_engine(session, args.input, args.workdir, cfg, on_phase)
+    result = run_engine(session, args.input, args.workdir, cfg, on_phase, publish=True)
     result["wall_seconds"] = time.perf_counter() - start
     result["marks"] = marks
     session.stop()
@@ -252,7 +265,7 @@ def phase_requests(log: Path, moto_log: Path | None, marks) -> dict:
     lines = log.read_text().splitlines() if log.exists() else []
     moto = moto_log.read_text().splitlines() if moto_log and moto_log.exists() else []
     out = {}
-    for (name, a, ma, _), (_, b, mb, _) in zip(marks, marks[1:]):
+    for (name, a, ma, *_), (_, b, mb, *_) in zip(marks, marks[1:]):
         kinds, nbytes = Counter(), Counter()
         for line in lines[a:b]:
             _, kind, size = line.split()
@@ -295,7 +308,7 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
         args.driver_memory,
     ]
     if where == "s3":
-        command += ["--moto-log", str(server.log)]
+        command += ["--moto-log", str(server.log), "--moto-pid", str(server.process.pid)]
     server_cpu = _cpu_seconds(server.process.pid) if server else 0.0
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     server_cpu = _cpu_seconds(server.process.pid) - server_cpu if server else 0.0
@@ -312,6 +325,9 @@ def launch(run: str, raw: Path, args, server: MotoServer | None) -> dict:
     result["server_cpu_seconds"] = round(server_cpu, 1) if where == "s3" else 0.0
     result["cpu_seconds"] = {
         m[0]: round(n[3] - m[3], 1) for m, n in zip(result["marks"], result["marks"][1:])
+    }
+    result["server_cpu_by_phase"] = {
+        m[0]: round(n[4] - m[4], 1) for m, n in zip(result["marks"], result["marks"][1:])
     }
     return result
 
@@ -343,6 +359,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir")
     parser.add_argument("--exchange", default="auto")
     parser.add_argument("--moto-log")
+    parser.add_argument("--moto-pid", type=int)
     parser.add_argument("--data-root", default="/tmp/bench_object_store")
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=2_500_000)
@@ -383,7 +400,13 @@ def main(argv=None) -> int:
                 + "  ".join(f"{p} {result['seconds'][p]:.1f} s" for p in PHASES)
                 + "  cpu "
                 + " ".join(f"{p} {c}" for p, c in result["cpu_seconds"].items())
-                + (f"  S3 server cpu {result['server_cpu_seconds']}" if run.startswith("s3") else ""),
+                + (
+                    f"  S3 server cpu {result['server_cpu_seconds']} ("
+                    + " ".join(f"{p} {c}" for p, c in result["server_cpu_by_phase"].items())
+                    + ")"
+                    if run.startswith("s3")
+                    else ""
+                ),
                 flush=True,
             )
             for phase, io in result.get("io", {}).items():

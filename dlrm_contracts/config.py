@@ -221,6 +221,11 @@ class PreprocessConfig:
     # parsing it in blocks of arrow_block_kb of text (small enough to stay in the CPU cache).
     arrow_chunk_mb: int = 256
     arrow_block_kb: int = 1024
+    # Arrow engine, a day file behind a URL: its reads grow from 8 MB to this many MB, the next
+    # one fetched while the task parses the current one, so a task holds at most twice this.
+    # On S3 the reads are pieces of one streamed GET per chunk (one request whatever this
+    # size); on GCS, Azure and HDFS each read is a ranged request (a chunk of 256 MB: 7).
+    arrow_remote_read_mb: int = 64
     # A line longer than this many bytes (without its '\n' and a trailing '\r') is rejected as
     # line_too_long, by both engines, before any field is read; the rejects keep at most this
     # many bytes of any rejected line (and its full length). The longest valid Criteo line
@@ -1172,6 +1177,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
         "broadcast_max_values": AT_LEAST_0,
         "arrow_chunk_mb": AT_LEAST_1,
         "arrow_block_kb": AT_LEAST_1,
+        "arrow_remote_read_mb": AT_LEAST_1,
         "window_days": Limit(2),
         "max_line_bytes": Limit(1024),
         "caps": Limit(1, MAX_CAP),

@@ -123,7 +123,13 @@ def make_dir(target: Target) -> None:
 def new_version(final: Location) -> Location:
     """A fresh, empty prefix under ``final`` for the files of a new publication of ``final``
     (a store only); :func:`commit_version` publishes it."""
-    return final / object_commit._new_version()
+    return final / new_version_name()
+
+
+def new_version_name() -> str:
+    """A fresh version's name (``.v-<time>-<random>``), for writers that put one version's
+    files under several directories, each then committed on its own."""
+    return object_commit._new_version()
 
 
 def commit_version(final: Location, version: Location) -> dict[str, int]:
@@ -145,18 +151,6 @@ def _sizes_under(root: Location) -> dict[str, int]:
         for info in root.fs.get_file_info(selector)
         if info.type == pafs.FileType.File
     }
-
-
-def publish_staged(staged: Location, final: Location) -> dict[str, int]:
-    """The files under ``staged`` (on the same store) published as ``final``: copied by the
-    store itself (no bytes through this process) under a new version, committed, and
-    ``staged`` removed."""
-    version = new_version(final)
-    for entry in staged.files():
-        staged.fs.copy_file(entry.path, (version / entry.relative_to(staged)).path)
-    files = commit_version(final, version)
-    staged.delete_tree()
-    return files
 
 
 def published_dir(final: Target) -> Target | None:

@@ -49,8 +49,9 @@ from spark_jobs.session import get_session
 from spark_jobs.spark_failure import spark_errors
 from spark_jobs.splits import (
     move_split_dirs,
-    publish_split_dirs,
     rows_in_files,
+    settle_split_dirs,
+    split_staging,
     train_files,
     write_empty,
 )
@@ -484,15 +485,10 @@ def _write_splits(run: RunContext, counted: Counted, sizes: dict[str, int]) -> d
     from the written files' footers."""
     layout, cfg = run.layout, run.cfg
     with run.timer.stage("transform"):
-        staging = layout.parquet / ".splits-staging"
+        staging = split_staging(layout.parquet)
         dictionaries = published_dictionaries(layout) or layout.dictionaries
         _transform(run, counted, sizes, dictionaries, staging)
-        targets = {s: layout.parquet_split(s) for s in SPLITS}
-        if workdir_io.is_remote(staging):
-            publish_split_dirs(staging, targets, cfg.compression)
-        else:
-            for name in move_split_dirs(staging, targets):
-                write_empty(targets[name] / "part-00000.parquet", cfg.compression)
+        settle_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS}, cfg.compression)
     return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
 

@@ -8,10 +8,11 @@ transform's write tasks from ``train_files``.
 
 from __future__ import annotations
 
+import posixpath
 import shutil
 from pathlib import Path
 
-from dlrm_contracts import workdir_io
+from dlrm_contracts import object_commit, storage, workdir_io
 from dlrm_contracts.config import PreprocessConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from dlrm_contracts.storage import Location
@@ -54,6 +55,40 @@ def write_empty(path: Path | Location, compression: str) -> None:
     pq.write_table(parquet_schema().empty_table(), local, compression=parquet_codec(compression))
 
 
+def split_staging(parquet_dir: Path | Location) -> Path | Location:
+    """Where the engine writes the splits (``<staging>/<split>/part-*.parquet``, through
+    :func:`split_dir`) before :func:`settle_split_dirs` puts them in place. Locally a directory
+    beside them, renamed into place. At a URL a fresh version name ``parquet/.v-<...>``: each
+    split's files go straight under ``parquet/<split>/.v-<...>/``, the prefix its commit
+    marker then publishes, so no object is copied."""
+    if workdir_io.is_remote(parquet_dir):
+        return parquet_dir / workdir_io.new_version_name()
+    return parquet_dir / ".splits-staging"
+
+
+def split_dir(staging: str, split: str) -> str:
+    """The directory (or prefix) a split's files are written into for ``staging`` (a path or
+    URL): ``staging/<split>``, or for a version staging at a URL (:func:`split_staging`) that
+    version under the split's own directory."""
+    name = posixpath.basename(staging.rstrip("/"))
+    if storage.is_url(staging) and name.startswith(object_commit.VERSION_PREFIX):
+        return posixpath.join(posixpath.dirname(staging.rstrip("/")), split, name)
+    return posixpath.join(staging, split) if storage.is_url(staging) else str(Path(staging, split))
+
+
+def settle_split_dirs(
+    staging: Path | Location, targets: dict[str, Path | Location], compression: str
+) -> None:
+    """The engine's splits put where readers take them, a split without rows getting one
+    empty part: locally renamed into place (:func:`move_split_dirs`), at a URL published by
+    their markers (:func:`publish_split_dirs`)."""
+    if workdir_io.is_remote(staging):
+        publish_split_dirs(staging, targets, compression)  # type: ignore[arg-type]
+        return
+    for name in move_split_dirs(workdir_io.local_path(staging), targets):  # type: ignore[arg-type]
+        write_empty(targets[name] / "part-00000.parquet", compression)
+
+
 def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
     """``staging/<name>`` → ``targets[name]``; returns the names that had no rows."""
     empty = []
@@ -69,22 +104,20 @@ def move_split_dirs(staging: Path, targets: dict[str, Path]) -> list[str]:
 
 
 def publish_split_dirs(staging: Location, targets: dict[str, Location], compression: str) -> list[str]:
-    """At a URL: each ``staging/<name>`` published as ``targets[name]`` by its commit marker
-    (``workdir_io.publish_staged``; a split the engine wrote no file for gets one empty part);
-    returns the names that had no rows. A kill before a split's marker leaves that split's
-    previous publication (or none) for readers: ``_SUCCESS``, removed at the run's start,
-    is what says the set is complete."""
+    """At a URL: each split's version, written by the engine under ``targets[name]`` for the
+    version ``staging`` names (:func:`split_staging`), published by its commit marker (a split
+    the engine wrote no file for gets one empty part); returns the names that had no rows.
+    Nothing is copied: the marker written last is the publication. A kill before a split's
+    marker leaves that split's previous publication (or none) for readers, and its unnamed
+    version is deleted by the next publication; ``_SUCCESS``, removed at the run's start, is
+    what says the set is complete."""
     empty = []
     for name, target in targets.items():
-        source = staging / name
-        if source.files():
-            workdir_io.publish_staged(source, target)
-            continue
-        version = workdir_io.new_version(target)
-        write_empty(version / "part-00000.parquet", compression)
+        version = target / staging.name
+        if not version.files():
+            write_empty(version / "part-00000.parquet", compression)
+            empty.append(name)
         workdir_io.commit_version(target, version)
-        empty.append(name)
-    staging.delete_tree()
     return empty
 
 

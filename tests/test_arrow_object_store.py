@@ -82,9 +82,11 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
         assert not different, (exchange, different)
 
 
-def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatch):
-    """Chunks of a plain day and a .gz day read behind a URL by requests of 4 KB (lines cross
-    both the chunks' and the requests' boundaries): the same lines as read from the disk."""
+@pytest.mark.parametrize("streamed", [True, False], ids=["s3-stream", "ranges"])
+def test_reads_behind_a_url_give_the_lines_of_a_local_read(store, tmp_path, monkeypatch, streamed):
+    """Chunks of a plain day and a .gz day read behind a URL by reads of 4 KB (lines cross
+    the chunks', the reads' and on S3 the streamed GETs' boundaries), as one streamed GET per
+    chunk (S3) or by ranged requests (the other stores): the same lines as read from the disk."""
     from spark_jobs.engines.arrow import chunks, remote
 
     raw = write_days(tmp_path / "raw", random_days(39, 2, 300))
@@ -93,10 +95,12 @@ def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatc
     (raw / "day_1.gz").write_bytes(gzip.compress((raw / "day_1").read_bytes()))
     (raw / "day_1").unlink()
     url = harness.upload_input(raw, store, "ranged", store["bucket"])
-    monkeypatch.setattr(remote, "REMOTE_READ_BYTES", 4096)
+    if not streamed:
+        monkeypatch.setattr(remote, "streams", lambda url: False)
 
     def lines(chunk):
-        return [block.line(i) for block in chunks.line_blocks(chunk, 1024, 4096) for i in range(len(block))]
+        blocks = chunks.line_blocks(chunk, 1024, 4096, remote_read_bytes=4096)
+        return [block.line(i) for block in blocks for i in range(len(block))]
 
     local = chunks.plan_chunks(
         [harness.UrlDay(0, str(raw / "day_0")), harness.UrlDay(1, str(raw / "day_1.gz"))], 10_000
@@ -108,15 +112,77 @@ def test_ranged_reads_give_the_lines_of_a_local_read(store, tmp_path, monkeypatc
     assert sum(len(lines(c)) for c in behind) == 600
 
 
+def _requests(log: Path, kind: str) -> list[int]:
+    return [int(line.split()[2]) for line in log.read_text().splitlines() if line.split()[1] == kind]
+
+
+def test_a_chunk_on_s3_is_one_streamed_get(store, tmp_path, monkeypatch):
+    """Each chunk of a plain day on S3 costs one GET (and no HEAD), reading its range plus one
+    block, whatever the read size: the requests do not grow with the chunk."""
+    from spark_jobs.engines.arrow import chunks, remote
+
+    raw = write_days(tmp_path / "raw", random_days(41, 1, 600))
+    url = harness.upload_input(raw, store, "streamed", store["bucket"])
+    monkeypatch.setattr(remote, "REMOTE_FIRST_READ_BYTES", 1024)
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv(remote.IO_LOG_ENV, str(log))
+    local = chunks.plan_chunks([harness.UrlDay(0, str(raw / "day_0"))], 20_000)
+    behind = chunks.plan_chunks(harness.url_days(url), 20_000)
+    log.unlink()
+    assert len(behind) >= 3
+
+    for a, b in zip(local, behind):
+        blocks = chunks.line_blocks(b, 512, 4096, remote_read_bytes=4096)
+        assert [k.line(i) for k in blocks for i in range(len(k))] == [
+            k.line(i) for k in chunks.line_blocks(a, 512, 4096) for i in range(len(k))
+        ]
+    assert len(_requests(log, "get")) == len(behind)
+    assert not _requests(log, "head")
+    size = (raw / "day_0").stat().st_size
+    assert size <= sum(_requests(log, "get")) <= size + len(behind) * 512
+
+
+def test_a_broken_stream_is_asked_again_from_where_it_stopped(store, tmp_path):
+    """A connection reset mid-way through a chunk's GET: the stream asks for the rest with a
+    new GET from the byte it stopped at, and the bytes read are the object's."""
+    from urllib3.exceptions import ProtocolError
+
+    from spark_jobs.engines.arrow import remote
+
+    data = bytes(range(256)) * 64
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "day_0").write_bytes(data)
+    url = harness.upload_input(tmp_path / "raw", store, "broken", store["bucket"]) + "/day_0"
+
+    class Breaks:
+        def __init__(self, body):
+            self.body, self.reads = body, 0
+
+        def read(self, n):
+            self.reads += 1
+            if self.reads == 3:
+                raise ProtocolError("Connection broken: reset by peer")
+            return self.body.read(n)
+
+        def close(self):
+            self.body.close()
+
+    stream = remote.stream_range(url, 100, 10_000)
+    stream.body = Breaks(stream.body)
+    got = b"".join(iter(lambda: stream.read(1000), b""))
+    stream.close()
+    assert got == data[100:10_000] and stream.retries == 1
+
+
 def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
-    """A chunk's requests double from the first size to the largest (then stay there), one
-    ahead of the parse, and still give the lines of a local read."""
+    """On a store read by ranges, a chunk's requests double from the first size to the largest
+    (then stay there), one ahead of the parse, and still give the lines of a local read."""
     from spark_jobs.engines.arrow import chunks, remote
 
     raw = write_days(tmp_path / "raw", random_days(40, 1, 300))
     url = harness.upload_input(raw, store, "growing", store["bucket"])
+    monkeypatch.setattr(remote, "streams", lambda url: False)
     monkeypatch.setattr(remote, "REMOTE_FIRST_READ_BYTES", 1024)
-    monkeypatch.setattr(remote, "REMOTE_READ_BYTES", 4096)
     log = tmp_path / "requests.log"
     monkeypatch.setenv(remote.IO_LOG_ENV, str(log))
     [local] = chunks.plan_chunks([harness.UrlDay(0, str(raw / "day_0"))], 1 << 30)
@@ -124,10 +190,11 @@ def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
     log.unlink()
 
     def lines(chunk):
-        return [block.line(i) for block in chunks.line_blocks(chunk, 512, 4096) for i in range(len(block))]
+        blocks = chunks.line_blocks(chunk, 512, 4096, remote_read_bytes=4096)
+        return [block.line(i) for block in blocks for i in range(len(block))]
 
     assert lines(behind) == lines(local)
-    sizes = [int(line.split()[2]) for line in log.read_text().splitlines() if line.split()[1] == "get"]
+    sizes = _requests(log, "get")
     size = (raw / "day_0").stat().st_size
     assert sum(sizes) == size
     assert sizes[:3] == [1024, 2048, 4096]

@@ -112,6 +112,9 @@ def test_bucket_run_publishes_the_local_run_s_bytes_and_reruns_at_another_thresh
     assert workdir_io.exists(layout.parquet / SUCCESS)
     assert object_commit.is_committed(layout.parquet / "train")
     assert not (layout.parquet / ".splits-staging").files()
+    # the engine wrote every split straight into the run's one version: nothing was copied
+    markers = [object_commit.read_marker(layout.parquet / s) for s in SPLITS]
+    assert len({m["version"] for m in markers if m}) == 1
     at_2 = _published(url)
     assert at_2 != local_run[0]
 
@@ -156,6 +159,17 @@ def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, loc
     assert _published(url) == local_run[0]
     assert workdir_io.exists(layout.parquet / SUCCESS)
     assert len(_versions(train)) == 1
+
+    # killed again, now with a publication in place: readers keep it, the killed run's files
+    # lie beside it unnamed (the next publication deletes them, as above)
+    published = {p.name: p.read_bytes() for p in workdir_io.published_files(train)}
+    monkeypatch.setattr(object_commit, "write_marker", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(raw[1], url, "2")
+    monkeypatch.setattr(object_commit, "write_marker", real)
+    assert not workdir_io.exists(layout.parquet / SUCCESS)
+    assert len(_versions(train)) == 2
+    assert {p.name: p.read_bytes() for p in workdir_io.published_files(train)} == published
 
 
 def test_stable_ids_at_a_url_are_refused_before_anything_is_written(raw, store):

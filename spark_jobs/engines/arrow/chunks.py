@@ -83,10 +83,7 @@ def input_tasks(days, cfg) -> int:
 def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
     """The chunk's bytes from one byte before its start (to see whether a line starts there)
     to the end of the file, in pieces of at most ``read_bytes``; gzip streams decompressed
-    (concatenated members included)."""
-    if remote.is_url(chunk.path):
-        yield from _remote_pieces(chunk, read_bytes)
-        return
+    (concatenated members included). A local file; behind a URL ``_remote_pieces``."""
     with open(chunk.path, "rb", buffering=0) as fh:
         if not chunk.gzipped:
             fh.seek(max(chunk.start - 1, 0))
@@ -96,30 +93,76 @@ def _raw_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
         yield from _gunzip(fh, chunk.path, read_bytes)
 
 
-class _RangedReader:
-    """A remote object read front to back by ranged requests (``read(n)`` hands them out in
-    pieces of ``n``): a request costs a round trip and, on some stores, work in proportion to
-    the object rather than the range, so requests grow from ``REMOTE_FIRST_READ_BYTES`` to
-    ``REMOTE_READ_BYTES`` (a chunk costs a few), and the next one is already under way (a
-    thread: pyarrow's read releases the GIL) while the task parses the current one. Requests
-    stop at ``limit`` (a chunk's end plus one block, for the line running across it); past
-    it, more is fetched only when asked for."""
+class _StreamSource:
+    """Reads of an S3 object as pieces of streamed GETs: one GET from the first offset to
+    ``limit`` (a chunk's end plus one block), and only when a read goes past it, another to
+    the object's end. So a chunk is one request whatever the read sizes."""
 
-    def __init__(self, handle, offset: int, limit: float):
+    def __init__(self, url: str, limit: float):
+        self.url, self.limit = url, limit
+        self.stream: remote.Stream | None = None
+        self.at = -1
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.stream is None or offset != self.at:
+            self.close()
+            end = int(self.limit) if offset < self.limit < float("inf") else None
+            self.stream, self.at = remote.stream_range(self.url, offset, end), offset
+        assert self.stream is not None
+        data = self.stream.read(size)
+        self.at += len(data)
+        if len(data) < size and self.at == self.limit:  # the GET's end, not the object's
+            self.close()
+            return data + self.read(self.at, size - len(data))
+        return data
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+
+class _RangeSource:
+    """Reads of an object as ranged requests, one each (stores without a streamed read here)."""
+
+    def __init__(self, url: str):
+        self.url, self.handle = url, None
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.handle is None:
+            self.handle = remote.open_remote(self.url)
+        return remote.read_range(self.handle, offset, size)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+class _ReadAhead:
+    """An object read front to back (``read(n)`` hands the reads out in pieces of ``n``): reads
+    grow from ``REMOTE_FIRST_READ_BYTES`` to ``largest`` (a task starts parsing after a short
+    wait, then each read's latency is a small part of its transfer), and the next one is
+    already under way on a thread (the network call releases the GIL) while the task parses
+    the current one: a task holds at most two reads. Reads stop at ``limit`` (a chunk's end
+    plus one block, for the line running across it); past it, more is read only when asked
+    for."""
+
+    def __init__(self, source, offset: int, limit: float, largest: int):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.handle, self.offset, self.limit = handle, offset, limit
+        self.source, self.offset, self.limit, self.largest = source, offset, limit, max(1, largest)
         self.buffer, self.at, self.done = b"", 0, False
-        self.size = min(remote.REMOTE_FIRST_READ_BYTES, remote.REMOTE_READ_BYTES)
+        self.size = min(remote.REMOTE_FIRST_READ_BYTES, self.largest)
         self.pool = ThreadPoolExecutor(1)
         self.pending = self._request()
 
     def _request(self):
-        size, self.size = self.size, min(2 * self.size, remote.REMOTE_READ_BYTES)
+        size, self.size = self.size, min(2 * self.size, self.largest)
         if self.offset < self.limit:
             size = int(min(size, self.limit - self.offset))
         offset, self.offset = self.offset, self.offset + size
-        return self.pool.submit(lambda: (remote.read_range(self.handle, offset, size), size))
+        return self.pool.submit(lambda: (self.source.read(offset, size), size))
 
     def read(self, n: int) -> bytes:
         if self.at >= len(self.buffer):
@@ -138,24 +181,25 @@ class _RangedReader:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.source.close()
 
 
-def _remote_pieces(chunk: Chunk, read_bytes: int) -> Iterator[bytes]:
-    """``_raw_pieces`` of a day file behind a URL: ranged reads of a plain file, the whole
-    stream of a ``.gz`` (its members are only found by inflating from the start)."""
-    with remote.open_remote(chunk.path) as handle:
+def _remote_pieces(chunk: Chunk, read_bytes: int, largest: int) -> Iterator[bytes]:
+    """``_raw_pieces`` of a day file behind a URL: a plain file from one byte before the
+    chunk's start, a ``.gz`` from its start to its end (its members are only found by
+    inflating from the start); on S3 one streamed GET, elsewhere ranged requests."""
+    start = 0 if chunk.gzipped else max(chunk.start - 1, 0)
+    limit = float("inf") if chunk.gzipped else chunk.end + read_bytes
+    source = _StreamSource(chunk.path, limit) if remote.streams(chunk.path) else _RangeSource(chunk.path)
+    reader = _ReadAhead(source, start, limit, largest)
+    try:
         if chunk.gzipped:
-            reader = _RangedReader(handle, 0, float("inf"))
-        else:
-            reader = _RangedReader(handle, max(chunk.start - 1, 0), chunk.end + read_bytes)
-        try:
-            if chunk.gzipped:
-                yield from _gunzip(reader, chunk.path, read_bytes)
-                return
-            while piece := reader.read(read_bytes):
-                yield piece
-        finally:
-            reader.close()
+            yield from _gunzip(reader, chunk.path, read_bytes)
+            return
+        while piece := reader.read(read_bytes):
+            yield piece
+    finally:
+        reader.close()
 
 
 def _gunzip(fh, path: str, read_bytes: int) -> Iterator[bytes]:
@@ -223,7 +267,10 @@ class _LongLine:
 
 
 def line_blocks(
-    chunk: Chunk, block_bytes: int = 1 << 20, max_line_bytes: int | None = None
+    chunk: Chunk,
+    block_bytes: int = 1 << 20,
+    max_line_bytes: int | None = None,
+    remote_read_bytes: int = 64 << 20,
 ) -> Iterator[LineBlock]:
     """The chunk's lines, in order, as blocks of about ``block_bytes`` of text.
 
@@ -231,14 +278,20 @@ def line_blocks(
     is not gathered: its first ``max_line_bytes`` are kept, the rest only counted, and it comes
     as a block of its own (``LineBlock.cut``). So every byte is copied a bounded number of
     times and the reader holds at most ``block_bytes`` + ``max_line_bytes`` + 1 bytes of text,
-    whatever the length of a line or the ratio of a gzip stream. None: no limit."""
+    whatever the length of a line or the ratio of a gzip stream. None: no limit.
+    ``remote_read_bytes``: the largest read of a day file behind a URL (``_ReadAhead``)."""
     pending = b""  # bytes after the last complete line seen so far
     offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0  # file offset of pending[0]
     skip_to_line_start = not chunk.gzipped and chunk.start > 0
     first = 0
     long: _LongLine | None = None
     end = _end(chunk)
-    for piece in _raw_pieces(chunk, block_bytes):
+    pieces = (
+        _remote_pieces(chunk, block_bytes, remote_read_bytes)
+        if remote.is_url(chunk.path)
+        else _raw_pieces(chunk, block_bytes)
+    )
+    for piece in pieces:
         if long is not None:
             cut = piece.find(b"\n")
             long.add(piece, len(piece) if cut < 0 else cut)

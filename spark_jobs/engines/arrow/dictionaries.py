@@ -125,7 +125,7 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
     the partial counts as rows for Spark's exchange (``count_exchange``)."""
 
     def run(items):
-        from spark_jobs.engines.arrow.count_exchange import bucket_rows
+        from spark_jobs.engines.arrow.count_exchange import partial_rows
 
         for item in items:
             for k in item.column(0).to_numpy():
@@ -135,7 +135,7 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
                         continue
                     if directory is None:
                         yield sample_rows(day, by_column)
-                        yield bucket_rows(day, by_column)
+                        yield partial_rows(day, by_column)
                         continue
                     name = f"stored-{int(k):05d}-{i:05d}{partial_files.SUFFIX}"
                     yield write_partials(remote.join(directory, name), day, by_column)

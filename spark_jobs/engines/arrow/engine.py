@@ -73,6 +73,7 @@ class ArrowEngine:
             block_bytes=max(4096, cfg.arrow_block_kb << 10),
             count_flush_lines=COUNT_FLUSH_LINES,
             max_line_bytes=cfg.max_line_bytes,
+            remote_read_bytes=cfg.arrow_remote_read_mb << 20,
         )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
@@ -189,8 +190,9 @@ class ArrowEngine:
         return _write_histogram(_column_histogram(self._plan, self._histograms), counts_dir)
 
     def _shuffled_merge(self, merge: dicts.MergeSpec) -> list:
-        """The merge over Spark's exchange: each persisted partial row routed to its group's
-        task (a broadcast join on (column, fine bucket)), a task's rows sorted by group."""
+        """The merge over Spark's exchange: each persisted partial row cut at its column's
+        group bounds (``count_exchange.route_task``), the pieces shuffled to their group's
+        task, a task's rows sorted by group."""
         from functools import reduce
 
         from pyspark.sql import functions as F
@@ -198,10 +200,9 @@ class ArrowEngine:
         partials = reduce(lambda a, b: a.unionByName(b), self._counted).filter(
             F.col("kind") == count_exchange.KIND_PARTIAL
         )
-        routes = self.session.createDataFrame(
-            count_exchange.group_map(self._plan), count_exchange.GROUP_MAP_SCHEMA
+        routed = partials.select(*count_exchange.ROUTE_INPUT).mapInArrow(
+            count_exchange.route_task(self._plan), count_exchange.ROUTED_SCHEMA
         )
-        routed = partials.join(F.broadcast(routes), ["column", "value"]).select(*count_exchange.MERGE_INPUT)
         rows = (
             routed.repartition(self._tasks_per_group_pass(), "group")
             .sortWithinPartitions("group", "day")

@@ -20,14 +20,13 @@ import os
 import posixpath
 import tempfile
 from pathlib import Path
+from typing import Any
 
 IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
-# Ranged reads of a day file: the first small, so a task starts parsing after a short wait;
-# each next one twice the last up to the largest, so a chunk costs a few requests whose
-# latency is a small part of their transfer. A reader holds two of them (one parsed, one on
-# its way), which bounds a task's read buffers at twice the largest.
+# A day file's reads: the first small, so a task starts parsing after a short wait; each next
+# one twice the last up to the largest (``PreprocessConfig.arrow_remote_read_mb``). On S3 they
+# are pieces of one streamed GET per chunk; on the other stores, one ranged request each.
 REMOTE_FIRST_READ_BYTES = 8 << 20
-REMOTE_READ_BYTES = 64 << 20
 
 
 def is_url(path) -> bool:
@@ -83,12 +82,144 @@ def open_remote(url: str):
     return fs.open_input_file(inner)
 
 
+def streams(url: str) -> bool:
+    """Whether ``stream_range`` reads this URL: S3 with boto3 (pyarrow's S3 client has no
+    streamed read, each of its reads is a request of its own); other stores are read by
+    ranges."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(str(url)).scheme.lower() == "s3" and _s3_client() is not None
+
+
+def stream_range(url: str, start: int, end: int | None) -> "Stream":
+    """A streamed GET of bytes [start, end) of an S3 object (``end`` None: to its end), read
+    piece by piece with ``read(n)``: one request for a whole chunk, whose bytes arrive while
+    the task parses (only what is read is held). A range starting at or past the object's
+    end reads as empty."""
+    return Stream(url, start, end)
+
+
+# A stream broken mid-way (a reset connection, a read timeout) is asked again from where it
+# stopped, this many times, before the task fails (and Spark retries it).
+STREAM_RETRIES = 3
+
+
+class Stream:
+    """One streamed GET: ``read(n)`` gives ``n`` bytes (fewer only at its end); the request is
+    logged with the bytes read when it is closed."""
+
+    def __init__(self, url: str, start: int, end: int | None):
+        self.url, self.start, self.end = url, start, end
+        self.read_total, self.retries, self.logged = 0, 0, 0
+        self.body = self._open(start)
+
+    def _open(self, offset: int):
+        from urllib.parse import urlsplit
+
+        from botocore.exceptions import ClientError
+
+        if self.end is not None and self.end <= offset:
+            return None
+        parts = urlsplit(str(self.url))
+        last = "" if self.end is None else str(self.end - 1)
+        try:
+            response = _s3_client().get_object(
+                Bucket=parts.netloc, Key=parts.path.lstrip("/"), Range=f"bytes={offset}-{last}"
+            )
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(self.url) from None
+            if code != "InvalidRange":  # InvalidRange: at or past the object's end
+                raise
+            log_request("get")
+            return None
+        return response["Body"]
+
+    def read(self, n: int) -> bytes:
+        pieces: list[bytes] = []
+        wanted = n
+        while wanted > 0 and self.body is not None:
+            piece = self._read_body(wanted)
+            if not piece:
+                break
+            pieces.append(piece)
+            wanted -= len(piece)
+            self.read_total += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _read_body(self, n: int) -> bytes:
+        from botocore.exceptions import BotoCoreError
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self.body.read(n)
+        except (BotoCoreError, HTTPError, ConnectionError) as error:
+            if self.retries >= STREAM_RETRIES:
+                raise OSError(f"{self.url}: the stream broke {self.retries + 1} times ({error})") from None
+            self.retries += 1
+            self._close_body()
+            self.body = self._open(self.start + self.read_total)
+            return b"" if self.body is None else self._read_body(n)
+
+    def close(self) -> None:
+        if self.body is not None:
+            self._close_body()
+
+    def _close_body(self) -> None:
+        self.body.close()
+        self.body = None
+        log_request("get", self.read_total - self.logged)
+        self.logged = self.read_total
+
+
+_S3_CLIENTS: dict[tuple, object] = {}
+
+
+def _s3_client() -> Any:
+    """boto3's S3 client for this environment (one per process and environment: its set-up
+    costs a credential lookup), None without boto3. Credentials, region and endpoint come from
+    the environment as for pyarrow's client (``dlrm_contracts.storage``)."""
+    try:
+        import boto3
+    except ImportError:
+        return None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    key = (endpoint, region, os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_PROFILE"))
+    client = _S3_CLIENTS.get(key)
+    if client is None:
+        client = _S3_CLIENTS[key] = boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
+    return client
+
+
 def read_bytes(url: str) -> bytes:
-    fs, inner = filesystem(url)
-    with fs.open_input_stream(inner, compression=None) as handle:
-        data = handle.read()
+    """An object read whole (FileNotFoundError when it is not there): on S3 one GET (pyarrow's
+    client asks for the object's size first, a second request per object)."""
+    if streams(url):
+        data = _get_object(url)
+    else:
+        fs, inner = filesystem(url)
+        with fs.open_input_stream(inner, compression=None) as handle:
+            data = handle.read()
     log_request("get", len(data))
     return data
+
+
+def _get_object(url: str) -> bytes:
+    from urllib.parse import urlsplit
+
+    from botocore.exceptions import ClientError
+
+    parts = urlsplit(str(url))
+    try:
+        response = _s3_client().get_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(url) from None
+        raise
+    with response["Body"] as body:
+        return body.read()
 
 
 def write_bytes(url: str, data) -> None:

@@ -7,8 +7,13 @@ at every step (Arrow → rows, shuffle, rows → parquet columns); one 160-byte 
 keys costs it a conversion per row, and pyarrow encodes the columns in C++.
 
 Spark still schedules every task, shuffles, sorts and joins; only the encoding of the parquet
-files runs in Python. Tasks may be retried, so each attempt writes under a name of its own and
-the driver keeps exactly the files of the attempts whose results it collected (``commit``).
+files runs in Python. Tasks may be retried, so on a filesystem each attempt writes under a name
+of its own and the driver keeps exactly the files of the attempts whose results it collected
+(``commit``). Behind a URL each file is written once under its final name in the run's own
+version prefix (``spark_jobs.splits.split_staging``), published later by a marker: an object
+appears whole when its upload completes, and every attempt of a task writes the same bytes (its
+rows and their order are fixed by the plan: sorted by the order key, or a chunk's line order),
+so whichever attempt completes last leaves the same object, and nothing is copied or renamed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow import remote
-from spark_jobs.splits import parquet_codec, parquet_schema
+from spark_jobs.splits import parquet_codec, parquet_schema, split_dir
 
 ROW_DTYPE = np.dtype([("label", "<i4"), ("num", "<f4", (NUM_INTEGER,)), ("cat", "<i4", (NUM_CATEGORICAL,))])
 ROW_BYTES = ROW_DTYPE.itemsize
@@ -61,7 +66,7 @@ def unpack_rows(array) -> np.ndarray:
 class WriteSpec:
     """What a writer task needs; pickled with it."""
 
-    out_dir: str  # staging: <out_dir>/<split>/part-<partition>.<attempt>.parquet
+    out_dir: str  # staging: <split_dir(out_dir, split)>/part-<partition>[.<attempt>].parquet
     compression: str
     row_group_rows: int  # rows buffered per row group (bounds a worker's memory)
     test_lines: int | None  # None: every row is train; else test = _order < test_lines
@@ -72,7 +77,10 @@ class _SplitFile:
 
     def __init__(self, spec: WriteSpec, split: str, part: int, token: str):
         self.spec, self.split, self.part = spec, split, part
-        self.path = remote.join(spec.out_dir, split, f"part-{part:05d}.{token}.parquet")
+        name = (
+            f"part-{part:05d}.parquet" if remote.is_url(spec.out_dir) else f"part-{part:05d}.{token}.parquet"
+        )
+        self.path = remote.join(split_dir(spec.out_dir, split), name)
         self.sink = None  # behind a URL: the object's upload stream
         self.pending: list = []
         self.pending_rows = 0
@@ -215,35 +223,18 @@ def write_partitions(frame, spec: WriteSpec) -> list:
 def commit(results: list, staging: Path | str) -> dict[str, int]:
     """Keep the files of the collected attempts as ``<split>/part-<partition>.parquet``; delete
     what failed or duplicate attempts left behind. Returns rows per split. Behind a URL the
-    attempt's object is copied to its final name by the store (no rename there)."""
-    if remote.is_url(staging):
-        return _commit_remote(results, str(staging))
+    files are already under their final names (no request here)."""
     rows: dict[str, int] = {}
+    for r in results:
+        rows[r["split"]] = rows.get(r["split"], 0) + r["rows"]
+    if remote.is_url(staging):
+        return rows
     kept = set()
     for r in results:
         final = Path(staging) / r["split"] / f"part-{r['part']:05d}.parquet"
         os.replace(r["path"], final)
         kept.add(final)
-        rows[r["split"]] = rows.get(r["split"], 0) + r["rows"]
     for path in Path(staging).glob("*/part-*.parquet"):
         if path not in kept:
             path.unlink()
-    return rows
-
-
-def _commit_remote(results: list, staging: str) -> dict[str, int]:
-    rows: dict[str, int] = {}
-    kept = set()
-    for r in results:
-        final = remote.join(staging, r["split"], f"part-{r['part']:05d}.parquet")
-        fs, source = remote.filesystem(r["path"])
-        fs.move(source, remote.filesystem(final)[1])
-        remote.log_request("copy")
-        kept.add(final)
-        rows[r["split"]] = rows.get(r["split"], 0) + r["rows"]
-    for url in remote.list_files(staging, ".parquet", recursive=True):
-        if url not in kept:
-            fs, inner = remote.filesystem(url)
-            fs.delete_file(inner)
-            remote.log_request("delete")
     return rows

@@ -47,6 +47,7 @@ class ReadSettings:
     count_flush_lines: int  # valid lines whose values are counted together
     # longer lines are rejected; the rejects keep this much of a line
     max_line_bytes: int = PreprocessConfig.max_line_bytes
+    remote_read_bytes: int = PreprocessConfig.arrow_remote_read_mb << 20  # largest read behind a URL
 
 
 def _chunk_ids(batches):
@@ -58,7 +59,11 @@ def _blocks(chunks: list[Chunk], batches, settings: ReadSettings):
     """(chunk number, chunk, its line blocks) for each chunk the task was given."""
     for chunk_id in _chunk_ids(batches):
         chunk = chunks[int(chunk_id)]
-        yield int(chunk_id), chunk, line_blocks(chunk, settings.block_bytes, settings.max_line_bytes)
+        yield (
+            int(chunk_id),
+            chunk,
+            line_blocks(chunk, settings.block_bytes, settings.max_line_bytes, settings.remote_read_bytes),
+        )
 
 
 def _parse(block: LineBlock, settings: ReadSettings):
@@ -123,9 +128,9 @@ class _ValueCounter:
         if not merged:
             return []
         if path is None:
-            from spark_jobs.engines.arrow.count_exchange import bucket_rows
+            from spark_jobs.engines.arrow.count_exchange import partial_rows
 
-            return [sample_rows(day, merged), bucket_rows(day, merged)]
+            return [sample_rows(day, merged), partial_rows(day, merged)]
         return [write_partials(path, day, merged)]
 
 

@@ -63,8 +63,8 @@ def merge_counts(parts: list[Counts], count_dtype=TOTAL_COUNT_DTYPE) -> Counts:
     """One Counts from several (each sorted): values summed, in ``count_dtype``. Runs are
     merged pairwise, smallest first, in one linear pass each (``kernels.merge_two``): the
     values are already sorted, so nothing is sorted again. The runs wait in a heap by length:
-    the shuffle exchange hands a group thousands of small runs (one per fine bucket and chunk),
-    and a sorted list kept by scanning would cost their number squared."""
+    a group's merge is handed a run per chunk, thousands on the Terabyte logs, and a sorted
+    list kept by scanning would cost their number squared."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty_counts(count_dtype)
