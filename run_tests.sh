@@ -32,7 +32,9 @@ if [[ $QUICK -eq 1 ]]; then
   TIER=(-m "not spark and not horovod and not slow")
 fi
 set +e
-"$ROOT/.venv/bin/python" -m pytest "${TIER[@]}" "$@"
+# Two workers (pytest-xdist), each given whole files so that a module's fixtures run once, the
+# heavy files first (tests/conftest.py); `-n 0` among the arguments runs in this one process.
+"$ROOT/.venv/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder "${TIER[@]}" "$@"
 status=$?
 set -e
 if [[ $status -eq 5 ]]; then

@@ -42,16 +42,34 @@ SLOW_TESTS = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+HEAVY_TIERS = ("spark", "horovod", "slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers ``./run_tests.sh --quick`` leaves out: a test that takes the Spark session is
     of the spark tier whether or not its module says so (the quick tier never starts a JVM),
-    and the tests above are of the slow tier."""
+    and the tests above are of the slow tier. Under pytest-xdist, the heavy files first."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
         module = item.path.name
         if module in SLOW_MODULES or f"{module}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    if getattr(config, "workerinput", None) is not None:
+        heavy_files_first(items)
+
+
+def heavy_files_first(items: list[pytest.Item]) -> None:
+    """Files in order of their count of spark, horovod and slow tests, most first, each
+    file's tests kept together and in their order. ./run_tests.sh gives each of its workers
+    whole files (--dist loadfile, so a module's fixtures run once), the next file in this
+    order to whichever worker is free: a long file handed out last would keep one worker
+    busy while the other sits idle. Every worker collects the same order (xdist checks)."""
+    heavy: dict[Path, int] = {}
+    for item in items:
+        counted = any(item.get_closest_marker(tier) for tier in HEAVY_TIERS)
+        heavy[item.path] = heavy.get(item.path, 0) + counted
+    items.sort(key=lambda item: -heavy[item.path])  # stable: ties keep the collected order
 
 
 @pytest.fixture(scope="session")

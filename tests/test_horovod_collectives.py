@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from trainer_helpers import horovod_env
 
 pytestmark = pytest.mark.horovod
 SCRIPT = Path(__file__).parent / "horovod_scripts" / "collectives_check.py"
@@ -37,6 +38,7 @@ def test_alltoall_allreduce_and_gradient_tape_on_two_ranks(venv_bin):
         capture_output=True,
         text=True,
         timeout=300,
+        env=horovod_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = [

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from dlrm_contracts.config import TrainConfig
+from dlrm_contracts.config import LaunchConfig, TrainConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
 from dlrm_contracts.schema import CAT_COLUMNS
+from pipeline.stages import GLOO_TIMEOUT_ENV
 from trainer.checkpoint import TABLE_KEY, CheckpointReader, latest_checkpoint
 from trainer.metrics import read_metrics
 from trainer.synthetic import write_planted_dataset
@@ -207,6 +209,16 @@ def checkpoint_arrays(workdir: Path) -> dict[str, np.ndarray]:
         reader.close()
 
 
+def horovod_env(env: dict | None = None) -> dict:
+    """The environment of a horovodrun that a test starts itself (``env``, else this
+    process's), with the Gloo timeout the pipeline gives its ranks
+    (``launch.gloo_timeout_seconds``) unless it names one: Gloo's own 30 s ends a run whose
+    other rank a loaded machine (the suite's two workers) holds up that long."""
+    base = dict(os.environ if env is None else env)
+    base.setdefault(GLOO_TIMEOUT_ENV, str(LaunchConfig().gloo_timeout_seconds))
+    return base
+
+
 def run_trainer_cli(
     args: list[str], ranks: int = 1, timeout: int = 240, env: dict | None = None
 ) -> tuple[dict, subprocess.CompletedProcess]:
@@ -222,6 +234,7 @@ def run_trainer_cli(
             "--gloo",
             *command,
         ]
+        env = horovod_env(env)
     proc = subprocess.run(
         command,
         capture_output=True,
