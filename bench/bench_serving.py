@@ -137,7 +137,7 @@ def serving_speed(
     import tensorflow as tf
 
     from dlrm_contracts.config import TrainConfig
-    from trainer.loop import Trainer
+    from trainer.loop import Trainer, benchmark_inference
 
     config = TrainConfig(preset="default", batch_size=batch, eval_batch_size=batch, inference_steps=steps)
     trainer = Trainer(config, workdir / "binary", scratch)  # first: it sets the thread pools
@@ -156,7 +156,7 @@ def serving_speed(
     figures: dict[str, list] = {}
     for _ in range(rounds):
         cpu = time.process_time()
-        rate = trainer.run_inference_benchmark()["inference_samples_per_s"]
+        rate = benchmark_inference(trainer)["inference_samples_per_s"]
         cpu = time.process_time() - cpu
         figures.setdefault("inference_benchmark_samples_per_s", []).append(rate)
         # the mode's own figure leaves out its first (tracing) step; its CPU figure does not

@@ -79,12 +79,12 @@ def test_throughput_clock_leaves_out_the_first_step_and_restarts_its_window(monk
     advanced by hand: a loaded or slow machine must not change what is asserted.)"""
     import tensorflow as tf
 
-    from trainer import loop
+    from trainer import step_report
 
     now = [1000.0]
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(step_report.time, "perf_counter", lambda: now[0])
     loss = tf.constant(0.5)
-    clock = loop.ThroughputClock(batch_size=100)
+    clock = step_report.ThroughputClock(batch_size=100)
     now[0] += 1.5  # a slow first step
     clock.step_done(loss)
     assert clock.steps == 1 and clock.run_rate() is None  # nothing timed yet

@@ -16,6 +16,8 @@ One code path serves one process and N ranks: embedding tables live on the rank 
 - :mod:`trainer.metrics`    exact ROC AUC and log loss (numpy), metrics log
 - :mod:`trainer.run_log`    metrics log, TensorBoard scalars and progress lines (rank 0)
 - :mod:`trainer.steps`      the training and prediction step functions
+- :mod:`trainer.assembly`   one rank's model, optimizer and step functions, built once
+- :mod:`trainer.step_report` the logged step: loss, learning rate, samples/s and ETA
 - :mod:`trainer.step_plan`  the steps of a run and the rows of each
 - :mod:`trainer.evaluation` predictions, AUC and log loss of a split; the inference rate
 - :mod:`trainer.loop`       the training / evaluation / inference-benchmark loops

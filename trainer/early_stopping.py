@@ -33,6 +33,14 @@ class EarlyStopping:
     def enabled(self) -> bool:
         return self.patience > 0
 
+    def validates_at(self, step: int, total: int, eval_every: int) -> bool:
+        """Whether the loop evaluates the validation split after ``step`` of ``total``: every
+        ``eval_every`` steps. Without early stopping the end has its own evaluation; with it,
+        the last step's model is one of the candidates too."""
+        if self.enabled:
+            return step % eval_every == 0 or step == total
+        return step % eval_every == 0 and step < total
+
     def update(self, step: int, auc: float | None) -> bool:
         """Record the validation AUC at ``step``; True when it is the best so far (the caller
         keeps its checkpoint).

@@ -1,8 +1,9 @@
 """The training loop of one rank, the same code for one process and N ranks: where a run
 starts (scratch, resume, the previous model), which steps and rows it trains, when it logs,
 validates, stops early and saves, and the summary of each mode (train, eval, inference
-benchmark). The step functions, the checkpoints' lifecycle, evaluation and the log are parts of
-their own (trainer/steps.py, checkpoint_lifecycle.py, evaluation.py, run_log.py).
+benchmark). The model's parts, the checkpoints' lifecycle, evaluation, the log and the step
+reports are modules of their own (trainer/assembly.py, checkpoint_lifecycle.py, evaluation.py,
+run_log.py, step_report.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,20 +22,19 @@ from dlrm_contracts.atomic import write_text_atomic
 from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, config_to_dict
 from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import best_checkpoint
-from trainer.checkpoint_lifecycle import CheckpointLifecycle, ModelState
+from trainer.assembly import assemble
+from trainer.checkpoint_lifecycle import CheckpointLifecycle
 from trainer.comm import make_comm
-from trainer.data import Batch, BinaryDataset, RankView, SplitReader, open_dataset, prefetch
+from trainer.data import Batch, BinaryDataset, SplitReader, open_dataset, prefetch
 from trainer.early_stopping import EarlyStopping
 from trainer.evaluation import EvalResult, Evaluator, as_served, eval_line, eval_record, summary_record
-from trainer.model import DLRM, model_dims
-from trainer.optim import learning_rate, make_optimizer
-from trainer.placement import plan_placement
+from trainer.model import model_dims
+from trainer.optim import learning_rate
 from trainer.progress import NoProgress, make_progress
-from trainer.row_l2 import row_penalties
 from trainer.run_log import RunLog
 from trainer.run_state import RunState
 from trainer.step_plan import batch_plan, run_length
-from trainer.steps import StepFunctions
+from trainer.step_report import StepReport, ThroughputClock
 from trainer.train_days import DayPlan, plan_days
 from trainer.warm_start import StartPlan, plan_start
 
@@ -103,45 +102,11 @@ def checked_batch_sizes(config: TrainConfig, world: int) -> tuple[int, int]:
     return config.batch_size, eval_batch
 
 
-class ThroughputClock:
-    """Samples per second of training: over the window since the last report, and over the run.
-
-    The run's rate starts after the first step, which traces the step functions (and with --xla
-    compiles them): that one-off cost would otherwise understate the steady rate.
-    """
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self.steps = 0
-        self.run_start = self.window_start = time.perf_counter()
-        self.window_steps = 0
-
-    def step_done(self, loss: tf.Tensor) -> None:
-        self.steps += 1
-        self.window_steps += 1
-        if self.steps == 1:
-            loss.numpy()  # the clock starts once the first step has surely finished
-            self.run_start = time.perf_counter()
-
-    def window_rate(self) -> float:
-        elapsed = time.perf_counter() - self.window_start
-        return self.window_steps * self.batch_size / max(elapsed, 1e-9)
-
-    def restart_window(self) -> None:
-        self.window_start, self.window_steps = time.perf_counter(), 0
-
-    def run_rate(self) -> float | None:
-        """None when fewer than two steps ran: no step was timed."""
-        if self.steps < 2:
-            return None
-        elapsed = time.perf_counter() - self.run_start
-        return round((self.steps - 1) * self.batch_size / max(elapsed, 1e-9), 1)
-
-
 class Trainer:
-    """One rank's share of a DLRM run: it builds the model and runs the loops. The step
-    functions (trainer/steps.py), the checkpoints' lifecycle (trainer/checkpoint_lifecycle.py),
-    evaluation (trainer/evaluation.py) and the log (trainer/run_log.py) are parts it holds."""
+    """One rank's share of a DLRM run: the training loop over parts it holds. The model, the
+    optimizer and the step functions (trainer/assembly.py), the checkpoints' lifecycle
+    (trainer/checkpoint_lifecycle.py), evaluation (trainer/evaluation.py), the log
+    (trainer/run_log.py) and the step reports (trainer/step_report.py)."""
 
     def __init__(self, config: TrainConfig, dataset_path: str | Path, workdir: str | Path, comm=None):
         self.config = config
@@ -163,53 +128,19 @@ class Trainer:
         self._build_model()
 
     def _build_model(self) -> None:
-        """Placement, this rank's variables, data view and step functions, the optimizer, and
-        the parts that save and evaluate them; replicas start equal."""
+        """This rank's parts (trainer/assembly.py), and the parts that save and evaluate them."""
         config = self.config
-        self.placement = plan_placement(
-            self.dataset.table_sizes,
-            self.dims.embedding_dim,
-            self.world,
-            bottom_data_parallel=config.bottom_mlp_data_parallel,
-            split_threshold_bytes=config.column_split_threshold_mb * 2**20,
-            force_split=tuple(config.force_column_split),
-        )
         self.compute_dtype = compute_dtype(config)
-        self.model = DLRM(
-            self.dims,
-            self.placement,
-            self.rank,
-            self.global_batch,
-            config.seed,
-            self.comm,
-            self.compute_dtype,
-            xla=config.xla,
-        )
-        numerical = (
-            "local"
-            if self.placement.bottom_owner is None
-            else "global"
-            if self.placement.bottom_owner == self.rank
-            else "none"
-        )
-        self.view = RankView(self.world, self.rank, self.model.tables_read, numerical)
-        replicated, owned = self.model.replicated_variables(), self.model.owned_variables()
-        self.optimizer = make_optimizer(
-            replicated + owned,
+        parts = assemble(
             config,
-            row_penalties(config, self.model, self.dataset, self.global_batch),
-            {name: config.wide_learning_rate_factor for name in self.model.wide_names()},
-        )
-        self.steps = StepFunctions(
-            self.model,
-            self.optimizer,
+            self.dataset,
+            self.dims,
             self.comm,
-            self.global_batch,
-            self.eval_batch,
+            (self.global_batch, self.eval_batch),
             self.compute_dtype,
-            config.xla,
         )
-        self.state = ModelState(owned, replicated, self.optimizer, self.steps.loss_scale)
+        self.placement, self.model, self.view = parts.placement, parts.model, parts.view
+        self.optimizer, self.steps, self.state = parts.optimizer, parts.steps, parts.state
         # The model's shape as checkpoints record it: the dims, and with multi-hot rows the
         # dataset's record of their materialization (sizes, seed, distribution): a checkpoint
         # trained on other rows is not restored for these (its embeddings were pooled over
@@ -229,7 +160,6 @@ class Trainer:
         self.evaluator = Evaluator(
             self.steps.predict, self.view, self.dataset, self.eval_batch, config.prefetch_batches, self.rank
         )
-        self.comm.broadcast_variables([v for _, v in replicated])
 
     def train_on_batch(self, batch: Batch, lr: float) -> tf.Tensor:
         """One optimizer step; returns the global-batch mean loss (before the update)."""
@@ -331,7 +261,8 @@ class Trainer:
         if warm:
             self.run.warm_start.previous_test_auc = self._evaluate_previous()
         batches = self._train_batches(total, steps_per_epoch)
-        clock = ThroughputClock(self.global_batch)
+        report = StepReport(self.log, self.reporter, self.global_batch)
+        clock = report.clock
         last_loss, evals = None, []
         for batch in batches:
             lr = learning_rate(self._schedule_step(batch.step), self.config)
@@ -341,8 +272,8 @@ class Trainer:
             clock.step_done(loss)
             self.reporter.step(done)
             if done % max(1, self.config.log_every) == 0 or self.step == total:
-                last_loss = self._report_step(loss, lr, (done - 1) // steps_per_epoch, total, clock)
-            if self._validates_at(done, total - self.run_start, eval_every):
+                last_loss = report.report(self.step, total, (done - 1) // steps_per_epoch, loss, lr)
+            if self.run.early_stopping.validates_at(done, total - self.run_start, eval_every):
                 evals.append(self.evaluate("validation"))
                 if self._stop_early(evals[-1]):
                     batches.close()  # the read-ahead threads stop too
@@ -358,7 +289,7 @@ class Trainer:
             # and export read this dataset's model (the same step: no step was trained).
             self.checkpoints.save()
         summary = self._finish_training(clock, last_loss, evals, final_eval)
-        summary["init"] = self._init_record(start)
+        summary["init"] = self.run.start_record(start.kind)
         # the run has ended: its days count as trained (as its model's checkpoint records)
         summary["train_days"] = {
             "mode": self.config.days,
@@ -368,13 +299,6 @@ class Trainer:
         if self.run.warm_start is not None:
             summary["previous_model_test_auc"] = self.run.warm_start.previous_test_auc
         return summary
-
-    def _validates_at(self, step: int, total: int, eval_every: int) -> bool:
-        """Every ``eval_every`` steps. Without early stopping the end has its own evaluation;
-        with it, the last step's model is one of the candidates too."""
-        if self.run.early_stopping.enabled:
-            return step % eval_every == 0 or step == total
-        return step % eval_every == 0 and step < total
 
     def _stop_early(self, result: EvalResult) -> bool:
         """Early stopping's record of a validation AUC: a checkpoint when it is the best so far;
@@ -403,14 +327,6 @@ class Trainer:
         restarted = self.run.warm_start is not None and self.run.warm_start.optimizer == "restart"
         return step - self.run_start if restarted else step
 
-    def _init_record(self, start: StartPlan) -> dict[str, Any]:
-        """How the run started, for the summary (a resumed warm start says both)."""
-        record: dict[str, Any] = {"mode": start.kind, "run_start_step": self.run_start}
-        if self.run.warm_start is not None:
-            record.update(self.run.warm_start.to_meta())
-            record.pop("previous_model_test_auc")  # a summary field of its own
-        return record
-
     def _train_batches(self, total: int, steps_per_epoch: int) -> Iterable[Batch]:
         """This rank's batches from the current step to ``total``, read ahead by a thread."""
         reader = SplitReader(
@@ -420,25 +336,6 @@ class Trainer:
             self.step, total, self.run_start, steps_per_epoch, self.train_rows, self.global_batch, self.config
         )
         return prefetch(reader, self.view, plan, self.global_batch, self.config.prefetch_batches)
-
-    def _report_step(
-        self, loss: tf.Tensor, lr: float, epoch: int, total: int, clock: ThroughputClock
-    ) -> float:
-        """Log the loss, learning rate and samples/s since the last report; returns the loss."""
-        value = float(loss.numpy())
-        rate = clock.window_rate()
-        self.log.record(
-            {"step": self.step, "epoch": epoch, "loss": value, "lr": lr, "samples_per_s": round(rate, 1)},
-            self.step,
-        )
-        self.reporter.loss(value)
-        eta = (total - self.step) * self.global_batch / max(rate, 1e-9)
-        self.log.progress(
-            f"step {self.step}/{total} epoch {epoch} loss {value:.5f} lr {lr:.4g} "
-            f"{rate:,.0f} samples/s eta {eta:,.0f}s"
-        )
-        clock.restart_window()
-        return value
 
     def _finish_training(
         self, clock: ThroughputClock, last_loss: float | None, evals: list[EvalResult], final_eval: bool
@@ -470,7 +367,7 @@ class Trainer:
             extra.update(
                 last_step=last_step, stopped_early=stopping.stopped, best_validation_auc=stopping.best_auc
             )
-        return self._summary_record("train", finals, extra)
+        return self.summary("train", finals, extra)
 
     # -- evaluation (trainer/evaluation.py) ------------------------------------------------
     def predictions(self, split: str, dataset: BinaryDataset | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -498,22 +395,7 @@ class Trainer:
         served = as_served(self.dataset, self.run.warm_start.served_sizes(self.dataset.table_sizes))
         return self.evaluate("test", dataset=served, model="previous").auc
 
-    def run_eval(self) -> dict[str, Any]:
-        self.restore_best(required=True)
-        return self._summary_record("eval", [self.evaluate("test"), self.evaluate("validation")], {})
-
-    def run_inference_benchmark(self) -> dict[str, Any]:
-        self.restore_best(required=False)
-        rate = self.evaluator.inference_rate(max(2, self.config.inference_steps))
-        return self._summary_record(
-            "inference_benchmark",
-            [],
-            {"inference_samples_per_s": round(rate, 1), "batch_size": self.eval_batch},
-        )
-
-    def _summary_record(
-        self, mode: str, evals: Iterable[EvalResult], extra: dict[str, Any]
-    ) -> dict[str, Any]:
+    def summary(self, mode: str, evals: Iterable[EvalResult], extra: dict[str, Any]) -> dict[str, Any]:
         return summary_record(
             {
                 "mode": mode,
@@ -580,8 +462,26 @@ def run(
     if mode == "train":
         return trainer.train()
     if mode == "eval":
-        return trainer.run_eval()
-    return trainer.run_inference_benchmark()
+        return evaluate_model(trainer)
+    return benchmark_inference(trainer)
+
+
+def evaluate_model(trainer: Trainer) -> dict[str, Any]:
+    """The eval mode: the run's model (its best checkpoint) on the test and validation splits."""
+    trainer.restore_best(required=True)
+    return trainer.summary("eval", [trainer.evaluate("test"), trainer.evaluate("validation")], {})
+
+
+def benchmark_inference(trainer: Trainer) -> dict[str, Any]:
+    """The inference-benchmark mode: the eval step's samples per second, on the run's model when
+    there is one."""
+    trainer.restore_best(required=False)
+    rate = trainer.evaluator.inference_rate(max(2, trainer.config.inference_steps))
+    return trainer.summary(
+        "inference_benchmark",
+        [],
+        {"inference_samples_per_s": round(rate, 1), "batch_size": trainer.eval_batch},
+    )
 
 
 def nan_to_none(value: Any) -> Any:

@@ -41,6 +41,15 @@ class RunState:
             meta[WARM_START_KEY] = self.warm_start.to_meta()
         return meta
 
+    def start_record(self, kind: str) -> dict[str, Any]:
+        """How the run started (``kind``: scratch, resume, previous), for the summary; a
+        resumed warm start says both."""
+        record: dict[str, Any] = {"mode": kind, "run_start_step": self.run_start}
+        if self.warm_start is not None:
+            record.update(self.warm_start.to_meta())
+            record.pop("previous_model_test_auc")  # a summary field of its own
+        return record
+
     def protected_steps(self) -> list[int]:
         """The checkpoints retention keeps beyond the newest: the best so far, and the previous
         model a warm start began from, which outlives keep_checkpoints while this run is not
