@@ -208,6 +208,11 @@ def two_ranks(tmp_path_factory, dataset, multi_hot_dataset, epoch_dataset, strea
             day2, root / "warm", small_config(max_steps=STEPS // 2, init="previous", **WARM_VARIANT)
         ),
     ]
+    restart = trainer_line(dataset, root / "restart", small_config(epochs=100, max_steps=2), "--no-resume")
+    jobs["restart"] = [
+        trainer_line(dataset, root / "restart", small_config(epochs=100, max_steps=6)),
+        restart,
+    ]
     return launch_trainer_lines(jobs, root)
 
 
@@ -358,3 +363,21 @@ def test_a_warm_start_on_two_ranks_equals_one_process(stream_days, two_ranks, tm
     np.testing.assert_allclose(slots[1], slots[0], rtol=1e-5, atol=2e-7)
     for key in ("previous_model_test_auc", "test_auc"):
         assert multi_summary[key] == pytest.approx(single_summary[key], abs=1e-4), key
+
+
+def test_two_ranks_restarted_with_no_resume_set_the_older_run_aside(dataset, two_ranks, tmp_path):
+    """Checkpoints belong to runs (tests/test_checkpoint_runs.py), on two ranks: a run of 6
+    steps, then one of 2 from scratch with --no-resume; the older run's checkpoints (both
+    ranks' files) are set aside, and the eval mode (one process) uses the new run's."""
+    from dlrm_contracts.layout import complete_checkpoints
+    from dlrm_contracts.superseded import superseded_runs
+
+    summary = two_ranks.summary("restart", 1)
+    assert summary["step"] == 2 and summary["init"]["mode"] == "scratch", summary
+    checkpoints = two_ranks.root / "restart" / "checkpoints"
+    assert [step for step, _ in complete_checkpoints(checkpoints)] == [2]
+    [aside] = superseded_runs(checkpoints)
+    assert (Path(aside["path"]) / "step-000000006" / "rank-1.npz").exists()
+    workdir = copied_workdir(two_ranks.root / "restart", tmp_path / "w")
+    evaluated = run(small_config(), dataset, workdir, mode="eval")
+    assert evaluated["step"] == 2

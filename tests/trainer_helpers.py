@@ -1,4 +1,5 @@
-"""Shared helpers of the trainer tests: datasets, configs, reading metrics and checkpoints."""
+"""Shared helpers of the trainer tests: datasets, configs, reading metrics and checkpoints, the
+trainer's command line in this process, and many two-rank command lines in one horovodrun launch."""
 
 from __future__ import annotations
 
@@ -247,34 +248,6 @@ def trainer_main_summary(args: list[str]) -> dict:
     code, out, err = trainer_main(args)
     assert code == 0, out[-4000:] + err[-6000:]
     return last_json_line(out)
-
-
-def run_trainer_cli(
-    args: list[str], ranks: int = 1, timeout: int = 240, env: dict | None = None
-) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run ``python -m trainer`` (under horovodrun when ranks > 1); returns the JSON summary."""
-    command = [str(VENV_BIN / "python"), "-m", "trainer", *args]
-    if ranks > 1:
-        command = [
-            str(VENV_BIN / "horovodrun"),
-            "-np",
-            str(ranks),
-            "-H",
-            f"localhost:{ranks}",
-            "--gloo",
-            *command,
-        ]
-        env = horovod_env(env)
-    proc = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    return last_json_line(proc.stdout), proc
 
 
 HOROVOD_SCRIPTS = Path(__file__).resolve().parent / "horovod_scripts"
