@@ -178,19 +178,4 @@ def test_a_copy_under_another_steps_name_is_not_the_runs_newest(tmp_path):
     assert best_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 10)
 
 
-@pytest.mark.horovod
-def test_two_ranks_restarted_with_no_resume_set_the_older_run_aside(dataset, tmp_path):
-    from trainer_helpers import config_flags, run_trainer_cli, small_config
-
-    workdir = tmp_path / "w"
-    args = ["--dataset", str(dataset), "--workdir", str(workdir)]
-    run_trainer_cli(args + config_flags(small_config(epochs=100, max_steps=6)), ranks=2)
-    summary, _ = run_trainer_cli(
-        args + config_flags(small_config(epochs=100, max_steps=2)) + ["--no-resume"], ranks=2
-    )
-    assert summary["step"] == 2 and summary["init"]["mode"] == "scratch", summary
-    assert _steps(workdir / "checkpoints") == [2]
-    [aside] = superseded_runs(workdir / "checkpoints")
-    assert (Path(aside["path"]) / "step-000000006" / "rank-1.npz").exists()
-    evaluated, _ = run_trainer_cli(args + ["--mode", "eval"] + config_flags(small_config()))
-    assert evaluated["step"] == 2
+# On two ranks: test_trainer_horovod.py::test_two_ranks_restarted_with_no_resume_set_the_older_run_aside

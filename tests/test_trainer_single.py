@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -22,9 +23,10 @@ from trainer_helpers import (
     VENV_BIN,
     checkpoint_arrays,
     config_flags,
-    run_trainer_cli,
     small_config,
     step_losses,
+    trainer_main,
+    trainer_main_summary,
 )
 
 
@@ -33,6 +35,22 @@ def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("single") / "binary"
     write_planted_dataset(path, SMALL_ROWS, seed=11)
     return path
+
+
+# Runs that several tests read (each test copies the workdir before it trains on in it).
+@pytest.fixture(scope="module")
+def plain_run(dataset, tmp_path_factory):
+    """10 steps of the plain float32 graph: (its summary, its workdir)."""
+    workdir = tmp_path_factory.mktemp("plain") / "w"
+    return run(small_config(max_steps=10), dataset, workdir), workdir
+
+
+@pytest.fixture(scope="module")
+def two_steps(dataset, tmp_path_factory):
+    """The workdir of a 2-step run (a checkpoint at step 2)."""
+    workdir = tmp_path_factory.mktemp("two_steps") / "w"
+    run(small_config(max_steps=2), dataset, workdir)
+    return workdir
 
 
 def test_stop_after_step_k_and_resume_gives_the_same_losses(dataset, tmp_path):
@@ -78,7 +96,9 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     k = complete_checkpoints(workdir / "checkpoints")[-1][0]
     assert k >= 8 and k % 4 == 0
-    summary, _ = run_trainer_cli(
+    # The resume and the eval below are the trainer's command line run in this process (the
+    # killed run had to be a process of its own).
+    summary = trainer_main_summary(
         args[:4] + config_flags(small_config(epochs=100, checkpoint_every=4, max_steps=k + 6))
     )
     assert summary["steps_run"] == 6
@@ -91,7 +111,7 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
     # one near-tied pair of the 1,000 test rows swapping order moves the AUC by ~5e-6.
     assert summary["test_auc"] == pytest.approx(reference["test_auc"], abs=1e-4)
     # The eval mode restores the latest checkpoint and reports the same AUC.
-    evaluated, _ = run_trainer_cli(args[:4] + ["--mode", "eval", *config_flags(small_config())])
+    evaluated = trainer_main_summary(args[:4] + ["--mode", "eval", *config_flags(small_config())])
     assert evaluated["mode"] == "eval" and evaluated["step"] == k + 6
     assert evaluated["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
     assert json.loads((workdir / "logs" / "summary_eval.json").read_text()) == evaluated
@@ -157,10 +177,10 @@ def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp
     assert list((tmp_path / "work" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, tmp_path):
-    plain = run(small_config(max_steps=10), dataset, tmp_path / "plain")
+def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, plain_run, tmp_path):
+    plain, plain_dir = plain_run
     xla = run(small_config(max_steps=10, xla=True), dataset, tmp_path / "xla")
-    a, b = step_losses(tmp_path / "plain"), step_losses(tmp_path / "xla")
+    a, b = step_losses(plain_dir), step_losses(tmp_path / "xla")
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
     # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
@@ -228,17 +248,20 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     assert config["table_sizes"] == [min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES]
 
 
-def test_float16_with_loss_scaling_trains_like_float32(dataset, tmp_path, monkeypatch):
-    """The GPU mixed-precision path (float16 + loss scale), forced on the CPU."""
+def test_float16_with_loss_scaling_trains_like_float32(dataset, plain_run, tmp_path, monkeypatch):
+    """The GPU mixed-precision path (float16 + loss scale), forced on the CPU; the reference is
+    the float32 run's first 6 steps (a step's batch and rate do not depend on max_steps)."""
     import tensorflow as tf
 
     import trainer.loop as loop
 
-    reference = run(small_config(max_steps=6), dataset, tmp_path / "fp32")
+    reference, reference_dir = plain_run
     monkeypatch.setattr(loop, "compute_dtype", lambda config: tf.float16)
     half = run(small_config(max_steps=6), dataset, tmp_path / "fp16")
     assert half["compute_dtype"] == "float16" and reference["compute_dtype"] == "float32"
-    a, b = step_losses(tmp_path / "fp32"), step_losses(tmp_path / "fp16")
+    b = step_losses(tmp_path / "fp16")
+    a = {s: loss for s, loss in step_losses(reference_dir).items() if s <= 6}
+    assert sorted(b) == sorted(a) == list(range(1, 7))
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), atol=0.01)
     assert checkpoint_arrays(tmp_path / "fp16")["loss_scale"] == 2.0**15  # no overflow: kept
 
@@ -273,19 +296,17 @@ def test_impossible_settings_are_refused(dataset, tmp_path, setting, message):
         run(small_config(**setting), dataset, tmp_path / "w")
 
 
-def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path):
+def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, two_steps, tmp_path):
     from trainer.checkpoint import CheckpointError, latest_checkpoint
 
-    run(small_config(max_steps=2), dataset, tmp_path / "w")
+    shutil.copytree(two_steps, tmp_path / "w")
     part = latest_checkpoint(tmp_path / "w" / "checkpoints") / "rank-0.npz"
     part.write_bytes(part.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="rank-0.npz is unreadable"):
         run(small_config(max_steps=4), dataset, tmp_path / "w")
-    proc = subprocess.run(
+    # the eval mode's command line (run in this process): its exit code and one line
+    code, _, stderr = trainer_main(
         [
-            str(VENV_BIN / "python"),
-            "-m",
-            "trainer",
             "--dataset",
             str(dataset),
             "--workdir",
@@ -293,13 +314,10 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, tmp_path
             "--mode",
             "eval",
             *config_flags(small_config()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+        ]
     )
-    assert proc.returncode == ExitCode.EVAL and "rank-0.npz is unreadable" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert code == ExitCode.EVAL and "rank-0.npz is unreadable" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(dataset, tmp_path):
@@ -404,12 +422,13 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_pa
     )
 
 
-def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(dataset, tmp_path):
+def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(dataset, two_steps, tmp_path):
     """The wide weights are part of the model's shape: turning train.wide on or off over an
     existing run is refused by name, not resumed with weights missing or ignored."""
     from trainer.checkpoint import CheckpointError
 
-    run(small_config(max_steps=2, wide=False), dataset, tmp_path / "w")
+    assert small_config(max_steps=2).wide is False  # the shared run's model has no wide term
+    shutil.copytree(two_steps, tmp_path / "w")
     # named as the setting of the model that changed (the checkpoint records its run's)
     with pytest.raises(CheckpointError, match=r"train\.wide False -> True"):
         run(small_config(max_steps=4, wide=True), dataset, tmp_path / "w")

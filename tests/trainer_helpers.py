@@ -1,11 +1,16 @@
-"""Shared helpers of the trainer tests: datasets, configs, reading metrics and checkpoints."""
+"""Shared helpers of the trainer tests: datasets, configs, reading metrics and checkpoints, the
+trainer's command line in this process, and many two-rank command lines in one horovodrun launch."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -219,30 +224,106 @@ def horovod_env(env: dict | None = None) -> dict:
     return base
 
 
-def run_trainer_cli(
-    args: list[str], ranks: int = 1, timeout: int = 240, env: dict | None = None
-) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run ``python -m trainer`` (under horovodrun when ranks > 1); returns the JSON summary."""
-    command = [str(VENV_BIN / "python"), "-m", "trainer", *args]
-    if ranks > 1:
-        command = [
-            str(VENV_BIN / "horovodrun"),
-            "-np",
-            str(ranks),
-            "-H",
-            f"localhost:{ranks}",
-            "--gloo",
-            *command,
-        ]
-        env = horovod_env(env)
+def last_json_line(stdout: str) -> dict:
+    """The JSON summary a trainer command line prints last (after horovodrun's prefix, if any)."""
+    last = [line for line in stdout.splitlines() if line.strip()][-1]
+    return json.loads(last[last.index("{") :])
+
+
+def trainer_main(args: list[str]) -> tuple[int, str, str]:
+    """``python -m trainer ARGS`` run in this process: ``trainer.cli.main``, the function that
+    module runs, with its stdout and stderr captured. Returns (exit code, stdout, stderr).
+    For a test of the command line's outcome that needs no process of its own: TensorFlow's
+    import is not paid again."""
+    from trainer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def trainer_main_summary(args: list[str]) -> dict:
+    """The summary of a ``trainer_main`` run that must succeed."""
+    code, out, err = trainer_main(args)
+    assert code == 0, out[-4000:] + err[-6000:]
+    return last_json_line(out)
+
+
+HOROVOD_SCRIPTS = Path(__file__).resolve().parent / "horovod_scripts"
+
+
+@dataclass
+class TrainerLaunch:
+    """The command lines of one horovodrun launch of horovod_scripts/trainer_runs.py: per
+    job, per line, every rank's exit code and what it printed (``ranks[r][job][i]``)."""
+
+    root: Path  # the folder of the launch; tests give their jobs workdirs in it
+    ranks: list[dict[str, list[dict]]]
+    output: str  # horovodrun's own output, for a failure's message
+
+    def lines(self, job: str) -> list[list[dict]]:
+        """Each command line of ``job`` as every rank ran it; asserts every rank ran every
+        line and exited 0, as a launch of that line alone had to."""
+        runs = [rank[job] for rank in self.ranks]
+        for rank, lines in enumerate(runs):
+            for line in lines:
+                assert line["returncode"] == 0, (
+                    f"rank {rank}, {job}: {line['argv']} exited {line['returncode']}\n"
+                    + line["stdout"][-3000:]
+                    + line["stderr"][-6000:]
+                )
+        assert len({len(lines) for lines in runs}) == 1, f"{job}: the ranks ran different lines"
+        return [list(calls) for calls in zip(*runs)]
+
+    def summary(self, job: str, line: int = -1) -> dict:
+        """The JSON summary rank 0 printed for line ``line`` of ``job``."""
+        return last_json_line(self.lines(job)[line][0]["stdout"])
+
+    def stderr(self, job: str, line: int = -1) -> str:
+        """What rank 0 printed to stderr on line ``line`` of ``job`` (the trainer's progress)."""
+        return self.lines(job)[line][0]["stderr"]
+
+
+def launch_trainer_lines(
+    jobs: dict[str, list[list[str]]], root: Path, ranks: int = 2, timeout: int = 3600
+) -> TrainerLaunch:
+    """Run every job's ``python -m trainer`` argument lists in ONE ``horovodrun -np ranks``
+    launch (each line through the trainer's own CLI entry, in order; the jobs one after
+    another): the ranks' start-up, TensorFlow's import and Gloo's rendezvous are paid once
+    instead of once per line. Tests assert each job's lines through the result; the plan and
+    the ranks' results go in ``root / "launch"``."""
+    folder = root / "launch"
+    folder.mkdir(parents=True, exist_ok=True)
+    plan = folder / "plan.json"
+    plan.write_text(json.dumps({"jobs": jobs, "results": str(folder / "results")}))
+    command = [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        str(ranks),
+        "-H",
+        f"localhost:{ranks}",
+        "--gloo",
+        str(VENV_BIN / "python"),
+        str(HOROVOD_SCRIPTS / "trainer_runs.py"),
+        str(plan),
+    ]
     proc = subprocess.run(
         command,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=horovod_env(),
         cwd=Path(__file__).resolve().parent.parent,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
-    return json.loads(last[last.index("{") :]), proc
+    output = proc.stdout[-4000:] + proc.stderr[-6000:]
+    files = [folder / "results" / f"rank-{r}.json" for r in range(ranks)]
+    missing = [f.name for f in files if not f.exists()]
+    assert not missing, f"the launch ended (exit {proc.returncode}) without {missing}:\n{output}"
+    return TrainerLaunch(root, [json.loads(f.read_text()) for f in files], output)
+
+
+def copied_workdir(source: Path, target: Path) -> Path:
+    """A copy of a shared run's workdir for a test that trains or evaluates on in it."""
+    shutil.copytree(source, target)
+    return target
