@@ -316,6 +316,7 @@ class Publisher:
 
     def _run(self) -> None:
         last: dict | None = None
+        failing = False
         while not self._stop.wait(self.poll):
             now = self._snapshot()
             if not now or now == last:
@@ -323,9 +324,11 @@ class Publisher:
             try:
                 cost = publish_tree(self.tree, self.local, self.final)
             except (OSError, DatasetError, UnitChanged) as exc:
-                log.info("%s not published yet (%s); trying again", self.local, exc)
+                if not failing:  # one line per streak, not one per poll
+                    log.info("%s not published yet (%s); trying again", self.local, exc)
+                failing = True
                 continue
-            last = now
+            last, failing = now, False
             if cost["uploaded"] or cost["removed"]:
                 self.published += 1
                 log.info(
