@@ -8,6 +8,8 @@ progress channels, ``export/serving.json``). What needs a POSIX filesystem stays
 disk, in the workdir's *local side* (``train.stage_dir``, laid out like a workdir): the copy
 of the binary dataset the trainer memory-maps (staged in once, checked against its
 checksums), the parquet the converter reads while it runs, checkpoints, logs and exports.
+Checkpoints and exports are published at the URL too, and restored from it on a node that
+lacks them (pipeline/remote_models.py).
 
 The records are worked on in the local side and published at the URL after every stage and
 when the run ends; a run starts from the URL's records (pulled over the local side's), so a
@@ -26,6 +28,7 @@ from pathlib import Path
 from dlrm_contracts.atomic import atomic_directory
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.content_sample import sampled_hash_of
+from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import (
     DATASET_JSON,
     DICTIONARIES_DIR,
@@ -40,6 +43,14 @@ from dlrm_contracts.object_commit import COMMIT_MARKER, committed_files, is_comm
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import Location, resolve
 from pipeline.fingerprint import stable_hash
+from pipeline.remote_models import (
+    CHECKPOINTS,
+    EXPORTS,
+    Publisher,
+    publish_tree,
+    restore_checkpoints,
+    restore_exports,
+)
 
 log = logging.getLogger("pipeline")
 
@@ -49,6 +60,17 @@ PUSHED = ("manifests", "summary.json", "eval.json", "report", "export/serving.js
 PULLED = ("manifests", "eval.json")
 PROGRESS_SUFFIX = ".progress.jsonl"
 MARKER_SUFFIX = ".done"
+# Which stages need this node's checkpoints or exports (restored from the URL first), and which
+# change them (published at the URL after they run, fail or are stopped).
+NEEDS_CHECKPOINTS = ("train", "eval", "export")
+NEEDS_EXPORTS = ("export", "score")
+PUBLISHES = {"train": (CHECKPOINTS,), "export": (CHECKPOINTS, EXPORTS)}
+STAGE_CODES = {
+    "train": ExitCode.TRAIN,
+    "eval": ExitCode.EVAL,
+    "export": ExitCode.EXPORT,
+    "score": ExitCode.SCORE,
+}
 # The small files beside the splits that the converter reads.
 PARQUET_RECORDS = (PREPROCESS_JSON, MODEL_SIZE_JSON, SEGMENTS_JSON)
 
@@ -69,6 +91,7 @@ class RemoteWorkdir:
         self.root = resolve(url)
         self.local = local
         self.local_root = Path(str(local.root))  # always a path: a layout of this node's disk
+        self.models_ready: set[str] = set()  # stages whose checkpoints (exports) are restored
 
     @property
     def parquet(self) -> Location:
@@ -120,6 +143,49 @@ class RemoteWorkdir:
                 stale.delete()
         for rel in sorted(files, key=lambda r: (r.endswith(MARKER_SUFFIX), r)):
             (self.root / rel).write_bytes(files[rel].read_bytes())
+
+    # ------------------------------------------------------------ checkpoints and exports
+    def restore_models(self, stage: str) -> None:
+        """Before ``stage``: the published checkpoints (exports) restored to the local side
+        when this node's are older or missing (pipeline/remote_models.py)."""
+        wanted = [(CHECKPOINTS, restore_checkpoints)] if stage in NEEDS_CHECKPOINTS else []
+        wanted += [(EXPORTS, restore_exports)] if stage in NEEDS_EXPORTS else []
+        for tree, restore in wanted:
+            try:
+                done = restore(self.root / tree.name, self.local_root / tree.name)
+            except DatasetError as exc:
+                raise PipelineError(
+                    f"{exc}; publish them again from the node that has them", STAGE_CODES[stage]
+                ) from None
+            if done:
+                log.info("%-10s %s from %s: %s", stage, tree.name, self.root / tree.name, done)
+        self.models_ready.add(stage)
+
+    def publish_models(self, stage: str) -> None:
+        """After ``stage`` (run, skipped, failed or stopped): the local side's checkpoints
+        (exports) it may have changed published at the URL, what it no longer keeps removed.
+        Not after a stage whose restore failed: this node's copy would replace the URL's."""
+        if stage not in self.models_ready:
+            return
+        for tree in PUBLISHES.get(stage, ()):
+            local = self.local_root / tree.name
+            if not local.is_dir():
+                continue
+            cost = publish_tree(tree, local, self.root / tree.name)
+            log.info(
+                "%-10s %s published at %s: %d units, %d uploaded (%.1f MiB), %d removed",
+                stage,
+                tree.name,
+                self.root / tree.name,
+                cost["units"],
+                cost["uploaded"],
+                cost["bytes"] / 2**20,
+                cost["removed"],
+            )
+
+    def publishing_checkpoints(self) -> Publisher:
+        """While the train stage runs: each checkpoint published as the trainer keeps it."""
+        return Publisher(CHECKPOINTS, self.local_root / CHECKPOINTS.name, self.root / CHECKPOINTS.name)
 
     # ------------------------------------------------------------ parquet
     def parquet_fingerprint(self) -> str:

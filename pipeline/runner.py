@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from dlrm_contracts.atomic import open_append, write_json_atomic, write_text_atomic
+from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.config import STAGES, PipelineConfig, config_to_dict
 from dlrm_contracts.errors import ExitCode, PipelineError, not_permitted_message, permission_cause
 from dlrm_contracts.layout import DATASET_JSON, WorkdirLayout, export_versions
@@ -378,6 +379,14 @@ def _save_quietly(what: str, write) -> None:
         log.warning("%s not saved: %s", what, exc.strerror or exc)
 
 
+def _publish_quietly(remote: RemoteWorkdir, stage: str) -> None:
+    """The models a failed or stopped stage kept: worth a warning, never a second failure."""
+    try:
+        remote.publish_models(stage)
+    except (OSError, DatasetError) as exc:
+        log.warning("the checkpoints and exports at %s not published: %s", remote.root, exc)
+
+
 @dataclass
 class RunState:
     """What a run has done so far: its summary is made from it however the run ends."""
@@ -504,8 +513,11 @@ def _run_stages(run: RunState) -> None:
         run.running = (name, time.time())
         if name == "train" and check_before_train:
             preflight.before_train(config, log.info)
+        if run.remote:  # a stage moved to this node continues the published model
+            run.remote.restore_models(name)
         run.records.append(_run_stage(name, run.ctx, config.force, run.display))
         if run.remote:  # a rerun after a kill, on any node, sees this stage done
+            run.remote.publish_models(name)
             run.remote.push_records()
         run.running = None
 
@@ -549,6 +561,8 @@ def _close_run(run: RunState) -> None:
     _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json", summary))
     _write_report_safely(run.layout)
     if run.remote:
+        if run.running is not None:  # what a failed or stopped stage kept is not lost either
+            _publish_quietly(run.remote, run.running[0])
         _save_quietly(f"the records at {run.remote.root}", run.remote.push_records)
 
 

@@ -12,6 +12,7 @@ it what the manifests know).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -688,7 +689,9 @@ def run_train(ctx: StageContext) -> Outcome:
             # a new run from the kept previous model (this run's settings), not a resume
             argv.append("--no-resume")
     write_json_atomic(ctx.layout.manifests / "train.started", {"key": key})
-    result = run_child(argv, ctx.stage_log("train"), env=launcher_env(ctx))
+    # at a workdir URL each checkpoint is published as the trainer keeps it
+    with ctx.remote.publishing_checkpoints() if ctx.remote else contextlib.nullcontext():
+        result = run_child(argv, ctx.stage_log("train"), env=launcher_env(ctx))
     if result.returncode != 0:
         # A checkpoint being written when the ranks died is never used: give its space back.
         for partial in ctx.layout.checkpoints.glob(".step-*.tmp"):

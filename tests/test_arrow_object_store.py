@@ -199,3 +199,41 @@ def test_ranged_reads_grow_to_the_largest_request(store, tmp_path, monkeypatch):
     assert sum(sizes) == size
     assert sizes[:3] == [1024, 2048, 4096]
     assert all(s == 4096 for s in sizes[3:-1]) and 0 < sizes[-1] <= 4096
+
+
+def test_the_sizes_of_the_index_and_of_the_stored_counts_come_with_their_listings(
+    moto_s3, tmp_path, monkeypatch
+):
+    """No request per file for a size: the index's bytes and the stored counts' batches are
+    sized from the listings (the engine's request log counts them)."""
+    from dlrm_contracts.layout import COUNT_VALUES_DIR
+    from spark_jobs.engines.arrow import dictionaries as dicts
+    from spark_jobs.engines.arrow import dictionary_index, remote
+
+    root = f"s3://{moto_s3.bucket('sizes')}/w"
+    objects = {
+        "index/C1/000.slots": 100,
+        "index/C1/001.slots": 50,
+        "index/C2/000.slots": 7,
+        "index/index.json": 3,
+        f"counts/{COUNT_VALUES_DIR}/day=0/part-0.parquet": 30,
+        f"counts/{COUNT_VALUES_DIR}/day=0/part-1.parquet": 20,
+        f"counts/{COUNT_VALUES_DIR}/day=0/_SUCCESS": 0,
+        f"counts/{COUNT_VALUES_DIR}/day=1/part-0.parquet": 10,
+    }
+    for name, size in objects.items():
+        remote.write_bytes(f"{root}/{name}", b"x" * size)
+    log = tmp_path / "io.log"
+    monkeypatch.setenv(remote.IO_LOG_ENV, str(log))
+    assert dictionary_index.index_bytes(f"{root}/index") == 157
+    files = dicts.stored_files(f"{root}/counts", [0, 1])
+    values = f"{root}/counts/{COUNT_VALUES_DIR}"
+    assert files == [
+        (0, f"{values}/day=0/part-0.parquet", 30),
+        (0, f"{values}/day=0/part-1.parquet", 20),
+        (1, f"{values}/day=1/part-0.parquet", 10),
+    ]
+    batches = dicts.stored_batches(files, 2)
+    assert sorted(sum(batches, [])) == files and [sum(f[2] for f in b) for b in batches] == [30, 30]
+    # one listing for the index and one per day; no HEAD
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["list", "list", "list"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +275,163 @@ def test_a_dataset_converted_to_a_url_and_staged_in_equals_the_local_one_byte_fo
     assert sorted(p.relative_to(target) for p in target.rglob("*") if p.is_file()) == local
     for name in local:
         assert (target / name).read_bytes() == (binary_dataset / name).read_bytes(), name
+
+
+# ------------------------------------------------------------------ checkpoints and exports at the URL
+def _checkpoint(root: Path, step: int, run: str, payload: bytes = b"") -> Path:
+    """A checkpoint as the trainer leaves one: its arrays, then meta.json naming its run."""
+    path = root / f"step-{step:09d}"
+    _tree(path, {"rank-0.npz": b"tables %d %s" % (step, payload), "replicated.npz": b"mlp %d" % step})
+    (path / "meta.json").write_text(json.dumps({"step": step, "run": {"id": run}}))
+    if not (root / "run.json").is_file() or json.loads((root / "run.json").read_text()) != {"id": run}:
+        (root / "run.json").write_text(json.dumps({"id": run}))  # as the trainer: when it changes
+    return path
+
+
+def _versions(location) -> list[str]:
+    return [p.name for p in location.iterdir() if p.name.startswith(".v-")]
+
+
+def test_checkpoints_are_published_once_each_retired_at_the_url_and_restored_on_another_node(
+    moto_s3, tmp_path
+):
+    from pipeline.fingerprint import tree_fingerprint
+    from pipeline.remote_models import CHECKPOINTS, INDEX, publish_tree, read_index, restore_checkpoints
+
+    final = resolve(f"s3://{moto_s3.bucket()}/w/checkpoints")
+    node = tmp_path / "node" / "checkpoints"
+    for step in (2, 4):
+        _checkpoint(node, step, "run-a")
+    assert restore_checkpoints(final, node) is None  # nothing published yet
+    cost = publish_tree(CHECKPOINTS, node, final)
+    assert (cost["units"], cost["uploaded"], cost["removed"]) == (3, 3, 0)  # two steps and run.json
+    index = (final / INDEX).read_bytes()
+    # unchanged: nothing uploaded, not even the index
+    assert publish_tree(CHECKPOINTS, node, final)["uploaded"] == 0
+    assert (final / INDEX).read_bytes() == index
+    # the trainer saved step 6 and retention removed step 2: so does the URL
+    _checkpoint(node, 6, "run-a")
+    shutil.rmtree(node / "step-000000002")
+    cost = publish_tree(CHECKPOINTS, node, final)
+    assert (cost["units"], cost["uploaded"], cost["removed"]) == (3, 1, 1)
+    names = [p.name for p in final.iterdir() if not p.name.startswith(".v-")]
+    assert sorted(names) == [INDEX, "step-000000004", "step-000000006"] and len(_versions(final)) == 1
+    assert all(len(_versions(final / s)) == 1 for s in ("step-000000004", "step-000000006"))
+    assert read_index(final)["newest"] == 6
+
+    # another node (or a wiped disk) with an earlier run of its own: that run is set aside,
+    # the published one restored byte for byte with its files' times (the same fingerprint)
+    other = tmp_path / "other" / "checkpoints"
+    _checkpoint(other, 8, "run-old")
+    done = restore_checkpoints(final, other)
+    assert done is not None and "latest step 6" in done
+    assert sorted(p.name for p in other.iterdir()) == [
+        "run.json",
+        "step-000000004",
+        "step-000000006",
+        "superseded",
+    ]
+    assert tree_fingerprint(other, ignore=("superseded",)) == tree_fingerprint(node)
+    assert [p.name for p in (other / "superseded").iterdir()][0]  # the old run kept, not deleted
+    assert list((other / "superseded").glob("*/step-000000008/meta.json"))
+    # as new as the URL: nothing copied; the publishing node itself: nothing either
+    assert restore_checkpoints(final, other) is None and restore_checkpoints(final, node) is None
+    # the same run further on the URL than here: the newer steps come over
+    shutil.rmtree(other / "step-000000006")
+    assert "1 of 3" in restore_checkpoints(final, other)
+    assert tree_fingerprint(other, ignore=("superseded",)) == tree_fingerprint(node)
+
+
+def test_a_publication_killed_before_its_index_leaves_the_previous_one_readable(
+    moto_s3, tmp_path, monkeypatch
+):
+    from dlrm_contracts.storage import Location
+    from pipeline.remote_models import CHECKPOINTS, INDEX, publish_tree, read_index, restore_checkpoints
+
+    final = resolve(f"s3://{moto_s3.bucket()}/w/checkpoints")
+    node = tmp_path / "node" / "checkpoints"
+    for step in (2, 4):
+        _checkpoint(node, step, "run-a")
+    publish_tree(CHECKPOINTS, node, final)
+    before = read_index(final)
+    _checkpoint(node, 6, "run-a")
+    shutil.rmtree(node / "step-000000002")
+    (node / "step-000000004" / "meta.json").write_text(
+        json.dumps({"step": 4, "run": {"id": "run-a"}, "x": 1})
+    )
+    write_text = Location.write_text
+
+    def killed(self, text, fsync=True):
+        if self.name == INDEX:
+            raise KeyboardInterrupt  # the process stops before its index
+        return write_text(self, text, fsync)
+
+    monkeypatch.setattr(Location, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        publish_tree(CHECKPOINTS, node, final)
+    monkeypatch.setattr(Location, "write_text", write_text)
+    assert read_index(final) == before  # the previous publication, whole and readable
+    restored = tmp_path / "other" / "checkpoints"
+    restore_checkpoints(final, restored)
+    assert sorted(p.name for p in restored.iterdir()) == ["run.json", "step-000000002", "step-000000004"]
+    assert json.loads((restored / "step-000000004" / "meta.json").read_text()) == {
+        "step": 4,
+        "run": {"id": "run-a"},
+    }
+    assert (final / "step-000000006").exists() and len(_versions(final / "step-000000004")) == 2
+    # the next publication names the new state and removes what the killed one left
+    publish_tree(CHECKPOINTS, node, final)
+    assert sorted(read_index(final)["units"]) == [".", "step-000000004", "step-000000006"]
+    assert not (final / "step-000000002").exists()
+    assert all(len(_versions(final / s)) == 1 for s in ("step-000000004", "step-000000006"))
+
+
+def test_export_versions_are_published_and_restored_where_the_node_has_older_ones(moto_s3, tmp_path):
+    from pipeline.remote_models import EXPORTS, publish_tree, restore_exports
+
+    final = resolve(f"s3://{moto_s3.bucket()}/w/export")
+    node = _tree(
+        tmp_path / "node" / "export",
+        {
+            "1/saved_model.pb": b"one",
+            "2/saved_model.pb": b"two",
+            "2/variables/variables.index": b"vars",
+            "serving.json": b"{}",
+            ".2.tmp-1-x/saved_model.pb": b"half",  # an export being written: not a version
+        },
+    )
+    assert publish_tree(EXPORTS, node, final)["units"] == 3
+    assert not (final / ".2.tmp-1-x").exists()
+    other = _tree(tmp_path / "other" / "export", {"1/saved_model.pb": b"one"})
+    assert "newest version 2" in restore_exports(final, other)
+    assert (other / "2" / "variables" / "variables.index").read_bytes() == b"vars"
+    assert (other / "serving.json").read_bytes() == b"{}"
+    assert restore_exports(final, other) is None
+    newer = _tree(tmp_path / "newer" / "export", {"3/saved_model.pb": b"three"})
+    assert restore_exports(final, newer) is None  # a node further on keeps its own
+
+
+def test_while_the_train_stage_runs_each_checkpoint_is_published_as_it_is_kept(moto_s3, tmp_path):
+    from pipeline.remote_models import CHECKPOINTS, Publisher, read_index
+
+    final = resolve(f"s3://{moto_s3.bucket()}/w/checkpoints")
+    node = tmp_path / "node" / "checkpoints"
+    node.mkdir(parents=True)
+
+    def published_when(wanted: set[str]) -> bool:
+        deadline = time.monotonic() + 120  # generous: only the wait for the publisher's round
+        while time.monotonic() < deadline:
+            record = read_index(final)
+            if record is not None and set(record["units"]) == wanted:
+                return True
+            time.sleep(0.1)
+        return False
+
+    with Publisher(CHECKPOINTS, node, final, poll=0.1) as publisher:
+        _checkpoint(node, 2, "run-a")  # the trainer keeps a checkpoint...
+        assert published_when({".", "step-000000002"})
+        _checkpoint(node, 4, "run-a")  # ...and the next one, retention removing the first
+        shutil.rmtree(node / "step-000000002")
+        assert published_when({".", "step-000000004"})
+    assert publisher.published >= 2
+    assert read_index(final)["newest"] == 4 and not (final / "step-000000002").exists()

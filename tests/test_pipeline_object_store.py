@@ -12,13 +12,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from dlrm_contracts.layout import MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.layout import MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS, complete_checkpoints
 from dlrm_contracts.lock import LOCK_TOKEN_ENV
 from dlrm_contracts.object_commit import committed_files, publish_directory
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
+from pipeline.remote_models import read_index
 from tests.pipeline_helpers import same_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,14 +92,30 @@ def local_run(tmp_path_factory) -> tuple[Path, Path]:
     return workdir, config
 
 
-@pytest.fixture
-def bucket_workdir(moto_s3, local_run, tmp_path) -> tuple[str, str, Path]:
-    """(workdir URL holding the local run's published parquet, input URL, local side)."""
+def _bucket_workdir(moto_s3, local_run, base: Path) -> tuple[str, str, Path]:
     bucket = moto_s3.bucket()
     workdir = f"s3://{bucket}/criteo/workdir"
     _publish_parquet(local_run[0] / "parquet", f"{workdir}/parquet")
     (resolve(f"s3://{bucket}/criteo/raw") / "day_0").write_bytes(b"1\t2\n")
-    return workdir, f"s3://{bucket}/criteo/raw", tmp_path / "node"
+    return workdir, f"s3://{bucket}/criteo/raw", base / "node"
+
+
+@pytest.fixture
+def bucket_workdir(moto_s3, local_run, tmp_path) -> tuple[str, str, Path]:
+    """(workdir URL holding the local run's published parquet, input URL, local side)."""
+    return _bucket_workdir(moto_s3, local_run, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def trained_at_url(moto_s3, local_run, tmp_path_factory):
+    """(workdir URL, input URL, local side, (process, summary)) of one ``--stages convert,train
+    --max-steps 3`` run at a workdir URL holding the local run's parquet: the tests that
+    follow it on other nodes share it."""
+    workdir, raw, local = _bucket_workdir(moto_s3, local_run, tmp_path_factory.mktemp("trained"))
+    done = _pipeline(
+        *_args(workdir, raw, local, local_run[1], "--stages", "convert,train", "--max-steps", "3")
+    )
+    return workdir, raw, local, done
 
 
 def _args(workdir: str, raw: str, local: Path, config: Path, *more: str) -> list[str]:
@@ -125,12 +143,9 @@ def _assert_local_runs_dataset(workdir: str, local_binary: Path) -> None:
     assert {**here, "source": None} == {**there, "source": None}
 
 
-def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(bucket_workdir, local_run):
-    workdir, raw, local = bucket_workdir
+def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(trained_at_url, local_run):
+    workdir, raw, local, (proc, summary) = trained_at_url
     local_workdir, config = local_run
-    proc, summary = _pipeline(
-        *_args(workdir, raw, local, config, "--stages", "convert,train", "--max-steps", "3")
-    )
     assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr[-3000:]
     assert summary["workdir"] == workdir and summary["local_side"] == str(local)
     assert summary["stages"]["convert"]["action"] == "ran"
@@ -165,6 +180,59 @@ def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(bucke
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["convert"]["action"] == "skipped"
+
+
+def _arrays(checkpoint: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for file in sorted(checkpoint.glob("*.npz")):
+        with np.load(file) as saved:
+            out.update({f"{file.name}:{key}": saved[key] for key in saved.files})
+    return out
+
+
+def test_a_train_stage_on_another_node_resumes_from_the_published_checkpoints(trained_at_url, local_run):
+    """The checkpoints are published at the URL as the node keeps them; a train stage on a
+    node without them (another node, a wiped disk) restores them and resumes from the
+    published step, and ends where an uninterrupted run ends."""
+    workdir, raw, first, (proc, _summary) = trained_at_url
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    published = read_index(resolve(workdir) / "checkpoints")
+    kept = {p.name for _step, p in complete_checkpoints(first / "checkpoints")}
+    assert published["newest"] == 3 and set(published["units"]) == kept | {"."}
+
+    node = first.parent / "resumed-node"  # nothing of the first node's disk
+    # the same request there: the restored checkpoints are the ones the train stage recorded
+    proc, summary = _pipeline(
+        *_args(workdir, raw, node, local_run[1], "--stages", "train", "--max-steps", "3")
+    )
+    assert proc.returncode == 0 and summary["stages"]["train"]["action"] == "skipped", proc.stderr[-3000:]
+    assert f"checkpoints from {workdir}/checkpoints" in proc.stderr and "latest step 3" in proc.stderr
+    assert {p.name for _s, p in complete_checkpoints(node / "checkpoints")} == kept
+    # more steps: resumed from the published step
+    args = _args(workdir, raw, node, local_run[1], "--stages", "train", "--max-steps", "6")
+    proc, summary = _pipeline(*args)
+    assert proc.returncode == 0 and summary["stages"]["train"]["action"] == "ran", proc.stderr[-3000:]
+    trained = json.loads((node / "manifests" / "train.json").read_text())["summary"]
+    # resumed at the published step 3 ("step" is the model's: the best validation AUC's)
+    assert (trained["init"]["mode"], trained["steps_run"], trained["last_step"]) == ("resume", 3, 6)
+    published = read_index(resolve(workdir) / "checkpoints")
+    assert published["newest"] == 6
+    assert set(published["units"]) == {p.name for _s, p in complete_checkpoints(node / "checkpoints")} | {"."}
+
+    # the same six steps uninterrupted (--force: from scratch, the resumed run set aside)
+    proc, summary = _pipeline(*args, "--force")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = json.loads((node / "manifests" / "train.json").read_text())["summary"]
+    assert (whole["init"]["mode"], whole["steps_run"], whole["last_step"]) == ("scratch", 6, 6)
+    # the same last loss and weights (which checkpoint is the best differs: the stopped run
+    # also evaluated its model at step 3, the uninterrupted one only where it evaluates)
+    assert trained["train_loss"] == pytest.approx(whole["train_loss"], rel=1e-6)
+    (resumed,) = (node / "checkpoints" / "superseded").glob("*/step-000000006")
+    expected = _arrays(node / "checkpoints" / "step-000000006")
+    got = _arrays(resumed)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
 
 
 def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lock(bucket_workdir, local_run):

@@ -91,34 +91,37 @@ def write_partials(path: str, day: int, counts_by_column: dict[int, Counts]):
     return sample_rows(day, counts_by_column)
 
 
-def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str]]:
-    """(day, parquet file) of the stored value counts of ``days``."""
+def stored_files(counts_dir: Path, days: list[int]) -> list[tuple[int, str, int]]:
+    """(day, parquet file, its size) of the stored value counts of ``days``; at a URL the
+    sizes come with the listing of each day (one request per day, none per file)."""
     files = []
     for day in days:
         if remote.is_url(counts_dir):
             folder = remote.join(counts_dir, COUNT_VALUES_DIR, f"day={day}")
             files += [
-                (day, p)
-                for p in remote.list_files(folder, ".parquet")
+                (day, p, size)
+                for p, size in remote.list_sized(folder, ".parquet")
                 if not p.rsplit("/", 1)[-1].startswith("_")
             ]
             continue
         folder = values_dir(counts_dir) / f"day={day}"
         files += [
-            (day, str(p)) for p in sorted(folder.glob("*.parquet")) if not p.name.startswith((".", "_"))
+            (day, str(p), p.stat().st_size)
+            for p in sorted(folder.glob("*.parquet"))
+            if not p.name.startswith((".", "_"))
         ]
     return files
 
 
-def stored_batches(files: list[tuple[int, str]], tasks: int) -> list[list[tuple[int, str]]]:
-    """The stored files dealt into about ``tasks`` lists of equal bytes: a task per file
-    cost more than the reading (the Arrow engine stores a file per day, column and value
-    group: 720 for 24 days)."""
-    sizes = {k: remote.size(path) for k, (_, path) in enumerate(files)}
+def stored_batches(files: list[tuple[int, str, int]], tasks: int) -> list[list[tuple[int, str, int]]]:
+    """The stored files (``stored_files``) dealt into about ``tasks`` lists of equal bytes: a
+    task per file cost more than the reading (the Arrow engine stores a file per day, column
+    and value group: 720 for 24 days)."""
+    sizes = {k: size for k, (_day, _path, size) in enumerate(files)}
     return [[files[k] for k in batch] for batch in balanced_batches(sizes, tasks)]
 
 
-def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | None):
+def stored_partials_task(batches: list[list[tuple[int, str, int]]], directory: str | None):
     """mapInArrow function: stored value counts (either engine's files) → partial files and
     sample rows, one batch of files per item, one file at a time (a file is one group's or one
     day's counts: a worker's memory stays bounded whatever the batch). ``directory`` None:
@@ -129,8 +132,8 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
 
         for item in items:
             for k in item.column(0).to_numpy():
-                for i, (day, path) in enumerate(batches[int(k)]):
-                    by_column = _stored_counts(path)
+                for i, (day, path, size) in enumerate(batches[int(k)]):
+                    by_column = _stored_counts(path, size)
                     if not by_column:
                         continue
                     if directory is None:
@@ -143,15 +146,15 @@ def stored_partials_task(batches: list[list[tuple[int, str]]], directory: str | 
     return run
 
 
-def _stored_counts(path: str) -> dict[int, Counts]:
-    """One stored file's counts per column, values ascending."""
+def _stored_counts(path: str, size: int) -> dict[int, Counts]:
+    """One stored file (of ``size`` bytes, as listed) its counts per column, values ascending."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
         if remote.is_url(path):
             fs, inner = remote.filesystem(path)
-            remote.log_request("get", remote.size(path))
+            remote.log_request("get", size)
             table = pq.read_table(inner, filesystem=fs, columns=["column", "value", "count"])
         else:
             table = pq.read_table(path, columns=["column", "value", "count"])

@@ -190,7 +190,7 @@ def _file_checksum(path: Path) -> str:
 
 def index_bytes(index_dir: Path) -> int:
     if remote.is_url(index_dir):
-        return sum(remote.size(p) for p in remote.list_files(str(index_dir), ".slots", True))
+        return sum(size for _url, size in remote.list_sized(str(index_dir), ".slots", True))
     return sum(p.stat().st_size for p in Path(index_dir).glob("*/*.slots"))
 
 

@@ -255,6 +255,12 @@ def exists(url: str) -> bool:
 def list_files(url: str, suffix: str = "", recursive: bool = False) -> list[str]:
     """The objects under the ``url`` prefix whose names end with ``suffix`` (names starting
     with a dot, temporaries, left out), as URLs, sorted."""
+    return [name for name, _size in list_sized(url, suffix, recursive)]
+
+
+def list_sized(url: str, suffix: str = "", recursive: bool = False) -> list[tuple[str, int]]:
+    """As :func:`list_files`, each URL with its size: the listing carries the sizes, so
+    nothing asks the store for them one object at a time."""
     from dataclasses import replace
 
     from pyarrow import fs as pafs
@@ -267,7 +273,7 @@ def list_files(url: str, suffix: str = "", recursive: bool = False) -> list[str]
         pafs.FileSelector(root.path.rstrip("/"), allow_not_found=True, recursive=recursive)
     )
     return sorted(
-        replace(root, path=i.path).url
+        (replace(root, path=i.path).url, i.size)
         for i in infos
         if i.type == pafs.FileType.File and i.path.endswith(suffix) and not i.base_name.startswith(".")
     )
