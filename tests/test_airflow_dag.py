@@ -97,14 +97,15 @@ class Airflow:
         """``airflow ARGS`` begun (``extra_env`` on top of this home's environment)."""
         if self._server is None:
             self.home.mkdir(parents=True, exist_ok=True)
-            self._server = subprocess.Popen(
-                [str(self.bin_dir / "python"), str(COMMANDS)],
-                env=self.env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=open(self.home / "commands.err", "ab"),
-                text=True,
-            )
+            with open(self.home / "commands.err", "ab") as errors:
+                self._server = subprocess.Popen(
+                    [str(self.bin_dir / "python"), str(COMMANDS)],
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    text=True,
+                )
         self._commands += 1
         out = self.home / f"command-{self._commands}.out"
         request = {"args": list(args), "env": extra_env or {}, "out": str(out)}
@@ -123,10 +124,11 @@ class Airflow:
 
     def close(self) -> None:
         """Ends the commands' process: every command has replied, so nothing of it is lost
-        (Airflow's own shutdown in it takes seconds and checks nothing)."""
+        (Airflow's own shutdown in it, on end of input or SIGTERM, takes seconds and checks
+        nothing)."""
         if self._server is not None:
             self._server.stdin.close()
-            self._server.terminate()
+            self._server.kill()
             self._server.wait(timeout=60)
             self._server = None
 
@@ -173,6 +175,10 @@ class Command:
 
     def __init__(self, airflow: Airflow, args: list[str], out: Path):
         self.airflow, self.args, self.out = airflow, args, out
+
+    def finished(self) -> bool:
+        """Whether the command has replied (without waiting)."""
+        return bool(select.select([self.airflow._server.stdout], [], [], 0)[0])
 
     def wait(self, timeout: float) -> subprocess.CompletedProcess:
         """The finished command: its exit status, and its output (stdout and stderr as one)."""
@@ -390,7 +396,7 @@ def locked(daily, site) -> dict:
         command = airflow.start("dags", "test", DAG_ID, "2026-11-05")
         deadline = time.time() + 300
         first: dict = {}
-        while time.time() < deadline:
+        while time.time() < deadline and not command.finished():
             task = airflow.latest_task()
             if task.get("run_id") != previous_run and task.get("state") == "up_for_retry":
                 first = task  # the first attempt failed and waits for its retry
