@@ -2,7 +2,7 @@
 
 One module-scoped end-to-end run feeds several checks (the lock, the rerun that skips, the
 threshold raise without Spark); the kill-and-restart test compares against an uninterrupted
-run made from the same raw files.
+run made from the same raw files (in this process, on the shared Spark session).
 """
 
 from __future__ import annotations
@@ -181,21 +181,24 @@ def test_rerun_with_nothing_changed_skips_every_stage(e2e, config_file):
 
 
 @pytest.fixture(scope="module")
-def scratch_at_5(tmp_path_factory, e2e, config_file):
-    """Preprocess + convert from scratch at threshold 5 on the e2e run's raw files."""
-    workdir = tmp_path_factory.mktemp("scratch5")
-    proc, summary = run(
-        workdir,
-        config_file,
-        "--input",
-        str(e2e[0] / "raw"),
-        "--frequency-threshold",
-        "5",
-        "--stages",
-        "preprocess,convert",
+def scratch_at_5(tmp_path_factory, e2e, spark):
+    """Preprocess + convert from scratch at threshold 5 on the e2e run's raw files: the
+    reference the CLI's runs are compared with, made in this process on the shared Spark
+    session (tests/conftest.py), without a JVM of its own."""
+    from converters.convert import convert_parquet
+    from dlrm_contracts.config import ConvertConfig, PreprocessConfig, SparkConfig
+    from dlrm_contracts.layout import WorkdirLayout
+    from spark_jobs.preprocess import run_preprocess
+
+    layout = WorkdirLayout.at(tmp_path_factory.mktemp("scratch5"))
+    run_preprocess(
+        e2e[0] / "raw",
+        layout.root,
+        SparkConfig(master="local[2]", driver_memory="2g"),
+        PreprocessConfig(frequency_threshold="5"),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
+    convert_parquet(layout.parquet, layout.binary, ConvertConfig(batch_rows=512, progress=False))
+    return layout.root
 
 
 def test_raising_the_threshold_runs_no_spark_and_equals_a_scratch_run(e2e, config_file, scratch_at_5):
