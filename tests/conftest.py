@@ -60,16 +60,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def heavy_files_first(items: list[pytest.Item]) -> None:
-    """Files in order of their count of spark, horovod and slow tests, most first, each
-    file's tests kept together and in their order. ./run_tests.sh gives each of its workers
-    whole files (--dist loadfile, so a module's fixtures run once), the next file in this
-    order to whichever worker is free: a long file handed out last would keep one worker
-    busy while the other sits idle. Every worker collects the same order (xdist checks)."""
+    """Files in order of their recorded cost (tests/suite_costs.py), longest first, each file's
+    tests kept together and in their order; a file the record does not know is costed by its
+    count of spark, horovod and slow tests. ./run_tests.sh gives each of its workers whole
+    files (--dist loadfile, so a module's fixtures run once), the next file in this order to
+    whichever worker is free: a long file handed out last would keep one worker busy while the
+    other sits idle. Every worker collects the same order (xdist checks)."""
+    from suite_costs import SECONDS_PER_HEAVY_TEST, recorded_costs
+
+    recorded = recorded_costs()
     heavy: dict[Path, int] = {}
     for item in items:
         counted = any(item.get_closest_marker(tier) for tier in HEAVY_TIERS)
         heavy[item.path] = heavy.get(item.path, 0) + counted
-    items.sort(key=lambda item: -heavy[item.path])  # stable: ties keep the collected order
+    cost = {path: recorded.get(path.name, SECONDS_PER_HEAVY_TEST * n) for path, n in heavy.items()}
+    items.sort(key=lambda item: -cost[item.path])  # stable: ties keep the collected order
 
 
 @pytest.fixture(scope="session")
