@@ -656,26 +656,21 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     assert newest_fingerprint(work).read_text() == before
 
 
-def test_export_names_a_missing_dictionary(served, tmp_path):
+def test_export_names_a_missing_dictionary(served, tmp_path, capsys):
+    """The export stage's child (the main of ``python -m trainer --mode export``, with the
+    stage's arguments, run in this process) on a workdir whose C5 dictionary is gone: exit
+    10 and one line naming it, the line the stage reports (as in the test above)."""
+    from trainer.cli import main
+
     work = _workdir_copy(served, tmp_path)
     shutil.rmtree(work / "parquet" / "dictionaries" / "column=C5")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--workdir",
-            str(work),
-            "--config",
-            str(served["config"]),
-            "--stages",
-            "export",
-            "--force",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    capsys.readouterr()
+    code = main(
+        ["--mode", "export", "--dataset", str(work / "binary"), "--workdir", str(work)]
+        + ["--config", str(work / "manifests" / "effective_config.yaml"), "--verify-dataset", "none"]
     )
-    assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
-    headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
+    stderr = capsys.readouterr().err
+    assert code == ExitCode.EXPORT, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    [headline] = [l for l in stderr.splitlines() if l.startswith("trainer: error:")]
     assert "the dictionary of C5 is missing" in headline and "column=C5" in headline
