@@ -314,11 +314,15 @@ def test_a_known_error_buried_under_tracebacks_is_still_the_stages_line(tmp_path
     assert str(error).startswith(f"eval failed (exit 1): {first} (log: ")
 
 
-@pytest.mark.parametrize("kind", DAMAGES)
+def eval_fix(kind: str) -> str:
+    return "--stages convert --force" if kind == "id -2" else "train again (--stages train"
+
+
+@pytest.mark.parametrize("kind", [DAMAGES[0], DAMAGES[3]])
 def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, tmp_path, kind):
     """The only checkpoint of the run damaged (or an id out of its table): exit 9, one line
     naming the file and the fix. The truncated rank file runs two real ranks: the line was
-    buried under horovodrun's traceback."""
+    buried under horovodrun's traceback. (The other damaged files: the test below.)"""
     work = workdir_copy(trained, tmp_path, newest_only=True)
     name = damage(work, kind)
     ranks = 2 if kind == "truncated rank-0.npz" else 1
@@ -327,8 +331,31 @@ def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, 
     assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval_refused", proc.stderr
     line = one_failure_line(proc, "eval")
     assert name in line, line
-    fix = "--stages convert --force" if kind == "id -2" else "train again (--stages train"
+    fix = eval_fix(kind)
     assert fix in line, line
+
+
+@pytest.mark.parametrize("kind", DAMAGES[1:3])
+def test_eval_of_another_damaged_checkpoint_file_is_the_trainers_one_line(trained, tmp_path, capsys, kind):
+    """The other files of the only checkpoint damaged: the trainer's eval mode (the main of
+    ``python -m trainer``, run in this process) exits 9 with one line naming the file and the
+    fix, the line the eval stage above reports as a refusal."""
+    from trainer.cli import main
+
+    work = workdir_copy(trained, tmp_path, newest_only=True)
+    name = damage(work, kind)
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG % 1)
+    capsys.readouterr()
+    # the eval stage's command line (pipeline.stages.trainer_argv) for one process
+    code = main(
+        ["--mode", "eval", "--dataset", str(work / "binary"), "--workdir", str(work), "--config", str(config)]
+    )
+    stderr = capsys.readouterr().err
+    assert code == ExitCode.EVAL, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    [line] = [line for line in stderr.splitlines() if line.startswith("trainer: error:")]
+    assert name in line and eval_fix(kind) in line, line
 
 
 def test_eval_and_export_use_the_newest_intact_checkpoint(trained, tmp_path):

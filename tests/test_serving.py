@@ -202,11 +202,11 @@ def trainer_test_predictions(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
     return trainer.predictions("test")
 
 
-def test_serve_lines_equal_trainer_predictions_and_auc(served):
+def test_serve_lines_equal_trainer_predictions_and_auc(served, answers):
     from trainer.metrics import roc_auc
 
     lines = served["test_lines"]
-    out = serve(served, {"test": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    out = answers
     probability = np.array(out["test"]["probability"])
     reasons = out["test"]["reject_reason"]
     # every line decided as the Spark job decides it (the reference of its rules)
@@ -236,10 +236,8 @@ def _valid_fields(served, count: int) -> list[list[str]]:
     raise AssertionError("not enough valid lines")
 
 
-def test_serve_features_and_line_variants_agree(served):
-    """Uppercase, no leading zeros, CRLF, short lines, no label, unseen values, x <= -3 and the
-    missing marker: each variant scores exactly as its canonical form."""
-    rows = _valid_fields(served, 64)
+def _variant_requests(rows: list[list[str]]) -> dict:
+    """The requests of test_serve_features_and_line_variants_agree: ``rows`` written each way."""
     canonical = ["\t".join(r) for r in rows]
     upper = ["\t".join(r[:14] + [c.upper() for c in r[14:]]) for r in rows]
     unpadded = ["\t".join(r[:14] + [c.lstrip("0") or ("0" if c else "") for c in r[14:]]) for r in rows]
@@ -284,7 +282,33 @@ def test_serve_features_and_line_variants_agree(served):
         "ints": ints[:2],
         "cats": [rows[0][14:25] + ["0x1"] + rows[0][26:], rows[1][14:]],
     }
-    out = serve(served, requests)
+    return requests
+
+
+VARIANT_ROWS = 64
+SIGNATURE_LINES = 200
+
+
+@pytest.fixture(scope="module")
+def answers(served) -> dict:
+    """Every request of this module's tests, scored in one fresh process (one TensorFlow import
+    and one SavedModel load): the test day's lines, the variants of 64 valid rows, and the
+    first 200 lines through serving_default and serve_lines. Each test reads its own."""
+    lines = served["test_lines"]
+    requests = {
+        "test": {"signature": "serve_lines", "lines": lines, "has_label": True},
+        **_variant_requests(_valid_fields(served, VARIANT_ROWS)),
+        "default": {"signature": "serving_default", "lines": lines[:SIGNATURE_LINES], "has_label": True},
+        "named": {"signature": "serve_lines", "lines": lines[:SIGNATURE_LINES], "has_label": True},
+    }
+    return serve(served, requests)
+
+
+def test_serve_features_and_line_variants_agree(served, answers):
+    """Uppercase, no leading zeros, CRLF, short lines, no label, unseen values, x <= -3 and the
+    missing marker: each variant scores exactly as its canonical form."""
+    rows = _valid_fields(served, VARIANT_ROWS)
+    out = answers
     base = out["canonical"]["probability"]
     assert all(0 < p < 1 for p in base)
     for name in ("upper", "unpadded", "crlf", "unlabelled", "features"):
@@ -343,7 +367,7 @@ def run_pipeline(served, *args: str) -> tuple[subprocess.CompletedProcess, dict]
     return proc, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_score_stage_writes_scores_and_rejects(served):
+def test_score_stage_writes_scores_and_rejects(served, answers):
     root = served["root"]
     lines = served["test_lines"]
     day = root / "new" / "day_9.gz"
@@ -386,9 +410,9 @@ def test_score_stage_writes_scores_and_rejects(served):
     assert [r["line"] for r in rejects] == [  # as Spark reads them: no line end, no \r
         line.removesuffix("\r") for line, r in zip(lines, expected) if r is not None
     ]
-    served_now = serve(served, {"t": {"signature": "serve_lines", "lines": lines, "has_label": True}})
+    # the export the stage scored with is the one the module's answers came from (version 1)
     assert scores["probability"] == pytest.approx(
-        [p for p, r in zip(served_now["t"]["probability"], expected) if r is None], abs=1e-7
+        [p for p, r in zip(answers["test"]["probability"], expected) if r is None], abs=1e-7
     )
     assert scores["label"] == [int(line[0]) for line, r in zip(lines, expected) if r is None]
     unlabelled = pq.read_table(root / "work" / "scores" / "unlabelled.parquet")
@@ -466,18 +490,12 @@ def test_planner_prints_export_size(served):
     assert "export (SavedModel)" in text
 
 
-def test_signatures_suit_tensorflow_serving(served):
+def test_signatures_suit_tensorflow_serving(served, answers):
     """serving_default is serve_lines; every input and output has the batch dimension first
     (TensorFlow Serving's batching concatenates along it and refuses a scalar input); a
     rejected row's probability is -1, which a strict JSON writer accepts (NaN is not JSON)."""
-    lines = served["test_lines"][:200]
-    out = serve(
-        served,
-        {
-            "default": {"signature": "serving_default", "lines": lines, "has_label": True},
-            "named": {"signature": "serve_lines", "lines": lines, "has_label": True},
-        },
-    )
+    out = answers
+    assert len(out["named"]["probability"]) == SIGNATURE_LINES
     assert out["default"] == out["named"]
     signatures = served["signatures"]
     assert {"serving_default", "serve_lines", "serve_features"} <= set(signatures)
@@ -490,36 +508,55 @@ def test_signatures_suit_tensorflow_serving(served):
     assert "serving_default" in fingerprint["signatures"]
 
 
-def _score_cli(served, files: list[Path], config_text: str = "", timeout: int = 300):
-    """``python -m trainer.score`` on the export, into a fresh output directory."""
+def _score_args(served, files: list[Path], config_text: str) -> tuple[list[str], Path]:
+    """``trainer.score``'s arguments: the export, a fresh output directory, ``config_text``."""
     out = served["root"] / f"scores-{len(list(served['root'].glob('scores-*')))}"
     config = out.with_suffix(".yaml")
     config.write_text(config_text or "score: {}\n")
+    args = [
+        "--model",
+        str(latest_export(served["workdir"] / "export")),
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--input",
+        ",".join(map(str, files)),
+    ]
+    return args, out
+
+
+def _score_cli(served, files: list[Path], config_text: str = "", timeout: int = 300):
+    """``python -m trainer.score`` on the export, into a fresh output directory."""
+    args, out = _score_args(served, files, config_text)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.score",
-            "--model",
-            str(latest_export(served["workdir"] / "export")),
-            "--out",
-            str(out),
-            "--config",
-            str(config),
-            "--input",
-            ",".join(map(str, files)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, "-m", "trainer.score", *args], capture_output=True, text=True, timeout=timeout
     )
     return proc, out
 
 
-def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
+def _score_main(capsys):
+    """``trainer.score``'s command line run in this process: the ``main`` that ``python -m
+    trainer.score`` runs, its exit code and output as a finished process's, without another
+    process importing TensorFlow. The exit codes themselves are checked on the real command
+    line (_score_cli) too."""
+    from trainer.score import main
+
+    def score(served, files: list[Path], config_text: str = ""):
+        args, out = _score_args(served, files, config_text)
+        capsys.readouterr()  # what earlier steps printed is not this run's
+        code = main(args)
+        printed = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, printed.out, printed.err), out
+
+    return score
+
+
+def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served, capsys):
     """A truncated .gz, a file that fits both readings (every line 39 fields), a file with too
     many rejected lines: exit 11 and one line naming the file; the rejects of the last are
-    kept, its scores are not written."""
+    kept, its scores are not written. The last through the real command line, the others
+    through its main in this process."""
     root = served["root"] / "bad_inputs"
     root.mkdir()
     good = [l for l in served["test_lines"] if reference_parse(l.removesuffix("\r"))[0] is None]
@@ -530,12 +567,12 @@ def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
     ambiguous.write_text("".join("\t".join(l.split("\t")[:39]) + "\n" for l in good[:300]))
     noisy = root / "day_n"
     noisy.write_text("".join(l + "\n" for l in good[:200]) + "1\tnot a number\r\n" * 5)
-    for path, words in [
-        (truncated, "is not a readable gzip file"),
-        (ambiguous, "set score.has_label"),
-        (noisy, "more than score.max_reject_rate"),
+    for path, words, score in [
+        (truncated, "is not a readable gzip file", _score_main(capsys)),
+        (ambiguous, "set score.has_label", _score_main(capsys)),
+        (noisy, "more than score.max_reject_rate", _score_cli),
     ]:
-        proc, out = _score_cli(served, [path])
+        proc, out = score(served, [path])
         assert proc.returncode == ExitCode.SCORE, (path, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         errors = [l for l in proc.stderr.splitlines() if l.startswith("trainer.score: error:")]
@@ -547,9 +584,10 @@ def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served):
     ]
 
 
-def test_score_input_edge_cases_that_are_fine(served):
+def test_score_input_edge_cases_that_are_fine(served, capsys):
     """An empty file (label unknown) scores nothing; a labelled file whose lines mostly lost
-    their empty last field is read as labelled; the same file with score.has_label set too."""
+    their empty last field is read as labelled (the real command line); the same file with
+    score.has_label set too (its main in this process)."""
     root = served["root"] / "edge_inputs"
     root.mkdir()
     empty = root / "empty"
@@ -571,7 +609,7 @@ def test_score_input_edge_cases_that_are_fine(served):
     assert files["labelled39"]["has_label"] is True and files["labelled39"]["scored"] == len(short)
     scored = pq.read_table(out / "labelled39.parquet").to_pydict()
     assert scored["label"] == [int(l[0]) for l in short]
-    proc, forced = _score_cli(served, [labelled], "score: {has_label: true}\n")
+    proc, forced = _score_main(capsys)(served, [labelled], "score: {has_label: true}\n")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert pq.read_table(forced / "labelled39.parquet").to_pydict() == scored
 
@@ -618,26 +656,21 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     assert newest_fingerprint(work).read_text() == before
 
 
-def test_export_names_a_missing_dictionary(served, tmp_path):
+def test_export_names_a_missing_dictionary(served, tmp_path, capsys):
+    """The export stage's child (the main of ``python -m trainer --mode export``, with the
+    stage's arguments, run in this process) on a workdir whose C5 dictionary is gone: exit
+    10 and one line naming it, the line the stage reports (as in the test above)."""
+    from trainer.cli import main
+
     work = _workdir_copy(served, tmp_path)
     shutil.rmtree(work / "parquet" / "dictionaries" / "column=C5")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--workdir",
-            str(work),
-            "--config",
-            str(served["config"]),
-            "--stages",
-            "export",
-            "--force",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    capsys.readouterr()
+    code = main(
+        ["--mode", "export", "--dataset", str(work / "binary"), "--workdir", str(work)]
+        + ["--config", str(work / "manifests" / "effective_config.yaml"), "--verify-dataset", "none"]
     )
-    assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
-    headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)
+    stderr = capsys.readouterr().err
+    assert code == ExitCode.EXPORT, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    [headline] = [l for l in stderr.splitlines() if l.startswith("trainer: error:")]
     assert "the dictionary of C5 is missing" in headline and "column=C5" in headline

@@ -295,6 +295,9 @@ def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(
     def forced_train(train) -> dict:
         pipeline_config = PipelineConfig()
         pipeline_config.train, pipeline_config.force = train, True
+        # one process: which checkpoint the stage keeps and starts from does not depend on the
+        # ranks (test_trainer_horovod.py warm-starts two ranks as one process)
+        pipeline_config.launch.np = 1
         config_path = tmp_path / "effective.yaml"
         config_path.write_text(yaml.safe_dump(config_to_dict(pipeline_config)))
         ctx = stages.StageContext(pipeline_config, layout, ManifestStore(layout.manifests), config_path)
