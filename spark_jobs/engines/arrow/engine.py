@@ -33,6 +33,7 @@ from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
 from spark_jobs.engines.arrow.chunks import plan_chunks
 from spark_jobs.engines.arrow.fastparse import REASON_CODES
+from spark_jobs.engines.arrow.input_copies import CopySpec
 from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.engines.arrow.tasks import (
     CODE_BITS,
@@ -74,6 +75,9 @@ class ArrowEngine:
             count_flush_lines=COUNT_FLUSH_LINES,
             max_line_bytes=cfg.max_line_bytes,
             remote_read_bytes=cfg.arrow_remote_read_mb << 20,
+            input_copies=(
+                CopySpec.new(cfg.arrow_input_copy_mb) if any(remote.is_url(d.path) for d in days) else None
+            ),
         )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
