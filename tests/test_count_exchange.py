@@ -75,9 +75,11 @@ def test_rows_cut_at_group_bounds_merge_to_each_group_s_counts(monkeypatch):
     # a run per (input row, group it reaches): none for the empty ranges ([1000, 2**32) of
     # column 3, [0, 5) of column 7), and each routed row holds only its group's values
     groups = routed_table.column("group").to_numpy()
-    for group, values in zip(groups, routed_table.column("values").to_pylist()):
+    for group, values, counts in zip(
+        groups, routed_table.column("values").to_pylist(), routed_table.column("counts").to_pylist()
+    ):
         _, low, high = plan.value_range(int(group))
-        values = np.frombuffer(values, np.uint32)
+        values = count_exchange.unpack(values, counts).values
         assert len(values) and values.min() >= low and (high is None or values.max() < high)
     rows_per_group = Counter(groups.tolist())
     input_rows = Counter(table.column("column").to_pylist())
