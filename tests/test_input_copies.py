@@ -153,3 +153,37 @@ def test_copies_stay_within_the_budget_and_a_new_run_clears_the_old(days, scratc
     assert len(requests()) == len(behind) - 2
 
     assert CopySpec.new(0) is None  # arrow_input_copy_mb: 0 turns the copies off
+
+
+def test_one_worker_of_a_node_fetches_the_index_the_others_wait(bucket, tmp_path, monkeypatch):
+    """Workers starting the transform together on one node: the index behind the URL is
+    fetched once, and every worker gets the whole copy."""
+    import threading
+    import time
+
+    from spark_jobs.engines.arrow import dictionary_index, remote
+
+    url = f"s3://{bucket['bucket']}/index-{tmp_path.name}"
+    files = {"index.json": b"{}", "C1/00000.slots": bytes(4096), "C1/00001.slots": bytes(range(256)) * 16}
+    for name, data in files.items():
+        remote.write_bytes(remote.join(url, name), data)
+    fetched = []
+    fetch = dictionary_index.fetch_index
+
+    def slow_fetch(source, target):
+        fetched.append(target)
+        time.sleep(0.5)  # the others arrive while it copies
+        fetch(source, target)
+
+    monkeypatch.setattr(dictionary_index, "fetch_index", slow_fetch)
+    copies = []
+    workers = [
+        threading.Thread(target=lambda: copies.append(dictionary_index.local_copy(url, str(tmp_path), "run")))
+        for _ in range(3)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(fetched) == 1 and len(set(copies)) == 1 and len(copies) == 3
+    assert {str(p.relative_to(copies[0])): p.read_bytes() for p in Path(copies[0]).rglob("*") if p.is_file()} == files

@@ -28,6 +28,7 @@ of values) passes over the whole block once per round.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -326,18 +327,33 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
     node already did: each copy goes to a directory of its own and is renamed into place, so
     concurrent workers never see a partial copy."""
     target = Path(local_root) / f"criteo-dlrm-index-{token}"
-    if not (target / INDEX_JSON).is_file():
-        staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        if remote.is_url(index_dir):
-            fetch_index(index_dir, staging)
-        else:
-            shutil.copytree(index_dir, staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another worker's copy landed first
+    if (target / INDEX_JSON).is_file():
+        return str(target)
+    # one worker of the node copies, the others wait for its copy: each would read the whole
+    # index from the workdir again (a lock released by the kernel if its holder dies)
+    with _node_lock(Path(local_root) / f".criteo-dlrm-index-{token}.lock"):
+        if not (target / INDEX_JSON).is_file():
+            staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
             shutil.rmtree(staging, ignore_errors=True)
+            if remote.is_url(index_dir):
+                fetch_index(index_dir, staging)
+            else:
+                shutil.copytree(index_dir, staging)
+            try:
+                staging.rename(target)
+            except OSError:  # another worker's copy landed first
+                shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+@contextlib.contextmanager
+def _node_lock(path: Path):
+    """An exclusive lock on ``path`` among the processes of this node (``flock``)."""
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def node_local_root() -> str | None:
