@@ -57,7 +57,9 @@ def requests(tmp_path, monkeypatch):
 def _chunks(raw: Path, url: str):
     from spark_jobs.engines.arrow.chunks import plan_chunks
 
-    local = plan_chunks([harness.UrlDay(0, str(raw / "day_0")), harness.UrlDay(1, str(raw / "day_1.gz"))], 12_000)
+    local = plan_chunks(
+        [harness.UrlDay(0, str(raw / "day_0")), harness.UrlDay(1, str(raw / "day_1.gz"))], 12_000
+    )
     behind = plan_chunks(harness.url_days(url), 12_000)
     assert len(local) == len(behind) >= 4
     return local, behind
@@ -186,4 +188,6 @@ def test_one_worker_of_a_node_fetches_the_index_the_others_wait(bucket, tmp_path
     for worker in workers:
         worker.join()
     assert len(fetched) == 1 and len(set(copies)) == 1 and len(copies) == 3
-    assert {str(p.relative_to(copies[0])): p.read_bytes() for p in Path(copies[0]).rglob("*") if p.is_file()} == files
+    assert {
+        str(p.relative_to(copies[0])): p.read_bytes() for p in Path(copies[0]).rglob("*") if p.is_file()
+    } == files

@@ -88,7 +88,9 @@ def unpack(values, counts, codec=None) -> Counts:
     deltas = _unpack(values, VALUE_DTYPE, codec)
     run = Counts(np.cumsum(deltas, dtype=VALUE_DTYPE), _unpack(counts, DAY_COUNT_DTYPE, codec))
     if len(run.values) != len(run.counts):
-        raise ValueError(f"a run of partial counts with {len(run.values)} values and {len(run.counts)} counts")
+        raise ValueError(
+            f"a run of partial counts with {len(run.values)} values and {len(run.counts)} counts"
+        )
     return run
 
 

@@ -139,14 +139,19 @@ def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
     replace_file(built, region_path(index_dir, column, rank))
 
 
-def seal_index(index_dir: Path) -> None:
+def seal_index(index_dir: Path, checksums: dict[tuple[str, int], str] | None = None) -> None:
     """Record in ``index.json`` each range file's checksum and then its own, once the
     dictionary tasks have written every file: a worker refuses an index that is not sealed
-    or whose files or ``index.json`` differ from what was sealed."""
+    or whose files or ``index.json`` differ from what was sealed. ``checksums``: each
+    (column, range)'s, as the tasks that wrote the files behind a URL computed them (None:
+    every file is read to compute them)."""
     from spark_jobs.engines.arrow import index_checks as checks
 
     if remote.is_url(index_dir):
-        _seal_remote(str(index_dir))
+        if checksums is None:
+            _seal_remote(str(index_dir))
+        else:
+            _seal_remote_with(str(index_dir), checksums)
         return
     index_dir = Path(index_dir)
     meta = checks.read_meta(index_dir, sealed=False)
@@ -173,6 +178,29 @@ def _seal_remote(url: str) -> None:
         remote.upload(scratch / "index" / INDEX_JSON, remote.join(url, INDEX_JSON))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _seal_remote_with(url: str, checksums: dict[tuple[str, int], str]) -> None:
+    """The index behind ``url`` sealed with its files' checksums as their writers computed
+    them: one read and one write of index.json, where reading every region back would move
+    the whole index through the store again (the workers check each file before use)."""
+    from spark_jobs.engines.arrow import index_checks as checks
+
+    meta = json.loads(remote.read_bytes(remote.join(url, INDEX_JSON)))
+    for column, data in meta["columns"].items():
+        _, _, sizes, _ = checks.column_arrays(meta, Path(INDEX_JSON), column, sealed=False)
+        missing = [
+            rank for rank, slots in enumerate(sizes.tolist()) if slots and (column, rank) not in checksums
+        ]
+        if missing:
+            raise checks.damaged(
+                remote.join(url, column), f"the ranges {missing} were not written by the dictionary tasks"
+            )
+        data["checksums"] = [
+            checksums[(column, rank)] if slots else None for rank, slots in enumerate(sizes.tolist())
+        ]
+    meta["checksum"] = checks.meta_checksum(meta["columns"])
+    remote.write_bytes(remote.join(url, INDEX_JSON), json.dumps(meta).encode())
 
 
 def fetch_index(url: str, target: Path) -> None:

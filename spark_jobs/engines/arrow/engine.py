@@ -269,7 +269,13 @@ class ArrowEngine:
                 f"{kept} values kept in the dictionaries, but the table sizes from "
                 f"the histogram add up to {expected}"
             )
-        dictionary_index.seal_index(index_dir)
+        checksums = {
+            (CAT_COLUMNS[column], rank): r["checksum"]
+            for r in written
+            if r["checksum"] is not None
+            for column, rank in [self._plan.column_range(int(r["group"]))]
+        }
+        dictionary_index.seal_index(index_dir, checksums if remote.is_url(index_dir) else None)
         dicts.clear_dir(self._totals_dir)
 
     def write_contiguous_dictionaries(
