@@ -28,7 +28,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, BinaryIO, Callable
 
 # What a task does with a chunk's copy: make one while reading the store (the count), read
 # one if there is one (the rejects), read one and remove it (the transform: the last reader).
@@ -153,7 +153,7 @@ class _Tee:
 
     def __init__(self, reader, temporary: Path, final: Path):
         self.reader, self.temporary, self.final = reader, temporary, final
-        self.out = open(temporary, "wb")
+        self.out: BinaryIO | None = open(temporary, "wb")
         self.ended = False
 
     def read(self, n: int) -> bytes:
@@ -168,7 +168,8 @@ class _Tee:
         return piece
 
     def _drop(self) -> None:
-        self.out.close()
+        if self.out is not None:
+            self.out.close()
         self.out = None
         self.temporary.unlink(missing_ok=True)
 
@@ -193,7 +194,8 @@ class _CopyReader:
         self.path, self.start, self.from_store, self.remove = path, start, from_store, remove
         self.whole = path.name.endswith(_WHOLE)
         self.file = open(path, "rb", buffering=0)
-        self.copied, self.rest = 0, None
+        self.copied = 0
+        self.rest: Any = None  # the store's reader, once the copy ends
 
     def read(self, n: int) -> bytes:
         if self.rest is None:
