@@ -192,9 +192,9 @@ def _remote_pieces(chunk: Chunk, read_bytes: int, largest: int, copy=None) -> It
     start = 0 if chunk.gzipped else max(chunk.start - 1, 0)
     limit = float("inf") if chunk.gzipped else chunk.end + read_bytes
 
-    def from_store(offset: int):
+    def from_store(offset: int, wrap=None):
         source = _StreamSource(chunk.path, limit) if remote.streams(chunk.path) else _RangeSource(chunk.path)
-        return _ReadAhead(source, offset, limit, largest)
+        return _ReadAhead(wrap(source) if wrap else source, offset, limit, largest)
 
     reader = copy.reader(start, from_store) if copy is not None else from_store(start)
     try:

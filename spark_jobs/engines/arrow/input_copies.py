@@ -63,8 +63,9 @@ def directory(spec: CopySpec) -> Path:
 @dataclass(frozen=True)
 class ChunkCopy:
     """One chunk's copy as a task sees it: ``reader(start, from_store)`` gives the reader of
-    the chunk's bytes from ``start`` (``from_store(offset)``: a reader of the store's bytes
-    from ``offset``), through the copy as ``mode`` says."""
+    the chunk's bytes from ``start`` through the copy as ``mode`` says. ``from_store(offset,
+    wrap=None)``: a reader of the store's bytes from ``offset``, its source of bytes (what
+    fetches them, on the reader's own thread) wrapped by ``wrap``."""
 
     spec: CopySpec
     name: str  # the chunk's: day, number, byte range
@@ -78,7 +79,7 @@ class ChunkCopy:
         planned = chunk.end if chunk.gzipped else chunk.end - chunk.start + 1 + read_bytes
         return cls(spec, f"{chunk.day}-{chunk.index}-{chunk.start}-{chunk.end}", mode, planned)
 
-    def reader(self, start: int, from_store: Callable[[int], object]):
+    def reader(self, start: int, from_store: Callable[..., Any]):
         if self.mode in (READ, TAKE):
             found = self._find()
             if found is not None:
@@ -87,12 +88,13 @@ class ChunkCopy:
         if self.mode == KEEP:
             target = self._reserve()
             if target is not None:
-                store = from_store(start)
                 try:
-                    return _Tee(store, target, directory(self.spec) / self.name)
+                    out = open(target, "wb")
                 except OSError:
                     target.unlink(missing_ok=True)
-                    return store
+                    return from_store(start)
+                final = directory(self.spec) / self.name
+                return from_store(start, lambda source: _TeeSource(source, out, target, final, start))
         return from_store(start)
 
     def _find(self) -> Path | None:
@@ -146,26 +148,31 @@ def _remove_other_runs(spec: CopySpec) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-class _Tee:
-    """A reader of the store whose pieces are also written to a temporary file, renamed into
-    the copy when the reader is closed (a prefix of the chunk's bytes, whatever was read). A
-    failed write (a full disk) drops the copy, never the task."""
+class _TeeSource:
+    """A source of the store's bytes (``read(offset, size)``) whose reads are also written to
+    a temporary file, renamed into the copy when the source is closed: a prefix of the
+    chunk's bytes, whatever was fetched. It runs on the reader's fetching thread, so the
+    writes overlap the parse. A failed write (a full disk) or a read out of sequence drops
+    the copy, never the task."""
 
-    def __init__(self, reader, temporary: Path, final: Path):
-        self.reader, self.temporary, self.final = reader, temporary, final
-        self.out: BinaryIO | None = open(temporary, "wb")
-        self.ended = False
+    def __init__(self, source, out: BinaryIO, temporary: Path, final: Path, start: int):
+        self.source, self.temporary, self.final = source, temporary, final
+        self.out: BinaryIO | None = out
+        self.next, self.ended = start, False
 
-    def read(self, n: int) -> bytes:
-        piece = self.reader.read(n)
-        if not piece:
+    def read(self, offset: int, size: int) -> bytes:
+        data = self.source.read(offset, size)
+        if len(data) < size:  # the object's end
             self.ended = True
-        elif self.out is not None:
+        if self.out is not None:
             try:
-                self.out.write(piece)
+                if offset != self.next:
+                    raise OSError("a read out of sequence")
+                self.out.write(data)
+                self.next += len(data)
             except OSError:
                 self._drop()
-        return piece
+        return data
 
     def _drop(self) -> None:
         if self.out is not None:
@@ -174,7 +181,7 @@ class _Tee:
         self.temporary.unlink(missing_ok=True)
 
     def close(self) -> None:
-        self.reader.close()
+        self.source.close()
         if self.out is None:
             return
         try:
