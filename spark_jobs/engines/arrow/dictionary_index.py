@@ -359,7 +359,7 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
         return str(target)
     # one worker of the node copies, the others wait for its copy: each would read the whole
     # index from the workdir again (a lock released by the kernel if its holder dies)
-    with _node_lock(Path(local_root) / f".criteo-dlrm-index-{token}.lock"):
+    with _node_lock(Path(local_root)):
         if not (target / INDEX_JSON).is_file():
             staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
             shutil.rmtree(staging, ignore_errors=True)
@@ -375,13 +375,17 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
 
 
 @contextlib.contextmanager
-def _node_lock(path: Path):
-    """An exclusive lock on ``path`` among the processes of this node (``flock``)."""
+def _node_lock(directory: Path):
+    """An exclusive lock on ``directory`` among the processes of this node (``flock`` on the
+    directory itself: no file is left behind)."""
     import fcntl
 
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def node_local_root() -> str | None:

@@ -447,9 +447,9 @@ class ArrowEngine:
         if remote.is_url(index_dir) and not spec.index_on_node:  # local mode's one copy
             import tempfile
 
-            copy = Path(tempfile.gettempdir()) / f"criteo-dlrm-index-{spec.run_token}"
-            shutil.rmtree(copy, ignore_errors=True)
-            copy.with_name(f".{copy.name}.lock").unlink(missing_ok=True)
+            shutil.rmtree(
+                Path(tempfile.gettempdir()) / f"criteo-dlrm-index-{spec.run_token}", ignore_errors=True
+            )
 
     def train_rows(self, spec: TransformSpec, train_files: int, days: set[int] | None = None):
         """The train split's packed rows, hash-partitioned by their order key and sorted."""
