@@ -469,7 +469,7 @@ def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_i
         for batch in batches:
             for item in batch.column("id").to_numpy():
                 groups = batches_of_groups[int(item)]
-                kept, checksums = zip(*(_fill_group(spec, g, firsts.get(g)) for g in groups))
+                kept, checksums = zip(*(_filled(spec, g, firsts.get(g)) for g in groups))
                 yield pa.record_batch(
                     {
                         "group": pa.array(groups, pa.int32()),
@@ -493,8 +493,13 @@ def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
     return [sorted(b) for b in out if b]
 
 
-def _fill_group(spec: WriteSpec, group: int, classes) -> tuple[int, str | None]:
-    """(values kept, the region's checksum at a URL)."""
+def _fill_group(spec: WriteSpec, group: int, classes) -> int:
+    """The values a group keeps, its part and region written."""
+    return _filled(spec, group, classes)[0]
+
+
+def _filled(spec: WriteSpec, group: int, classes) -> tuple[int, str | None]:
+    """(values kept, the region's checksum at a URL, else None)."""
     if classes is None:  # nothing kept in this group
         return 0, None
     column, rank = spec.plan.column_range(group)
