@@ -226,6 +226,12 @@ class PreprocessConfig:
     # On S3 the reads are pieces of one streamed GET per chunk (one request whatever this
     # size); on GCS, Azure and HDFS each read is a ranged request (a chunk of 256 MB: 7).
     arrow_remote_read_mb: int = 64
+    # Arrow engine, a day file behind a URL: the count pass keeps the bytes it read on the
+    # executor's local disk (Spark's local directory), and the transform reads that copy
+    # instead of the store (any task without one, on another node say, reads the store). At
+    # most this many MB of copies per node (0: none); each copy goes once transformed
+    # (docs/cluster.md §2.0.2).
+    arrow_input_copy_mb: int = 32768
     # A line longer than this many bytes (without its '\n' and a trailing '\r') is rejected as
     # line_too_long, by both engines, before any field is read; the rejects keep at most this
     # many bytes of any rejected line (and its full length). The longest valid Criteo line
@@ -1178,6 +1184,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
         "arrow_chunk_mb": AT_LEAST_1,
         "arrow_block_kb": AT_LEAST_1,
         "arrow_remote_read_mb": AT_LEAST_1,
+        "arrow_input_copy_mb": AT_LEAST_0,
         "window_days": Limit(2),
         "max_line_bytes": Limit(1024),
         "caps": Limit(1, MAX_CAP),

@@ -75,9 +75,11 @@ def test_rows_cut_at_group_bounds_merge_to_each_group_s_counts(monkeypatch):
     # a run per (input row, group it reaches): none for the empty ranges ([1000, 2**32) of
     # column 3, [0, 5) of column 7), and each routed row holds only its group's values
     groups = routed_table.column("group").to_numpy()
-    for group, values in zip(groups, routed_table.column("values").to_pylist()):
+    for group, values, counts in zip(
+        groups, routed_table.column("values").to_pylist(), routed_table.column("counts").to_pylist()
+    ):
         _, low, high = plan.value_range(int(group))
-        values = np.frombuffer(values, np.uint32)
+        values = count_exchange.unpack(values, counts).values
         assert len(values) and values.min() >= low and (high is None or values.max() < high)
     rows_per_group = Counter(groups.tolist())
     input_rows = Counter(table.column("column").to_pylist())
@@ -96,3 +98,16 @@ def test_a_chunk_s_column_is_one_row_until_it_outgrows_a_row():
     assert count_exchange.partial_rows(3, counts).num_rows == 2
     empty = count_exchange.route_batch(_plan({}), batch.slice(0, 0))
     assert empty.num_rows == 0 and empty.schema.names == ["group", "day", "values", "counts"]
+
+
+def test_runs_travel_packed_and_come_back_whole():
+    """A run's values (as differences) and counts are compressed for the JVM's cache and
+    shuffle, and unpack to the same arrays, the empty run and the 32-bit ends included."""
+    rng = np.random.default_rng(5)
+    dense = count_values(rng.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.int64))
+    for run in (dense, count_values(np.array([], np.int64)), count_values(np.array([0, 2**32 - 1] * 3))):
+        values, counts = count_exchange.pack_values(run.values), count_exchange.pack_counts(run.counts)
+        back = count_exchange.unpack(pa.py_buffer(values), counts)
+        assert back.values.tolist() == run.values.tolist() and back.counts.tolist() == run.counts.tolist()
+    packed = len(count_exchange.pack_values(dense.values)) + len(count_exchange.pack_counts(dense.counts))
+    assert packed < 0.6 * 8 * len(dense)

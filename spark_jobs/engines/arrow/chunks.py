@@ -184,14 +184,19 @@ class _ReadAhead:
         self.source.close()
 
 
-def _remote_pieces(chunk: Chunk, read_bytes: int, largest: int) -> Iterator[bytes]:
+def _remote_pieces(chunk: Chunk, read_bytes: int, largest: int, copy=None) -> Iterator[bytes]:
     """``_raw_pieces`` of a day file behind a URL: a plain file from one byte before the
     chunk's start, a ``.gz`` from its start to its end (its members are only found by
-    inflating from the start); on S3 one streamed GET, elsewhere ranged requests."""
+    inflating from the start); on S3 one streamed GET, elsewhere ranged requests. ``copy``
+    (``input_copies.ChunkCopy``): the node's local copy of the chunk, kept or read."""
     start = 0 if chunk.gzipped else max(chunk.start - 1, 0)
     limit = float("inf") if chunk.gzipped else chunk.end + read_bytes
-    source = _StreamSource(chunk.path, limit) if remote.streams(chunk.path) else _RangeSource(chunk.path)
-    reader = _ReadAhead(source, start, limit, largest)
+
+    def from_store(offset: int, wrap=None):
+        source = _StreamSource(chunk.path, limit) if remote.streams(chunk.path) else _RangeSource(chunk.path)
+        return _ReadAhead(wrap(source) if wrap else source, offset, limit, largest)
+
+    reader = copy.reader(start, from_store) if copy is not None else from_store(start)
     try:
         if chunk.gzipped:
             yield from _gunzip(reader, chunk.path, read_bytes)
@@ -271,6 +276,7 @@ def line_blocks(
     block_bytes: int = 1 << 20,
     max_line_bytes: int | None = None,
     remote_read_bytes: int = 64 << 20,
+    copy=None,
 ) -> Iterator[LineBlock]:
     """The chunk's lines, in order, as blocks of about ``block_bytes`` of text.
 
@@ -279,7 +285,8 @@ def line_blocks(
     as a block of its own (``LineBlock.cut``). So every byte is copied a bounded number of
     times and the reader holds at most ``block_bytes`` + ``max_line_bytes`` + 1 bytes of text,
     whatever the length of a line or the ratio of a gzip stream. None: no limit.
-    ``remote_read_bytes``: the largest read of a day file behind a URL (``_ReadAhead``)."""
+    ``remote_read_bytes``: the largest read of a day file behind a URL (``_ReadAhead``);
+    ``copy``: its node-local copy, made or read (``input_copies``; a local file has none)."""
     pending = b""  # bytes after the last complete line seen so far
     offset = max(chunk.start - 1, 0) if not chunk.gzipped else 0  # file offset of pending[0]
     skip_to_line_start = not chunk.gzipped and chunk.start > 0
@@ -287,7 +294,7 @@ def line_blocks(
     long: _LongLine | None = None
     end = _end(chunk)
     pieces = (
-        _remote_pieces(chunk, block_bytes, remote_read_bytes)
+        _remote_pieces(chunk, block_bytes, remote_read_bytes, copy)
         if remote.is_url(chunk.path)
         else _raw_pieces(chunk, block_bytes)
     )

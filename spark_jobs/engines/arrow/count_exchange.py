@@ -22,8 +22,14 @@ The groups are the file exchange's value ranges (``dictionaries.GroupPlan``) and
 exactly its group's values, so both exchanges write the same bytes. A row is a binary value of
 a run's sorted values (uint32) and one of their counts (uint32): the JVM moves byte strings,
 never a row per value (a JVM object per value, serialised and shuffled, costs more than the
-count itself at high cardinality). The cutting copies nothing: a routed row's bytes are a
-slice of the buffer the row arrived in.
+count itself at high cardinality).
+
+Why the byte strings are compressed (``pack_values``, ``pack_counts``): what the exchange costs
+over the file exchange is the JVM's handling of these bytes (cached, read back twice, routed,
+shuffled, sorted), each step in proportion to them. The values ascend, so their differences
+are small numbers; those and the counts (mostly small too) go through zstd at its fastest
+level: fewer bytes in every step for a few milliseconds of Python per megabyte. The routing
+pass decodes a row, cuts it and packs each piece again.
 """
 
 from __future__ import annotations
@@ -41,19 +47,66 @@ ROUTED_SCHEMA = "group INT, day INT, values BINARY, counts BINARY"
 ROUTE_INPUT = ("day", "column", "values", "counts")
 
 
-def partial_rows(day: int, counts_by_column: dict[int, Counts], row_entries: int = ROW_ENTRIES):
-    """One record batch (``dictionaries.COUNT_SCHEMA``) of a chunk's partial counts: a row per
-    column that holds values (per ``row_entries`` of them); ``count`` is its entries."""
+_CODEC_LEVEL = 1  # zstd's fastest: the bytes it saves are worth more than a higher ratio
+_ENTRIES = np.dtype("<u4")  # a packed array starts with its length (entries), then zstd's bytes
+
+
+def _codec():
     import pyarrow as pa
 
-    from spark_jobs.engines.arrow.value_counts import to_binary
+    return pa.Codec("zstd", _CODEC_LEVEL)
 
-    columns, values, counts = [], [], []
+
+def _pack(array: np.ndarray, codec) -> bytes:
+    return np.array([len(array)], _ENTRIES).tobytes() + codec.compress(array, asbytes=True)
+
+
+def _unpack(packed, dtype: np.dtype, codec) -> np.ndarray:
+    data = memoryview(packed)
+    n = int(np.frombuffer(data[: _ENTRIES.itemsize], _ENTRIES)[0])
+    if not n:
+        return np.zeros(0, dtype)
+    return np.frombuffer(codec.decompress(data[_ENTRIES.itemsize :], n * dtype.itemsize), dtype)
+
+
+def pack_values(values: np.ndarray, codec=None) -> bytes:
+    """Sorted values (uint32) as their differences (the first as itself), compressed."""
+    values = np.ascontiguousarray(values, VALUE_DTYPE)
+    deltas = np.empty_like(values)
+    deltas[:1] = values[:1]
+    np.subtract(values[1:], values[:-1], out=deltas[1:])
+    return _pack(deltas, codec or _codec())
+
+
+def pack_counts(counts: np.ndarray, codec=None) -> bytes:
+    return _pack(np.ascontiguousarray(counts, DAY_COUNT_DTYPE), codec or _codec())
+
+
+def unpack(values, counts, codec=None) -> Counts:
+    """A run packed by ``pack_values`` and ``pack_counts`` (bytes or Arrow buffers)."""
+    codec = codec or _codec()
+    deltas = _unpack(values, VALUE_DTYPE, codec)
+    run = Counts(np.cumsum(deltas, dtype=VALUE_DTYPE), _unpack(counts, DAY_COUNT_DTYPE, codec))
+    if len(run.values) != len(run.counts):
+        raise ValueError(
+            f"a run of partial counts with {len(run.values)} values and {len(run.counts)} counts"
+        )
+    return run
+
+
+def partial_rows(day: int, counts_by_column: dict[int, Counts], row_entries: int = ROW_ENTRIES):
+    """One record batch (``dictionaries.COUNT_SCHEMA``) of a chunk's partial counts: a row per
+    column that holds values (per ``row_entries`` of them), packed; ``count`` is its entries."""
+    import pyarrow as pa
+
+    codec = _codec()
+    columns, entries, values, counts = [], [], [], []
     for column, c in sorted(counts_by_column.items()):
         for start in range(0, len(c), row_entries):
             columns.append(column)
-            values.append(np.ascontiguousarray(c.values[start : start + row_entries], VALUE_DTYPE))
-            counts.append(np.ascontiguousarray(c.counts[start : start + row_entries], DAY_COUNT_DTYPE))
+            entries.append(len(c.values[start : start + row_entries]))
+            values.append(pack_values(c.values[start : start + row_entries], codec))
+            counts.append(pack_counts(c.counts[start : start + row_entries], codec))
     n = len(columns)
     return pa.record_batch(
         {
@@ -61,81 +114,49 @@ def partial_rows(day: int, counts_by_column: dict[int, Counts], row_entries: int
             "day": pa.array(np.full(n, day, np.int32)),
             "column": pa.array(np.array(columns, np.int32)),
             "value": pa.array(np.zeros(n, np.int64)),
-            "count": pa.array(np.array([len(v) for v in values], np.int64)),
-            "values": to_binary(values),
-            "counts": to_binary(counts),
+            "count": pa.array(np.array(entries, np.int64)),
+            "values": pa.array(values, pa.binary()),
+            "counts": pa.array(counts, pa.binary()),
         }
     )
 
 
-def _binary_parts(array) -> tuple[np.ndarray, object]:
-    """A binary array's byte offsets (one per row and the end, into its data buffer) and
-    that buffer: its rows read as numpy views, no Python object per row."""
-    import pyarrow as pa
-
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    _, offsets, data = array.buffers()
-    offsets = np.frombuffer(offsets, width, len(array) + 1, array.offset * np.dtype(width).itemsize)
-    if data is None:  # every row empty
-        data = pa.py_buffer(b"")
-    return offsets.astype(np.int64), data
-
-
-def _binary_view(offsets: np.ndarray, data):
-    """A binary array whose rows are the spans between consecutive ``offsets`` of ``data``."""
-    import pyarrow as pa
-
-    if len(offsets) and int(offsets[-1]) >= 2**31:
-        return pa.Array.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), data])
-    return pa.Array.from_buffers(
-        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int32)), data]
-    )
+def _rows(batch, codec):
+    """(row, its run) of each row of packed values and counts in ``batch``."""
+    values, counts = batch.column("values"), batch.column("counts")
+    for i in range(batch.num_rows):
+        yield i, unpack(values[i].as_buffer(), counts[i].as_buffer(), codec)
 
 
 def route_batch(plan, batch):
     """Rows of partial counts (``ROUTE_INPUT``) cut at their column's group bounds: a row per
-    (input row, group it reaches), ``ROUTED_SCHEMA``, its bytes a slice of the input's."""
+    (input row, group it reaches), ``ROUTED_SCHEMA``, each piece packed again."""
     import pyarrow as pa
 
+    codec = _codec()
     columns = batch.column("column").to_numpy()
     days = batch.column("day").to_numpy()
-    value_offsets, value_data = _binary_parts(batch.column("values"))
-    count_offsets, count_data = _binary_parts(batch.column("counts"))
-    groups, out_days, value_starts, count_starts = [], [], [], []
-    for i in range(batch.num_rows):
-        at, stop = int(value_offsets[i]), int(value_offsets[i + 1])
-        n = (stop - at) // VALUE_DTYPE.itemsize
+    groups, out_days, values, counts = [], [], [], []
+    for i, run in _rows(batch, codec):
+        n = len(run)
         if not n:
             continue
         column = int(columns[i])
-        values = np.frombuffer(value_data, VALUE_DTYPE, n, at)
         # each range's first entry in the row; the ranges the row reaches are the non-empty ones
         edges = np.concatenate(
-            [[0], np.searchsorted(values, np.asarray(plan.bounds[column][1:], VALUE_DTYPE)), [n]]
+            [[0], np.searchsorted(run.values, np.asarray(plan.bounds[column][1:], VALUE_DTYPE)), [n]]
         )
-        reached = np.flatnonzero(edges[1:] > edges[:-1])
-        groups.append(plan.first[column] + reached)
-        out_days.append(np.full(len(reached), days[i], np.int32))
-        value_starts.append(at + VALUE_DTYPE.itemsize * edges[reached])
-        count_starts.append(int(count_offsets[i]) + DAY_COUNT_DTYPE.itemsize * edges[reached])
-    if not groups:
-        return pa.RecordBatch.from_pydict(
-            {"group": [], "day": [], "values": [], "counts": []},
-            schema=pa.schema(
-                [("group", pa.int32()), ("day", pa.int32()), ("values", pa.binary()), ("counts", pa.binary())]
-            ),
-        )
-    # the pieces of a row cover it and the rows lie end to end in their buffer, so each
-    # piece ends where the next one starts: the starts and the batch's end are the offsets
-    value_end, count_end = int(value_offsets[-1]), int(count_offsets[-1])
+        for r in np.flatnonzero(edges[1:] > edges[:-1]):
+            groups.append(plan.first[column] + int(r))
+            out_days.append(int(days[i]))
+            values.append(pack_values(run.values[edges[r] : edges[r + 1]], codec))
+            counts.append(pack_counts(run.counts[edges[r] : edges[r + 1]], codec))
     return pa.record_batch(
         {
-            "group": pa.array(np.concatenate(groups).astype(np.int32)),
-            "day": pa.array(np.concatenate(out_days)),
-            "values": _binary_view(np.append(np.concatenate(value_starts), value_end), value_data),
-            "counts": _binary_view(np.append(np.concatenate(count_starts), count_end), count_data),
+            "group": pa.array(groups, pa.int32()),
+            "day": pa.array(out_days, pa.int32()),
+            "values": pa.array(values, pa.binary()),
+            "counts": pa.array(counts, pa.binary()),
         }
     )
 
@@ -163,27 +184,19 @@ def merge_task(spec):
         return merge_group(spec, group, {d: merge_counts(p) for d, p in parts.items()})
 
     def run(batches):
+        codec = _codec()
         group, parts = None, {}
         for batch in batches:
             groups = batch.column("group").to_numpy()
             days = batch.column("day").to_numpy()
-            value_offsets, value_data = _binary_parts(batch.column("values"))
-            count_offsets, count_data = _binary_parts(batch.column("counts"))
-            entries = np.diff(value_offsets) // VALUE_DTYPE.itemsize
-            for i in range(batch.num_rows):
+            for i, piece in _rows(batch, codec):
                 g = int(groups[i])
                 if g != group:
                     if parts:
                         yield finish(group, parts)
                     group, parts = g, {}
-                n = int(entries[i])
-                if n:
-                    parts.setdefault(int(days[i]), []).append(
-                        Counts(
-                            np.frombuffer(value_data, VALUE_DTYPE, n, int(value_offsets[i])),
-                            np.frombuffer(count_data, DAY_COUNT_DTYPE, n, int(count_offsets[i])),
-                        )
-                    )
+                if len(piece):
+                    parts.setdefault(int(days[i]), []).append(piece)
         if parts:
             yield finish(group, parts)
 

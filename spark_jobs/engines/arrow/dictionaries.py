@@ -55,7 +55,7 @@ KIND_STATS, KIND_SAMPLE = 0, 2
 # SAMPLE_STEP-th of a (chunk, column)'s distinct values, value = how many the sample stands for.
 COUNT_SCHEMA = "kind INT, day INT, column INT, value LONG, count LONG, values BINARY, counts BINARY"
 TOTALS_SCHEMA = "group INT, entries LONG, histogram_counts BINARY, histogram_sizes BINARY"
-WRITTEN_SCHEMA = "group INT, kept LONG"
+WRITTEN_SCHEMA = "group INT, kept LONG, checksum STRING"  # the region's, at a URL (else null)
 SAMPLE_STEP = 1024
 # Partial entries per group: a merge holds ~40 bytes per entry at its peak, so ~80 MB.
 GROUP_VALUES = 2_000_000
@@ -472,9 +472,13 @@ def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_i
         for batch in batches:
             for item in batch.column("id").to_numpy():
                 groups = batches_of_groups[int(item)]
-                written = [_fill_group(spec, g, firsts.get(g)) for g in groups]
+                kept, checksums = zip(*(_filled(spec, g, firsts.get(g)) for g in groups))
                 yield pa.record_batch(
-                    {"group": pa.array(groups, pa.int32()), "kept": pa.array(written, pa.int64())}
+                    {
+                        "group": pa.array(groups, pa.int32()),
+                        "kept": pa.array(kept, pa.int64()),
+                        "checksum": pa.array(checksums, pa.string()),
+                    }
                 )
 
     return run
@@ -493,8 +497,14 @@ def balanced_batches(entries: dict[int, int], batches: int) -> list[list[int]]:
 
 
 def _fill_group(spec: WriteSpec, group: int, classes) -> int:
+    """The values a group keeps, its part and region written."""
+    return _filled(spec, group, classes)[0]
+
+
+def _filled(spec: WriteSpec, group: int, classes) -> tuple[int, str | None]:
+    """(values kept, the region's checksum at a URL, else None)."""
     if classes is None:  # nothing kept in this group
-        return 0
+        return 0, None
     column, rank = spec.plan.column_range(group)
     name = CAT_COLUMNS[column]
     if remote.is_url(spec.dict_dir):
@@ -511,7 +521,7 @@ def _fill_group(spec: WriteSpec, group: int, classes) -> int:
             spec.regions[group][1],
         )
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
-    return dictionary_parts.fill_group(
+    kept = dictionary_parts.fill_group(
         spec.totals_dir,
         group,
         classes[0],
@@ -522,6 +532,7 @@ def _fill_group(spec: WriteSpec, group: int, classes) -> int:
         rank,
         spec.regions[group][1],
     )
+    return kept, None
 
 
 def write_group_part(

@@ -28,6 +28,7 @@ of values) passes over the whole block once per round.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -138,14 +139,19 @@ def install_region(index_dir: str, column: str, rank: int, built: Path) -> None:
     replace_file(built, region_path(index_dir, column, rank))
 
 
-def seal_index(index_dir: Path) -> None:
+def seal_index(index_dir: Path, checksums: dict[tuple[str, int], str] | None = None) -> None:
     """Record in ``index.json`` each range file's checksum and then its own, once the
     dictionary tasks have written every file: a worker refuses an index that is not sealed
-    or whose files or ``index.json`` differ from what was sealed."""
+    or whose files or ``index.json`` differ from what was sealed. ``checksums``: each
+    (column, range)'s, as the tasks that wrote the files behind a URL computed them (None:
+    every file is read to compute them)."""
     from spark_jobs.engines.arrow import index_checks as checks
 
     if remote.is_url(index_dir):
-        _seal_remote(str(index_dir))
+        if checksums is None:
+            _seal_remote(str(index_dir))
+        else:
+            _seal_remote_with(str(index_dir), checksums)
         return
     index_dir = Path(index_dir)
     meta = checks.read_meta(index_dir, sealed=False)
@@ -172,6 +178,29 @@ def _seal_remote(url: str) -> None:
         remote.upload(scratch / "index" / INDEX_JSON, remote.join(url, INDEX_JSON))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _seal_remote_with(url: str, checksums: dict[tuple[str, int], str]) -> None:
+    """The index behind ``url`` sealed with its files' checksums as their writers computed
+    them: one read and one write of index.json, where reading every region back would move
+    the whole index through the store again (the workers check each file before use)."""
+    from spark_jobs.engines.arrow import index_checks as checks
+
+    meta = json.loads(remote.read_bytes(remote.join(url, INDEX_JSON)))
+    for column, data in meta["columns"].items():
+        _, _, sizes, _ = checks.column_arrays(meta, Path(INDEX_JSON), column, sealed=False)
+        missing = [
+            rank for rank, slots in enumerate(sizes.tolist()) if slots and (column, rank) not in checksums
+        ]
+        if missing:
+            raise checks.damaged(
+                remote.join(url, column), f"the ranges {missing} were not written by the dictionary tasks"
+            )
+        data["checksums"] = [
+            checksums[(column, rank)] if slots else None for rank, slots in enumerate(sizes.tolist())
+        ]
+    meta["checksum"] = checks.meta_checksum(meta["columns"])
+    remote.write_bytes(remote.join(url, INDEX_JSON), json.dumps(meta).encode())
 
 
 def fetch_index(url: str, target: Path) -> None:
@@ -326,18 +355,37 @@ def local_copy(index_dir: str, local_root: str, token: str) -> str:
     node already did: each copy goes to a directory of its own and is renamed into place, so
     concurrent workers never see a partial copy."""
     target = Path(local_root) / f"criteo-dlrm-index-{token}"
-    if not (target / INDEX_JSON).is_file():
-        staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        if remote.is_url(index_dir):
-            fetch_index(index_dir, staging)
-        else:
-            shutil.copytree(index_dir, staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another worker's copy landed first
+    if (target / INDEX_JSON).is_file():
+        return str(target)
+    # one worker of the node copies, the others wait for its copy: each would read the whole
+    # index from the workdir again (a lock released by the kernel if its holder dies)
+    with _node_lock(Path(local_root)):
+        if not (target / INDEX_JSON).is_file():
+            staging = Path(local_root) / f".criteo-dlrm-index-{token}-{os.getpid()}"
             shutil.rmtree(staging, ignore_errors=True)
+            if remote.is_url(index_dir):
+                fetch_index(index_dir, staging)
+            else:
+                shutil.copytree(index_dir, staging)
+            try:
+                staging.rename(target)
+            except OSError:  # another worker's copy landed first
+                shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+@contextlib.contextmanager
+def _node_lock(directory: Path):
+    """An exclusive lock on ``directory`` among the processes of this node (``flock`` on the
+    directory itself: no file is left behind)."""
+    import fcntl
+
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def node_local_root() -> str | None:

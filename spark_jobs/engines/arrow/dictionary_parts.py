@@ -309,12 +309,15 @@ def fill_group_remote(
     column: str,
     rank: int,
     slots: int,
-) -> int:
+) -> tuple[int, str]:
     """``fill_group`` on the group's staged files fetched into a local scratch directory; the
-    filled part and the index region then written to ``part_url`` and under ``index_url``."""
+    filled part and the index region then written to ``part_url`` and under ``index_url``.
+    Returns the values kept and the region's checksum, so the index is sealed from what the
+    tasks wrote, without reading every region back from the store."""
     import shutil
 
     from spark_jobs.engines.arrow import remote
+    from spark_jobs.engines.arrow.index_checks import region_checksum
 
     scratch = Path(remote.local_scratch("criteo-dlrm-fill-"))
     try:
@@ -326,7 +329,8 @@ def fill_group_remote(
         kept = fill_group(str(staged), group, classes, class_first, part, str(index_dir), column, rank, slots)
         remote.upload(part, part_url)
         region = dictionary_index.region_path(index_dir, column, rank)
-        remote.upload(region, remote.join(index_url, column, region.name))
-        return kept
+        data = region.read_bytes()
+        remote.write_bytes(remote.join(index_url, column, region.name), data)
+        return kept, region_checksum(np.frombuffer(data, np.uint64))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -33,6 +33,7 @@ from spark_jobs.engines.arrow import stable_ids as stable_groups
 from spark_jobs.engines.arrow import tasks as arrow_tasks
 from spark_jobs.engines.arrow.chunks import plan_chunks
 from spark_jobs.engines.arrow.fastparse import REASON_CODES
+from spark_jobs.engines.arrow.input_copies import CopySpec
 from spark_jobs.engines.arrow.split_writer import WriteSpec
 from spark_jobs.engines.arrow.tasks import (
     CODE_BITS,
@@ -74,6 +75,9 @@ class ArrowEngine:
             count_flush_lines=COUNT_FLUSH_LINES,
             max_line_bytes=cfg.max_line_bytes,
             remote_read_bytes=cfg.arrow_remote_read_mb << 20,
+            input_copies=(
+                CopySpec.new(cfg.arrow_input_copy_mb) if any(remote.is_url(d.path) for d in days) else None
+            ),
         )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
@@ -265,7 +269,13 @@ class ArrowEngine:
                 f"{kept} values kept in the dictionaries, but the table sizes from "
                 f"the histogram add up to {expected}"
             )
-        dictionary_index.seal_index(index_dir)
+        checksums = {
+            (CAT_COLUMNS[column], rank): r["checksum"]
+            for r in written
+            if r["checksum"] is not None
+            for column, rank in [self._plan.column_range(int(r["group"]))]
+        }
+        dictionary_index.seal_index(index_dir, checksums if remote.is_url(index_dir) else None)
         dicts.clear_dir(self._totals_dir)
 
     def write_contiguous_dictionaries(

@@ -29,6 +29,7 @@ from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.engines.arrow.chunks import Chunk, LineBlock, line_blocks
 from spark_jobs.engines.arrow.dictionaries import KIND_STATS, sample_rows, write_partials
 from spark_jobs.engines.arrow.fastparse import MISSING, REASON_CODES, parse_block
+from spark_jobs.engines.arrow.input_copies import KEEP, READ, TAKE, ChunkCopy, CopySpec
 from spark_jobs.engines.arrow.partial_files import SUFFIX as PARTIAL_SUFFIX
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, Counts, count_values, merge_counts
 
@@ -48,6 +49,8 @@ class ReadSettings:
     # longer lines are rejected; the rejects keep this much of a line
     max_line_bytes: int = PreprocessConfig.max_line_bytes
     remote_read_bytes: int = PreprocessConfig.arrow_remote_read_mb << 20  # largest read behind a URL
+    # the run's node-local copies of chunks read behind a URL (``input_copies``); None: none
+    input_copies: CopySpec | None = None
 
 
 def _chunk_ids(batches):
@@ -55,14 +58,18 @@ def _chunk_ids(batches):
         yield from batch.column(0).to_numpy()
 
 
-def _blocks(chunks: list[Chunk], batches, settings: ReadSettings):
-    """(chunk number, chunk, its line blocks) for each chunk the task was given."""
+def _blocks(chunks: list[Chunk], batches, settings: ReadSettings, copies: str | None = None):
+    """(chunk number, chunk, its line blocks) for each chunk the task was given; ``copies``:
+    what the task does with the node's copy of a chunk behind a URL (``input_copies``)."""
     for chunk_id in _chunk_ids(batches):
         chunk = chunks[int(chunk_id)]
+        copy = ChunkCopy.of(settings.input_copies, chunk, copies, settings.block_bytes)
         yield (
             int(chunk_id),
             chunk,
-            line_blocks(chunk, settings.block_bytes, settings.max_line_bytes, settings.remote_read_bytes),
+            line_blocks(
+                chunk, settings.block_bytes, settings.max_line_bytes, settings.remote_read_bytes, copy
+            ),
         )
 
 
@@ -152,7 +159,7 @@ def count_task(
     None: as rows, ``count_exchange``)."""
 
     def run(batches):
-        for number, chunk, blocks in _blocks(chunks, batches, settings):
+        for number, chunk, blocks in _blocks(chunks, batches, settings, KEEP):
             stats = np.zeros(STAT_CODES, np.int64)
             counter = _ValueCounter(settings.count_flush_lines) if chunk.day in count_days else None
             for block in blocks:
@@ -193,7 +200,7 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
     import pyarrow as pa
 
     def run(batches):
-        for _, chunk, blocks in _blocks(chunks, batches, settings):
+        for _, chunk, blocks in _blocks(chunks, batches, settings, READ):
             for block in blocks:
                 parsed = _parse(block, settings)
                 bad = np.flatnonzero(~parsed.valid)
@@ -315,7 +322,7 @@ def _ids_of(spec: TransformSpec):
 def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):
     """(chunk number, chunk, transformed rows of one block) for each block of the task's chunks."""
     index = None
-    for chunk_id, chunk, blocks in _blocks(chunks, batches, settings):
+    for chunk_id, chunk, blocks in _blocks(chunks, batches, settings, TAKE):
         if index is None:
             index = _ids_of(spec)
         for block in blocks:
