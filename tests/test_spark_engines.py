@@ -74,6 +74,8 @@ def _both(spark, raw: Path, tmp: Path, threshold: str, **preprocess):
 
 
 def test_engines_agree_on_real_rows(tmp_path, spark, real_sample):
+    """The real sample (its first 100 lines lost trailing empty fields): the short lines land
+    in train and in test, the clean ones in validation."""
     lines = real_sample.read_text().split("\n")
     lines = [line for line in lines if line]
     days = [lines[:60], lines[60:130], lines[130:]]
@@ -81,17 +83,41 @@ def test_engines_agree_on_real_rows(tmp_path, spark, real_sample):
     summaries = _both(spark, raw, tmp_path, "2")
     check_against_reference(days, tmp_path / "arrow", summaries["arrow"], "2")
     assert summaries["arrow"]["data_quality"]["rows_padded"] == 39
+    assert summaries["arrow"]["data_quality"]["rows_rejected"] == 0
+
+
+SALTED_THRESHOLD = "2,C7:1"
+
+
+@pytest.fixture(scope="module")
+def salted_arrow(tmp_path_factory, spark):
+    """Salted days and the Arrow engine's run on them, shared by the SQL runs it is compared
+    with: the Arrow engine joins nothing, so ``broadcast_max_values`` does not change its run."""
+    days = salted_days(41, 3, 400)
+    tmp = tmp_path_factory.mktemp("salted_engines")
+    raw = write_days(tmp / "raw", days, crlf=True)
+    summary = run(spark, raw, tmp / "arrow", SALTED_THRESHOLD, engine="arrow", max_reject_rate=0.5)
+    return days, raw, tmp / "arrow", summary
 
 
 @pytest.mark.parametrize("broadcast_max_values", [2_000_000, 5])
-def test_engines_agree_on_salted_bad_input(tmp_path, spark, broadcast_max_values):
-    days = salted_days(41, 3, 400)
-    raw = write_days(tmp_path / "raw", days, crlf=True)
-    summaries = _both(
-        spark, raw, tmp_path, "2,C7:1", max_reject_rate=0.5, broadcast_max_values=broadcast_max_values
+def test_engines_agree_on_salted_bad_input(tmp_path, spark, salted_arrow, broadcast_max_values):
+    """The SQL engine with broadcast dictionaries, and with shuffle joins (5 values at most)."""
+    days, raw, arrow, summary = salted_arrow
+    assert summary["engine"] == "arrow"
+    sql = run(
+        spark,
+        raw,
+        tmp_path / "sql",
+        SALTED_THRESHOLD,
+        engine="sql",
+        max_reject_rate=0.5,
+        broadcast_max_values=broadcast_max_values,
     )
-    assert summaries["arrow"]["data_quality"]["rows_rejected"] > 0
-    check_against_reference(days, tmp_path / "arrow", summaries["arrow"], "2,C7:1")
+    assert sql["engine"] == "sql"
+    assert_same_outputs(arrow, tmp_path / "sql")
+    assert summary["data_quality"]["rows_rejected"] > 0
+    check_against_reference(days, arrow, summary, SALTED_THRESHOLD)
 
 
 def _gzip_day(path: Path, before: list[str], zeros: int, after: list[str]) -> None:
@@ -108,10 +134,16 @@ def _gzip_day(path: Path, before: list[str], zeros: int, after: list[str]) -> No
         fh.write(stream.flush())
 
 
+# Far longer than the Arrow engine's blocks (preprocess.arrow_block_kb, 1 MB) and than the
+# shared session's read splits (64 KB), so each line runs across several of both.
+HUGE_LINE = 6 << 20
+BOMB_LINE = 16 << 20
+
+
 def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
-    """A plain day with a 24 MB line and a gzip day whose 64 MB line of zeros is 64 KB on disk:
-    each is one line_too_long reject whose rejects entry holds only the limit's first bytes
-    and the full length; the other lines are read as usual, by both engines alike."""
+    """A plain day with a 6 MB line and a gzip day whose 16 MB line of zeros is a few KB on
+    disk: each is one line_too_long reject whose rejects entry holds only the limit's first
+    bytes and the full length; the other lines are read as usual, by both engines alike."""
     from dlrm_contracts.config import PreprocessConfig
 
     limit = PreprocessConfig().max_line_bytes
@@ -120,9 +152,9 @@ def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
     raw.mkdir()
     cut_in_a_character = "x" + "\u00e9" * (limit // 2)  # the engines cut the same bytes
     (raw / "day_0").write_text(
-        "\n".join(days[0][:150] + [cut_in_a_character, "1\t" + "7" * (24 << 20)] + days[1][:10])
+        "\n".join(days[0][:150] + [cut_in_a_character, "1\t" + "7" * HUGE_LINE] + days[1][:10])
     )
-    _gzip_day(raw / "day_1.gz", days[1][10:80], 64 << 20, days[1][80:])
+    _gzip_day(raw / "day_1.gz", days[1][10:80], BOMB_LINE, days[1][80:])
     (raw / "day_2").write_text("\n".join(days[2]) + "\n")
     assert (raw / "day_1.gz").stat().st_size < 1 << 20
     for engine in ("arrow", "sql"):
@@ -152,8 +184,8 @@ def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
     )
     assert [(r["file"], r["line_number"], r["reason"], r["line_bytes"]) for r in rejects] == [
         ("day_0", 151, "line_too_long", limit + 1),
-        ("day_0", 152, "line_too_long", 2 + (24 << 20)),
-        ("day_1.gz", 71, "line_too_long", 64 << 20),
+        ("day_0", 152, "line_too_long", 2 + HUGE_LINE),
+        ("day_1.gz", 71, "line_too_long", BOMB_LINE),
     ]
     assert [r["line"] for r in rejects] == [
         ("x" + "\u00e9" * (limit // 2))[: limit // 2] + "\ufffd",

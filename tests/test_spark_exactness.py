@@ -1,7 +1,8 @@
 """Every output row of spark_jobs equals the plain-Python reference of the same rules.
 
-Inputs: the synthetic generator's data, our own random days, and the real Criteo sample (whose
-first 100 lines lost trailing empty fields). Also: counts, histogram, table sizes, determinism,
+Inputs: the synthetic generator's data and our own random days (the real Criteo sample, whose
+first 100 lines lost trailing empty fields, is checked against the reference by
+tests/test_spark_engines.py, on the run it compares the engines with). Also: counts, histogram, table sizes, determinism,
 threshold independence of the train order, and the prefix property of ids.
 """
 
@@ -111,18 +112,6 @@ def test_counts_and_histogram_match_reference(generated):
         assert d["missing_rate"] == pytest.approx(reference_missing_rates(day_lines)), d["file"]
 
 
-def test_real_sample_matches_reference(tmp_path, spark, real_sample):
-    lines = real_sample.read_text().split("\n")
-    lines = [line for line in lines if line] if lines[-1] == "" else lines
-    # the short lines (first 100) land in train and in test; the clean ones in validation
-    days = [lines[:60], lines[60:130], lines[130:]]
-    raw = write_days(tmp_path / "raw", days)
-    summary = run(spark, raw, tmp_path / "work", "2")
-    check_against_reference(days, tmp_path / "work", summary, "2")
-    assert summary["data_quality"]["rows_padded"] == 39
-    assert summary["data_quality"]["rows_rejected"] == 0
-
-
 def test_two_runs_identical_and_train_order_threshold_independent(generated, tmp_path, spark):
     raw, work, _ = generated
     again = tmp_path / "again"
@@ -146,10 +135,11 @@ def test_two_runs_identical_and_train_order_threshold_independent(generated, tmp
 
 
 def test_random_days_with_shuffle_joins_keep_line_order(tmp_path, spark):
-    """Dictionaries above broadcast_max_values go through shuffle joins: still exact and ordered."""
+    """The SQL engine's dictionaries above broadcast_max_values go through shuffle joins
+    (the Arrow engine joins nothing): still exact and ordered."""
     days = random_days(11, 3, 700)
     raw = write_days(tmp_path / "raw", days)
-    summary = run(spark, raw, tmp_path / "work", "2,C7:1", broadcast_max_values=5)
+    summary = run(spark, raw, tmp_path / "work", "2,C7:1", engine="sql", broadcast_max_values=5)
     check_against_reference(days, tmp_path / "work", summary, "2,C7:1")
 
 
