@@ -2,8 +2,9 @@
 
 Inputs: the synthetic generator's data and our own random days (the real Criteo sample, whose
 first 100 lines lost trailing empty fields, is checked against the reference by
-tests/test_spark_engines.py, on the run it compares the engines with). Also: counts, histogram, table sizes, determinism,
-threshold independence of the train order, and the prefix property of ids.
+tests/test_spark_engines.py, on the run it compares the engines with). Also: counts,
+histogram, table sizes, determinism, threshold independence of the train order, and the
+prefix property of ids.
 """
 
 from __future__ import annotations
@@ -135,11 +136,10 @@ def test_two_runs_identical_and_train_order_threshold_independent(generated, tmp
 
 
 def test_random_days_with_shuffle_joins_keep_line_order(tmp_path, spark):
-    """The SQL engine's dictionaries above broadcast_max_values go through shuffle joins
-    (the Arrow engine joins nothing): still exact and ordered."""
+    """Dictionaries above broadcast_max_values go through shuffle joins: still exact and ordered."""
     days = random_days(11, 3, 700)
     raw = write_days(tmp_path / "raw", days)
-    summary = run(spark, raw, tmp_path / "work", "2,C7:1", engine="sql", broadcast_max_values=5)
+    summary = run(spark, raw, tmp_path / "work", "2,C7:1", broadcast_max_values=5)
     check_against_reference(days, tmp_path / "work", summary, "2,C7:1")
 
 
