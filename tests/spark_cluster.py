@@ -44,23 +44,11 @@ def run_checked(argv: list[str], timeout: int, cwd: Path | None = None) -> subpr
 
 
 def generate_raw(raw: Path, days: int, rows_per_day: int, seed: int) -> Path:
-    """A small synthetic Criteo input (pipeline.generate) at ``raw``."""
-    run_checked(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.generate",
-            "--out",
-            str(raw),
-            "--days",
-            str(days),
-            "--rows-per-day",
-            str(rows_per_day),
-            "--seed",
-            str(seed),
-        ],
-        timeout=300,
-    )
+    """A small synthetic Criteo input (pipeline.generate's generator) at ``raw``."""
+    from dlrm_contracts.config import GeneratorConfig
+    from pipeline.synthetic import generate
+
+    generate(raw, GeneratorConfig(days=days, rows_per_day=rows_per_day, seed=seed, workers=1))
     return raw
 
 

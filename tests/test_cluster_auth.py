@@ -1,7 +1,7 @@
 """Cluster security without starting Spark: who authenticates, the secret file's rules, the
 job's settings, and that the secret travels by file path only (docs/cluster.md §2.2).
 
-The real cluster (authenticated master + worker, refused jobs) is tests/test_spark_cluster_auth.py.
+The real cluster (authenticated master + worker, refused jobs) is tests/test_spark_cluster.py.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def test_pipeline_refuses_a_world_readable_secret_file_before_any_stage(tmp_path
 
 def test_submit_passes_the_secret_file_never_the_secret(tmp_path):
     """submit.sh's command for an authenticated cluster: the job gets the secret file's path
-    and the cluster's settings; the real submission is in tests/test_spark_cluster_auth.py."""
+    and the cluster's settings; the real submission is in tests/test_spark_cluster.py."""
     python = fake_spark_submit(tmp_path, 'echo "SPARK_LOCAL_IP=$SPARK_LOCAL_IP"\n')
     cluster = tmp_path / "cl"
     (cluster / "auth").mkdir(parents=True)
