@@ -241,17 +241,30 @@ def _assert_same_data(arrow: Path, sql: Path) -> None:
         assert (a.root / name).read_bytes() == (s.root / name).read_bytes(), name
 
 
+# Many groups need columns of more distinct values than GROUP_VALUES, not many rows. (The
+# range plan samples two values of each day's partial counts here, so a column of three days
+# splits into at most seven ranges, however small GROUP_VALUES is.)
+ROWS = 150
+GROUP_VALUES = 20
+
+
 @spark_tests
 def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_path, spark):
-    """arrow_group_values=40 splits every big column into value ranges (a few values each):
+    """arrow_group_values=20 splits every big column into value ranges (a few values each):
     counts, dictionaries, histogram and every split equal the SQL engine's row for row, and
     the exactness reference; a rerun with a new day reuses the stored counts of the others."""
     from test_spark_exactness import check_against_reference
 
-    days = salted_days(47, 3, 300)
+    days = salted_days(47, 3, ROWS)
     raw = write_days(tmp_path / "raw", days)
     arrow = run(
-        spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+        spark,
+        raw,
+        tmp_path / "arrow",
+        "2,C7:1",
+        engine="arrow",
+        max_reject_rate=0.5,
+        arrow_group_values=GROUP_VALUES,
     )
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
@@ -260,20 +273,32 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     assert max(len(c["bounds"]) for c in meta["columns"].values()) > 5
     assert arrow["lookups"] == "dictionary index"
     # a fourth day: the first three are reused from their stored (grouped) counts
-    days.append(salted_days(48, 1, 300)[0])
+    days.append(salted_days(48, 1, ROWS)[0])
     (raw / "day_3").write_text("".join(line + "\n" for line in days[3]))
     again = run(
-        spark, raw, tmp_path / "arrow", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+        spark,
+        raw,
+        tmp_path / "arrow",
+        "2,C7:1",
+        engine="arrow",
+        max_reject_rate=0.5,
+        arrow_group_values=GROUP_VALUES,
     )
     assert again["days_counted"] == [3] and again["days_reused"] == [0, 1, 2]
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
     # a fifth day, each engine on the other's workdir: the SQL engine's stored counts (a file
     # per day holding every column) read by the Arrow engine's batched tasks, and the reverse
-    days.append(salted_days(49, 1, 300)[0])
+    days.append(salted_days(49, 1, ROWS)[0])
     (raw / "day_4").write_text("".join(line + "\n" for line in days[4]))
     swapped = run(
-        spark, raw, tmp_path / "sql", "2,C7:1", engine="arrow", max_reject_rate=0.5, arrow_group_values=40
+        spark,
+        raw,
+        tmp_path / "sql",
+        "2,C7:1",
+        engine="arrow",
+        max_reject_rate=0.5,
+        arrow_group_values=GROUP_VALUES,
     )
     assert swapped["days_counted"] == [4] and swapped["days_reused"] == [0, 1, 2, 3]
     run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="sql", max_reject_rate=0.5)
