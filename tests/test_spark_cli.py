@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -211,36 +213,61 @@ def test_bad_settings_exit_2_before_the_workdir_is_touched(tmp_path):
             assert success.exists(), flags
 
 
-@pytest.mark.spark
-def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(tmp_path):
-    from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
+@pytest.fixture(scope="module")
+def local_job(tmp_path_factory):
+    """One real ``python -m spark_jobs`` in local mode, as the pipeline starts it, for the
+    tests that read what it did: its progress records and Spark event log, and every socket
+    its processes listened on while it ran (read with psutil)."""
+    from test_spark_security import listening, spark_env
 
+    from dlrm_contracts.progress import PROGRESS_FILE_ENV
+
+    tmp_path = tmp_path_factory.mktemp("local_job")
     raw = write_days(tmp_path / "raw", random_days(5, 3, 200))
     events = tmp_path / "spark-events"
     config = tmp_path / "config.yaml"
     config.write_text(f"spark:\n  event_log_dir: {events}\n  driver_memory: 1g\n")
     channel = tmp_path / "preprocess.progress.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spark_jobs",
-            "--input",
-            str(raw),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--config",
-            str(config),
-            "--master",
-            "local[2]",
-            "--frequency-threshold",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, PROGRESS_FILE_ENV: str(channel)},
+    with open(tmp_path / "job.err", "w") as stderr:
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spark_jobs",
+                "--input",
+                str(raw),
+                "--workdir",
+                str(tmp_path / "work"),
+                "--config",
+                str(config),
+                "--master",
+                "local[2]",
+                "--frequency-threshold",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**spark_env(), PROGRESS_FILE_ENV: str(channel)},
+            cwd=tmp_path,
+        )
+        seen: set[tuple[str, int]] = set()
+        while job.poll() is None:
+            seen |= listening(job.pid)
+            time.sleep(0.2)
+    return SimpleNamespace(
+        returncode=job.returncode,
+        stderr=(tmp_path / "job.err").read_text(),
+        channel=channel,
+        events=events,
+        listened=seen,
     )
+
+
+@pytest.mark.spark
+def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(local_job):
+    from dlrm_contracts.progress import Progress
+
+    proc, channel, events = local_job, local_job.channel, local_job.events
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
     assert all(r is not None and r.stage == "preprocess" for r in records)
@@ -265,3 +292,15 @@ def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(tmp_
             text += stream.read()
     assert b'"Event":"SparkListenerApplicationStart"' in text
     assert b'"Event":"SparkListenerApplicationEnd"' in text
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_local_preprocess_listens_on_loopback_only(local_job):
+    """The pipeline's own driver in local mode: its UI listened on *:4040 before."""
+    from test_spark_security import loopback
+
+    seen = local_job.listened
+    assert local_job.returncode == 0, local_job.stderr[-3000:]
+    assert len({port for _, port in seen}) >= 3, seen  # at least driver RPC, block manager, UI
+    assert all(loopback(address) for address, _ in seen), sorted(seen)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -158,20 +159,38 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
     assert _compare_with_retransform(spark, raw, work, tmp_path) > 0  # the as-of rule was hit
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, spark):
+    """A full window (days 0-2) landed, preprocessed and converted: where the tests of the
+    next day's run start, each on its own copy (``_copy_of``); day 3 is theirs to land."""
+    days = random_days(2526, 4, ROWS)
+    base = tmp_path_factory.mktemp("first_run")
+    for k in range(WINDOW):
+        _land(base / "raw", k, days[k])
+    _preprocess(spark, base / "raw", base / "work")
+    _convert(base / "work")
+    return SimpleNamespace(spark=spark, days=days, base=base)
+
+
+def _copy_of(first_run, tmp_path: Path) -> tuple[Path, Path]:
+    """(raw, work): a copy of the first run's input and workdir, the day files with their
+    mtimes (their fingerprints, hence what the next run reuses, are those of the original)."""
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    shutil.copytree(first_run.base / "raw", raw)
+    shutil.copytree(first_run.base / "work", work, symlinks=True)
+    return raw, work
+
+
 @pytest.mark.spark
 def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_completes(
-    tmp_path, spark, monkeypatch
+    tmp_path, first_run, monkeypatch
 ):
     """Killed after the new day was transformed, before the splits were relinked: the
     previous binary dataset is untouched, the parquet is marked incomplete, and the next run
     transforms only what is left (the day done before the kill is reused) and completes."""
-    days = random_days(2526, 4, ROWS)
-    raw, work = tmp_path / "raw", tmp_path / "work"
+    spark, days = first_run.spark, first_run.days
+    raw, work = _copy_of(first_run, tmp_path)
     layout = WorkdirLayout.at(work)
-    for k in range(3):
-        _land(raw, k, days[k])
-    _preprocess(spark, raw, work)
-    _convert(work)
     before = {p: p.read_bytes() for p in layout.binary.rglob("*") if p.is_file()}
     _land(raw, 3, days[3])
 
@@ -284,70 +303,65 @@ def test_retransform_is_a_flag_of_the_job():
 
 
 @pytest.mark.spark
-def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_path):
-    """Through the pipeline's CLI: with keep_parquet: false the kept days go with the splits
-    (they hold the bytes), so the next run transforms its whole window; --force passes
-    --retransform to the job, which transforms every day again."""
-    import subprocess
-    import sys
+def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_path, spark):
+    """Three runs of one workdir as days land: the first (the job and the converter on the
+    shared session, the pipeline's settings) keeps its days; the second, through the
+    pipeline's CLI with keep_parquet: false and --force, transforms every day again (--force
+    passes --retransform to the job: the kept days would have been reused) and then drops the
+    kept days with the splits (they hold the bytes), so the third, lean, transforms its whole
+    window."""
+    from spark_jobs import stable_ids
+    from spark_jobs.inputs import discover_days
+    from spark_jobs.preprocess import run_preprocess
 
     from pipeline_helpers import run
 
-    every = tmp_path / "every"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.generate",
-            "--out",
-            str(every),
-            "--days",
-            "4",
-            "--rows-per-day",
-            "3000",
-            "--seed",
-            "2527",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    raw = tmp_path / "raw"
-    raw.mkdir()
+    days = random_days(2527, 5, ROWS)
+    raw, workdir = tmp_path / "raw", tmp_path / "work"
     for k in range(3):
-        (raw / f"day_{k}").hardlink_to(every / f"day_{k}")
-    base = "spark:\n  driver_memory: 2g\nconvert:\n  batch_rows: 512\npreprocess:\n  ids: stable\n"
-    lean, kept = tmp_path / "lean.yaml", tmp_path / "kept.yaml"
-    lean.write_text(base + "  keep_parquet: false\n")
-    kept.write_text(base)
+        _land(raw, k, days[k])
+    lean = tmp_path / "lean.yaml"
+    lean.write_text(
+        "spark:\n  driver_memory: 2g\nconvert:\n  batch_rows: 512\n"
+        "preprocess:\n  ids: stable\n  keep_parquet: false\n"
+    )
     stages = ("--input", str(raw), "--stages", "preprocess,convert")
+    parquet = workdir / "parquet"
 
-    def transformed(workdir: Path) -> dict:
-        return json.loads((workdir / "parquet" / "preprocess.json").read_text())["transform"]
+    def transformed() -> dict:
+        return json.loads((parquet / "preprocess.json").read_text())["transform"]
 
-    proc, summary = run(tmp_path / "w-lean", lean, *stages)
+    # lean.yaml's settings of the job (keep_parquet is the pipeline's)
+    run_preprocess(raw, workdir, spark_config(), PreprocessConfig(ids="stable"))
+    _convert(workdir)
+    assert transformed()["days_reused"] == []
+    assert (parquet / "days").is_dir() and (parquet / SEGMENTS_JSON).is_file()
+
+    _land(raw, 3, days[3])
+    layout = WorkdirLayout.at(workdir)
+    lineage = stable_ids.lineage(layout.dictionaries)
+    unforced = day_store.plan(discover_days(raw), layout, PreprocessConfig(ids="stable"), lineage, False)
+    assert unforced.reused == [0, 1]  # what the job would reuse without --force
+    proc, summary = run(workdir, lean, *stages, "--force")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    parquet = tmp_path / "w-lean" / "parquet"
+    work_done = transformed()
+    assert work_done["days_transformed"] == [0, 1, 2, 3] and work_done["days_reused"] == []
+    assert set(work_done["why"].values()) == {"--retransform"}
     removed = json.loads((parquet / "_REMOVED.json").read_text())
     assert removed["removed"] == ["train", "test", "validation", "days", SEGMENTS_JSON]
     assert not (parquet / "days").exists() and not (parquet / SEGMENTS_JSON).exists()
-    (raw / "day_3").hardlink_to(every / "day_3")
-    proc, summary = run(tmp_path / "w-lean", lean, *stages)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert transformed(tmp_path / "w-lean")["days_transformed"] == [0, 1, 2, 3]
-    assert summary["rows"]["train"] + summary["rows"]["test"] + summary["rows"]["validation"] == 12000
 
-    proc, _ = run(tmp_path / "w-kept", kept, *stages)
+    _land(raw, 4, days[4])
+    proc, summary = run(workdir, lean, *stages)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert transformed(tmp_path / "w-kept")["days_reused"] == []
-    proc, summary = run(tmp_path / "w-kept", kept, *stages, "--force")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    work_done = transformed(tmp_path / "w-kept")
-    assert work_done["days_transformed"] == [0, 1, 2, 3] and work_done["days_reused"] == []
-    assert set(work_done["why"].values()) == {"--retransform"}
+    work_done = transformed()
+    assert work_done["days_transformed"] == [0, 1, 2, 3, 4] and work_done["days_reused"] == []
+    assert set(work_done["why"].values()) == {"new"}  # not forced: their parts were gone
+    assert summary["rows"]["train"] + summary["rows"]["test"] + summary["rows"]["validation"] == 5 * ROWS
 
 
 @pytest.mark.spark
-def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark, monkeypatch):
+def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, first_run, monkeypatch):
     """A day lands in a full window: the count plans on the one day it reads, the transform on
     the two it writes (yesterday joins train, the new day is test/validation), each phase's
     share of the bar shrinks with its part of the window's bytes; convert counts the rows it
@@ -359,12 +373,8 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark, mon
     from spark_jobs.progress import PreprocessProgress
     from spark_jobs.splits import train_files
 
-    days = random_days(2727, 4, ROWS)
-    raw, work = tmp_path / "raw", tmp_path / "work"
-    for k in range(3):
-        _land(raw, k, days[k])
-    _preprocess(spark, raw, work)
-    _convert(work)
+    days = first_run.days
+    raw, work = _copy_of(first_run, tmp_path)
     _land(raw, 3, days[3] + days[3][: ROWS // 2])  # a bigger day: shares follow bytes
     channel = tmp_path / "progress.jsonl"
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
@@ -421,7 +431,7 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, spark, mon
 
 
 @pytest.mark.spark
-def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(tmp_path, spark):
+def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed_again(tmp_path, first_run):
     """A day file whose values changed but whose size and mtime were put back (``touch -r``,
     ``cp -p``) is not the day counted before: its counts and parts are made again, and the
     tables equal those of a run from scratch on the same files."""
@@ -429,11 +439,8 @@ def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed
 
     from dlrm_contracts.table_sizes import read_histogram
 
-    days = random_days(3535, WINDOW, ROWS)
-    raw, work = tmp_path / "raw", tmp_path / "work"
-    for k in range(WINDOW):
-        _land(raw, k, days[k])
-    _preprocess(spark, raw, work)
+    spark = first_run.spark
+    raw, work = _copy_of(first_run, tmp_path)
     day = raw / "day_0"
     st = day.stat()
     swapped = day.read_bytes().translate(bytes.maketrans(b"ab", b"ba"))  # other hex values

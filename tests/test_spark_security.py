@@ -3,10 +3,11 @@
 Spark binds every web UI to SPARK_LOCAL_IP, else to every interface (WebUI.initServer, Spark
 4.0.1), and its ACLs restrict nobody without an authentication filter: a UI on a routable
 address shows anyone the application list, every executor's logs, SQL plans with paths and
-thread dumps. Two real runs, their processes' listening sockets read with psutil while they
-run: a local preprocess job (everything on loopback), and the preprocess image's master and
-worker modes (docker/spark/entrypoint.sh, run here without Docker) on this machine's routable
-address with a driver that authenticates (RPC on that address, every UI on loopback).
+thread dumps. The preprocess image's master and worker modes (docker/spark/entrypoint.sh, run
+here without Docker) on this machine's routable address with a driver that authenticates, their
+processes' listening sockets read with psutil while they run: RPC on that address, every UI on
+loopback. A local preprocess job's sockets (everything on loopback) are read the same way by
+tests/test_spark_cli.py, on the job its other tests read (one JVM for both).
 """
 
 from __future__ import annotations
@@ -69,55 +70,6 @@ def spark_env() -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "PYSPARK_PYTHON": sys.executable,
     }
-
-
-def test_a_local_preprocess_listens_on_loopback_only(tmp_path):
-    """The pipeline's own driver in local mode: its UI listened on *:4040 before."""
-    raw = tmp_path / "raw"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.generate",
-            "--out",
-            str(raw),
-            "--days",
-            "2",
-            "--rows-per-day",
-            "1500",
-            "--seed",
-            "3",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spark_jobs",
-            "--input",
-            str(raw),
-            "--workdir",
-            str(tmp_path / "w"),
-            "--driver-memory",
-            "1g",
-            "--master",
-            "local[2]",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "job.err", "w"),
-        env=spark_env(),
-        cwd=tmp_path,
-    )
-    seen: set[tuple[str, int]] = set()
-    while job.poll() is None:
-        seen |= listening(job.pid)
-        time.sleep(0.2)
-    assert job.returncode == 0, (tmp_path / "job.err").read_text()[-3000:]
-    assert len({port for _, port in seen}) >= 3, seen  # at least driver RPC, block manager, UI
-    assert all(loopback(address) for address, _ in seen), sorted(seen)
 
 
 def routable_address() -> str | None:
