@@ -11,6 +11,7 @@ import gzip
 import math
 import random
 import re
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,3 +288,13 @@ def assert_rows_equal(actual: list[tuple], expected: list[tuple], what: str) -> 
 
 def sort_key(row: tuple) -> tuple:
     return tuple(float(x) for x in row)
+
+
+def copy_of_run(base: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """(raw, work): a copy of a first run's input and workdir under ``base``, the day files with
+    their mtimes (their fingerprints, hence what the next run reuses, are those of the original),
+    for tests that each go on from one shared first run."""
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    shutil.copytree(base / "raw", raw)
+    shutil.copytree(base / "work", work, symlinks=True)
+    return raw, work

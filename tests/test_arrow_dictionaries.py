@@ -7,6 +7,8 @@ give the same outputs as one group and as the SQL engine, and the transform's pl
 
 from __future__ import annotations
 
+import functools
+
 import json
 from pathlib import Path
 
@@ -257,7 +259,8 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
 
     days = salted_days(47, 3, ROWS)
     raw = write_days(tmp_path / "raw", days)
-    arrow = run(
+    arrow_run = functools.partial(
+        run,
         spark,
         raw,
         tmp_path / "arrow",
@@ -266,6 +269,7 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
         max_reject_rate=0.5,
         arrow_group_values=GROUP_VALUES,
     )
+    arrow = arrow_run()
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
     check_against_reference(days, tmp_path / "arrow", arrow, "2,C7:1")
@@ -275,15 +279,7 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     # a fourth day: the first three are reused from their stored (grouped) counts
     days.append(salted_days(48, 1, ROWS)[0])
     (raw / "day_3").write_text("".join(line + "\n" for line in days[3]))
-    again = run(
-        spark,
-        raw,
-        tmp_path / "arrow",
-        "2,C7:1",
-        engine="arrow",
-        max_reject_rate=0.5,
-        arrow_group_values=GROUP_VALUES,
-    )
+    again = arrow_run()
     assert again["days_counted"] == [3] and again["days_reused"] == [0, 1, 2]
     run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
     _assert_same_data(tmp_path / "arrow", tmp_path / "sql")

@@ -24,7 +24,7 @@ from dlrm_contracts.binary_format import LABEL_FILE, NUMERICAL_FILE, cat_file, r
 from dlrm_contracts.config import ConvertConfig, PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
-from spark_fixtures import random_days, spark_config
+from spark_fixtures import copy_of_run, random_days, spark_config
 from spark_jobs import day_store
 
 WINDOW = 3
@@ -162,7 +162,7 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, spark):
     """A full window (days 0-2) landed, preprocessed and converted: where the tests of the
-    next day's run start, each on its own copy (``_copy_of``); day 3 is theirs to land."""
+    next day's run start, each on its own copy (``copy_of_run``); day 3 is theirs to land."""
     days = random_days(2526, 4, ROWS)
     base = tmp_path_factory.mktemp("first_run")
     for k in range(WINDOW):
@@ -170,15 +170,6 @@ def first_run(tmp_path_factory, spark):
     _preprocess(spark, base / "raw", base / "work")
     _convert(base / "work")
     return SimpleNamespace(spark=spark, days=days, base=base)
-
-
-def _copy_of(first_run, tmp_path: Path) -> tuple[Path, Path]:
-    """(raw, work): a copy of the first run's input and workdir, the day files with their
-    mtimes (their fingerprints, hence what the next run reuses, are those of the original)."""
-    raw, work = tmp_path / "raw", tmp_path / "work"
-    shutil.copytree(first_run.base / "raw", raw)
-    shutil.copytree(first_run.base / "work", work, symlinks=True)
-    return raw, work
 
 
 @pytest.mark.spark
@@ -189,7 +180,7 @@ def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_com
     previous binary dataset is untouched, the parquet is marked incomplete, and the next run
     transforms only what is left (the day done before the kill is reused) and completes."""
     spark, days = first_run.spark, first_run.days
-    raw, work = _copy_of(first_run, tmp_path)
+    raw, work = copy_of_run(first_run.base, tmp_path)
     layout = WorkdirLayout.at(work)
     before = {p: p.read_bytes() for p in layout.binary.rglob("*") if p.is_file()}
     _land(raw, 3, days[3])
@@ -374,7 +365,7 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, first_run,
     from spark_jobs.splits import train_files
 
     days = first_run.days
-    raw, work = _copy_of(first_run, tmp_path)
+    raw, work = copy_of_run(first_run.base, tmp_path)
     _land(raw, 3, days[3] + days[3][: ROWS // 2])  # a bigger day: shares follow bytes
     channel = tmp_path / "progress.jsonl"
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
@@ -440,7 +431,7 @@ def test_a_day_rewritten_with_its_size_and_mtime_kept_is_counted_and_transformed
     from dlrm_contracts.table_sizes import read_histogram
 
     spark = first_run.spark
-    raw, work = _copy_of(first_run, tmp_path)
+    raw, work = copy_of_run(first_run.base, tmp_path)
     day = raw / "day_0"
     st = day.stat()
     swapped = day.read_bytes().translate(bytes.maketrans(b"ab", b"ba"))  # other hex values

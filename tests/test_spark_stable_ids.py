@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +25,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
 from spark_fixtures import (
     assert_rows_equal,
+    copy_of_run,
     random_days,
     read_split,
     reference_numerical,
@@ -223,7 +223,7 @@ def test_ids_never_move_over_a_rolling_window(tmp_path, spark):
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, spark):
     """Days 0-2 landed and one run with stable ids (the Arrow engine): where the tests that
-    go on from a first run start, each on its own copy (``_copy_of``)."""
+    go on from a first run start, each on its own copy (``copy_of_run``)."""
     days = _days()
     base = tmp_path_factory.mktemp("first_run")
     for k in range(3):
@@ -232,21 +232,12 @@ def first_run(tmp_path_factory, spark):
     return SimpleNamespace(spark=spark, days=days, base=base)
 
 
-def _copy_of(first_run, tmp_path: Path) -> tuple[Path, Path]:
-    """(raw, work): a copy of the first run's input and workdir, the day files with their
-    mtimes (their fingerprints, hence what the next run reuses, are those of the original)."""
-    raw, work = tmp_path / "raw", tmp_path / "work"
-    shutil.copytree(first_run.base / "raw", raw)
-    shutil.copytree(first_run.base / "work", work, symlinks=True)
-    return raw, work
-
-
 @pytest.mark.spark
 def test_a_run_killed_while_swapping_leaves_the_previous_ids(tmp_path, first_run, monkeypatch):
     """Killed between retiring the old dictionaries and renaming the new ones in: the next run
     puts the old ones back (they are what it extends) and completes with the same ids."""
     spark, days = first_run.spark, first_run.days
-    raw, work = _copy_of(first_run, tmp_path)
+    raw, work = copy_of_run(first_run.base, tmp_path)
     first = _dictionaries(work)
     _land(raw, 3, days[3])
     dict_dir = WorkdirLayout.at(work).dictionaries
@@ -280,7 +271,7 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
     dictionaries and splits, and the reference's. Then another threshold: refused (exit 2),
     nothing touched."""
     spark, days = first_run.spark, first_run.days
-    raw, work = _copy_of(first_run, tmp_path)
+    raw, work = copy_of_run(first_run.base, tmp_path)
     run(spark, raw, tmp_path / "sql", "2", ids="stable", engine="sql")
     assert _dictionaries(tmp_path / "sql") == _dictionaries(work)
     _land(raw, 3, days[3])
