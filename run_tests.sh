@@ -6,10 +6,6 @@
 #   ./run_tests.sh --quick    the static checks and the unit tier only: no Spark, no horovodrun,
 #                             no test marked slow (pyproject's markers), for the inner loop
 # Other arguments go to pytest (for example: ./run_tests.sh -k thresholds -x).
-#
-# The format check runs once the tree has been formatted as a whole, which the marker file
-# .ruff-formatted records. The one command that formats it (one commit of its own):
-#   .venv/bin/ruff format . && .venv/bin/ruff check . && touch .ruff-formatted && git add -u . && git add .ruff-formatted && git commit -m "ruff format: the whole tree"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 QUICK=0
@@ -23,10 +19,11 @@ cd "$ROOT"
 # an unformatted file, a type error.
 "$ROOT/.venv/bin/lint-imports"
 "$ROOT/.venv/bin/ruff" check --no-cache .
-if [[ -f "$ROOT/.ruff-formatted" ]]; then
-  "$ROOT/.venv/bin/ruff" format --no-cache --check .
-fi
+"$ROOT/.venv/bin/ruff" format --no-cache --check .
 "$ROOT/.venv/bin/mypy"
+# The project's bytecode, written once: with PYTHONDONTWRITEBYTECODE set (as on these
+# machines) every process the suite starts would otherwise compile the modules it imports.
+"$ROOT/.venv/bin/python" -m compileall -q -j 0 dlrm_contracts spark_jobs converters trainer pipeline >/dev/null
 TIER=()
 if [[ $QUICK -eq 1 ]]; then
   TIER=(-m "not spark and not horovod and not slow")

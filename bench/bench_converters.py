@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS, SPLITS
+from dlrm_contracts.table_sizes import write_histogram
 from dlrm_contracts.verify import verify_dataset
 
 # Criteo Terabyte unique values per column (docs: criteo_terabyte_facts.md), capped so the
@@ -117,26 +118,13 @@ def make_parquet_workdir(
 def _write_histogram(counts: Path, kept: list[int], threshold: int, rng: np.random.Generator) -> None:
     """Counts consistent with the ids: value of id i has a count that falls with i, >= T."""
     counts.mkdir(parents=True, exist_ok=True)
-    column, count, num_values = [], [], []
+    histogram = {}
     for name, k in zip(CAT_COLUMNS, kept):
         per_id = np.maximum(threshold, (1e6 / np.arange(1, k + 1) ** 1.1).astype(np.int64))
         values, how_many = np.unique(per_id, return_counts=True)
-        column += [name] * len(values)
-        count += values.tolist()
-        num_values += how_many.tolist()
-        column.append(name)  # values below the base threshold exist too
-        count.append(1)
-        num_values.append(int(rng.integers(1, 1000)))
-    pq.write_table(
-        pa.table(
-            {
-                "column": column,
-                "count": pa.array(count, pa.int64()),
-                "num_values": pa.array(num_values, pa.int64()),
-            }
-        ),
-        counts / "histogram.parquet",
-    )
+        # values below the base threshold exist too
+        histogram[name] = list(zip(values.tolist(), how_many.tolist())) + [(1, int(rng.integers(1, 1000)))]
+    write_histogram(histogram, counts)
 
 
 def _bytes(path: Path) -> int:

@@ -227,9 +227,8 @@ def group_staged_then_filled(rng, kept: int) -> str:
         def fill():
             dictionary_parts.stage_group(tmp, 0, totals, classes, 1)  # a fresh part each time
             start = time.perf_counter()
-            dictionary_parts.fill_group(
-                tmp, 0, classes, class_first, Path(tmp) / "part.parquet", str(index_dir), "C1", 0, slots
-            )
+            fill_ids = dictionary_parts.GroupFill(0, "C1", 0, slots, classes, class_first)
+            dictionary_parts.fill_group(tmp, fill_ids, Path(tmp) / "part.parquet", str(index_dir))
             return time.perf_counter() - start
 
         filled = min(fill() for _ in range(3))

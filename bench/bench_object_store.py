@@ -10,11 +10,13 @@ preprocess job does (count, rejects, totals, dictionaries, transform). Usage:
     .venv/bin/python bench/bench_object_store.py                         # 4 days x 2.5M rows (10M)
     .venv/bin/python bench/bench_object_store.py --high-cardinality      # + five columns of 2.5M values
     .venv/bin/python bench/bench_object_store.py --rows-per-day 500000   # smaller
-    .venv/bin/python bench/bench_object_store.py --runs local,s3:files,s3:shuffle,local:shuffle
+    .venv/bin/python bench/bench_object_store.py --runs local,s3,s3:shuffle,s3:files
 
 Runs: ``local`` (both on local paths, the exchange the engine picks: files), ``s3`` (both in a
-bucket, the engine's pick for a URL: shuffle), ``s3:files`` / ``s3:shuffle`` / ``local:shuffle``
-(the exchange forced: the designs side by side on the same input); any run with
+bucket, the engine's pick for a URL under this benchmark's local master: local, the partial
+files on this host's disk), ``s3:shuffle`` / ``s3:files`` / ``local:shuffle`` (the exchange
+forced: ``s3:shuffle`` is what a cluster of several nodes runs; the designs side by side on the
+same input); any run with
 ``@<preprocess field>=<value>`` appended runs with that setting (``s3@arrow_input_copy_mb=0``).
 The input is read once before the first run (a warm page cache for every run), and each
 bucket run is set against the local run just before it (the machine's load drifts).
@@ -102,6 +104,7 @@ def run_engine(
     from dlrm_contracts.storage import location_of
     from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.dictionaries import table_sizes
+    from spark_jobs.engine import ByCount
     from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.inputs import discover_days
     from spark_jobs.splits import settle_split_dirs, split_staging, train_files
@@ -126,8 +129,7 @@ def run_engine(
         on_phase and on_phase("dictionaries")
         sizes = table_sizes(histogram, spec)
         engine.write_dictionaries(
-            spec,
-            sizes,
+            ByCount(spec, sizes),
             _path(join(workdir, "parquet", "dictionaries")),
             _path(join(workdir, "parquet", "dictionary_index")),
         )

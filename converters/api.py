@@ -1,11 +1,12 @@
 """The converter's decisions for a workdir: convert its parquet, derive a raised threshold from
-the binary dataset already there, rebuild one found damaged, and remove the parquet splits in
-the lean mode.
+the binary dataset already there, rebuild one found damaged, never derive from a local dataset
+that is not the one published at a workdir URL, and remove the parquet splits in the lean mode.
 
-One entry point, ``convert_workdir``, so that the pipeline's convert stage only says what its
-records know (the parquet's threshold, whether the binary dataset in place came from this
-parquet, which files changed since it was written) and the decisions live beside the code that
-carries them out. Ids are ordered by count, so a higher threshold is a prefix of the ids: a raise
+One entry point, ``convert_workdir``, so that the pipeline's convert stage and ``python -m
+converters convert --workdir`` only say what their records know (the parquet's threshold,
+whether the binary dataset in place came from this parquet, which files changed since it was
+written, whether to keep the parquet) and the decisions live beside the code that carries them
+out. Ids are ordered by count, so a higher threshold is a prefix of the ids: a raise
 never needs Spark, only ``rethreshold`` of the existing dataset (or of a fresh conversion).
 Failures the user can fix are one ``PipelineError`` line (exit 6, or 2 for a refused stable
 raise); anything else stays a bug.
@@ -34,14 +35,24 @@ from dlrm_contracts.atomic import is_complete, read_json, replace_directory, wri
 from dlrm_contracts.binary_format import DamagedDatasetError, DatasetError, UnreadableParquetError, read_info
 from dlrm_contracts.config import ConvertConfig
 from dlrm_contracts.errors import ExitCode, PipelineError, failing_as
+from dlrm_contracts.fingerprint import file_content_hash, stable_hash, tree_fingerprint
 from dlrm_contracts.id_modes import FREQUENCY, IdMode, recorded_or_default
-from dlrm_contracts.layout import DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON, WorkdirLayout
+from dlrm_contracts.layout import DATASET_JSON, DAYS_DIR, PREPROCESS_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
 
 # The pipeline's logger: these lines are the convert stage's, in its log and on its console.
 log = logging.getLogger("pipeline")
+
+
+@dataclass
+class Published:
+    """A workdir URL's side of a request: the local workdir holds copies of what is published."""
+
+    source: str  # the published parquet, which the dataset names as its source
+    recorded_as: tuple[str, str]  # the published dataset and counts, which a derived one names
+    description: bytes | None  # the published dataset.json; None when none is committed
 
 
 @dataclass
@@ -60,8 +71,19 @@ class ConvertRequest:
     changed_since_written: Callable[[], list[str]] | None = None
     # The lean mode's record when it removed the splits (remove_parquet_splits), else None.
     splits_removed: dict[str, Any] | None = None
-    source: str | None = None  # what the dataset names as its parquet (a URL's published one)
-    recorded_as: tuple[str, str] | None = None  # what a derived dataset names as source, counts
+    # preprocess.keep_parquet: false removes the splits once the dataset verifies (the lean
+    # mode), never at a workdir URL, where the published splits stay.
+    keep_parquet: bool = True
+    published: Published | None = None  # at a workdir URL
+
+    @property
+    def source(self) -> str | None:
+        """What the dataset names as its parquet: the published one at a URL."""
+        return self.published.source if self.published else None
+
+    @property
+    def recorded_as(self) -> tuple[str, str] | None:
+        return self.published.recorded_as if self.published else None
 
 
 @dataclass
@@ -72,9 +94,31 @@ class ConvertResult:
 
 
 def convert_workdir(request: ConvertRequest) -> ConvertResult:
-    """Convert, rethreshold or both; the converters' typed errors become one line (exit 6),
-    anything else stays what it is (a bug: exit 1). A scratch dataset is removed on any failure
-    (a full disk gets its space back)."""
+    """Convert, rethreshold or both, then the lean mode's removal of the splits; the
+    converters' typed errors become one line (exit 6), anything else stays what it is (a bug:
+    exit 1)."""
+    _drop_unpublished(request)
+    result = _convert_checked(request)
+    if not request.keep_parquet and request.published is None:
+        removed = remove_parquet_splits(request.layout)
+        if removed:
+            result.summary = {**result.summary, "parquet_removed": removed}
+    return result
+
+
+def _drop_unpublished(request: ConvertRequest) -> None:
+    """At a workdir URL, a local binary dataset that is not the published one is removed:
+    never derived from."""
+    binary = request.layout.binary
+    if request.published is None or not binary.exists():
+        return
+    description = binary / DATASET_JSON
+    if not description.is_file() or description.read_bytes() != request.published.description:
+        shutil.rmtree(binary)
+
+
+def _convert_checked(request: ConvertRequest) -> ConvertResult:
+    """A scratch dataset is removed on any failure (a full disk gets its space back)."""
     layout = request.layout
     derived = layout.binary.with_name("binary.derived")  # beside it: one rename replaces it
     shutil.rmtree(derived, ignore_errors=True)
@@ -217,7 +261,7 @@ def _derive_from_binary(request: ConvertRequest, derived: Path) -> ConvertResult
     layout, config = request.layout, request.config
     info = verify_dataset(layout.binary, full=False)
     have = _spec_or_none(info.threshold_spec)
-    if have is None or not request.threshold.is_at_least(have) or not same_materialization(info, config):
+    if not _raise_of(have, request.threshold) or not same_materialization(info, config):
         return None
     if not config.verify_checksums:
         changed = _changed(request)
@@ -239,6 +283,21 @@ def _derive_from_binary(request: ConvertRequest, derived: Path) -> ConvertResult
     return ConvertResult("derived", "rethreshold", {**summary, "from_threshold": str(have)})
 
 
+def derivable_from_binary(layout: WorkdirLayout, threshold: ThresholdSpec) -> bool:
+    """Whether ``threshold`` is a raise of the complete binary dataset's in place (or the
+    same): convert_workdir then derives it from that dataset, no parquet needed."""
+    if not is_complete(layout.binary):
+        return False
+    return _raise_of(
+        _spec_or_none((_record(layout.binary / DATASET_JSON) or {}).get("threshold_spec")), threshold
+    )
+
+
+def _raise_of(have: ThresholdSpec | None, wanted: ThresholdSpec) -> bool:
+    """Ids are ordered by count: a threshold at least ``have``'s is a prefix of its ids."""
+    return have is not None and wanted.is_at_least(have)
+
+
 def _spec_or_none(text: Any) -> ThresholdSpec | None:
     try:
         return parse_threshold_spec(text)
@@ -251,12 +310,11 @@ def _binary_only(config: ConvertConfig) -> ConvertConfig:
     return dataclasses.replace(config, formats=["binary"])
 
 
-def remove_parquet_splits(
-    layout: WorkdirLayout, identify: Callable[[], dict[str, Any]]
-) -> dict[str, Any] | None:
+def remove_parquet_splits(layout: WorkdirLayout) -> dict[str, Any] | None:
     """The lean mode (preprocess.keep_parquet: false): delete the parquet splits once the
-    binary dataset verifies; None when there are none. ``identify`` gives the fields by which
-    the caller recognises the parquet afterwards, put in the record.
+    binary dataset verifies; None when there are none. The record names the parquet's
+    fingerprint and that of what remains, so that the parquet is still recognised afterwards
+    (``parquet_identity``).
 
     The record is written before the deletion: a run killed half-way leaves splits that no
     longer match it, so the preprocess stage is simply redone.
@@ -279,7 +337,8 @@ def remove_parquet_splits(
     }
     freed = sum(files.values())  # a hard-linked file counted once
     record = {
-        **identify(),
+        "fingerprint": parquet_identity(layout),
+        "remaining": parquet_fingerprint(layout, ignore=REMOVED_BY_LEAN_MODE),
         "removed": [d.name for d in splits + days],
         "bytes": freed,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -299,8 +358,30 @@ def remove_parquet_splits(
 REMOVED_BY_LEAN_MODE = (*SPLITS, DAYS_DIR, SEGMENTS_JSON)
 
 
+def parquet_fingerprint(layout: WorkdirLayout, ignore: tuple[str, ...] = ()) -> str:
+    """The parquet as the stages record it: its description by content, its files by name,
+    size and mtime (the lean mode's record left out)."""
+    ignore = (layout.parquet_removed.name, *ignore)
+    return stable_hash(
+        [file_content_hash(layout.parquet / PREPROCESS_JSON), tree_fingerprint(layout.parquet, ignore=ignore)]
+    )
+
+
+def lean_record(layout: WorkdirLayout, record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The lean mode's ``record`` (parquet/_REMOVED.json), when the splits it removed are all
+    that is missing from the parquet; else None."""
+    return record if record and record.get("remaining") == parquet_fingerprint(layout) else None
+
+
+def parquet_identity(layout: WorkdirLayout) -> str:
+    """The parquet's fingerprint; after the lean mode removed the splits, still the one they
+    had, so that what was made from them stays up to date."""
+    removed = lean_record(layout, _record(layout.parquet_removed))
+    return removed["fingerprint"] if removed else parquet_fingerprint(layout)
+
+
 def request_from_workdir(
-    layout: WorkdirLayout, config: ConvertConfig, threshold: ThresholdSpec
+    layout: WorkdirLayout, config: ConvertConfig, threshold: ThresholdSpec, keep_parquet: bool = True
 ) -> ConvertRequest:
     """A request from what the workdir's own files say, for a caller without the pipeline's
     records (``python -m converters convert --workdir DIR --frequency-threshold T``): the
@@ -319,6 +400,7 @@ def request_from_workdir(
         ids=recorded_or_default(preprocess),
         same_parquet=_converted_from(layout) or bool(removed),
         splits_removed=removed,
+        keep_parquet=keep_parquet,
     )
 
 

@@ -82,7 +82,15 @@ def _sizes(text: str) -> list[int]:
 
 
 def _convert_config(args: argparse.Namespace) -> ConvertConfig:
-    return flag_overrides(load_config(args.config).convert, args)
+    return _convert_settings(args)[0]
+
+
+def _convert_settings(args: argparse.Namespace) -> tuple[ConvertConfig, bool]:
+    """The convert section with the flags over it, and whether to keep the parquet (the
+    config's preprocess.keep_parquet: false is the lean mode, as in the pipeline): the config
+    file read once."""
+    config = load_config(args.config)
+    return flag_overrides(config.convert, args), config.preprocess.keep_parquet
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="parquet -> split binary dataset")
-    convert.add_argument("--workdir", help="reads WORKDIR/parquet, writes WORKDIR/binary")
+    convert.add_argument(
+        "--workdir",
+        help="reads WORKDIR/parquet, writes WORKDIR/binary; then removes the parquet splits "
+        "when the config says preprocess.keep_parquet: false",
+    )
     convert.add_argument("--parquet", help="parquet directory (instead of --workdir)")
     convert.add_argument("--output", help="binary dataset directory (instead of --workdir)")
     convert.add_argument("--threshold-spec", help="override preprocess.json's threshold_spec")
@@ -159,10 +171,12 @@ def _print_summary(summary: Any, as_json: bool) -> None:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
+    from converters.api import remove_parquet_splits
     from converters.convert import convert_parquet
 
     if args.frequency_threshold is not None:
         return _run_convert_workdir(args)
+    own_workdir = False  # the lean mode applies to a workdir's own parquet and dataset only
     if args.workdir:
         layout = WorkdirLayout.at(args.workdir)
         parquet, output = args.parquet or layout.parquet, args.output or layout.binary
@@ -172,16 +186,21 @@ def _run_convert(args: argparse.Namespace) -> int:
                 "local or shared path; give --parquet DIR (the output may be a URL)"
             )
         output = str(output) if is_url(str(output)) else output
+        own_workdir = not (args.parquet or args.output)
     elif args.parquet and args.output:
         parquet, output = args.parquet, args.output
     else:
         raise UsageError("give --workdir DIR, or both --parquet and --output")
-    config = _convert_config(args)
+    config, keep_parquet = _convert_settings(args)
+    lean = own_workdir and not keep_parquet
     with output_lock(output, "converters convert"), failing_as(ExitCode.CONVERT, DatasetError):
         if is_url(str(output)):
             summary = _convert_to_url(parquet, str(output), config, args.threshold_spec)
         else:
             summary = convert_parquet(parquet, output, config, args.threshold_spec)
+        removed = remove_parquet_splits(layout) if lean else None
+    if removed:
+        summary = {**summary, "parquet_removed": removed}
     _print_summary(summary, args.json)
     return 0
 
@@ -198,8 +217,9 @@ def _run_convert_workdir(args: argparse.Namespace) -> int:
             "--output or --threshold-spec"
         )
     layout = WorkdirLayout.at(args.workdir)
+    config, keep_parquet = _convert_settings(args)
     request = request_from_workdir(
-        layout, _convert_config(args), parse_threshold_spec(args.frequency_threshold)
+        layout, config, parse_threshold_spec(args.frequency_threshold), keep_parquet
     )
     with output_lock(layout.binary, "converters convert"):
         result = convert_workdir(request)

@@ -64,7 +64,7 @@ from dlrm_contracts.dataset_identity import (
 )
 from dlrm_contracts.multi_hot import MultiHotSpec, check_sizes, iter_tables, materialize, spec_of_dataset
 from dlrm_contracts.id_modes import IdMode, recorded_or_default
-from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS
+from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, PREPROCESS_JSON, SUCCESS, dictionaries_under
 from dlrm_contracts.progress import counting
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, SPLITS
 from dlrm_contracts.thresholds import parse_threshold_spec
@@ -238,20 +238,30 @@ def _batches(files: list[Path], batch_rows: int, use_threads: bool) -> Iterator[
                 yield batch, str(path)
 
 
+@dataclass(frozen=True)
+class _SplitWriting:
+    """What every split of one conversion is written with: the table sizes, the settings,
+    the multi-hot tables (``multi_hot_tables``), the TorchRec layout's writer (None: not
+    written), and the checksums each written file is added to."""
+
+    table_sizes: list[int]
+    config: ConvertConfig
+    tables: dict[int, np.ndarray]
+    checksums: dict[str, str]
+    torchrec: TorchrecWriter | None = None
+
+
 def _convert_split(
     pieces: list[tuple[list[Path], Reuse | None]],
     out_dir: Path,
-    table_sizes: list[int],
-    config: ConvertConfig,
+    writing: _SplitWriting,
     pool: ThreadPoolExecutor,
     bar: Any,
-    checksums: dict[str, str],
-    tables: dict[int, np.ndarray],
-    torchrec: TorchrecWriter | None = None,
 ) -> int:
     """Write one split's files from its pieces in order (parquet files to convert, or rows of
-    the previous dataset to copy); their checksums go into ``checksums``; each batch also goes
-    to the TorchRec layout when one is written. Returns the rows."""
+    the previous dataset to copy); their checksums go into ``writing.checksums``; each batch
+    also goes to the TorchRec layout when one is written. Returns the rows."""
+    config, tables, torchrec = writing.config, writing.tables, writing.torchrec
     out_dir.mkdir()
     handles = [
         open(out_dir / name, "wb")
@@ -265,7 +275,7 @@ def _convert_split(
         ]
         outputs += [
             _CatOutput(cat_file(i), handles[2 + i], index=i, table_size=size, table=tables.get(i))
-            for i, size in enumerate(table_sizes)
+            for i, size in enumerate(writing.table_sizes)
         ]
         groups = _balanced_groups(outputs, max(1, config.workers))
         rows = 0
@@ -286,7 +296,7 @@ def _convert_split(
                 bar.update(batch.num_rows)
         for future in pending:
             future.result()
-        checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest) for o in outputs})
+        writing.checksums.update({file_key(out_dir.name, o.name): checksum_text(o.digest) for o in outputs})
         return rows
     finally:
         for future in pending:  # on an error, let running writes end before closing files
@@ -393,9 +403,9 @@ def convert_parquet(
             TorchrecWriter(tmp / TORCHREC_DIR, expected, table_sizes) if TORCHREC in config.formats else None
         )
         try:
-            rows = _convert_splits(
-                pieces, expected, tmp, table_sizes, config, checksums, tables, torchrec and torchrec.open()
-            )
+            writing = _SplitWriting(table_sizes, config, tables, checksums, torchrec and torchrec.open())
+            rows = _convert_splits(pieces, expected, tmp, writing)
+            del writing  # the multi-hot tables go with ``tables`` below
             torchrec_description = torchrec and torchrec.finish()
         finally:
             if torchrec is not None:
@@ -476,16 +486,13 @@ def _convert_splits(
     pieces: dict[str, list[tuple[list[Path], Reuse | None]]],
     expected: dict[str, int],
     tmp: Path,
-    table_sizes: list[int],
-    config: ConvertConfig,
-    checksums: dict[str, str],
-    tables: dict[int, np.ndarray],
-    torchrec: TorchrecWriter | None = None,
+    writing: _SplitWriting,
 ) -> dict[str, int]:
     """Every split into ``tmp``, each checked against the rows its parquet metadata gives.
     Progress counts the rows converted only: a day's rows copied from the previous dataset
     (stable ids) cost a fraction of converting them, and counting them would make a daily
     run's bar jump and its ETA too short."""
+    config = writing.config
     rows: dict[str, int] = {}
     copied = sum(reuse.rows for split in pieces.values() for _, reuse in split if reuse)
     with (
@@ -495,9 +502,7 @@ def _convert_splits(
         ) as bar,
     ):
         for split in SPLITS:
-            rows[split] = _convert_split(
-                pieces[split], tmp / split, table_sizes, config, pool, bar, checksums, tables, torchrec
-            )
+            rows[split] = _convert_split(pieces[split], tmp / split, writing, pool, bar)
             if rows[split] != expected[split]:
                 raise DatasetError(
                     f"{split}: read {rows[split]} rows, parquet metadata says {expected[split]}"
@@ -516,7 +521,7 @@ def _dataset_extra(
     served with, stable ids and their day segments, the multi-hot sizes and what their draws
     depend on, and every file's checksum."""
     mode = _ids_mode(parquet_dir)
-    dictionaries = mode.dictionaries(parquet_dir)
+    dictionaries = dictionaries_under(Path(parquet_dir), mode)
     return {
         "source": {"kind": "parquet", "path": source or str(parquet_dir.absolute())},
         # what a model trained on it must be served with (trainer.export)

@@ -221,7 +221,7 @@ def rethreshold(
     seconds = time.perf_counter() - start
     log.info("rethreshold %s -> %s: %d rows in %.2f s", base, new, sum(info.splits.values()), seconds)
     return {
-        **_summary(output, info, new, base, result, jobs, written, seconds),
+        **_summary(output, info, base, result, jobs, written, seconds),
         **write_other_formats(output, config),
     }
 
@@ -331,18 +331,19 @@ def _output_extra(
 def _summary(
     output: Path,
     info: DatasetInfo,
-    new: ThresholdSpec,
     base: ThresholdSpec,
     result: DatasetInfo,
     jobs: list[_ClampJob],
     written: int,
     seconds: float,
 ) -> dict[str, Any]:
+    """What a rethreshold made of ``info``'s dataset (its threshold ``base``): ``result``, at
+    the threshold it records, by ``jobs``."""
     rows = sum(info.splits.values())
     return {
         "output": str(output),
         "rows": dict(info.splits),
-        "threshold_spec": str(new),
+        "threshold_spec": result.threshold_spec,
         "base_threshold_spec": str(base),
         "table_sizes_before": info.model_size,
         "table_sizes": result.model_size,

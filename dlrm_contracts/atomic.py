@@ -39,7 +39,7 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator, Literal, TextIO, overload
 
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.layout import SUCCESS
@@ -118,7 +118,11 @@ def replace_file(temporary: str | Path, final: str | Path, fsync: bool = True) -
         fsync_path(final.parent)
 
 
-def open_append(path: str | Path, binary: bool = False, buffering: int = -1):
+@overload
+def open_append(path: str | Path, binary: Literal[False] = False, buffering: int = -1) -> TextIO: ...
+@overload
+def open_append(path: str | Path, binary: Literal[True], buffering: int = -1) -> BinaryIO: ...
+def open_append(path: str | Path, binary: bool = False, buffering: int = -1) -> TextIO | BinaryIO:
     """``path`` opened to append (created 0644 if missing), never through a symbolic link:
     a link planted there is refused with an OSError naming it, its target left untouched."""
     path = Path(path)
@@ -159,7 +163,7 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
     """Delete temporary / set-aside siblings (directories or files) of ``final`` left by runs
     that died (pid gone). A writer killed between :func:`publish`'s two renames left the
     previous copy aside and nothing at ``final``: that copy is put back first."""
-    removed = []
+    removed: list[Path] = []
     final = Path(final)
     prefixes = (f".{final.name}.tmp-", f".{final.name}.old-")
     if not final.parent.is_dir():

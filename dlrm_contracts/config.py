@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from dlrm_contracts.errors import UsageError
 from dlrm_contracts.id_modes import ID_MODE_NAMES, IdMode, id_mode
@@ -23,11 +23,15 @@ from dlrm_contracts.security import refuse_secret_settings, refuse_secret_values
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec, ThresholdSpecError, parse_threshold_spec
 
-Section = TypeVar("Section")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A settings section: one of the dataclasses below.
+Section = TypeVar("Section", bound="DataclassInstance")
 
 # The choices of string settings, checked by the sections' __post_init__.
 PREPROCESS_ENGINES: tuple[str, ...] = ("auto", "arrow", "sql")
-ARROW_EXCHANGES: tuple[str, ...] = ("auto", "files", "shuffle")
+ARROW_EXCHANGES: tuple[str, ...] = ("auto", "files", "local", "shuffle")
 DICTIONARY_DAYS: tuple[str, ...] = ("all", "train")
 ID_MODES: tuple[str, ...] = ID_MODE_NAMES  # dlrm_contracts.id_modes
 # The largest cap of preprocess.caps: the splits hold int32 ids, so the highest id (cap - 1)
@@ -177,6 +181,10 @@ class SparkConfig:
     # Server reads (spark.eventLog.enabled/dir); None = no event log. A local directory is
     # created when missing.
     event_log_dir: str | None = None
+    # The driver JVM's class-data archive, which spares each job's JVM most of its start-up
+    # (spark_jobs/class_archive.py, docs/spark_jobs.md): auto = the one the install built for
+    # this Java and these Spark jars, when it exists; off; or the path of an archive.
+    class_archive: str = "auto"
 
     def __post_init__(self) -> None:
         _check_limits(self)
@@ -187,6 +195,10 @@ class SparkConfig:
         refuse_secret_values(config_to_dict(self), "spark")
         odd = {k: v for k, v in (self.conf or {}).items() if not isinstance(v, (str, int, float))}
         _check(not odd, f"spark.conf: each value must be a string or a number, got {odd}")
+        _check(
+            isinstance(self.class_archive, str) and bool(self.class_archive.strip()),
+            f"spark.class_archive must be auto, off or the path of an archive, got {self.class_archive!r}",
+        )
 
 
 @dataclass
@@ -246,9 +258,12 @@ class PreprocessConfig:
     arrow_group_values: int = 2_000_000
     # Arrow engine: how the count tasks hand their partial counts to the merge. "files": one
     # file per chunk in the workdir, read by every merge task by slices (a request per value
-    # group and file: fast on a local or shared filesystem). "shuffle": binary rows kept on
-    # the executors' local disks and shuffled by Spark (no request to the workdir's store).
-    # "auto": files for a local workdir, shuffle for a URL (docs/cluster.md §2.0.1).
+    # group and file: fast on a local or shared filesystem). "local": the same files on the
+    # local disk of the one host that runs every task (a local master only; no request to the
+    # workdir's store). "shuffle": binary rows kept on the executors' local disks and shuffled
+    # by Spark (no request to the store; what a cluster of several nodes needs). "auto": files
+    # for a workdir path; for a URL, local under a local master, else shuffle
+    # (docs/cluster.md §2.0.2).
     arrow_exchange: str = "auto"
     # False: the lean-disk mode. The parquet splits are deleted once the binary dataset made
     # from them is complete and verified (the counts, dictionary sizes and data-quality report
@@ -359,6 +374,8 @@ def _check_caps(cfg: PreprocessConfig) -> None:
 def column_caps(cfg: PreprocessConfig) -> dict[str, int]:
     """ids: modulo (or capped contiguous ids): each column's cap (its table size), by column
     name."""
+    if cfg.caps is None:
+        raise ValueError("column_caps: preprocess.caps is not set")
     caps = cfg.caps if isinstance(cfg.caps, list) else [cfg.caps] * len(CAT_COLUMNS)
     return dict(zip(CAT_COLUMNS, (int(c) for c in caps)))
 
@@ -1005,7 +1022,7 @@ REMOVED_SETTINGS: dict[str, str] = {
 }
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+def _build(cls: type[Section], data: dict[str, Any], where: str) -> Section:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -1018,7 +1035,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
             f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}"
         )
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name, value in data.items():
         default = getattr(cls(), name)
         if _is_section(default):
@@ -1029,13 +1046,17 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
-def _is_section(value: Any) -> bool:
+def _is_section(value: object) -> TypeGuard[DataclassInstance]:
     """A nested settings section (a dataclass of this module), not a parsed value such as a
     ThresholdSpec, which is a dataclass too but a single setting."""
-    return dataclasses.is_dataclass(value) and not isinstance(value, ThresholdSpec)
+    return (
+        dataclasses.is_dataclass(value)
+        and not isinstance(value, type)
+        and not isinstance(value, ThresholdSpec)
+    )
 
 
-def _fits(value: Any, hint: Any) -> bool:
+def _fits(value: object, hint: object) -> bool:
     """Whether a YAML value suits a field's annotation (numbers are accepted for strings, and
     text or a number for a threshold spec: ``frequency_threshold: 15`` is natural YAML)."""
     if hint is Any:
@@ -1062,7 +1083,7 @@ def _fits(value: Any, hint: Any) -> bool:
     return True
 
 
-def _check_type(value: Any, hint: Any, where: str) -> None:
+def _check_type(value: object, hint: object, where: str) -> None:
     if not _fits(value, hint):
         shown = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
         raise ConfigError(f"{where}: {value!r} is not a valid {shown}")
@@ -1092,13 +1113,13 @@ def load_config(path: str | Path | None) -> PipelineConfig:
     return config_from_dict(data or {})
 
 
-def config_to_dict(config: Any) -> dict[str, Any]:
+def config_to_dict(config: DataclassInstance) -> dict[str, Any]:
     """The plain form (YAML/JSON types) that config_from_dict reads back: threshold specs as
     their canonical text, so equal settings always write the same file."""
     return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, ThresholdSpec):
         return str(value)
     if _is_section(value):
@@ -1146,7 +1167,7 @@ class Limit:
     above: bool = False  # low itself is excluded
     below: bool = False  # high itself is excluded
 
-    def holds(self, value: Any) -> bool:
+    def holds(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
         return (self.low is None or value > self.low or (not self.above and value == self.low)) and (
@@ -1248,7 +1269,7 @@ _LIMITS: dict[str, dict[str, Limit | tuple[str, ...]]] = {
 }
 
 
-def _check_limits(section: Any) -> None:
+def _check_limits(section: DataclassInstance) -> None:
     """Every setting of ``section`` named in _LIMITS within its range or among its choices
     (None, where a setting allows it, means "not set" and passes)."""
     where = {
@@ -1267,5 +1288,8 @@ def _check_limits(section: Any) -> None:
             _check(not bad, f"{where}.{name} must be {rule}, got {value!r}")
         else:
             shown = [str(v).upper() if rule is SPARK_LOG_LEVELS else v for v in values]
-            bad = [v for v in shown if v not in rule]
-            _check(not bad, f"{where}.{name}: {', '.join(map(repr, bad))} is not one of {', '.join(rule)}")
+            unknown = [v for v in shown if v not in rule]
+            _check(
+                not unknown,
+                f"{where}.{name}: {', '.join(map(repr, unknown))} is not one of {', '.join(rule)}",
+            )

@@ -12,6 +12,9 @@ so an exception means the same exit code whichever of them raised it:
   file stands in place of a directory or the reverse (ENOTDIR, EISDIR: a damaged workdir
   layout), or a symbolic link planted where a workdir file is written (ELOOP: never followed)
   exits 2, the path named: the user fixes it or picks another directory;
+- an object store that cannot be reached or refuses the credentials (what pyarrow's S3, GCS
+  and Azure clients and boto3 say then) exits 2, the store's first line of it shown: the user
+  fixes the endpoint or the credentials in the environment;
 - SIGINT exits 130;
 - anything else is a bug: exit 1, with its traceback on stderr (the stage log).
 """
@@ -79,17 +82,23 @@ def says_disk_full(text: str) -> bool:
     return any(words in lowered for words in _DISK_FULL_TEXT)
 
 
-def disk_full_cause(exc: BaseException) -> BaseException | None:
-    """The ENOSPC/EDQUOT error in ``exc``'s chain (causes and contexts), if there is one."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its cause or else its context, and so on (each once)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def disk_full_cause(exc: BaseException) -> BaseException | None:
+    """The ENOSPC/EDQUOT error in ``exc``'s chain (causes and contexts), if there is one."""
+    for current in _chain(exc):
         if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
             return current
         if says_disk_full(str(current)):
             return current
-        current = current.__cause__ or current.__context__
     return None
 
 
@@ -100,16 +109,50 @@ _LINK_ERRNOS = {errno.ELOOP}
 _PATH_ERRNOS = _NOT_PERMITTED_ERRNOS | _WRONG_KIND_ERRNOS | _LINK_ERRNOS
 
 
+# Lower-case fragments of what the stores' clients say when the store does not answer or
+# refuses the credentials (pyarrow's S3 client through the AWS SDK, its GCS and Azure clients,
+# boto3): an environment to fix, not a bug.
+_STORE_ACCESS_TEXT = (
+    "aws error network_connection",
+    "aws error access_denied",
+    "aws error no_such_bucket",
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "unable to locate credentials",
+    "could not connect to the endpoint url",
+    "retry policy exhausted",
+    "authenticationexception",
+    "failed to get token",
+    "authorizationfailure",
+    "authorizationpermissionmismatch",
+)
+
+
+def store_access_cause(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain whose message says an object store could not be reached
+    or refused the credentials, if there is one."""
+    for current in _chain(exc):
+        lowered = str(current).lower()
+        if any(words in lowered for words in _STORE_ACCESS_TEXT):
+            return current
+    return None
+
+
+def store_access_message(cause: BaseException) -> str:
+    """One line: the client's first line, and where the settings come from."""
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return (
+        f"the object store did not answer or refused the credentials: {first} (the endpoint "
+        "and credentials come from the environment: docs/cluster.md §2.0.3)"
+    )
+
+
 def permission_cause(exc: BaseException) -> OSError | None:
     """The EACCES/EPERM/EROFS (or ENOTDIR/EISDIR, ELOOP) error in ``exc``'s chain (causes and
     contexts), if there is one: a path the user must fix, not a bug."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _chain(exc):
         if isinstance(current, OSError) and current.errno in _PATH_ERRNOS:
             return current
-        current = current.__cause__ or current.__context__
     return None
 
 
@@ -144,6 +187,8 @@ def exit_code_of(exc: BaseException) -> ExitCode:
         return ExitCode.DISK_FULL
     if isinstance(exc, Exception) and permission_cause(exc) is not None:
         return ExitCode.USAGE
+    if isinstance(exc, Exception) and store_access_cause(exc) is not None:
+        return ExitCode.USAGE
     return ExitCode.FAILED
 
 
@@ -173,10 +218,10 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        elif not isinstance(exc, PipelineError) and permission_cause(exc) is not None:
-            print(
-                f"{prog}: error: {not_permitted_message(permission_cause(exc))}", file=sys.stderr, flush=True
-            )
+        elif not isinstance(exc, PipelineError) and (denied := permission_cause(exc)) is not None:
+            print(f"{prog}: error: {not_permitted_message(denied)}", file=sys.stderr, flush=True)
+        elif not isinstance(exc, PipelineError) and (cause := store_access_cause(exc)) is not None:
+            print(f"{prog}: error: {store_access_message(cause)}", file=sys.stderr, flush=True)
         else:
             print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return int(code)

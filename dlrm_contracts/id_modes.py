@@ -21,13 +21,14 @@ becomes its id). The name stays what the config file and the records (``preproce
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR
+from dlrm_contracts.contiguous_ids import MISSING_VALUE, RARE_ID
 from dlrm_contracts.thresholds import ThresholdSpec
 
-# dlrm_contracts.layout.DICTIONARIES_DIR (not imported: the config validates with these modes
-# and stays free of the storage layer's imports; tests/test_id_modes.py checks they agree)
+# Under the parquet directory: frequency and stable ids' value -> id tables. Named here, where
+# the modes say which directory is theirs, and re-exported by dlrm_contracts.layout (which the
+# config, validating with these modes, does not import: it brings the storage layer).
 DICTIONARIES_DIR = "dictionaries"
 
 # How a threshold other than the one the ids were made at may be read (rethreshold, the
@@ -56,7 +57,8 @@ class IdMode:
     description: str  # what messages call these ids
     # the count pass keeps every value's count (counts/, days.json, the histogram)
     counts_values: bool
-    # the directory under parquet/ the value -> id tables are written to (None: no tables)
+    # the directory under parquet/ the value -> id tables are written to (None: no tables);
+    # dlrm_contracts.layout.dictionaries_under turns it into their path
     dictionaries_dir: str | None
     # the transform reads a categorical as a hexadecimal number (not as a dictionary key)
     hex_values: bool
@@ -77,10 +79,17 @@ class IdMode:
     on_url_workdir: bool
     # records made before the setting existed omit it (a stage's key, dataset.json's extra)
     default: bool = False
+    # How a value is read through the dictionaries (the transform's rule, the served model's):
+    # the value a missing categorical is looked up as (None: missing is id 0, not looked up),
+    # and the id of a value the dictionaries do not have (rare, or never numbered)
+    missing_value: int | None = None
+    rare_id: int = 0
 
     @property
     def writes_dictionaries(self) -> bool:
-        """Whether a dictionary pass runs (a progress plan has no such phase when not)."""
+        """Whether the mode has value -> id tables: a dictionary pass runs (a progress plan
+        has no such phase when not) and the transform looks ids up in them, where without
+        them each id comes from its value and its column's cap."""
         return self.dictionaries_dir is not None
 
     @property
@@ -119,10 +128,6 @@ class IdMode:
             return None
         mismatch = f": threshold {wanted} is not its own, {own}" if self.other_thresholds_readable else ""
         return f"{self.description}, {self.why_threshold_fixed}{mismatch}"
-
-    def dictionaries(self, parquet_dir: Path) -> Path | None:
-        """Where this mode's value -> id tables are under ``parquet_dir`` (None: it has none)."""
-        return None if self.dictionaries_dir is None else Path(parquet_dir) / self.dictionaries_dir
 
     def readable_at(self, wanted: ThresholdSpec, own: ThresholdSpec | None) -> bool:
         """Whether a dataset whose ids were made at threshold ``own`` may be read (or
@@ -196,7 +201,9 @@ CONTIGUOUS = IdMode(
     why_threshold_fixed="numbered by first appearance, not by count: no other threshold is a prefix of them",
     threshold_remedy="change preprocess.frequency_threshold and run the preprocess stage instead",
     served_by=SERVED_BY_CONTIGUOUS,
-    on_url_workdir=True,
+    on_url_workdir=False,
+    missing_value=MISSING_VALUE,
+    rare_id=RARE_ID,
 )
 
 ID_MODES: dict[str, IdMode] = {m.name: m for m in (FREQUENCY, STABLE, MODULO, CONTIGUOUS)}

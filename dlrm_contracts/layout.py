@@ -48,8 +48,23 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, overload
 
+# re-exported: the layout names every file the wings share (the modes name this one)
+from dlrm_contracts.id_modes import DICTIONARIES_DIR as DICTIONARIES_DIR
+from dlrm_contracts.id_modes import IdMode
 from dlrm_contracts.storage import Location, location_of
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # The root of a layout: a local workdir's Path or a workdir URL's Location. An annotation
+    # that names no root (``layout: WorkdirLayout``) means a local workdir's.
+    RootT = TypeVar("RootT", Path, Location, default=Path)
+else:  # the default is for the checker only (typing_extensions is not a runtime dependency)
+    from typing import TypeVar
+
+    RootT = TypeVar("RootT", Path, Location)
 
 SUCCESS = "_SUCCESS"  # marks a complete output directory; written last
 PREPROCESS_JSON = "preprocess.json"  # spark_jobs -> converters, pipeline
@@ -71,7 +86,6 @@ EXPORT_VERSION_DIR = re.compile(r"^[0-9]+$")  # TensorFlow Serving's version dir
 SAVED_MODEL_PB = "saved_model.pb"
 EXPORT_FINGERPRINT = "fingerprint.json"  # in each version directory, beside saved_model.pb
 SERVING_JSON = "serving.json"  # in DIR/export: which version is served (serving_state)
-DICTIONARIES_DIR = "dictionaries"  # under the parquet directory: value -> id per column
 DAYS_DIR = "days"  # under the parquet directory: stable ids' per-day parts
 DAY_JSON = "day.json"  # in each day=<k>/ of DAYS_DIR: what the day was made with
 SEGMENTS_JSON = "segments.json"  # beside the splits: which day's files make each split
@@ -92,12 +106,23 @@ def histogram_path(counts_dir: str | Path) -> Path:
     return path if path.suffix == ".parquet" else path / HISTOGRAM_FILE
 
 
+@overload
+def counts_beside(binary_dir: str | Path) -> Path: ...
+@overload
+def counts_beside(binary_dir: Location) -> Location: ...
 def counts_beside(binary_dir: str | Path | Location) -> Path | Location:
     """The counts a binary dataset was made from, when it sits in a workdir (DIR/binary ->
     DIR/counts): the default wherever a threshold raise needs the histogram."""
     if isinstance(binary_dir, Location):
         return binary_dir.parent / "counts"
     return Path(binary_dir).parent / "counts"
+
+
+def dictionaries_under(parquet_dir: RootT, mode: IdMode) -> RootT | None:
+    """Where ``mode``'s value -> id tables are under a parquet directory (None: it has none):
+    the one rule for every reader, a workdir's (``WorkdirLayout.dictionaries_of``) or a bare
+    parquet dataset's (the converter's)."""
+    return None if mode.dictionaries_dir is None else parquet_dir / mode.dictionaries_dir
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -117,7 +142,7 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def read_checkpoint_meta(path: Path) -> dict | None:
+def read_checkpoint_meta(path: Path) -> dict[str, Any] | None:
     """A checkpoint's meta.json; None when it is missing or unreadable."""
     try:
         meta = json.loads((path / CHECKPOINT_META).read_text())
@@ -126,7 +151,7 @@ def read_checkpoint_meta(path: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def checkpoint_run(meta: dict | None) -> str:
+def checkpoint_run(meta: dict[str, Any] | None) -> str:
     """The id of the run a checkpoint (its meta.json) belongs to; ``LEGACY_RUN`` for one saved
     before checkpoints named their run."""
     run = (meta or {}).get(RUN_KEY)
@@ -219,105 +244,122 @@ def latest_export(export_dir: str | Path) -> Path | None:
 
 
 @dataclass(frozen=True)
-class WorkdirLayout:
+class WorkdirLayout(Generic[RootT]):
     """Every name below, for a local workdir (Paths) or one at a URL (dlrm_contracts.storage
     Locations, joined the same way: the layout is the same on every store)."""
 
-    root: Path | Location
+    root: RootT
 
+    @overload
     @classmethod
-    def at(cls, root: str | Path | Location) -> "WorkdirLayout":
+    def at(cls, root: Path) -> WorkdirLayout[Path]: ...
+    @overload
+    @classmethod
+    def at(cls, root: str | Location) -> WorkdirLayout[Any]: ...
+    @classmethod
+    def at(cls, root: str | Path | Location) -> WorkdirLayout[Any]:
+        """A Path's layout holds Paths; a text's or a Location's holds Paths or Locations by
+        what it names (a URL: Locations), which only the value says."""
         where = location_of(root)
-        return cls(where if isinstance(where, Location) else where.resolve())
+        if isinstance(where, Location):
+            return WorkdirLayout(where)
+        return WorkdirLayout(where.resolve())
 
     @property
-    def raw(self) -> Path:
+    def raw(self) -> RootT:
         return self.root / "raw"
 
     @property
-    def counts(self) -> Path:
+    def counts(self) -> RootT:
         return counts_beside(self.binary)
 
     @property
-    def parquet(self) -> Path:
+    def parquet(self) -> RootT:
         return self.root / "parquet"
 
-    def parquet_split(self, split: str) -> Path:
+    def parquet_split(self, split: str) -> RootT:
         return self.parquet / split
 
     @property
-    def parquet_days(self) -> Path:
+    def parquet_days(self) -> RootT:
         """Stable ids: the transformed days a daily run reuses (spark_jobs.day_store)."""
         return self.parquet / DAYS_DIR
 
-    def parquet_day(self, day: int) -> Path:
+    def parquet_day(self, day: int) -> RootT:
         return self.parquet_days / f"day={day}"
 
     @property
-    def parquet_model_size(self) -> Path:
+    def parquet_model_size(self) -> RootT:
         return self.parquet / MODEL_SIZE_JSON
 
     @property
-    def parquet_removed(self) -> Path:
+    def parquet_removed(self) -> RootT:
         """Written when the lean-disk mode deleted the parquet splits (what, when, why)."""
         return self.parquet / "_REMOVED.json"
 
     @property
-    def data_quality(self) -> Path:
+    def data_quality(self) -> RootT:
         return self.parquet / "data_quality.json"
 
     @property
-    def rejects(self) -> Path:
+    def rejects(self) -> RootT:
         return self.root / "rejects"
 
     @property
-    def binary(self) -> Path:
+    def binary(self) -> RootT:
         return self.root / "binary"
 
     @property
-    def checkpoints(self) -> Path:
+    def checkpoints(self) -> RootT:
         return self.root / "checkpoints"
 
     @property
-    def superseded(self) -> Path:
+    def superseded(self) -> RootT:
         """Earlier runs' checkpoints set aside by a change of the model's settings."""
         return self.checkpoints / SUPERSEDED_DIR
 
     @property
-    def dictionaries(self) -> Path:
+    def dictionaries(self) -> RootT:
+        """Frequency and stable ids' value -> id tables (``dictionaries_of`` for any mode's)."""
         return self.parquet / DICTIONARIES_DIR
 
+    def dictionaries_of(self, mode: IdMode) -> RootT | None:
+        """Where ``mode``'s value -> id tables are (None: it has none)."""
+        return dictionaries_under(self.parquet, mode)
+
     @property
-    def dictionary_index(self) -> Path:
+    def dictionary_index(self) -> RootT:
         """value → id of every column as memory-mapped hash tables (the Arrow engine's
         transform reads them; spark_jobs.engines.arrow.dictionary_index)."""
         return self.parquet / "dictionary_index"
 
     @property
-    def export(self) -> Path:
+    def export(self) -> RootT:
         return self.root / "export"
 
     @property
     def latest_export(self) -> Path | None:
         """The newest export version directory (DIR/export/<N>), None before any export."""
-        return latest_export(self.export)
+        export = self.export
+        # exports are written on a node's local side, never at a URL
+        return latest_export(export.local_path() if isinstance(export, Location) else export)
 
     @property
-    def scores(self) -> Path:
+    def scores(self) -> RootT:
         return self.root / "scores"
 
     @property
-    def logs(self) -> Path:
+    def logs(self) -> RootT:
         return self.root / "logs"
 
     @property
-    def manifests(self) -> Path:
+    def manifests(self) -> RootT:
         return self.root / "manifests"
 
     @property
-    def report(self) -> Path:
+    def report(self) -> RootT:
         return self.root / "report"
 
     @property
-    def lock_file(self) -> Path:
+    def lock_file(self) -> RootT:
         return self.root / ".pipeline.lock"

@@ -30,9 +30,14 @@ import socket
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlrm_contracts.errors import ExitCode, PipelineError
 from dlrm_contracts.layout import WorkdirLayout
+
+if TYPE_CHECKING:  # object_lock imports this module for LOCK_TOKEN_ENV
+    from dlrm_contracts.object_lock import ObjectStoreLock
+    from dlrm_contracts.storage import Location
 
 # The environment variable through which the holder's children know its lock (see above).
 LOCK_TOKEN_ENV = "DLRM_WORKDIR_LOCK_TOKEN"
@@ -57,6 +62,8 @@ class WorkdirLock:
     ``who`` names the entry point in the holder's record (the second run's message). Under a
     holder whose token this process inherited, entering takes nothing (``self.guest``).
     """
+
+    lost: PipelineError | None = None  # flock cannot be taken from a live holder (object_lock's can)
 
     def __init__(self, path: Path, who: str = "pipeline"):
         self.path = Path(path)
@@ -121,7 +128,7 @@ class WorkdirLock:
                 ExitCode.USAGE,
             ) from None
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is None:
             return
         if self._previous_env is None:
@@ -141,7 +148,7 @@ def _read_all(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
 
 
-def workdir_lock(workdir, who: str):
+def workdir_lock(workdir: str | Path | Location, who: str) -> WorkdirLock | ObjectStoreLock:
     """The lock of the workdir ``workdir`` (``DIR/.pipeline.lock``): flock for a path, a
     conditional write for a workdir URL (dlrm_contracts.object_lock)."""
     from dlrm_contracts.storage import is_url
@@ -154,7 +161,7 @@ def workdir_lock(workdir, who: str):
     return WorkdirLock(WorkdirLayout.at(workdir).lock_file, who)
 
 
-def output_lock(output: str | Path, who: str):
+def output_lock(output: str | Path, who: str) -> WorkdirLock | ObjectStoreLock:
     """The lock guarding an output directory written as a whole (a binary dataset, scores):
     the lock of the directory it sits in, which is the workdir's for ``DIR/binary``."""
     from dlrm_contracts.storage import is_url, resolve

@@ -25,12 +25,22 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import TypedDict, cast
+
+import pyarrow.fs as pafs
 
 from dlrm_contracts.binary_format import DatasetError
 from dlrm_contracts.storage import Location
 
 COMMIT_MARKER = "_COMMIT.json"
 VERSION_PREFIX = ".v-"
+
+
+class CommitRecord(TypedDict):
+    """What a marker names: its version's prefix and every file in it (name -> size)."""
+
+    version: str
+    files: dict[str, int]
 
 
 def _new_version() -> str:
@@ -65,7 +75,7 @@ def write_marker(final: Location, version: str, files: dict[str, int]) -> None:
     (final / COMMIT_MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def read_marker(final: Location) -> dict | None:
+def read_marker(final: Location) -> CommitRecord | None:
     """The marker's record, None when there is none (nothing committed)."""
     marker = final / COMMIT_MARKER
     try:
@@ -84,7 +94,7 @@ def read_marker(final: Location) -> dict | None:
         and isinstance(record.get("files"), dict)
     ):
         raise DatasetError(f"{marker} does not name a version and its files; run the stage again")
-    return record
+    return cast(CommitRecord, record)  # its shape checked just above
 
 
 def committed_version(final: Location) -> Location | None:
@@ -145,7 +155,7 @@ def download_committed(final: Location, target: Path) -> list[Path]:
     return copied
 
 
-def _local_fs():
+def _local_fs() -> pafs.FileSystem:
     from dlrm_contracts.storage import resolve
 
     return resolve("/").fs

@@ -215,7 +215,7 @@ def _status_bar() -> type:
     comes with a leading comma)."""
     from tqdm import tqdm
 
-    class StatusBar(tqdm):
+    class StatusBar(tqdm):  # type: ignore[misc]  # tqdm ships no types: its class is Any here
         status = ""
 
         @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from dlrm_contracts.errors import UsageError
 
@@ -83,11 +83,13 @@ _WHY = (
 )
 
 
-def refuse_secret_settings(settings: Mapping | Iterable, where: str) -> None:
+def refuse_secret_settings(settings: Mapping[str, object] | Iterable[str], where: str) -> None:
     """Refuse (exit 2) the first setting whose name says it holds a secret or, given a mapping,
     whose value carries one (``secret_in_value``); the message names the setting and never
     its value."""
-    items = settings.items() if isinstance(settings, Mapping) else ((n, None) for n in settings)
+    items: Iterable[tuple[str, object]] = (
+        settings.items() if isinstance(settings, Mapping) else ((n, None) for n in settings)
+    )
     for name, value in items:
         if secret_setting(str(name)):
             raise SecretSettingError(f"{where}: {name} looks like a secret (by its name): {_WHY}")
@@ -96,7 +98,7 @@ def refuse_secret_settings(settings: Mapping | Iterable, where: str) -> None:
             raise SecretSettingError(f"{where}: {name} {why}: {_WHY}")
 
 
-def refuse_secret_values(values: Mapping, where: str) -> None:
+def refuse_secret_values(values: Mapping[str, object], where: str) -> None:
     """Refuse a URL with a password in any string of a nested record (a whole configuration as
     written to effective_config.yaml): paths and URLs are recorded and passed on command
     lines like settings are."""
@@ -108,7 +110,7 @@ def refuse_secret_values(values: Mapping, where: str) -> None:
                 )
 
 
-def _strings(value, path: str):
+def _strings(value: object, path: str) -> Iterator[tuple[str, str]]:
     """(dotted path, text) of every string in a nested mapping or list."""
     if isinstance(value, str):
         yield path, value
@@ -131,7 +133,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return False
-    addresses = {info[4][0].split("%", 1)[0] for info in infos}
+    addresses = {str(info[4][0]).split("%", 1)[0] for info in infos}
     return bool(addresses) and all(_loopback_address(a) for a in addresses)
 
 

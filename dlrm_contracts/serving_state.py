@@ -83,14 +83,19 @@ def read_state(export_dir: str | Path) -> ServingState:
     pinned, held, verified = data.get("pinned", []), data.get("held"), data.get("verified", {})
     if not isinstance(pinned, list) or not isinstance(verified, dict):
         raise _damaged(path, "'pinned' must be a list and 'verified' a mapping")
-    state = ServingState(
-        {_version(v) for v in pinned},
-        _version(held) if held is not None else None,
-        {_version(k): str(t) for k, t in verified.items()},
+    return ServingState(
+        {_recorded_version(v, path) for v in pinned},
+        _recorded_version(held, path) if held is not None else None,
+        {_recorded_version(k, path): str(t) for k, t in verified.items()},
     )
-    if None in state.pinned or None in state.verified or (held is not None and state.held is None):
+
+
+def _recorded_version(value: object, path: Path) -> int:
+    """``value`` as a version number, or the refusal of the file that records it."""
+    version = _version(value)
+    if version is None:
         raise _damaged(path, "a version that is not a positive integer")
-    return state
+    return version
 
 
 def served_version(state: ServingState, versions: list[int]) -> int | None:
@@ -113,13 +118,13 @@ def protected_versions(state: ServingState, versions: list[int]) -> set[int]:
     return kept
 
 
-def write_state(export_dir: str | Path, state: ServingState) -> dict:
+def write_state(export_dir: str | Path, state: ServingState) -> dict[str, object]:
     """Record ``state`` (with its served version, from the versions on disk now); returns
     what was written. Entries of versions no longer on disk are dropped, except pins, which
     only a user removes."""
     versions = [v for v, _ in export_versions(export_dir)]
     held = state.held if state.held in versions else None
-    record = {
+    record: dict[str, object] = {
         "format_version": FORMAT_VERSION,
         "held": held,
         "pinned": sorted(state.pinned),

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dlrm_contracts.atomic import atomic_file
 from dlrm_contracts.binary_format import DatasetError, unreadable_parquet
 from dlrm_contracts.layout import DATASET_JSON
 from dlrm_contracts.errors import ExitCode
@@ -43,6 +44,26 @@ class CountHistogram:
         """Table size (values kept + 1) of every column under a threshold spec."""
         spec = parse_threshold_spec(spec)
         return {c: self.values_kept(c, spec.effective(c)) + 1 for c in CAT_COLUMNS}
+
+
+def write_histogram(
+    histogram: dict[str, list[tuple[int, int]]], counts_dir: str | Path
+) -> dict[str, list[tuple[int, int]]]:
+    """Store (column, count, num_values) as one small parquet file, columns in their order and
+    counts ascending (both engines write the same bytes); returns it sorted the same way. The
+    one writer of what :func:`read_histogram` reads."""
+    ordered = {c: sorted(histogram.get(c, [])) for c in CAT_COLUMNS}
+    rows = [(c, count, n) for c in CAT_COLUMNS for count, n in ordered[c]]
+    table = pa.table(
+        {
+            "column": pa.array([r[0] for r in rows], pa.string()),
+            "count": pa.array([r[1] for r in rows], pa.int64()),
+            "num_values": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
+    with atomic_file(histogram_path(counts_dir)) as tmp:
+        pq.write_table(table, tmp)
+    return ordered
 
 
 def read_histogram(counts_dir: str | Path) -> CountHistogram:

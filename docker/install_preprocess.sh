@@ -30,6 +30,9 @@ case "${1:-}" in
     mkdir -p /opt/spark/examples/src/main/scripts
     install -m 0755 docker/spark/getGpusResources.sh /opt/spark/examples/src/main/scripts/getGpusResources.sh
     "$VENV/bin/python" -m spark_jobs --help >/dev/null
+    # The driver JVM's class-data archive (docs/spark_jobs.md): jobs start without it if not.
+    "$VENV/bin/python" -m spark_jobs.build_archive >/dev/null ||
+      echo "install_preprocess.sh: WARNING: no Spark class-data archive: jobs start without it" >&2
     ;;
   *)
     echo "usage: $0 deps|project" >&2

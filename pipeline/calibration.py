@@ -225,7 +225,7 @@ def convert_rows_per_s(rows: int = 50_000) -> float:
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(2)
-    columns = {f"I{i}": rng.random(rows, dtype=np.float32) * 100 for i in range(1, 14)}
+    columns: dict[str, np.ndarray] = {f"I{i}": rng.random(rows, dtype=np.float32) * 100 for i in range(1, 14)}
     columns.update({f"C{i}": rng.integers(0, 100_000, rows, dtype=np.int32) for i in range(1, 27)})
     table = pa.table(columns)
     sink = io.BytesIO()

@@ -19,7 +19,7 @@ from typing import Any
 
 from dlrm_contracts.atomic import open_append, write_json_atomic
 from dlrm_contracts.storage import Location
-from pipeline.fingerprint import stable_hash
+from dlrm_contracts.fingerprint import stable_hash
 
 log = logging.getLogger("pipeline")
 _warned: set[str] = set()  # damaged records already reported in this run

@@ -254,7 +254,7 @@ def disk_needs(
         partials=partials,
         shuffle_dir=shuffle_dir,
         shuffle_on_workdir=shuffle_on_workdir,
-        shuffle_free=free_bytes(shuffle_dir) if own_disk else None,
+        shuffle_free=free_bytes(shuffle_dir) if own_disk and shuffle_dir is not None else None,
     )
 
 

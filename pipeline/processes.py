@@ -17,7 +17,7 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from dlrm_contracts.atomic import open_append
 
@@ -70,6 +70,7 @@ class StageLog:
 
     def __init__(self, path: Path):
         self.path = path
+        self._fh: TextIO | None = None
         try:
             self._fh = open_append(path, buffering=1)  # never through a planted link
         except OSError as exc:
@@ -91,6 +92,8 @@ class StageLog:
             self._give_up(exc)
 
     def _close_quietly(self) -> None:
+        if self._fh is None:
+            return
         try:
             self._fh.close()
         except OSError:

@@ -9,10 +9,9 @@ a terminal), also while the stage reports nothing (start-up, a stage without rep
 log never goes quiet for longer. The file stays after the run: the record the ETA is checked
 from.
 
-It also counts the stage's CPU seconds on this machine: this process's own, plus its children's
-(sampled process by process while they run, since a JVM whose parent never waits for it is
-missing from the kernel's accounting of children, and the kernel's figure after they end,
-which holds the short-lived ones the sampling missed; the larger of the two).
+It also counts the stage's CPU seconds on this machine: this process's own, plus its
+descendants', from samples process by process while they run and the kernel's figure for the
+children that ended (see :class:`CpuMeter`).
 """
 
 from __future__ import annotations
@@ -77,17 +76,27 @@ class BarAwareStreamHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+Key = tuple[int, float]  # (pid, start time): a process, even after its pid is reused
+
+
 class CpuMeter:
-    """CPU seconds used on this machine since it was made, this process and its descendants."""
+    """CPU seconds used on this machine since it was made, by this process and its descendants.
+
+    Parts that never overlap: this process; the descendants running at the end (their CPU
+    since the meter was made); this process's own children that ended meanwhile, which the
+    kernel adds to its RUSAGE_CHILDREN when they are waited for, with what their own waited
+    children used (so a child that lives between two samples still counts); and the deeper
+    descendants that ended under a parent still running (a Python worker under a Spark JVM),
+    whose last sample is all there is of them."""
 
     def __init__(self):
         self._me = psutil.Process()
         self._own = self._own_seconds()
         self._waited = self._children_seconds()
-        self._seen: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+        self._last: dict[Key, tuple[float, int]] = {}  # the last sample: CPU seconds, parent pid
         # Descendants already running (a test's Spark JVM, say) count from now, not from birth.
-        self.sample()
-        self._before, self._seen = self._seen, {}
+        self._before = self._descendants()
+        self._last.update(self._before)
 
     def _own_seconds(self) -> float:
         t = self._me.cpu_times()
@@ -98,25 +107,45 @@ class CpuMeter:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    def sample(self) -> None:
+    def _descendants(self) -> dict[Key, tuple[float, int]]:
+        """Every descendant running now: its CPU seconds and its parent's pid."""
+        found = {}
         for child in self._me.children(recursive=True):
             try:
                 with child.oneshot():
                     t = child.cpu_times()
-                    self._seen[(child.pid, child.create_time())] = t.user + t.system
+                    found[(child.pid, child.create_time())] = (t.user + t.system, child.ppid())
             except psutil.Error:
                 continue
+        return found
+
+    def sample(self) -> None:
+        self._last.update(self._descendants())
 
     def seconds(self) -> float:
-        self.sample()
-        seen = sum(cpu - self._before.get(key, 0.0) for key, cpu in self._seen.items())
-        # Children reaped meanwhile are in RUSAGE_CHILDREN whole, the ones already running too.
+        running = self._descendants()
+        self._last.update(running)
+
+        def since_start(key: Key) -> float:
+            return self._last[key][0] - self._before.get(key, (0.0, 0))[0]
+
+        ended = {key: parent for key, (_, parent) in self._last.items() if key not in running}
+        own_ended = {key for key, parent in ended.items() if parent == self._me.pid}
+        own_ended_pids = {pid for pid, _ in own_ended}
+        # Own children already running at the start are in RUSAGE_CHILDREN whole, from birth.
         reaped = (
             self._children_seconds()
             - self._waited
-            - sum(cpu for key, cpu in self._before.items() if key not in self._seen)
+            - sum(self._before[k][0] for k in own_ended & self._before.keys())
         )
-        return round(self._own_seconds() - self._own + max(seen, reaped), 2)
+        # Under a parent that has ended too, a descendant is in that parent's account already.
+        orphaned = sum(
+            since_start(key)
+            for key, parent in ended.items()
+            if key not in own_ended and parent not in own_ended_pids
+        )
+        still_running = sum(since_start(key) for key in running)
+        return round(self._own_seconds() - self._own + still_running + max(reaped, 0.0) + orphaned, 2)
 
 
 class StageWatch:

@@ -42,7 +42,7 @@ from dlrm_contracts.layout import (
 from dlrm_contracts.object_commit import COMMIT_MARKER, committed_files, is_committed
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import Location, resolve
-from pipeline.fingerprint import stable_hash
+from dlrm_contracts.fingerprint import stable_hash
 from pipeline.remote_models import (
     CHECKPOINTS,
     EXPORTS,
@@ -265,7 +265,7 @@ class RemoteWorkdir:
         return hashlib.sha256(marker).hexdigest()[:16] if marker is not None else "missing"
 
     def dataset_hash(self) -> str:
-        """As pipeline.fingerprint.file_content_hash of the published dataset.json."""
+        """As dlrm_contracts.fingerprint.file_content_hash of the published dataset.json."""
         description = self.binary_description()
         return hashlib.sha256(description).hexdigest()[:16] if description is not None else "missing"
 

@@ -34,7 +34,7 @@ from dlrm_contracts.superseded import superseded_runs
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline import preflight
 from pipeline.diskspace import as_disk_full, fullest
-from pipeline.fingerprint import file_stats
+from dlrm_contracts.fingerprint import file_stats
 from pipeline.manifest import ManifestStore, StageRecord, read_record
 from pipeline.processes import terminate_current_child
 from pipeline.progress import BarAwareStreamHandler, ConsoleFilter, StageWatch, make_display
@@ -427,7 +427,7 @@ def run_pipeline(config: PipelineConfig) -> int:
     )
     _check_raw_input(run)
     # its children (the wings) run under this lock: they inherit its token (dlrm_contracts.lock)
-    with workdir_lock(url, "pipeline") if url else WorkdirLock(layout.lock_file, "pipeline"):
+    with workdir_lock(url, "pipeline") if url else WorkdirLock(layout.lock_file, "pipeline") as lock:
         install_signal_handlers()
         log.info("workdir %s, stages %s, log %s", url or layout.root, ",".join(run.wanted), log_path)
         if url:
@@ -440,7 +440,7 @@ def run_pipeline(config: PipelineConfig) -> int:
                 run.remote.pull_records()
             _run_stages(run)
         except Exception as exc:  # noqa: BLE001 — sorted by _record_failure: known kinds, a bug
-            _record_failure(run, exc)
+            _record_failure(run, lock.lost or exc)  # a lock taken over interrupts the run
         finally:
             _close_run(run)
     if run.remote:
@@ -560,7 +560,7 @@ def _close_run(run: RunState) -> None:
     )
     _save_quietly("summary.json", lambda: write_json_atomic(run.layout.root / "summary.json", summary))
     _write_report_safely(run.layout)
-    if run.remote:
+    if run.remote and run.code != ExitCode.LOCKED:  # a run whose lock was taken over writes no more there
         if run.running is not None:  # what a failed or stopped stage kept is not lost either
             _publish_quietly(run.remote, run.running[0])
         _save_quietly(f"the records at {run.remote.root}", run.remote.push_records)

@@ -33,9 +33,9 @@ def _versions(layout: WorkdirLayout) -> list[int]:
     return [v for v, _ in export_versions(layout.export)]
 
 
-def _existing(layout: WorkdirLayout, version: int) -> int:
+def _existing(layout: WorkdirLayout, version: int | None) -> int:
     versions = _versions(layout)
-    if version not in versions:
+    if version is None or version not in versions:
         listed = ", ".join(map(str, versions)) or "none"
         raise UsageError(f"no export version {version} in {layout.export} (versions: {listed})")
     return version

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from converters.api import (
-    REMOVED_BY_LEAN_MODE,
     ConvertRequest,
+    Published,
     convert_workdir,
+    derivable_from_binary,
+    lean_record,
     listed,
-    remove_parquet_splits,
+    parquet_fingerprint,
 )
 from dlrm_contracts.byte_units import human_bytes
 from dlrm_contracts.atomic import is_complete, write_json_atomic
@@ -58,13 +60,8 @@ from dlrm_contracts.storage import is_url
 from dlrm_contracts.superseded import set_aside
 from dlrm_contracts.thresholds import ThresholdSpec, parse_threshold_spec
 from dlrm_contracts.verify import verify_dataset
-from pipeline.fingerprint import (
-    changed_files,
-    file_content_hash,
-    input_fingerprint,
-    stable_hash,
-    tree_fingerprint,
-)
+from dlrm_contracts.fingerprint import file_content_hash, stable_hash, tree_fingerprint
+from pipeline.fingerprint import changed_files, input_fingerprint
 from pipeline.hosts import horovodrun_hosts
 from pipeline.manifest import ManifestStore, read_record
 from pipeline.processes import KNOWN_ERROR, run_child
@@ -233,16 +230,10 @@ def _preprocess_inputs(ctx: StageContext) -> dict[str, Any]:
     }
 
 
-def _parquet_fingerprint(ctx: StageContext, ignore: tuple[str, ...] = ()) -> str:
+def _parquet_fingerprint(ctx: StageContext) -> str:
     if ctx.remote is not None:
         return ctx.remote.parquet_fingerprint()
-    ignore = (ctx.layout.parquet_removed.name, *ignore)
-    return stable_hash(
-        [
-            file_content_hash(ctx.layout.parquet / PREPROCESS_JSON),
-            tree_fingerprint(ctx.layout.parquet, ignore=ignore),
-        ]
-    )
+    return parquet_fingerprint(ctx.layout)
 
 
 def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
@@ -250,10 +241,7 @@ def _parquet_removed(ctx: StageContext) -> dict[str, Any] | None:
     workdir URL, whose splits stay published)."""
     if ctx.remote is not None:
         return None
-    record = read_record(ctx.layout.parquet_removed)
-    if record and record.get("remaining") == _parquet_fingerprint(ctx):
-        return record
-    return None
+    return lean_record(ctx.layout, read_record(ctx.layout.parquet_removed))
 
 
 def _preprocess_outputs(ctx: StageContext) -> str:
@@ -273,7 +261,7 @@ def _preprocess_satisfied(ctx: StageContext) -> Outcome | None:
     made_at = _parquet_spec(ctx)
     if not previous or made_at is None:
         return None
-    if _parquet_removed(ctx) and not _derivable_from_binary(ctx):
+    if _parquet_removed(ctx) and not derivable_from_binary(ctx.layout, ctx.threshold):
         return None  # the splits are gone and the binary dataset cannot serve: Spark again
     wanted = _preprocess_inputs(ctx)
     same_data = all(previous["inputs"].get(k) == v for k, v in wanted.items() if k != "threshold")
@@ -360,36 +348,13 @@ def _convert_outputs(ctx: StageContext) -> str:
     )
 
 
-def _binary_spec(ctx: StageContext) -> ThresholdSpec | None:
-    if not is_complete(ctx.layout.binary):
-        return None
-    return _recorded_spec(read_record(ctx.layout.binary / DATASET_JSON))
-
-
-def _derivable_from_binary(ctx: StageContext) -> bool:
-    """Whether the requested threshold is a raise of the binary dataset's (no parquet needed)."""
-    have = _binary_spec(ctx)
-    return have is not None and ctx.threshold.is_at_least(have)
-
-
-def _drop_parquet_when_lean(ctx: StageContext) -> dict[str, Any] | None:
-    """keep_parquet: false — the splits removed once the binary dataset verifies
-    (converters.api), recorded by the parquet's identity so that the stages made from them
-    stay up to date; the preprocess manifest says so too."""
-    if ctx.config.preprocess.keep_parquet:
-        return None
-    record = remove_parquet_splits(
-        ctx.layout,
-        lambda: {
-            "fingerprint": _preprocess_outputs(ctx),
-            "remaining": _parquet_fingerprint(ctx, ignore=REMOVED_BY_LEAN_MODE),
-        },
-    )
+def _note_parquet_removed(ctx: StageContext, record: dict[str, Any] | None) -> None:
+    """The lean mode's removal (converters.api) in the preprocess manifest's summary too; its
+    key and fingerprint are unchanged, so the stages made from the splits stay up to date."""
     previous = ctx.manifests.load("preprocess")
-    if record and previous:  # its key and fingerprint are unchanged
+    if record and previous:
         previous.setdefault("summary", {})["parquet_removed"] = record
         write_json_atomic(ctx.manifests.manifest_path("preprocess"), previous)
-    return record
 
 
 def _convert_run(ctx: StageContext) -> Outcome:
@@ -397,9 +362,7 @@ def _convert_run(ctx: StageContext) -> Outcome:
         return _convert_at_url(ctx)
     outcome = _convert(ctx)
     outcome.rows = sum((outcome.summary.get("rows") or {}).values()) or None
-    removed = _drop_parquet_when_lean(ctx)
-    if removed:
-        outcome.summary = {**outcome.summary, "parquet_removed": removed}
+    _note_parquet_removed(ctx, outcome.summary.get("parquet_removed"))
     return outcome
 
 
@@ -413,11 +376,6 @@ def _convert_at_url(ctx: StageContext) -> Outcome:
         fetched = remote.fetch_parquet(layout.parquet)
         remote.fetch_histogram(layout.counts)
     log.info("convert    %.1f MiB of published parquet copied from %s", fetched / 2**20, remote.parquet)
-    if layout.binary.exists() and (
-        not (layout.binary / DATASET_JSON).is_file()
-        or (layout.binary / DATASET_JSON).read_bytes() != remote.binary_description()
-    ):
-        shutil.rmtree(layout.binary)  # not the published dataset: never derived from
     try:
         outcome = _convert(ctx)
     finally:
@@ -453,10 +411,18 @@ def _convert_request(ctx: StageContext) -> ConvertRequest:
         if isinstance(recorded, dict)
         else None,
         splits_removed=read_record(ctx.layout.parquet_removed),
-        source=str(ctx.remote.parquet) if ctx.remote else None,
-        # a derived dataset names the published source and counts, of which the local side
-        # holds copies
-        recorded_as=(str(ctx.remote.binary), str(ctx.remote.root / "counts")) if ctx.remote else None,
+        keep_parquet=ctx.config.preprocess.keep_parquet,
+        published=_published(ctx.remote) if ctx.remote else None,
+    )
+
+
+def _published(remote: RemoteWorkdir) -> Published:
+    """What the URL holds; a derived dataset names the published source and counts, of which
+    the local side holds copies."""
+    return Published(
+        source=str(remote.parquet),
+        recorded_as=(str(remote.binary), str(remote.root / "counts")),
+        description=remote.binary_description(),
     )
 
 

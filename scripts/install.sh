@@ -29,6 +29,33 @@ stamp_value() {
   cat "$ROOT/pyproject.toml" "$ROOT/scripts/install.sh" | sha256sum | cut -c1-16
 }
 
+# Azurite, the Azure Storage emulator the cloud tests run against (tests/cloud_emulators.py):
+# a Node program from the npm registry at the versions scripts/azurite/package-lock.json pins,
+# installed in .tools/azurite (npm's own cache keeps the downloads). Quick when that lock is
+# the one installed; without npm, a warning (the Azure tests then skip, saying so).
+install_azurite() {
+  local tools="$ROOT/.tools/azurite" lock="$ROOT/scripts/azurite/package-lock.json"
+  if cmp -s "$lock" "$tools/package-lock.json" && [[ -x "$tools/node_modules/.bin/azurite-blob" ]]; then
+    return
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    log "WARNING: npm not found: Azurite is not installed and the Azure storage tests will skip (Node.js 18+ brings npm)"
+    return
+  fi
+  log "installing Azurite into $tools"
+  mkdir -p "$tools"
+  cp "$ROOT/scripts/azurite/package.json" "$lock" "$tools/"
+  (cd "$tools" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci of Azurite failed in $tools"
+}
+
+# The Spark driver JVM's class-data archive (spark_jobs/build_archive.py, docs/spark_jobs.md):
+# built once per Java build and set of Spark jars, into the venv; a second or so when it is
+# there. Without it jobs start as before, so a failed build is a warning.
+build_class_archive() {
+  (cd "$ROOT" && "$VENV/bin/python" -m spark_jobs.build_archive >/dev/null) ||
+    log "WARNING: the Spark class-data archive was not built: Spark jobs start without it"
+}
+
 STAMP="$VENV/.criteo-dlrm-installed"
 # --record-installed: the environment was installed another way (the train image's build stage,
 # from hash-pinned locks, docker/Dockerfile.train): only check Horovod is there and stamp it.
@@ -38,7 +65,9 @@ if [[ "${1:-}" == "--record-installed" ]]; then
   log "recorded $VENV as installed"
   exit 0
 fi
+install_azurite
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_value)" && -x "$VENV/bin/horovodrun" ]]; then
+  build_class_archive
   exit 0
 fi
 
@@ -105,4 +134,5 @@ grep -q '\[X\] Gloo' <<<"$CHECK" || die "Horovod was not built with Gloo:"$'\n'"
 log "Horovod $HOROVOD_VERSION reports TensorFlow and Gloo"
 
 stamp_value >"$STAMP"
+build_class_archive
 log "environment ready: $VENV"

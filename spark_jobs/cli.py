@@ -146,19 +146,25 @@ def _preprocess(args: argparse.Namespace) -> int:
     spark, preprocess = configs_from_args(args)
     from spark_jobs.preprocess import engine_name, input_tasks, run_preprocess
     from spark_jobs.progress import PreprocessProgress
-    from spark_jobs.session import check_spark_config
+    from spark_jobs.session import check_spark_config, stop_session
 
     check_spark_config(spark)  # bad settings: exit 2 before the workdir is touched
     config = load_config(args.config)
     tasks = partial(input_tasks, engine_name(preprocess, spark), cfg=preprocess)
-    with (
-        workdir_lock(args.workdir, "spark_jobs"),
-        PreprocessProgress(
-            args.input, args.workdir, preprocess, config.progress, tasks, config.preflight.sample_bytes
-        ) as progress,
-    ):
-        summary = run_preprocess(
-            args.input, args.workdir, spark, preprocess, retransform=args.retransform, progress=progress
-        )
+    with workdir_lock(args.workdir, "spark_jobs"):
+        try:
+            with PreprocessProgress(
+                args.input, args.workdir, preprocess, config.progress, tasks, config.preflight.sample_bytes
+            ) as progress:
+                summary = run_preprocess(
+                    args.input,
+                    args.workdir,
+                    spark,
+                    preprocess,
+                    retransform=args.retransform,
+                    progress=progress,
+                )
+        finally:
+            stop_session()  # inside the lock: the application is part of the job
     print(json.dumps(summary, separators=(",", ":")))
     return 0

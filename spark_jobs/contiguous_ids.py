@@ -88,18 +88,31 @@ def merge_first_seen(parts):
 
 
 class ContiguousIds:
-    """A transform's ids (``lookup_into``, the dictionary index's call) under contiguous ids,
-    by the rule of ``dlrm_contracts.contiguous_ids`` (the served model's too): a missing value
-    looked up as ``MISSING_VALUE``, an absent one (rare) is ``RARE_ID``, then the caps."""
+    """A transform's ids (``lookup_into``, the dictionary index's call) read through the
+    dictionary index by a mode's rule (``IdMode.missing_value`` and ``rare_id``; by default
+    contiguous ids', that of ``dlrm_contracts.contiguous_ids``, which the served model keeps
+    too): a missing value looked up as ``missing_value`` (None: left to the index, id 0), an
+    absent one (rare) is ``rare_id``, then the caps."""
 
-    def __init__(self, index, caps: tuple[int, ...] | None):
+    def __init__(
+        self,
+        index,
+        caps: tuple[int, ...] | None,
+        missing_value: int | None = MISSING_VALUE,
+        rare_id: int = RARE_ID,
+    ):
         self.index = index
         # int64: a cap may be 2**31 (MAX_CAP), one above int32's range
         self.caps = None if caps is None else np.asarray(caps, np.int64).reshape(-1, 1)
+        self.missing_value = missing_value
+        self.rare_id = rare_id
 
     def lookup_into(self, values: np.ndarray, out: np.ndarray) -> None:
-        self.index.lookup_into(np.where(values < 0, MISSING_VALUE, values), out)
-        out[out == 0] = RARE_ID
+        if self.missing_value is not None:
+            values = np.where(values < 0, self.missing_value, values)
+        self.index.lookup_into(values, out)
+        if self.rare_id:
+            out[out == 0] = self.rare_id
         if self.caps is not None:
             out[...] = np.remainder(out, self.caps)
 

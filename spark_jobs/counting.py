@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 from dlrm_contracts import workdir_io
-from dlrm_contracts.atomic import atomic_file, fsync_tree
-from dlrm_contracts.layout import COUNT_VALUES_DIR, DAYS_JSON, histogram_path
-from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.atomic import fsync_tree
+from dlrm_contracts.layout import COUNT_VALUES_DIR, DAYS_JSON
 from spark_jobs.inputs import DayFile
 from spark_jobs.stats import DayStats
 
@@ -129,26 +128,3 @@ def write_days_json(
         {"format_version": DAYS_FORMAT_VERSION, "max_line_bytes": max_line_bytes, "days": entries},
         sort_keys=False,
     )
-
-
-def write_histogram_file(
-    histogram: dict[str, list[tuple[int, int]]], counts_dir: Path
-) -> dict[str, list[tuple[int, int]]]:
-    """Store (column, count, num_values) as one small parquet file, columns in their order and
-    counts ascending (both engines write the same bytes); returns it sorted the same way."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    ordered = {c: sorted(histogram.get(c, [])) for c in CAT_COLUMNS}
-    rows = [(c, count, n) for c in CAT_COLUMNS for count, n in ordered[c]]
-    table = pa.table(
-        {
-            "column": pa.array([r[0] for r in rows], pa.string()),
-            "count": pa.array([r[1] for r in rows], pa.int64()),
-            "num_values": pa.array([r[2] for r in rows], pa.int64()),
-        }
-    )
-    path = histogram_path(counts_dir)
-    with atomic_file(path) as tmp:
-        pq.write_table(table, tmp)
-    return ordered

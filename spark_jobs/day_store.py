@@ -214,15 +214,20 @@ def clear_leftovers(layout: WorkdirLayout) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class TransformedWith:
+    """What a run transforms its days with, the same for each day and recorded in its
+    day.json: the settings, the dictionaries' lineage and table sizes (the ids as of this
+    run), and the key its statistics were read under (``stats_key``)."""
+
+    cfg: PreprocessConfig
+    lineage: str
+    sizes: dict[str, int]
+    key: str | None = None
+
+
 def commit_day(
-    layout: WorkdirLayout,
-    day: DayFile,
-    role: str,
-    cfg: PreprocessConfig,
-    lineage: str,
-    sizes: dict[str, int],
-    stats: DayStats,
-    key: str | None = None,
+    layout: WorkdirLayout, day: DayFile, role: str, stats: DayStats, run: TransformedWith
 ) -> dict[str, int]:
     """The staged day (its split folders written) gets its record and replaces the stored
     one. Returns its rows per split."""
@@ -241,17 +246,17 @@ def commit_day(
             "file": day.name,
             "fingerprint": day.fingerprint(),
             "role": role,
-            "settings": day_settings(cfg),
-            "lineage": lineage,
+            "settings": day_settings(run.cfg),
+            "lineage": run.lineage,
             # names this transform of the day: the converter reuses a day's binary
             # only while the token it converted is the one linked
             "token": uuid.uuid4().hex,
             # the ids it was transformed with ("as of"): values kept later are 0 here
-            "table_sizes": sizes,
+            "table_sizes": run.sizes,
             "rows": rows,
             # the count pass's statistics of the day: a run reusing it does not read it
             "stats": asdict(stats),
-            "stats_key": key,
+            "stats_key": run.key,
             "transformed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
         sort_keys=False,

@@ -15,3 +15,8 @@ from dlrm_contracts.thresholds import ThresholdSpec
 def table_sizes(histogram: dict[str, list[tuple[int, int]]], spec: ThresholdSpec) -> dict[str, int]:
     """k + 1 per column (id 0 is rare-or-missing), from the count histogram alone."""
     return {c: 1 + sum(n for count, n in histogram[c] if count >= spec.effective(c)) for c in CAT_COLUMNS}
+
+
+def sizes_of_kept(kept: dict[str, int]) -> dict[str, int]:
+    """k + 1 per column from the values given ids 1..k (an engine's numbering's answer)."""
+    return {c: kept[c] + 1 for c in CAT_COLUMNS}

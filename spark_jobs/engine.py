@@ -8,12 +8,14 @@ blocks of lines; the default on CPUs) and ``spark_jobs.engines.sql.engine.SqlEng
 SQL expressions only; what the RAPIDS accelerator runs). Each is constructed as
 ``Engine(session, days, cfg)``.
 
-The contract is structural (``typing.Protocol``): the engines do not import it, and neither
-engine imports the other (import-linter checks both, pyproject.toml).
+The contract is structural (``typing.Protocol``): the engines import only its numbering types
+(``Numbering``), and neither engine imports the other (import-linter checks both,
+pyproject.toml).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +26,43 @@ if TYPE_CHECKING:
 
 # (count, number of values with that count) per categorical column, counts ascending
 Histogram = dict[str, list[tuple[int, int]]]
+
+
+# How the dictionaries phase numbers the values: one type per rule, holding what that rule
+# reads. The job picks the run's mode's (spark_jobs.preprocess.STEPS); an engine implements
+# each rule and never asks which mode the run is in.
+@dataclass(frozen=True)
+class ByCount:
+    """Frequency ids: each column's values kept at ``spec`` numbered 1..k by count
+    descending, from the totals ``count_totals`` summed (and prepared for ``spec``);
+    ``sizes``: the table sizes the histogram gives at ``spec`` (k + 1 per column)."""
+
+    spec: ThresholdSpec
+    sizes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class AfterPrevious:
+    """Stable ids (``spark_jobs.stable_ids``): the previous dictionaries
+    (``use_previous_dictionaries``) keep their ids, this run's newcomers kept at ``spec`` are
+    numbered by count after each column's last id, and the result replaces the dictionaries
+    (``stable_ids.commit``)."""
+
+    spec: ThresholdSpec
+
+
+@dataclass(frozen=True)
+class ByFirstAppearance:
+    """Contiguous ids (``spark_jobs.contiguous_ids``): a read of ``days`` numbers each column's
+    values kept at ``spec`` by first appearance; ``stats``: those days' statistics (where
+    each chunk's lines start, which days parsed fast)."""
+
+    spec: ThresholdSpec
+    stats: dict[int, DayStats]
+    days: list[int]
+
+
+Numbering = ByCount | AfterPrevious | ByFirstAppearance
 
 
 class Engine(Protocol):
@@ -41,8 +80,9 @@ class Engine(Protocol):
         ...
 
     def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
-        """Modulo ids: every day's statistics (those of ``count``), with no value counted or
-        stored (``counts_dir``: where a pass may keep its temporaries)."""
+        """For a mode that counts no values (``IdMode.counts_values`` false): every day's
+        statistics (those of ``count``), with no value counted or stored (``counts_dir``:
+        where a pass may keep its temporaries)."""
         ...
 
     def write_rejects(self, stats: dict[int, DayStats], out_dir: Path) -> None:
@@ -55,8 +95,8 @@ class Engine(Protocol):
     ) -> Histogram:
         """Store the recounted days' value counts (if not stored yet), sum the totals over
         ``days`` (None: every day) and return (and store) their count histogram per column.
-        ``frequency_ids``: the threshold of a frequency-ids run, which an engine may use to
-        prepare ``write_dictionaries`` (None under stable ids)."""
+        ``frequency_ids``: the threshold of a ``ByCount`` numbering to come, which an engine
+        may use to prepare it (None before any other)."""
         ...
 
     def finish_counts(self) -> None:
@@ -65,37 +105,16 @@ class Engine(Protocol):
         ...
 
     # ------------------------------------------------------------ dictionaries
-    def write_dictionaries(
-        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
-    ) -> None:
-        """Frequency ids: write the dictionaries (value, id, count per column) into
-        ``dict_dir``; ``sizes`` are the table sizes the histogram gives for ``spec``.
-        ``index_dir``: where an engine that looks ids up without a join keeps its index."""
-        ...
-
-    def write_contiguous_dictionaries(
-        self,
-        spec: ThresholdSpec,
-        stats: dict[int, DayStats],
-        days: list[int],
-        dict_dir: Path,
-        index_dir: Path,
-    ) -> dict[str, int]:
-        """Contiguous ids (``spark_jobs.contiguous_ids``): read ``days`` for each value's first
-        appearance and count, write the dictionaries into ``dict_dir`` (and the index an
-        engine looks ids up in into ``index_dir``); returns the kept values per column."""
-        ...
-
     def use_previous_dictionaries(self, previous: Previous | None) -> None:
-        """Stable ids: the dictionaries this run extends (None: the first run). Called before
-        ``count``."""
+        """The dictionaries an ``AfterPrevious`` numbering extends (None: the first run).
+        Called before ``count``, so that the value ranges are cut for old and new values."""
         ...
 
-    def write_stable_dictionaries(
-        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
-    ) -> dict[str, int]:
-        """Stable ids: extend the previous dictionaries with this run's kept newcomers and make
-        the result ``dict_dir`` (``spark_jobs.stable_ids.commit``); returns the table sizes."""
+    def write_dictionaries(self, numbering: Numbering, dict_dir: Path, index_dir: Path) -> dict[str, int]:
+        """The dictionaries phase: number the kept values as ``numbering`` says (the run's mode
+        chose it: ``ByCount``, ``AfterPrevious`` or ``ByFirstAppearance``), write the value ->
+        id tables into ``dict_dir`` and, for an engine that looks ids up without a join, their
+        index into ``index_dir``. Returns the values given an id, per column."""
         ...
 
     # ------------------------------------------------------------ transform pass
@@ -120,4 +139,4 @@ class Engine(Protocol):
         ...
 
 
-__all__ = ["Engine", "Histogram"]
+__all__ = ["AfterPrevious", "ByCount", "ByFirstAppearance", "Engine", "Histogram", "Numbering"]

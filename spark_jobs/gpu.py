@@ -8,6 +8,7 @@ the cluster's CUDA and Spark builds, which only the operator knows.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from dlrm_contracts.config import SparkConfig
@@ -27,10 +28,10 @@ def _discovery_script(spark: SparkConfig) -> str | None:
     return None
 
 
-def rapids_jar(spark: SparkConfig, environ: dict[str, str] | None = None) -> Path:
+def rapids_jar(spark: SparkConfig, environ: Mapping[str, str] | None = None) -> Path:
     """The plugin jar named by the environment, or a PreprocessConfigError saying how to set it."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(spark.gpu_jar_env, "").strip()
+    env = os.environ if environ is None else environ
+    value = env.get(spark.gpu_jar_env, "").strip()
     if not value:
         raise PreprocessConfigError(
             f"--gpu needs the RAPIDS Accelerator jar: set {spark.gpu_jar_env} to the path of "
@@ -42,7 +43,7 @@ def rapids_jar(spark: SparkConfig, environ: dict[str, str] | None = None) -> Pat
     return jar
 
 
-def rapids_conf(spark: SparkConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
+def rapids_conf(spark: SparkConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Spark settings enabling the RAPIDS SQL plugin with GPU scheduling and pinned memory."""
     jar = str(rapids_jar(spark, environ))
     conf = {

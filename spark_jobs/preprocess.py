@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING
 from dlrm_contracts import workdir_io
 from dlrm_contracts.atomic import fsync_tree
 from dlrm_contracts.config import PreprocessConfig, SparkConfig, column_caps
-from dlrm_contracts.id_modes import CONTIGUOUS, FREQUENCY, MODULO, STABLE, IdMode
+from dlrm_contracts.id_modes import CONTIGUOUS, FREQUENCY, ID_MODES, MODULO, STABLE, IdMode
 from dlrm_contracts.layout import PREPROCESS_JSON, SEGMENTS_JSON, SUCCESS, WorkdirLayout
 from dlrm_contracts.schema import SPLITS
 from spark_jobs import counting, day_store, quality, stable_ids
 from spark_jobs.contiguous_ids import table_sizes as contiguous_table_sizes
-from spark_jobs.dictionaries import table_sizes
-from spark_jobs.engine import Engine, Histogram
+from spark_jobs.dictionaries import sizes_of_kept, table_sizes
+from spark_jobs.engine import AfterPrevious, ByCount, ByFirstAppearance, Engine, Histogram
 from spark_jobs.engines.arrow.chunks import input_tasks as arrow_input_tasks
 from spark_jobs.engines.arrow.engine import ArrowEngine
 from spark_jobs.engines.sql.engine import SqlEngine
@@ -67,11 +67,12 @@ if TYPE_CHECKING:
 PREPROCESS_FORMAT_VERSION = 1
 
 
-def published_dictionaries(layout: WorkdirLayout):
-    """Where the dictionaries' tables are: ``layout.dictionaries`` on a path, the committed
+def published_dictionaries(layout: WorkdirLayout, mode: IdMode = FREQUENCY):
+    """Where ``mode``'s dictionaries' tables are: their directory on a path, the committed
     version under it at a URL (its ``_COMMIT.json`` names it; None before any run published
-    them)."""
-    return workdir_io.published_dir(layout.dictionaries)
+    them, and for a mode without dictionaries)."""
+    tables = layout.dictionaries_of(mode)
+    return None if tables is None else workdir_io.published_dir(tables)
 
 
 def run_preprocess(
@@ -143,8 +144,10 @@ def run_preprocess(
 
 def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
     """What a workdir URL does not support, refused (exit 2) before anything is written:
-    stable ids keep their dictionaries' lineage by directory swaps on a filesystem, and the
-    SQL engine settles its splits by renaming Spark's output directories."""
+    stable ids keep their dictionaries' lineage by directory swaps on a filesystem, contiguous
+    ids write their dictionaries with Spark's own parquet writer and build their index on the
+    driver's filesystem, and the SQL engine settles its splits by renaming Spark's output
+    directories."""
     if engine_id == "sql":
         raise PreprocessConfigError(
             "preprocess.engine: sql writes its splits by renaming directories, which a workdir "
@@ -152,10 +155,10 @@ def check_url_workdir(preprocess: PreprocessConfig, engine_id: str) -> None:
             "path (the input may be a URL) (docs/cluster.md §2.0.3)"
         )
     if not preprocess.mode.on_url_workdir:
+        supported = " and ".join(m.name for m in ID_MODES.values() if m.on_url_workdir)
         raise PreprocessConfigError(
-            "preprocess.ids: stable needs a workdir on a filesystem path (its dictionaries are "
-            "extended in place run after run); a workdir URL supports ids: frequency and "
-            "modulo (docs/cluster.md §2.0.3)"
+            f"preprocess.ids: {preprocess.mode.name} needs a workdir on a filesystem path; a "
+            f"workdir URL supports ids: {supported} (docs/cluster.md §2.0.3)"
         )
 
 
@@ -405,10 +408,10 @@ def _frequency_dictionaries(run: RunContext, counted: Counted) -> dict[str, int]
         final = run.layout.dictionaries
         if workdir_io.is_remote(final):
             version = workdir_io.new_version(final)
-            run.engine.write_dictionaries(run.spec, sizes, version, run.layout.dictionary_index)
+            run.engine.write_dictionaries(ByCount(run.spec, sizes), version, run.layout.dictionary_index)
             workdir_io.commit_version(final, version)
         else:
-            run.engine.write_dictionaries(run.spec, sizes, final, run.layout.dictionary_index)
+            run.engine.write_dictionaries(ByCount(run.spec, sizes), final, run.layout.dictionary_index)
         _finish_counted_tables(run, counted, sizes)
     return sizes
 
@@ -416,9 +419,10 @@ def _frequency_dictionaries(run: RunContext, counted: Counted) -> dict[str, int]
 def _stable_dictionaries(run: RunContext, counted: Counted) -> dict[str, int]:
     """Stable ids: the previous dictionaries extended with this run's kept newcomers."""
     with run.timer.stage("dictionaries"):
-        sizes = run.engine.write_stable_dictionaries(
-            run.spec, run.layout.dictionaries, run.layout.dictionary_index
+        kept = run.engine.write_dictionaries(
+            AfterPrevious(run.spec), run.layout.dictionaries, run.layout.dictionary_index
         )
+        sizes = sizes_of_kept(kept)
         _finish_counted_tables(run, counted, sizes)
     return sizes
 
@@ -444,11 +448,9 @@ def _contiguous_dictionaries(run: RunContext, counted: Counted) -> dict[str, int
     cfg = run.cfg
     with run.timer.stage("dictionaries"):
         numbered = run.dictionary_days() or [d.day for d in run.days]
-        kept = run.engine.write_contiguous_dictionaries(
-            run.spec,
-            counted.stats,
-            numbered,
-            run.mode.dictionaries(run.layout.parquet),
+        kept = run.engine.write_dictionaries(
+            ByFirstAppearance(run.spec, counted.stats, numbered),
+            run.layout.dictionaries_of(run.mode),
             run.layout.dictionary_index,
         )
         sizes = contiguous_table_sizes(kept, column_caps(cfg) if cfg.caps is not None else None)
@@ -486,8 +488,9 @@ def _write_splits(run: RunContext, counted: Counted, sizes: dict[str, int]) -> d
     layout, cfg = run.layout, run.cfg
     with run.timer.stage("transform"):
         staging = split_staging(layout.parquet)
-        dictionaries = published_dictionaries(layout) or layout.dictionaries
-        _transform(run, counted, sizes, dictionaries, staging)
+        # (the transform of modulo ids reads no dictionaries)
+        dictionaries = published_dictionaries(layout, run.mode) or layout.dictionaries_of(run.mode)
+        _transform(run, counted, sizes, dictionaries or layout.dictionaries, staging)
         settle_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS}, cfg.compression)
     return {split: rows_in_files(layout.parquet_split(split)) for split in SPLITS}
 
@@ -502,14 +505,16 @@ def _write_day_splits(run: RunContext, counted: Counted, sizes: dict[str, int]) 
         # after the dictionaries' commit: the lineage they were extended under (kept), or a
         # new one when they started over (then every day is in ``work.transform``)
         lineage = stable_ids.lineage(layout.dictionaries)
-        key = day_store.stats_key(run.engine.name, cfg)
+        transformed = day_store.TransformedWith(
+            cfg, lineage, sizes, day_store.stats_key(run.engine.name, cfg)
+        )
         for day, role, _ in work.transform:
             staging = day_store.staging_dir(layout, day.day)
             _transform(run, counted, sizes, layout.dictionaries, staging, [day])
             for split in day_store.ROLE_SPLITS[role]:
                 if not day_store.day_part_files(staging, split):
                     write_empty(staging / split / "part-00000.parquet", cfg.compression)
-            day_store.commit_day(layout, day, role, cfg, lineage, sizes, stats[day.day], key)
+            day_store.commit_day(layout, day, role, stats[day.day], transformed)
         staging = layout.parquet / ".splits-staging"
         segments = day_store.link_splits(layout, run.days, staging)
         move_split_dirs(staging, {s: layout.parquet_split(s) for s in SPLITS})

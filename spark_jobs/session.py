@@ -20,6 +20,7 @@ from pathlib import Path
 from dlrm_contracts.config import SparkConfig
 from dlrm_contracts.secret_file import SecretFileError, read_secret_file
 from dlrm_contracts.security import is_loopback, refuse_secret_settings
+from spark_jobs.class_archive import with_archive
 from spark_jobs.errors import PreprocessConfigError, PreprocessJobError
 from spark_jobs.gpu import rapids_conf
 
@@ -449,6 +450,8 @@ def get_session(spark: SparkConfig):
         # local Python workers run this interpreter, which has the Arrow engine's packages (a
         # cluster's executors use their own: PYSPARK_PYTHON / spark.pyspark.python there)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not submitted:  # spark-submit's JVM has started already
+        settings = with_archive(settings, spark.class_archive)
     os.environ.update(environment)  # inherited by the JVM pyspark starts (none if submitted)
     if spark.event_log_dir:
         _make_event_log_dir(spark)
@@ -465,6 +468,18 @@ def get_session(spark: SparkConfig):
     _check_accepted(spark)
     session.sparkContext.setLogLevel(spark.log_level)
     return session
+
+
+def stop_session() -> None:
+    """Stop the running Spark application, if any, before the process exits. Left to the
+    JVM's shutdown hook, the stop races the Python exit: a caller that sees the process end
+    can still find the event log marked in progress (the History Server then lists the run as
+    incomplete) and the JVM's executors still running."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        context.stop()
 
 
 def _submit_master() -> str:

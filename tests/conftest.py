@@ -4,6 +4,7 @@ unit tier, every test not marked spark, horovod or slow)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_SAMPLE = REPO.parent / "shared" / "data" / "criteo_real_sample.tsv"
+
+# The Spark driver JVMs the tests start in other processes (python -m spark_jobs, spark-submit,
+# the pipeline's preprocess stage) compile with C1 only, as the shared session's does
+# (tests/spark_fixtures.py): on the tests' tiny inputs C2 costs more CPU than it saves.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 # The benchmark scripts are not a package; their tests import them by name.
 sys.path.insert(0, str(REPO / "bench"))
@@ -83,6 +89,18 @@ def spark():
     from spark_fixtures import spark_session
 
     return spark_session()
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory) -> Path:
+    """The trainer tests' planted binary dataset (trainer_helpers.SMALL_ROWS, seed 11), written
+    once per session: the tests only read it."""
+    from trainer.synthetic import write_planted_dataset
+    from trainer_helpers import SMALL_ROWS
+
+    path = tmp_path_factory.mktemp("small") / "binary"
+    write_planted_dataset(path, SMALL_ROWS, seed=11)
+    return path
 
 
 @pytest.fixture(scope="session")

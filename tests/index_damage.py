@@ -301,11 +301,12 @@ def run_damaged_preprocess(kind: str, argv: list[str]) -> int:
     from spark_jobs.cli import main
     from spark_jobs.engines.arrow.engine import ArrowEngine
 
-    write = ArrowEngine.write_dictionaries
+    write = ArrowEngine.__dict__["write_dictionaries"]  # dispatches on the numbering once bound
 
-    def write_then_damage(self, spec, sizes, dict_dir, index_dir):
-        write(self, spec, sizes, dict_dir, index_dir)
+    def write_then_damage(self, numbering, dict_dir, index_dir):
+        kept = write.__get__(self, ArrowEngine)(numbering, dict_dir, index_dir)
         damage_sealed(kind, Path(index_dir))
+        return kept
 
     ArrowEngine.write_dictionaries = write_then_damage
     return main(argv)

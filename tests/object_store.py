@@ -68,20 +68,24 @@ def start_moto(log: Path) -> MotoServer:
         process = subprocess.Popen(
             [str(executable), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
         )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120  # generous: the machine's speed varies
+    wait_until_answering(process, port, "moto_server", log)
+    return MotoServer(f"http://127.0.0.1:{port}", process, log)
+
+
+def wait_until_answering(process: subprocess.Popen, port: int, name: str, log: Path) -> None:
+    """Until ``process`` accepts connections on ``port``; raises (the process killed) if it
+    exits first or does not answer in a generous time (the machine's speed varies)."""
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"{name} exited: {log.read_text()[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+                return
         except OSError:
             time.sleep(0.2)
-    else:
-        process.kill()
-        raise RuntimeError("moto_server did not answer")
-    return MotoServer(endpoint, process, log)
+    process.kill()
+    raise RuntimeError(f"{name} did not answer")
 
 
 def stop_moto(server: MotoServer) -> None:

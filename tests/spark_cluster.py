@@ -1,16 +1,20 @@
 """A real Spark standalone cluster on localhost for the cluster tests: the environment its
 scripts run in, free ports, checked subprocesses, a generated input, and the master plus one
-worker that docker/spark-cluster/start-cluster.sh starts (always stopped afterwards)."""
+worker that docker/spark-cluster/start-cluster.sh starts (always stopped afterwards); and where
+real Spark processes listen (their sockets, read with psutil)."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "docker" / "spark-cluster"
@@ -27,12 +31,61 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+# The tests' master and worker live a minute or two: the JIT's optimising tier (C2) would
+# spend more CPU compiling their code than it saves running it. Their behaviour is the same.
+SHORT_LIVED_DAEMON_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def cluster_env() -> dict[str, str]:
     env = dict(
         os.environ, PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable
     )
     env.pop("SPARK_HOME", None)  # the scripts find the pip PySpark's own
+    env.setdefault("SPARK_DAEMON_JAVA_OPTS", SHORT_LIVED_DAEMON_JAVA_OPTS)
     return env
+
+
+def listening(root_pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket of a process and its descendants."""
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for process in processes:
+        try:
+            connections = process.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {(plain(c.laddr.ip), c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def plain(address: str) -> str:
+    """An IPv4-mapped IPv6 address (Java's IPv4 sockets on a dual stack) as IPv4."""
+    return address.removeprefix("::ffff:") if address.count(".") == 3 else address
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a Java IPv4 socket on a v6 stack
+    return (mapped or ip).is_loopback
+
+
+def spark_env() -> dict[str, str]:
+    """The environment of a Spark script or job started from the tests: the pip PySpark's
+    home, this interpreter, the repo on the path, short-lived daemons."""
+    import pyspark
+
+    return {
+        **os.environ,
+        "SPARK_HOME": os.path.dirname(pyspark.__file__),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_DAEMON_JAVA_OPTS", SHORT_LIVED_DAEMON_JAVA_OPTS),
+    }
 
 
 def run_checked(argv: list[str], timeout: int, cwd: Path | None = None) -> subprocess.CompletedProcess:

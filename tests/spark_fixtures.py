@@ -8,6 +8,7 @@ the same rules.
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import random
 import re
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from dlrm_contracts.config import PreprocessConfig, SparkConfig
+from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import parse_threshold_spec
 
@@ -38,18 +40,32 @@ def spark_session():
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the Arrow engine's workers
 
+        from spark_jobs.class_archive import java_options, select_archive
         from spark_jobs.session import JVM_OPTIONS
 
+        # The tests' inputs are tiny: C2, the optimizing JIT, would spend more CPU compiling
+        # Spark's planner and generated classes than it ever wins back on them. C1 alone
+        # compiles quickly and runs the same bytecode (the JIT changes speed, never results).
+        # The install's class-data archive, as a job's driver maps it (spark.class_archive).
+        archive = java_options(select_archive("auto"))
+        # The session lives through every Spark file of a worker: C1 alone gets a 48 MB code
+        # cache, which that many plans fill (the JIT then stops compiling); room for them all.
+        jvm_options = (
+            f"{JVM_OPTIONS} -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m {archive}".strip()
+        )
         _SESSION = (
             SparkSession.builder.master("local[2]")
             .appName("spark_jobs-tests")
             .config("spark.driver.memory", "2g")
-            .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+            .config("spark.driver.extraJavaOptions", jvm_options)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "4")
             .config("spark.sql.files.maxPartitionBytes", "65536")
             .config("spark.sql.files.openCostInBytes", "0")
+            # a job's local daemon (spark_jobs.session): workers forked with the Arrow engine's
+            # loops loaded and pyspark imported from its package, not from Spark's zip
+            .config("spark.python.daemon.module", "spark_jobs.engines.arrow.python_daemon")
             .getOrCreate()
         )
         _SESSION.sparkContext.setLogLevel("ERROR")
@@ -290,6 +306,14 @@ def sort_key(row: tuple) -> tuple:
     return tuple(float(x) for x in row)
 
 
+def land_day(raw: Path, day: int, lines: list[str]) -> None:
+    """A day file arriving (written aside and renamed in, as a delivery would)."""
+    raw.mkdir(parents=True, exist_ok=True)
+    part = raw / f".day_{day}.part"
+    part.write_text("".join(line + "\n" for line in lines))
+    part.rename(raw / f"day_{day}")
+
+
 def copy_of_run(base: Path, tmp_path: Path) -> tuple[Path, Path]:
     """(raw, work): a copy of a first run's input and workdir under ``base``, the day files with
     their mtimes (their fingerprints, hence what the next run reuses, are those of the original),
@@ -298,3 +322,39 @@ def copy_of_run(base: Path, tmp_path: Path) -> tuple[Path, Path]:
     shutil.copytree(base / "raw", raw)
     shutil.copytree(base / "work", work, symlinks=True)
     return raw, work
+
+
+def check_against_reference(lines: list[list[str]], work, summary, threshold: str) -> None:
+    """Every split, the table sizes and the row counts of a run equal the reference's (the train
+    split as a multiset: its order depends on the shuffle)."""
+    ref = reference_preprocess(lines, threshold)
+    layout = WorkdirLayout.at(work)
+    for split in ("test", "validation"):
+        assert_rows_equal(read_split(layout.parquet_split(split)), ref.splits[split], split)
+    train = read_split(layout.parquet_split("train"))
+    assert_rows_equal(
+        sorted(train, key=sort_key), sorted(ref.splits["train"], key=sort_key), "train (as a multiset)"
+    )
+    assert json.loads(layout.parquet_model_size.read_text()) == ref.sizes
+    assert summary["table_sizes"] == ref.sizes
+    assert summary["rows"] == {s: len(ref.splits[s]) for s in ("train", "test", "validation")}
+
+
+def split_files(work: Path, split: str) -> list:
+    """Each file of the split, in name order, as (its parquet schema, its rows in order)."""
+    files = sorted(WorkdirLayout.at(work).parquet_split(split).glob("part-*.parquet"))
+    return [(str(pq.read_schema(p).remove_metadata()), pq.read_table(p).to_pylist()) for p in files]
+
+
+def canonical_rows(directory: Path) -> list[tuple]:
+    """Every row of a Spark-written parquet or JSON directory, in a canonical order."""
+    if any(directory.rglob("*.json")):
+        rows = [
+            tuple(sorted(json.loads(line).items()))
+            for p in directory.rglob("*.json")
+            for line in p.read_text().splitlines()
+        ]
+    else:
+        table = pq.read_table(directory)
+        rows = [tuple(sorted(r.items())) for r in table.to_pylist()]
+    return sorted(rows, key=repr)

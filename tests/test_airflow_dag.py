@@ -42,7 +42,7 @@ COMMANDS = Path(__file__).with_name("airflow_commands.py")
 DAG_ID = "criteo_dlrm_daily"
 TASK_ID = "run_pipeline"
 STAGES = "preprocess,convert,train,eval,export"  # the DAG's default
-ROWS_PER_DAY = 2500
+ROWS_PER_DAY = 1250
 
 # Small and quick: one rank, a few steps. A daily job's recommended settings (docs/pipeline.md,
 # "Daily runs"): ids that never move, each day's model warm-started from the last and trained

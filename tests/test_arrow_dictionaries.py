@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -226,14 +227,15 @@ def _assert_same_data(arrow: Path, sql: Path) -> None:
     its files (the SQL engine's test/validation files follow its read partitions, which need
     not line up with the halves of a small day)."""
     from dlrm_contracts.layout import WorkdirLayout
-    from test_spark_engines import SPLITS, _rows, _split_files
+    from dlrm_contracts.schema import SPLITS
+    from spark_fixtures import canonical_rows, split_files
 
     for split in SPLITS:
-        rows = [[r for _, rs in _split_files(work, split) for r in rs] for work in (arrow, sql)]
+        rows = [[r for _, rs in split_files(work, split) for r in rs] for work in (arrow, sql)]
         assert rows[0] and rows[0] == rows[1], split
     a, s = WorkdirLayout.at(arrow), WorkdirLayout.at(sql)
     for part in ("counts/values", "parquet/dictionaries", "rejects"):
-        assert _rows(a.root / part) == _rows(s.root / part), part
+        assert canonical_rows(a.root / part) == canonical_rows(s.root / part), part
     for name in (
         "counts/histogram.parquet",
         "counts/days.json",
@@ -254,8 +256,9 @@ GROUP_VALUES = 20
 def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_path, spark):
     """arrow_group_values=20 splits every big column into value ranges (a few values each):
     counts, dictionaries, histogram and every split equal the SQL engine's row for row, and
-    the exactness reference; a rerun with a new day reuses the stored counts of the others."""
-    from test_spark_exactness import check_against_reference
+    the exactness reference; a rerun with a new day reuses the stored counts of the others,
+    its own (grouped) and the SQL engine's, and the SQL engine reads the Arrow engine's."""
+    from spark_fixtures import check_against_reference
 
     days = salted_days(47, 3, ROWS)
     raw = write_days(tmp_path / "raw", days)
@@ -276,17 +279,16 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
     meta = json.loads((tmp_path / "arrow" / "parquet" / "dictionary_index" / "index.json").read_text())
     assert max(len(c["bounds"]) for c in meta["columns"].values()) > 5
     assert arrow["lookups"] == "dictionary index"
+    # the Arrow engine's workdir as its first run left it, for the SQL engine's run below
+    sql_on_arrow = tmp_path / "sql_on_arrow"
+    shutil.copytree(tmp_path / "arrow", sql_on_arrow, symlinks=True)
     # a fourth day: the first three are reused from their stored (grouped) counts
     days.append(salted_days(48, 1, ROWS)[0])
     (raw / "day_3").write_text("".join(line + "\n" for line in days[3]))
     again = arrow_run()
     assert again["days_counted"] == [3] and again["days_reused"] == [0, 1, 2]
-    run(spark, raw, tmp_path / "sql", "2,C7:1", engine="sql", max_reject_rate=0.5)
-    _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
-    # a fifth day, each engine on the other's workdir: the SQL engine's stored counts (a file
-    # per day holding every column) read by the Arrow engine's batched tasks, and the reverse
-    days.append(salted_days(49, 1, ROWS)[0])
-    (raw / "day_4").write_text("".join(line + "\n" for line in days[4]))
+    # each engine on the other's workdir: the SQL engine's stored counts (a file per day
+    # holding every column) read by the Arrow engine's batched tasks, and the reverse
     swapped = run(
         spark,
         raw,
@@ -296,9 +298,10 @@ def test_many_value_groups_give_the_outputs_of_one_and_of_the_sql_engine(tmp_pat
         max_reject_rate=0.5,
         arrow_group_values=GROUP_VALUES,
     )
-    assert swapped["days_counted"] == [4] and swapped["days_reused"] == [0, 1, 2, 3]
-    run(spark, raw, tmp_path / "arrow", "2,C7:1", engine="sql", max_reject_rate=0.5)
-    _assert_same_data(tmp_path / "arrow", tmp_path / "sql")
+    assert swapped["days_counted"] == [3] and swapped["days_reused"] == [0, 1, 2]
+    run(spark, raw, sql_on_arrow, "2,C7:1", engine="sql", max_reject_rate=0.5)
+    _assert_same_data(tmp_path / "arrow", sql_on_arrow)
+    _assert_same_data(tmp_path / "sql", sql_on_arrow)
     check_against_reference(days, tmp_path / "sql", swapped, "2,C7:1")
 
 
@@ -311,6 +314,7 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
     from dlrm_contracts.thresholds import parse_threshold_spec
     from spark_jobs.engines.arrow.engine import ArrowEngine
     from spark_jobs.dictionaries import table_sizes
+    from spark_jobs.engine import ByCount
     from spark_jobs.inputs import discover_days
     from spark_jobs.engines.sql.engine import SqlEngine
 
@@ -326,8 +330,7 @@ def test_the_arrow_engines_transform_plan_has_no_join(tmp_path, spark):
             histogram = engine.count_totals(layout.counts / engine.name, None, frequency_ids=spec)
             sizes = table_sizes(histogram, spec)
             engine.write_dictionaries(
-                spec,
-                sizes,
+                ByCount(spec, sizes),
                 layout.parquet / engine.name / "dictionaries",
                 layout.parquet / engine.name / "index",
             )

@@ -53,7 +53,14 @@ def _outputs(files: dict[str, bytes]) -> dict[str, bytes]:
     }
 
 
-def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
+def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path, monkeypatch):
+    from spark_jobs.engines.arrow import partial_files
+
+    host_dirs: list[Path] = []
+    on_this_host = partial_files.on_this_host
+    monkeypatch.setattr(
+        partial_files, "on_this_host", lambda root: host_dirs.append(on_this_host(root)) or host_dirs[-1]
+    )
     session = spark_session()
     raw = write_days(tmp_path / "raw", random_days(38, 3, 400))
     (raw / "day_2").rename(raw / "day_2.plain")
@@ -71,7 +78,7 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
     assert any(k.startswith("parquet/dictionary_index/") for k in local)
 
     input_url = harness.upload_input(raw, store, "input", store["bucket"])
-    for exchange in ("shuffle", "files"):
+    for exchange in ("shuffle", "files", "local"):
         work = f"s3://{store['bucket']}/work-{exchange}"
         harness.run_engine(
             session, input_url, work, PreprocessConfig(arrow_exchange=exchange, **cfg), chunk_bytes=16 << 10
@@ -80,6 +87,10 @@ def test_engine_on_a_bucket_writes_the_local_run_s_bytes(store, tmp_path):
         assert sorted(remote_files) == sorted(local), exchange
         different = [k for k in remote_files if remote_files[k] != local[k]]
         assert not different, (exchange, different)
+        # the local exchange's partial files and staged dictionary parts went to this host's
+        # disk (a directory each), and are gone
+        assert len(host_dirs) == 2 * (exchange == "local"), exchange
+        assert not any(d.exists() for d in host_dirs)
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["s3-stream", "ranges"])
@@ -237,3 +248,39 @@ def test_the_sizes_of_the_index_and_of_the_stored_counts_come_with_their_listing
     assert sorted(sum(batches, [])) == files and [sum(f[2] for f in b) for b in batches] == [30, 30]
     # one listing for the index and one per day; no HEAD
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["list", "list", "list"]
+
+
+def test_writes_behind_land_every_object_by_the_end_of_their_block(store, tmp_path, monkeypatch):
+    """Inside ``writes_behind`` the merge and dictionary tasks' writes return at once; when the
+    block ends every object is in the store whole, one PUT each, and a nested block waits
+    with the outer one."""
+    from spark_jobs.engines.arrow import remote
+
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv(remote.IO_LOG_ENV, str(log))
+    base = f"s3://{store['bucket']}/behind"
+    local = tmp_path / "part.bin"
+    local.write_bytes(b"uploaded" * 1000)
+    objects = {f"{base}/o-{k:02d}": bytes([k]) * (1000 + 997 * k) for k in range(20)}
+    with remote.writes_behind(threads=3, pending=4):
+        for url, data in objects.items():
+            remote.write_bytes(url, data)
+        with remote.writes_behind():
+            remote.upload(local, f"{base}/uploaded")
+    objects[f"{base}/uploaded"] = local.read_bytes()
+    assert {url: remote.read_bytes(url) for url in remote.list_files(base)} == objects
+    assert len(_requests(log, "put")) == len(objects)
+    remote.write_bytes(f"{base}/after", b"x")  # outside a block: written before the call returns
+    assert remote.read_bytes(f"{base}/after") == b"x"
+
+
+def test_a_failed_write_behind_fails_its_block(store):
+    """A write that fails on its thread is raised when the block ends (the task then fails and
+    Spark retries it): never lost silently."""
+    from spark_jobs.engines.arrow import remote
+
+    with pytest.raises(OSError):
+        with remote.writes_behind():
+            remote.write_bytes(f"s3://no-such-bucket-{store['bucket']}/o", b"data")
+    remote.write_bytes(f"s3://{store['bucket']}/still-written", b"y")  # the next block's writes work
+    assert remote.read_bytes(f"s3://{store['bucket']}/still-written") == b"y"

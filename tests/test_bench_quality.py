@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from trainer.metrics import roc_auc
-from trainer.synthetic import write_planted_dataset
 from trainer_helpers import SMALL_ROWS, config_flags, small_config
 
 import bench_quality
@@ -34,11 +33,10 @@ def test_paired_difference_is_zero_for_the_same_model_and_sees_a_real_gap():
     assert bench_quality.paired_difference(labels, good, noise, rounds=200, seed=1) != gap
 
 
-def test_dlrm_scores_are_the_best_checkpoints(tmp_path):
+def test_dlrm_scores_are_the_best_checkpoints(small_dataset):
     """The bench reads the test scores back from the run's model: with early stopping that is
     the best validation AUC's checkpoint, not the last one, and its AUC is the summary's."""
-    dataset = tmp_path / "binary"
-    write_planted_dataset(dataset, SMALL_ROWS, seed=11)
+    dataset = small_dataset
     config = small_config(
         optimizer="adam", learning_rate=0.01, epochs=20, early_stopping_patience=2, log_every=8
     )

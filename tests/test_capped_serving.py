@@ -25,38 +25,8 @@ from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER
 from spark_jobs.capped_ids import capped_ids as preprocess_capped_ids
 from tests.spark_fixtures import reference_parse
 from trainer.synthetic import write_planted_dataset
-from trainer_helpers import small_config
+from trainer_helpers import CAPPED_ROWS, CAPS, small_config
 
-# small caps for a model trained in the tests (cap 1: every value is id 0)
-CAPS = (
-    3,
-    20,
-    20,
-    50,
-    200,
-    997,
-    4000,
-    7,
-    100,
-    300,
-    128,
-    129,
-    2,
-    60,
-    500,
-    1,
-    3300,
-    10,
-    30,
-    90,
-    400,
-    15,
-    250,
-    700,
-    4,
-    1500,
-)
-ROWS = {"train": 2048, "test": 300, "validation": 200}
 MULTI_HOT = (3, 1, 1, 2, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 DCN = {"interaction": "dcn", "dcn_layers": 2, "dcn_rank": 4}
 MODULO = {"ids": "modulo"}
@@ -134,10 +104,16 @@ def capped_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("capped")
     path = root / "binary"
     write_planted_dataset(
-        path, ROWS, seed=5, table_sizes=CAPS, threshold_spec=None, extra=MODULO, multi_hot_sizes=MULTI_HOT
+        path,
+        CAPPED_ROWS,
+        seed=5,
+        table_sizes=CAPS,
+        threshold_spec=None,
+        extra=MODULO,
+        multi_hot_sizes=MULTI_HOT,
     )
     rng = np.random.default_rng(11)
-    raw = rng.integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
+    raw = rng.integers(-5, 5000, (CAPPED_ROWS["test"], NUM_INTEGER))
     logs = np.where(raw > -3, np.log(np.maximum(raw, -2) + 3.0), 0.0)
     logs.astype(np.float32).astype(np.float16).tofile(path / "test" / NUMERICAL_FILE)
 
@@ -198,7 +174,7 @@ def test_a_capped_model_exports_and_scores_raw_lines_as_the_trainer(capped_model
     day = tmp_path / "day_test"
     day.write_text("\n".join(capped_model["lines"]) + "\n")
     scored = score_files(version, [day], tmp_path / "scores", ScoreConfig())
-    assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
+    assert scored["scored"] == CAPPED_ROWS["test"] and scored["rejected"] == 0
     table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
     np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.column("label").to_numpy(), capped_model["labels"])
@@ -276,7 +252,7 @@ def _modulo_day(path: Path, seed: int, caps: tuple[int, ...]) -> Path:
     """A one-hot dataset of capped ids whose rows carry one planted signal (the days of a
     stream), as convert records it (``"ids": "modulo"``, no threshold)."""
     write_planted_dataset(
-        path, ROWS, seed=seed, table_sizes=caps, threshold_spec=None, signal_seed=99, extra=MODULO
+        path, CAPPED_ROWS, seed=seed, table_sizes=caps, threshold_spec=None, signal_seed=99, extra=MODULO
     )
     assert dataset_identity(read_info(path))["ids"] == "modulo"
     return path

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from dlrm_contracts.layout import CURRENT_RUN_JSON, WorkdirLayout
 from trainer.checkpoint import CheckpointError, complete_checkpoints
-from trainer.checkpoint_lifecycle import CheckpointLifecycle, ModelState
+from trainer.checkpoint_lifecycle import CheckpointedModel, CheckpointLifecycle, ModelState
 from trainer.comm import LocalComm
 from trainer.data import open_dataset
 from trainer.early_stopping import EarlyStopping
@@ -56,9 +56,7 @@ class Rig:
             comm or LocalComm(),
             self.config,
             dataset,
-            placement,
-            DIMS,
-            self.state,
+            CheckpointedModel(placement, DIMS, self.state),
             self.run,
             self.lines.append,
         )

@@ -1,5 +1,6 @@
 """Checkpoints belong to runs: retention, resume, eval and export use the current run's, and
-checkpoints a run cannot continue are set aside, never deleted (issue 35, items 1 and 2).
+checkpoints a run cannot continue are set aside, never deleted (another run's checkpoints
+must not decide this run's resume, eval or export, and may be the only copy of its model).
 
 Real files through the real save (one process: LocalComm); the trainer and the pipeline's
 train stage are run for real in tests/test_train_stage_resume.py.
@@ -23,7 +24,7 @@ from dlrm_contracts.layout import (
     latest_checkpoint,
 )
 from dlrm_contracts.superseded import set_aside, superseded_runs
-from trainer.checkpoint import checkpoint_meta, save_checkpoint
+from trainer.checkpoint import Retention, checkpoint_meta, save_checkpoint
 from trainer.comm import LocalComm
 
 STATE = {"table/0/0-4": np.ones((3, 4), np.float32)}
@@ -34,7 +35,13 @@ def _save(
 ) -> Path:
     meta = {**checkpoint_meta(TrainConfig(), {}, [3], {}, {}, run_id=run), **(extra or {})}
     return save_checkpoint(
-        root, step, LocalComm(), STATE, {"replicated/x": np.zeros(2)}, meta, keep=keep, run_start=run_start
+        root,
+        step,
+        LocalComm(),
+        STATE,
+        {"replicated/x": np.zeros(2)},
+        meta,
+        Retention(keep=keep, run_start=run_start),
     )
 
 
@@ -85,7 +92,7 @@ def test_a_warm_start_still_retires_the_history_below_it(tmp_path):
 
 def test_checkpoints_without_a_run_keep_the_old_retention(tmp_path):
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step, LocalComm(), STATE, {}, {"table_sizes": [3]}, keep=2)
+        save_checkpoint(tmp_path, step, LocalComm(), STATE, {}, {"table_sizes": [3]}, Retention(keep=2))
     assert _steps(tmp_path) == [2, 3]
     assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 3)
 
@@ -122,50 +129,40 @@ def test_the_current_run_keeps_its_newest(tmp_path, kept):
 
 
 # ---------------------------------------------------------------- the real trainer, one process
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from trainer.synthetic import write_planted_dataset
-    from trainer_helpers import SMALL_ROWS
-
-    path = tmp_path_factory.mktemp("runs") / "binary"
-    write_planted_dataset(path, SMALL_ROWS, seed=11)
-    return path
-
-
-def test_a_no_resume_run_keeps_its_checkpoints_and_eval_uses_them(dataset, tmp_path):
+def test_a_no_resume_run_keeps_its_checkpoints_and_eval_uses_them(small_dataset, tmp_path):
     from trainer.loop import run
     from trainer_helpers import small_config
 
     workdir = tmp_path / "w"
-    run(small_config(epochs=100, checkpoint_every=4, max_steps=8), dataset, workdir)
+    run(small_config(epochs=100, checkpoint_every=4, max_steps=8), small_dataset, workdir)
     assert _steps(workdir / "checkpoints") == [4, 8]
     # a new run from scratch below the older run's steps
-    summary = run(small_config(epochs=100, max_steps=2, resume=False), dataset, workdir)
+    summary = run(small_config(epochs=100, max_steps=2, resume=False), small_dataset, workdir)
     assert summary["step"] == 2 and summary["init"]["mode"] == "scratch"
     assert _steps(workdir / "checkpoints") == [2]
     [aside] = superseded_runs(workdir / "checkpoints")  # the older run: moved, not deleted
     assert sorted(p.name for p in Path(aside["path"]).glob("step-*")) == ["step-000000004", "step-000000008"]
-    assert run(small_config(), dataset, workdir, mode="eval")["step"] == 2
+    assert run(small_config(), small_dataset, workdir, mode="eval")["step"] == 2
     # a stray copy at a huge step is not taken for the model
     shutil.copytree(
         Path(aside["path"]) / "step-000000008", checkpoint_dir(workdir / "checkpoints", 999999999)
     )
     assert best_checkpoint(workdir / "checkpoints") == checkpoint_dir(workdir / "checkpoints", 2)
-    assert run(small_config(), dataset, workdir, mode="eval")["step"] == 2
-    resumed = run(small_config(epochs=100, max_steps=5, log_every=3), dataset, workdir)
+    assert run(small_config(), small_dataset, workdir, mode="eval")["step"] == 2
+    resumed = run(small_config(epochs=100, max_steps=5, log_every=3), small_dataset, workdir)
     assert resumed["init"]["mode"] == "resume" and resumed["steps_run"] == 3
     assert 999999999 in _steps(workdir / "checkpoints")  # another run's: kept, unused
 
 
-def test_resuming_another_models_checkpoints_is_refused_in_one_line(dataset, tmp_path):
+def test_resuming_another_models_checkpoints_is_refused_in_one_line(small_dataset, tmp_path):
     from trainer.checkpoint import CheckpointError
     from trainer.loop import run
     from trainer_helpers import small_config
 
     workdir = tmp_path / "w"
-    run(small_config(epochs=100, max_steps=3), dataset, workdir)
+    run(small_config(epochs=100, max_steps=3), small_dataset, workdir)
     with pytest.raises(CheckpointError, match=r"train\.learning_rate 0\.5 -> 0\.25.*--no-resume"):
-        run(small_config(epochs=100, max_steps=6, learning_rate=0.25), dataset, workdir)
+        run(small_config(epochs=100, max_steps=6, learning_rate=0.25), small_dataset, workdir)
     assert _steps(workdir / "checkpoints") == [3]
 
 

@@ -21,9 +21,8 @@ from dlrm_contracts.layout import PREPROCESS_JSON
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_INTEGER
 from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES
 from spark_jobs.contiguous_ids import ContiguousIds
-from tests.test_capped_serving import CAPS, ROWS
 from trainer.synthetic import write_planted_dataset
-from trainer_helpers import small_config
+from trainer_helpers import CAPPED_ROWS, CAPS, small_config
 
 
 class _Index:
@@ -93,8 +92,8 @@ def test_a_contiguous_id_model_exports_and_scores_raw_lines_as_the_trainer(tmp_p
         "ids": "contiguous",
         DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(work / "parquet" / DICTIONARIES_DIR),
     }
-    write_planted_dataset(path, ROWS, seed=5, table_sizes=CAPS, threshold_spec=None, extra=extra)
-    raw = rng.integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
+    write_planted_dataset(path, CAPPED_ROWS, seed=5, table_sizes=CAPS, threshold_spec=None, extra=extra)
+    raw = rng.integers(-5, 5000, (CAPPED_ROWS["test"], NUM_INTEGER))
     logs = np.where(raw > -3, np.log(np.maximum(raw, -2) + 3.0), 0.0)
     logs.astype(np.float32).astype(np.float16).tofile(path / "test" / NUMERICAL_FILE)
 
@@ -131,7 +130,7 @@ def test_a_contiguous_id_model_exports_and_scores_raw_lines_as_the_trainer(tmp_p
     day.write_text("\n".join(lines) + "\n")
     version = Path(summary["saved_model"])
     scored = score_files(version, [day], tmp_path / "scores", ScoreConfig())
-    assert scored["scored"] == ROWS["test"] and scored["rejected"] == 0
+    assert scored["scored"] == CAPPED_ROWS["test"] and scored["rejected"] == 0
     table = pq.read_table(tmp_path / "scores" / "day_test.parquet")
     np.testing.assert_allclose(table.column("probability").to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.column("label").to_numpy(), labels)

@@ -29,6 +29,20 @@ from dlrm_contracts.thresholds import ThresholdSpecError
         (OSError(errno.ENOSPC, "No space left on device"), ExitCode.DISK_FULL),
         (OSError(errno.EACCES, "Permission denied"), ExitCode.USAGE),  # a path the user must fix
         (OSError(errno.EROFS, "Read-only file system"), ExitCode.USAGE),
+        (  # an object store's endpoint that does not answer (pyarrow's S3 client)
+            OSError(
+                "When getting information for key 'x' in bucket 'b': AWS Error NETWORK_CONNECTION "
+                "during HeadObject operation: curlCode: 7, Could not connect to server"
+            ),
+            ExitCode.USAGE,
+        ),
+        (  # no credentials for Azure (pyarrow's Azure client)
+            RuntimeError(
+                "Unknown error: Check for Hierarchical Namespace support failed: "
+                "N5Azure4Core11Credentials23AuthenticationExceptionE: Failed to get token\nSee more"
+            ),
+            ExitCode.USAGE,
+        ),
         (ValueError("a bug"), ExitCode.FAILED),
         (KeyError("a bug"), ExitCode.FAILED),
         (KeyboardInterrupt(), ExitCode.INTERRUPTED),

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from converters.api import lean_record
 from converters.cli import main
 from dlrm_contracts.errors import ExitCode
-from tests.test_converters import write_workdir
+from dlrm_contracts.layout import WorkdirLayout
+from dlrm_contracts.schema import SPLITS
+from tests.converter_helpers import write_workdir
 
 
-def _convert(capsys, root, threshold: str) -> tuple[int, dict | str]:
+def _convert(capsys, root, threshold: str | None, *more: str) -> tuple[int, dict | str]:
     """The exit code, and the JSON summary (the error line when it failed)."""
-    code = main(
-        ["convert", "--workdir", str(root), "--frequency-threshold", threshold]
-        + ["--no-fsync", "--no-progress", "--json"]
-    )
+    asked = ["--frequency-threshold", threshold] if threshold else []
+    code = main(["convert", "--workdir", str(root), *asked, "--no-fsync", "--no-progress", "--json", *more])
     out = capsys.readouterr()
     return code, json.loads(out.out.strip().splitlines()[-1]) if code == 0 else out.err
 
@@ -47,3 +50,29 @@ def test_the_cli_makes_the_convert_stages_decisions(tmp_path, capsys):
     code, summary = _convert(capsys, tmp_path, "5")
     assert (code, summary["action"], summary["engine"]) == (0, "derived", "converters+rethreshold")
     assert _spec(tmp_path) == "5"
+
+
+@pytest.mark.parametrize("threshold", [None, "2"])
+def test_the_cli_applies_the_lean_mode(tmp_path, capsys, threshold):
+    """preprocess.keep_parquet: false in the config: the splits go once the dataset verifies,
+    recorded so that the parquet is still recognised (as the pipeline's convert stage does),
+    and a raise is then derived from the dataset without them."""
+    write_workdir(tmp_path)
+    lean = tmp_path / "lean.yaml"
+    lean.write_text("preprocess:\n  keep_parquet: false\n")
+    code, summary = _convert(capsys, tmp_path, threshold, "--config", str(lean))
+    assert code == 0 and sorted(summary["parquet_removed"]["removed"]) == sorted(SPLITS)
+    layout = WorkdirLayout.at(tmp_path)
+    assert not any(layout.parquet_split(s).exists() for s in SPLITS)
+    assert lean_record(layout, json.loads(layout.parquet_removed.read_text())) is not None
+
+    code, summary = _convert(capsys, tmp_path, "5", "--config", str(lean))
+    assert (code, summary["action"], summary["engine"]) == (0, "derived", "rethreshold")
+    assert _spec(tmp_path) == "5"
+
+
+def test_the_cli_keeps_the_parquet_by_default(tmp_path, capsys):
+    write_workdir(tmp_path)
+    code, summary = _convert(capsys, tmp_path, None)
+    assert code == 0 and "parquet_removed" not in summary
+    assert all(WorkdirLayout.at(tmp_path).parquet_split(s).is_dir() for s in SPLITS)

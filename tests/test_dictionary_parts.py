@@ -182,12 +182,7 @@ def test_a_stale_staging_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="stale staging"):
         dictionary_parts.fill_group(
             str(tmp_path),
-            g,
-            classes + 1,
-            np.ones(len(classes), np.int64),
+            dictionary_parts.GroupFill(g, "C5", 0, 0, classes + 1, np.ones(len(classes), np.int64)),
             tmp_path / "out.parquet",
             str(tmp_path),
-            "C5",
-            0,
-            0,
         )

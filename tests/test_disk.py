@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dlrm_contracts.errors import ExitCode
-from pipeline_helpers import run, same_tree
+from pipeline_helpers import run, run_here, run_in_process, same_tree
 
 SMALL = """
 spark:
@@ -38,6 +38,7 @@ launch:
   np: 1
 """
 LEAN = SMALL + "preprocess:\n  keep_parquet: false\n"
+DAYS, ROWS_PER_DAY = 3, 3000  # the generated input of the Spark runs
 
 
 # ---------------------------------------------------------------- small filesystems
@@ -104,9 +105,9 @@ def raw(tmp_path_factory):
             "--out",
             str(out),
             "--days",
-            "3",
+            str(DAYS),
             "--rows-per-day",
-            "6000",
+            str(ROWS_PER_DAY),
             "--seed",
             "4242",
         ],
@@ -220,30 +221,17 @@ def test_preflight_uses_the_counts_for_rows_and_embedding_memory(tmp_path, lean,
     workdir = lean[0]
     tight = tmp_path / "tight.yaml"
     tight.write_text(SMALL + "preflight:\n  rank_memory_gib: 6.00001\n")  # ~10 KiB for tables
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "preflight",
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(raw),
-            "--config",
-            str(tight),
-        ],
-        capture_output=True,
-        text=True,
+    proc, _ = run_in_process(
+        tmp_path, "preflight", "--workdir", str(workdir), "--input", str(raw), "--config", str(tight)
     )
     assert proc.returncode == ExitCode.INPUT_DATA, proc.stdout + proc.stderr
-    assert "18,000 rows (counted by the last preprocess run)" in proc.stdout
+    assert f"{DAYS * ROWS_PER_DAY:,} rows (counted by the last preprocess run)" in proc.stdout
     # The default optimizer's state (Adagrad's accumulators) is counted with the tables.
     assert "embedding tables + optimizer state per rank" in proc.stdout
     assert "fullest rank" in proc.stderr
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
-    assert facts["rows"] == quality["totals"]["rows_read"] == 18_000
+    assert facts["rows"] == quality["totals"]["rows_read"] == DAYS * ROWS_PER_DAY
     from dlrm_contracts.binary_format import model_size_list
 
     model_size = workdir / "parquet" / "model_size.json"  # the parquet's threshold: 2, as asked
@@ -265,11 +253,11 @@ def test_stable_ids_tables_are_at_least_the_last_runs(tmp_path, ids):
     from dlrm_contracts.layout import WorkdirLayout
     from dlrm_contracts.schema import CAT_COLUMNS
     from pipeline.preflight import _table_sizes
-    from spark_jobs.counting import write_histogram_file
+    from dlrm_contracts.table_sizes import write_histogram
 
     layout = WorkdirLayout.at(tmp_path)
     layout.counts.mkdir(parents=True)
-    write_histogram_file({c: [(1, 50), (3, 10)] for c in CAT_COLUMNS}, layout.counts)
+    write_histogram({c: [(1, 50), (3, 10)] for c in CAT_COLUMNS}, layout.counts)
     layout.parquet_model_size.parent.mkdir(parents=True)
     last = {c: 100 if c == "C3" else 5 for c in CAT_COLUMNS}
     layout.parquet_model_size.write_text(json.dumps(last))
@@ -289,7 +277,7 @@ def test_tables_unknown_up_front_are_checked_again_before_train(tmp_path, fresh5
     _copy_into(fresh5, workdir, ("binary",))
     tight = tmp_path / "tight.yaml"
     tight.write_text(SMALL + "preflight:\n  rank_memory_gib: 6.00001\n")
-    proc, summary = run(workdir, tight, "--stages", "train", "--input", str(tmp_path))
+    proc, summary = run_here(workdir, tight, "--stages", "train", "--input", str(tmp_path))
     assert proc.returncode == ExitCode.INPUT_DATA, proc.stderr[-3000:]
     assert "not known until the counts exist" in proc.stderr
     assert "preflight (before train) memory: embedding tables" in proc.stderr
@@ -320,10 +308,11 @@ def test_lean_mode_removes_the_parquet_and_a_raise_still_equals_a_fresh_run(lean
         assert manifest["summary"]["parquet_removed"]["time"] == removed["time"], stage
     assert (workdir / "counts" / "histogram.parquet").exists()
 
-    proc, summary = run(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
+    # (these three: the command line in this process; none runs Spark, nor should it)
+    proc, summary = run_here(workdir, config, "--input", str(raw), "--stages", "preprocess,convert")
     assert proc.returncode == 0 and {s["action"] for s in summary["stages"].values()} == {"skipped"}
 
-    proc, summary = run(
+    proc, summary = run_here(
         workdir, config, "--input", str(raw), "--stages", "preprocess,convert", "--frequency-threshold", "5"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -337,7 +326,7 @@ def test_lean_mode_removes_the_parquet_and_a_raise_still_equals_a_fresh_run(lean
 
     # Back to threshold 2 with the convert stage alone: that needs the parquet, and says so.
     before = (workdir / "binary" / "dataset.json").read_text()
-    proc, summary = run(
+    proc, summary = run_here(
         workdir, config, "--input", str(raw), "--stages", "convert", "--frequency-threshold", "2"
     )
     assert proc.returncode == ExitCode.CONVERT, proc.stderr[-3000:]
@@ -394,7 +383,7 @@ def test_full_disk_when_checkpointing_then_rerun_completes(tmp_path, configs, fr
     with tmpfs(tmp_path / "fs", "8m") as fs:
         workdir = fs / "w"
         _copy_into(fresh5, workdir, ("binary", "counts"))
-        ballast = fill(fs, 256 * 1024)  # the run starts; the ~600 KiB checkpoint does not fit
+        ballast = fill(fs, 256 * 1024)  # the run starts; its checkpoint does not fit
         proc, summary = run(
             workdir,
             configs / "small.yaml",

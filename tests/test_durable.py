@@ -352,14 +352,14 @@ def test_a_preprocess_run_flushes_counts_dictionaries_days_and_parquet_before_ma
 
 
 def test_a_checkpoint_is_on_disk_before_its_rename_and_older_ones_go_after(tmp_path, monkeypatch):
-    from trainer.checkpoint import save_checkpoint
+    from trainer.checkpoint import Retention, save_checkpoint
     from trainer.comm import LocalComm
 
     root = tmp_path / "checkpoints"
     owned = {"table/0/0-4": np.ones((3, 4), np.float32)}
-    save_checkpoint(root, 1, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, keep=1)
+    save_checkpoint(root, 1, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, Retention(keep=1))
     rec = Recording().install(monkeypatch)
-    final = save_checkpoint(root, 2, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, keep=1)
+    final = save_checkpoint(root, 2, LocalComm(), owned, {"w": np.zeros(2)}, {"run": "r"}, Retention(keep=1))
     assert_published(rec, root / ".step-000000002.tmp", final)
     flushed = max(i for i, c in enumerate(rec.calls) if c == ("fsync", _where(root)))
     assert flushed < rec.index("delete", root / "step-000000001")  # pruned once it is durable

@@ -1,5 +1,6 @@
-"""Exporting a checkpoint with later dictionaries of the same stable-ids lineage (issue 25):
-yesterday's model against today's dictionaries, which only appended values. Allowed, the
+"""Exporting a checkpoint with later dictionaries of the same stable-ids lineage: yesterday's
+model against today's dictionaries, which only appended values, so a daily export need not wait
+for a model trained on them. Allowed, the
 values added since read as id 0 in the served model; refused with a clear message when the
 dictionaries were started over, are not stable ids, shrank, or the checkpoint records no
 lineage. The rules without TensorFlow, then a real trained checkpoint, export and SavedModel."""

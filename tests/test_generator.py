@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -310,22 +311,36 @@ def test_signal_is_learnable_from_100k_rows(shaped, read_back):
     assert held_out < meta["bayes_auc"] + 0.02
 
 
-def test_same_bytes_for_same_seed_whatever_the_workers(tmp_path):
-    one = generate(tmp_path / "one", SMALL)
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[Path, dict]:
+    """SMALL generated once (its directory and meta): the reference output of the tests below
+    that compare another run with it, or rerun over a copy of it."""
+    out = tmp_path_factory.mktemp("small") / "one"
+    return out, generate(out, SMALL)
+
+
+def copy_of_small(small, target: Path) -> Path:
+    """A copy of SMALL's output at ``target`` (which may exist, empty): as a run there left it."""
+    shutil.copytree(small[0], target, dirs_exist_ok=True)
+    return target
+
+
+def test_same_bytes_for_same_seed_whatever_the_workers(tmp_path, small):
+    one_dir, one = small
     two = generate(tmp_path / "two", dataclasses.replace(SMALL, workers=2))
     again = generate(tmp_path / "again", SMALL)
     other = generate(tmp_path / "other", dataclasses.replace(SMALL, seed=12))
     for day in ("day_0", "day_1"):
-        data = (tmp_path / "one" / day).read_bytes()
+        data = (one_dir / day).read_bytes()
         assert data == (tmp_path / "two" / day).read_bytes()
         assert data == (tmp_path / "again" / day).read_bytes()
         assert data != (tmp_path / "other" / day).read_bytes()
     assert one == two == again and one["bayes_auc"] != other["bayes_auc"]
 
 
-def test_same_bytes_from_a_threaded_caller(tmp_path):
+def test_same_bytes_from_a_threaded_caller(tmp_path, small):
     """A caller with threads gets a forkserver pool instead of fork: same output."""
-    one = generate(tmp_path / "one", SMALL)
+    one_dir, one = small
     stop = threading.Event()
     helper = threading.Thread(target=stop.wait, daemon=True)
     helper.start()
@@ -337,16 +352,16 @@ def test_same_bytes_from_a_threaded_caller(tmp_path):
         helper.join()
     assert threaded == one
     for day in ("day_0", "day_1"):
-        assert (tmp_path / "one" / day).read_bytes() == (tmp_path / "threaded" / day).read_bytes()
+        assert (one_dir / day).read_bytes() == (tmp_path / "threaded" / day).read_bytes()
 
 
-def test_gzip_output_is_the_same_lines(tmp_path):
-    plain = generate(tmp_path / "plain", SMALL)
+def test_gzip_output_is_the_same_lines(tmp_path, small):
+    plain_dir, plain = small
     packed = generate(tmp_path / "packed", dataclasses.replace(SMALL, gzip=True, workers=2))
     assert [d["file"] for d in packed["days"]] == ["day_0.gz", "day_1.gz"]
     for day in range(2):
         with gzip.open(tmp_path / "packed" / f"day_{day}.gz", "rb") as fh:
-            assert fh.read() == (tmp_path / "plain" / f"day_{day}").read_bytes()
+            assert fh.read() == (plain_dir / f"day_{day}").read_bytes()
     assert packed["bayes_auc"] == plain["bayes_auc"]
 
 
@@ -391,7 +406,7 @@ def test_a_killed_run_is_replaced_by_the_rerun_and_takes_its_workers(tmp_path):
             "--days",
             "20",
             "--rows-per-day",
-            "50000",
+            "16384",
             "--chunk-rows",
             "4096",
             "--workers",
@@ -502,10 +517,12 @@ def test_cli_reads_the_generator_section_of_a_config_file(tmp_path, capsys):
         ({"seed": 2**64}, "seed"),
     ],
 )
-def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(tmp_path, capsys, bad, message):
+def test_a_bad_parameter_is_refused_before_the_previous_output_is_touched(
+    tmp_path, capsys, small, bad, message
+):
     """A rerun with a bad value used to delete the previous output before refusing (and
     some values crashed with a traceback): now a one-line error, exit 2, output intact."""
-    generate(tmp_path, SMALL)
+    copy_of_small(small, tmp_path)  # the previous output
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(ValueError, match=message):
         generate(tmp_path, dataclasses.replace(SMALL, **bad))

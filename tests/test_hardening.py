@@ -3,6 +3,10 @@ case ends with one line, a documented exit code and the JSON summary, never a tr
 never ``ok`` over an output that differs from what its stage wrote; nothing outside the
 workdir is touched. The Spark and serving cases are in test_spark_quality.py and
 test_serving.py; these need no Spark (the workdirs are made from parquet written here).
+The refused settings and the damaged workdirs' convert, train and eval runs are the pipeline's
+command line run in this process (tests/pipeline_helpers.py run_in_process: its exit code and
+output, a traceback counted as one); a config file, a read-only or misshapen workdir and the
+input's checks go through a process of their own.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 import pytest
 
 from dlrm_contracts.errors import ExitCode
-from tests.pipeline_helpers import same_tree
+from tests.pipeline_helpers import run_in_process, same_tree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,7 +146,7 @@ def test_export_missing_integer_must_read_as_missing(tmp_path, value):
     0 would silently serve log(3) for every missing field."""
     config = tmp_path / "c.yaml"
     config.write_text(f"export:\n  missing_integer: {value}\n")
-    proc, summary = run_pipeline(
+    proc, summary = run_in_process(
         tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"), "--stages", "export"
     )
     assert_refused(proc, summary, ExitCode.USAGE, "missing_integer")
@@ -242,14 +246,14 @@ PREFLIGHT_OFF = "preflight: {enabled: false}\nconvert: {progress: false}\n"
 @pytest.fixture(scope="module")
 def converted_workdir(tmp_path_factory):
     """A workdir whose parquet (written here, threshold 2) went through the convert stage."""
-    from tests.test_converters import write_workdir
+    from tests.converter_helpers import write_workdir
 
     root = tmp_path_factory.mktemp("converted")
     write_workdir(root / "w", table_sizes=SMALL_TABLES, split_rows=SMALL_ROWS)
     (root / "raw").mkdir()
     config = root / "c.yaml"
     config.write_text(PREFLIGHT_OFF)
-    proc, summary = run_pipeline(
+    proc, summary = run_in_process(
         root,
         "--input",
         str(root / "raw"),
@@ -275,7 +279,7 @@ def workdir_copy(converted_workdir: Path, tmp_path: Path, config_text: str = PRE
 
 
 def convert(tmp_path: Path, workdir: Path, config: Path, *extra: str):
-    return run_pipeline(
+    return run_in_process(
         tmp_path,
         "--input",
         str(tmp_path / "raw"),
@@ -416,13 +420,30 @@ def test_lean_mode_cannot_rebuild_a_damaged_dataset_and_says_what_to_run(convert
     assert (workdir / "binary" / "train" / "numerical.bin").read_bytes() == damaged != before
 
 
+def test_the_command_line_s_lean_mode_leaves_a_workdir_the_pipeline_recognises(converted_workdir, tmp_path):
+    """``python -m converters convert --workdir`` with keep_parquet: false removes the splits
+    and records the parquet as the convert stage would: the pipeline's next raise is derived
+    from the binary dataset instead of asking for the splits it no longer has."""
+    from converters.cli import main
+
+    workdir, config = workdir_copy(
+        converted_workdir, tmp_path, PREFLIGHT_OFF + "preprocess: {keep_parquet: false}\n"
+    )
+    cli = ["convert", "--workdir", str(workdir), "--config", str(config), "--no-progress"]
+    assert main([*cli, "--frequency-threshold", "2"]) == 0
+    assert not (workdir / "parquet" / "train").exists()
+    proc, summary = convert(tmp_path, workdir, config, "--frequency-threshold", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["convert"]["action"] == "derived", summary
+
+
 @pytest.mark.parametrize("stage", ["train", "eval"])
 def test_train_and_eval_refuse_a_dataset_changed_since_convert_wrote_it(converted_workdir, tmp_path, stage):
     """Before any rank starts (no TensorFlow, no stage log): exit 7 naming the file and the
     stage that checks and rebuilds it."""
     workdir, config = workdir_copy(converted_workdir, tmp_path)
     flip_bit(workdir / "binary" / "test" / "label.bin", offset=3)
-    proc, summary = run_pipeline(
+    proc, summary = run_in_process(
         tmp_path,
         "--input",
         str(tmp_path / "raw"),
@@ -467,7 +488,7 @@ def test_settings_out_of_range_are_refused_at_load(tmp_path, text, words):
 
     config = tmp_path / "c.yaml"
     config.write_text(text + "\n")
-    proc, summary = run_pipeline(tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"))
+    proc, summary = run_in_process(tmp_path, "--config", str(config), "--workdir", str(tmp_path / "w"))
     assert_refused(proc, summary, ExitCode.USAGE, words)
     assert not (tmp_path / "w").exists()
     assert main(["show-config", "--config", str(config)]) == ExitCode.USAGE
@@ -490,7 +511,8 @@ def test_a_workdir_inside_the_input_is_not_input(tmp_path):
     """Only the files directly in the input directory are the preprocess stage's input: a
     workdir kept inside it (outputs changing on every run) leaves the input unchanged, so the
     stage is not redone each time; a changed day file is noticed."""
-    from pipeline.fingerprint import input_fingerprint, tree_fingerprint
+    from dlrm_contracts.fingerprint import tree_fingerprint
+    from pipeline.fingerprint import input_fingerprint
 
     raw = tmp_path / "raw"
     (raw / "work" / "parquet").mkdir(parents=True)

@@ -11,6 +11,7 @@ import pytest
 from dlrm_contracts import id_modes
 from dlrm_contracts.config import ID_MODES, ConfigError, PreprocessConfig
 from dlrm_contracts.contiguous_ids import DICTIONARIES_DIR as CONTIGUOUS_DICTIONARIES_DIR
+from dlrm_contracts.contiguous_ids import MISSING_VALUE, RARE_ID
 from dlrm_contracts.dataset_identity import capped, contiguous, dataset_identity, identity_mode
 from dlrm_contracts.id_modes import (
     CONTIGUOUS,
@@ -22,7 +23,7 @@ from dlrm_contracts.id_modes import (
     recorded_mode,
     recorded_or_default,
 )
-from dlrm_contracts.layout import DICTIONARIES_DIR
+from dlrm_contracts.layout import DICTIONARIES_DIR, WorkdirLayout, dictionaries_under
 from dlrm_contracts.thresholds import parse_threshold_spec
 
 # name: (counts values, dictionaries dir, hex values, grows tables, caps required, caps
@@ -42,7 +43,7 @@ EXPECTED = {
         False,
         True,
         "contiguous",
-        True,
+        False,
     ),
 }
 
@@ -66,10 +67,18 @@ def test_each_mode_answers_its_questions(name, tmp_path):
     )
     assert got == EXPECTED[name]
     assert mode.writes_dictionaries == (mode.dictionaries_dir is not None)
-    where = mode.dictionaries(tmp_path)
-    assert where == (None if mode.dictionaries_dir is None else tmp_path / mode.dictionaries_dir)
+    where = WorkdirLayout.at(tmp_path).dictionaries_of(mode)
+    assert where == (
+        None if mode.dictionaries_dir is None else tmp_path.resolve() / "parquet" / mode.dictionaries_dir
+    )
+    if mode.dictionaries_dir == DICTIONARIES_DIR:  # the layout's one name for these tables
+        assert where == WorkdirLayout.at(tmp_path).dictionaries
+    assert dictionaries_under(tmp_path, mode) == (None if where is None else tmp_path / mode.dictionaries_dir)
     assert mode.capped == (name == "modulo") and mode.contiguous == (name == "contiguous")
     assert mode.default == (name == "frequency")
+    # how the dictionaries are read: contiguous ids' own rule, the others' ids as they are
+    rule = (MISSING_VALUE, RARE_ID) if name == "contiguous" else (None, 0)
+    assert (mode.missing_value, mode.rare_id) == rule
 
 
 def test_the_names_are_the_configs_choices_and_the_lookup_refuses_others():
@@ -162,3 +171,24 @@ def test_convert_keeps_the_parquets_threshold_unless_a_raise_is_a_prefix(name, t
     with pytest.raises(PipelineError, match=re.escape(words)) as raised:
         _refuse_fixed_threshold(request(3))
     assert raised.value.code == ExitCode.USAGE
+
+
+def test_the_transform_reads_the_index_by_the_modes_rule():
+    """The engines read a mode's lookup rule as data (IdMode.missing_value, rare_id): the
+    frequency ids' index as it is (missing and unknown: 0), contiguous ids' with a missing
+    value looked up as the value 0 and an unknown one the rare id."""
+    import numpy as np
+
+    from spark_jobs.contiguous_ids import ContiguousIds
+
+    class Index:  # value 7 has id 5, value 0 (a missing value, numbered) id 9
+        def lookup_into(self, values, out):
+            out[...] = np.select([values == 7, values == 0], [5, 9], 0)
+
+    values = np.array([[7, -1, 3]])
+    got = {}
+    for mode in (FREQUENCY, CONTIGUOUS):
+        out = np.empty(values.shape, np.int32)
+        ContiguousIds(Index(), None, mode.missing_value, mode.rare_id).lookup_into(values, out)
+        got[mode.name] = out.tolist()
+    assert got == {"frequency": [[5, 0, 0]], "contiguous": [[5, 9, RARE_ID]]}

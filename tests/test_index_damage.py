@@ -171,7 +171,7 @@ def test_a_damaged_index_stops_the_run_in_one_line_and_a_forced_rerun_rebuilds_i
     """The index damaged after the dictionary tasks sealed it and before the transform read it
     (a flipped key: same size, other bytes; the fuzz covers the other damages): exit 5 and one
     error line naming the file and the fix, no _SUCCESS; then ``--stages preprocess --force`` rebuilds the outputs the input must give."""
-    from test_spark_exactness import check_against_reference
+    from spark_fixtures import check_against_reference
 
     days = random_days(35, 3, 300)
     raw = write_days(tmp_path / "raw", days)

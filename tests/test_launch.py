@@ -15,59 +15,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dlrm_contracts.config import PipelineConfig, config_from_dict
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.progress import Progress
-from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.manifest import ManifestStore
 from pipeline.processes import run_child
 from pipeline.stages import GLOO_TIMEOUT_ENV, StageContext, launcher_argv, launcher_env, trainer_argv
+from trainer_helpers import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 SBATCH = REPO / "docker" / "slurm" / "train.sbatch"
-TABLE_SIZES = [3, 17, 40, 120, 129, 300] + [5 + 7 * i for i in range(20)]
-
-
-def _dtype(size: int) -> str:
-    return "<i1" if size <= 2**7 else "<i2" if size <= 2**15 else "<i4"
-
-
-def write_tiny_dataset(path: Path, rows: dict[str, int], seed: int = 3) -> None:
-    """A complete split binary dataset (docs/architecture.md), label tied to C2 and I1."""
-    rng = np.random.default_rng(seed)
-    weight = rng.normal(0, 1.5, TABLE_SIZES[1])
-    for split in SPLITS:
-        n, folder = rows[split], path / split
-        folder.mkdir(parents=True)
-        numerical = rng.normal(0, 1, (n, 13)).astype("<f2")
-        cats = [rng.integers(0, size, n) for size in TABLE_SIZES]
-        logit = weight[cats[1]] + numerical[:, 0].astype(np.float32) - 1.0
-        label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype("<u1")
-        label.tofile(folder / "label.bin")
-        numerical.tofile(folder / "numerical.bin")
-        for i, (ids, size) in enumerate(zip(cats, TABLE_SIZES)):
-            ids.astype(_dtype(size)).tofile(folder / f"cat_{i}.bin")
-    model_size = dict(zip(CAT_COLUMNS, TABLE_SIZES))
-    (path / "model_size.json").write_text(json.dumps(model_size))
-    (path / "dataset.json").write_text(
-        json.dumps(
-            {
-                "format_version": 1,
-                "splits": rows,
-                "table_sizes": TABLE_SIZES,
-                "cat_dtypes": [np.dtype(_dtype(s)).name for s in TABLE_SIZES],
-                "label_dtype": "uint8",
-                "numerical_dtype": "float16",
-                "num_numerical": 13,
-                "threshold_spec": "1",
-                "source_fingerprint": f"tests/test_launch.py seed {seed}",
-            }
-        )
-    )
-    (path / "_SUCCESS").write_text("")
 
 
 def _context(tmp_path: Path, np_: int, hosts: str | None) -> StageContext:
@@ -100,8 +59,24 @@ def test_launch_prefix_names_every_host(tmp_path):
     assert argv[6:9] == [sys.executable, "-m", "trainer"]
 
 
+def pipeline_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m pipeline ARGV`` run in this process (pipeline.cli.main, what that module
+    runs): its stages' children (horovodrun and its ranks) are processes of their own as in a
+    real run. Returns (exit code, stdout, stderr)."""
+    from pipeline.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.mark.horovod
-def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
+def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path, monkeypatch, capsys):
+    from pipeline import runner
+
+    monkeypatch.setattr(runner, "install_signal_handlers", lambda: None)  # pytest keeps its own
+    monkeypatch.chdir(tmp_path)
     workdir = tmp_path / "work"
     write_tiny_dataset(workdir / "binary", {"train": 4096, "test": 1024, "validation": 1024})
     (tmp_path / "raw").mkdir()  # the run needs an input directory; train/eval never read it
@@ -110,39 +85,19 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
         "train:\n  batch_size: 256\n  eval_batch_size: 512\n  log_every: 2\n"
         "  warmup_steps: 0\n  intra_op_threads: 1\n"
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--config",
-            str(config),
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(tmp_path / "raw"),
-            "--stages",
-            "train,eval",
-            "--np",
-            "2",
-            "--hosts",
-            "localhost:2",
-            "--max-steps",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+    common = ["--config", str(config), "--workdir", str(workdir), "--input", str(tmp_path / "raw")]
+    hosts = ["--np", "2", "--hosts", "localhost:2"]
+    code, stdout, stderr = pipeline_main(
+        [*common, "--stages", "train,eval", *hosts, "--max-steps", "8"], capsys
     )
     logs = workdir / "logs"
     detail = (
-        proc.stdout[-2000:]
-        + proc.stderr[-3000:]
+        stdout[-2000:]
+        + stderr[-3000:]
         + "".join(p.read_text()[-3000:] for p in logs.glob("*.log") if p.name in ("train.log", "eval.log"))
     )
-    assert proc.returncode == 0, detail
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code == 0, detail
+    summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["stages"]["train"]["engine"] == "horovod", summary
     # eval adopts the figures the trainer ended with on the same checkpoint: no second launch
     assert summary["stages"]["eval"]["action"] == "derived", summary
@@ -160,32 +115,9 @@ def test_two_ranks_train_and_evaluate_through_the_hosts_path(tmp_path):
     assert any((workdir / "checkpoints").iterdir())
 
     # A forced eval starts both ranks again and computes the adopted figures anew.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--config",
-            str(config),
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(tmp_path / "raw"),
-            "--stages",
-            "eval",
-            "--np",
-            "2",
-            "--hosts",
-            "localhost:2",
-            "--force",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    forced = json.loads(proc.stdout.strip().splitlines()[-1])
+    code, stdout, stderr = pipeline_main([*common, "--stages", "eval", *hosts, "--force"], capsys)
+    assert code == 0, stderr[-3000:]
+    forced = json.loads(stdout.strip().splitlines()[-1])
     assert forced["stages"]["eval"]["action"] == "ran", forced
     assert forced["stages"]["eval"]["engine"] == "horovod", forced
     progress = [Progress.from_line(line) for line in (logs / "eval.progress.jsonl").read_text().splitlines()]

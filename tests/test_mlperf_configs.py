@@ -9,7 +9,6 @@ read from the files: a config drifting from the reference fails.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,10 +17,8 @@ from dlrm_contracts.config import PipelineConfig, load_config
 from pipeline.hosts import horovodrun_hosts
 from pipeline.preflight_needs import _binary_bytes_per_row, memory_needs
 from bench_capped_ids_anchor import CAPS  # MLPerf DLRMv2's published caps
-from tests.test_shipped_configs import _unknown_keys
+from tests.config_helpers import CONFIGS, MLPERF, MLPERF_MULTI_HOT, unknown_keys
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 REFERENCE = {
     "preset": "default",
     "embedding_dim": None,
@@ -42,19 +39,15 @@ REFERENCE = {
     "early_stopping_patience": 0,
     "amp": False,
 }
-MLPERF = {
-    "mlperf_dlrmv2_8gpu.yaml": {"np": 8, "hardware": "8 GPUs"},
-    "mlperf_dlrmv2_cpu_cluster.yaml": {"np": 16, "hardware": "CPU"},
-}
 
 
 @pytest.mark.parametrize("name", sorted(MLPERF))
 def test_every_key_is_known_and_the_values_are_the_references(name):
     data = yaml.safe_load((CONFIGS / name).read_text())
-    assert _unknown_keys(data, PipelineConfig, "config") == []
+    assert unknown_keys(data, PipelineConfig, "config") == []
     config = load_config(CONFIGS / name)
     assert config.preprocess.ids == "modulo" and config.preprocess.caps == CAPS
-    assert config.convert.multi_hot_sizes == MULTI_HOT
+    assert config.convert.multi_hot_sizes == MLPERF_MULTI_HOT
     for key, value in REFERENCE.items():
         assert getattr(config.train, key) == value, key
     from trainer.dims import model_dims
@@ -81,7 +74,9 @@ def test_the_preflight_sizes_capped_tables_and_multi_hot_rows():
     assert max(per_rank) < 80 * 2**30 - 6 * 2**30 and not needs.ranks.short
     # 214 ids a row, int32 where the cap passes 2**15 (int16, int8 below), + label + float16 x 13
     widths = [4 if c > 2**15 else 2 if c > 2**7 else 1 for c in CAPS]
-    assert _binary_bytes_per_row(CAPS, config) == 1 + 26 + sum(w * k for w, k in zip(widths, MULTI_HOT))
+    assert _binary_bytes_per_row(CAPS, config) == 1 + 26 + sum(
+        w * k for w, k in zip(widths, MLPERF_MULTI_HOT)
+    )
     one_hot = dataclasses.replace(config, convert=dataclasses.replace(config.convert, multi_hot_sizes=None))
     assert _binary_bytes_per_row(CAPS, one_hot) == 1 + 26 + sum(widths)
 

@@ -33,6 +33,7 @@ from dlrm_contracts.multi_hot import (
     spec_of_dataset,
 )
 from dlrm_contracts.verify import verify_dataset
+from tests.config_helpers import MLPERF_MULTI_HOT
 
 # Produced with the reference (mlcommons/training aa344c7, recommendation_v2/torchrec_dlrm/
 # multi_hot.py) in a venv with torch 2.13.0 and numpy 2.4.6:
@@ -174,20 +175,20 @@ def test_dataset_description_of_multi_hot_columns():
 
 # ------------------------------------------------------------------ converters, real runs
 
-MLPERF_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
-
 
 @pytest.fixture(scope="module")
 def multi_hot_workdir(tmp_path_factory):
     """The converter tests' parquet (test_converters.write_workdir), converted one-hot and
     with MLPerf's multi-hot sizes plus the reference's layout."""
-    from test_converters import CONFIG, write_workdir
+    from tests.converter_helpers import CONFIG, write_workdir
     from converters.convert import convert_parquet
 
     root = tmp_path_factory.mktemp("multi_hot")
     write_workdir(root)
     one_hot = convert_parquet(root / "parquet", root / "one_hot", CONFIG)
-    config = dataclasses.replace(CONFIG, multi_hot_sizes=MLPERF_SIZES, formats=["binary", "mlperf_multihot"])
+    config = dataclasses.replace(
+        CONFIG, multi_hot_sizes=MLPERF_MULTI_HOT, formats=["binary", "mlperf_multihot"]
+    )
     summary = convert_parquet(root / "parquet", root / "binary", config)
     return root, one_hot, summary
 
@@ -196,17 +197,17 @@ def test_convert_writes_the_reference_rows_of_the_one_hot_ids(multi_hot_workdir)
     root, one_hot, summary = multi_hot_workdir
     plain, multi = read_info(root / "one_hot"), verify_dataset(root / "binary", full=True)
     assert "multi_hot_sizes" not in plain.extra
-    assert multi.multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert multi.multi_hot_sizes == tuple(MLPERF_MULTI_HOT)
     assert (multi.extra["multi_hot_seed"], multi.extra["multi_hot_distribution"]) == (0, "uniform")
     spec = spec_of_dataset(multi)
-    assert spec == MultiHotSpec(plain.table_sizes, tuple(MLPERF_SIZES))
+    assert spec == MultiHotSpec(plain.table_sizes, tuple(MLPERF_MULTI_HOT))
     for split in ("train", "validation"):
         ids = [np.fromfile(plain.file(split, f"cat_{c}.bin"), plain.cat_dtypes[c]) for c in range(26)]
         want = materialize_all(spec, ids)
         for c in range(26):
             got = np.fromfile(multi.file(split, f"cat_{c}.bin"), multi.cat_dtypes[c])
             assert got.dtype == np.dtype(plain.cat_dtypes[c])  # same narrow dtype as one-hot
-            np.testing.assert_array_equal(got.reshape(-1, MLPERF_SIZES[c]), want[c])
+            np.testing.assert_array_equal(got.reshape(-1, MLPERF_MULTI_HOT[c]), want[c])
     # the files a one-hot column writes are the one-hot dataset's, byte for byte
     for name in ("label.bin", "numerical.bin", "cat_2.bin"):
         assert (root / "binary/test" / name).read_bytes() == (root / "one_hot/test" / name).read_bytes()
@@ -255,7 +256,7 @@ def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
     assert sum(rows[:23]) == info.splits["train"]
     assert rows[23] == info.splits["test"] + info.splits["validation"]
     flags = json.loads((out / "mlperf_multihot.json").read_text())["dlrm_main_flags"]
-    assert flags["--multi_hot_sizes"] == ",".join(map(str, MLPERF_SIZES))
+    assert flags["--multi_hot_sizes"] == ",".join(map(str, MLPERF_MULTI_HOT))
     for c in (0, 2, 20):
         ours = np.concatenate(
             [
@@ -263,10 +264,10 @@ def test_mlperf_layout_is_what_the_reference_reads(multi_hot_workdir):
                 for s in ("train", "test", "validation")
             ]
         )
-        ours = ours.reshape(-1, MLPERF_SIZES[c])
+        ours = ours.reshape(-1, MLPERF_MULTI_HOT[c])
         days = [_reference_npz_read(out / f"day_{d}_sparse_multi_hot.npz", f"{c}.npy") for d in range(24)]
         np.testing.assert_array_equal(np.concatenate(days), ours)
-        assert np.load(out / "day_5_sparse_multi_hot.npz")[str(c)].shape == (rows[5], MLPERF_SIZES[c])
+        assert np.load(out / "day_5_sparse_multi_hot.npz")[str(c)].shape == (rows[5], MLPERF_MULTI_HOT[c])
     labels = np.concatenate([np.load(out / f"day_{d}_labels.npy") for d in range(24)])
     dense = np.load(out / "day_23_dense.npy")
     assert labels.dtype == np.int32 and labels.shape == (sum(rows), 1)
@@ -293,14 +294,14 @@ def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir
     """Every draw depends on the table sizes, so a raise re-draws the multi-hot columns from
     their one-hot ids: the result is the reference's rows of the clamped ids at the new sizes,
     and also the reference layout written beside it."""
-    from test_converters import CONFIG
+    from tests.converter_helpers import CONFIG
     from converters.rethreshold import rethreshold
 
     root, _, _ = multi_hot_workdir
     config = dataclasses.replace(CONFIG, formats=["binary", "mlperf_multihot"])
     summary = rethreshold(root / "binary", root / "counts", "30", root / "raised", config)
     plain, raised = read_info(root / "one_hot"), verify_dataset(root / "raised", full=True)
-    assert raised.multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert raised.multi_hot_sizes == tuple(MLPERF_MULTI_HOT)
     assert summary["mlperf_multihot"]["output"] == str(root / "raised_mlperf_multihot")
     changed = [c for c in range(26) if raised.table_sizes[c] != plain.table_sizes[c]]
     assert changed and changed[0] < 20  # the columns after it are drawn again too
@@ -314,7 +315,7 @@ def test_rethreshold_materializes_again_at_the_new_table_sizes(multi_hot_workdir
     want = materialize_all(spec, ids)
     for c in range(26):
         got = np.fromfile(raised.file("test", f"cat_{c}.bin"), raised.cat_dtypes[c])
-        np.testing.assert_array_equal(got.reshape(-1, MLPERF_SIZES[c]), want[c])
+        np.testing.assert_array_equal(got.reshape(-1, MLPERF_MULTI_HOT[c]), want[c])
 
 
 def test_stable_ids_reuse_a_day_only_under_the_same_materialization(multi_hot_workdir, tmp_path):
@@ -347,8 +348,8 @@ def test_preflight_sizes_multi_hot_rows_and_the_reference_layout():
     sizes = [1000] * 26  # int16 ids
     config = PipelineConfig()
     assert _binary_bytes_per_row(sizes, config) == 27 + 26 * 2
-    config.convert = dataclasses.replace(config.convert, multi_hot_sizes=MLPERF_SIZES)
-    assert _binary_bytes_per_row(sizes, config) == 27 + 2 * sum(MLPERF_SIZES)
+    config.convert = dataclasses.replace(config.convert, multi_hot_sizes=MLPERF_MULTI_HOT)
+    assert _binary_bytes_per_row(sizes, config) == 27 + 2 * sum(MLPERF_MULTI_HOT)
     config.convert = dataclasses.replace(config.convert, formats=["binary", "mlperf_multihot"])
     assert _binary_bytes_per_row(sizes, config) == 27 + 2 * 214 + 4 * 214 + 4 * 13 + 4
 
@@ -358,7 +359,7 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
     written from the final dataset, a threshold raise derives and re-draws, a rerun skips, and
     another materialization converts again instead of deriving."""
     from pipeline_helpers import run
-    from test_converters import write_workdir
+    from tests.converter_helpers import write_workdir
 
     workdir, raw = tmp_path / "w", tmp_path / "raw"
     raw.mkdir()
@@ -367,7 +368,7 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
 
     def convert(threshold, seed=0):
         config.write_text(
-            f"convert:\n  multi_hot_sizes: {MLPERF_SIZES}\n  multi_hot_seed: {seed}\n"
+            f"convert:\n  multi_hot_sizes: {MLPERF_MULTI_HOT}\n  multi_hot_seed: {seed}\n"
             "  formats: [binary, mlperf_multihot]\n  fsync: false\n"
         )
         proc, summary = run(
@@ -395,7 +396,7 @@ def test_pipeline_convert_stage_with_multi_hot_and_the_reference_layout(tmp_path
         return info
 
     assert convert(2) == ("ran", "converters")
-    assert layout_is_the_dataset().multi_hot_sizes == tuple(MLPERF_SIZES)
+    assert layout_is_the_dataset().multi_hot_sizes == tuple(MLPERF_MULTI_HOT)
     assert convert(2)[0] == "skipped"
     assert convert(30) == ("derived", "rethreshold")  # from the binary dataset
     raised = layout_is_the_dataset()

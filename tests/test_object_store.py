@@ -131,6 +131,88 @@ def test_the_holders_children_run_under_its_lock_and_a_lock_not_renewed_goes_sta
             os.environ[LOCK_TOKEN_ENV] = saved
 
 
+# A run holding its lock on S3 with a renewal every 0.2 s, doing its work (a long sleep) as a
+# command line does, under run_cli.
+RENEWING_HOLDER = textwrap.dedent("""
+    import sys, time
+    from dlrm_contracts.errors import run_cli
+    from dlrm_contracts.object_lock import ObjectStoreLock
+    from dlrm_contracts.storage import resolve
+
+    def body():
+        with ObjectStoreLock(resolve(sys.argv[1]), "spark_jobs", renew_every=0.2):
+            print("held", flush=True)
+            time.sleep(240)
+        return 0
+
+    sys.exit(run_cli("spark_jobs", body))
+""")
+
+
+def test_a_holder_whose_lock_another_run_took_over_stops_in_one_line_with_exit_3(moto_s3):
+    """Its renewal finds another run's record: the run stops (not at the end of its sleep),
+    says so in one line, exits as a refused start does, and leaves the other run's lock."""
+    url = f"s3://{moto_s3.bucket()}/workdir"
+    env = {k: v for k, v in os.environ.items() if k != LOCK_TOKEN_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RENEWING_HOLDER, url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    lock = resolve(url) / ".pipeline.lock"
+    other = {**json.loads(lock.read_text()), "pid": 1, "host": "elsewhere", "token": "other-run"}
+    lock.write_text(json.dumps(other))  # what a run taking this one for dead writes
+    started = time.monotonic()
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == ExitCode.LOCKED, err
+    assert time.monotonic() - started < 200  # stopped by the renewal, not by the end of its work
+    lines = [line for line in err.splitlines() if "another run took over" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"spark_jobs: error: workdir {url}: another run took over")
+    assert "Traceback" not in err and "other-run" not in err
+    assert json.loads(lock.read_text())["token"] == "other-run"  # not deleted on the way out
+
+
+def test_a_holder_whose_lock_was_removed_stops_too(moto_s3):
+    """No lock at the renewal (removed by hand, or by a run that took it over and ended): the
+    run cannot know who wrote the workdir since, so it stops as locked (here in this process:
+    the interrupt reaches this thread's wait)."""
+    url = f"s3://{moto_s3.bucket()}/workdir"
+    with pytest.raises(PipelineError, match="this run's lock was removed, so this run stopped") as err:
+        with ObjectStoreLock(resolve(url), "pipeline", renew_every=0.2):
+            (resolve(url) / ".pipeline.lock").delete()
+            time.sleep(240)
+    assert err.value.code == ExitCode.LOCKED
+    assert not (resolve(url) / ".pipeline.lock").exists()  # not taken again
+
+
+def test_release_deletes_only_this_runs_record(moto_s3):
+    url = f"s3://{moto_s3.bucket()}/workdir"
+    lock = resolve(url) / ".pipeline.lock"
+    with ObjectStoreLock(resolve(url), "pipeline") as held:
+        held._etag = '"an-answer-lost"'  # a renewal landed but its ETag never came back
+    assert not lock.exists()
+    with ObjectStoreLock(resolve(url), "pipeline"):
+        record = json.loads(lock.read_text())
+        lock.write_text(json.dumps({**record, "token": "other-run"}))  # taken over meanwhile
+    assert json.loads(lock.read_text())["token"] == "other-run"
+
+    lock.delete()
+    with ObjectStoreLock(resolve(url), "pipeline") as racing:  # taken over between the
+        read = racing._read  # release's read of its record and its delete
+
+        def read_then_taken_over():
+            seen = read()
+            lock.write_text(json.dumps({**seen[0], "token": "third-run"}))
+            return seen
+
+        racing._read = read_then_taken_over
+    assert json.loads(lock.read_text())["token"] == "third-run"
+
+
 def test_a_store_without_conditional_writes_warns_that_it_is_not_locked(caplog, tmp_path):
     from dlrm_contracts.storage import Location
 
@@ -147,7 +229,7 @@ def test_a_store_without_conditional_writes_warns_that_it_is_not_locked(caplog, 
 def binary_dataset(tmp_path_factory) -> Path:
     from converters.convert import convert_parquet
     from dlrm_contracts.config import ConvertConfig
-    from tests.test_converters import write_workdir
+    from tests.converter_helpers import write_workdir
 
     root = tmp_path_factory.mktemp("dataset")
     write_workdir(root)
@@ -295,7 +377,7 @@ def _versions(location) -> list[str]:
 def test_checkpoints_are_published_once_each_retired_at_the_url_and_restored_on_another_node(
     moto_s3, tmp_path
 ):
-    from pipeline.fingerprint import tree_fingerprint
+    from dlrm_contracts.fingerprint import tree_fingerprint
     from pipeline.remote_models import CHECKPOINTS, INDEX, publish_tree, read_index, restore_checkpoints
 
     final = resolve(f"s3://{moto_s3.bucket()}/w/checkpoints")

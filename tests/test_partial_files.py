@@ -72,3 +72,43 @@ def test_a_slice_found_through_the_fences_is_exact_at_any_bound(tmp_path):
             if got:
                 assert np.array_equal(got[0].values, counts.values[want])
                 assert np.array_equal(got[0].counts, counts.counts[want])
+
+
+def test_the_exchange_behind_a_url_stays_on_one_host_only_under_a_local_master():
+    """auto: the workdir's files on a path; behind a URL the host's disk when one host runs
+    every task, Spark's shuffle on a cluster; ``local`` on a cluster is refused in one line."""
+    from spark_jobs.engines.arrow.engine import choose_exchange
+    from spark_jobs.errors import PreprocessConfigError
+
+    assert choose_exchange("auto", False, "local[2]") == "files"
+    assert choose_exchange("auto", False, "spark://head:7077") == "files"
+    assert choose_exchange("auto", True, "local[2]") == "local"
+    assert choose_exchange("auto", True, "local-cluster[2,1,1024]") == "local"
+    assert choose_exchange("auto", True, "spark://head:7077") == "shuffle"
+    assert choose_exchange("auto", True, "yarn") == "shuffle"
+    assert choose_exchange("shuffle", True, "local[2]") == "shuffle"
+    assert choose_exchange("files", True, "yarn") == "files"
+    assert choose_exchange("local", True, "local[*]") == "local"
+    with pytest.raises(PreprocessConfigError, match="needs a local master, not yarn"):
+        choose_exchange("local", True, "yarn")
+
+
+def test_a_host_directory_left_by_a_dead_run_is_removed_and_a_live_one_kept(tmp_path):
+    """Each job gets its own directory; a killed job's (its process gone) goes at the next
+    job's start, another live job's stays."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead = tmp_path / f"criteo-dlrm-partials-{int(gone.stdout)}-abc"
+    live = tmp_path / f"criteo-dlrm-partials-{os.getppid()}-def"
+    other = tmp_path / "criteo-dlrm-input-xyz"
+    for folder in (dead, live, other):
+        (folder / "chunk-0000001.partial").parent.mkdir()
+        (folder / "chunk-0000001.partial").write_bytes(b"x")
+    first = partial_files.on_this_host(tmp_path)
+    second = partial_files.on_this_host(tmp_path)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.name.startswith(f"criteo-dlrm-partials-{os.getpid()}-")
+    assert not dead.exists() and live.exists() and other.exists()

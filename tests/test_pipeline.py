@@ -1,8 +1,9 @@
 """The pipeline end to end, for real: generator, local Spark, converters, horovodrun with 2 ranks.
 
-One module-scoped end-to-end run feeds several checks (the lock, the rerun that skips, the
-threshold raise without Spark); the kill-and-restart test compares against an uninterrupted
-run made from the same raw files (in this process, on the shared Spark session).
+One module-scoped end-to-end run feeds several checks (the lock, its children under it, the
+rerun that skips, the threshold raise without Spark: those two reruns are the command line run
+in this process); the kill-and-restart test compares against an uninterrupted run made from
+the same raw files (in this process, on the shared Spark session).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import pytest
 
 from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.progress import Progress
-from pipeline_helpers import pipeline_cmd, run, same_tree
+from pipeline_helpers import pipeline_cmd, run, run_here, same_tree
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 
-SMALL_CONFIG = """
+DAYS, ROWS_PER_DAY = 3, 3000
+SMALL_CONFIG = f"""
 generator:
-  days: 3
-  rows_per_day: 6000
+  days: {DAYS}
+  rows_per_day: {ROWS_PER_DAY}
   seed: 4242
 spark:
   driver_memory: 2g
@@ -104,7 +106,7 @@ def test_end_to_end_with_two_ranks(e2e):
     rows = summary["rows"]
     quality = json.loads((workdir / "parquet" / "data_quality.json").read_text())
     rows_in = quality["totals"]["rows_read"]
-    assert rows_in == 3 * 6000
+    assert rows_in == DAYS * ROWS_PER_DAY
     assert rows["train"] + rows["test"] + rows["validation"] == rows_in - quality["totals"]["rows_rejected"]
     assert abs(rows["test"] - rows["validation"]) <= 1
     assert len(summary["table_sizes"]) == 26 and min(summary["table_sizes"]) >= 2
@@ -122,6 +124,17 @@ def test_end_to_end_with_two_ranks(e2e):
     ):
         assert (workdir / path).exists(), path
     assert list((workdir / "logs").glob("pipeline-*.log"))
+
+
+def test_the_pipeline_runs_its_wings_under_its_own_lock(e2e):
+    """The preprocess stage is ``python -m spark_jobs`` and the train stage horovodrun's two
+    ranks, children of the pipeline, which holds the workdir's lock: they run under it (the
+    stages ran, exit 0), not refused with exit 3 as another writer would be
+    (tests/test_workdir_lock.py)."""
+    workdir, summary, _ = e2e
+    assert summary["stages"]["preprocess"]["action"] == "ran", summary
+    assert (workdir / "parquet" / "_SUCCESS").is_file()
+    assert summary["stages"]["train"]["action"] == "ran" and summary["stages"]["train"]["engine"] == "horovod"
 
 
 def _log_lines(workdir: Path) -> list[tuple[datetime, str]]:
@@ -164,7 +177,9 @@ def test_every_stage_says_where_it_is_and_the_summary_keeps_its_rate(e2e):
         ]
         assert len(times) >= 2, (name, lines[start : end + 1])
         gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
-        assert max(gaps) <= 5.2, (name, gaps)
+        # the slack is for a loaded machine's thread wake-ups (5.4 s seen at load 16); a
+        # line missed still fails, since two intervals would have passed
+        assert max(gaps) <= 7.5, (name, gaps)
 
 
 def test_second_concurrent_run_refuses_with_its_own_exit_code(e2e):
@@ -175,7 +190,7 @@ def test_second_concurrent_run_refuses_with_its_own_exit_code(e2e):
 
 def test_rerun_with_nothing_changed_skips_every_stage(e2e, config_file):
     workdir, _, _ = e2e
-    proc, summary = run(workdir, config_file, "--np", "2", "--max-steps", "30")
+    proc, summary = run_here(workdir, config_file, "--np", "2", "--max-steps", "30")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {s["action"] for s in summary["stages"].values()} == {"skipped"}
 
@@ -203,7 +218,9 @@ def scratch_at_5(tmp_path_factory, e2e, spark):
 
 def test_raising_the_threshold_runs_no_spark_and_equals_a_scratch_run(e2e, config_file, scratch_at_5):
     workdir, _, _ = e2e
-    proc, summary = run(workdir, config_file, "--frequency-threshold", "5", "--stages", "preprocess,convert")
+    proc, summary = run_here(
+        workdir, config_file, "--frequency-threshold", "5", "--stages", "preprocess,convert"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert manifest(workdir, "preprocess")["engine"] != "spark"
     assert manifest(workdir, "preprocess")["action"] == "skipped"

@@ -353,7 +353,7 @@ def test_forced_train_starts_from_scratch_instead_of_resuming_the_finished_run(t
     from dlrm_contracts.atomic import write_json_atomic
     from pipeline.manifest import ManifestStore
     from pipeline.processes import ChildResult
-    from test_launch import write_tiny_dataset
+    from trainer_helpers import write_tiny_dataset
 
     layout = WorkdirLayout.at(tmp_path / "w")
     write_tiny_dataset(layout.binary, {"train": 8, "test": 8, "validation": 8})

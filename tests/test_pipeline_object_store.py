@@ -1,7 +1,9 @@
 """``run_pipeline.sh`` with its input and workdir in a bucket of a real S3-compatible server
 (moto on loopback): the convert stage reads the published parquet and publishes the binary
 dataset at the URL, byte for byte a local run's; train stages it in once; the records live at
-the URL; a second run is refused while the first holds the lock; a failed run recovers."""
+the URL; a second run is refused while the first holds the lock; a failed run recovers.
+With raw days in a bucket too, ``--stages preprocess,convert`` gives a local run's dataset,
+skips a rerun, follows a threshold change, and takes over the lock a killed job left."""
 
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def _publish_parquet(parquet: Path, url: str) -> None:
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory) -> tuple[Path, Path]:
     """(a local workdir converted by the pipeline, the config file)."""
-    from tests.test_converters import write_workdir
+    from tests.converter_helpers import write_workdir
 
     root = tmp_path_factory.mktemp("local")
     config = root / "pipeline.yaml"
@@ -265,6 +267,40 @@ def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lo
     assert not (resolve(workdir) / "binary").exists()
 
 
+# The pipeline renewing its lock every 0.2 s; its convert stage finds the lock taken over by
+# another run (what a run that took this one for dead writes) and goes on working.
+LOCK_TAKEN_OVER_IN_CONVERT = """
+import json, time
+import dlrm_contracts.object_lock as object_lock
+import pipeline.stages as stages
+from dlrm_contracts.storage import resolve
+object_lock.ObjectStoreLock.__init__.__defaults__ = ("pipeline", object_lock.STALE_AFTER, 0.2)
+def _convert(ctx):
+    lock = resolve(ctx.workdir) / ".pipeline.lock"
+    record = json.loads(lock.read_text())
+    lock.write_text(json.dumps({**record, "host": "elsewhere", "token": "other-run"}))
+    time.sleep(300)
+stages._convert = _convert
+"""
+
+
+def test_a_run_whose_lock_another_run_took_over_stops_as_locked_and_writes_no_more_there(
+    bucket_workdir, local_run
+):
+    workdir, raw, local = bucket_workdir
+    args = _args(workdir, raw, local, local_run[1], "--stages", "convert")
+    proc, summary = _pipeline(*args, code=LOCK_TAKEN_OVER_IN_CONVERT)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert summary["status"] == "failed: locked"
+    assert summary["stages"]["convert"]["action"] == "failed"
+    said = [line for line in proc.stderr.splitlines() if "another run took over" in line]
+    assert len(said) == 1 and said[0].startswith("[pipeline] workdir"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    root = resolve(workdir)
+    assert json.loads((root / ".pipeline.lock").read_text())["token"] == "other-run"
+    assert not (root / "summary.json").exists() and not (root / "manifests").exists()
+
+
 # The convert stage killed (SIGKILL: no handler, no clean-up, the lock object left behind)
 # after the dataset's files were uploaded and before its commit marker.
 KILLED_BEFORE_MARKER = """
@@ -305,11 +341,12 @@ def test_commands_that_read_a_workdir_by_path_refuse_a_url(argv, tmp_path, monke
     assert list(tmp_path.iterdir()) == []  # no local "s3:" directory
 
 
-def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anything(tmp_path, capsys):
+@pytest.mark.parametrize("ids", ["stable", "contiguous"])
+def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anything(ids, tmp_path, capsys):
     from pipeline.cli import main
 
-    config = tmp_path / "stable.yaml"
-    config.write_text("preprocess:\n  ids: stable\n")
+    config = tmp_path / "ids.yaml"
+    config.write_text(f"preprocess:\n  ids: {ids}\n")
     argv = [
         "--workdir",
         "s3://bucket/criteo/workdir",
@@ -321,4 +358,199 @@ def test_what_the_spark_job_cannot_do_at_a_workdir_url_is_refused_before_anythin
         "preprocess,convert",
     ]
     assert main(argv) == 2  # no store is reached: the bucket does not exist
-    assert "preprocess.ids: stable needs a workdir on a filesystem path" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"preprocess.ids: {ids} needs a workdir on a filesystem path" in err
+    assert "a workdir URL supports ids: frequency and modulo" in err
+
+
+# ------------------------------------------------------------------ preprocess and convert at a URL
+PREPROCESS_CONFIG = """
+spark:
+  master: local[2]
+  driver_memory: 2g
+convert:
+  batch_rows: 512
+  fsync: false
+train:
+  preset: small
+preflight:
+  enabled: false
+"""
+
+# python -m spark_jobs killed (SIGKILL: no handler, no clean-up, its lock object left behind)
+# in its transform: as soon as a split file is up (the other tasks may still be writing), and
+# in any case before a split's commit marker (which waits for the kill).
+KILLED_IN_THE_TRANSFORM = """
+import os, signal, sys, threading, time
+import dlrm_contracts.object_commit as commit
+from dlrm_contracts.schema import SPLITS
+from dlrm_contracts.storage import resolve
+
+parquet = resolve(sys.argv[sys.argv.index("--workdir") + 1]) / "parquet"
+publish = commit.write_marker
+
+def _kill_at_the_first_split_file():
+    while not any((parquet / split).files() for split in SPLITS):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def _marker(final, version, files):
+    if final.name in SPLITS:
+        time.sleep(3600)
+    publish(final, version, files)
+
+commit.write_marker = _marker
+threading.Thread(target=_kill_at_the_first_split_file, daemon=True).start()
+from spark_jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _split_files(parquet) -> dict[str, bytes]:
+    """Every split's published files by name (at a URL: those its commit marker names)."""
+    from dlrm_contracts import workdir_io
+
+    return {
+        f"{split}/{p.name}": p.read_bytes()
+        for split in SPLITS
+        for p in workdir_io.published_files(parquet / split)
+    }
+
+
+def _assert_same_dataset(published: dict[str, bytes], reference: Path) -> None:
+    """The binary dataset at a URL is the reference's byte for byte; of dataset.json (which
+    names where its parquet came from) the parts that describe the data."""
+    expected = {
+        p.relative_to(reference).as_posix(): p.read_bytes() for p in reference.rglob("*") if p.is_file()
+    }
+    assert published.keys() == expected.keys()
+    assert [n for n in expected if n != "dataset.json" and published[n] != expected[n]] == []
+    here, there = (json.loads(d["dataset.json"]) for d in (published, expected))
+    for key in ("splits", "table_sizes", "cat_dtypes", "threshold_spec"):
+        assert here[key] == there[key], key
+
+
+@pytest.fixture(scope="module")
+def days_at_url(moto_s3, tmp_path_factory) -> tuple[Path, str]:
+    """Three small days on disk and the same files in a bucket."""
+    from spark_fixtures import random_days, write_days
+
+    local = write_days(tmp_path_factory.mktemp("raw"), random_days(3838, 3, 400))
+    url = f"s3://{moto_s3.bucket('raw')}/criteo/raw"
+    for path in sorted(local.glob("day_*")):
+        (resolve(url) / path.name).write_bytes(path.read_bytes())
+    return local, url
+
+
+@pytest.fixture(scope="module")
+def local_references(spark, days_at_url, tmp_path_factory) -> dict[str, Path]:
+    """Per threshold, a local workdir made from the same days by the Spark job and the
+    converter (in this process, on the shared session: no JVM of its own)."""
+    from converters.convert import convert_parquet
+    from dlrm_contracts.config import ConvertConfig, PreprocessConfig, SparkConfig
+    from dlrm_contracts.layout import WorkdirLayout
+    from spark_jobs.preprocess import run_preprocess
+
+    out = {}
+    for threshold in ("2", "3"):
+        layout = WorkdirLayout.at(tmp_path_factory.mktemp(f"local-{threshold}"))
+        spark_settings = SparkConfig(master="local[2]", driver_memory="2g")
+        run_preprocess(
+            days_at_url[0], layout.root, spark_settings, PreprocessConfig(frequency_threshold=threshold)
+        )
+        convert_parquet(
+            layout.parquet, layout.binary, ConvertConfig(batch_rows=512, progress=False, fsync=False)
+        )
+        out[threshold] = layout.root
+    return out
+
+
+@pytest.fixture(scope="module")
+def killed_then_recovered(moto_s3, days_at_url, tmp_path_factory):
+    """``python -m spark_jobs`` at a workdir URL killed in its transform, then the pipeline's
+    ``--stages preprocess,convert`` on the same workdir URL: (workdir URL, the local side,
+    the config, (the killed process, the lock record it left, the split files it left, the
+    splits published then), the pipeline's run)."""
+    root = tmp_path_factory.mktemp("url-run")
+    config = root / "pipeline.yaml"
+    config.write_text(PREPROCESS_CONFIG)
+    workdir = f"s3://{moto_s3.bucket('work')}/criteo/workdir"
+    argv = [
+        "--input",
+        days_at_url[1],
+        "--workdir",
+        workdir,
+        "--frequency-threshold",
+        "2",
+        "--config",
+        str(config),
+    ]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_THE_TRANSFORM, *argv], capture_output=True, text=True, env=_env()
+    )
+    lock = resolve(workdir) / ".pipeline.lock"
+    left = json.loads(lock.read_text()) if lock.exists() else None
+    parquet = resolve(workdir) / "parquet"
+    split_files = sum(len((parquet / split).files()) for split in SPLITS)
+    published = [split for split in SPLITS if (parquet / split / "_COMMIT.json").exists()]
+    local = root / "node"
+    done = _pipeline(*_args(workdir, days_at_url[1], local, config, "--stages", "preprocess,convert"))
+    return workdir, local, config, (killed, left, split_files, published), done
+
+
+def test_a_job_killed_in_its_transform_at_a_url_leaves_its_lock_and_the_next_run_takes_it_over(
+    killed_then_recovered, local_references
+):
+    """The kill leaves the lock with a dead owner and no published split; the next run
+    (the pipeline) takes the lock over, finishes, and publishes a clean run's splits."""
+    import socket
+
+    from dlrm_contracts.atomic import pid_alive
+    from dlrm_contracts.layout import WorkdirLayout
+
+    workdir, _local, _config, (killed, left, split_files, published), (proc, summary) = killed_then_recovered
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert left is not None and left["by"] == "spark_jobs" and left["host"] == socket.gethostname()
+    assert not pid_alive(left["pid"])
+    assert split_files > 0 and published == []  # killed with its splits half done
+    assert proc.returncode == 0 and summary["status"] == "ok", proc.stderr[-3000:]
+    assert "took over a stale lock" in proc.stderr
+    assert summary["stages"]["preprocess"]["action"] == "ran"
+    parquet = WorkdirLayout.at(workdir).parquet
+    assert _split_files(parquet) == _split_files(local_references["2"] / "parquet")
+    assert not (resolve(workdir) / ".pipeline.lock").exists()
+
+
+def test_preprocess_and_convert_at_a_url_give_a_local_run_s_dataset_skip_a_rerun_and_follow_a_threshold(
+    killed_then_recovered, days_at_url, local_references
+):
+    """Input and workdir in buckets, through the pipeline as a user runs it: the binary
+    dataset is a local run's byte for byte; the same request again is skipped; another
+    threshold runs again and gives a local run's dataset at that threshold."""
+    workdir, local, config, _killed, (proc, summary) = killed_then_recovered
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["convert"]["action"] == "ran"
+    _assert_same_dataset(_published(f"{workdir}/binary"), local_references["2"] / "binary")
+
+    proc, summary = _pipeline(
+        *_args(workdir, days_at_url[1], local, config, "--stages", "preprocess,convert")
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {s["action"] for s in summary["stages"].values()} == {"skipped"}
+
+    proc, summary = _pipeline(
+        *_args(
+            workdir,
+            days_at_url[1],
+            local,
+            config,
+            "--stages",
+            "preprocess,convert",
+            "--frequency-threshold",
+            "3",
+        )
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["stages"]["preprocess"]["action"] == "skipped"  # the parquet at 2 serves 3
+    assert summary["stages"]["convert"]["action"] in ("ran", "derived")
+    _assert_same_dataset(_published(f"{workdir}/binary"), local_references["3"] / "binary")

@@ -1,4 +1,5 @@
-"""Nothing served is lost (issue 35, items 8 and 11).
+"""Nothing served is lost: a version a scorer may be reading, or one a person chose to serve,
+outlives pruning, and damaged files end a stage in one line instead of serving the wrong model.
 
 Pruning keeps the pinned, the served and the newest verified export versions; `run_pipeline.sh
 export pin|unpin|rollback|latest` change which, and the score stage follows (a real tiny
@@ -55,6 +56,15 @@ def export_cli(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def export_here(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``export_cli``'s command line run in this process (its main, its exit code and output;
+    the commands start no process): the real command line's exit codes and its lock are
+    checked through ``export_cli`` in the tests that use it."""
+    from pipeline_helpers import run_in_process
+
+    return run_in_process(workdir.parent, "export", *args, "--workdir", str(workdir))[0]
+
+
 def test_pruning_keeps_the_pinned_and_the_newest_verified_version(tmp_path):
     """Versions 1-6, 1 pinned, 2 and 3 verified (4-6 exported before anything was verified,
     or by a run killed before recording it), keep_versions 2: 1, 3 (the newest verified, and
@@ -83,7 +93,7 @@ def test_a_held_version_is_never_pruned_and_latest_releases_it(tmp_path):
     proc = export_cli(tmp_path / "w", "rollback")  # the version before the served 4
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["served_version"] == 3
-    proc = export_cli(tmp_path / "w", "rollback", "1")
+    proc = export_here(tmp_path / "w", "rollback", "1")
     assert proc.returncode == 0 and served_export(export) == export / "1", proc.stderr
     fake_versions(export, [5])  # a later export: 1 stays served
     state = read_state(export)
@@ -92,7 +102,7 @@ def test_a_held_version_is_never_pruned_and_latest_releases_it(tmp_path):
     assert served_export(export) == export / "1"
     assert prune_versions(export, 1) == [2, 3, 4]
     assert on_disk(export) == [1, 5]
-    proc = export_cli(tmp_path / "w", "latest")
+    proc = export_here(tmp_path / "w", "latest")
     assert proc.returncode == 0 and served_export(export) == export / "5", proc.stderr
     assert prune_versions(export, 1) == [1]
 
@@ -100,7 +110,7 @@ def test_a_held_version_is_never_pruned_and_latest_releases_it(tmp_path):
 def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
     export = tmp_path / "w" / "export"
     fake_versions(export, [1, 2])
-    proc = export_cli(tmp_path / "w", "pin", "1")
+    proc = export_here(tmp_path / "w", "pin", "1")
     assert proc.returncode == 0, proc.stderr
     listed = json.loads(proc.stdout.splitlines()[-1])
     assert listed["pinned"] == [1] and listed["served_version"] == 2
@@ -115,13 +125,13 @@ def test_pin_unpin_and_wrong_versions_through_the_command(tmp_path):
         (("pin",), "needs a VERSION"),
         (("latest", "1"), "takes no"),
     ]:
-        proc = export_cli(tmp_path / "w", *args)
+        proc = export_here(tmp_path / "w", *args)
         assert proc.returncode == ExitCode.USAGE and words in proc.stderr, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert export_cli(tmp_path / "w", "unpin", "1").returncode == 0
+    assert export_here(tmp_path / "w", "unpin", "1").returncode == 0
     assert read_state(export).pinned == set()
-    proc = export_cli(tmp_path / "w", "rollback", "1")
-    proc = export_cli(tmp_path / "w", "rollback")  # nothing older than 1
+    proc = export_here(tmp_path / "w", "rollback", "1")
+    proc = export_here(tmp_path / "w", "rollback")  # nothing older than 1
     assert proc.returncode == ExitCode.USAGE and "no version older" in proc.stderr
 
 
@@ -196,25 +206,19 @@ def workdir_copy(trained: Path, tmp_path: Path, newest_only: bool = False) -> Pa
     return work
 
 
-def pipeline(trained: Path, work: Path, *args: str, np_: int = 1):
+def pipeline(trained: Path, work: Path, *args: str, np_: int = 1, own_process: bool = False):
+    """The pipeline's command line on ``work``: its main in this process (run_in_process; its
+    stages' trainer and scorer still run as processes of their own), or with ``own_process``
+    the real ``python -m pipeline``."""
     config = work.parent / "c.yaml"
     config.write_text(CONFIG % np_)
+    argv = ["--input", str(trained / "raw"), "--workdir", str(work), "--config", str(config), *args]
+    if not own_process:
+        from pipeline_helpers import run_in_process
+
+        return run_in_process(work.parent, *argv)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--input",
-            str(trained / "raw"),
-            "--workdir",
-            str(work),
-            "--config",
-            str(config),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+        [sys.executable, "-m", "pipeline", *argv], capture_output=True, text=True, timeout=900
     )
     lines = proc.stdout.strip().splitlines()
     return proc, json.loads(lines[-1]) if lines else None
@@ -263,7 +267,7 @@ def test_rollback_moves_the_score_stage_to_that_version(trained, tmp_path):
     assert proc.returncode == 0 and "serving version 1" in proc.stdout, proc.stderr
     model, rolled_back = score()
     assert model == str(work / "export" / "1") and rolled_back != newest
-    assert export_cli(work, "latest").returncode == 0
+    assert export_here(work, "latest").returncode == 0
     assert score()[0] == str(work / "export" / "2")
 
 
@@ -326,7 +330,8 @@ def test_eval_on_damaged_files_is_one_line_naming_the_file_and_the_fix(trained, 
     work = workdir_copy(trained, tmp_path, newest_only=True)
     name = damage(work, kind)
     ranks = 2 if kind == "truncated rank-0.npz" else 1
-    proc, summary = pipeline(trained, work, "--stages", "eval", "--force", np_=ranks)
+    # the two-rank case through the real command line, the other through its main here
+    proc, summary = pipeline(trained, work, "--stages", "eval", "--force", np_=ranks, own_process=ranks == 2)
     # a refusal (a person must retrain or reconvert): a scheduler does not retry it
     assert proc.returncode == ExitCode.EVAL and summary["status"] == "failed: eval_refused", proc.stderr
     line = one_failure_line(proc, "eval")

@@ -422,29 +422,24 @@ def test_score_stage_writes_scores_and_rejects(served, answers):
     assert again.returncode == 0 and summary["stages"]["score"]["action"] == "skipped"
 
 
-def test_export_too_big_is_refused_before_reading(served):
+def test_export_too_big_is_refused_before_reading(served, capsys):
+    """The export stage's child (the main of ``python -m trainer --mode export``, with the
+    stage's arguments, run in this process; the stage's exit 10 for its child's refusal is
+    checked end to end by test_a_new_day_preprocessed_does_not_export_the_old_checkpoint)."""
+    from trainer.cli import main
+
     config = served["root"] / "tiny.yaml"
     config.write_text(CONFIG + "export:\n  max_memory_mb: 0.01\n")
     before = newest_fingerprint(served["workdir"]).read_text()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--workdir",
-            str(served["workdir"]),
-            "--config",
-            str(config),
-            "--stages",
-            "export",
-            "--force",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    workdir = served["workdir"]
+    capsys.readouterr()
+    code = main(
+        ["--mode", "export", "--dataset", str(workdir / "binary"), "--workdir", str(workdir)]
+        + ["--config", str(config), "--verify-dataset", "none"]
     )
-    assert proc.returncode == ExitCode.EXPORT
-    assert "the export needs about" in proc.stderr and "max_memory_mb" in proc.stderr
+    stderr = capsys.readouterr().err
+    assert code == ExitCode.EXPORT, stderr[-3000:]
+    assert "the export needs about" in stderr and "max_memory_mb" in stderr
     # the previous export is untouched
     assert newest_fingerprint(served["workdir"]).read_text() == before
 
@@ -586,8 +581,9 @@ def test_score_input_that_cannot_be_read_as_asked_is_one_line_exit_11(served, ca
 
 def test_score_input_edge_cases_that_are_fine(served, capsys):
     """An empty file (label unknown) scores nothing; a labelled file whose lines mostly lost
-    their empty last field is read as labelled (the real command line); the same file with
-    score.has_label set too (its main in this process)."""
+    their empty last field is read as labelled; the same file with score.has_label set too.
+    Through the command line's main in this process: the real command line's exit 0 and
+    summary are the score stage's (test_score_stage_writes_scores_and_rejects)."""
     root = served["root"] / "edge_inputs"
     root.mkdir()
     empty = root / "empty"
@@ -601,7 +597,7 @@ def test_score_input_edge_cases_that_are_fine(served, capsys):
     assert sum(l.count("\t") == 38 for l in short) > len(short) // 4
     labelled = root / "labelled39"
     labelled.write_text("".join(l + "\n" for l in short))
-    proc, out = _score_cli(served, [empty, labelled])
+    proc, out = _score_main(capsys)(served, [empty, labelled])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     files = {Path(f["file"]).name: f for f in summary["files"]}

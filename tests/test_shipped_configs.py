@@ -6,8 +6,6 @@ defaults, not read from the files: a config drifting from the reference fails.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,8 +13,7 @@ import yaml
 from dlrm_contracts.config import PipelineConfig, load_config
 from dlrm_contracts.thresholds import parse_threshold_spec
 from pipeline.hosts import horovodrun_hosts
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from tests.config_helpers import CONFIGS, MLPERF, unknown_keys
 
 # The reference's one-epoch Terabyte recipe, shared by all three configs.
 REFERENCE_TRAIN = {
@@ -45,24 +42,9 @@ EXPECTED = {
 }
 
 
-def _unknown_keys(data: dict, cls: type, where: str) -> list[str]:
-    """Keys of the YAML mapping that are no field of the dataclass (recursively)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = []
-    for key, value in data.items():
-        if key not in fields:
-            unknown.append(f"{where}.{key}")
-            continue
-        default = getattr(cls(), key)
-        if dataclasses.is_dataclass(default) and isinstance(value, dict):
-            unknown += _unknown_keys(value, type(default), f"{where}.{key}")
-    return unknown
-
-
 def test_every_shipped_config_is_tested():
     # the MLPerf DLRMv2 configs have their own reference: tests/test_mlperf_configs.py
     assert sorted(p.name for p in CONFIGS.glob("criteo_terabyte_*.yaml")) == sorted(EXPECTED)
-    from tests.test_mlperf_configs import MLPERF
 
     assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted([*EXPECTED, *MLPERF])
 
@@ -70,7 +52,7 @@ def test_every_shipped_config_is_tested():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_key_is_a_setting_the_pipeline_knows(name):
     data = yaml.safe_load((CONFIGS / name).read_text())
-    assert _unknown_keys(data, PipelineConfig, "config") == []
+    assert unknown_keys(data, PipelineConfig, "config") == []
     load_config(CONFIGS / name)  # also type-checks every value
 
 

@@ -30,6 +30,7 @@ from spark_fixtures import (
     run,
     salted_days,
     sort_key,
+    split_files,
     write_days,
 )
 
@@ -87,13 +88,6 @@ def _check(work: Path, summary: dict, days: list[list[str]], caps: list[int]) ->
     assert not (layout.parquet / "dictionaries").exists()
 
 
-def _split_files(work: Path, split: str) -> list:
-    import pyarrow.parquet as pq
-
-    files = sorted(WorkdirLayout.at(work).parquet_split(split).glob("part-*.parquet"))
-    return [(str(pq.read_schema(p).remove_metadata()), pq.read_table(p).to_pylist()) for p in files]
-
-
 @pytest.mark.spark
 def test_both_engines_cap_ids_like_the_reference(tmp_path, spark, real_sample):
     generated = salted_days(37, 3, 300)
@@ -108,7 +102,7 @@ def test_both_engines_cap_ids_like_the_reference(tmp_path, spark, real_sample):
         )
         _check(tmp_path / engine, summaries[engine], days, CAPS)
     for split in SPLITS:
-        assert _split_files(tmp_path / "arrow", split) == _split_files(tmp_path / "sql", split), split
+        assert split_files(tmp_path / "arrow", split) == split_files(tmp_path / "sql", split), split
     a, s = WorkdirLayout.at(tmp_path / "arrow"), WorkdirLayout.at(tmp_path / "sql")
     assert json.loads(a.data_quality.read_text()) == json.loads(s.data_quality.read_text())
     # the caps matter: the large cap kept a value whole that the small ones folded

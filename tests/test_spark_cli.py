@@ -218,7 +218,7 @@ def local_job(tmp_path_factory):
     """One real ``python -m spark_jobs`` in local mode, as the pipeline starts it, for the
     tests that read what it did: its progress records and Spark event log, and every socket
     its processes listened on while it ran (read with psutil)."""
-    from test_spark_security import listening, spark_env
+    from spark_cluster import listening, spark_env
 
     from dlrm_contracts.progress import PROGRESS_FILE_ENV
 
@@ -298,7 +298,7 @@ def test_the_job_reports_its_phases_to_the_pipeline_and_writes_an_event_log(loca
 @pytest.mark.slow
 def test_a_local_preprocess_listens_on_loopback_only(local_job):
     """The pipeline's own driver in local mode: its UI listened on *:4040 before."""
-    from test_spark_security import loopback
+    from spark_cluster import loopback
 
     seen = local_job.listened
     assert local_job.returncode == 0, local_job.stderr[-3000:]

@@ -289,10 +289,13 @@ def test_jobs_without_the_secret_or_with_a_wrong_one_are_refused(cluster, runs):
         assert code == 5, f"{name} was not refused (exit {code})\n{err[-3000:]}"
         assert "did not accept the job" in err, err[-2000:]
         assert not (base / workdir / "parquet" / "_SUCCESS").exists()
-    # The wrong secret failed in the authentication handshake itself (Spark's AES-based auth:
-    # with the SASL fallback off, the server's challenge refuses it).
+    # The wrong secret fails in the authentication handshake (Spark's AES-based auth: with the
+    # SASL fallback off, the server's challenge refuses it and closes the channel). Which the
+    # driver logs is a race: the handshake's refusal, or, when the close wins on a loaded
+    # machine, its registration giving up on the master; never a registered application (below).
     wrong_err = results["wrong_secret"][2]
-    assert "Authentication failed" in wrong_err and "network.crypto.Auth" in wrong_err, wrong_err[-3000:]
+    refused = "Authentication failed" in wrong_err and "network.crypto.Auth" in wrong_err
+    assert refused or "All masters are unresponsive" in wrong_err, wrong_err[-3000:]
     # Only the good runs' applications were ever registered.
     assert len(re.findall(r"Registering app", _master_log(directory))) == len(GOOD)
 

@@ -16,46 +16,32 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.layout import WorkdirLayout
-from spark_fixtures import random_days, run, salted_days, write_days
-from test_spark_exactness import check_against_reference
+from dlrm_contracts.schema import SPLITS
+from spark_fixtures import (
+    canonical_rows,
+    check_against_reference,
+    random_days,
+    run,
+    salted_days,
+    split_files,
+    write_days,
+)
 
 pytestmark = pytest.mark.spark
-
-SPLITS = ("train", "test", "validation")
-
-
-def _split_files(work: Path, split: str) -> list:
-    """Each file of the split, in name order, as (its parquet schema, its rows in order)."""
-    files = sorted(WorkdirLayout.at(work).parquet_split(split).glob("part-*.parquet"))
-    return [(str(pq.read_schema(p).remove_metadata()), pq.read_table(p).to_pylist()) for p in files]
-
-
-def _rows(directory: Path) -> list[tuple]:
-    """Every row of a Spark-written parquet or JSON directory, in a canonical order."""
-    if any(directory.rglob("*.json")):
-        rows = [
-            tuple(sorted(json.loads(line).items()))
-            for p in directory.rglob("*.json")
-            for line in p.read_text().splitlines()
-        ]
-    else:
-        table = pq.read_table(directory)
-        rows = [tuple(sorted(r.items())) for r in table.to_pylist()]
-    return sorted(rows, key=repr)
 
 
 def assert_same_outputs(arrow: Path, sql: Path) -> None:
     a, s = WorkdirLayout.at(arrow), WorkdirLayout.at(sql)
     for split in SPLITS:
-        files = _split_files(arrow, split)
+        files = split_files(arrow, split)
         assert files, split
-        assert files == _split_files(sql, split), f"{split} parquet differs between the engines"
+        assert files == split_files(sql, split), f"{split} parquet differs between the engines"
         assert "required" in str(
             pq.ParquetFile(next(WorkdirLayout.at(arrow).parquet_split(split).glob("part-*.parquet"))).schema
         ), split
-    assert _rows(a.counts / "values") == _rows(s.counts / "values")
-    assert _rows(a.parquet / "dictionaries") == _rows(s.parquet / "dictionaries")
-    assert _rows(a.rejects) == _rows(s.rejects)
+    assert canonical_rows(a.counts / "values") == canonical_rows(s.counts / "values")
+    assert canonical_rows(a.parquet / "dictionaries") == canonical_rows(s.parquet / "dictionaries")
+    assert canonical_rows(a.rejects) == canonical_rows(s.rejects)
     assert (a.counts / "histogram.parquet").read_bytes() == (s.counts / "histogram.parquet").read_bytes()
     for name in ("data_quality.json", "model_size.json"):
         assert json.loads((a.parquet / name).read_text()) == json.loads((s.parquet / name).read_text())
@@ -162,14 +148,14 @@ def test_engines_agree_on_a_huge_line_and_a_gzip_bomb(tmp_path, spark):
     a, s = WorkdirLayout.at(tmp_path / "arrow"), WorkdirLayout.at(tmp_path / "sql")
     for split in SPLITS:  # the rows in order (how the last day's rows fall into files
         rows = [
-            [row for _, part in _split_files(tmp_path / e, split) for row in part] for e in ("arrow", "sql")
+            [row for _, part in split_files(tmp_path / e, split) for row in part] for e in ("arrow", "sql")
         ]  # follows each engine's read partitions here)
         assert rows[0] and rows[0] == rows[1], split
     for name in ("data_quality.json", "model_size.json"):
         assert json.loads((a.parquet / name).read_text()) == json.loads((s.parquet / name).read_text())
-    assert _rows(a.rejects) == _rows(s.rejects)
-    assert _rows(a.counts / "values") == _rows(s.counts / "values")
-    assert _rows(a.parquet / "dictionaries") == _rows(s.parquet / "dictionaries")
+    assert canonical_rows(a.rejects) == canonical_rows(s.rejects)
+    assert canonical_rows(a.counts / "values") == canonical_rows(s.counts / "values")
+    assert canonical_rows(a.parquet / "dictionaries") == canonical_rows(s.parquet / "dictionaries")
     report = json.loads(WorkdirLayout.at(tmp_path / "arrow").data_quality.read_text())
     assert report["totals"]["rejected_by_reason"]["line_too_long"] == 3
     assert report["rejected"] == 3 and report["identity_holds"]

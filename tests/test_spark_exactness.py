@@ -19,13 +19,12 @@ from dlrm_contracts.config import GeneratorConfig
 from dlrm_contracts.layout import WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS
 from spark_fixtures import (
-    assert_rows_equal,
+    check_against_reference,
     read_split,
     reference_missing_rates,
     reference_preprocess,
     run,
     random_days,
-    sort_key,
     write_days,
 )
 
@@ -59,20 +58,6 @@ def generated(tmp_path_factory, spark):
     work = tmp_path_factory.mktemp("gen_work")
     summary = run(spark, raw, work, THRESHOLD)
     return raw, work, summary
-
-
-def check_against_reference(lines: list[list[str]], work, summary, threshold: str) -> None:
-    ref = reference_preprocess(lines, threshold)
-    layout = WorkdirLayout.at(work)
-    for split in ("test", "validation"):
-        assert_rows_equal(read_split(layout.parquet_split(split)), ref.splits[split], split)
-    train = read_split(layout.parquet_split("train"))
-    assert_rows_equal(
-        sorted(train, key=sort_key), sorted(ref.splits["train"], key=sort_key), "train (as a multiset)"
-    )
-    assert json.loads(layout.parquet_model_size.read_text()) == ref.sizes
-    assert summary["table_sizes"] == ref.sizes
-    assert summary["rows"] == {s: len(ref.splits[s]) for s in ("train", "test", "validation")}
 
 
 def test_generated_input_matches_reference(generated):

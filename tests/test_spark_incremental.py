@@ -1,4 +1,5 @@
-"""Stable ids' incremental daily runs (issue 25 item 3), on a real local Spark session.
+"""Stable ids' incremental daily runs, on a real local Spark session: a daily run must cost one
+day's transform, not the window's, and give what a full retransform gives.
 
 Day files land one a run (window 3). Each run must transform only the day that is new and the
 one that joined train (the job's own record says which), reuse the other days' parts, drop
@@ -24,18 +25,11 @@ from dlrm_contracts.binary_format import LABEL_FILE, NUMERICAL_FILE, cat_file, r
 from dlrm_contracts.config import ConvertConfig, PreprocessConfig
 from dlrm_contracts.layout import DAY_JSON, SEGMENTS_JSON, WorkdirLayout
 from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
-from spark_fixtures import copy_of_run, random_days, spark_config
+from spark_fixtures import copy_of_run, land_day, random_days, spark_config
 from spark_jobs import day_store
 
 WINDOW = 3
 ROWS = 300
-
-
-def _land(raw: Path, day: int, lines: list[str]) -> None:
-    raw.mkdir(parents=True, exist_ok=True)
-    part = raw / f".day_{day}.part"
-    part.write_text("".join(line + "\n" for line in lines))
-    part.rename(raw / f"day_{day}")
 
 
 def _preprocess(spark, raw: Path, work: Path, retransform: bool = False) -> dict:
@@ -120,9 +114,9 @@ def test_daily_runs_transform_and_convert_only_the_new_days(tmp_path, spark):
     days = random_days(2525, 5, ROWS)
     raw, work = tmp_path / "raw", tmp_path / "work"
     layout = WorkdirLayout.at(work)
-    _land(raw, 0, days[0])
+    land_day(raw, 0, days[0])
     for k in range(1, 5):
-        _land(raw, k, days[k])
+        land_day(raw, k, days[k])
         first = max(0, k - WINDOW + 1)
         if k == 4:  # a reused day's stored value counts damaged: it is read to recount them
             counted = sorted((layout.counts / "values" / f"day={first}").glob("*.parquet"))[0]
@@ -166,7 +160,7 @@ def first_run(tmp_path_factory, spark):
     days = random_days(2526, 4, ROWS)
     base = tmp_path_factory.mktemp("first_run")
     for k in range(WINDOW):
-        _land(base / "raw", k, days[k])
+        land_day(base / "raw", k, days[k])
     _preprocess(spark, base / "raw", base / "work")
     _convert(base / "work")
     return SimpleNamespace(spark=spark, days=days, base=base)
@@ -183,7 +177,7 @@ def test_a_run_killed_between_days_keeps_yesterdays_dataset_and_the_next_run_com
     raw, work = copy_of_run(first_run.base, tmp_path)
     layout = WorkdirLayout.at(work)
     before = {p: p.read_bytes() for p in layout.binary.rglob("*") if p.is_file()}
-    _land(raw, 3, days[3])
+    land_day(raw, 3, days[3])
 
     class Killed(BaseException):
         """What the process sees of a kill: nothing after this point runs."""
@@ -237,9 +231,8 @@ def _stored_day(tmp_path: Path, rows: int, rejected: int = 0):
     stats = DayStats(1, rows_read=rows + rejected, rows_valid=rows, partitions={0: rows + rejected})
     stats.rejected["bad_label"] = rejected
     cfg = PreprocessConfig(ids="stable")
-    day_store.commit_day(
-        layout, day, day_store.TRAIN, cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS}, stats, "arrow/256"
-    )
+    transformed = day_store.TransformedWith(cfg, "lineage-a", {c: 5 for c in CAT_COLUMNS}, "arrow/256")
+    day_store.commit_day(layout, day, day_store.TRAIN, stats, transformed)
     return layout, day, cfg, stats
 
 
@@ -299,8 +292,8 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     shared session, the pipeline's settings) keeps its days; the second, through the
     pipeline's CLI with keep_parquet: false and --force, transforms every day again (--force
     passes --retransform to the job: the kept days would have been reused) and then drops the
-    kept days with the splits (they hold the bytes), so the third, lean, transforms its whole
-    window."""
+    kept days with the splits (they hold the bytes), so the third (the job and the converter
+    on the shared session) transforms its whole window."""
     from spark_jobs import stable_ids
     from spark_jobs.inputs import discover_days
     from spark_jobs.preprocess import run_preprocess
@@ -310,7 +303,7 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     days = random_days(2527, 5, ROWS)
     raw, workdir = tmp_path / "raw", tmp_path / "work"
     for k in range(3):
-        _land(raw, k, days[k])
+        land_day(raw, k, days[k])
     lean = tmp_path / "lean.yaml"
     lean.write_text(
         "spark:\n  driver_memory: 2g\nconvert:\n  batch_rows: 512\n"
@@ -328,7 +321,7 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     assert transformed()["days_reused"] == []
     assert (parquet / "days").is_dir() and (parquet / SEGMENTS_JSON).is_file()
 
-    _land(raw, 3, days[3])
+    land_day(raw, 3, days[3])
     layout = WorkdirLayout.at(workdir)
     lineage = stable_ids.lineage(layout.dictionaries)
     unforced = day_store.plan(discover_days(raw), layout, PreprocessConfig(ids="stable"), lineage, False)
@@ -342,13 +335,16 @@ def test_the_pipeline_lean_mode_drops_the_days_and_force_retransforms_them(tmp_p
     assert removed["removed"] == ["train", "test", "validation", "days", SEGMENTS_JSON]
     assert not (parquet / "days").exists() and not (parquet / SEGMENTS_JSON).exists()
 
-    _land(raw, 4, days[4])
-    proc, summary = run(workdir, lean, *stages)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the third run's subject is the job's plan over the parts the pipeline removed: the job
+    # and the converter on the shared session again
+    land_day(raw, 4, days[4])
+    run_preprocess(raw, workdir, spark_config(), PreprocessConfig(ids="stable"))
+    converted = _convert(workdir)
     work_done = transformed()
     assert work_done["days_transformed"] == [0, 1, 2, 3, 4] and work_done["days_reused"] == []
     assert set(work_done["why"].values()) == {"new"}  # not forced: their parts were gone
-    assert summary["rows"]["train"] + summary["rows"]["test"] + summary["rows"]["validation"] == 5 * ROWS
+    rows = converted["rows"]
+    assert rows["train"] + rows["test"] + rows["validation"] == 5 * ROWS
 
 
 @pytest.mark.spark
@@ -366,7 +362,7 @@ def test_a_daily_runs_progress_counts_only_the_work_it_does(tmp_path, first_run,
 
     days = first_run.days
     raw, work = copy_of_run(first_run.base, tmp_path)
-    _land(raw, 3, days[3] + days[3][: ROWS // 2])  # a bigger day: shares follow bytes
+    land_day(raw, 3, days[3] + days[3][: ROWS // 2])  # a bigger day: shares follow bytes
     channel = tmp_path / "progress.jsonl"
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
     cfg = PreprocessConfig(

@@ -7,8 +7,6 @@ in one line."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
@@ -19,12 +17,9 @@ from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
 from spark_fixtures import BAD_LINES, random_days, spark_config, spark_session, write_days
 from spark_jobs.preprocess import clean_outputs, run_preprocess
+from spark_store_helpers import published_bytes as _published, run_arrow as _run, stable_summary as _summary
 
 pytestmark = pytest.mark.spark
-
-# What differs between any two runs, or between a file on disk and an object (its mtime in the
-# days' fingerprints): left out of the records' comparison.
-_VARYING = ("timings", "cpu_seconds", "days")
 
 
 @pytest.fixture(scope="module")
@@ -48,46 +43,6 @@ def raw(tmp_path_factory, moto_s3, store):
     for path in sorted(local.glob("day_*")):
         client.upload_file(str(path), store, f"raw/{path.name}")
     return local, f"s3://{store}/raw"
-
-
-def _run(input_dir, workdir, threshold: str) -> dict:
-    return run_preprocess(
-        input_dir, workdir, spark_config(), PreprocessConfig(frequency_threshold=threshold, engine="arrow")
-    )
-
-
-def _published(workdir) -> dict[str, bytes]:
-    """What readers of the workdir get: each split's and the dictionaries' published files
-    (at a URL: those their markers name), the records and the rejects, by name."""
-    layout = WorkdirLayout.at(workdir)
-    files = {}
-    for name in (*SPLITS, "dictionaries"):
-        final = layout.parquet / name
-        root = workdir_io.published_dir(final)
-        assert root is not None, f"{final} was not published"
-        parts = workdir_io.published_files(final) if name in SPLITS else _all_files(root)
-        files.update({f"{name}/{_relative(p, root)}": p.read_bytes() for p in parts})
-    for record in ("model_size.json", "data_quality.json"):
-        files[record] = workdir_io.read_text(layout.parquet / record).encode()
-    files["rejects"] = b"".join(
-        p.read_bytes() for p in _all_files(layout.rejects) if p.name.endswith(".json")
-    )
-    return files
-
-
-def _relative(path, root) -> str:
-    return path.relative_to(root) if workdir_io.is_remote(root) else path.relative_to(root).as_posix()
-
-
-def _all_files(root):
-    if workdir_io.is_remote(root):
-        return root.files()
-    return sorted(p for p in Path(root).rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
-
-
-def _summary(workdir) -> dict:
-    record = json.loads(workdir_io.read_text(WorkdirLayout.at(workdir).parquet / "preprocess.json"))
-    return {k: v for k, v in record.items() if k not in _VARYING}
 
 
 def _versions(final) -> list[str]:
@@ -172,12 +127,13 @@ def test_a_run_killed_before_its_marker_is_recovered_by_the_next(raw, store, loc
     assert {p.name: p.read_bytes() for p in workdir_io.published_files(train)} == published
 
 
-def test_stable_ids_at_a_url_are_refused_before_anything_is_written(raw, store):
+@pytest.mark.parametrize("ids", ["stable", "contiguous"])
+def test_stable_and_contiguous_ids_at_a_url_are_refused_before_anything_is_written(raw, store, ids):
     from spark_jobs.errors import PreprocessConfigError
 
-    url = f"s3://{store}/stable"
-    with pytest.raises(PreprocessConfigError, match="ids: stable needs a workdir on a"):
-        run_preprocess(raw[1], url, spark_config(), PreprocessConfig(frequency_threshold="2", ids="stable"))
+    url = f"s3://{store}/{ids}"
+    with pytest.raises(PreprocessConfigError, match=f"ids: {ids} needs a workdir on a"):
+        run_preprocess(raw[1], url, spark_config(), PreprocessConfig(frequency_threshold="2", ids=ids))
     assert not resolve(url).files()
 
 

@@ -12,7 +12,6 @@ tests/test_spark_cli.py, on the job its other tests read (one JVM for both).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -25,51 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from spark_cluster import listening, loopback, spark_env
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRYPOINT = REPO / "docker" / "spark" / "entrypoint.sh"
 SECRET = "0123456789abcdef" * 4
-
-
-def listening(root_pid: int) -> set[tuple[str, int]]:
-    """(address, port) of every listening TCP socket of a process and its descendants."""
-    try:
-        root = psutil.Process(root_pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return set()
-    found = set()
-    for process in processes:
-        try:
-            connections = process.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        found |= {(plain(c.laddr.ip), c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
-    return found
-
-
-def plain(address: str) -> str:
-    """An IPv4-mapped IPv6 address (Java's IPv4 sockets on a dual stack) as IPv4."""
-    return address.removeprefix("::ffff:") if address.count(".") == 3 else address
-
-
-def loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%")[0])
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a Java IPv4 socket on a v6 stack
-    return (mapped or ip).is_loopback
-
-
-def spark_env() -> dict[str, str]:
-    import pyspark
-
-    return {
-        **os.environ,
-        "SPARK_HOME": os.path.dirname(pyspark.__file__),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
-        "PYSPARK_PYTHON": sys.executable,
-    }
 
 
 def routable_address() -> str | None:

@@ -31,6 +31,7 @@ from spark_fixtures import (
     reference_numerical,
     reference_parse,
     reference_preprocess,
+    land_day,
     run,
     sort_key,
 )
@@ -58,14 +59,6 @@ def _days() -> list[list[str]]:
             changed.append("\t".join(fields))
         out.append(changed)
     return out
-
-
-def _land(raw: Path, day: int, lines: list[str]) -> None:
-    """A day file arriving (written aside and renamed in, as a delivery would)."""
-    raw.mkdir(parents=True, exist_ok=True)
-    part = raw / f".day_{day}.part"
-    part.write_text("".join(line + "\n" for line in lines))
-    part.rename(raw / f"day_{day}")
 
 
 def _window_counts(days: list[list[str]]) -> dict[str, Counter]:
@@ -178,12 +171,12 @@ def test_ids_never_move_over_a_rolling_window(tmp_path, spark):
     days = _days()
     raw, work = tmp_path / "raw", tmp_path / "work"
     settings = dict(ids="stable", window_days=WINDOW, arrow_group_values=40)
-    _land(raw, 0, days[0])
+    land_day(raw, 0, days[0])
     ids: dict = {}
     history = []
     sizes_after: dict[int, dict[str, int]] = {}  # run k → its table sizes
     for k in range(1, 5):
-        _land(raw, k, days[k])
+        land_day(raw, k, days[k])
         first = max(0, k - WINDOW + 1)
         window = days[first : k + 1]
         counts = _window_counts(window)
@@ -227,7 +220,7 @@ def first_run(tmp_path_factory, spark):
     days = _days()
     base = tmp_path_factory.mktemp("first_run")
     for k in range(3):
-        _land(base / "raw", k, days[k])
+        land_day(base / "raw", k, days[k])
     run(spark, base / "raw", base / "work", "2", ids="stable")
     return SimpleNamespace(spark=spark, days=days, base=base)
 
@@ -239,7 +232,7 @@ def test_a_run_killed_while_swapping_leaves_the_previous_ids(tmp_path, first_run
     spark, days = first_run.spark, first_run.days
     raw, work = copy_of_run(first_run.base, tmp_path)
     first = _dictionaries(work)
-    _land(raw, 3, days[3])
+    land_day(raw, 3, days[3])
     dict_dir = WorkdirLayout.at(work).dictionaries
 
     class Killed(BaseException):
@@ -274,7 +267,7 @@ def test_the_sql_engine_gives_the_same_stable_ids_and_a_threshold_change_is_refu
     raw, work = copy_of_run(first_run.base, tmp_path)
     run(spark, raw, tmp_path / "sql", "2", ids="stable", engine="sql")
     assert _dictionaries(tmp_path / "sql") == _dictionaries(work)
-    _land(raw, 3, days[3])
+    land_day(raw, 3, days[3])
     arrow = run(spark, raw, work, "2", ids="stable")
     sql = run(spark, raw, tmp_path / "sql", "2", ids="stable", engine="sql")
     assert sql["table_sizes"] == arrow["table_sizes"] and sql["engine"] == "sql"
@@ -315,7 +308,7 @@ def test_window_uses_the_newest_days_and_moves_with_a_new_day(tmp_path, spark):
     days = _days()
     raw, work = tmp_path / "raw", tmp_path / "work"
     for k in range(5):
-        _land(raw, k, days[k])
+        land_day(raw, k, days[k])
     summary = run(spark, raw, work, "2", window_days=3)
     assert [d["day"] for d in summary["days"]] == [2, 3, 4] and summary["window_days"] == 3
     ref = reference_preprocess(days[2:5], "2")
@@ -329,7 +322,7 @@ def test_window_uses_the_newest_days_and_moves_with_a_new_day(tmp_path, spark):
     )
     assert summary["table_sizes"] == ref.sizes
     assert sorted(p.name for p in (layout.counts / "values").iterdir()) == ["day=2", "day=3", "day=4"]
-    _land(raw, 5, days[5])
+    land_day(raw, 5, days[5])
     summary = run(spark, raw, work, "2", window_days=3)
     assert summary["days_counted"] == [5] and summary["days_reused"] == [3, 4]
     assert sorted(p.name for p in (layout.counts / "values").iterdir()) == ["day=3", "day=4", "day=5"]
@@ -340,7 +333,7 @@ def test_window_uses_the_newest_days_and_moves_with_a_new_day(tmp_path, spark):
 def test_window_ignores_older_files_and_needs_a_whole_window(tmp_path):
     raw = tmp_path / "raw"
     for k in range(6):
-        _land(raw, k, ["0" + "\t" * 39])
+        land_day(raw, k, ["0" + "\t" * 39])
     assert [d.day for d in discover_days(raw, 3)] == [3, 4, 5]
     assert [d.day for d in discover_days(raw, 10)] == list(range(6))  # fewer days than N
     assert [d.day for d in discover_days(raw)] == list(range(6))

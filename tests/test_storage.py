@@ -71,11 +71,17 @@ def test_s3_location_reads_writes_lists_ranges_and_deletes(moto_s3, tmp_path):
         root / "../other"
 
 
-def test_an_unreachable_store_is_one_clear_error(moto_s3, monkeypatch):
+def test_an_unreachable_store_is_one_clear_error(moto_s3, monkeypatch, capsys):
+    """At a command line: exit 2 and one line naming the store's answer, not a traceback."""
+    from dlrm_contracts.errors import ExitCode, run_cli
+
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     location = resolve("s3://no-such-server-bucket/x")
     with pytest.raises(OSError):
         location.read_bytes()
+    assert run_cli("tool", location.read_bytes) == ExitCode.USAGE
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("tool: error: the object store did not answer") and "NETWORK_CONNECTION" in line
 
 
 def test_the_workdir_layout_names_the_same_files_at_a_url(tmp_path):
@@ -89,3 +95,28 @@ def test_the_workdir_layout_names_the_same_files_at_a_url(tmp_path):
         inside = str(getattr(local, name).relative_to(local.root))
         assert str(getattr(remote, name)) == f"s3://bucket/criteo/w/{inside}", name
     assert str(remote.parquet_day(3)) == "s3://bucket/criteo/w/parquet/days/day=3"
+
+
+@pytest.mark.parametrize("scheme", ["hdfs", "viewfs"])
+def test_an_hdfs_url_is_its_namenode_s_one_client_and_the_url_s_path(scheme, monkeypatch, tmp_path):
+    """Without a live HDFS: the client is built once per namenode (every later resolve and
+    child reuses it) and the path inside it is the URL's own path."""
+    from dlrm_contracts import storage
+
+    built = []
+
+    def new_filesystem(kind, url):
+        built.append((kind, url))
+        return object()  # a stand-in client: nothing here reaches it
+
+    monkeypatch.setattr(storage, "_new_filesystem", new_filesystem)
+    monkeypatch.setattr(storage, "_FILESYSTEMS", {})
+    root = resolve(f"{scheme}://host:8020/a/b")
+    assert (root.path, str(root)) == ("/a/b", f"{scheme}://host:8020/a/b")
+    assert str(root / "c" / "d.json") == f"{scheme}://host:8020/a/b/c/d.json"
+    assert resolve(f"{scheme}://host:8020/a/b/").path == "/a/b"
+    assert resolve(f"{scheme}://host:8020/").path == "/"
+    assert resolve(f"{scheme}://host:8020/x").fs is root.fs
+    assert [kind for kind, _url in built] == [scheme]
+    resolve(f"{scheme}://other:9000/a")  # another namenode: a client of its own
+    assert len(built) == 2

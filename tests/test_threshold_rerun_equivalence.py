@@ -1,4 +1,5 @@
-"""Cross-wing check of the no-Spark threshold raise (issue 4).
+"""Cross-wing check of the no-Spark threshold raise: the converter's raise must be exactly what
+Spark would have written, or raising a threshold without Spark would change the data.
 
 spark_jobs runs from scratch at threshold 2 and at threshold 7 on the same generated logs;
 the threshold-7 dataset derived from the threshold-2 one by ``converters.rethreshold`` must be

@@ -18,7 +18,7 @@ from converters.torchrec_format import DAYS, TORCHREC_JSON, day_file, train_day_
 from dlrm_contracts.config import ConfigError, ConvertConfig, config_from_dict
 from dlrm_contracts.schema import CAT_COLUMNS, INT_COLUMNS
 from dlrm_contracts.verify import verify_dataset
-from tests.test_converters import CONFIG, SPLIT_ROWS, TABLE_SIZES, write_workdir
+from tests.converter_helpers import CONFIG, SPLIT_ROWS, TABLE_SIZES, write_workdir
 
 TORCHREC_CONFIG = ConvertConfig(
     workers=2, batch_rows=700, progress=False, fsync=False, formats=["binary", "torchrec"]

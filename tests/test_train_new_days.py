@@ -1,5 +1,5 @@
-"""train.days: new (issue 25 item 4): a warm-started run trains only the train days its
-previous model has not seen, read as row ranges of the train split; every checkpoint records
+"""train.days: new, so that a daily run trains on each day once: a warm-started run trains
+only the train days its previous model has not seen, read as row ranges of the train split; every checkpoint records
 the days its model was trained on, so a rerun trains nothing twice and a skipped day is picked
 up by the next run. Planted datasets that list their days as convert does, then a real Spark
 preprocess and convert of stable-id days."""
@@ -116,14 +116,30 @@ def test_the_reader_reads_exactly_the_ranges_as_one_run_of_rows(tmp_path):
 
 
 # -- training -------------------------------------------------------------------------------
-def test_new_trains_the_new_days_only_records_them_and_a_rerun_trains_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """Window [0] | 1 trained from scratch (its summary, its workdir): the first run of the
+    tests below, each going on from its own copy (``_copy_of_first_run``)."""
+    from trainer.loop import run
+
+    root = tmp_path_factory.mktemp("first_run")
+    summary = run(config(), window(root / "w1", [0], 1, seed=1, sizes=STREAM_SIZES_1), root / "work")
+    return {"summary": summary, "work": root / "work"}
+
+
+def _copy_of_first_run(first_run, target: Path) -> Path:
+    shutil.copytree(first_run["work"], target)
+    return target
+
+
+def test_new_trains_the_new_days_only_records_them_and_a_rerun_trains_nothing(first_run, tmp_path):
     """Window [0] | 1, then [0, 1] | 2: the second run trains day 1's 384 rows (3 steps); a
     re-made dataset of the same window trains nothing (eval still runs on the model re-saved
     for it); the run after a skipped day trains days 2 and 3."""
     from trainer.loop import Trainer, run
 
-    work = tmp_path / "work"
-    first = run(config(), window(tmp_path / "w1", [0], 1, seed=1, sizes=STREAM_SIZES_1), work)
+    work = _copy_of_first_run(first_run, tmp_path / "work")
+    first = first_run["summary"]
     assert first["init"]["mode"] == "scratch" and first["steps_run"] == 512 // BATCH
     assert first["train_days"]["trained"] == [0] and first["train_days"]["rows"] == 512
 
@@ -149,20 +165,18 @@ def test_new_trains_the_new_days_only_records_them_and_a_rerun_trains_nothing(tm
     assert skipped["train_days"]["trained"] == [0, 1, 2, 3]
 
 
-def test_window_trains_every_day_and_a_killed_run_records_only_what_it_had(tmp_path):
+def test_window_trains_every_day_and_a_killed_run_records_only_what_it_had(first_run, tmp_path):
     """days: window trains the whole split and records all its days; a checkpoint saved
     before the run has passed over its rows once records only the days seen before, and the
     resumed run trains the same rows on."""
     from trainer.loop import run
 
-    work = tmp_path / "work"
-    run(config(), window(tmp_path / "w1", [0], 1, seed=1, sizes=STREAM_SIZES_1), work)
+    work = _copy_of_first_run(first_run, tmp_path / "work")
     whole = run(config(days="window"), window(tmp_path / "w2", [0, 1], 2, seed=2), work)
     assert whole["steps_run"] == (512 + 384) // BATCH
     assert whole["train_days"]["trained"] == [0, 1] and whole["train_days"]["run"] == [0, 1]
 
-    other = tmp_path / "other"
-    run(config(), window(tmp_path / "w1", [0], 1, seed=1, sizes=STREAM_SIZES_1), other)
+    other = _copy_of_first_run(first_run, tmp_path / "other")
     w3 = window(tmp_path / "w3", [0, 1, 2], 3, seed=3)
     full = run(config(checkpoint_every=1), w3, other)  # steps 5..9: days 1 and 2
     assert full["steps_run"] == (384 + 256) // BATCH
@@ -256,7 +270,7 @@ def test_early_stoppings_best_model_counts_its_runs_days_once_the_run_ends(tmp_p
     assert after["steps_run"] == 0 and after["train_days"]["run"] == []
 
 
-def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(tmp_path):
+def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(first_run, tmp_path):
     """Window [0] | 1, then [0, 1] | 2 (trains day 1), then the same window re-made (nothing
     new: the previous model is saved unchanged for it, replacing the checkpoint it came from,
     and with keep_checkpoints 1 it is the only copy of the model). The pipeline's train stage
@@ -280,8 +294,7 @@ def test_a_forced_rerun_after_a_run_with_nothing_new_starts_from_the_kept_model(
         window(layout.binary, train_days, test_day, seed=seed)
 
     keep_one = config(keep_checkpoints=1)
-    land([0], 1, seed=1)
-    run(keep_one, layout.binary, work)
+    _copy_of_first_run(first_run, work)  # window [0] | 1 trained (its one checkpoint)
     land([0, 1], 2, seed=2)
     trained = run(keep_one, layout.binary, work)
     assert trained["steps_run"] == 384 // BATCH and trained["step"] == 7

@@ -1,10 +1,12 @@
-"""The train stage after a config change, for real: the pipeline's CLI, two horovodrun ranks
-(then one), a tiny binary dataset written with numpy (tests/test_launch.py's).
+"""The train stage after a config change, for real: the pipeline's CLI, one rank, then two
+horovodrun ranks, then one again, a tiny binary dataset written with numpy
+(tests/trainer_helpers.py's write_tiny_dataset).
 
 A change of a setting that does not change the model (log_every, threads, ranks, max_steps)
 resumes the checkpoints; a missing or damaged ``manifests/train.started`` decides nothing; a
 change of the model's settings moves the checkpoints to ``checkpoints/superseded/<time>/``
-(never deletes them) and says so in one line (issue 35, item 1).
+(never deletes them: they may be the only copy of a model worth keeping) and says so in one
+line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dlrm_contracts.layout import complete_checkpoints
-from test_launch import write_tiny_dataset
+from pipeline_helpers import run_in_process
+from trainer_helpers import write_tiny_dataset
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
@@ -34,32 +37,23 @@ BASE = {
 def _train(
     tmp_path: Path, workdir: Path, np_: int, max_steps: int, **train
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    """One pipeline run of the train stage; returns the process and the stage's summary."""
+    """One pipeline run of the train stage; returns the process and the stage's summary. The
+    two-rank run is the real ``python -m pipeline``; the one-rank runs its main in this
+    process (run_in_process: the trainer still runs as a process of its own)."""
     config = tmp_path / "train.yaml"
     config.write_text("train:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in {**BASE, **train}.items()))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--config",
-            str(config),
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(tmp_path / "raw"),
-            "--stages",
-            "train",
-            "--np",
-            str(np_),
-            "--max-steps",
-            str(max_steps),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
+    argv = ["--config", str(config), "--workdir", str(workdir), "--input", str(tmp_path / "raw")]
+    argv += ["--stages", "train", "--np", str(np_), "--max-steps", str(max_steps)]
+    if np_ == 1:
+        proc, _ = run_in_process(tmp_path, *argv)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline", *argv],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
+        )
     log = workdir / "logs" / "train.log"
     assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
     manifest = json.loads((workdir / "manifests" / "train.json").read_text())
@@ -75,17 +69,18 @@ def test_harmless_changes_resume_and_a_model_change_sets_the_checkpoints_aside(t
     write_tiny_dataset(workdir / "binary", {"train": 4096, "test": 1024, "validation": 1024})
     (tmp_path / "raw").mkdir()  # the run needs an input directory; train never reads it
 
-    _, first = _train(tmp_path, workdir, 2, 6)
+    _, first = _train(tmp_path, workdir, 1, 6)
     assert first["step"] == 6 and _steps(workdir) == [6]
 
-    # log_every, prefetch, threads and the evaluation's batch changed, max_steps raised, and
-    # train.started missing: resumed from step 6, not 0
+    # two ranks instead of one; log_every, prefetch, threads and the evaluation's batch
+    # changed, max_steps raised, and train.started missing: resumed from step 6, not 0
     (workdir / "manifests" / "train.started").unlink()
     _, second = _train(
         tmp_path, workdir, 2, 10, log_every=3, prefetch_batches=2, inter_op_threads=2, eval_batch_size=256
     )
     assert second["init"]["mode"] == "resume", second["init"]
     assert second["steps_run"] == 4 and second["step"] == 10, second
+    assert second["ranks"] == 2
     assert "resumed from" in (workdir / "logs" / "train.log").read_text()
 
     # one rank left (a node died), and train.started damaged: still resumed, nothing moved
@@ -98,7 +93,8 @@ def test_harmless_changes_resume_and_a_model_change_sets_the_checkpoints_aside(t
     assert kept[-1] == 12
 
     # a setting of the model changed: the checkpoints are moved aside, one line says so
-    proc, fifth = _train(tmp_path, workdir, 2, 4, learning_rate=0.1)
+    # (one rank: setting aside is the pipeline's, before any rank starts)
+    proc, fifth = _train(tmp_path, workdir, 1, 4, learning_rate=0.1)
     assert fifth["init"]["mode"] == "scratch" and fifth["step"] == 4, fifth
     said = [line for line in proc.stderr.splitlines() if "moved to" in line]
     assert len(said) == 1 and "train.learning_rate 0.05 -> 0.1" in said[0], proc.stderr[-3000:]

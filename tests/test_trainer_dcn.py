@@ -17,11 +17,9 @@ from dlrm_contracts.config import ExportConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
 from dlrm_contracts.schema import NUM_CATEGORICAL, NUM_INTEGER
 from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
-from trainer_helpers import small_config, write_stable_dictionaries
+from trainer_helpers import DLRMV2_MULTI_HOT, small_config, write_stable_dictionaries
 
 ROWS = {"train": 2048, "test": 300, "validation": 200}
-# some columns one-hot, others with several ids per row (C1 3, C2 2, C5 6, C10 7, ...)
-MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3, 1, 1)
 DCN = dict(interaction="dcn", dcn_layers=3, dcn_rank=6)
 
 
@@ -106,7 +104,7 @@ def multi_hot(tmp_path_factory):
         path,
         ROWS,
         seed=4,
-        multi_hot_sizes=MULTI_HOT,
+        multi_hot_sizes=DLRMV2_MULTI_HOT,
         extra={DICTIONARIES_FINGERPRINT_KEY: dictionaries_fingerprint(dictionaries)},
     )
     raw = np.random.default_rng(9).integers(-5, 5000, (ROWS["test"], NUM_INTEGER))
@@ -120,7 +118,7 @@ def test_multi_hot_rows_read_as_written(multi_hot, tmp_path):
 
     path, _, _ = multi_hot
     dataset = open_dataset(path)
-    assert dataset.multi_hot_sizes == MULTI_HOT and dataset.multi_hot
+    assert dataset.multi_hot_sizes == DLRMV2_MULTI_HOT and dataset.multi_hot
     reader = SplitReader(dataset, "train")
     c10 = np.fromfile(path / "train" / cat_file(9), dataset.cat_dtypes[9]).reshape(-1, 7)
     np.testing.assert_array_equal(reader.categorical(9, 100, 50), c10[100:150])
@@ -200,7 +198,7 @@ def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_row
     run(config, path, work)
     summary = export.export_model(work, path, ExportConfig())
     assert summary["signatures"] == ["serve_features", "serve_lines", "serving_default", "serve_multi_hot"]
-    assert summary["multi_hot_sizes"] == list(MULTI_HOT)
+    assert summary["multi_hot_sizes"] == list(DLRMV2_MULTI_HOT)
     assert (summary["multi_hot_seed"], summary["multi_hot_distribution"]) == (0, "uniform")
     assert summary["dims"]["interaction"] == "dcn"
 
@@ -223,7 +221,7 @@ def test_a_multi_hot_dcn_model_exports_scores_raw_lines_and_serves_multi_hot_row
         ],
         axis=1,
     ).astype(np.int64)
-    assert ids.shape == (ROWS["test"], sum(MULTI_HOT))
+    assert ids.shape == (ROWS["test"], sum(DLRMV2_MULTI_HOT))
     model = tf.saved_model.load(summary["saved_model"])
     out = model.signatures["serve_multi_hot"](
         int_features=tf.constant(raw, tf.int64), cat_ids=tf.constant(ids)
@@ -248,8 +246,10 @@ def test_a_multi_hot_dcn_model_warm_starts_with_its_cross_layers(tmp_path):
 
     grown = tuple(s + 100 if i == 9 else s for i, s in enumerate(DEFAULT_TABLE_SIZES))
     day1, day2 = tmp_path / "day1", tmp_path / "day2"
-    write_planted_dataset(day1, ROWS, seed=1, signal_seed=3, multi_hot_sizes=MULTI_HOT)
-    write_planted_dataset(day2, ROWS, seed=2, signal_seed=3, table_sizes=grown, multi_hot_sizes=MULTI_HOT)
+    write_planted_dataset(day1, ROWS, seed=1, signal_seed=3, multi_hot_sizes=DLRMV2_MULTI_HOT)
+    write_planted_dataset(
+        day2, ROWS, seed=2, signal_seed=3, table_sizes=grown, multi_hot_sizes=DLRMV2_MULTI_HOT
+    )
     config = dict(optimizer="adagrad", learning_rate=0.05, **DCN)
     run(small_config(max_steps=4, **config), day1, tmp_path / "w")
     before = checkpoint_arrays(tmp_path / "w")
@@ -279,7 +279,7 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
     from trainer.dims import model_dims
     from trainer.export import write_vocabularies
     from trainer.model import cross_sizes
-    from trainer.serving import ServingDLRM
+    from trainer.serving import RawIds, ServingDLRM, ServingWeights
 
     sizes = [5] * NUM_CATEGORICAL
     k = [1 if j % 3 else 3 for j in range(NUM_CATEGORICAL)]
@@ -305,17 +305,10 @@ def test_raw_values_reach_the_multi_hot_rows_their_one_hot_ids_expand_to(tmp_pat
         name: normal(*shape) for name, shape in cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()
     }
     expansions = [None if kj == 1 else rng.integers(0, 5, (5, kj)).astype(np.int32) for kj in k]
-    model = ServingDLRM(
-        dims,
-        [normal(5, 16) for _ in sizes],
-        bottom,
-        top,
-        vocabularies,
-        -(2**63),
-        [normal(5, 1) for _ in sizes],
-        cross,
-        expansions,
+    weights = ServingWeights(
+        [normal(5, 16) for _ in sizes], bottom, top, [normal(5, 1) for _ in sizes], cross
     )
+    model = ServingDLRM(dims, weights, -(2**63), RawIds(vocabularies), expansions)
 
     one_hot = rng.integers(0, 5, (6, NUM_CATEGORICAL))
     one_hot[0, 3] = 0  # a missing value (id 0 expands too)

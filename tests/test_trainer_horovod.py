@@ -1,11 +1,13 @@
-"""Hybrid-parallel training on two real Horovod ranks equals one process, to float32 rounding.
+"""Hybrid-parallel training on two real Horovod ranks equals one process, to float32 rounding;
+and Horovod itself, built against TensorFlow with Gloo, checked on the same two ranks.
 
 Every two-rank run of this module is a ``python -m trainer`` command line (tables placed on
 two ranks, embeddings exchanged by alltoall, MLP gradients allreduced), all of them run in ONE
 ``horovodrun -np 2 -H localhost:2 --gloo`` launch by the module's fixture
-(horovod_scripts/trainer_runs.py: each line through the trainer's CLI entry, in order); the
-reference is the same configuration trained in this process as a world of one. Losses of all 20 steps, every
-final weight (tables reassembled from the per-rank checkpoint files) and the evaluation AUC
+(horovod_scripts/trainer_runs.py: each line through the trainer's CLI entry, in order; Horovod's
+build report before them and its collectives checked after them, by
+horovod_scripts/collectives_check.py); the reference is the same configuration trained in this
+process as a world of one. Losses of all 20 steps, every final weight (tables reassembled from the per-rank checkpoint files) and the evaluation AUC
 must agree.
 
 Two ranks sum each half-batch's gradient where one process sums the whole batch, so the two
@@ -27,6 +29,7 @@ from trainer.model import initial_table_piece
 from trainer.placement import Piece
 from trainer.synthetic import write_planted_dataset
 from trainer_helpers import (
+    DLRMV2_MULTI_HOT,
     STREAM_SIZES_2,
     checkpoint_arrays,
     config_flags,
@@ -54,8 +57,6 @@ def dataset(tmp_path_factory):
     return path
 
 
-# MLPerf DLRMv2's ids per row of C1..C26, its 100 (C21) cut to 20 to keep the test small
-DLRMV2_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3, 1, 1)
 # DLRMv2's structure at small dims: a 3-layer bottom MLP, 3 low-rank cross layers, a 5-layer top
 # MLP, no wide term (the reference's model)
 DLRMV2_SMALL = dict(
@@ -213,7 +214,29 @@ def two_ranks(tmp_path_factory, dataset, multi_hot_dataset, epoch_dataset, strea
         trainer_line(dataset, root / "restart", small_config(epochs=100, max_steps=6)),
         restart,
     ]
-    return launch_trainer_lines(jobs, root)
+    return launch_trainer_lines(jobs, root, collectives=True)
+
+
+def collectives_reports(two_ranks) -> dict[int, dict]:
+    """Each rank's report of horovod_scripts/collectives_check.py, by rank; asserts every rank
+    ran the checks and passed them (its line exited 0)."""
+    reports = [json.loads(line["stdout"]) for line in two_ranks.lines("collectives")[0]]
+    return {r["rank"]: r for r in reports}
+
+
+def test_check_build_reports_tensorflow_and_gloo(two_ranks):
+    """What ``horovodrun --check-build`` prints (Horovod's own check_build, run by rank 0)."""
+    reports = collectives_reports(two_ranks)
+    assert 0 in reports, two_ranks.output
+    out = reports[0]["check_build"]
+    assert "[X] TensorFlow" in out
+    assert "[X] Gloo" in out
+
+
+def test_alltoall_allreduce_and_gradient_tape_on_two_ranks(two_ranks):
+    reports = collectives_reports(two_ranks)  # every rank's checks exited 0
+    assert sorted(reports) == [0, 1]
+    assert all(r["ok"] and r["size"] == 2 for r in reports.values())
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)

@@ -27,38 +27,32 @@ from trainer_helpers import (
     step_losses,
     trainer_main,
     trainer_main_summary,
+    write_histogram,
 )
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("single") / "binary"
-    write_planted_dataset(path, SMALL_ROWS, seed=11)
-    return path
 
 
 # Runs that several tests read (each test copies the workdir before it trains on in it).
 @pytest.fixture(scope="module")
-def plain_run(dataset, tmp_path_factory):
+def plain_run(small_dataset, tmp_path_factory):
     """10 steps of the plain float32 graph: (its summary, its workdir)."""
     workdir = tmp_path_factory.mktemp("plain") / "w"
-    return run(small_config(max_steps=10), dataset, workdir), workdir
+    return run(small_config(max_steps=10), small_dataset, workdir), workdir
 
 
 @pytest.fixture(scope="module")
-def two_steps(dataset, tmp_path_factory):
+def two_steps(small_dataset, tmp_path_factory):
     """The workdir of a 2-step run (a checkpoint at step 2)."""
     workdir = tmp_path_factory.mktemp("two_steps") / "w"
-    run(small_config(max_steps=2), dataset, workdir)
+    run(small_config(max_steps=2), small_dataset, workdir)
     return workdir
 
 
-def test_stop_after_step_k_and_resume_gives_the_same_losses(dataset, tmp_path):
+def test_stop_after_step_k_and_resume_gives_the_same_losses(small_dataset, tmp_path):
     # Adam (so optimizer state must be restored) over an epoch boundary (16 steps per epoch).
     config = dict(optimizer="adam", learning_rate=0.01, epochs=2)
-    run(small_config(max_steps=22, **config), dataset, tmp_path / "whole")
-    run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
-    summary = run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
+    run(small_config(max_steps=22, **config), small_dataset, tmp_path / "whole")
+    run(small_config(max_steps=7, **config), small_dataset, tmp_path / "resumed")
+    summary = run(small_config(max_steps=22, **config), small_dataset, tmp_path / "resumed")
     assert summary["steps_run"] == 15 and summary["step"] == 22
     whole, resumed = step_losses(tmp_path / "whole"), step_losses(tmp_path / "resumed")
     assert sorted(resumed) == list(range(1, 23))
@@ -73,10 +67,10 @@ def test_stop_after_step_k_and_resume_gives_the_same_losses(dataset, tmp_path):
         np.testing.assert_allclose(final_resumed[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
 
 
-def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
+def test_killed_run_resumes_at_the_next_batch(small_dataset, tmp_path):
     config = small_config(epochs=100, checkpoint_every=4)
     workdir = tmp_path / "killed"
-    args = ["--dataset", str(dataset), "--workdir", str(workdir), *config_flags(config)]
+    args = ["--dataset", str(small_dataset), "--workdir", str(workdir), *config_flags(config)]
     proc = subprocess.Popen(
         [str(VENV_BIN / "python"), "-m", "trainer", *args],
         stdout=subprocess.DEVNULL,
@@ -102,7 +96,7 @@ def test_killed_run_resumes_at_the_next_batch(dataset, tmp_path):
         args[:4] + config_flags(small_config(epochs=100, checkpoint_every=4, max_steps=k + 6))
     )
     assert summary["steps_run"] == 6
-    reference = run(small_config(epochs=100, max_steps=k + 6), dataset, tmp_path / "reference")
+    reference = run(small_config(epochs=100, max_steps=k + 6), small_dataset, tmp_path / "reference")
     got, want = step_losses(workdir), step_losses(tmp_path / "reference")
     np.testing.assert_allclose(
         [got[s] for s in range(k + 1, k + 7)], [want[s] for s in range(k + 1, k + 7)], rtol=1e-6
@@ -177,25 +171,27 @@ def test_dlrm_learns_the_planted_interaction_better_than_logistic_regression(tmp
     assert list((tmp_path / "work" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, plain_run, tmp_path):
+def test_xla_matches_plain_graph_and_bfloat16_trains(small_dataset, plain_run, tmp_path):
     plain, plain_dir = plain_run
-    xla = run(small_config(max_steps=10, xla=True), dataset, tmp_path / "xla")
+    xla = run(small_config(max_steps=10, xla=True), small_dataset, tmp_path / "xla")
     a, b = step_losses(plain_dir), step_losses(tmp_path / "xla")
     np.testing.assert_allclose([b[s] for s in a], list(a.values()), rtol=1e-4)
     assert xla["xla"] is True and plain["xla"] is False
     # Adam (lazy sparse updates) with --xla matches plain too, the wide term included
     run(
-        small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True), dataset, tmp_path / "adam"
+        small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True),
+        small_dataset,
+        tmp_path / "adam",
     )
     adam_xla = run(
         small_config(max_steps=6, optimizer="adam", learning_rate=0.01, wide=True, xla=True),
-        dataset,
+        small_dataset,
         tmp_path / "adam_xla",
     )
     a2, b2 = step_losses(tmp_path / "adam"), step_losses(tmp_path / "adam_xla")
     np.testing.assert_allclose([b2[s] for s in a2], list(a2.values()), rtol=1e-4)
     assert adam_xla["xla"] is True and len(a2) == 6
-    amp = run(small_config(max_steps=10, amp=True), dataset, tmp_path / "amp")
+    amp = run(small_config(max_steps=10, amp=True), small_dataset, tmp_path / "amp")
     assert amp["compute_dtype"] in ("bfloat16", "float32")
     c = step_losses(tmp_path / "amp")
     assert np.all(np.isfinite(list(c.values())))
@@ -204,8 +200,10 @@ def test_xla_matches_plain_graph_and_bfloat16_trains(dataset, plain_run, tmp_pat
     assert all(v.dtype in (np.float32, np.int64) for v in weights.values())
 
 
-def test_inference_benchmark_reports_a_rate(dataset, tmp_path):
-    summary = run(small_config(inference_steps=5), dataset, tmp_path / "bench", mode="inference_benchmark")
+def test_inference_benchmark_reports_a_rate(small_dataset, tmp_path):
+    summary = run(
+        small_config(inference_steps=5), small_dataset, tmp_path / "bench", mode="inference_benchmark"
+    )
     assert summary["mode"] == "inference_benchmark" and summary["inference_samples_per_s"] > 0
 
 
@@ -224,10 +222,9 @@ def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
     assert not (tmp_path / "w" / "checkpoints").exists()
 
 
-def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dataset, tmp_path):
+def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(small_dataset, tmp_path):
     """--frequency-threshold on a dataset == converters.rethreshold, then training on that."""
     from converters.rethreshold import rethreshold
-    from test_trainer_units import write_histogram
     from trainer.synthetic import DEFAULT_TABLE_SIZES
     from dlrm_contracts.schema import CAT_COLUMNS
 
@@ -235,10 +232,10 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
         tmp_path / "counts",
         {c: {1: s - 1 - min(s - 1, 5), 9: min(s - 1, 5)} for c, s in zip(CAT_COLUMNS, DEFAULT_TABLE_SIZES)},
     )
-    rethreshold(dataset, tmp_path / "counts", "9", tmp_path / "raised")
+    rethreshold(small_dataset, tmp_path / "counts", "9", tmp_path / "raised")
     clamped = run(
         small_config(max_steps=6, frequency_threshold="9", counts_dir=str(tmp_path / "counts")),
-        dataset,
+        small_dataset,
         tmp_path / "a",
     )
     raised = run(small_config(max_steps=6), tmp_path / "raised", tmp_path / "b")
@@ -248,7 +245,7 @@ def test_reading_at_a_higher_threshold_trains_like_the_rethresholded_dataset(dat
     assert config["table_sizes"] == [min(s - 1, 5) + 1 for s in DEFAULT_TABLE_SIZES]
 
 
-def test_float16_with_loss_scaling_trains_like_float32(dataset, plain_run, tmp_path, monkeypatch):
+def test_float16_with_loss_scaling_trains_like_float32(small_dataset, plain_run, tmp_path, monkeypatch):
     """The GPU mixed-precision path (float16 + loss scale), forced on the CPU; the reference is
     the float32 run's first 6 steps (a step's batch and rate do not depend on max_steps)."""
     import tensorflow as tf
@@ -257,7 +254,7 @@ def test_float16_with_loss_scaling_trains_like_float32(dataset, plain_run, tmp_p
 
     reference, reference_dir = plain_run
     monkeypatch.setattr(loop, "compute_dtype", lambda config: tf.float16)
-    half = run(small_config(max_steps=6), dataset, tmp_path / "fp16")
+    half = run(small_config(max_steps=6), small_dataset, tmp_path / "fp16")
     assert half["compute_dtype"] == "float16" and reference["compute_dtype"] == "float32"
     b = step_losses(tmp_path / "fp16")
     a = {s: loss for s, loss in step_losses(reference_dir).items() if s <= 6}
@@ -291,24 +288,24 @@ def test_a_split_with_one_class_gets_no_auc_and_an_empty_split_no_metrics(tmp_pa
         (dict(max_steps=-1), "max steps must be 0 or more"),
     ],
 )
-def test_impossible_settings_are_refused(dataset, tmp_path, setting, message):
+def test_impossible_settings_are_refused(small_dataset, tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
-        run(small_config(**setting), dataset, tmp_path / "w")
+        run(small_config(**setting), small_dataset, tmp_path / "w")
 
 
-def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, two_steps, tmp_path):
+def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(small_dataset, two_steps, tmp_path):
     from trainer.checkpoint import CheckpointError, latest_checkpoint
 
     shutil.copytree(two_steps, tmp_path / "w")
     part = latest_checkpoint(tmp_path / "w" / "checkpoints") / "rank-0.npz"
     part.write_bytes(part.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="rank-0.npz is unreadable"):
-        run(small_config(max_steps=4), dataset, tmp_path / "w")
+        run(small_config(max_steps=4), small_dataset, tmp_path / "w")
     # the eval mode's command line (run in this process): its exit code and one line
     code, _, stderr = trainer_main(
         [
             "--dataset",
-            str(dataset),
+            str(small_dataset),
             "--workdir",
             str(tmp_path / "w"),
             "--mode",
@@ -320,7 +317,7 @@ def test_resuming_from_a_truncated_checkpoint_is_a_clear_error(dataset, two_step
     assert "Traceback" not in stderr
 
 
-def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(dataset, tmp_path):
+def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(small_dataset, tmp_path):
     """Adam trains (the validation AUC rises well above chance within two epochs) and then
     over-fits 4,096 rows (it falls); early stopping ends the run after two evaluations without
     a better AUC, and the summary, the eval mode and a rerun all report the best model."""
@@ -333,7 +330,7 @@ def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(datas
         log_every=8,
     )
     workdir = tmp_path / "adam"
-    summary = run(config, dataset, workdir)
+    summary = run(config, small_dataset, workdir)
     curve = summary["periodic_validation_auc"]
     steps_per_epoch = SMALL_ROWS["train"] // config.batch_size
     assert max(curve) > 0.8, curve  # it trains
@@ -349,22 +346,22 @@ def test_adam_over_fits_small_data_and_early_stopping_keeps_the_best_model(datas
     # The best checkpoint outlives keep_checkpoints=1; the last one is where a resume starts.
     steps = [step for step, _ in complete_checkpoints(workdir / "checkpoints")]
     assert steps == [summary["step"], summary["last_step"]]
-    evaluated = run(config, dataset, workdir, mode="eval")
+    evaluated = run(config, small_dataset, workdir, mode="eval")
     assert evaluated["step"] == summary["step"]
     assert evaluated["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-12)
     # A rerun of the finished run trains nothing more and reports the same model.
-    again = run(config, dataset, workdir)
+    again = run(config, small_dataset, workdir)
     assert again["steps_run"] == 0 and again["step"] == summary["step"]
     assert again["test_auc"] == pytest.approx(summary["test_auc"], abs=1e-12)
 
 
-def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
+def test_adagrad_trains_and_resumes_exactly(small_dataset, tmp_path):
     """Adagrad's accumulators are optimizer state: a run stopped at step 7 and resumed gives
     the losses and weights of an uninterrupted one (the wide weights and theirs included)."""
     config = dict(optimizer="adagrad", learning_rate=0.05, epochs=2, warmup_steps=0, wide=True)
-    whole = run(small_config(max_steps=22, **config), dataset, tmp_path / "whole")
-    run(small_config(max_steps=7, **config), dataset, tmp_path / "resumed")
-    run(small_config(max_steps=22, **config), dataset, tmp_path / "resumed")
+    whole = run(small_config(max_steps=22, **config), small_dataset, tmp_path / "whole")
+    run(small_config(max_steps=7, **config), small_dataset, tmp_path / "resumed")
+    run(small_config(max_steps=22, **config), small_dataset, tmp_path / "resumed")
     losses, expected = step_losses(tmp_path / "resumed"), step_losses(tmp_path / "whole")
     np.testing.assert_allclose(
         [losses[s] for s in range(8, 23)], [expected[s] for s in range(8, 23)], rtol=1e-6
@@ -378,13 +375,15 @@ def test_adagrad_trains_and_resumes_exactly(dataset, tmp_path):
     assert whole["test_auc"] > 0.55  # 22 steps of batch 256 on a planted signal
 
 
-def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(dataset, tmp_path, monkeypatch):
+def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(
+    small_dataset, tmp_path, monkeypatch
+):
     from dlrm_contracts.progress import PROGRESS_FILE_ENV, Progress
 
     channel = tmp_path / "train.progress.jsonl"
     monkeypatch.setenv(PROGRESS_FILE_ENV, str(channel))
     # 16 steps an epoch, two epochs, a validation every 8 steps: 3 periodic evaluations + 2 final
-    summary = run(small_config(epochs=2, evals_per_epoch=2), dataset, tmp_path / "w")
+    summary = run(small_config(epochs=2, evals_per_epoch=2), small_dataset, tmp_path / "w")
     records = [Progress.from_line(line) for line in channel.read_text().splitlines()]
     assert all(r is not None and r.stage == "train" for r in records)
     assert records[0].phase == "train" and records[0].fraction is None  # before the first step
@@ -401,18 +400,18 @@ def test_rank_0_reports_steps_loss_and_each_evaluations_auc_to_the_pipeline(data
     assert steps[-1].fraction < 0.99
 
 
-def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_path):
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(small_dataset, tmp_path):
     """A rank file of the newest checkpoint lost (a disk, a copy cut short) while an older one
     of the same run is intact: the run resumes from the older one, the damaged one is moved
     aside (kept, not deleted), and the run ends as an undamaged run would."""
     config = dict(checkpoint_every=4, keep_checkpoints=3)
-    run(small_config(max_steps=12, **config), dataset, tmp_path / "whole")
+    run(small_config(max_steps=12, **config), small_dataset, tmp_path / "whole")
     workdir = tmp_path / "w"
-    run(small_config(max_steps=8, **config), dataset, workdir)
+    run(small_config(max_steps=8, **config), small_dataset, workdir)
     root = workdir / "checkpoints"
     assert [s for s, _ in complete_checkpoints(root)] == [4, 8]
     (root / "step-000000008" / "rank-0.npz").unlink()
-    summary = run(small_config(max_steps=12, **config), dataset, workdir)
+    summary = run(small_config(max_steps=12, **config), small_dataset, workdir)
     assert summary["steps_run"] == 8 and summary["step"] == 12
     assert (root / "damaged-step-000000008").is_dir()
     assert [s for s, _ in complete_checkpoints(root)] == [4, 8, 12]
@@ -422,7 +421,9 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(dataset, tmp_pa
     )
 
 
-def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(dataset, two_steps, tmp_path):
+def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(
+    small_dataset, two_steps, tmp_path
+):
     """The wide weights are part of the model's shape: turning train.wide on or off over an
     existing run is refused by name, not resumed with weights missing or ignored."""
     from trainer.checkpoint import CheckpointError
@@ -431,4 +432,4 @@ def test_a_checkpoint_of_the_model_without_the_wide_term_is_not_resumed_with_it(
     shutil.copytree(two_steps, tmp_path / "w")
     # named as the setting of the model that changed (the checkpoint records its run's)
     with pytest.raises(CheckpointError, match=r"train\.wide False -> True"):
-        run(small_config(max_steps=4, wide=True), dataset, tmp_path / "w")
+        run(small_config(max_steps=4, wide=True), small_dataset, tmp_path / "w")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from dlrm_contracts.binary_format import DatasetError
@@ -14,7 +12,7 @@ from trainer.metrics import log_loss, roc_auc
 from trainer.optim import learning_rate
 from trainer.placement import BOTTOM, plan_placement
 from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
-from trainer_helpers import small_config
+from trainer_helpers import small_config, write_histogram
 
 
 # -- dot interaction ---------------------------------------------------------------------------
@@ -203,21 +201,6 @@ def test_batch_order_is_a_function_of_seed_and_epoch():
     assert sorted(a.tolist()) == list(range(0, 10_000, 100))
 
 
-def write_histogram(counts_dir, column_counts: dict[str, dict[int, int]]):
-    rows = [(c, n, v) for c, hist in column_counts.items() for n, v in hist.items()]
-    counts_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(
-        pa.table(
-            {
-                "column": [r[0] for r in rows],
-                "count": [r[1] for r in rows],
-                "num_values": [r[2] for r in rows],
-            }
-        ),
-        counts_dir / "histogram.parquet",
-    )
-
-
 def test_reading_at_a_higher_threshold_clamps_ids(dataset, tmp_path):
     # Histogram consistent with the written sizes at threshold 1: table size - 1 values each.
     hist = {
@@ -389,7 +372,7 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path, damage, message):
 
 
 def test_a_save_removes_temporaries_left_by_a_run_killed_while_saving(tmp_path):
-    from trainer.checkpoint import complete_checkpoints, save_checkpoint
+    from trainer.checkpoint import Retention, complete_checkpoints, save_checkpoint
     from trainer.comm import LocalComm
 
     stale = tmp_path / ".step-000000007.tmp"
@@ -402,7 +385,7 @@ def test_a_save_removes_temporaries_left_by_a_run_killed_while_saving(tmp_path):
         {"table/0/0-4": np.ones((3, 4), np.float32)},
         {},
         {"table_sizes": [3]},
-        keep=2,
+        Retention(keep=2),
     )
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [4]
     assert not stale.exists()
@@ -537,13 +520,13 @@ def test_best_checkpoint_is_the_one_the_latest_names_else_the_latest(tmp_path):
 
 
 def test_a_save_keeps_the_protected_best_beyond_the_newest(tmp_path):
-    from trainer.checkpoint import complete_checkpoints, save_checkpoint
+    from trainer.checkpoint import Retention, complete_checkpoints, save_checkpoint
     from trainer.comm import LocalComm
 
     state = {"table/0/0-4": np.ones((3, 4), np.float32)}
     for step in (4, 8, 12, 16):
         save_checkpoint(
-            tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, keep=1, protect=[8, None]
+            tmp_path, step, LocalComm(), state, {}, {"table_sizes": [3]}, Retention(keep=1, protect=[8, None])
         )
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [8, 16]
 

@@ -146,27 +146,48 @@ def test_the_pipeline_keeps_the_previous_model_when_it_retrains_a_dataset(tmp_pa
 
 
 # -- warm start, for real ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def day1_run(tmp_path_factory):
+    """Day 1 and day 2 of the stream, and a workdir trained on day 1 from scratch (``config()``,
+    one checkpoint, step 8; day 1's dictionaries in its parquet/dictionaries, as convert
+    leaves them for an export): the previous model of the tests below, each on its own copy
+    (``_copy_of_day1_run``), the day files read-only."""
+    root = tmp_path_factory.mktemp("stream")
+    dictionaries = root / "work" / "parquet" / "dictionaries"
+    day1 = day(root / "day1", seed=1, dictionaries=dictionaries)
+    day2 = day(root / "day2", seed=2, sizes=SIZES_2)
+    from trainer.loop import run
+
+    run(config(), day1, root / "work")
+    assert [s for s, _ in complete_checkpoints(root / "work" / "checkpoints")] == [8]
+    return {"day1": day1, "day2": day2, "work": root / "work"}
+
+
+def _copy_of_day1_run(day1_run, target):
+    shutil.copytree(day1_run["work"], target)
+    return target
+
+
 def _owned(trainer) -> dict:
     return {name: var.numpy() for name, var in trainer._owned_state() + trainer._replicated_state()}
 
 
-def test_warm_start_grows_the_tables_and_continues_the_optimizer(tmp_path):
+def test_warm_start_grows_the_tables_and_continues_the_optimizer(day1_run, tmp_path):
     """Day 2's tables are larger: every old row (and its Adagrad accumulator) comes from the
     previous model, every new one is what a fresh model has; the MLPs are copied; the step and
     the schedule go on; the previous model's checkpoint outlives keep_checkpoints."""
     from trainer.checkpoint import CheckpointReader, latest_checkpoint
-    from trainer.loop import Trainer, run
+    from trainer.loop import Trainer
     from trainer.model import initial_table_piece
     from trainer.placement import Piece
 
-    work = tmp_path / "work"
-    run(config(keep_checkpoints=1), day(tmp_path / "day1", seed=1), work)
+    work = _copy_of_day1_run(day1_run, tmp_path / "work")  # day 1's run: one checkpoint kept
     before = checkpoint_arrays(work)
     reader = CheckpointReader(latest_checkpoint(work / "checkpoints"))
     slots = {t: reader.value(f"table/{t}/0-16/adagrad", (old, 16)) for t, old in enumerate(SIZES_1)}
     reader.close()
     warm = config(init="previous", keep_checkpoints=1, checkpoint_every=3)
-    trainer = Trainer(warm, day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
+    trainer = Trainer(warm, day1_run["day2"], work)
     plan = trainer._start()
     assert (plan.kind, trainer.step, trainer.run_start) == ("previous", 8, 8)
     state = _owned(trainer)
@@ -194,15 +215,15 @@ def test_warm_start_grows_the_tables_and_continues_the_optimizer(tmp_path):
     assert any(r.get("model") == "previous" and r["step"] == 8 for r in records)
 
 
-def test_a_warm_start_keeps_the_wide_weights_of_old_rows_and_starts_new_rows_at_zero(tmp_path):
+def test_a_warm_start_keeps_the_wide_weights_of_old_rows_and_starts_new_rows_at_zero(day1_run, tmp_path):
     """The wide weights grow with their table: old rows keep the previous model's weights (and
     Adagrad accumulators), new rows start at 0 as in a fresh model."""
     from trainer.loop import Trainer, run
 
     work = tmp_path / "work"
-    run(config(wide=True), day(tmp_path / "day1", seed=1), work)
+    run(config(wide=True), day1_run["day1"], work)
     before = checkpoint_arrays(work)
-    trainer = Trainer(config(wide=True, init="previous"), day(tmp_path / "day2", seed=2, sizes=SIZES_2), work)
+    trainer = Trainer(config(wide=True, init="previous"), day1_run["day2"], work)
     assert trainer._start().kind == "previous"
     state = _owned(trainer)
     trained = 0
@@ -218,15 +239,15 @@ def test_a_warm_start_keeps_the_wide_weights_of_old_rows_and_starts_new_rows_at_
     assert summary["step"] == 16 and summary["init"]["grown_tables"]["C7"] == [3000, 3500]
 
 
-def test_a_warm_started_run_stopped_midway_resumes_as_one(tmp_path):
+def test_a_warm_started_run_stopped_midway_resumes_as_one(day1_run, tmp_path):
     """Day 2 warm-started, stopped after 3 of its 8 steps, run again: it resumes (same dataset)
     with its run start, schedule and previous model's score, and ends with the losses and
     weights of an uninterrupted warm-started run."""
     from trainer.loop import run
 
-    day1, day2 = day(tmp_path / "day1", seed=1), day(tmp_path / "day2", seed=2, sizes=SIZES_2)
+    day2 = day1_run["day2"]
     for work in ("whole", "stopped"):
-        run(config(), day1, tmp_path / work)
+        _copy_of_day1_run(day1_run, tmp_path / work)
     whole = run(config(init="previous", init_optimizer="restart"), day2, tmp_path / "whole")
     run(config(init="previous", init_optimizer="restart", max_steps=3), day2, tmp_path / "stopped")
     resumed = run(config(init="previous", init_optimizer="restart"), day2, tmp_path / "stopped")
@@ -257,17 +278,15 @@ def _as_served(day2, out, old_sizes):
     return out
 
 
-def test_the_previous_model_is_scored_as_it_is_served_and_restart_takes_the_weights_only(tmp_path):
+def test_the_previous_model_is_scored_as_it_is_served_and_restart_takes_the_weights_only(day1_run, tmp_path):
     """previous_model_test_auc is the previous model's eval of day 2 with unknown ids at 0 (the
     served vocabulary), not with fresh rows; init_optimizer: restart starts the optimizer and
     the warm-up again."""
     from trainer.loop import run
 
-    work = tmp_path / "work"
-    run(config(), day(tmp_path / "day1", seed=1), work)
-    reference = tmp_path / "reference"
-    shutil.copytree(work, reference)
-    day2 = day(tmp_path / "day2", seed=2, sizes=SIZES_2)
+    work = _copy_of_day1_run(day1_run, tmp_path / "work")
+    reference = _copy_of_day1_run(day1_run, tmp_path / "reference")
+    day2 = day1_run["day2"]
     warm = config(init="previous", init_optimizer="restart")
     summary = run(warm, day2, work)
     served = run(
@@ -280,12 +299,11 @@ def test_the_previous_model_is_scored_as_it_is_served_and_restart_takes_the_weig
     assert summary["init"]["optimizer"] == "restart"
 
 
-def test_resume_refuses_another_datasets_run_and_a_warm_start_a_shrunk_table(tmp_path):
+def test_resume_refuses_another_datasets_run_and_a_warm_start_a_shrunk_table(day1_run, tmp_path):
     from trainer.loop import run
 
-    work = tmp_path / "work"
-    run(config(), day(tmp_path / "day1", seed=1), work)
-    day2 = day(tmp_path / "day2", seed=2, sizes=SIZES_2)
+    work = _copy_of_day1_run(day1_run, tmp_path / "work")
+    day2 = day1_run["day2"]
     with pytest.raises(CheckpointError, match="trained on another dataset"):
         run(config(), day2, work)
     shrunk = list(SIZES_1)
@@ -296,18 +314,18 @@ def test_resume_refuses_another_datasets_run_and_a_warm_start_a_shrunk_table(tmp
 
 
 # -- versioned exports -----------------------------------------------------------------------
-def test_a_daily_cycle_exports_new_versions_and_keeps_the_last_k(tmp_path, monkeypatch):
-    """Day 1 trained and exported (version 1); day 2's dictionaries extend day 1's, the model
-    is warm-started and exported (version 2, its vocabularies grown); one more export with
-    keep_versions 2 leaves 2 and 3. A failed export adds nothing and leaves no temporary."""
+def test_a_daily_cycle_exports_new_versions_and_keeps_the_last_k(day1_run, tmp_path, monkeypatch):
+    """Day 1 trained (a copy of the day-1 run) and exported (version 1); day 2's dictionaries
+    extend day 1's, the model is warm-started and exported (version 2, its vocabularies
+    grown); one more export with keep_versions 2 leaves 2 and 3. A failed export adds nothing
+    and leaves no temporary."""
     import trainer.export as export
     from trainer.loop import run
     from trainer.score import score_files
 
-    work = tmp_path / "work"
+    work = _copy_of_day1_run(day1_run, tmp_path / "work")
     dictionaries = work / "parquet" / "dictionaries"
-    day1 = day(tmp_path / "day1", seed=1, dictionaries=dictionaries)
-    run(config(), day1, work)
+    day1 = day1_run["day1"]
     keep_2 = ExportConfig(keep_versions=2)
     first = export.export_model(work, day1, keep_2)
     assert first["version"] == 1 and first["saved_model"] == str(work / "export" / "1")

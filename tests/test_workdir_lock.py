@@ -314,38 +314,9 @@ def test_appended_logs_and_metrics_refuse_a_planted_link(tmp_path):
     assert stage_target.read_text() == metrics_target.read_text() == "not the workdir's\n"
 
 
-@pytest.mark.spark
-def test_the_pipeline_runs_its_wings_under_its_own_lock(tmp_path):
-    """The preprocess stage is ``python -m spark_jobs`` as a child of the pipeline, which
-    holds the workdir's lock: the child runs under it (exit 0), not refused with exit 3.
-    (tests/test_pipeline.py does the same for the trainer's two ranks under horovodrun.)"""
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(
-        "generator:\n  days: 2\n  rows_per_day: 400\n  seed: 7\n"
-        "spark:\n  driver_memory: 1g\npreflight:\n  enabled: false\n"
-    )
-    workdir = tmp_path / "w"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--workdir",
-            str(workdir),
-            "--config",
-            str(config),
-            "--stages",
-            "generate,preprocess",
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=1500,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["stages"]["preprocess"]["action"] == "ran", summary
-    assert (workdir / "parquet" / "_SUCCESS").is_file()
+# The pipeline's own children (its preprocess stage's ``python -m spark_jobs``, its train
+# stage's horovodrun ranks) running under its lock: tests/test_pipeline.py's end-to-end run,
+# test_the_pipeline_runs_its_wings_under_its_own_lock.
 
 
 def test_a_wing_writing_through_a_planted_link_ends_with_one_line_and_exit_2(capsys, tmp_path):

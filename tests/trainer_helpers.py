@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dlrm_contracts.config import LaunchConfig, TrainConfig
 from dlrm_contracts.dataset_identity import DICTIONARIES_FINGERPRINT_KEY, dictionaries_fingerprint
-from dlrm_contracts.schema import CAT_COLUMNS
+from dlrm_contracts.schema import CAT_COLUMNS, SPLITS
 from pipeline.stages import GLOO_TIMEOUT_ENV
 from trainer.checkpoint import TABLE_KEY, CheckpointReader, latest_checkpoint
 from trainer.metrics import read_metrics
@@ -26,35 +28,70 @@ from trainer.synthetic import write_planted_dataset
 VENV_BIN = Path(sys.executable).parent
 SMALL_ROWS = {"train": 4096, "test": 1000, "validation": 777}
 
-# The days of one stream with stable ids: day 2's tables are day 1's, some grown.
-STREAM_SIZES_1 = (
-    3,
-    20,
-    20,
-    50,
-    200,
-    300,
-    3000,
-    7,
-    100,
-    300,
-    128,
-    129,
-    2,
-    60,
-    500,
-    500,
-    900,
-    10,
-    30,
-    90,
-    400,
-    15,
-    250,
-    700,
-    4,
-    1500,
+# A tiny binary dataset written with numpy as docs/architecture.md specifies (not by the
+# trainer's own writer): the launch and stage tests' input.
+TINY_TABLE_SIZES = [3, 17, 40, 120, 129, 300] + [5 + 7 * i for i in range(20)]
+
+
+def _dtype(size: int) -> str:
+    return "<i1" if size <= 2**7 else "<i2" if size <= 2**15 else "<i4"
+
+
+def write_tiny_dataset(path: Path, rows: dict[str, int], seed: int = 3) -> None:
+    """A complete split binary dataset (docs/architecture.md), label tied to C2 and I1."""
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(0, 1.5, TINY_TABLE_SIZES[1])
+    for split in SPLITS:
+        n, folder = rows[split], path / split
+        folder.mkdir(parents=True)
+        numerical = rng.normal(0, 1, (n, 13)).astype("<f2")
+        cats = [rng.integers(0, size, n) for size in TINY_TABLE_SIZES]
+        logit = weight[cats[1]] + numerical[:, 0].astype(np.float32) - 1.0
+        label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype("<u1")
+        label.tofile(folder / "label.bin")
+        numerical.tofile(folder / "numerical.bin")
+        for i, (ids, size) in enumerate(zip(cats, TINY_TABLE_SIZES)):
+            ids.astype(_dtype(size)).tofile(folder / f"cat_{i}.bin")
+    model_size = dict(zip(CAT_COLUMNS, TINY_TABLE_SIZES))
+    (path / "model_size.json").write_text(json.dumps(model_size))
+    (path / "dataset.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "splits": rows,
+                "table_sizes": TINY_TABLE_SIZES,
+                "cat_dtypes": [np.dtype(_dtype(s)).name for s in TINY_TABLE_SIZES],
+                "label_dtype": "uint8",
+                "numerical_dtype": "float16",
+                "num_numerical": 13,
+                "threshold_spec": "1",
+                "source_fingerprint": f"tests/trainer_helpers.py seed {seed}",
+            }
+        )
+    )
+    (path / "_SUCCESS").write_text("")
+
+
+# MLPerf DLRMv2's ids per row of C1..C26, its 100 (C21) cut to 20 to keep the tests small.
+DLRMV2_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 27, 10, 3, 1, 1)
+
+# The capped-ids tests' tables (small caps for a model trained in the tests; cap 1: every
+# value is id 0) and rows.
+# fmt: off
+CAPS = (
+    3, 20, 20, 50, 200, 997, 4000, 7, 100, 300, 128, 129, 2,
+    60, 500, 1, 3300, 10, 30, 90, 400, 15, 250, 700, 4, 1500,
 )
+# fmt: on
+CAPPED_ROWS = {"train": 2048, "test": 300, "validation": 200}
+
+# The days of one stream with stable ids: day 2's tables are day 1's, some grown.
+# fmt: off
+STREAM_SIZES_1 = (
+    3, 20, 20, 50, 200, 300, 3000, 7, 100, 300, 128, 129, 2,
+    60, 500, 500, 900, 10, 30, 90, 400, 15, 250, 700, 4, 1500,
+)
+# fmt: on
 STREAM_GROWN = {1: 24, 4: 260, 6: 3500, 16: 1000}  # C2 (planted interaction), C5, C7, C17
 STREAM_SIZES_2 = tuple(STREAM_GROWN.get(i, s) for i, s in enumerate(STREAM_SIZES_1))
 STREAM_SIGNAL = 99  # one planted signal for every day of the stream
@@ -286,17 +323,25 @@ class TrainerLaunch:
 
 
 def launch_trainer_lines(
-    jobs: dict[str, list[list[str]]], root: Path, ranks: int = 2, timeout: int = 3600
+    jobs: dict[str, list[list[str]]],
+    root: Path,
+    ranks: int = 2,
+    timeout: int = 3600,
+    collectives: bool = False,
 ) -> TrainerLaunch:
     """Run every job's ``python -m trainer`` argument lists in ONE ``horovodrun -np ranks``
     launch (each line through the trainer's own CLI entry, in order; the jobs one after
     another): the ranks' start-up, TensorFlow's import and Gloo's rendezvous are paid once
-    instead of once per line. Tests assert each job's lines through the result; the plan and
-    the ranks' results go in ``root / "launch"``."""
+    instead of once per line. With ``collectives``, horovod_scripts/collectives_check.py's
+    checks run first, as the job ``collectives`` (its line's stdout: the rank's JSON report).
+    Tests assert each job's lines through the result; the plan and the ranks' results go in
+    ``root / "launch"``."""
     folder = root / "launch"
     folder.mkdir(parents=True, exist_ok=True)
     plan = folder / "plan.json"
-    plan.write_text(json.dumps({"jobs": jobs, "results": str(folder / "results")}))
+    plan.write_text(
+        json.dumps({"jobs": jobs, "results": str(folder / "results"), "collectives": collectives})
+    )
     command = [
         str(VENV_BIN / "horovodrun"),
         "-np",
@@ -327,3 +372,19 @@ def copied_workdir(source: Path, target: Path) -> Path:
     """A copy of a shared run's workdir for a test that trains or evaluates on in it."""
     shutil.copytree(source, target)
     return target
+
+
+def write_histogram(counts_dir, column_counts: dict[str, dict[int, int]]):
+    """A counts histogram (counts/histogram.parquet): per column, count -> how many values."""
+    rows = [(c, n, v) for c, hist in column_counts.items() for n, v in hist.items()]
+    counts_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        pa.table(
+            {
+                "column": [r[0] for r in rows],
+                "count": [r[1] for r in rows],
+                "num_values": [r[2] for r in rows],
+            }
+        ),
+        counts_dir / "histogram.parquet",
+    )

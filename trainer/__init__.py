@@ -25,4 +25,5 @@ One code path serves one process and N ranks: embedding tables live on the rank 
 - :mod:`trainer.export`     ``--mode export``: checkpoint + dictionaries -> a SavedModel version
 - :mod:`trainer.score`      ``python -m trainer.score``: raw files -> scores, streaming
 - :mod:`trainer.cli`        ``python -m trainer``
+- :mod:`trainer.tf_import`  TensorFlow imported for the command lines, without Keras's optional extras
 """

@@ -31,6 +31,7 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -51,6 +52,21 @@ TABLE_KEY = re.compile(r"^table/(\d+)/(\d+)-(\d+)(/.*)?$")
 class CheckpointError(RuntimeError):
     """A checkpoint that does not fit the model being restored."""
 
+    # Set on a damaged file's error only (CheckpointReader._damaged): which file, what is wrong
+    # with it. Annotated, not given a default, so that hasattr tells the two kinds apart.
+    damage: str
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which checkpoints stay once a run saved one: the newest ``keep`` of the run, those of
+    the steps in ``protect`` (None entries ignored), and of other runs all but the history
+    the run was numbered on from (steps below ``run_start``)."""
+
+    keep: int
+    protect: Iterable[int | None] = ()
+    run_start: int = 0
+
 
 def save_checkpoint(
     root: Path,
@@ -59,20 +75,19 @@ def save_checkpoint(
     owned: dict[str, np.ndarray],
     replicated: dict[str, np.ndarray],
     meta: dict[str, Any],
-    keep: int,
-    protect: Iterable[int | None] = (),
-    run_start: int = 0,
+    retention: Retention,
 ) -> Path:
     """Collective: every rank calls it with its own state; returns the final directory.
 
     The checkpoint names its run (``meta["run"]``), which becomes the current run
-    (``run.json``). Retention is by run, not by step number: the newest ``keep`` checkpoints of
-    this run stay, with those of the steps in ``protect`` (the best so far; the previous model a
-    warm-started run began from); of other runs only the history this run was numbered on
-    from (steps below ``run_start``, a warm start's earlier days) goes. An older run's
-    checkpoints at higher steps, or a stray ``step-999999999/``, are never taken for this run's.
+    (``run.json``). Retention is by run, not by step number: the newest ``retention.keep``
+    checkpoints of this run stay, with those of the steps in ``retention.protect`` (the best so
+    far; the previous model a warm-started run began from); of other runs only the history
+    this run was numbered on from (steps below ``retention.run_start``, a warm start's earlier
+    days) goes. An older run's checkpoints at higher steps, or a stray
+    ``step-999999999/``, are never taken for this run's.
     """
-    kept = {p for p in protect if p is not None}
+    kept = {p for p in retention.protect if p is not None}
     final = checkpoint_dir(root, step)
     tmp = root / f".step-{step:09d}.tmp"
     if comm.rank == 0:
@@ -80,9 +95,10 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     comm.barrier()
-    np.savez(tmp / f"rank-{comm.rank}.npz", **owned)
+    # numpy's stub types a ** mapping's values against allow_pickle (bool) too
+    np.savez(tmp / f"rank-{comm.rank}.npz", **owned)  # type: ignore[arg-type]
     if comm.rank == 0:
-        np.savez(tmp / "replicated.npz", **replicated)
+        np.savez(tmp / "replicated.npz", **replicated)  # type: ignore[arg-type]
     comm.barrier()
     if comm.rank == 0:
         (tmp / META).write_text(json.dumps({**meta, "step": step}, indent=1) + "\n")
@@ -92,7 +108,7 @@ def save_checkpoint(
         run_id = checkpoint_run(meta)
         if current_run(root) != run_id:
             write_json_atomic(root / CURRENT_RUN_JSON, {"id": run_id})
-        for old in retired(root, run_id, keep, kept, run_start):
+        for old in retired(root, run_id, retention.keep, kept, retention.run_start):
             shutil.rmtree(old, ignore_errors=True)
         for stale in root.glob(".step-*.tmp"):  # left by a run killed while saving another step
             shutil.rmtree(stale, ignore_errors=True)

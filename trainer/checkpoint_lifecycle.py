@@ -37,6 +37,7 @@ from trainer.checkpoint import (
     complete_checkpoints,
     latest_checkpoint,
     new_run_id,
+    Retention,
     recorded_settings,
     save_checkpoint,
 )
@@ -78,6 +79,17 @@ class ModelState:
         return list(variables) + [slot for name, _ in variables for slot in self.optimizer.state_for(name)]
 
 
+@dataclass(frozen=True)
+class CheckpointedModel:
+    """The model as its checkpoints hold it: which rank holds which table piece (recorded in
+    each), its shape as they record it (one saved for another shape is refused), and its
+    variables (saved and restored)."""
+
+    placement: Placement
+    dims: dict[str, Any]
+    state: ModelState
+
+
 class CheckpointLifecycle:
     """Saves, restores and recovers one run's checkpoints under ``layout.checkpoints``.
 
@@ -86,9 +98,7 @@ class CheckpointLifecycle:
         comm: the collectives.
         config: the train settings (retention, the model settings a run records, warm start).
         dataset: the run's dataset (its table sizes and identity).
-        placement: which rank holds which table piece (recorded in each checkpoint).
-        dims: the model's shape as checkpoints record it; one saved for another is refused.
-        state: the variables saved and restored.
+        model: the placement, shape and variables of the model the checkpoints hold.
         run: where the run stands: each checkpoint records it, a restore sets it.
         progress: prints a line on rank 0.
     """
@@ -99,16 +109,14 @@ class CheckpointLifecycle:
         comm,
         config: TrainConfig,
         dataset: BinaryDataset,
-        placement: Placement,
-        dims: dict[str, Any],
-        state: ModelState,
+        model: CheckpointedModel,
         run: RunState,
         progress: Callable[[str], None],
     ):
         self.layout, self.root = layout, layout.checkpoints
         self.comm, self.rank = comm, comm.rank
-        self.config, self.dataset, self.placement = config, dataset, placement
-        self.dims, self.state, self.run, self.progress = dims, state, run, progress
+        self.config, self.dataset, self.placement = config, dataset, model.placement
+        self.dims, self.state, self.run, self.progress = model.dims, model.state, run, progress
         # The run the checkpoints name (meta "run"): a new id when a run starts (from scratch or
         # from the previous model), the checkpoint's when it resumes. Rank 0's is the one
         # written (it writes the meta and does the retention).
@@ -159,17 +167,8 @@ class CheckpointLifecycle:
         if self.rank == 0:  # the one rank that writes the meta (an export may then extend it)
             meta[LINEAGE_KEY] = self._dictionaries_lineage()
         self.saved_step = step
-        return save_checkpoint(
-            self.root,
-            step,
-            self.comm,
-            owned,
-            replicated,
-            meta,
-            self.config.keep_checkpoints,
-            protect=self.run.protected_steps(),
-            run_start=self.run.run_start,
-        )
+        retention = Retention(self.config.keep_checkpoints, self.run.protected_steps(), self.run.run_start)
+        return save_checkpoint(self.root, step, self.comm, owned, replicated, meta, retention)
 
     def _dictionaries_lineage(self) -> str | None:
         """The stable dictionaries' lineage (trainer/dictionary_lineage.py), read once a run."""

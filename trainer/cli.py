@@ -221,6 +221,9 @@ def _run_locked(args: argparse.Namespace, config: TrainConfig) -> int:
         verify=config.verify_dataset,
     )
     from trainer.checkpoint import CheckpointError
+    from trainer.tf_import import import_tensorflow
+
+    import_tensorflow()  # before the modules below import it, so that it comes in lean
     from trainer.export import ExportError
     from trainer.loop import nan_to_none, run
 

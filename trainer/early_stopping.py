@@ -51,15 +51,17 @@ class EarlyStopping:
         above, as before min_delta existed), or undefined (None or NaN: a split with one
         class): one evaluation of the patience spent.
         """
-        defined = auc is not None and not math.isnan(auc)
-        if defined and (self.best_auc is None or auc > self.best_auc):
-            if self.best_auc is None or auc > self.best_auc + self.min_delta:
-                self.evals_since_best = 0
-            self.best_step, self.best_auc = step, float(auc)
-            return True
-        if not defined or auc <= self.best_auc - self.min_delta:
-            self.evals_since_best += 1
-            self.stopped = self.evals_since_best >= self.patience
+        if auc is not None and not math.isnan(auc):
+            best = self.best_auc
+            if best is None or auc > best:
+                if best is None or auc > best + self.min_delta:
+                    self.evals_since_best = 0
+                self.best_step, self.best_auc = step, float(auc)
+                return True
+            if auc > best - self.min_delta:
+                return False
+        self.evals_since_best += 1
+        self.stopped = self.evals_since_best >= self.patience
         return False
 
     def to_meta(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -74,6 +74,9 @@ from dlrm_contracts.table_sizes import VOCABULARY_LINE_BYTES, embedding_bytes
 from trainer.checkpoint import CheckpointError, CheckpointReader, best_checkpoint
 from trainer.dictionary_lineage import extension
 from trainer.model import ModelDims
+
+if TYPE_CHECKING:
+    from trainer.serving import ServingWeights
 
 FINGERPRINT = EXPORT_FINGERPRINT
 # Memory of one kept value in a serving process's hash table (std::string key + int64 value +
@@ -504,7 +507,7 @@ def _dictionaries_of(layout: WorkdirLayout, checkpoint: Path) -> Path | None:
     except (OSError, ValueError):
         meta = None
     identity = meta.get(IDENTITY_KEY) if isinstance(meta, dict) else None
-    return identity_mode(identity).dictionaries(layout.parquet)
+    return layout.dictionaries_of(identity_mode(identity))
 
 
 def _older_of_same_run(layout: WorkdirLayout, newest: Path, dataset: Path) -> list[Path]:
@@ -608,7 +611,7 @@ def _write_version(
         vocabularies = None
         if source.contiguous:
             vocabularies = write_contiguous_vocabularies(
-                source.ids.dictionaries(layout.parquet), temporary / "vocabularies"
+                layout.dictionaries_of(source.ids), temporary / "vocabularies"
             )
         elif not source.capped:
             vocabularies = write_vocabularies(layout.dictionaries, source.sizes, temporary / "vocabularies")
@@ -677,26 +680,27 @@ def verify_saved_model(saved_model: Path, capped_ids: bool = False, contiguous_i
         )
 
 
-def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dict[str, Any]:
+def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> ServingWeights:
     """The checkpoint's model as the serving modules take it: tables (a generator: each one is
     read, copied into its variable and released before the next), MLPs, wide weights and
     cross layers."""
     from trainer.model import cross_sizes, wide_key
+    from trainer.serving import ServingWeights
 
     top_in = dims.top_input(len(CAT_COLUMNS) + 1)
-    return {
-        "tables": (
+    return ServingWeights(
+        tables=(
             reader.value(f"table/{t}/0-{dims.embedding_dim}", (rows, dims.embedding_dim))
             for t, rows in enumerate(sizes)
         ),
-        "bottom": _mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
-        "top": _mlp_weights(reader, "top", dims.top_mlp, top_in),
-        "wide": (
+        bottom=_mlp_weights(reader, "bottom", dims.bottom_mlp, NUM_INTEGER),
+        top=_mlp_weights(reader, "top", dims.top_mlp, top_in),
+        wide=(
             [reader.value(wide_key(t, dims.embedding_dim), (rows, 1)) for t, rows in enumerate(sizes)]
             if dims.wide
             else None
         ),
-        "cross": (
+        cross=(
             {
                 name: reader.value(name, shape)
                 for name, shape in cross_sizes(top_in, dims.dcn_layers, dims.dcn_rank).items()
@@ -704,7 +708,7 @@ def _weights(reader: CheckpointReader, dims: ModelDims, sizes: list[int]) -> dic
             if dims.interaction == "dcn"
             else None
         ),
-    }
+    )
 
 
 def _save(
@@ -716,25 +720,15 @@ def _save(
 ) -> None:
     import tensorflow as tf
 
-    from trainer.serving import ServingDLRM
+    from trainer.serving import RawIds, ServingDLRM
 
-    w = _weights(reader, source.dims, source.sizes)
     expansions = None
     if source.multi_hot is not None:  # one lookup table per multi-hot column
         built = dict(iter_tables(source.multi_hot))
         expansions = [built.get(c) for c in range(len(source.sizes))]
+    raw_ids = RawIds(vocabularies, source.sizes if source.capped else None, source.contiguous)
     module = ServingDLRM(
-        source.dims,
-        w["tables"],
-        w["bottom"],
-        w["top"],
-        vocabularies,
-        config.missing_integer,
-        w["wide"],
-        w["cross"],
-        expansions,
-        caps=source.sizes if source.capped else None,
-        contiguous=source.contiguous,
+        source.dims, _weights(reader, source.dims, source.sizes), config.missing_integer, raw_ids, expansions
     )
     lines = module.serve_lines.get_concrete_function()
     # serving_default: what TensorFlow Serving answers when a request names no signature.

@@ -23,7 +23,7 @@ from dlrm_contracts.config import ConfigError, PreflightConfig, TrainConfig, con
 from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import best_checkpoint
 from trainer.assembly import assemble
-from trainer.checkpoint_lifecycle import CheckpointLifecycle
+from trainer.checkpoint_lifecycle import CheckpointedModel, CheckpointLifecycle
 from trainer.comm import make_comm
 from trainer.data import Batch, BinaryDataset, SplitReader, open_dataset, prefetch
 from trainer.early_stopping import EarlyStopping
@@ -151,9 +151,7 @@ class Trainer:
             self.comm,
             config,
             self.dataset,
-            self.placement,
-            dims,
-            self.state,
+            CheckpointedModel(self.placement, dims, self.state),
             self.run,
             self.log.progress,
         )

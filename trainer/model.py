@@ -249,7 +249,9 @@ class DLRM(tf.Module):
         self.top = MLP(top_in, dims.top_mlp, seed, 2000, False, "top")
         self._columns = placement.feature_columns()
         self._identity_columns = bool(np.array_equal(self._columns, np.arange(len(self._columns))))
-        self._dense = tf.function(self.dense_part, jit_compile=True) if xla else self.dense_part
+        self._dense = (
+            tf.function(self.dense_part, jit_compile=True, autograph=False) if xla else self.dense_part
+        )
 
     # -- variables, by how their gradients are combined ------------------------------------
     def replicated_variables(self) -> list[tuple[str, tf.Variable]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import itertools
 import json
 import re
@@ -27,7 +28,7 @@ import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +61,7 @@ def output_name(path: Path) -> str:
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+def _open(path: Path) -> Iterator[tuple[io.BufferedIOBase, io.BufferedIOBase]]:
     """(the file's text, the file itself): the second's position is how many of its bytes
     (compressed ones for .gz) were read, the progress of a scan."""
     with open(path, "rb") as raw:
@@ -250,7 +251,8 @@ def _score_lines(
     import tensorflow as tf
 
     signature = model.signatures["serve_lines"]
-    lines_read, rejected = 0, {}
+    lines_read = 0
+    rejected: dict[str, int] = {}
     name = output_name(path)
     with _reading(path), _open(path) as (text, raw):
         lines = iter(text)
@@ -354,7 +356,9 @@ def load_model(model_dir: Path):
     """The SavedModel with its serving signature; a version whose files are damaged (a
     truncated variables file, a saved_model.pb that is not one) is one ScoreError naming it
     and the fixes, not TensorFlow's traceback."""
-    import tensorflow as tf
+    from trainer.tf_import import import_tensorflow
+
+    tf = import_tensorflow()
 
     try:
         model = tf.saved_model.load(str(model_dir))

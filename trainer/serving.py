@@ -38,6 +38,7 @@ scalar inputs), and a REST response holds no NaN (which its JSON writer prints b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -175,32 +176,51 @@ def first_reason(conditions: Sequence[tuple[str, tf.Tensor]]) -> tf.Tensor:
     return reason
 
 
+@dataclass(frozen=True)
+class ServingWeights:
+    """A checkpoint's model as the serving modules take it: whole tables (an iterable, so that
+    each may be read as it is copied into its variable), both MLPs' weights, each table's
+    [rows, 1] first-order weights (``dims.wide``; None without), the cross layers' weights
+    (``dims.interaction`` dcn; None without)."""
+
+    tables: Iterable[np.ndarray]
+    bottom: dict[str, np.ndarray]
+    top: dict[str, np.ndarray]
+    wide: Sequence[np.ndarray] | None = None
+    cross: dict[str, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class RawIds:
+    """How a served model turns a raw value into its id: exactly one of ``vocabularies`` (a
+    file per column) and ``caps`` (26 ints: the value modulo its column's cap);
+    ``contiguous``: the vocabularies hold contiguous ids (line i: the value of id i)."""
+
+    vocabularies: Sequence[Path] | None = None
+    caps: Sequence[int] | None = None
+    contiguous: bool = False
+
+
 class ServingCore(tf.Module):
     """Whole tables, both MLPs, the cross layers of a DCN model and the wide weights: ids and
     numericals -> a click probability, with the trainer's own ops (so the same rounding)."""
 
-    def __init__(
-        self,
-        dims: ModelDims,
-        tables: Iterable[np.ndarray],
-        bottom: dict[str, np.ndarray],
-        top: dict[str, np.ndarray],
-        missing_integer: int,
-        wide: Sequence[np.ndarray] | None = None,
-        cross: dict[str, np.ndarray] | None = None,
-    ):
-        """``wide``: each table's [rows, 1] first-order weights (``dims.wide``), or None;
-        ``cross``: the cross layers' weights (``dims.interaction`` dcn), or None."""
+    def __init__(self, dims: ModelDims, weights: ServingWeights, missing_integer: int):
         super().__init__(name="dlrm_serving")
         self.missing_integer = missing_integer
         self.tables = [
-            tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}") for i, t in enumerate(tables)
+            tf.Variable(t, trainable=False, name=f"embedding_C{i + 1}") for i, t in enumerate(weights.tables)
         ]
-        self.wide = [tf.Variable(w, trainable=False, name=f"wide_C{i + 1}") for i, w in enumerate(wide or [])]
-        self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", bottom)
+        self.wide = [
+            tf.Variable(w, trainable=False, name=f"wide_C{i + 1}") for i, w in enumerate(weights.wide or [])
+        ]
+        cross, top = weights.cross, weights.top
+        self.bottom = self._mlp(NUM_INTEGER, dims.bottom_mlp, True, "bottom", weights.bottom)
         top_in = dims.top_input(NUM_CATEGORICAL + 1)
         self.cross = None
         if dims.interaction == "dcn":
+            if cross is None:
+                raise ValueError("a DCN model is served with its cross layers' weights (cross)")
             self.cross = CrossNet(top_in, dims.dcn_layers, dims.dcn_rank, 0, 0)
             for key, variable in self.cross.named_variables():
                 variable.assign(cross[key])
@@ -238,6 +258,7 @@ class ServingCore(tf.Module):
         self.multi_hot_offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self.serve_multi_hot = tf.function(
             self._serve_multi_hot,
+            autograph=False,
             input_signature=[
                 tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
                 tf.TensorSpec([None, self.multi_hot_offsets[-1]], tf.int64, name="cat_ids"),
@@ -278,22 +299,15 @@ class ServingDLRM(ServingCore):
     def __init__(
         self,
         dims: ModelDims,
-        tables: Iterable[np.ndarray],
-        bottom: dict[str, np.ndarray],
-        top: dict[str, np.ndarray],
-        vocabularies: Sequence[Path] | None,
+        weights: ServingWeights,
         missing_integer: int,
-        wide: Sequence[np.ndarray] | None = None,
-        cross: dict[str, np.ndarray] | None = None,
+        raw_ids: RawIds,
         expansions: Sequence[np.ndarray | None] | None = None,
-        caps: Sequence[int] | None = None,
-        contiguous: bool = False,
     ):
-        """Exactly one of ``vocabularies`` (a file per column) and ``caps`` (26 ints);
-        ``contiguous``: the vocabularies hold contiguous ids (line i: the value of id i)."""
+        vocabularies, caps, contiguous = raw_ids.vocabularies, raw_ids.caps, raw_ids.contiguous
         if (vocabularies is None) == (caps is None):
             raise ValueError("a served model takes its ids from vocabularies or from caps, one of the two")
-        super().__init__(dims, tables, bottom, top, missing_integer, wide, cross)
+        super().__init__(dims, weights, missing_integer)
         # plain ints: a constant of the graph, nothing to restore
         self.caps = None if caps is None else tuple(int(c) for c in caps)
         self.contiguous = contiguous
@@ -346,11 +360,16 @@ class ServingDLRM(ServingCore):
             tf.equal(reason, ""), probability, tf.fill(tf.shape(probability), REJECTED_PROBABILITY)
         )
 
+    # The signatures branch on Python values only (the model's settings: caps, contiguous ids,
+    # the wide term, multi-hot columns), so they are traced as written (autograph=False):
+    # AutoGraph would rewrite every function they call, in the exporting process, for the same
+    # graph.
     @tf.function(
+        autograph=False,
         input_signature=[
             tf.TensorSpec([None, NUM_INTEGER], tf.int64, name="int_features"),
             tf.TensorSpec([None, NUM_CATEGORICAL], tf.string, name="cat_features"),
-        ]
+        ],
     )
     def serve_features(self, int_features, cat_features):
         _, _, cats_valid = normalise_categoricals(cat_features)
@@ -358,10 +377,11 @@ class ServingDLRM(ServingCore):
         return {"probability": self._score(int_features, cat_features, reason), "reject_reason": reason}
 
     @tf.function(
+        autograph=False,
         input_signature=[
             tf.TensorSpec([None], tf.string, name="lines"),
             tf.TensorSpec([None], tf.bool, name="has_label"),
-        ]
+        ],
     )
     def serve_lines(self, lines, has_label):
         fields, too_many = split_lines(lines, has_label)

@@ -48,12 +48,17 @@ class StepFunctions:
         self.loss_scale = tf.Variable(
             2.0**15 if compute_dtype == tf.float16 else 1.0, trainable=False, name="loss_scale"
         )
+        # The steps branch on Python values only (tf.cond where a tensor decides), so they are
+        # traced as written: AutoGraph would rewrite every function they call, Horovod's
+        # included, in each new process before its first step, for the same graph.
         # --xla compiles the dense part only: it holds no Horovod op (see _dense_gradients).
         self._dense_step = (
-            tf.function(self._dense_gradients, jit_compile=True) if xla else self._dense_gradients
+            tf.function(self._dense_gradients, jit_compile=True, autograph=False)
+            if xla
+            else self._dense_gradients
         )
-        self._train_step = tf.function(self._train_step_impl)
-        self.predict = tf.function(self._predict_step_impl)
+        self._train_step = tf.function(self._train_step_impl, autograph=False)
+        self.predict = tf.function(self._predict_step_impl, autograph=False)
 
     def train_on_batch(self, batch: Batch, lr: float) -> tf.Tensor:
         """One optimizer step; returns the global-batch mean loss (before the update)."""

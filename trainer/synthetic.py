@@ -32,34 +32,12 @@ from dlrm_contracts.layout import DATASET_JSON, MODEL_SIZE_JSON, SUCCESS
 from dlrm_contracts.schema import CAT_COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, SPLITS
 
 # Varied sizes: int8, int16 and int32 files all occur.
+# fmt: off
 DEFAULT_TABLE_SIZES = (
-    3,
-    20,
-    20,
-    50,
-    200,
-    1000,
-    40_000,
-    7,
-    100,
-    300,
-    128,
-    129,
-    2,
-    60,
-    500,
-    5000,
-    33_000,
-    10,
-    30,
-    90,
-    400,
-    15,
-    250,
-    700,
-    4,
-    1500,
+    3, 20, 20, 50, 200, 1000, 40_000, 7, 100, 300, 128, 129, 2,
+    60, 500, 5000, 33_000, 10, 30, 90, 400, 15, 250, 700, 4, 1500,
 )
+# fmt: on
 INTERACTING = (1, 2)  # C2 x C3 carry the planted interaction
 MAIN_EFFECT = 3  # C4 carries a main effect
 
@@ -119,7 +97,8 @@ def planted_signal(table_sizes: tuple[int, ...], seed: int, strength: float, sta
             rng.choice([-1.0, 1.0], SIGNAL_IDS),
             rng.normal(0.0, 0.8, SIGNAL_IDS),
         ]
-        return PlantedSignal(*(d[:n] for d, n in zip(drawn, sizes)), strength, -1.0)
+        sign_a, sign_b, effect = (d[:n] for d, n in zip(drawn, sizes))
+        return PlantedSignal(sign_a, sign_b, effect, strength, -1.0)
     return PlantedSignal(
         rng.choice([-1.0, 1.0], sizes[0]),
         rng.choice([-1.0, 1.0], sizes[1]),

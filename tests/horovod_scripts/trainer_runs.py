@@ -5,11 +5,13 @@ runs, so a rank runs what it would run alone; only the process (TensorFlow's imp
 start and its Gloo rendezvous) is shared by the runs, which is what the tests' launches spent
 most of their time on.
 
-argv[1] is a JSON plan ``{"jobs": {name: [argv, ...]}, "results": folder}``. Every rank runs
-every job's command lines in order, each one's stdout and stderr captured, and writes
-``results/rank-<r>.json``: per job, per command line, its exit code and what it printed. A job
-whose command line fails goes no further (its later lines would start from a broken state);
-the other jobs still run. The rank exits 1 if any line failed.
+argv[1] is a JSON plan ``{"jobs": {name: [argv, ...]}, "results": folder}``, with
+``"collectives": true`` to run collectives_check.py's checks as the job ``collectives`` (the
+build report before the trainer's lines, the collectives after them). Every rank runs every job's command lines in order, each
+one's stdout and stderr captured, and writes ``results/rank-<r>.json``: per job, per command
+line, its exit code and what it printed. A job whose command line fails goes no further (its
+later lines would start from a broken state); the other jobs still run. The rank exits 1 if
+any line failed.
 """
 
 import contextlib
@@ -17,6 +19,7 @@ import io
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -32,10 +35,34 @@ def run_line(argv: list[str]) -> dict:
     return {"argv": argv, "returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
+def run_collectives(build: str) -> dict:
+    """collectives_check.report() as a line: its report printed as JSON, exit 1 if it raised."""
+    import collectives_check
+
+    try:
+        return {
+            "argv": ["collectives_check"],
+            "returncode": 0,
+            "stdout": json.dumps(collectives_check.report(build)),
+            "stderr": "",
+        }
+    except Exception:  # noqa: BLE001 - any failure of the checks is this line's exit 1, reported
+        return {
+            "argv": ["collectives_check"],
+            "returncode": 1,
+            "stdout": "",
+            "stderr": traceback.format_exc(),
+        }
+
+
 def main() -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
     rank = int(os.environ["HOROVOD_RANK"])
     results: dict[str, list[dict]] = {}
+    if plan.get("collectives"):
+        import collectives_check
+
+        build = collectives_check.build_report()
     for name, lines in plan["jobs"].items():
         results[name] = []
         for argv in lines:
@@ -43,6 +70,8 @@ def main() -> int:
             print(f"rank {rank}: {name}: exit {results[name][-1]['returncode']}", flush=True)
             if results[name][-1]["returncode"] != 0:
                 break
+    if plan.get("collectives"):
+        results["collectives"] = [run_collectives(build)]
     folder = Path(plan["results"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"rank-{rank}.json").write_text(json.dumps(results))

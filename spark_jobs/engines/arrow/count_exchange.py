@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts, merge_counts
 
 KIND_PARTIAL = 3
@@ -184,6 +185,10 @@ def merge_task(spec):
         return merge_group(spec, group, {d: merge_counts(p) for d, p in parts.items()})
 
     def run(batches):
+        with remote.writes_behind():  # a group's objects land while the next one merges
+            yield from _merged(batches)
+
+    def _merged(batches):
         codec = _codec()
         group, parts = None, {}
         for batch in batches:

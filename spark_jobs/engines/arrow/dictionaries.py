@@ -270,13 +270,14 @@ def merge_task(spec: MergeSpec, batches: list[list[int]], paths: list[str]):
 
     def run(items):
         layouts: dict = {}  # each file's segment table, read once a task
-        for item in items:
-            for k in item.column(0).to_numpy():
-                for group in batches[int(k)]:
-                    column, low, high = spec.plan.value_range(group)
-                    by_day = partial_files.read_range(paths, column, low, high, layouts)
-                    if by_day:  # a range no partial reaches has no row
-                        yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
+        with remote.writes_behind():  # a group's objects land while the next one merges
+            for item in items:
+                for k in item.column(0).to_numpy():
+                    for group in batches[int(k)]:
+                        column, low, high = spec.plan.value_range(group)
+                        by_day = partial_files.read_range(paths, column, low, high, layouts)
+                        if by_day:  # a range no partial reaches has no row
+                            yield merge_group(spec, group, {d: merge_counts(p) for d, p in by_day.items()})
 
     return run
 
@@ -469,17 +470,18 @@ def dictionary_task(spec: WriteSpec, batches_of_groups: list[list[int]], first_i
 
     def run(batches):
         firsts = first_ids_broadcast.value
-        for batch in batches:
-            for item in batch.column("id").to_numpy():
-                groups = batches_of_groups[int(item)]
-                kept, checksums = zip(*(_filled(spec, g, firsts.get(g)) for g in groups))
-                yield pa.record_batch(
-                    {
-                        "group": pa.array(groups, pa.int32()),
-                        "kept": pa.array(kept, pa.int64()),
-                        "checksum": pa.array(checksums, pa.string()),
-                    }
-                )
+        with remote.writes_behind():  # a group's part and region land while the next one fills
+            for batch in batches:
+                for item in batch.column("id").to_numpy():
+                    groups = batches_of_groups[int(item)]
+                    kept, checksums = zip(*(_filled(spec, g, firsts.get(g)) for g in groups))
+                    yield pa.record_batch(
+                        {
+                            "group": pa.array(groups, pa.int32()),
+                            "kept": pa.array(kept, pa.int64()),
+                            "checksum": pa.array(checksums, pa.string()),
+                        }
+                    )
 
     return run
 
@@ -507,40 +509,29 @@ def _filled(spec: WriteSpec, group: int, classes) -> tuple[int, str | None]:
         return 0, None
     column, rank = spec.plan.column_range(group)
     name = CAT_COLUMNS[column]
+    fill = dictionary_parts.GroupFill(group, name, rank, spec.regions[group][1], classes[0], classes[1])
     if remote.is_url(spec.dict_dir):
         part_url = remote.join(spec.dict_dir, f"column={name}", f"part-{rank:05d}.parquet")
-        return dictionary_parts.fill_group_remote(
-            spec.totals_dir,
-            group,
-            classes[0],
-            classes[1],
-            part_url,
-            spec.index_dir,
-            name,
-            rank,
-            spec.regions[group][1],
-        )
+        return dictionary_parts.fill_group_remote(spec.totals_dir, fill, part_url, spec.index_dir)
     part = Path(spec.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet"
-    kept = dictionary_parts.fill_group(
-        spec.totals_dir,
-        group,
-        classes[0],
-        classes[1],
-        part,
-        spec.index_dir,
-        name,
-        rank,
-        spec.regions[group][1],
-    )
+    kept = dictionary_parts.fill_group(spec.totals_dir, fill, part, spec.index_dir)
     return kept, None
 
 
+@dataclass(frozen=True)
+class PartPlace:
+    """Where a value group's dictionary part and index region go: the dictionaries and the
+    index, its column (index), its rank among the column's groups, its region's slots."""
+
+    dict_dir: str
+    index_dir: str
+    column: int
+    rank: int
+    slots: int
+
+
 def write_group_part(
-    dict_dir: str,
-    index_dir: str,
-    region: tuple[int, int],
-    column: int,
-    rank: int,
+    place: PartPlace,
     values: np.ndarray,
     ids: np.ndarray,
     counts: np.ndarray,
@@ -550,7 +541,7 @@ def write_group_part(
     and its region of the index: what both id modes write once a group's ids are known."""
     import pyarrow as pa
 
-    name = CAT_COLUMNS[column]
+    name, rank = CAT_COLUMNS[place.column], place.rank
     table = pa.table(
         {
             "value": format_hex(values),
@@ -561,11 +552,11 @@ def write_group_part(
     # every value and id is distinct: only the counts gain from dictionary encoding
     write_parquet_atomically(
         table,
-        Path(dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
+        Path(place.dict_dir) / f"column={name}" / f"part-{rank:05d}.parquet",
         use_dictionary=["count"],
         row_group_size=row_group_size,
     )
-    dictionary_index.write_region(index_dir, name, rank, region[1], values, ids)
+    dictionary_index.write_region(place.index_dir, name, rank, place.slots, values, ids)
 
 
 def index_layouts(plan: GroupPlan, histograms, minimum) -> tuple[dict, dict]:

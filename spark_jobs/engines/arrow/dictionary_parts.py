@@ -26,6 +26,7 @@ other shape is an error, never patched.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -80,21 +81,26 @@ def stage_group(
     return len(values)
 
 
-def fill_group(
-    directory: str,
-    group: int,
-    classes: np.ndarray,
-    class_first: np.ndarray,
-    part_path: Path,
-    index_dir: str,
-    column: str,
-    rank: int,
-    slots: int,
-) -> int:
+@dataclass(frozen=True)
+class GroupFill:
+    """What fills one staged group after the barrier: the group, its region's place in the
+    index (its column's name, its rank among the column's groups, the region's slots), and
+    its kept count classes with each class's first id (the driver's arithmetic)."""
+
+    group: int
+    column: str
+    rank: int
+    slots: int
+    classes: np.ndarray
+    class_first: np.ndarray
+
+
+def fill_group(directory: str, fill: GroupFill, part_path: Path, index_dir: str) -> int:
     """After the barrier: the staged part's ids filled in and the part moved to ``part_path``,
     the staged region's slots given their ids in place and the region moved into the index,
     the staged files removed (by the tasks, in parallel, rather than by the driver after
     them). Returns the values kept."""
+    group, classes = fill.group, fill.classes
     staged, rows_path, classes_path, region_path = _paths(directory, group)
     if not rows_path.exists() and part_path.exists():  # a retried task: this group is done
         import pyarrow.parquet as pq
@@ -108,13 +114,13 @@ def fill_group(
     ranks, in_class = _read_rows(rows_path, len(classes))
     labelled_ids = np.zeros(len(ranks) + 1, np.int32)  # [0]: an empty slot's, then by row
     ids = labelled_ids[1:]
-    np.add(class_first[in_class], ranks, out=ids, casting="unsafe")
+    np.add(fill.class_first[in_class], ranks, out=ids, casting="unsafe")
     source = staged if staged.exists() else part_path  # a retried task: already moved
     fill_ids(source, ranks, ids)
     if source == staged:
         part_path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, part_path)
-    _install_region(region_path, labelled_ids, part_path, index_dir, column, rank, slots)
+    _install_region(region_path, labelled_ids, part_path, index_dir, fill.column, fill.rank, fill.slots)
     for path in (classes_path, rows_path):  # the rows last: they mark it undone
         path.unlink()
     return len(ids)
@@ -299,19 +305,27 @@ def stage_group_remote(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def fill_group_remote(
-    url: str,
-    group: int,
-    classes: np.ndarray,
-    class_first: np.ndarray,
-    part_url: str,
-    index_url: str,
-    column: str,
-    rank: int,
-    slots: int,
-) -> tuple[int, str]:
-    """``fill_group`` on the group's staged files fetched into a local scratch directory; the
-    filled part and the index region then written to ``part_url`` and under ``index_url``.
+def _fetch_staged(source: str, group: int, staged: Path) -> None:
+    """The group's staged files copied into ``staged``: fetched from the store, or from this
+    host's staging directory (the ``local`` exchange). The originals stay for a retried task
+    (the fill changes its copies in place)."""
+    import shutil
+
+    from spark_jobs.engines.arrow import remote
+
+    pairs = [(remote.join(source, name), staged / name) for name in _staged_names(group)]
+    if remote.is_url(source):
+        remote.download_all(pairs)
+        return
+    staged.mkdir(parents=True, exist_ok=True)
+    for origin, target in pairs:
+        shutil.copyfile(origin, target)
+
+
+def fill_group_remote(url: str, fill: GroupFill, part_url: str, index_url: str) -> tuple[int, str]:
+    """``fill_group`` on the group's staged files (``url``: the store's staging prefix, or a
+    directory of this host) copied into a local scratch directory; the filled part and the
+    index region then written to ``part_url`` and under ``index_url``.
     Returns the values kept and the region's checksum, so the index is sealed from what the
     tasks wrote, without reading every region back from the store."""
     import shutil
@@ -322,15 +336,14 @@ def fill_group_remote(
     scratch = Path(remote.local_scratch("criteo-dlrm-fill-"))
     try:
         staged, index_dir = scratch / "staged", scratch / "index"
-        (index_dir / column).mkdir(parents=True)
-        for name in _staged_names(group):
-            remote.download(remote.join(url, name), staged / name)
+        (index_dir / fill.column).mkdir(parents=True)
+        _fetch_staged(url, fill.group, staged)
         part = scratch / "part.parquet"
-        kept = fill_group(str(staged), group, classes, class_first, part, str(index_dir), column, rank, slots)
+        kept = fill_group(str(staged), fill, part, str(index_dir))
         remote.upload(part, part_url)
-        region = dictionary_index.region_path(index_dir, column, rank)
+        region = dictionary_index.region_path(index_dir, fill.column, fill.rank)
         data = region.read_bytes()
-        remote.write_bytes(remote.join(index_url, column, region.name), data)
+        remote.write_bytes(remote.join(index_url, fill.column, region.name), data)
         return kept, region_checksum(np.frombuffer(data, np.uint64))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -14,9 +14,11 @@ pyarrow inside the writer tasks.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import uuid
-from functools import partial
+from functools import partial, singledispatchmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +27,8 @@ import numpy as np
 from dlrm_contracts.config import PreprocessConfig, column_caps
 from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
-from spark_jobs import counting, stable_ids
+from spark_jobs import stable_ids
+from spark_jobs.engine import AfterPrevious, ByCount, ByFirstAppearance, Numbering
 from spark_jobs.columns import literal_lookup
 from spark_jobs.engines.arrow import dictionaries as dicts
 from spark_jobs.engines.arrow import count_exchange, dictionary_index, partial_files, remote, split_writer
@@ -81,7 +84,9 @@ class ArrowEngine:
         )
         self.chunks = plan_chunks(days, max(1, cfg.arrow_chunk_mb) << 20)
         self._recounted: list[int] = []
-        self._partials_dir: Path | None = None  # the count pass's partial files, until merged
+        self._partials_dir: str | Path | None = None  # the count pass's partial files, until merged
+        self._host_partials: Path | None = None  # the ``local`` exchange's directory
+        self._host_totals: Path | None = None  # its staged dictionary parts, on this host too
         self._counted: list = []  # the shuffle exchange's persisted count outputs
         self._samples: list = []  # (column, entries, sampled values) per partial
         self._entries: dict[int, int] = {}  # distinct values per group (totals on disk)
@@ -101,9 +106,29 @@ class ArrowEngine:
     # ------------------------------------------------------------ count pass
     def exchange(self, counts_dir) -> str:
         """How partial counts reach the merge (``PreprocessConfig.arrow_exchange``)."""
-        if self.cfg.arrow_exchange != "auto":
-            return self.cfg.arrow_exchange
-        return "shuffle" if remote.is_url(counts_dir) else "files"
+        return choose_exchange(
+            self.cfg.arrow_exchange, remote.is_url(counts_dir), self.session.sparkContext.master
+        )
+
+    def _partials_at(self, counts_dir) -> str | Path:
+        """Where the count tasks leave their partial files: the workdir (``files``) or one
+        directory on this host's local disk for the whole job (``local``)."""
+        if self.exchange(counts_dir) != "local":
+            return partial_files.partials_dir(counts_dir)
+        if self._host_partials is None:
+            self._host_partials = partial_files.on_this_host(_local_dir(self.session))
+        return self._host_partials
+
+    def _totals_at(self, counts_dir) -> Path | str:
+        """Where the merge leaves each group's totals or staged dictionary part for the
+        dictionary tasks: the workdir, or with the ``local`` exchange a directory on this
+        host's local disk (every task runs here), so that behind a URL the staged parts do
+        not go to the store and back."""
+        if self.exchange(counts_dir) != "local":
+            return dicts.totals_dir(counts_dir)
+        if self._host_totals is None:
+            self._host_totals = partial_files.on_this_host(_local_dir(self.session))
+        return self._host_totals
 
     def count(
         self, recount: list[int], counts_dir: Path, read: set[int] | None = None
@@ -117,7 +142,7 @@ class ArrowEngine:
             task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, None)
             rows = self._persisted(self._over(chunks, task, dicts.COUNT_SCHEMA))
         else:
-            partials = self._partials_dir = partial_files.partials_dir(counts_dir)
+            partials = self._partials_dir = self._partials_at(counts_dir)
             partial_files.clear(partials)
             task = arrow_tasks.count_task(chunks, frozenset(recount), self.settings, str(partials))
             rows = self._over(chunks, task, dicts.COUNT_SCHEMA).collect()
@@ -154,7 +179,7 @@ class ArrowEngine:
                 "filesystem path; a workdir URL supports frequency ids"
             )
         wanted = [d.day for d in self.days] if days is None else list(days)
-        partials = None if shuffle else partial_files.partials_dir(counts_dir)
+        partials = None if shuffle else self._partials_at(counts_dir)
         samples = list(self._samples) + self._previous_samples
         stored = dicts.stored_files(counts_dir, [d for d in wanted if d not in self._recounted])
         if stored:
@@ -164,7 +189,7 @@ class ArrowEngine:
             samples += _samples(self._persisted(frame) if shuffle else frame.collect())
         self._plan = dicts.GroupPlan.from_samples(samples, self.cfg.arrow_group_values)
         dicts.clear_day_counts(counts_dir, self._recounted)
-        self._totals_dir = dicts.totals_dir(counts_dir)
+        self._totals_dir = self._totals_at(counts_dir)
         dicts.clear_dir(self._totals_dir)
         merge = dicts.MergeSpec(
             self._plan,
@@ -217,7 +242,7 @@ class ArrowEngine:
         return rows
 
     def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
-        """Modulo ids: every day's statistics; no value is counted (the tasks parse and sum
+        """Every day's statistics; no value is counted (the tasks parse and sum
         their statistics rows only)."""
         return self.count([], counts_dir)
 
@@ -228,14 +253,23 @@ class ArrowEngine:
         """Remove the partial files of a count pass that did not reach its merge."""
         if self._partials_dir is not None:
             partial_files.clear(self._partials_dir)
+        if self._host_partials is not None:
+            partial_files.clear(self._host_partials)
+        if self._host_totals is not None:
+            partial_files.clear(self._host_totals)
         self._release_counted()
 
     # ------------------------------------------------------------ dictionaries
-    def write_dictionaries(
-        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
-    ) -> None:
+    @singledispatchmethod
+    def write_dictionaries(self, numbering: Numbering, dict_dir: Path, index_dir: Path) -> dict[str, int]:
+        """The dictionaries numbered by ``numbering``'s rule (one method per rule below)."""
+        raise TypeError(f"no numbering {type(numbering).__name__}")
+
+    @write_dictionaries.register(ByCount)
+    def _by_count(self, numbering: ByCount, dict_dir: Path, index_dir: Path) -> dict[str, int]:
         """Each group's part of the dictionaries (value, id, count), staged by the merge, gets
         its ids; its region of the dictionary index is written."""
+        spec, sizes = numbering.spec, numbering.sizes
         if self._staged_for != spec:
             raise RuntimeError(
                 f"the merge staged the dictionaries for threshold {self._staged_for}, not {spec}"
@@ -277,18 +311,15 @@ class ArrowEngine:
         }
         dictionary_index.seal_index(index_dir, checksums if remote.is_url(index_dir) else None)
         dicts.clear_dir(self._totals_dir)
+        return {c: sizes[c] - 1 for c in CAT_COLUMNS}
 
-    def write_contiguous_dictionaries(
-        self,
-        spec: ThresholdSpec,
-        stats: dict[int, DayStats],
-        days: list[int],
-        dict_dir: Path,
-        index_dir: Path,
+    @write_dictionaries.register(ByFirstAppearance)
+    def _by_first_appearance(
+        self, numbering: ByFirstAppearance, dict_dir: Path, index_dir: Path
     ) -> dict[str, int]:
-        """Contiguous ids (``spark_jobs.contiguous_ids``): first-seen tasks over the chunks of
-        ``days``, the shared builder's dictionaries, then their index
-        (``engines.arrow.contiguous``). Returns the kept values per column."""
+        """First-seen tasks over the chunks of the numbered days, the shared builder's
+        dictionaries (``spark_jobs.contiguous_ids``), then their index
+        (``engines.arrow.contiguous``)."""
         from spark_jobs.contiguous_ids import PARTIAL_SCHEMA, build_dictionaries
         from spark_jobs.engines.arrow import contiguous
 
@@ -300,9 +331,9 @@ class ArrowEngine:
                 "workdir on a filesystem path with the arrow engine "
                 "(or preprocess.engine: sql)"
             )
-        chunks = [c for c in self.chunks if c.day in set(days)]
+        chunks = [c for c in self.chunks if c.day in set(numbering.days)]
         partials = self._over(chunks, contiguous.first_seen_task(chunks, self.settings), PARTIAL_SCHEMA)
-        ids, kept = build_dictionaries(partials, spec, dict_dir)
+        ids, kept = build_dictionaries(partials, numbering.spec, dict_dir)
         try:
             contiguous.write_index(self.session, ids, kept, str(index_dir), self.cfg.arrow_group_values)
         finally:
@@ -310,21 +341,20 @@ class ArrowEngine:
         return kept
 
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
-        """Stable ids: extend ``previous`` (None: the first run); its entries count in the
+        """What ``AfterPrevious`` extends (None: the first run); its entries count in the
         value ranges' sizes, so a range holds about ``arrow_group_values`` of old and new."""
         self._previous = previous
         self._previous_samples = stable_groups.dictionary_samples(previous)
 
-    def write_stable_dictionaries(
-        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
-    ) -> dict[str, int]:
+    @write_dictionaries.register(AfterPrevious)
+    def _after_previous(self, numbering: AfterPrevious, dict_dir: Path, index_dir: Path) -> dict[str, int]:
         """Stable ids (``spark_jobs.stable_ids``): every group reads its range of the previous
         dictionaries and finds its kept newcomers (a survey pass: their count histograms and
         the old entries per group, collected), the newcomers' first ids are summed on the
         driver as in the frequency mode, after each column's previous ids; then every group
         writes its part (old ids kept, newcomers numbered) into a staging directory and its
-        index region, and the staging directory replaces the dictionaries. Returns the table
-        sizes (each column's highest id + 1)."""
+        index region, and the staging directory replaces the dictionaries."""
+        spec = numbering.spec
         minimum = dicts.thresholds(spec)
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
@@ -379,7 +409,7 @@ class ArrowEngine:
         dictionary_index.seal_index(index_dir)
         stable_ids.commit(staging, dict_dir, spec, sizes)
         shutil.rmtree(self._totals_dir, ignore_errors=True)
-        return sizes
+        return {c: sizes[c] - 1 for c in CAT_COLUMNS}
 
     def _tasks_per_group_pass(self) -> int:
         return _merge_partitions(
@@ -463,13 +493,10 @@ class ArrowEngine:
         }
         last = stats[self.days[-1].day]
         on_cluster = not self.session.sparkContext.master.startswith("local")
-        caps = (
-            tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS)
-            if self.cfg.mode.capped or self.cfg.caps is not None
-            else None
-        )
+        mode = self.cfg.mode
+        caps = tuple(column_caps(self.cfg)[c] for c in CAT_COLUMNS) if self.cfg.caps is not None else None
         return TransformSpec(
-            index_dir=str(index_dir),
+            index_dir=str(index_dir) if mode.writes_dictionaries else None,
             run_token=uuid.uuid4().hex,
             index_on_node=on_cluster,
             seed=int(self.cfg.shuffle_seed),
@@ -477,20 +504,23 @@ class ArrowEngine:
             eval_day=last.day,
             test_lines=last.test_lines,
             caps=caps,
-            contiguous=self.cfg.mode.contiguous,
+            missing_value=mode.missing_value,
+            rare_id=mode.rare_id,
         )
 
 
 def _write_histogram(histogram, counts_dir) -> dict[str, list[tuple[int, int]]]:
-    """The count histogram file (``counting.write_histogram_file``'s bytes), behind a URL
-    written in a scratch directory and sent as one object."""
+    """The count histogram file (``write_histogram``'s bytes), behind a URL written in a scratch
+    directory and sent as one object."""
+    from dlrm_contracts.table_sizes import write_histogram
+
     if not remote.is_url(counts_dir):
-        return counting.write_histogram_file(histogram, counts_dir)
+        return write_histogram(histogram, counts_dir)
     from dlrm_contracts.layout import HISTOGRAM_FILE
 
     scratch = Path(remote.local_scratch("criteo-dlrm-histogram-"))
     try:
-        ordered = counting.write_histogram_file(histogram, scratch)
+        ordered = write_histogram(histogram, scratch)
         remote.upload(scratch / HISTOGRAM_FILE, remote.join(counts_dir, HISTOGRAM_FILE))
         return ordered
     finally:
@@ -586,3 +616,29 @@ def _column_histogram(plan, histograms) -> dict[str, list[tuple[int, int]]]:
 
 
 __all__ = ["ArrowEngine"]
+
+
+def choose_exchange(setting: str, workdir_is_url: bool, master: str) -> str:
+    """The exchange a run uses: ``setting`` unless "auto"; auto picks the workdir's files on
+    a filesystem path, and behind a URL the partial files on the local disk when one host
+    runs every task (a ``local`` master), else Spark's shuffle (a cluster's nodes share no
+    disk). ``local`` under another master is refused: a merge task on one node would miss
+    the files another node wrote."""
+    one_host = master.startswith("local")
+    if setting == "auto":
+        return "files" if not workdir_is_url else "local" if one_host else "shuffle"
+    if setting == "local" and not one_host:
+        from spark_jobs.errors import PreprocessConfigError
+
+        raise PreprocessConfigError(
+            f"preprocess.arrow_exchange: local keeps the partial counts on one host's disk, "
+            f"so it needs a local master, not {master}; use shuffle (or auto)"
+        )
+    return setting
+
+
+def _local_dir(session: SparkSession) -> str:
+    """This host's scratch directory for Spark: the first of ``SPARK_LOCAL_DIRS``, else
+    ``spark.local.dir``, else the temporary directory (Spark's own order in local mode)."""
+    listed = os.environ.get("SPARK_LOCAL_DIRS") or session.conf.get("spark.local.dir", None) or ""
+    return listed.split(",")[0] or tempfile.gettempdir()

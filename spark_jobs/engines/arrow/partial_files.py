@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from dlrm_contracts.atomic import pid_alive
 from spark_jobs.engines.arrow import remote
 from spark_jobs.engines.arrow.atomic_write import write_atomically
 from spark_jobs.engines.arrow.value_counts import DAY_COUNT_DTYPE, VALUE_DTYPE, Counts
@@ -43,6 +45,7 @@ _SEGMENT_FIELDS = 5  # day, column, first entry, entries, first fence
 _HEADER = len(_MAGIC) + 8
 FENCE = 256  # values per fence: a slice's read is at most 2 KiB long
 SUFFIX = ".partial"
+_HOST_PREFIX = "criteo-dlrm-partials-"
 
 
 def partials_dir(counts_dir: str | Path) -> str | Path:
@@ -50,6 +53,21 @@ def partials_dir(counts_dir: str | Path) -> str | Path:
     if remote.is_url(counts_dir):
         return remote.join(counts_dir, "_partials")
     return Path(counts_dir) / ".partials"
+
+
+def on_this_host(scratch_root: str | Path) -> Path:
+    """A fresh directory for one count pass's partial files on this host's local disk, for
+    the ``local`` exchange (every task on this host); the directories that runs no longer
+    alive on this host left behind (a killed job) are removed first. The process id in the
+    name says whose a directory is: the host is the one that runs every task."""
+    root = Path(scratch_root)
+    for entry in root.glob(f"{_HOST_PREFIX}*"):
+        owner = entry.name[len(_HOST_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            shutil.rmtree(entry, ignore_errors=True)
+    folder = root / f"{_HOST_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+    folder.mkdir(parents=True)
+    return folder
 
 
 def clear(directory: str | Path) -> None:

@@ -16,11 +16,14 @@ Python workers. Unset (always outside benchmarks) it costs one dictionary lookup
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import tempfile
+import threading
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 IO_LOG_ENV = "CRITEO_DLRM_IO_LOG"
 # A day file's reads: the first small, so a task starts parsing after a short wait; each next
@@ -223,11 +226,77 @@ def _get_object(url: str) -> bytes:
 
 
 def write_bytes(url: str, data) -> None:
-    """One object written whole: a reader sees the previous object or this one, never half."""
+    """One object written whole: a reader sees the previous object or this one, never half.
+    Inside ``writes_behind`` the request is sent on its threads and this returns at once."""
+    behind = _BEHIND.get()
+    if behind is not None:
+        behind.submit(url, data)
+        return
+    _write_now(url, data)
+
+
+def _write_now(url: str, data) -> None:
     fs, inner = filesystem(url)
     with fs.open_output_stream(inner, compression=None) as out:
         out.write(data)
     log_request("put", len(memoryview(data).cast("B")))
+
+
+class _WritesBehind:
+    """Object writes on a few threads: a task's requests wait for the store while it goes on
+    computing. At most ``pending`` writes are held (each holds its bytes), so the memory is
+    bounded whatever the task writes; the first failure is raised when the block ends."""
+
+    def __init__(self, threads: int, pending: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="writes-behind")
+        self.slots = threading.BoundedSemaphore(pending)
+        self.futures: list = []
+
+    def submit(self, url: str, data) -> None:
+        self.slots.acquire()
+        try:
+            future = self.pool.submit(_write_now, url, data)
+        except BaseException:
+            self.slots.release()
+            raise
+        future.add_done_callback(lambda _: self.slots.release())
+        self.futures.append(future)
+
+    def finish(self) -> None:
+        """Wait for every write; the first failure raised."""
+        try:
+            for future in self.futures:
+                future.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_BEHIND: ContextVar[_WritesBehind | None] = ContextVar("writes_behind", default=None)
+
+
+@contextlib.contextmanager
+def writes_behind(threads: int = 4, pending: int = 8) -> Iterator[None]:
+    """``write_bytes`` and ``upload`` in this block (this thread) send their request on
+    ``threads`` threads and return at once; the block ends when every write has landed, and
+    raises the first failure (a task then fails, and Spark retries it).
+
+    Why: a store's request costs a round trip (tens of milliseconds on S3), and a merge or
+    dictionary task writes several objects per group, one after another: in sequence, the
+    round trips add up to seconds per task while its CPU waits. Each object is still written
+    whole by one request, so what a reader sees is unchanged."""
+    if _BEHIND.get() is not None:  # already inside one: its threads serve this block too
+        yield
+        return
+    behind = _WritesBehind(threads, pending)
+    _BEHIND.set(behind)
+    try:
+        yield
+    finally:
+        # not reset(token): a generator's block may end in another context than it began
+        _BEHIND.set(None)
+        behind.finish()
 
 
 def upload(local: str | Path, url: str) -> None:
@@ -242,6 +311,15 @@ def download(url: str, local: str | Path) -> None:
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
     temporary.write_bytes(read_bytes(url))
     os.replace(temporary, target)
+
+
+def download_all(pairs: Sequence[tuple[str, str | Path]]) -> None:
+    """``download`` of each (url, local path), the requests sent together on threads: their
+    round trips overlap instead of adding up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(4, len(pairs)))) as pool:
+        list(pool.map(lambda pair: download(*pair), pairs))
 
 
 def exists(url: str) -> bool:
@@ -281,12 +359,17 @@ def list_sized(url: str, suffix: str = "", recursive: bool = False) -> list[tupl
 
 def delete_tree(url: str) -> None:
     """Every object under the ``url`` prefix removed (nothing there: nothing to do)."""
+    from pyarrow import fs as pafs
+
     fs, inner = filesystem(url)
     log_request("delete")
     try:
         fs.delete_dir(inner.rstrip("/"))
-    except FileNotFoundError:
-        pass
+    except OSError:
+        # nothing there (a FileNotFoundError on S3 and Azure, "No such directory" on GCS), or
+        # on GCS a prefix without pyarrow's directory marker, whose objects are deleted by then
+        if fs.get_file_info(inner.rstrip("/")).type != pafs.FileType.NotFound:
+            raise
 
 
 def local_scratch(prefix: str) -> str:

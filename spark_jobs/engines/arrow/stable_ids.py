@@ -19,6 +19,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from spark_jobs.engines.arrow.dictionaries import (
     SAMPLE_STEP,
     GroupPlan,
+    PartPlace,
     assign_ids,
     read_totals,
     write_group_part,
@@ -202,17 +203,9 @@ def _write_group(spec: StableWriteSpec, found: GroupIds, classes) -> int:
     values = values[order]
     ids = np.concatenate([found.old_ids, new_ids])[order]
     counts = np.concatenate([found.old.counts, found.new.counts.astype(np.int64)])[order]
-    write_group_part(
-        spec.staging,
-        spec.index_dir,
-        spec.regions[found.group],
-        found.column,
-        found.rank,
-        values,
-        ids,
-        counts,
-        row_group_size=ROW_GROUP_ROWS,
-    )
+    slots = spec.regions[found.group][1]
+    place = PartPlace(spec.staging, spec.index_dir, found.column, found.rank, slots)
+    write_group_part(place, values, ids, counts, row_group_size=ROW_GROUP_ROWS)
     return len(values)
 
 

@@ -230,15 +230,19 @@ def reject_task(chunks: list[Chunk], settings: ReadSettings):
 class TransformSpec:
     """What a transform task needs besides its chunks; small, pickled with the task."""
 
-    index_dir: str  # the dictionary index (engines.arrow.dictionary_index)
+    index_dir: str | None  # the dictionary index (engines.arrow.dictionary_index); None: none
     run_token: str
     index_on_node: bool  # copy the index into the node's local dir first
     seed: int
     chunk_first_line: dict[tuple[int, int], int]  # (day, chunk) → its first line in the day
     eval_day: int
     test_lines: int  # test = lines [0, test_lines) of the eval day
-    caps: tuple[int, ...] | None = None  # ids: modulo (spark_jobs.capped_ids); None: the index
-    contiguous: bool = False  # ids: contiguous: the index, then caps (spark_jobs.contiguous_ids)
+    # every id modulo its column's cap (preprocess.caps); with no index, the hex value's
+    # (spark_jobs.capped_ids)
+    caps: tuple[int, ...] | None = None
+    # how the index is read: the mode's rule for missing and absent values (IdMode)
+    missing_value: int | None = None
+    rare_id: int = 0
 
 
 # The order keys and the packed row (``spark_jobs.engines.arrow.split_writer``).
@@ -302,21 +306,23 @@ def _output_batch(spec: TransformSpec, chunk: Chunk, rows: _Rows):
 
 
 def _ids_of(spec: TransformSpec):
-    """What gives a task its ids (``lookup_into``): the caps under ``ids: modulo``, else the
-    dictionary index, opened once per worker."""
-    if spec.caps is not None and not spec.contiguous:
+    """What gives a task its ids (``lookup_into``): without dictionaries, each value and its
+    cap; else the dictionary index, opened once per worker, itself when the mode reads it as
+    it is, or through the mode's rule (``spark_jobs.contiguous_ids.ContiguousIds``)."""
+    if spec.index_dir is None:
         from spark_jobs.capped_ids import CappedIds
 
+        assert spec.caps is not None  # IdMode.caps_required where no dictionaries are written
         return CappedIds(spec.caps)
     from spark_jobs.engines.arrow.dictionary_index import node_local_root, worker_index
 
     local = node_local_root() if spec.index_on_node else None
     index = worker_index(spec.index_dir, CAT_COLUMNS, spec.run_token, local)
-    if spec.contiguous:
-        from spark_jobs.contiguous_ids import ContiguousIds
+    if spec.missing_value is None and not spec.rare_id and spec.caps is None:
+        return index
+    from spark_jobs.contiguous_ids import ContiguousIds
 
-        return ContiguousIds(index, spec.caps)
-    return index
+    return ContiguousIds(index, spec.caps, spec.missing_value, spec.rare_id)
 
 
 def _transformed_blocks(chunks: list[Chunk], spec: TransformSpec, settings: ReadSettings, batches):

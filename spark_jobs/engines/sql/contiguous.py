@@ -1,22 +1,20 @@
 """The SQL engine's part of contiguous ids (``spark_jobs.contiguous_ids``): the first
-appearances of every day's values, and the transform's lookup of them.
+appearances of every day's values.
 
 The dictionary pass reads each day as the transform does (valid rows, categoricals as their
 hex values) and stacks the 26 columns into (column, value, day, pos, 1) rows; the shared
-builder aggregates them. The transform joins the dictionaries on the value itself (a long:
-the hex value is exact), a missing value as the value 0; a value without an id is rare.
+builder aggregates them. The transform reads the dictionaries by the mode's rule
+(``engines.sql.transform.looked_up``): joined on the value itself (a long: the hex value is
+exact), a missing value as the value 0; a value without an id is rare.
 """
 
 from __future__ import annotations
 
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs.contiguous_ids import RARE_ID
 from spark_jobs.engines.sql.parse import parse_for_transform, read_day
-from spark_jobs.engines.sql.transform import map_categoricals
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,35 +51,3 @@ def first_seen_partials(session: SparkSession, days, stats, max_line_bytes: int)
             )
         )
     return reduce(lambda a, b: a.unionByName(b), frames)
-
-
-def contiguous_categoricals(
-    rows: DataFrame,
-    session: SparkSession,
-    dict_dir: Path,
-    kept: dict[str, int],
-    broadcast_max_values: int,
-    caps: dict[str, int] | None,
-) -> tuple[DataFrame, bool]:
-    """Each C* (its hex value, null when missing) → its contiguous id, ``RARE_ID`` when it has
-    none, modulo its cap when capped. Returns (rows, shuffled?)."""
-    from pyspark.sql import functions as F
-
-    for c in CAT_COLUMNS:
-        rows = rows.withColumn(c, F.coalesce(F.col(c), F.lit(0).cast("long")))
-    # a column that keeps nothing has size 1 (every value rare): nothing to join
-    sizes = {c: kept[c] + 1 for c in CAT_COLUMNS}
-    rows, shuffled = map_categoricals(
-        rows,
-        session,
-        dict_dir,
-        sizes,
-        broadcast_max_values,
-        dictionary_key=lambda v: F.conv(v, 16, 10).cast("long"),
-    )
-    for c in CAT_COLUMNS:
-        ids = F.when(F.col(c) == 0, F.lit(RARE_ID)).otherwise(F.col(c))
-        if caps is not None:
-            ids = ids % F.lit(int(caps[c]))
-        rows = rows.withColumn(c, ids.cast("int"))
-    return rows, shuffled

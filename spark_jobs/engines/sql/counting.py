@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from dlrm_contracts.layout import values_dir
 from dlrm_contracts.schema import CAT_COLUMNS
-from spark_jobs.counting import write_histogram_file
+from dlrm_contracts import table_sizes
 from spark_jobs.engines.sql.row_classes import (
     ALL_MASKED_COLUMNS,
     MASKED_COLUMNS,
@@ -142,4 +142,4 @@ def write_histogram(totals: DataFrame, counts_dir: Path) -> dict[str, list[tuple
     histogram: dict[str, list[tuple[int, int]]] = {c: [] for c in CAT_COLUMNS}
     for r in rows:
         histogram[r["column"]].append((r["count"], r["num_values"]))
-    return write_histogram_file(histogram, counts_dir)
+    return table_sizes.write_histogram(histogram, counts_dir)

@@ -12,7 +12,7 @@ join; with ``ids: contiguous`` joined on their hex values (``engines.sql.contigu
 from __future__ import annotations
 
 import shutil
-from functools import reduce
+from functools import reduce, singledispatchmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from dlrm_contracts.schema import CAT_COLUMNS
 from dlrm_contracts.thresholds import ThresholdSpec
 from spark_jobs import stable_ids
 from spark_jobs.columns import hex_value
+from spark_jobs.engine import AfterPrevious, ByCount, ByFirstAppearance, Numbering
 from spark_jobs.engines.sql import contiguous, counting, rejects, transform
 from spark_jobs.engines.sql.dictionaries import _threshold_of, build_dictionaries
 from spark_jobs.engines.sql.parse import parse_for_counting, parse_for_transform, read_day
@@ -45,8 +46,8 @@ class SqlEngine:
         }
         self._totals: DataFrame | None = None  # (column, value, count), cached by count_totals
         self._previous: stable_ids.Previous | None = None
-        self._contiguous_kept: dict[str, int] | None = None  # ids: contiguous, kept per column
-        self._contiguous_dir: Path | None = None  # and their dictionaries
+        # the values the numbering gave ids to, per column: the transform's joins follow them
+        self._kept: dict[str, int] | None = None
 
     def count(
         self, recount: list[int], counts_dir: Path, read: set[int] | None = None
@@ -56,7 +57,7 @@ class SqlEngine:
         return counting.count_pass(parsed, recount, counts_dir)
 
     def count_statistics(self, counts_dir: Path) -> dict[int, DayStats]:
-        """Modulo ids: every day's statistics from the row classes alone; no value is counted
+        """Every day's statistics from the row classes alone; no value is counted
         or stored, so the classes carry the missing categoricals too."""
         return counting.count_pass(self.parsed, [], counts_dir, values_counted=False)
 
@@ -69,26 +70,32 @@ class SqlEngine:
         self._totals = counting.value_totals(self.session, counts_dir, days).persist()
         return counting.write_histogram(self._totals, counts_dir)
 
-    def write_dictionaries(
-        self, spec: ThresholdSpec, sizes: dict[str, int], dict_dir: Path, index_dir: Path
-    ) -> None:
-        """The dictionaries by one global sort of the kept values (the transform joins them;
-        no index is needed)."""
-        build_dictionaries(self._totals, spec, sizes, dict_dir)
+    @singledispatchmethod
+    def write_dictionaries(self, numbering: Numbering, dict_dir: Path, index_dir: Path) -> dict[str, int]:
+        """The dictionaries numbered by ``numbering``'s rule (one method per rule below); the
+        transform joins them, so no index is written."""
+        raise TypeError(f"no numbering {type(numbering).__name__}")
+
+    @write_dictionaries.register(ByCount)
+    def _by_count(self, numbering: ByCount, dict_dir: Path, index_dir: Path) -> dict[str, int]:
+        """The dictionaries by one global sort of the kept values."""
+        build_dictionaries(self._totals, numbering.spec, numbering.sizes, dict_dir)
         self.close()
+        self._kept = {c: numbering.sizes[c] - 1 for c in CAT_COLUMNS}
+        return self._kept
 
     def use_previous_dictionaries(self, previous: stable_ids.Previous | None) -> None:
         self._previous = previous
 
-    def write_stable_dictionaries(
-        self, spec: ThresholdSpec, dict_dir: Path, index_dir: Path
-    ) -> dict[str, int]:
+    @write_dictionaries.register(AfterPrevious)
+    def _after_previous(self, numbering: AfterPrevious, dict_dir: Path, index_dir: Path) -> dict[str, int]:
         """Stable ids in SQL: the kept values without an id (an anti join with the previous
         dictionaries) numbered by the same global sort, after each column's previous ids; the
         previous entries carried over with their counts of this run; written into a staging
         directory that replaces the dictionaries (``stable_ids.commit``)."""
         from pyspark.sql import functions as F
 
+        spec = numbering.spec
         previous = self._previous
         before = previous.table_sizes if previous else {c: 1 for c in CAT_COLUMNS}
         totals = self._totals.select("column", hex_value("value").alias("value"), "count")
@@ -120,25 +127,24 @@ class SqlEngine:
         sizes = {c: before[c] + added.get(c, 0) for c in CAT_COLUMNS}
         stable_ids.commit(staging, dict_dir, spec, sizes)
         self.close()
-        return sizes
+        self._kept = {c: sizes[c] - 1 for c in CAT_COLUMNS}
+        return self._kept
 
-    def write_contiguous_dictionaries(
-        self,
-        spec: ThresholdSpec,
-        stats: dict[int, DayStats],
-        days: list[int],
-        dict_dir: Path,
-        index_dir: Path,
+    @write_dictionaries.register(ByFirstAppearance)
+    def _by_first_appearance(
+        self, numbering: ByFirstAppearance, dict_dir: Path, index_dir: Path
     ) -> dict[str, int]:
-        """Contiguous ids (``spark_jobs.contiguous_ids``): a read of ``days`` for the first
-        appearances, the dictionaries written; returns the kept values per column."""
+        """Contiguous ids (``spark_jobs.contiguous_ids``): a read of the numbered days for the
+        first appearances, the dictionaries written."""
         from spark_jobs.contiguous_ids import build_dictionaries
 
-        read = [d for d in self.days if d.day in set(days)]
-        partials = contiguous.first_seen_partials(self.session, read, stats, self.cfg.max_line_bytes)
-        ids, kept = build_dictionaries(partials, spec, dict_dir)
+        read = [d for d in self.days if d.day in set(numbering.days)]
+        partials = contiguous.first_seen_partials(
+            self.session, read, numbering.stats, self.cfg.max_line_bytes
+        )
+        ids, kept = build_dictionaries(partials, numbering.spec, dict_dir)
         ids.unpersist()
-        self._contiguous_kept, self._contiguous_dir = kept, Path(dict_dir)
+        self._kept = kept
         return kept
 
     def finish_counts(self) -> None:
@@ -205,25 +211,23 @@ class SqlEngine:
         for a part not asked for."""
         from pyspark.sql import functions as F
 
+        mode = self.cfg.mode
+        caps = column_caps(self.cfg) if self.cfg.caps is not None else None
+        # the values with an id per column: the numbering's, or those the sizes give
+        kept = self._kept if self._kept is not None else {c: sizes[c] - 1 for c in CAT_COLUMNS}
+
         def mapped(rows):
-            if self.cfg.mode.capped:
-                return transform.capped_categoricals(rows, column_caps(self.cfg))
-            if self.cfg.mode.contiguous:
-                return contiguous.contiguous_categoricals(
-                    rows,
-                    self.session,
-                    self._contiguous_dir,
-                    self._contiguous_kept,
-                    self.cfg.broadcast_max_values,
-                    column_caps(self.cfg) if self.cfg.caps is not None else None,
-                )
-            return transform.map_categoricals(
-                rows, self.session, dict_dir, sizes, self.cfg.broadcast_max_values
+            if not mode.writes_dictionaries:  # no dictionaries: each id from its value and cap
+                assert caps is not None  # IdMode.caps_required
+                return transform.capped_categoricals(rows, caps)
+            lookup = transform.Lookup(mode.hex_values, mode.missing_value, mode.rare_id, caps)
+            return transform.looked_up(
+                rows, self.session, dict_dir, kept, self.cfg.broadcast_max_values, lookup
             )
 
         def keyed(day: DayFile):
             key, tie = train_key_columns(self.cfg.shuffle_seed, day.day, F.col("_line"))
-            return self._rows(day, stats).withColumn("_order", key).withColumn("_tie", tie)
+            return self._rows(day, stats).withColumns({"_order": key, "_tie": tie})
 
         train = None
         if train_days:
@@ -236,9 +240,7 @@ class SqlEngine:
         split = F.when(F.col("_line") < F.lit(stats[last.day].test_lines), F.lit("test")).otherwise(
             F.lit("validation")
         )
-        evaluation = (
-            evaluation.withColumn("split", split)
-            .withColumn("_order", F.col("_line"))
-            .withColumn("_tie", F.lit(0).cast("long"))
+        evaluation = evaluation.withColumns(
+            {"split": split, "_order": F.col("_line"), "_tie": F.lit(0).cast("long")}
         )
         return (train, transform.output_projection(evaluation, extra=("split", "_order", "_tie")), shuffled)

@@ -15,6 +15,7 @@ split into a staging directory whose ``split=<name>`` folders become the split d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,11 +41,15 @@ def map_categoricals(
     shuffled?). ``dictionary_key`` maps the dictionary's ``value`` to the rows' key."""
     from pyspark.sql import functions as F
 
+    # One join per column, then one projection for all of them: every DataFrame call analyses
+    # the whole plan again, so three calls per column made the plan's analysis (on the driver,
+    # every run) grow with the square of the columns joined.
     shuffled = False
     dictionaries = session.read.parquet(str(dict_dir)) if max(sizes.values()) > 1 else None
+    ids, helpers = {}, []
     for c in columns:
         if sizes[c] <= 1:
-            rows = rows.withColumn(c, F.lit(0).cast("int"))
+            ids[c] = F.lit(0).cast("int")
             continue
         table = dictionaries.where(F.col("column") == c).select(
             dictionary_key(F.col("value")).alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")
@@ -53,12 +58,56 @@ def map_categoricals(
             table = F.broadcast(table)
         else:
             shuffled = True
-        rows = (
-            rows.join(table, rows[c] == table[f"_k_{c}"], "left")
-            .withColumn(c, F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int"))
-            .drop(f"_k_{c}", f"_id_{c}")
+        rows = rows.join(table, rows[c] == table[f"_k_{c}"], "left")
+        ids[c] = F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int")
+        helpers += [f"_k_{c}", f"_id_{c}"]
+    return rows.withColumns(ids).drop(*helpers), shuffled
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """How the transform reads the dictionaries: the run's mode's rule (``IdMode``: whether a
+    categorical is read as its hex value, what a missing one is looked up as, the id of a
+    value without one) and the caps every id is taken modulo (None: no caps)."""
+
+    hex_values: bool
+    missing_value: int | None
+    rare_id: int
+    caps: dict[str, int] | None
+
+
+def looked_up(
+    rows: DataFrame,
+    session: SparkSession,
+    dict_dir: Path,
+    kept: dict[str, int],
+    broadcast_max_values: int,
+    lookup: Lookup,
+) -> tuple[DataFrame, bool]:
+    """Each C* → its id in the dictionaries of ``dict_dir`` (``kept``: the values with an id
+    per column, which choose each join) read by ``lookup``'s rule. Returns (rows, shuffled?)."""
+    from pyspark.sql import functions as F
+
+    if lookup.missing_value is not None:
+        missing = F.lit(lookup.missing_value).cast("long")
+        rows = rows.withColumns({c: F.coalesce(F.col(c), missing) for c in CAT_COLUMNS})
+    rows, shuffled = map_categoricals(
+        rows,
+        session,
+        dict_dir,
+        {c: kept[c] + 1 for c in CAT_COLUMNS},
+        broadcast_max_values,
+        dictionary_key=(lambda v: F.conv(v, 16, 10).cast("long")) if lookup.hex_values else value_key,
+    )
+    if not lookup.rare_id and lookup.caps is None:
+        return rows, shuffled
+    ids = {}
+    for c in CAT_COLUMNS:
+        found = (
+            F.when(F.col(c) == 0, F.lit(lookup.rare_id)).otherwise(F.col(c)) if lookup.rare_id else F.col(c)
         )
-    return rows, shuffled
+        ids[c] = (found % F.lit(int(lookup.caps[c])) if lookup.caps is not None else found).cast("int")
+    return rows.withColumns(ids), shuffled
 
 
 def capped_categoricals(rows: DataFrame, caps: dict[str, int]) -> tuple[DataFrame, bool]:
@@ -66,9 +115,8 @@ def capped_categoricals(rows: DataFrame, caps: dict[str, int]) -> tuple[DataFram
     when missing. Nothing is joined, so the rows keep their order: (rows, False)."""
     from pyspark.sql import functions as F
 
-    for c in CAT_COLUMNS:
-        rows = rows.withColumn(c, F.coalesce(F.col(c) % F.lit(int(caps[c])), F.lit(0)).cast("int"))
-    return rows, False
+    ids = {c: F.coalesce(F.col(c) % F.lit(int(caps[c])), F.lit(0)).cast("int") for c in CAT_COLUMNS}
+    return rows.withColumns(ids), False
 
 
 def output_projection(rows: DataFrame, extra: tuple = ()) -> DataFrame:
