@@ -175,13 +175,16 @@ def default_sink(settings: ProgressConfig | None = None) -> Sink:
 # ---------------------------------------------------------------- producers
 class Reporter:
     """A producer's handle on its stage: keeps the latest state and sends it to the sink at
-    most once every ``min_gap_s`` (a new phase, and ``force``, are sent at once)."""
+    most once every ``min_gap_s`` (a new phase, and ``force``, are sent at once). Closing sends
+    a state the gap held back, so the stage's last report is always its last state (a bar
+    that ends at 97% of a stage that finished would be a lie)."""
 
     def __init__(self, stage: str, sink: Sink, min_gap_s: float = 1.0):
         self.state = Progress(stage)
         self.sink = sink
         self.min_gap_s = min_gap_s
         self._sent = 0.0
+        self._held_back = False
         self._lock = threading.Lock()
 
     def report(self, force: bool = False, **changes: Any) -> None:
@@ -190,11 +193,19 @@ class Reporter:
             for name, value in changes.items():
                 setattr(self.state, name, value)
             now = time.time()
-            if force or new_phase or now - self._sent >= self.min_gap_s:
-                self.state.time = self._sent = now
-                self.sink.send(dataclasses.replace(self.state, metrics=dict(self.state.metrics)))
+            self._held_back = not (force or new_phase or now - self._sent >= self.min_gap_s)
+            if not self._held_back:
+                self._send(now)
+
+    def _send(self, now: float) -> None:
+        self.state.time = self._sent = now
+        self.sink.send(dataclasses.replace(self.state, metrics=dict(self.state.metrics)))
 
     def close(self, ok: bool = True) -> None:
+        with self._lock:
+            if self._held_back:
+                self._held_back = False
+                self._send(time.time())
         close = getattr(self.sink, "close", None)
         if close is not None:
             close(ok)

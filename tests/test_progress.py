@@ -149,6 +149,20 @@ def test_reporter_sends_at_most_one_record_a_second_but_every_new_phase():
     assert [(p.phase, p.done) for p in sink.items] == [("convert", 0), ("rethreshold", 0), ("rethreshold", 5)]
 
 
+def test_closing_a_reporter_sends_the_last_state_the_gap_held_back():
+    """A stage's last report reaches the pipeline however soon after the one before it: the
+    pipeline's bar ends where the stage ended, not at the last record a second's gap let by."""
+    sink = Collect()
+    with Reporter("convert", sink, min_gap_s=60.0) as reporter:
+        for i in range(31):
+            reporter.report(phase="convert", done=i * 100, fraction=i / 30)
+    assert [p.done for p in sink.items] == [0, 3000] and sink.items[-1].fraction == 1.0
+    quiet = Collect()
+    with Reporter("convert", quiet, min_gap_s=60.0) as reporter:
+        reporter.report(phase="convert", done=1)
+    assert [p.done for p in quiet.items] == [1]  # nothing held back: nothing sent twice
+
+
 def test_channel_lines_are_whole_and_a_broken_channel_never_fails_the_stage(tmp_path, capsys):
     path = tmp_path / "c.jsonl"
     writer = ChannelWriter(path)
@@ -408,11 +422,11 @@ layout = WorkdirLayout.at(sys.argv[1])
 display = make_display(ProgressConfig(interval_s=0.5))
 runner._setup_logging(layout, display)
 child = ("import time\\nfrom dlrm_contracts.progress import open_reporter\\n"
-         "r = open_reporter('convert')\\n"
-         "for i in range(31):\\n"
-         "    r.report(phase='convert', done=i * 100, total=3000, unit='rows', rows=i * 100,"
+         "with open_reporter('convert') as r:\\n"
+         "    for i in range(31):\\n"
+         "        r.report(phase='convert', done=i * 100, total=3000, unit='rows', rows=i * 100,"
          " fraction=i / 30)\\n"
-         "    time.sleep(0.1)\\n")
+         "        time.sleep(0.1)\\n")
 runner.log.info("convert    running")
 with StageWatch("convert", layout.logs, display) as watch:
     subprocess.run([sys.executable, "-c", child], check=True, env={**__import__("os").environ,
