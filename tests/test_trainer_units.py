@@ -12,7 +12,7 @@ from trainer.metrics import log_loss, roc_auc
 from trainer.optim import learning_rate
 from trainer.placement import BOTTOM, plan_placement
 from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
-from trainer_helpers import small_config, write_histogram
+from trainer_helpers import pairwise_auc, small_config, write_histogram
 
 
 # -- dot interaction ---------------------------------------------------------------------------
@@ -37,12 +37,6 @@ def test_dot_interaction_matches_numpy():
 
 
 # -- AUC and log loss --------------------------------------------------------------------------
-def pairwise_auc(labels, scores) -> float:
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    diff = pos[:, None] - neg[None, :]
-    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
-
-
 @pytest.mark.parametrize("levels", [None, 5, 2])
 def test_auc_equals_pairwise_definition_with_ties(levels):
     rng = np.random.default_rng(levels or 1)
