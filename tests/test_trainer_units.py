@@ -12,7 +12,7 @@ from trainer.metrics import log_loss, roc_auc
 from trainer.optim import learning_rate
 from trainer.placement import BOTTOM, plan_placement
 from trainer.synthetic import DEFAULT_TABLE_SIZES, write_planted_dataset
-from trainer_helpers import small_config, write_histogram
+from trainer_helpers import pairwise_auc, small_config, write_histogram
 
 
 # -- dot interaction ---------------------------------------------------------------------------
@@ -37,12 +37,6 @@ def test_dot_interaction_matches_numpy():
 
 
 # -- AUC and log loss --------------------------------------------------------------------------
-def pairwise_auc(labels, scores) -> float:
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    diff = pos[:, None] - neg[None, :]
-    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
-
-
 @pytest.mark.parametrize("levels", [None, 5, 2])
 def test_auc_equals_pairwise_definition_with_ties(levels):
     rng = np.random.default_rng(levels or 1)
@@ -411,6 +405,26 @@ def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations(
     assert not resumed.stopped and (resumed.best_step, resumed.evals_since_best) == (40, 2)
     assert EarlyStopping.from_meta(2, None) == EarlyStopping(2)
     assert not EarlyStopping(0).enabled
+
+
+def test_early_stopping_says_its_own_figures_and_shares_rank_0s_auc():
+    """Its progress lines and train-summary fields, from its state (the horovod tests check two
+    ranks stop together on the shared AUC)."""
+    from trainer.comm import LocalComm
+    from trainer.early_stopping import EarlyStopping, shared_auc
+
+    stopping = EarlyStopping(patience=1)
+    assert stopping.update(10, 0.7) and not stopping.update(20, 0.6) and stopping.stopped
+    assert stopping.stopping_line(20) == (
+        "trainer: validation AUC has not improved for 1 evaluations: stopping at step 20, best 0.7 at step 10"
+    )
+    assert stopping.restoring_line() == "trainer: restoring the best model (validation AUC 0.7 at step 10)"
+    assert stopping.stopped_before_line() == (
+        "trainer: stopped early before (best validation AUC 0.7 at step 10): nothing to train"
+    )
+    assert stopping.summary_fields(20) == {"last_step": 20, "stopped_early": True, "best_validation_auc": 0.7}
+    assert EarlyStopping(0).summary_fields(20) == {}  # off: the summary has no such fields
+    assert shared_auc(LocalComm(), 0.7) == 0.7 and np.isnan(shared_auc(LocalComm(), None))
 
 
 def test_early_stopping_min_delta_lets_rounding_neither_reset_nor_spend_the_patience():

@@ -133,6 +133,14 @@ def write_stable_dictionaries(root: Path, sizes: tuple[int, ...]) -> None:
         )
 
 
+def pairwise_auc(labels, scores) -> float:
+    """ROC AUC by its definition, every positive against every negative (ties count one half):
+    the independent reference of trainer.metrics.roc_auc's rank formula."""
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
+
+
 def small_config(**overrides) -> TrainConfig:
     """A quick, deterministic config (small preset, SGD, every step logged, no early stopping,
     the DLRM without the wide term: the tests of the wide term turn it on)."""

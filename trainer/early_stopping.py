@@ -10,7 +10,10 @@ process 0.7643, 0.7643, 0.7646): they neither reset nor spend the patience. The 
 trains nothing more.
 
 Every rank must take the same decision (a rank that stops while the others train would hang
-their collectives), so the decision is taken from rank 0's AUC, broadcast to all ranks.
+their collectives), so the decision is taken from rank 0's AUC, broadcast to all ranks
+(``shared_auc``). What it tells the run (its progress lines, its fields of the train summary)
+is said here too, from its own state: the training loop only says when to validate, saves the
+best model and stops.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import tensorflow as tf
 
 
 @dataclass
@@ -64,6 +69,32 @@ class EarlyStopping:
         self.stopped = self.evals_since_best >= self.patience
         return False
 
+    # -- what it tells the run's log and summary ------------------------------------------
+    def stopped_before_line(self) -> str:
+        """The progress line of a run whose checkpoint had already stopped: nothing to train."""
+        return (
+            f"trainer: stopped early before (best validation AUC {self.best_auc} at step "
+            f"{self.best_step}): nothing to train"
+        )
+
+    def stopping_line(self, step: int) -> str:
+        """The progress line of the evaluation at ``step`` that spent the patience."""
+        return (
+            f"trainer: validation AUC has not improved for {self.patience} evaluations: "
+            f"stopping at step {step}, best {self.best_auc} at step {self.best_step}"
+        )
+
+    def restoring_line(self) -> str:
+        """The progress line of a run that ends on its best model, an earlier step's."""
+        return f"trainer: restoring the best model (validation AUC {self.best_auc} at step {self.best_step})"
+
+    def summary_fields(self, last_step: int) -> dict[str, Any]:
+        """The train summary's fields, none when early stopping is off: the step the run
+        reached, whether it stopped early, and the best validation AUC (its model's)."""
+        if not self.enabled:
+            return {}
+        return {"last_step": last_step, "stopped_early": self.stopped, "best_validation_auc": self.best_auc}
+
     def to_meta(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -82,3 +113,14 @@ class EarlyStopping:
         )
         state.stopped = patience > 0 and state.evals_since_best >= patience
         return state
+
+
+def shared_auc(comm, auc: float | None) -> float:
+    """Rank 0's validation AUC on every rank (NaN when undefined): the only one computed, so
+    that every rank takes the same decision at the same step (a collective: every rank calls
+    it)."""
+    mine = math.nan if auc is None else auc
+    summed = comm.allreduce_sum(
+        [tf.constant(mine if comm.rank == 0 else 0.0, tf.float64)], name="dlrm_early_stopping"
+    )
+    return float(summed[0])

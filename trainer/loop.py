@@ -26,7 +26,7 @@ from trainer.assembly import assemble
 from trainer.checkpoint_lifecycle import CheckpointedModel, CheckpointLifecycle
 from trainer.comm import make_comm
 from trainer.data import Batch, BinaryDataset, SplitReader, open_dataset, prefetch
-from trainer.early_stopping import EarlyStopping
+from trainer.early_stopping import EarlyStopping, shared_auc
 from trainer.evaluation import EvalResult, Evaluator, as_served, eval_line, eval_record, summary_record
 from trainer.model import model_dims
 from trainer.optim import learning_rate
@@ -241,11 +241,7 @@ class Trainer:
         self.run.covering_steps = min(planned, steps_per_epoch)
         total = self.run_start + planned
         if self.run.early_stopping.stopped:
-            self.log.progress(
-                f"trainer: stopped early before (best validation AUC "
-                f"{self.run.early_stopping.best_auc} at step "
-                f"{self.run.early_stopping.best_step}): nothing to train"
-            )
+            self.log.progress(self.run.early_stopping.stopped_before_line())
             total = self.step
         eval_every = max(1, steps_per_epoch // max(1, self.config.evals_per_epoch))
         warm = start.kind == "previous" and self.config.evaluate_previous
@@ -302,22 +298,14 @@ class Trainer:
         """Early stopping's record of a validation AUC: a checkpoint when it is the best so far;
         True when the run should stop. Every rank decides from rank 0's AUC (the only one
         computed), so all of them stop at the same step."""
-        if not self.run.early_stopping.enabled:
+        stopping = self.run.early_stopping
+        if not stopping.enabled:
             return False
-        auc = math.nan if result.auc is None else result.auc
-        shared = self.comm.allreduce_sum(
-            [tf.constant(auc if self.rank == 0 else 0.0, tf.float64)], name="dlrm_early_stopping"
-        )[0]
-        if self.run.early_stopping.update(self.step, float(shared)):
+        if stopping.update(self.step, shared_auc(self.comm, result.auc)):
             self.checkpoints.save()
-        elif self.run.early_stopping.stopped:
-            self.log.progress(
-                f"trainer: validation AUC has not improved for "
-                f"{self.run.early_stopping.patience} evaluations: stopping at step "
-                f"{self.step}, best {self.run.early_stopping.best_auc} at step "
-                f"{self.run.early_stopping.best_step}"
-            )
-        return self.run.early_stopping.stopped
+        elif stopping.stopped:
+            self.log.progress(stopping.stopping_line(self.step))
+        return stopping.stopped
 
     def _schedule_step(self, step: int) -> int:
         """The step the learning-rate schedule is at: counted over every run when a warm
@@ -347,10 +335,7 @@ class Trainer:
         stopping = self.run.early_stopping
         # The run's model: the best validation AUC's checkpoint with early stopping.
         if stopping.best_step is not None and stopping.best_step != self.step:
-            self.log.progress(
-                f"trainer: restoring the best model (validation AUC "
-                f"{stopping.best_auc} at step {stopping.best_step})"
-            )
+            self.log.progress(stopping.restoring_line())
             self.restore_best()
         checkpoint = best_checkpoint(self.layout.checkpoints)
         finals = [self.evaluate("test"), self.evaluate("validation")] if final_eval else []
@@ -360,11 +345,8 @@ class Trainer:
             "train_samples_per_s": samples_per_s,
             "checkpoint": str(checkpoint) if checkpoint else None,
             "periodic_validation_auc": [e.auc for e in evals],
+            **stopping.summary_fields(last_step),
         }
-        if stopping.enabled:
-            extra.update(
-                last_step=last_step, stopped_early=stopping.stopped, best_validation_auc=stopping.best_auc
-            )
         return self.summary("train", finals, extra)
 
     # -- evaluation (trainer/evaluation.py) ------------------------------------------------
