@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 
 from dlrm_contracts.errors import ExitCode
+from pipeline.generate import main as generate_main
+from tests.pipeline_helpers import run_in_process
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -215,23 +217,10 @@ def site(tmp_path_factory, airflow_bin):
     Airflow with its database made."""
     root = tmp_path_factory.mktemp("airflow_dag")
     staging = root / "staging"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.generate",
-            "--out",
-            str(staging),
-            "--days",
-            "4",
-            "--rows-per-day",
-            str(ROWS_PER_DAY),
-            "--seed",
-            "2525",
-        ],
-        check=True,
-        capture_output=True,
+    generated = generate_main(
+        ["--out", str(staging), "--days", "4", "--rows-per-day", str(ROWS_PER_DAY), "--seed", "2525"]
     )
+    assert generated == 0
     (root / "landing").mkdir()
     (root / "daily.yaml").write_text(DAILY_CONFIG)
     airflow = Airflow(
@@ -577,26 +566,13 @@ def test_the_time_limit_comes_from_the_preflights_estimate(site, tmp_path):
     _land_in(site, landing, (0, 1))
     tight = tmp_path / "tight.yaml"
     tight.write_text(DAILY_CONFIG + "preflight:\n  timeout_factor: 0.0001\n  timeout_floor_s: 3\n")
-    preflight = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "preflight",
-            "--input",
-            str(landing),
-            "--workdir",
-            str(workdir),
-            "--stages",
-            STAGES,
-            "--config",
-            str(tight),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    # the preflight's command line, its main in this process (what the DAG's task asks it)
+    _, figures = run_in_process(
+        tmp_path,
+        *["preflight", "--input", str(landing), "--workdir", str(workdir), "--stages", STAGES],
+        *["--config", str(tight)],
     )
-    figures = json.loads(preflight.stdout.strip().splitlines()[-1])
+    assert figures is not None
     assert figures["timeout_s"] == 3 and figures["seconds_total"] > 3, figures
     proc = site["airflow"].cli(
         "dags",

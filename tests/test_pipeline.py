@@ -277,8 +277,8 @@ def test_killed_runs_restart_to_the_same_outputs(tmp_path, e2e, config_file, scr
     # 2. Restarted and killed while converting: a temporary binary directory exists.
     _kill_when(start(), lambda: any(p.name.startswith(".binary.tmp-") for p in workdir.iterdir()))
     assert not (workdir / "manifests" / "convert.done").exists()
-    # 3. Restarted to the end.
-    proc, summary = run(
+    # 3. Restarted to the end (its main in this process: the Spark job is still a process).
+    proc, summary = run_here(
         workdir,
         config_file,
         "--input",

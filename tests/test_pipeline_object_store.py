@@ -23,7 +23,7 @@ from dlrm_contracts.object_commit import committed_files, publish_directory
 from dlrm_contracts.schema import SPLITS
 from dlrm_contracts.storage import resolve
 from pipeline.remote_models import read_index
-from tests.pipeline_helpers import same_tree
+from tests.pipeline_helpers import run_in_process, same_tree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,6 +59,16 @@ def _pipeline(*args: str, code: str | None = None) -> tuple[subprocess.Completed
     return proc, json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
 
 
+def _pipeline_here(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``_pipeline``'s run made by its main in this process (run_in_process), for the runs
+    whose subject is what the pipeline decides and leaves at the URL, not its process: the
+    stages' children (the trainer) are still processes of their own. The runs that are killed,
+    that must lose their lock, or whose check is a warning of the lock's own logger (which the
+    test process's logging takes) stay ``python -m pipeline`` processes."""
+    proc, summary = run_in_process(cwd, *args)
+    return proc, summary or {}
+
+
 def _publish_parquet(parquet: Path, url: str) -> None:
     """A local run's published preprocess outputs at ``url``: each split and the
     dictionaries committed by their markers, the descriptions as single objects."""
@@ -80,7 +90,8 @@ def local_run(tmp_path_factory) -> tuple[Path, Path]:
     workdir = root / "workdir"
     write_workdir(workdir)
     (root / "raw").mkdir()
-    proc, summary = _pipeline(
+    proc, summary = _pipeline_here(
+        root,
         "--workdir",
         str(workdir),
         "--config",
@@ -114,8 +125,9 @@ def trained_at_url(moto_s3, local_run, tmp_path_factory):
     --max-steps 3`` run at a workdir URL holding the local run's parquet: the tests that
     follow it on other nodes share it."""
     workdir, raw, local = _bucket_workdir(moto_s3, local_run, tmp_path_factory.mktemp("trained"))
-    done = _pipeline(
-        *_args(workdir, raw, local, local_run[1], "--stages", "convert,train", "--max-steps", "3")
+    done = _pipeline_here(
+        local.parent,
+        *_args(workdir, raw, local, local_run[1], "--stages", "convert,train", "--max-steps", "3"),
     )
     return workdir, raw, local, done
 
@@ -171,14 +183,16 @@ def test_convert_and_train_at_a_workdir_url_publish_the_local_runs_dataset(train
     assert not (local / "parquet" / "train").exists()  # the local copy of the splits is gone
 
     # a rerun here: the intact local copy is checked, not copied again
-    proc, summary = _pipeline(*_args(workdir, raw, local, config, "--stages", "convert,eval"))
+    proc, summary = _pipeline_here(
+        local.parent, *_args(workdir, raw, local, config, "--stages", "convert,eval")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["convert"]["action"] == "skipped"
     assert "the local copy is intact, nothing copied" in proc.stderr
 
     # another node, its local side empty: up to date from the URL's records alone
-    proc, summary = _pipeline(
-        *_args(workdir, raw, local.parent / "other-node", config, "--stages", "convert")
+    proc, summary = _pipeline_here(
+        local.parent, *_args(workdir, raw, local.parent / "other-node", config, "--stages", "convert")
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["convert"]["action"] == "skipped"
@@ -204,15 +218,15 @@ def test_a_train_stage_on_another_node_resumes_from_the_published_checkpoints(tr
 
     node = first.parent / "resumed-node"  # nothing of the first node's disk
     # the same request there: the restored checkpoints are the ones the train stage recorded
-    proc, summary = _pipeline(
-        *_args(workdir, raw, node, local_run[1], "--stages", "train", "--max-steps", "3")
+    proc, summary = _pipeline_here(
+        node.parent, *_args(workdir, raw, node, local_run[1], "--stages", "train", "--max-steps", "3")
     )
     assert proc.returncode == 0 and summary["stages"]["train"]["action"] == "skipped", proc.stderr[-3000:]
     assert f"checkpoints from {workdir}/checkpoints" in proc.stderr and "latest step 3" in proc.stderr
     assert {p.name for _s, p in complete_checkpoints(node / "checkpoints")} == kept
     # more steps: resumed from the published step
     args = _args(workdir, raw, node, local_run[1], "--stages", "train", "--max-steps", "6")
-    proc, summary = _pipeline(*args)
+    proc, summary = _pipeline_here(node.parent, *args)
     assert proc.returncode == 0 and summary["stages"]["train"]["action"] == "ran", proc.stderr[-3000:]
     trained = json.loads((node / "manifests" / "train.json").read_text())["summary"]
     # resumed at the published step 3 ("step" is the model's: the best validation AUC's)
@@ -222,7 +236,7 @@ def test_a_train_stage_on_another_node_resumes_from_the_published_checkpoints(tr
     assert set(published["units"]) == {p.name for _s, p in complete_checkpoints(node / "checkpoints")} | {"."}
 
     # the same six steps uninterrupted (--force: from scratch, the resumed run set aside)
-    proc, summary = _pipeline(*args, "--force")
+    proc, summary = _pipeline_here(node.parent, *args, "--force")
     assert proc.returncode == 0, proc.stderr[-3000:]
     whole = json.loads((node / "manifests" / "train.json").read_text())["summary"]
     assert (whole["init"]["mode"], whole["steps_run"], whole["last_step"]) == ("scratch", 6, 6)
@@ -259,7 +273,9 @@ def test_a_second_run_on_the_workdir_url_is_refused_while_the_first_holds_its_lo
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        proc, summary = _pipeline(*_args(workdir, raw, local, local_run[1], "--stages", "convert"))
+        proc, summary = _pipeline_here(
+            local.parent, *_args(workdir, raw, local, local_run[1], "--stages", "convert")
+        )
     finally:
         holder.communicate("")
     assert proc.returncode == 3, proc.stderr
@@ -532,13 +548,14 @@ def test_preprocess_and_convert_at_a_url_give_a_local_run_s_dataset_skip_a_rerun
     assert summary["stages"]["convert"]["action"] == "ran"
     _assert_same_dataset(_published(f"{workdir}/binary"), local_references["2"] / "binary")
 
-    proc, summary = _pipeline(
-        *_args(workdir, days_at_url[1], local, config, "--stages", "preprocess,convert")
+    proc, summary = _pipeline_here(
+        local.parent, *_args(workdir, days_at_url[1], local, config, "--stages", "preprocess,convert")
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {s["action"] for s in summary["stages"].values()} == {"skipped"}
 
-    proc, summary = _pipeline(
+    proc, summary = _pipeline_here(
+        local.parent,
         *_args(
             workdir,
             days_at_url[1],
@@ -548,7 +565,7 @@ def test_preprocess_and_convert_at_a_url_give_a_local_run_s_dataset_skip_a_rerun
             "preprocess,convert",
             "--frequency-threshold",
             "3",
-        )
+        ),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["stages"]["preprocess"]["action"] == "skipped"  # the parquet at 2 serves 3

@@ -24,6 +24,8 @@ import pytest
 
 from dlrm_contracts.errors import ExitCode
 from dlrm_contracts.layout import export_versions, latest_export
+from pipeline.generate import main as generate_main
+from tests.pipeline_helpers import run_in_process
 from tests.spark_fixtures import BAD_LINES, reference_parse
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
@@ -126,33 +128,18 @@ def served(tmp_path_factory):
     config = root / "config.yaml"
     config.write_text(CONFIG)
     raw = root / "raw"
-    subprocess.run(
-        [sys.executable, "-m", "pipeline.generate", "--out", str(raw), "--config", str(config)],
-        check=True,
-        capture_output=True,
-    )
+    assert generate_main(["--out", str(raw), "--config", str(config)]) == 0
     last = raw / "day_2"
     lines = last.read_text(encoding="latin-1").split("\n")[:-1]
     salted = _salt_test_day(lines, 5)
     last.write_bytes(("\n".join(salted) + "\n").encode("latin-1"))
     workdir = root / "work"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--input",
-            str(raw),
-            "--workdir",
-            str(workdir),
-            "--config",
-            str(config),
-            "--stages",
-            "preprocess,convert,train,eval,export",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    # the pipeline's main in this process: its stages' children (the Spark job, horovodrun's
+    # ranks, the export) are processes of their own, as in a real run
+    proc, _ = run_in_process(
+        root,
+        *["--input", str(raw), "--workdir", str(workdir), "--config", str(config)],
+        *["--stages", "preprocess,convert,train,eval,export"],
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     return {
@@ -349,22 +336,15 @@ def test_fingerprint_names_what_was_exported(served):
 
 
 def run_pipeline(served, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--workdir",
-            str(served["workdir"]),
-            "--config",
-            str(served["config"]),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    """The pipeline's command line on the served workdir, its main in this process
+    (run_in_process): the score stage's child (``python -m trainer.score``) is a process of
+    its own, as in a real run."""
+    proc, summary = run_in_process(
+        served["root"],
+        *["--workdir", str(served["workdir"]), "--config", str(served["config"]), *args],
     )
-    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary is not None, proc.stderr[-4000:]
+    return proc, summary
 
 
 def test_score_stage_writes_scores_and_rejects(served, answers):
@@ -444,45 +424,22 @@ def test_export_too_big_is_refused_before_reading(served, capsys):
     assert newest_fingerprint(served["workdir"]).read_text() == before
 
 
-def test_planner_prints_export_size(served):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "converters",
-            "plan",
-            "--counts",
-            str(served["workdir"] / "counts"),
-            "--thresholds",
-            "2,5",
-            "--embedding-dim",
-            "16",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)
+def test_planner_prints_export_size(served, capsys):
+    """``python -m converters plan``'s main, in this process."""
+    from converters.cli import main
+
+    counts = str(served["workdir"] / "counts")
+    capsys.readouterr()
+    code = main(["plan", "--counts", counts, "--thresholds", "2,5", "--embedding-dim", "16", "--json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    rows = json.loads(printed.out)
     for row in rows:
         values = sum(row["table_sizes"].values()) - len(row["table_sizes"])
         assert row["export_bytes"] == row["embedding_bytes"] + 9 * values
     assert rows[0]["export_bytes"] > rows[1]["export_bytes"]
-    text = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "converters",
-            "plan",
-            "--counts",
-            str(served["workdir"] / "counts"),
-            "--thresholds",
-            "2,5",
-        ],
-        capture_output=True,
-        text=True,
-    ).stdout
-    assert "export (SavedModel)" in text
+    assert main(["plan", "--counts", counts, "--thresholds", "2,5"]) == 0
+    assert "export (SavedModel)" in capsys.readouterr().out
 
 
 def test_signatures_suit_tensorflow_serving(served, answers):
@@ -625,26 +582,13 @@ def test_a_new_day_preprocessed_does_not_export_the_old_checkpoint(served, tmp_p
     shutil.copyfile(raw / "day_0", raw / "day_3")  # the new day: every day-0 value counts twice
     work = _workdir_copy(served, tmp_path)
     before = newest_fingerprint(work).read_text()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--input",
-            str(raw),
-            "--workdir",
-            str(work),
-            "--config",
-            str(served["config"]),
-            "--stages",
-            "preprocess,export",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc, summary = run_in_process(
+        tmp_path,
+        *["--input", str(raw), "--workdir", str(work), "--config", str(served["config"])],
+        *["--stages", "preprocess,export"],
     )
     assert proc.returncode == ExitCode.EXPORT, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary is not None, proc.stderr[-3000:]
     assert summary["stages"]["preprocess"]["action"] == "ran"
     assert summary["stages"]["export"]["action"] == "failed"
     headline = next(l for l in proc.stderr.splitlines() if "export failed" in l)

@@ -211,14 +211,10 @@ def test_cli_refuses_an_incomplete_dataset_before_training(tmp_path):
     path = tmp_path / "binary"
     write_planted_dataset(path, {"train": 512, "test": 64, "validation": 64})
     (path / "_SUCCESS").unlink()
-    proc = subprocess.run(
-        [str(VENV_BIN / "python"), "-m", "trainer", "--dataset", str(path), "--workdir", str(tmp_path / "w")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == ExitCode.DATASET_INVALID
-    assert "_SUCCESS" in proc.stderr and "incomplete" in proc.stderr
+    # the command line's main in this process (trainer_main): its outcome, not its process
+    code, _out, err = trainer_main(["--dataset", str(path), "--workdir", str(tmp_path / "w")])
+    assert code == ExitCode.DATASET_INVALID
+    assert "_SUCCESS" in err and "incomplete" in err
     assert not (tmp_path / "w" / "checkpoints").exists()
 
 
