@@ -410,8 +410,8 @@ def test_early_stopping_keeps_the_best_auc_and_stops_after_patience_evaluations(
 def test_early_stopping_says_its_own_figures_and_shares_rank_0s_auc():
     """Its progress lines and train-summary fields, from its state (the horovod tests check two
     ranks stop together on the shared AUC)."""
-    from trainer.comm import LocalComm
-    from trainer.early_stopping import EarlyStopping, shared_auc
+    from trainer.comm import LocalComm, shared_auc
+    from trainer.early_stopping import EarlyStopping
 
     stopping = EarlyStopping(patience=1)
     assert stopping.update(10, 0.7) and not stopping.update(20, 0.6) and stopping.stopped

@@ -12,6 +12,7 @@ ops): unnamed collectives would wait for each other forever.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -95,3 +96,14 @@ def launched_by_horovod() -> bool:
 
 def make_comm():
     return HorovodComm() if launched_by_horovod() else LocalComm()
+
+
+def shared_auc(comm, auc: float | None) -> float:
+    """Rank 0's validation AUC on every rank (NaN when undefined): the only one computed, so
+    that every rank takes the same decision at the same step (a collective: every rank calls
+    it)."""
+    mine = math.nan if auc is None else auc
+    summed = comm.allreduce_sum(
+        [tf.constant(mine if comm.rank == 0 else 0.0, tf.float64)], name="dlrm_early_stopping"
+    )
+    return float(summed[0])

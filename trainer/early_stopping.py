@@ -11,9 +11,10 @@ trains nothing more.
 
 Every rank must take the same decision (a rank that stops while the others train would hang
 their collectives), so the decision is taken from rank 0's AUC, broadcast to all ranks
-(``shared_auc``). What it tells the run (its progress lines, its fields of the train summary)
-is said here too, from its own state: the training loop only says when to validate, saves the
-best model and stops.
+(``trainer.comm.shared_auc``: the collective stays with the others, and this module, plain
+state, imports no TensorFlow). What it tells the run (its progress lines, its fields of the
+train summary) is said here too, from its own state: the training loop only says when to
+validate, saves the best model and stops.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import tensorflow as tf
 
 
 @dataclass
@@ -113,14 +112,3 @@ class EarlyStopping:
         )
         state.stopped = patience > 0 and state.evals_since_best >= patience
         return state
-
-
-def shared_auc(comm, auc: float | None) -> float:
-    """Rank 0's validation AUC on every rank (NaN when undefined): the only one computed, so
-    that every rank takes the same decision at the same step (a collective: every rank calls
-    it)."""
-    mine = math.nan if auc is None else auc
-    summed = comm.allreduce_sum(
-        [tf.constant(mine if comm.rank == 0 else 0.0, tf.float64)], name="dlrm_early_stopping"
-    )
-    return float(summed[0])

@@ -24,9 +24,9 @@ from dlrm_contracts.layout import WorkdirLayout
 from trainer.checkpoint import best_checkpoint
 from trainer.assembly import assemble
 from trainer.checkpoint_lifecycle import CheckpointedModel, CheckpointLifecycle
-from trainer.comm import make_comm
+from trainer.comm import make_comm, shared_auc
 from trainer.data import Batch, BinaryDataset, SplitReader, open_dataset, prefetch
-from trainer.early_stopping import EarlyStopping, shared_auc
+from trainer.early_stopping import EarlyStopping
 from trainer.evaluation import EvalResult, Evaluator, as_served, eval_line, eval_record, summary_record
 from trainer.model import model_dims
 from trainer.optim import learning_rate
