@@ -13,10 +13,15 @@ invalidates them at the start of every task (~50-100 ms of CPU a task for pyspar
 files); and each module the zip holds is compiled from source by each worker (the zip has no
 bytecode). When the same release is installed as a package, the daemon and its workers import
 it from there (``prefer_installed_packages``).
+
+Spark also puts its core jar on that path (5,000 Java classes, no Python). The same re-read
+at every task's start costs as much again, for an archive no import can use: the daemon drops
+from its path every Java archive that holds no Python module (``drop_archives_without_python``).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import os
 import sys
@@ -65,8 +70,43 @@ def prefer_installed_packages() -> list[str]:
     return dropped
 
 
-def _load_kernels() -> None:
+def _holds_python(archive: str) -> bool:
+    """Whether a zip or jar on the path holds a Python module (zipimport could import it)."""
     try:
+        with zipfile.ZipFile(archive) as opened:
+            return any(name.endswith((".py", ".pyc")) for name in opened.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def drop_archives_without_python() -> list[str]:
+    """Drop from ``sys.path`` the Java archives (``.jar``) that hold no Python module; the
+    entries dropped. Nothing is importable from them, and each costs every task a re-read."""
+    dropped = [entry for entry in sys.path if entry.endswith(".jar") and not _holds_python(entry)]
+    for entry in dropped:
+        sys.path.remove(entry)
+        sys.path_importer_cache.pop(entry, None)
+    return dropped
+
+
+# What every worker of a run imports before its first batch: pyspark's worker and its Arrow
+# serializers, pandas (pyarrow imports it to convert a column), and the engine's task modules.
+# Imported once here, the forked workers find them loaded.
+_WORKER_MODULES = (
+    "pyspark.worker",
+    "pyspark.sql.pandas.serializers",
+    "pandas",
+    "pyarrow.parquet",
+    "spark_jobs.engines.arrow.tasks",
+    "spark_jobs.engines.arrow.split_writer",
+)
+
+
+def _load_kernels() -> None:
+    """The engine's compiled loops and the modules its workers import."""
+    try:
+        for module in _WORKER_MODULES:
+            importlib.import_module(module)
         from spark_jobs.engines.arrow.kernels import warm_up
 
         warm_up()
@@ -76,6 +116,7 @@ def _load_kernels() -> None:
 
 if __name__ == "__main__":
     prefer_installed_packages()
+    drop_archives_without_python()
     from pyspark import daemon
 
     _load_kernels()
