@@ -5,11 +5,12 @@ joined with the dictionaries' ``key`` column: small dictionaries are broadcast (
 partition's row order); dictionaries above ``broadcast_max_values`` are joined with a shuffle,
 never collected.
 
-One query writes all three splits (so the broadcast dictionaries are built once): train is
-hash-partitioned by ``key1`` (a seeded hash of the raw line) and sorted within each partition
-by (key1, key2, the row), so its order depends only on the input and the seed and no
-range-partitioning sample pass is needed; the last day's partitions follow its lines and are
-sorted by line position (a global sort only after a shuffle join). The writer partitions by
+Two writes make the splits, test and validation first, then train; each query builds its
+own broadcast dictionaries (one Spark job per dictionary). Train is hash-partitioned by
+``key1`` (a seeded hash of the raw line) and sorted within each partition by (key1, key2, the
+row), so its order depends only on the input and the seed and no range-partitioning sample
+pass is needed; the last day's partitions follow its lines and are sorted by line position (a
+global sort only after a shuffle join). The writer partitions by
 split into a staging directory whose ``split=<name>`` folders become the split directories.
 """
 
