@@ -68,7 +68,7 @@ def test_the_daemon_loads_every_module_its_workers_import_before_forking():
         "import sys\n"
         "from spark_jobs.engines.arrow import python_daemon as d\n"
         "before = [m for m in d._WORKER_MODULES if m in sys.modules]\n"
-        "d._load_kernels()\n"
+        "d._preload()\n"
         "print(before, [m for m in d._WORKER_MODULES if m not in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)

@@ -21,7 +21,6 @@ from its path every Java archive that holds no Python module (``drop_archives_wi
 
 from __future__ import annotations
 
-import importlib
 import importlib.machinery
 import os
 import sys
@@ -55,6 +54,13 @@ def _same_release_installed(entry: str, package: str, path: list[str]) -> bool:
         return False
 
 
+def _leave_path(entries: list[str]) -> None:
+    """Remove ``entries`` from ``sys.path`` and their importers from the import cache."""
+    for entry in entries:
+        sys.path.remove(entry)
+        sys.path_importer_cache.pop(entry, None)
+
+
 def prefer_installed_packages() -> list[str]:
     """Drop Spark's zips from ``sys.path`` where the same release is installed; the entries
     dropped. Called before pyspark is imported."""
@@ -64,9 +70,7 @@ def prefer_installed_packages() -> list[str]:
         for entry in sys.path
         if (package := _zip_package(entry)) and _same_release_installed(entry, package, directories)
     ]
-    for entry in dropped:
-        sys.path.remove(entry)
-        sys.path_importer_cache.pop(entry, None)
+    _leave_path(dropped)
     return dropped
 
 
@@ -83,9 +87,7 @@ def drop_archives_without_python() -> list[str]:
     """Drop from ``sys.path`` the Java archives (``.jar``) that hold no Python module; the
     entries dropped. Nothing is importable from them, and each costs every task a re-read."""
     dropped = [entry for entry in sys.path if entry.endswith(".jar") and not _holds_python(entry)]
-    for entry in dropped:
-        sys.path.remove(entry)
-        sys.path_importer_cache.pop(entry, None)
+    _leave_path(dropped)
     return dropped
 
 
@@ -102,11 +104,19 @@ _WORKER_MODULES = (
 )
 
 
-def _load_kernels() -> None:
-    """The engine's compiled loops and the modules its workers import."""
-    try:
-        for module in _WORKER_MODULES:
+def _preload() -> None:
+    """What the forked workers inherit: the modules each one imports, then the compiled loops.
+    A module that fails here is left to the workers, and does not keep the loops unloaded."""
+    for module in _WORKER_MODULES:
+        try:
             importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a worker that needs it raises the error itself
+            pass
+    _load_kernels()
+
+
+def _load_kernels() -> None:
+    try:
         from spark_jobs.engines.arrow.kernels import warm_up
 
         warm_up()
@@ -119,5 +129,5 @@ if __name__ == "__main__":
     drop_archives_without_python()
     from pyspark import daemon
 
-    _load_kernels()
+    _preload()
     daemon.manager()
