@@ -182,7 +182,7 @@ def cat_key_sqls() -> list[str]:
     # xxhash64(NULL) is the seed, a valid key: a missing value must stay NULL (no match, id 0)
     return [
         f"CASE WHEN {cat_value_sql(j)} IS NULL THEN CAST(NULL AS BIGINT) "
-        f"ELSE xxhash64({cat_value_sql(j)}) END AS {c}"
+        f"ELSE {value_key_sql(cat_value_sql(j))} END AS {c}"
         for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)
     ]
 
@@ -190,14 +190,22 @@ def cat_key_sqls() -> list[str]:
 def cat_hex_sqls() -> list[str]:
     """C1..C26 as the BIGINT value of their hex digits, null when missing (capped ids: the
     value itself, not a join key, is what the id is computed from)."""
-    return [
-        f"CAST(conv({cat_value_sql(j)}, 16, 10) AS BIGINT) AS {c}"
-        for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)
-    ]
+    return [f"{hex_value_sql(cat_value_sql(j))} AS {c}" for j, c in enumerate(CAT_COLUMNS, start=FIRST_CAT)]
+
+
+def value_key_sql(value: str) -> str:
+    """The join key of the normalised value ``value`` (SQL): the rows' side in ``cat_key_sqls``,
+    the dictionaries' side in the transform's joins."""
+    return f"xxhash64({value})"
+
+
+def hex_value_sql(value: str) -> str:
+    """The BIGINT value of the hex digits of ``value`` (SQL), null when it is null."""
+    return f"CAST(conv({value}, 16, 10) AS BIGINT)"
 
 
 def value_key(column: Column) -> Column:
-    """The join key of a normalised value column (the dictionary side of ``cat_key_sqls``)."""
+    """``value_key_sql`` as a Column."""
     from pyspark.sql import functions as F
 
     return F.xxhash64(column)

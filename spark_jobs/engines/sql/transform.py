@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlrm_contracts.schema import ALL_COLUMNS, CAT_COLUMNS, INT_COLUMNS, LABEL
-from spark_jobs.engines.sql.parse import log_transform, value_key
+from spark_jobs.engines.sql.parse import hex_value_sql, log_transform, value_key_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,33 +36,33 @@ def map_categoricals(
     sizes: dict[str, int],
     broadcast_max_values: int,
     columns=CAT_COLUMNS,
-    dictionary_key=value_key,
+    dictionary_key=value_key_sql,
 ) -> tuple[DataFrame, bool]:
     """Replace each of ``columns`` (keys) by its id (0 when rare or missing). Returns (rows,
-    shuffled?). ``dictionary_key`` maps the dictionary's ``value`` to the rows' key."""
-    from pyspark.sql import functions as F
-
-    # One join per column, then one projection for all of them: every DataFrame call analyses
-    # the whole plan again, so three calls per column made the plan's analysis (on the driver,
-    # every run) grow with the square of the columns joined.
+    shuffled?). ``dictionary_key`` maps the SQL of the dictionary's ``value`` to the SQL of
+    the rows' key."""
+    # Every DataFrame call analyses the whole plan again, so 26 chained joins analysed 26
+    # growing plans (seconds on the driver, every run). One SQL query over the rows and the
+    # dictionaries' views is analysed once.
     shuffled = False
     dictionaries = session.read.parquet(str(dict_dir)) if max(sizes.values()) > 1 else None
-    ids, helpers = {}, []
-    for c in columns:
+    joins, ids, broadcast = [], {}, []
+    for k, c in enumerate(columns):
         if sizes[c] <= 1:
-            ids[c] = F.lit(0).cast("int")
+            ids[c] = "CAST(0 AS INT)"
             continue
-        table = dictionaries.where(F.col("column") == c).select(
-            dictionary_key(F.col("value")).alias(f"_k_{c}"), F.col("id").alias(f"_id_{c}")
-        )
         if sizes[c] - 1 <= broadcast_max_values:
-            table = F.broadcast(table)
+            broadcast.append(f"d{k}")
         else:
             shuffled = True
-        rows = rows.join(table, rows[c] == table[f"_k_{c}"], "left")
-        ids[c] = F.coalesce(F.col(f"_id_{c}"), F.lit(0)).cast("int")
-        helpers += [f"_k_{c}", f"_id_{c}"]
-    return rows.withColumns(ids).drop(*helpers), shuffled
+        table = f"(SELECT {dictionary_key('value')} AS k, id FROM {{dictionaries}} WHERE `column` = '{c}')"
+        joins.append(f"LEFT JOIN {table} AS d{k} ON r.`{c}` = d{k}.k")
+        ids[c] = f"CAST(coalesce(d{k}.id, 0) AS INT)"
+    select = ", ".join(f"{ids[c]} AS `{c}`" if c in ids else f"r.`{c}`" for c in rows.columns)
+    hint = f"/*+ BROADCAST({', '.join(broadcast)}) */ " if broadcast else ""
+    query = f"SELECT {hint}{select} FROM {{rows}} AS r " + " ".join(joins)
+    views = {"rows": rows, "dictionaries": dictionaries} if dictionaries is not None else {"rows": rows}
+    return session.sql(query, **views), shuffled
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def looked_up(
         dict_dir,
         {c: kept[c] + 1 for c in CAT_COLUMNS},
         broadcast_max_values,
-        dictionary_key=(lambda v: F.conv(v, 16, 10).cast("long")) if lookup.hex_values else value_key,
+        dictionary_key=hex_value_sql if lookup.hex_values else value_key_sql,
     )
     if not lookup.rare_id and lookup.caps is None:
         return rows, shuffled
